@@ -1,0 +1,224 @@
+/* Internal representation shared by the tokenizer loaders and encoders.
+ *
+ * Every format is loaded into the same struct. There is ONE merge engine
+ * (tok_bpe.c): a list of symbols merged pairwise, always taking the pair with the
+ * lowest rank (leftmost among equal ranks), found through a merge table
+ * (left id, right id) -> (rank, result id), with a heap so that cost is
+ * O(n log n). The formats differ only in
+ *   - where the merge table comes from:
+ *       SentencePiece by scores (llama2.c .bin, GGUF "llama" without merges):
+ *         derived at load time from the vocabulary: for every piece p and every
+ *         split p = a + b with a and b in the vocabulary, (a, b) -> p with
+ *         rank = dense rank of score[p] (higher score, lower rank), so equal
+ *         scores tie and the leftmost pair wins, exactly like the reference.
+ *       merge lists (GGUF "gpt2" tokenizer.ggml.merges, tokenizer.json "merges"):
+ *         rank = line index.
+ *   - the initial symbols: SPM mode splits the text into UTF-8 characters (after
+ *     the dummy prefix and ' ' -> U+2581), unknown characters become byte-fallback
+ *     pieces <0xNN> (or unk); byte-level mode maps every byte to its GPT-2
+ *     printable code point first.
+ *   - pre-tokenization (byte-level: the GPT-2 / Llama-3 / Qwen2 split, pretok.c;
+ *     SPM: none, the whole text is one sequence).
+ */
+#ifndef KVG_TOK_INTERNAL_H
+#define KVG_TOK_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tokenizer.h"
+
+enum kvg_tok_mode {
+    KVG_TOK_SPM = 1,             /* SentencePiece-style BPE over characters */
+    KVG_TOK_BYTE_LEVEL = 2       /* GPT-2 style byte-level BPE */
+};
+
+/* Token types (values as in GGUF tokenizer.ggml.token_type / llama.cpp). */
+enum kvg_tok_type {
+    KVG_TT_UNDEFINED = 0,
+    KVG_TT_NORMAL = 1,
+    KVG_TT_UNKNOWN = 2,
+    KVG_TT_CONTROL = 3,
+    KVG_TT_USER_DEFINED = 4,
+    KVG_TT_UNUSED = 5,
+    KVG_TT_BYTE = 6
+};
+
+/* Pre-tokenizer for byte-level vocabularies (implemented in pretok.c). */
+enum kvg_pretok {
+    KVG_PRETOK_NONE = 0,
+    KVG_PRETOK_GPT2 = 1,         /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+    KVG_PRETOK_LLAMA3 = 2,       /* Llama 3 / cl100k-style, digits in runs of 1-3 */
+    KVG_PRETOK_QWEN2 = 3         /* like Llama 3 but single digits */
+};
+
+/* Open-addressing hash from piece bytes to id. */
+typedef struct kvg_piece_index {
+    int32_t *slots;              /* id or -1 */
+    uint32_t mask;               /* capacity - 1 (power of two) */
+} kvg_piece_index;
+
+/* Open-addressing hash from (left, right) id pair to (rank, result). */
+typedef struct kvg_merge {
+    uint64_t key;                /* (uint64_t)left << 32 | right; UINT64_MAX = empty */
+    int32_t rank;
+    int32_t result;
+} kvg_merge;
+
+typedef struct kvg_merge_table {
+    kvg_merge *slots;
+    uint32_t mask;
+    uint32_t count;
+} kvg_merge_table;
+
+/* An added/special token matched literally in the text (KVG_ENC_PARSE_SPECIAL,
+ * and for HF added tokens with "special": false always). */
+typedef struct kvg_added_token {
+    int32_t id;
+    int special;                 /* only matched with KVG_ENC_PARSE_SPECIAL */
+    const char *text;            /* points into the piece storage */
+    uint32_t len;
+} kvg_added_token;
+
+struct kvg_tokenizer {
+    const char *kind;            /* see kvg_tokenizer_kind() */
+    int mode;                    /* enum kvg_tok_mode */
+    int pretok;                  /* enum kvg_pretok (byte-level only) */
+
+    int32_t n_vocab;
+    char **piece;                /* raw pieces, NUL-terminated (may contain NULs only via len) */
+    uint32_t *piece_len;
+    float *score;                /* SPM scores (NULL when the format has none) */
+    uint8_t *type;               /* enum kvg_tok_type per id */
+    unsigned char **bytes;       /* decoded bytes per id (see kvg_tokenizer_token_bytes) */
+    uint32_t *bytes_len;
+
+    kvg_piece_index index;
+    kvg_merge_table merges;
+
+    kvg_added_token *added;      /* longest first */
+    size_t n_added;
+
+    int32_t bos, eos, unk, pad;  /* -1 when absent */
+    int add_dummy_prefix;        /* SPM: prepend ' ' (as U+2581) to the text */
+    int byte_fallback;           /* SPM: unknown chars become <0xNN> pieces */
+    int32_t byte_piece[256];     /* SPM: id of <0xNN>, or -1;
+                                    byte-level: id of the piece for byte b */
+
+    /* Storage owned by the tokenizer (freed by kvg_tokenizer_free). The strings
+     * piece[i] and added[j].text must live inside these blocks (never malloc'd
+     * one by one); the per-id arrays, score and added are freed as arrays. */
+    void *arena;                 /* loaders may put all strings in one block */
+    void *mapping;               /* or keep the loaded file bytes here */
+    size_t mapping_len;
+
+    /* Set by loaders (defaults from kvg_tok_alloc: 0). */
+    int add_bos;                 /* the vocabulary asks for BOS by default (GGUF add_bos_token) */
+    int ignore_merges;           /* byte-level: a pre-token that is itself a piece is emitted
+                                    without merging (HF "ignore_merges", Llama 3) */
+
+    /* Derived by kvg_tok_finish (tok_vocab.c); loaders leave these alone. */
+    void *bytes_arena;           /* storage of bytes[] */
+    int32_t spm_space;           /* SPM: id of the space piece ("\u2581", or " " in llama2.c
+                                    files), -1 if none */
+    int spm_space_u2581;         /* SPM: the space piece is U+2581, so a literal U+2581 in the
+                                    text is a space too */
+    int spm_split;               /* SPM: no mergeable piece has a space right after a non-space,
+                                    so merges never cross the start of a space run and the text
+                                    can be merged run by run (exactly the same result) */
+    int32_t ascii_id[128];       /* SPM: initial symbol of each ASCII character, -1 if none */
+    uint8_t added_first[256];    /* 1 for bytes that start some added token */
+};
+
+/* ---- tok_vocab.c: allocation, indexes, shared loader helpers ---- */
+
+/* Allocates the per-id arrays for n pieces (zeroed; bos/eos/unk/pad = -1,
+ * byte_piece[] = -1). Returns 0 or -1 (out of memory). */
+int kvg_tok_alloc(struct kvg_tokenizer *t, int32_t n);
+/* Builds t->index from the pieces. */
+int kvg_tok_build_index(struct kvg_tokenizer *t);
+int32_t kvg_tok_find(const struct kvg_tokenizer *t, const char *s, size_t len);
+
+int kvg_merges_init(kvg_merge_table *m, uint32_t expected);
+int kvg_merges_put(kvg_merge_table *m, int32_t left, int32_t right, int32_t rank, int32_t result);
+const kvg_merge *kvg_merges_get(const kvg_merge_table *m, int32_t left, int32_t right);
+void kvg_merges_free(kvg_merge_table *m);
+
+/* SPM by scores: derives the merge table from the vocabulary (see above). Only
+ * NORMAL (or UNDEFINED) pieces take part. Needs the index (builds it if absent). */
+int kvg_tok_merges_from_scores(struct kvg_tokenizer *t);
+/* Fills bytes/bytes_len for every id from piece, type and mode, plus byte_piece[]
+ * and the other derived fields above; builds the index if absent and sorts
+ * `added` longest first. kvg_tokenizer_load* calls it after every loader, so
+ * loaders need not (calling it twice is harmless). */
+int kvg_tok_finish(struct kvg_tokenizer *t, char *err, size_t err_len);
+/* Frees everything the struct owns (not the struct). */
+void kvg_tok_release(struct kvg_tokenizer *t);
+/* Fills t->added from the token types: CONTROL and UNKNOWN pieces as special,
+ * USER_DEFINED as always matched (GGUF vocabularies, llama.cpp semantics). */
+int kvg_tok_added_from_types(struct kvg_tokenizer *t);
+
+/* Pieces a text can be made of (initial symbols and merge operands/results):
+ * NORMAL and UNDEFINED. */
+static inline int kvg_tok_mergeable(uint8_t type)
+{
+    return type == KVG_TT_NORMAL || type == KVG_TT_UNDEFINED;
+}
+
+/* Fast hash of a byte string (piece index, encoder caches). */
+static inline uint64_t kvg_tok_hash(const void *p, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)p;
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (n * 0xC2B2AE3D27D4EB4FULL);
+    while (n >= 8) {
+        uint64_t w;
+        __builtin_memcpy(&w, s, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+        s += 8;
+        n -= 8;
+    }
+    if (n) {
+        uint64_t w = 0;
+        for (size_t i = 0; i < n; i++)
+            w |= (uint64_t)s[i] << (8 * i);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+    }
+    h *= 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
+}
+
+/* ---- loaders: each returns 0, or -1 with err naming `name` ----
+ * `data` is only valid during the call: whatever the tokenizer keeps must be
+ * copied (into t->arena, or the whole input into t->mapping). */
+int kvg_tok_load_llama2c(struct kvg_tokenizer *t, const unsigned char *data, size_t len,
+                         const char *name, char *err, size_t err_len);
+int kvg_tok_load_gguf(struct kvg_tokenizer *t, const unsigned char *data, size_t len,
+                      const char *name, char *err, size_t err_len);
+int kvg_tok_load_hfjson(struct kvg_tokenizer *t, const unsigned char *data, size_t len,
+                        const char *name, char *err, size_t err_len);
+
+/* ---- encoders ---- */
+/* Appends the ids for one pre-tokenized chunk / whole SPM text to a growable
+ * array. tok_bpe.c. */
+typedef struct kvg_ids {
+    int32_t *v;
+    size_t n, cap;
+} kvg_ids;
+int kvg_ids_push(kvg_ids *a, int32_t id);
+/* Encodes valid UTF-8 text (the caller checked it) with flags KVG_ENC_*, appending
+ * to out. Returns 0, or -1 when out of memory. */
+int kvg_tok_encode(const struct kvg_tokenizer *t, const char *text, size_t len,
+                   unsigned flags, kvg_ids *out);
+
+/* ---- pretok.c ---- */
+/* Calls emit(ctx, start, len) for each pre-token of s[0..n) (valid UTF-8), in order,
+ * covering the whole input. Returns 0, or the first non-zero value emit returned. */
+typedef int (*kvg_pretok_emit)(void *ctx, const char *s, size_t len);
+int kvg_pretok_split(int kind, const char *s, size_t n, kvg_pretok_emit emit, void *ctx);
+
+/* GPT-2 byte <-> printable code point mapping (bytes_to_unicode). */
+uint32_t kvg_byte_to_cp(unsigned char b);
+int kvg_cp_to_byte(uint32_t cp);     /* -1 if cp is not in the mapping */
+
+#endif
