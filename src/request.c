@@ -1,0 +1,761 @@
+#include "request.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdalign.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "utf8.h"
+
+/* ---- memory: a chunk list, so the request and everything it points at go
+ * away with one kvg_request_free() and parsing needs few mallocs. ---- */
+
+typedef struct chunk {
+    struct chunk *next;
+    size_t cap, used;
+    alignas(max_align_t) unsigned char data[];
+} chunk;
+
+#define CHUNK_MIN 4096
+
+static void *arena_alloc(chunk **head, size_t n)
+{
+    chunk *c = *head, *nc;
+    size_t off, cap;
+
+    if (n > SIZE_MAX / 2)
+        return NULL;
+    n = n ? (n + 15) & ~(size_t)15 : 16;
+    if (c && c->cap - c->used >= n) {
+        off = c->used;
+        c->used += n;
+        return c->data + off;
+    }
+    cap = n > CHUNK_MIN ? n : CHUNK_MIN;
+    if (!(nc = malloc(sizeof(chunk) + cap)))
+        return NULL;
+    nc->cap = cap;
+    nc->used = n;
+    if (c && n > CHUNK_MIN / 2) {
+        /* a big block gets its own chunk behind the current one, whose free
+         * space stays usable for the small allocations that follow */
+        nc->next = c->next;
+        c->next = nc;
+    } else {
+        nc->next = c;
+        *head = nc;
+    }
+    return nc->data;
+}
+
+static void arena_free(chunk *c)
+{
+    while (c) {
+        chunk *next = c->next;
+        free(c);
+        c = next;
+    }
+}
+
+/* ---- parse context and error helpers ---- */
+
+typedef struct {
+    chunk *mem;
+    kvg_request *req;
+    kvg_api_error *err;
+    kvg_endpoint ep;
+} pctx;
+
+static int oom(pctx *p)
+{
+    return kvg_api_error_set(p->err, 500, NULL, NULL, "out of memory while parsing the request");
+}
+
+static void *alloc(pctx *p, size_t n)
+{
+    void *m = arena_alloc(&p->mem, n);
+    if (!m)
+        oom(p);
+    return m;
+}
+
+static char *copy_str(pctx *p, const char *s, size_t n)
+{
+    char *d = alloc(p, n + 1);
+    if (!d)
+        return NULL;
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+static const char *type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:  return "an object";
+    case JSON_ARRAY:   return "an array";
+    case JSON_STRING:  return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL:    return "a decimal number";
+    case JSON_TRUE:
+    case JSON_FALSE:   return "a boolean";
+    default:           return "null";
+    }
+}
+
+static int type_error(pctx *p, const char *param, const char *expected, const json_t *got)
+{
+    return kvg_api_error_set(p->err, 400, "invalid_type", param,
+                             "Invalid type for '%s': expected %s, but got %s instead.",
+                             param, expected, type_name(got));
+}
+
+/* Shortest of %.15g / %.17g that reads back as the same double, so a message
+ * never claims "got 2" for 2.0000000001. */
+static void fmt_num(double d, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%.15g", d);
+    if (strtod(buf, NULL) != d)
+        snprintf(buf, cap, "%.17g", d);
+}
+
+/* A user-supplied string quoted in a message, cut at a character boundary. */
+static void fmt_quoted(const char *s, size_t n, char *buf, size_t cap)
+{
+    size_t keep = n, max = cap > 8 ? cap - 8 : 0;
+
+    if (keep > max) {
+        keep = max;
+        while (keep > 0 && ((unsigned char)s[keep] & 0xC0) == 0x80)
+            keep--;
+    }
+    snprintf(buf, cap, "'%.*s'%s", (int)keep, s, keep < n ? "..." : "");
+}
+
+/* Formats a parameter path like "messages[3].content[0].type"; a path cut
+ * short by the buffer still names the field well enough. */
+__attribute__((format(printf, 3, 4)))
+static void pname(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
+/* The member, or NULL when absent or null (the SDKs send null for unset). */
+static json_t *field(const json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static int get_int(pctx *p, const json_t *v, const char *param, int64_t lo, int64_t hi,
+                   int64_t *out)
+{
+    int64_t x;
+    char num[40];
+
+    if (json_is_integer(v)) {
+        x = json_integer_value(v);
+    } else if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (d != floor(d))
+            return type_error(p, param, "an integer", v);
+        if (d < -9223372036854775808.0 || d >= 9223372036854775808.0) {
+            fmt_num(d, num, sizeof num);
+            return kvg_api_error_set(p->err, 400,
+                                     d < 0 ? "integer_below_min_value" : "integer_above_max_value",
+                                     param, "Invalid '%s': integer %s. Expected a value %s %lld, "
+                                     "but got %s instead.", param,
+                                     d < 0 ? "below minimum value" : "above maximum value",
+                                     d < 0 ? ">=" : "<=", (long long)(d < 0 ? lo : hi), num);
+        }
+        x = (int64_t)d;
+    } else {
+        return type_error(p, param, "an integer", v);
+    }
+    if (x < lo)
+        return kvg_api_error_set(p->err, 400, "integer_below_min_value", param,
+                                 "Invalid '%s': integer below minimum value. Expected a value "
+                                 ">= %lld, but got %lld instead.", param, (long long)lo,
+                                 (long long)x);
+    if (x > hi)
+        return kvg_api_error_set(p->err, 400, "integer_above_max_value", param,
+                                 "Invalid '%s': integer above maximum value. Expected a value "
+                                 "<= %lld, but got %lld instead.", param, (long long)hi,
+                                 (long long)x);
+    *out = x;
+    return 0;
+}
+
+static int get_int32(pctx *p, const json_t *v, const char *param, int64_t lo, int64_t hi,
+                     int32_t *out)
+{
+    int64_t x;
+    if (get_int(p, v, param, lo, hi, &x) < 0)
+        return -1;
+    *out = (int32_t)x;
+    return 0;
+}
+
+/* A number in [lo, hi], or (lo, hi] when lo_open. */
+static int get_number(pctx *p, const json_t *v, const char *param, double lo, int lo_open,
+                      double hi, double *out)
+{
+    double d;
+    char got[40], lim[40];
+
+    if (!json_is_number(v))
+        return type_error(p, param, "a number", v);
+    d = json_number_value(v) + 0.0;     /* -0.0 becomes 0.0 */
+    fmt_num(d, got, sizeof got);
+    if (lo_open ? d <= lo : d < lo) {
+        fmt_num(lo, lim, sizeof lim);
+        return kvg_api_error_set(p->err, 400, "decimal_below_min_value", param,
+                                 "Invalid '%s': decimal below minimum value. Expected a value "
+                                 "%s %s, but got %s instead.", param, lo_open ? ">" : ">=",
+                                 lim, got);
+    }
+    if (d > hi) {
+        fmt_num(hi, lim, sizeof lim);
+        return kvg_api_error_set(p->err, 400, "decimal_above_max_value", param,
+                                 "Invalid '%s': decimal above maximum value. Expected a value "
+                                 "<= %s, but got %s instead.", param, lim, got);
+    }
+    *out = d;
+    return 0;
+}
+
+static int get_bool(pctx *p, const json_t *v, const char *param, int *out)
+{
+    if (!json_is_boolean(v))
+        return type_error(p, param, "a boolean", v);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int missing(pctx *p, const char *param)
+{
+    return kvg_api_error_set(p->err, 400, "missing_required_parameter", param,
+                             "Missing required parameter: '%s'.", param);
+}
+
+static int empty_array(pctx *p, const char *param)
+{
+    return kvg_api_error_set(p->err, 400, "empty_array", param,
+                             "Invalid '%s': empty array. Expected an array with minimum length 1, "
+                             "but got an empty array instead.", param);
+}
+
+/* ---- fields ---- */
+
+static int parse_model(pctx *p, const json_t *root)
+{
+    json_t *v = field(root, "model");
+    size_t n;
+
+    if (!v)
+        return missing(p, "model");
+    if (!json_is_string(v))
+        return type_error(p, "model", "a string", v);
+    n = json_string_length(v);
+    if (n == 0)
+        return kvg_api_error_set(p->err, 400, "invalid_value", "model",
+                                 "Invalid 'model': empty string. Expected a model name.");
+    if (n > KVG_REQ_MAX_MODEL_LEN)
+        return kvg_api_error_set(p->err, 400, "string_above_max_length", "model",
+                                 "Invalid 'model': string too long. Expected a string with maximum "
+                                 "length %d, but got a string with length %zu instead.",
+                                 KVG_REQ_MAX_MODEL_LEN, n);
+    if (!(p->req->model = copy_str(p, json_string_value(v), n)))
+        return -1;
+    p->req->model_len = n;
+    return 0;
+}
+
+static int parse_tokens(pctx *p, const json_t *arr, const char *param)
+{
+    size_t n = json_array_size(arr);
+    int32_t *ids;
+    char sub[KVG_API_ERROR_PARAM_MAX];
+
+    if (n == 0)
+        return empty_array(p, param);
+    if (n > SIZE_MAX / sizeof(int32_t))
+        return oom(p);
+    if (!(ids = alloc(p, n * sizeof(int32_t))))
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        pname(sub, sizeof sub, "%s[%zu]", param, i);
+        if (get_int32(p, json_array_get(arr, i), sub, 0, INT32_MAX, &ids[i]) < 0)
+            return -1;
+    }
+    p->req->prompt_kind = KVG_PROMPT_TOKENS;
+    p->req->prompt_tokens = ids;
+    p->req->n_prompt_tokens = n;
+    return 0;
+}
+
+static int set_text_prompt(pctx *p, const json_t *s, const char *param)
+{
+    size_t n = json_string_length(s);
+
+    if (n == 0)
+        return kvg_api_error_set(p->err, 400, "invalid_value", param,
+                                 "Invalid '%s': empty string. Expected a non-empty prompt.", param);
+    if (!(p->req->prompt = copy_str(p, json_string_value(s), n)))
+        return -1;
+    p->req->prompt_kind = KVG_PROMPT_TEXT;
+    p->req->prompt_len = n;
+    return 0;
+}
+
+static int batched(pctx *p)
+{
+    return kvg_api_error_set(p->err, 400, "unsupported_value", "prompt",
+                             "Invalid 'prompt': batched prompts are not supported; send one "
+                             "prompt per request.");
+}
+
+static int parse_prompt(pctx *p, const json_t *root)
+{
+    json_t *v = field(root, "prompt"), *first;
+    size_t n;
+    char sub[KVG_API_ERROR_PARAM_MAX];
+
+    if (!v)
+        return missing(p, "prompt");
+    if (json_is_string(v))
+        return set_text_prompt(p, v, "prompt");
+    if (!json_is_array(v))
+        return type_error(p, "prompt", "a string or an array", v);
+    n = json_array_size(v);
+    if (n == 0)
+        return empty_array(p, "prompt");
+    first = json_array_get(v, 0);
+    if (json_is_number(first))
+        return parse_tokens(p, v, "prompt");
+    if (!json_is_string(first) && !json_is_array(first))
+        return type_error(p, "prompt[0]", "a string, an integer or an array", first);
+    /* an array of prompts: one is fine, several are a batch */
+    for (size_t i = 1; i < n; i++) {
+        json_t *e = json_array_get(v, i);
+        if (json_typeof(e) != json_typeof(first)) {
+            pname(sub, sizeof sub, "prompt[%zu]", i);
+            return type_error(p, sub, json_is_string(first) ? "a string" : "an array", e);
+        }
+    }
+    if (n > 1)
+        return batched(p);
+    if (json_is_string(first))
+        return set_text_prompt(p, first, "prompt[0]");
+    return parse_tokens(p, first, "prompt[0]");
+}
+
+/* content: a string, or a non-empty array of text parts joined with "\n". */
+static int parse_content(pctx *p, const json_t *v, size_t mi, kvg_chat_message *m)
+{
+    char param[KVG_API_ERROR_PARAM_MAX], sub[KVG_API_ERROR_PARAM_MAX], q[80];
+    size_t n, total = 0, off = 0;
+    char *buf;
+
+    pname(param, sizeof param, "messages[%zu].content", mi);
+    if (!v)
+        return missing(p, param);
+    if (json_is_string(v)) {
+        m->content_len = json_string_length(v);
+        return (m->content = copy_str(p, json_string_value(v), m->content_len)) ? 0 : -1;
+    }
+    if (!json_is_array(v))
+        return type_error(p, param, "a string or an array of content parts", v);
+    n = json_array_size(v);
+    if (n == 0)
+        return empty_array(p, param);
+    for (size_t j = 0; j < n; j++) {
+        json_t *part = json_array_get(v, j), *type, *text;
+
+        pname(sub, sizeof sub, "%s[%zu]", param, j);
+        if (!json_is_object(part))
+            return type_error(p, sub, "an object", part);
+        pname(sub, sizeof sub, "%s[%zu].type", param, j);
+        if (!(type = field(part, "type")))
+            return missing(p, sub);
+        if (!json_is_string(type))
+            return type_error(p, sub, "a string", type);
+        if (strcmp(json_string_value(type), "text") != 0) {
+            fmt_quoted(json_string_value(type), json_string_length(type), q, sizeof q);
+            return kvg_api_error_set(p->err, 400, "invalid_value", sub,
+                                     "Invalid value for '%s': only 'text' content parts are "
+                                     "supported, got %s.", sub, q);
+        }
+        pname(sub, sizeof sub, "%s[%zu].text", param, j);
+        if (!(text = field(part, "text")))
+            return missing(p, sub);
+        if (!json_is_string(text))
+            return type_error(p, sub, "a string", text);
+        total += json_string_length(text) + (j > 0);
+    }
+    if (!(buf = alloc(p, total + 1)))
+        return -1;
+    for (size_t j = 0; j < n; j++) {
+        json_t *text = json_object_get(json_array_get(v, j), "text");
+        size_t l = json_string_length(text);
+        if (j > 0)
+            buf[off++] = '\n';
+        memcpy(buf + off, json_string_value(text), l);
+        off += l;
+    }
+    buf[off] = '\0';
+    m->content = buf;
+    m->content_len = off;
+    return 0;
+}
+
+static int parse_role(pctx *p, const json_t *msg, size_t mi, kvg_chat_role *role)
+{
+    static const struct { const char *name; int role; } ROLES[] = {
+        { "system", KVG_ROLE_SYSTEM }, { "developer", KVG_ROLE_SYSTEM },
+        { "user", KVG_ROLE_USER }, { "assistant", KVG_ROLE_ASSISTANT },
+        { "tool", -1 }, { "function", -1 },
+    };
+    char param[KVG_API_ERROR_PARAM_MAX], q[80];
+    json_t *v;
+    const char *s;
+
+    pname(param, sizeof param, "messages[%zu].role", mi);
+    if (!(v = field(msg, "role")))
+        return missing(p, param);
+    if (!json_is_string(v))
+        return type_error(p, param, "a string", v);
+    s = json_string_value(v);
+    for (size_t i = 0; i < sizeof ROLES / sizeof ROLES[0]; i++) {
+        if (strcmp(s, ROLES[i].name) != 0)
+            continue;
+        if (ROLES[i].role < 0)
+            return kvg_api_error_set(p->err, 400, "unsupported_value", param,
+                                     "Invalid '%s': role '%s' is not supported; this server does "
+                                     "not implement tool or function calls.", param, s);
+        *role = (kvg_chat_role)ROLES[i].role;
+        return 0;
+    }
+    fmt_quoted(s, json_string_length(v), q, sizeof q);
+    return kvg_api_error_set(p->err, 400, "invalid_value", param,
+                             "Invalid value for '%s': %s. Supported values are: 'system', "
+                             "'developer', 'user' and 'assistant'.", param, q);
+}
+
+static int parse_messages(pctx *p, const json_t *root)
+{
+    json_t *v = field(root, "messages");
+    kvg_chat_message *msgs;
+    size_t n;
+    char param[KVG_API_ERROR_PARAM_MAX];
+
+    if (!v)
+        return missing(p, "messages");
+    if (!json_is_array(v))
+        return type_error(p, "messages", "an array", v);
+    n = json_array_size(v);
+    if (n == 0)
+        return empty_array(p, "messages");
+    if (n > SIZE_MAX / sizeof *msgs)
+        return oom(p);
+    if (!(msgs = alloc(p, n * sizeof *msgs)))
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(v, i), *calls;
+
+        if (!json_is_object(m)) {
+            pname(param, sizeof param, "messages[%zu]", i);
+            return type_error(p, param, "an object", m);
+        }
+        if (parse_role(p, m, i, &msgs[i].role) < 0)
+            return -1;
+        calls = field(m, "tool_calls");
+        if (calls && !(json_is_array(calls) && json_array_size(calls) == 0)) {
+            pname(param, sizeof param, "messages[%zu].tool_calls", i);
+            return kvg_api_error_set(p->err, 400, "unsupported_parameter", param,
+                                     "Invalid '%s': tool calls are not supported by this server.",
+                                     param);
+        }
+        if (parse_content(p, field(m, "content"), i, &msgs[i]) < 0)
+            return -1;
+    }
+    p->req->messages = msgs;
+    p->req->n_messages = n;
+    return 0;
+}
+
+static int parse_stop(pctx *p, const json_t *root)
+{
+    json_t *v = field(root, "stop");
+    kvg_request *r = p->req;
+    char param[KVG_API_ERROR_PARAM_MAX];
+    size_t n;
+
+    if (!v)
+        return 0;
+    if (json_is_string(v)) {
+        n = 1;
+    } else if (json_is_array(v)) {
+        n = json_array_size(v);
+        if (n > KVG_REQ_MAX_STOP)
+            return kvg_api_error_set(p->err, 400, "array_above_max_length", "stop",
+                                     "Invalid 'stop': array too long. Expected an array with "
+                                     "maximum length %d, but got an array with length %zu instead.",
+                                     KVG_REQ_MAX_STOP, n);
+    } else {
+        return type_error(p, "stop", "a string or an array of strings", v);
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = json_is_string(v) ? v : json_array_get(v, i);
+
+        if (json_is_string(v))
+            pname(param, sizeof param, "stop");
+        else
+            pname(param, sizeof param, "stop[%zu]", i);
+        if (!json_is_string(s))
+            return type_error(p, param, "a string", s);
+        if (json_string_length(s) == 0)
+            return kvg_api_error_set(p->err, 400, "invalid_value", param,
+                                     "Invalid '%s': empty string. Stop sequences must be "
+                                     "non-empty.", param);
+        r->stop_len[i] = json_string_length(s);
+        if (!(r->stop[i] = copy_str(p, json_string_value(s), r->stop_len[i])))
+            return -1;
+    }
+    r->n_stop = n;
+    return 0;
+}
+
+static int parse_stream(pctx *p, const json_t *root)
+{
+    json_t *v = field(root, "stream"), *opts, *usage;
+
+    if (v && get_bool(p, v, "stream", &p->req->stream) < 0)
+        return -1;
+    if (!(opts = field(root, "stream_options")))
+        return 0;
+    if (!p->req->stream)
+        return kvg_api_error_set(p->err, 400, "invalid_value", "stream_options",
+                                 "Invalid 'stream_options': only allowed when 'stream' is true.");
+    if (!json_is_object(opts))
+        return type_error(p, "stream_options", "an object", opts);
+    usage = field(opts, "include_usage");
+    if (usage && get_bool(p, usage, "stream_options.include_usage", &p->req->include_usage) < 0)
+        return -1;
+    return 0;
+}
+
+static int parse_logprobs(pctx *p, const json_t *root)
+{
+    kvg_request *r = p->req;
+    json_t *v = field(root, "logprobs"), *top;
+
+    if (p->ep == KVG_ENDPOINT_COMPLETIONS) {
+        if (!v)
+            return 0;
+        if (get_int32(p, v, "logprobs", 0, KVG_REQ_MAX_LOGPROBS, &r->top_logprobs) < 0)
+            return -1;
+        r->has_logprobs = 1;
+        return 0;
+    }
+    if (v && get_bool(p, v, "logprobs", &r->has_logprobs) < 0)
+        return -1;
+    if (!(top = field(root, "top_logprobs")))
+        return 0;
+    if (!r->has_logprobs)
+        return kvg_api_error_set(p->err, 400, "invalid_value", "top_logprobs",
+                                 "Invalid 'top_logprobs': requires 'logprobs' to be true.");
+    return get_int32(p, top, "top_logprobs", 0, KVG_REQ_MAX_LOGPROBS, &r->top_logprobs);
+}
+
+/* OpenAI fields this server does not implement: accepted only at their
+ * no-op value, because ignoring them would silently change the answer. */
+static int is_default_value(const char *key, const json_t *v)
+{
+    if (!strcmp(key, "presence_penalty") || !strcmp(key, "frequency_penalty"))
+        return json_is_number(v) && json_number_value(v) == 0.0;
+    if (!strcmp(key, "logit_bias"))
+        return json_is_object(v) && json_object_size(v) == 0;
+    if (!strcmp(key, "best_of"))
+        return json_is_number(v) && json_number_value(v) == 1.0;
+    if (!strcmp(key, "echo"))
+        return json_is_false(v);
+    if (!strcmp(key, "suffix"))
+        return json_is_string(v) && json_string_length(v) == 0;
+    if (!strcmp(key, "tools") || !strcmp(key, "functions"))
+        return json_is_array(v) && json_array_size(v) == 0;
+    if (!strcmp(key, "response_format")) {
+        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        return json_is_string(t) && !strcmp(json_string_value(t), "text");
+    }
+    return 1;
+}
+
+static int check_unsupported(pctx *p, const json_t *root)
+{
+    static const char *const KEYS[] = { "presence_penalty", "frequency_penalty", "logit_bias",
+                                        "best_of", "echo", "suffix", "tools", "functions",
+                                        "response_format" };
+    for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++) {
+        json_t *v = field(root, KEYS[i]);
+        if (v && !is_default_value(KEYS[i], v))
+            return kvg_api_error_set(p->err, 400, "unsupported_parameter", KEYS[i],
+                                     "Unsupported parameter: '%s' is not supported by this "
+                                     "server (only its default value is accepted).", KEYS[i]);
+    }
+    return 0;
+}
+
+static int parse_sampling(pctx *p, const json_t *root)
+{
+    kvg_request *r = p->req;
+    json_t *v;
+
+    /* chat: max_completion_tokens supersedes the deprecated max_tokens */
+    if (p->ep == KVG_ENDPOINT_CHAT && (v = field(root, "max_completion_tokens"))) {
+        if (get_int32(p, v, "max_completion_tokens", 1, INT32_MAX, &r->max_tokens) < 0)
+            return -1;
+        r->has_max_tokens = 1;
+    }
+    if ((v = field(root, "max_tokens"))) {
+        int32_t mt;
+        if (get_int32(p, v, "max_tokens", 1, INT32_MAX, &mt) < 0)
+            return -1;
+        if (!r->has_max_tokens) {
+            r->max_tokens = mt;
+            r->has_max_tokens = 1;
+        }
+    }
+    if ((v = field(root, "temperature")) && get_number(p, v, "temperature", 0, 0, 2, &r->temperature) < 0)
+        return -1;
+    if ((v = field(root, "top_p")) && get_number(p, v, "top_p", 0, 1, 1, &r->top_p) < 0)
+        return -1;
+    if ((v = field(root, "top_k"))) {
+        if (get_int32(p, v, "top_k", -1, INT32_MAX, &r->top_k) < 0)
+            return -1;
+        if (r->top_k == 0)
+            return kvg_api_error_set(p->err, 400, "invalid_value", "top_k",
+                                     "Invalid 'top_k': expected -1 (disabled) or a value >= 1, "
+                                     "but got 0 instead.");
+    }
+    if ((v = field(root, "n")) && get_int32(p, v, "n", 1, KVG_REQ_MAX_N, &r->n) < 0)
+        return -1;
+    if ((v = field(root, "seed"))) {
+        if (get_int(p, v, "seed", INT64_MIN, INT64_MAX, &r->seed) < 0)
+            return -1;
+        r->has_seed = 1;
+    }
+    if ((v = field(root, "user"))) {
+        if (!json_is_string(v))
+            return type_error(p, "user", "a string", v);
+        r->user_len = json_string_length(v);
+        if (!(r->user = copy_str(p, json_string_value(v), r->user_len)))
+            return -1;
+    }
+    return 0;
+}
+
+static int parse_root(pctx *p, const json_t *root)
+{
+    if (parse_model(p, root) < 0)
+        return -1;
+    if (p->ep == KVG_ENDPOINT_CHAT ? parse_messages(p, root) < 0 : parse_prompt(p, root) < 0)
+        return -1;
+    if (parse_sampling(p, root) < 0 || parse_stop(p, root) < 0 || parse_stream(p, root) < 0
+        || parse_logprobs(p, root) < 0 || check_unsupported(p, root) < 0)
+        return -1;
+    return 0;
+}
+
+static int json_error(kvg_api_error *err, const json_error_t *je)
+{
+    switch (json_error_code(je)) {
+    case json_error_out_of_memory:
+        return kvg_api_error_set(err, 500, NULL, NULL, "out of memory while parsing the request");
+    case json_error_duplicate_key:
+        return kvg_api_error_set(err, 400, "invalid_json", NULL,
+                                 "We could not parse the JSON body of your request: it repeats a "
+                                 "key in one object (line %d, column %d).", je->line, je->column);
+    case json_error_null_character:
+    case json_error_null_byte_in_key:
+        return kvg_api_error_set(err, 400, "invalid_json", NULL,
+                                 "We could not parse the JSON body of your request: strings must "
+                                 "not contain \\u0000 (line %d, column %d).", je->line, je->column);
+    default:
+        return kvg_api_error_set(err, 400, "invalid_json", NULL,
+                                 "We could not parse the JSON body of your request: %s (line %d, "
+                                 "column %d). The API expects a JSON object.", je->text, je->line,
+                                 je->column);
+    }
+}
+
+kvg_request *kvg_request_parse(kvg_endpoint ep, const char *body, size_t len,
+                               kvg_api_error *err)
+{
+    kvg_api_error ignored;
+    pctx p = { NULL, NULL, err ? err : &ignored, ep };
+    json_error_t je;
+    json_t *root;
+    size_t bad;
+
+    err = p.err;
+    memset(err, 0, sizeof *err);
+    if (ep != KVG_ENDPOINT_COMPLETIONS && ep != KVG_ENDPOINT_CHAT) {
+        kvg_api_error_set(err, 500, NULL, NULL, "internal error: unknown endpoint %d", (int)ep);
+        return NULL;
+    }
+    if (!body || len == 0) {
+        kvg_api_error_set(err, 400, "invalid_json", NULL,
+                          "The request body is empty. The API expects a JSON object.");
+        return NULL;
+    }
+    /* jansson only checks UTF-8 inside strings it decodes; checking first gives
+     * one clear answer for every malformed body. */
+    if ((bad = kvg_utf8_invalid_at((const unsigned char *)body, len)) != (size_t)-1) {
+        kvg_api_error_set(err, 400, "invalid_encoding", NULL,
+                          "The request body is not valid UTF-8 (invalid byte at offset %zu).", bad);
+        return NULL;
+    }
+    root = json_loadb(body, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        json_error(err, &je);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        kvg_api_error_set(err, 400, "invalid_json", NULL,
+                          "The request body must be a JSON object, but got %s instead.",
+                          type_name(root));
+        json_decref(root);
+        return NULL;
+    }
+    if ((p.req = alloc(&p, sizeof *p.req))) {
+        memset(p.req, 0, sizeof *p.req);
+        p.req->endpoint = ep;
+        p.req->temperature = 1.0;
+        p.req->top_p = 1.0;
+        p.req->top_k = -1;
+        p.req->n = 1;
+        if (parse_root(&p, root) < 0)
+            p.req = NULL;
+    }
+    json_decref(root);
+    if (!p.req) {
+        arena_free(p.mem);
+        return NULL;
+    }
+    p.req->mem_ = p.mem;
+    return p.req;
+}
+
+void kvg_request_free(kvg_request *r)
+{
+    if (r)
+        arena_free(r->mem_);
+}

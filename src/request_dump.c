@@ -1,0 +1,78 @@
+#include <jansson.h>
+
+#include "request.h"
+
+static const char *const ROLE_NAMES[] = { "system", "user", "assistant" };
+
+static json_t *str_or_null(const char *s, size_t n)
+{
+    return s ? json_stringn(s, n) : json_null();
+}
+
+/* Builds the canonical form; jansson's *_new setters take ownership even on
+ * failure, so one NULL check at the end catches every allocation. */
+static json_t *build(const kvg_request *r)
+{
+    json_t *o = json_object(), *a;
+    int bad = !o;
+
+    if (bad)
+        return NULL;
+    bad |= json_object_set_new(o, "endpoint", json_string(r->endpoint == KVG_ENDPOINT_CHAT
+                                                          ? "chat" : "completions"));
+    bad |= json_object_set_new(o, "model", json_stringn(r->model, r->model_len));
+    if (r->prompt_kind == KVG_PROMPT_TEXT) {
+        bad |= json_object_set_new(o, "prompt", json_stringn(r->prompt, r->prompt_len));
+    } else if (r->prompt_kind == KVG_PROMPT_TOKENS) {
+        a = json_array();
+        for (size_t i = 0; a && i < r->n_prompt_tokens; i++)
+            bad |= json_array_append_new(a, json_integer(r->prompt_tokens[i]));
+        bad |= json_object_set_new(o, "prompt", a);
+    }
+    if (r->endpoint == KVG_ENDPOINT_CHAT) {
+        a = json_array();
+        for (size_t i = 0; a && i < r->n_messages; i++) {
+            const kvg_chat_message *m = &r->messages[i];
+            json_t *mo = json_object();
+            if (mo) {
+                bad |= json_object_set_new(mo, "role", json_string(ROLE_NAMES[m->role]));
+                bad |= json_object_set_new(mo, "content", json_stringn(m->content, m->content_len));
+            }
+            bad |= json_array_append_new(a, mo);
+        }
+        bad |= json_object_set_new(o, "messages", a);
+    }
+    bad |= json_object_set_new(o, "max_tokens",
+                               r->has_max_tokens ? json_integer(r->max_tokens) : json_null());
+    bad |= json_object_set_new(o, "temperature", json_real(r->temperature));
+    bad |= json_object_set_new(o, "top_p", json_real(r->top_p));
+    bad |= json_object_set_new(o, "top_k", json_integer(r->top_k));
+    bad |= json_object_set_new(o, "n", json_integer(r->n));
+    bad |= json_object_set_new(o, "seed", r->has_seed ? json_integer(r->seed) : json_null());
+    a = json_array();
+    for (size_t i = 0; a && i < r->n_stop; i++)
+        bad |= json_array_append_new(a, json_stringn(r->stop[i], r->stop_len[i]));
+    bad |= json_object_set_new(o, "stop", a);
+    bad |= json_object_set_new(o, "stream", json_boolean(r->stream));
+    bad |= json_object_set_new(o, "include_usage", json_boolean(r->include_usage));
+    bad |= json_object_set_new(o, "logprobs", json_boolean(r->has_logprobs));
+    bad |= json_object_set_new(o, "top_logprobs", json_integer(r->top_logprobs));
+    bad |= json_object_set_new(o, "user", str_or_null(r->user, r->user_len));
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+char *kvg_request_to_json(const kvg_request *r)
+{
+    json_t *o = build(r);
+    char *s;
+
+    if (!o)
+        return NULL;
+    s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return s;
+}
