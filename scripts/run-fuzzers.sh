@@ -14,6 +14,14 @@ for f in "$@"; do
     mkdir -p "$corpus"
     seeds=()
     [ -d "fuzz/seeds/$name" ] && seeds=("fuzz/seeds/$name")
+    # The real vocabulary files are good seeds for the loader, but they live in
+    # ../shared and are never copied into the repository: seed from a build copy.
+    if [ "$name" = fuzz_tokenizer_load ]; then
+        extra="$dir/seeds-shared-$name"
+        mkdir -p "$extra"
+        cp -f "$KVGATE_SHARED/models/stories260K/tok512.bin" "$extra/" 2>/dev/null || true
+        seeds+=("$extra")
+    fi
     log="$dir/$name.log"
     if "$f" -max_total_time="$secs" -rss_limit_mb=2048 -artifact_prefix="$dir/$name-" \
             -print_final_stats=1 "$corpus" "${seeds[@]}" >"$log" 2>&1; then

@@ -18,7 +18,11 @@
  *     pieces <0xNN> (or unk); byte-level mode maps every byte to its GPT-2
  *     printable code point first.
  *   - pre-tokenization (byte-level: the GPT-2 / Llama-3 / Qwen2 split, pretok.c;
- *     SPM: none, the whole text is one sequence).
+ *     SPM: none semantically, the whole text is one sequence; the encoder still
+ *     merges it run by run where the vocabulary proves no merge can cross, see
+ *     spm_split and spm_isolated, which gives the same ids).
+ * The engine is in tok_bpe.c, the encoding around it (added tokens, runs,
+ * caches) in tok_encode.c, their shared working memory in tok_engine.h.
  */
 #ifndef KVG_TOK_INTERNAL_H
 #define KVG_TOK_INTERNAL_H
@@ -70,6 +74,20 @@ typedef struct kvg_merge_table {
     uint32_t count;
 } kvg_merge_table;
 
+/* Word index slot, 16 bytes so that a lookup touches one cache line: words of
+ * up to 8 bytes are compared in place, longer ones in `keys`. */
+typedef struct kvg_word_slot {
+    uint32_t hash;
+    uint32_t id_len;             /* id << 8 | len; UINT32_MAX = empty */
+    uint64_t key;                /* len <= 8: the bytes, zero-padded; else offset in keys */
+} kvg_word_slot;
+
+typedef struct kvg_word_index {
+    kvg_word_slot *slots;
+    uint32_t mask;
+    char *keys;
+} kvg_word_index;
+
 /* An added/special token matched literally in the text (KVG_ENC_PARSE_SPECIAL,
  * and for HF added tokens with "special": false always). */
 typedef struct kvg_added_token {
@@ -117,15 +135,25 @@ struct kvg_tokenizer {
                                     without merging (HF "ignore_merges", Llama 3) */
 
     /* Derived by kvg_tok_finish (tok_vocab.c); loaders leave these alone. */
+    uint64_t uid;                /* unique per loaded tokenizer: tags per-thread encoder caches */
     void *bytes_arena;           /* storage of bytes[] */
     int32_t spm_space;           /* SPM: id of the space piece ("\u2581", or " " in llama2.c
                                     files), -1 if none */
     int spm_space_u2581;         /* SPM: the space piece is U+2581, so a literal U+2581 in the
                                     text is a space too */
+    int merge_monotone;          /* every merge ranks after the merges that make its operands,
+                                    so a merge only creates pairs of a later rank (true for
+                                    trained merge lists): long words can use a radix queue */
     int spm_split;               /* SPM: no mergeable piece has a space right after a non-space,
                                     so merges never cross the start of a space run and the text
                                     can be merged run by run (exactly the same result) */
     int32_t ascii_id[128];       /* SPM: initial symbol of each ASCII character, -1 if none */
+    uint8_t spm_isolated[128];   /* SPM: ASCII characters in no mergeable piece of two or more
+                                    characters (e.g. '\n' in Llama 2): they never merge, so a run
+                                    also ends before and after them */
+    kvg_word_index word_index;   /* decoded bytes -> id, for pieces that the engine turns
+                                    back into exactly themselves: a whole word (pre-token or
+                                    SPM space run) found here is one token, no merging */
     uint8_t added_first[256];    /* 1 for bytes that start some added token */
 };
 
@@ -164,28 +192,48 @@ static inline int kvg_tok_mergeable(uint8_t type)
     return type == KVG_TT_NORMAL || type == KVG_TT_UNDEFINED;
 }
 
-/* Fast hash of a byte string (piece index, encoder caches). */
-static inline uint64_t kvg_tok_hash(const void *p, size_t n)
+static inline uint64_t kvg_tok_load64(const unsigned char *s)
+{
+    uint64_t v;
+    __builtin_memcpy(&v, s, 8);
+    return v;
+}
+
+static inline uint64_t kvg_tok_load32(const unsigned char *s)
+{
+    uint32_t v;
+    __builtin_memcpy(&v, s, 4);
+    return v;
+}
+
+static inline uint64_t kvg_tok_mix(uint64_t h, uint64_t a, uint64_t b)
+{
+    h = (h ^ a) * 0xFF51AFD7ED558CCDULL;
+    h ^= h >> 32;
+    h = (h ^ b) * 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
+}
+
+/* Fast hash of a byte string (piece indexes, encoder caches). Short strings,
+ * the common case, take two overlapping loads and never read outside s[0..n). */
+static inline __attribute__((always_inline)) uint64_t kvg_tok_hash(const void *p, size_t n)
 {
     const unsigned char *s = (const unsigned char *)p;
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ (n * 0xC2B2AE3D27D4EB4FULL);
-    while (n >= 8) {
-        uint64_t w;
-        __builtin_memcpy(&w, s, 8);
-        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
-        h ^= h >> 32;
-        s += 8;
-        n -= 8;
+
+    if (n > 16) {
+        const unsigned char *end = s + n;
+        for (; end - s > 16; s += 16)
+            h = kvg_tok_mix(h, kvg_tok_load64(s), kvg_tok_load64(s + 8));
+        return kvg_tok_mix(h, kvg_tok_load64(end - 16), kvg_tok_load64(end - 8));
     }
-    if (n) {
-        uint64_t w = 0;
-        for (size_t i = 0; i < n; i++)
-            w |= (uint64_t)s[i] << (8 * i);
-        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
-        h ^= h >> 32;
-    }
-    h *= 0xC4CEB9FE1A85EC53ULL;
-    return h ^ (h >> 29);
+    if (n >= 8)
+        return kvg_tok_mix(h, kvg_tok_load64(s), kvg_tok_load64(s + n - 8));
+    if (n >= 4)
+        return kvg_tok_mix(h, kvg_tok_load32(s), kvg_tok_load32(s + n - 4));
+    if (n > 0)
+        return kvg_tok_mix(h, (uint64_t)s[0] | (uint64_t)s[n >> 1] << 8 | (uint64_t)s[n - 1] << 16, 0);
+    return kvg_tok_mix(h, 0, 0);
 }
 
 /* ---- loaders: each returns 0, or -1 with err naming `name` ----
@@ -199,15 +247,20 @@ int kvg_tok_load_hfjson(struct kvg_tokenizer *t, const unsigned char *data, size
                         const char *name, char *err, size_t err_len);
 
 /* ---- encoders ---- */
-/* Appends the ids for one pre-tokenized chunk / whole SPM text to a growable
- * array. tok_bpe.c. */
+/* A growable array of ids (kvg_ids_push is in tok_bpe.c). */
 typedef struct kvg_ids {
     int32_t *v;
     size_t n, cap;
 } kvg_ids;
 int kvg_ids_push(kvg_ids *a, int32_t id);
+/* Words of up to this many symbols skip the heap (an array scan, same
+ * result); tests set it to 0 to check the heap path alone. */
+extern int kvg_tok_small_word;
+/* Builds t->word_index (tok_encode.c; called by kvg_tok_finish). */
+int kvg_tok_build_word_index(struct kvg_tokenizer *t);
 /* Encodes valid UTF-8 text (the caller checked it) with flags KVG_ENC_*, appending
- * to out. Returns 0, or -1 when out of memory. */
+ * to out. Returns 0, or -1 when out of memory. tok_encode.c. Thread-safe: each
+ * thread keeps its own working memory and caches (bounded, a few MB at most). */
 int kvg_tok_encode(const struct kvg_tokenizer *t, const char *text, size_t len,
                    unsigned flags, kvg_ids *out);
 

@@ -72,7 +72,17 @@ size_t kvg_utf8_invalid_at(const unsigned char *s, size_t n)
     uint32_t cp;
 
     while (i < n) {
-        if (s[i] < 0x80) {      /* fast path for ASCII runs */
+        /* Prompts are mostly ASCII: skip 8 bytes at a time while no high bit is set. */
+        while (i + 8 <= n) {
+            uint64_t w;
+            __builtin_memcpy(&w, s + i, 8);
+            if (w & 0x8080808080808080ULL)
+                break;
+            i += 8;
+        }
+        if (i >= n)
+            break;
+        if (s[i] < 0x80) {
             i++;
             continue;
         }

@@ -1,0 +1,659 @@
+/* Hugging Face tokenizer.json loader (model type BPE only).
+ *
+ * Two families are recognised from the normalizer / pre_tokenizer pipeline:
+ *   byte-level BPE  pre_tokenizer ByteLevel (GPT-2), or a Sequence of a Split
+ *                   with the Llama 3 / Qwen2 regex and ByteLevel(use_regex
+ *                   false). The regex is recognised by its exact text (we run
+ *                   hand-written scanners, not a regex engine), so any other
+ *                   pattern is refused rather than silently approximated.
+ *   SentencePiece   normalizer Prepend("▁") + Replace(" " -> "▁") (Llama 2,
+ *                   TinyLlama, Mistral) or the older Metaspace pre_tokenizer,
+ *                   usually with byte_fallback.
+ * Merges come as "a b" strings or [a, b] pairs; rank = index, as in HF.
+ * What would change tokenization if ignored is an error naming the file and
+ * the JSON path. Knowingly accepted approximations:
+ *   - normalizer NFC (Qwen2) is not applied here: text already in NFC (the
+ *     request normalizer's "nfc" step) tokenizes the same;
+ *   - Metaspace with "split": true: HF cuts before every U+2581, so a run of
+ *     spaces is tokenized one space per word; we follow SentencePiece, which
+ *     HF matches for single spaces;
+ *   - added tokens' lstrip / rstrip / single_word flags. */
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tok_internal.h"
+
+#define SPM_SPACE "\xe2\x96\x81"        /* U+2581, SentencePiece's visible space */
+
+/* Ids above this many entries past the pieces we were given would only serve
+ * to make us allocate: real vocabularies are dense. */
+#define MAX_ID_SLACK 4096
+#define MAX_VOCAB (1 << 24)
+
+static const char RE_GPT2[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char RE_LLAMA3[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char RE_QWEN2[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+typedef struct hf_load {
+    const char *name;
+    char *err;
+    size_t err_len;
+
+    /* What the pipeline says. */
+    int byte_level;              /* a ByteLevel pre-tokenizer was seen */
+    int pretok;                  /* enum kvg_pretok */
+    int spm_prepend;             /* normalizer Prepend("▁") */
+    int spm_replace;             /* normalizer Replace(" ", "▁") */
+    int metaspace;               /* pre_tokenizer Metaspace */
+    int metaspace_prefix;        /* ... with a dummy prefix */
+} hf_load;
+
+/* One id's text before it is copied into the tokenizer's arena. */
+typedef struct hf_piece {
+    const char *s;
+    size_t len;
+    int set;
+} hf_piece;
+
+__attribute__((format(printf, 3, 4)))
+static int fail(hf_load *L, const char *path, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (L->err && L->err_len)
+        snprintf(L->err, L->err_len, "%s: %s%s%s", L->name, path ? path : "",
+                 path ? ": " : "", msg);
+    return -1;
+}
+
+/* Type name of a JSON value for messages. */
+static const char *jtype(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+static int is_str(const json_t *v, const char *want)
+{
+    return json_is_string(v) && json_string_length(v) == strlen(want)
+           && memcmp(json_string_value(v), want, strlen(want)) == 0;
+}
+
+/* Optional boolean member: absent or null gives dflt. */
+static int get_bool(hf_load *L, const json_t *obj, const char *key, const char *path,
+                    int dflt, int *out)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_boolean(v))
+        return fail(L, path, "\"%s\" must be a boolean, not %s", key, jtype(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* Optional string member that must be null/absent or empty. */
+static int require_empty_str(hf_load *L, const json_t *obj, const char *key,
+                             const char *path)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0))
+        return 0;
+    return fail(L, path, "\"%s\" is not supported", key);
+}
+
+/* ---------------- pipeline recognition ---------------- */
+
+static int parse_normalizer(hf_load *L, const json_t *n, const char *path)
+{
+    char sub[128];
+    if (!n || json_is_null(n))
+        return 0;
+    if (!json_is_object(n))
+        return fail(L, path, "expected an object, not %s", jtype(n));
+    const json_t *type = json_object_get(n, "type");
+    if (!json_is_string(type))
+        return fail(L, path, "missing \"type\"");
+    const char *ty = json_string_value(type);
+
+    if (strcmp(ty, "Sequence") == 0) {
+        const json_t *list = json_object_get(n, "normalizers");
+        if (!json_is_array(list))
+            return fail(L, path, "Sequence without a \"normalizers\" array");
+        for (size_t i = 0; i < json_array_size(list); i++) {
+            snprintf(sub, sizeof sub, "%s.normalizers[%zu]", path, i);
+            if (parse_normalizer(L, json_array_get(list, i), sub) != 0)
+                return -1;
+        }
+        return 0;
+    }
+    if (strcmp(ty, "Prepend") == 0) {
+        if (!is_str(json_object_get(n, "prepend"), SPM_SPACE))
+            return fail(L, path, "Prepend of anything but \"\xe2\x96\x81\" is not supported");
+        L->spm_prepend = 1;
+        return 0;
+    }
+    if (strcmp(ty, "Replace") == 0) {
+        const json_t *pat = json_object_get(n, "pattern");
+        if (!json_is_object(pat) || !is_str(json_object_get(pat, "String"), " ")
+            || !is_str(json_object_get(n, "content"), SPM_SPACE))
+            return fail(L, path, "Replace other than \" \" -> \"\xe2\x96\x81\" is not supported");
+        L->spm_replace = 1;
+        return 0;
+    }
+    /* NFC (Qwen2) is accepted: it only changes text that is not already NFC,
+     * which the request normalizer can take care of (see normalize.h). */
+    if (strcmp(ty, "NFC") == 0)
+        return 0;
+    return fail(L, path, "normalizer type \"%s\" is not supported", ty);
+}
+
+static int regex_kind(const char *re, size_t len)
+{
+    if (len == sizeof RE_GPT2 - 1 && memcmp(re, RE_GPT2, len) == 0)
+        return KVG_PRETOK_GPT2;
+    if (len == sizeof RE_LLAMA3 - 1 && memcmp(re, RE_LLAMA3, len) == 0)
+        return KVG_PRETOK_LLAMA3;
+    if (len == sizeof RE_QWEN2 - 1 && memcmp(re, RE_QWEN2, len) == 0)
+        return KVG_PRETOK_QWEN2;
+    return KVG_PRETOK_NONE;
+}
+
+static int parse_pretok(hf_load *L, const json_t *p, const char *path)
+{
+    char sub[128];
+    if (!p || json_is_null(p))
+        return 0;
+    if (!json_is_object(p))
+        return fail(L, path, "expected an object, not %s", jtype(p));
+    const json_t *type = json_object_get(p, "type");
+    if (!json_is_string(type))
+        return fail(L, path, "missing \"type\"");
+    const char *ty = json_string_value(type);
+
+    if (strcmp(ty, "Sequence") == 0) {
+        const json_t *list = json_object_get(p, "pretokenizers");
+        if (!json_is_array(list))
+            return fail(L, path, "Sequence without a \"pretokenizers\" array");
+        for (size_t i = 0; i < json_array_size(list); i++) {
+            snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", path, i);
+            if (parse_pretok(L, json_array_get(list, i), sub) != 0)
+                return -1;
+        }
+        return 0;
+    }
+    if (strcmp(ty, "Split") == 0) {
+        const json_t *pat = json_object_get(p, "pattern");
+        const json_t *re = json_is_object(pat) ? json_object_get(pat, "Regex") : NULL;
+        int invert;
+        if (!json_is_string(re))
+            return fail(L, path, "Split without a \"pattern\": {\"Regex\": ...} is not supported");
+        if (!is_str(json_object_get(p, "behavior"), "Isolated"))
+            return fail(L, path, "Split behavior other than \"Isolated\" is not supported");
+        if (get_bool(L, p, "invert", path, 0, &invert) != 0)
+            return -1;
+        if (invert)
+            return fail(L, path, "Split with \"invert\": true is not supported");
+        int kind = regex_kind(json_string_value(re), json_string_length(re));
+        if (kind == KVG_PRETOK_NONE)
+            return fail(L, path, "unrecognised Split regex (supported: the GPT-2, Llama 3 "
+                        "and Qwen2 patterns): \"%.80s\"", json_string_value(re));
+        if (L->pretok != KVG_PRETOK_NONE || L->byte_level)
+            return fail(L, path, "more than one regex split, or a split after ByteLevel, "
+                        "is not supported");
+        L->pretok = kind;
+        return 0;
+    }
+    if (strcmp(ty, "ByteLevel") == 0) {
+        int prefix, use_regex;
+        if (get_bool(L, p, "add_prefix_space", path, 1, &prefix) != 0
+            || get_bool(L, p, "use_regex", path, 1, &use_regex) != 0)
+            return -1;
+        if (prefix)
+            return fail(L, path, "ByteLevel with \"add_prefix_space\": true is not supported");
+        if (L->byte_level)
+            return fail(L, path, "ByteLevel appears twice");
+        if (use_regex) {
+            if (L->pretok != KVG_PRETOK_NONE)
+                return fail(L, path, "a regex Split followed by ByteLevel with "
+                            "\"use_regex\": true is not supported");
+            L->pretok = KVG_PRETOK_GPT2;
+        }
+        L->byte_level = 1;
+        return 0;
+    }
+    if (strcmp(ty, "Metaspace") == 0) {
+        const json_t *scheme = json_object_get(p, "prepend_scheme");
+        int prefix;
+        if (!is_str(json_object_get(p, "replacement"), SPM_SPACE))
+            return fail(L, path, "Metaspace replacement other than \"\xe2\x96\x81\" is not supported");
+        if (get_bool(L, p, "add_prefix_space", path, 1, &prefix) != 0)
+            return -1;
+        if (scheme && !json_is_null(scheme)) {
+            if (is_str(scheme, "never"))
+                prefix = 0;
+            else if (is_str(scheme, "first") || is_str(scheme, "always"))
+                prefix = 1;
+            else
+                return fail(L, path, "unknown Metaspace prepend_scheme");
+        }
+        L->metaspace = 1;
+        L->metaspace_prefix = prefix;
+        return 0;
+    }
+    return fail(L, path, "pre_tokenizer type \"%s\" is not supported", ty);
+}
+
+/* ---------------- vocabulary ---------------- */
+
+static int put_piece(hf_load *L, hf_piece *pieces, size_t n, json_int_t id,
+                     const char *s, size_t len, const char *path, const char *what)
+{
+    if (id < 0 || (uint64_t)id >= n)
+        return fail(L, path, "id %lld of %s is out of range", (long long)id, what);
+    hf_piece *p = &pieces[id];
+    if (p->set && (p->len != len || memcmp(p->s, s, len) != 0))
+        return -2;              /* caller decides: a clash */
+    p->s = s;
+    p->len = len;
+    p->set = 1;
+    return 0;
+}
+
+/* Highest id in vocab and added_tokens, validating their shapes on the way. */
+static int scan_ids(hf_load *L, const json_t *vocab, const json_t *added, json_int_t *max_id,
+                    size_t *count)
+{
+    const char *key;
+    size_t key_len;
+    json_t *val;
+    char path[96];
+    *max_id = -1;
+    *count = 0;
+    json_object_keylen_foreach((json_t *)vocab, key, key_len, val) {
+        if (!json_is_integer(val))
+            return fail(L, "model.vocab", "the id of \"%.40s\" is %s, not an integer",
+                        key, jtype(val));
+        json_int_t id = json_integer_value(val);
+        if (id < 0 || id >= MAX_VOCAB)
+            return fail(L, "model.vocab", "id %lld of \"%.40s\" is out of range",
+                        (long long)id, key);
+        if (key_len == 0)
+            return fail(L, "model.vocab", "empty piece (id %lld)", (long long)id);
+        if (id > *max_id)
+            *max_id = id;
+        (*count)++;
+    }
+    for (size_t i = 0; added && i < json_array_size(added); i++) {
+        const json_t *a = json_array_get(added, i);
+        snprintf(path, sizeof path, "added_tokens[%zu]", i);
+        if (!json_is_object(a))
+            return fail(L, path, "expected an object, not %s", jtype(a));
+        const json_t *id = json_object_get(a, "id");
+        const json_t *content = json_object_get(a, "content");
+        if (!json_is_integer(id) || json_integer_value(id) < 0
+            || json_integer_value(id) >= MAX_VOCAB)
+            return fail(L, path, "missing or bad \"id\"");
+        if (!json_is_string(content) || json_string_length(content) == 0)
+            return fail(L, path, "missing or empty \"content\"");
+        if (json_integer_value(id) > *max_id)
+            *max_id = json_integer_value(id);
+        (*count)++;
+    }
+    if (*max_id < 0)
+        return fail(L, "model.vocab", "empty vocabulary");
+    if ((uint64_t)*max_id >= *count + MAX_ID_SLACK)
+        return fail(L, "model.vocab", "ids are too sparse (highest %lld for %zu pieces)",
+                    (long long)*max_id, *count);
+    return 0;
+}
+
+static int is_byte_piece(const char *s, size_t len)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    return len == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>'
+           && memchr(hex, s[3], 16) && memchr(hex, s[4], 16);
+}
+
+/* ---------------- merges ---------------- */
+
+static int merge_parts(hf_load *L, const json_t *m, const char *path, const char **a,
+                       size_t *a_len, const char **b, size_t *b_len)
+{
+    if (json_is_string(m)) {
+        /* "a b": split at the first space, as HF does. */
+        const char *s = json_string_value(m);
+        size_t len = json_string_length(m);
+        const char *sp = memchr(s, ' ', len);
+        if (!sp || sp == s || sp + 1 == s + len)
+            return fail(L, path, "expected \"left right\", got \"%.60s\"", s);
+        *a = s;
+        *a_len = (size_t)(sp - s);
+        *b = sp + 1;
+        *b_len = len - *a_len - 1;
+        return 0;
+    }
+    if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0))
+        && json_is_string(json_array_get(m, 1))) {
+        const json_t *l = json_array_get(m, 0), *r = json_array_get(m, 1);
+        *a = json_string_value(l);
+        *a_len = json_string_length(l);
+        *b = json_string_value(r);
+        *b_len = json_string_length(r);
+        if (*a_len && *b_len)
+            return 0;
+    }
+    return fail(L, path, "expected a \"left right\" string or a [left, right] pair");
+}
+
+static int load_merges(hf_load *L, struct kvg_tokenizer *t, const json_t *merges)
+{
+    char path[64];
+    size_t n = json_array_size(merges);
+    char *buf = NULL;
+    size_t cap = 0;
+    int rc = 0;
+
+    if (n > INT32_MAX || kvg_merges_init(&t->merges, (uint32_t)n) != 0)
+        return fail(L, "model.merges", "out of memory");
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const char *a = NULL, *b = NULL;
+        size_t a_len = 0, b_len = 0;
+        snprintf(path, sizeof path, "model.merges[%zu]", i);
+        if (merge_parts(L, json_array_get(merges, i), path, &a, &a_len, &b, &b_len) != 0) {
+            rc = -1;
+            break;
+        }
+        if (a_len + b_len > cap) {
+            cap = (a_len + b_len) * 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                rc = fail(L, path, "out of memory");
+                break;
+            }
+            buf = nb;
+        }
+        memcpy(buf, a, a_len);
+        memcpy(buf + a_len, b, b_len);
+        int32_t left = kvg_tok_find(t, a, a_len);
+        int32_t right = kvg_tok_find(t, b, b_len);
+        int32_t result = kvg_tok_find(t, buf, a_len + b_len);
+        if (left < 0 || right < 0 || result < 0) {
+            const char *which = left < 0 ? a : right < 0 ? b : buf;
+            int wl = (int)(left < 0 ? a_len : right < 0 ? b_len : a_len + b_len);
+            rc = fail(L, path, "\"%.*s\" is not in the vocabulary", wl > 60 ? 60 : wl, which);
+            break;
+        }
+        /* A repeated pair keeps its first (best) rank. */
+        if (!kvg_merges_get(&t->merges, left, right)
+            && kvg_merges_put(&t->merges, left, right, (int32_t)i, result) != 0)
+            rc = fail(L, path, "out of memory");
+    }
+    free(buf);
+    return rc;
+}
+
+/* ---------------- special ids ---------------- */
+
+static int32_t find_special(const struct kvg_tokenizer *t, const char *const *names)
+{
+    for (; *names; names++) {
+        int32_t id = kvg_tok_find(t, *names, strlen(*names));
+        if (id >= 0)
+            return id;
+    }
+    return -1;
+}
+
+/* TemplateProcessing's "single" template: a special token before the sequence
+ * is the BOS (and asked for by default), one after it the EOS. */
+static void template_specials(const struct kvg_tokenizer *t, const json_t *pp,
+                              int32_t *bos, int32_t *eos)
+{
+    if (!json_is_object(pp))
+        return;
+    const json_t *type = json_object_get(pp, "type");
+    if (is_str(type, "Sequence")) {
+        const json_t *list = json_object_get(pp, "processors");
+        for (size_t i = 0; i < json_array_size(list); i++)
+            template_specials(t, json_array_get(list, i), bos, eos);
+        return;
+    }
+    if (!is_str(type, "TemplateProcessing"))
+        return;
+    const json_t *single = json_object_get(pp, "single");
+    int seen_seq = 0;
+    for (size_t i = 0; i < json_array_size(single); i++) {
+        const json_t *e = json_array_get(single, i);
+        const json_t *sp = json_object_get(e, "SpecialToken");
+        if (json_object_get(e, "Sequence")) {
+            seen_seq = 1;
+            continue;
+        }
+        const json_t *name = json_object_get(sp, "id");
+        if (!json_is_string(name))
+            continue;
+        int32_t id = kvg_tok_find(t, json_string_value(name), json_string_length(name));
+        if (id < 0)
+            continue;
+        if (!seen_seq)
+            *bos = id;
+        else
+            *eos = id;
+    }
+}
+
+/* ---------------- the loader ---------------- */
+
+static int load(hf_load *L, struct kvg_tokenizer *t, const json_t *root)
+{
+    if (!json_is_object(root))
+        return fail(L, NULL, "not a tokenizer.json (top level is %s)", jtype(root));
+    const json_t *model = json_object_get(root, "model");
+    if (!json_is_object(model))
+        return fail(L, "model", "%s", model ? "expected an object" : "missing");
+    const json_t *mtype = json_object_get(model, "type");
+    if (mtype && !json_is_string(mtype))
+        return fail(L, "model.type", "expected a string");
+    if (mtype && !is_str(mtype, "BPE"))
+        return fail(L, "model.type", "unsupported model type \"%s\" (only BPE is supported)",
+                    json_string_value(mtype));
+    const json_t *vocab = json_object_get(model, "vocab");
+    const json_t *merges = json_object_get(model, "merges");
+    if (!json_is_object(vocab))
+        return fail(L, "model.vocab", "%s", vocab ? "expected an object" : "missing");
+    if (!json_is_array(merges))
+        return fail(L, "model.merges", "%s", merges ? "expected an array" : "missing");
+    const json_t *added = json_object_get(root, "added_tokens");
+    if (added && !json_is_null(added) && !json_is_array(added))
+        return fail(L, "added_tokens", "expected an array");
+    if (!json_is_array(added))
+        added = NULL;
+
+    int byte_fallback, ignore_merges;
+    if (require_empty_str(L, model, "continuing_subword_prefix", "model") != 0
+        || require_empty_str(L, model, "end_of_word_suffix", "model") != 0
+        || get_bool(L, model, "byte_fallback", "model", 0, &byte_fallback) != 0
+        || get_bool(L, model, "ignore_merges", "model", 0, &ignore_merges) != 0)
+        return -1;
+    const json_t *unk_tok = json_object_get(model, "unk_token");
+    if (unk_tok && !json_is_null(unk_tok) && !json_is_string(unk_tok))
+        return fail(L, "model.unk_token", "expected a string");
+
+    if (parse_normalizer(L, json_object_get(root, "normalizer"), "normalizer") != 0
+        || parse_pretok(L, json_object_get(root, "pre_tokenizer"), "pre_tokenizer") != 0)
+        return -1;
+
+    int spm = L->spm_prepend || L->spm_replace || L->metaspace;
+    if (L->byte_level && spm)
+        return fail(L, "pre_tokenizer", "mixes ByteLevel with SentencePiece-style "
+                    "\xe2\x96\x81 handling");
+    if (!L->byte_level && !spm)
+        return fail(L, "pre_tokenizer", "neither byte-level (ByteLevel) nor SentencePiece-"
+                    "style (Metaspace, or Prepend/Replace \xe2\x96\x81 normalizers): "
+                    "not supported");
+    if (!L->byte_level && L->pretok != KVG_PRETOK_NONE)
+        return fail(L, "pre_tokenizer", "a regex Split without ByteLevel is not supported");
+    if (spm && !L->spm_replace && !L->metaspace)
+        return fail(L, "normalizer", "Prepend(\"\xe2\x96\x81\") without Replace(\" \", "
+                    "\"\xe2\x96\x81\") is not supported");
+
+    json_int_t max_id;
+    size_t count;
+    if (scan_ids(L, vocab, added, &max_id, &count) != 0)
+        return -1;
+    size_t n = (size_t)max_id + 1;
+
+    hf_piece *pieces = calloc(n, sizeof *pieces);
+    if (!pieces)
+        return fail(L, NULL, "out of memory");
+    int rc = 0;
+    {
+        const char *key;
+        size_t key_len;
+        json_t *val;
+        json_object_keylen_foreach((json_t *)vocab, key, key_len, val) {
+            int r = put_piece(L, pieces, n, json_integer_value(val), key, key_len,
+                              "model.vocab", "a piece");
+            if (r == -2)
+                r = fail(L, "model.vocab", "id %lld is used twice (\"%.40s\")",
+                         (long long)json_integer_value(val), key);
+            if (r != 0) {
+                rc = -1;
+                break;
+            }
+        }
+    }
+    /* An added token may restate a vocabulary piece or extend the vocabulary;
+     * for an id it shares with a different piece, its text wins (as in HF). */
+    for (size_t i = 0; rc == 0 && added && i < json_array_size(added); i++) {
+        const json_t *a = json_array_get(added, i);
+        const json_t *c = json_object_get(a, "content");
+        hf_piece *p = &pieces[json_integer_value(json_object_get(a, "id"))];
+        p->s = json_string_value(c);
+        p->len = json_string_length(c);
+        p->set = 1;
+    }
+
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += pieces[i].len + 1;
+    if (rc == 0 && kvg_tok_alloc(t, (int32_t)n) != 0)
+        rc = fail(L, NULL, "out of memory");
+    char *arena = rc == 0 ? malloc(total) : NULL;
+    if (rc == 0 && !arena)
+        rc = fail(L, NULL, "out of memory");
+    if (rc != 0) {
+        free(pieces);
+        return -1;
+    }
+    t->arena = arena;
+    for (size_t i = 0, off = 0; i < n; i++) {
+        memcpy(arena + off, pieces[i].s ? pieces[i].s : "", pieces[i].len);
+        arena[off + pieces[i].len] = '\0';
+        t->piece[i] = arena + off;
+        t->piece_len[i] = (uint32_t)pieces[i].len;
+        t->type[i] = pieces[i].set ? KVG_TT_NORMAL : KVG_TT_UNUSED;
+        off += pieces[i].len + 1;
+    }
+    free(pieces);
+
+    if (L->byte_level) {
+        t->kind = "hf-bpe";
+        t->mode = KVG_TOK_BYTE_LEVEL;
+        t->pretok = L->pretok;
+    } else {
+        t->kind = "hf-spm";
+        t->mode = KVG_TOK_SPM;
+        t->pretok = KVG_PRETOK_NONE;
+        t->add_dummy_prefix = L->spm_prepend || (L->metaspace && L->metaspace_prefix);
+        t->byte_fallback = byte_fallback;
+        if (byte_fallback)
+            for (size_t i = 0; i < n; i++)
+                if (t->type[i] == KVG_TT_NORMAL && is_byte_piece(t->piece[i], t->piece_len[i]))
+                    t->type[i] = KVG_TT_BYTE;
+    }
+    t->ignore_merges = L->byte_level && ignore_merges;
+
+    if (kvg_tok_build_index(t) != 0)
+        return fail(L, NULL, "out of memory");
+
+    if (unk_tok && json_is_string(unk_tok)) {
+        t->unk = kvg_tok_find(t, json_string_value(unk_tok), json_string_length(unk_tok));
+        if (t->unk < 0)
+            return fail(L, "model.unk_token", "\"%.40s\" is not in the vocabulary",
+                        json_string_value(unk_tok));
+        t->type[t->unk] = KVG_TT_UNKNOWN;
+    }
+
+    if (added && json_array_size(added)) {
+        size_t na = json_array_size(added);
+        t->added = calloc(na, sizeof *t->added);
+        if (!t->added)
+            return fail(L, NULL, "out of memory");
+        for (size_t i = 0; i < na; i++) {
+            const json_t *a = json_array_get(added, i);
+            int32_t id = (int32_t)json_integer_value(json_object_get(a, "id"));
+            int special;
+            char path[64];
+            snprintf(path, sizeof path, "added_tokens[%zu]", i);
+            if (get_bool(L, a, "special", path, 0, &special) != 0)
+                return -1;
+            if (t->type[id] != KVG_TT_UNKNOWN)
+                t->type[id] = special ? KVG_TT_CONTROL : KVG_TT_USER_DEFINED;
+            t->added[t->n_added++] = (kvg_added_token){
+                .id = id, .special = special, .text = t->piece[id], .len = t->piece_len[id],
+            };
+        }
+    }
+
+    if (load_merges(L, t, merges) != 0)
+        return -1;
+
+    static const char *const bos_names[] = {
+        "<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "<|endoftext|>", NULL
+    };
+    static const char *const eos_names[] = {
+        "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "<|im_end|>", NULL
+    };
+    int32_t bos = -1, eos = -1;
+    template_specials(t, json_object_get(root, "post_processor"), &bos, &eos);
+    t->add_bos = bos >= 0;
+    t->bos = bos >= 0 ? bos : find_special(t, bos_names);
+    t->eos = eos >= 0 ? eos : find_special(t, eos_names);
+    return 0;
+}
+
+int kvg_tok_load_hfjson(struct kvg_tokenizer *t, const unsigned char *data, size_t len,
+                        const char *name, char *err, size_t err_len)
+{
+    hf_load L = { .name = name ? name : "tokenizer.json", .err = err, .err_len = err_len };
+    json_error_t jerr;
+    json_t *root = json_loadb((const char *)data, len, JSON_ALLOW_NUL, &jerr);
+    if (!root)
+        return fail(&L, NULL, "invalid JSON at line %d, column %d: %s", jerr.line,
+                    jerr.column, jerr.text);
+    int rc = load(&L, t, root);
+    json_decref(root);
+    return rc;
+}

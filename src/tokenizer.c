@@ -1,0 +1,401 @@
+/* Public tokenizer API: format detection, encode/decode, streaming decoding. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tok_internal.h"
+#include "utf8.h"
+
+/* Longest text encode accepts: symbol positions are int32. */
+#define MAX_TEXT ((size_t)INT32_MAX / 4)
+
+__attribute__((format(printf, 3, 4)))
+static void set_err(char *err, size_t err_len, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || err_len == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+static int looks_like_json(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+    if (n >= 3 && p[0] == 0xEF && p[1] == 0xBB && p[2] == 0xBF)
+        i = 3;                  /* UTF-8 byte order mark */
+    while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r'))
+        i++;
+    return i < n && p[i] == '{';
+}
+
+kvg_tokenizer *kvg_tokenizer_load_mem(const void *data, size_t len, const char *name,
+                                      char *err, size_t err_len)
+{
+    const unsigned char *p = data;
+    char local[256], sink[8];
+    int rc;
+
+    if (!name)
+        name = "(memory)";
+    if (!err || err_len == 0) {
+        err = sink;
+        err_len = sizeof sink;
+    }
+    if (!p && len) {
+        set_err(err, err_len, "%s: no data", name);
+        return NULL;
+    }
+    kvg_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) {
+        set_err(err, err_len, "%s: out of memory", name);
+        return NULL;
+    }
+    if (len == 0) {
+        set_err(err, err_len, "%s: empty file", name);
+        free(t);
+        return NULL;
+    }
+    if (len >= 4 && memcmp(p, "GGUF", 4) == 0)
+        rc = kvg_tok_load_gguf(t, p, len, name, err, err_len);
+    else if (looks_like_json(p, len))
+        rc = kvg_tok_load_hfjson(t, p, len, name, err, err_len);
+    else
+        rc = kvg_tok_load_llama2c(t, p, len, name, err, err_len);
+    if (rc == 0 && t->mode != KVG_TOK_SPM && t->mode != KVG_TOK_BYTE_LEVEL) {
+        set_err(err, err_len, "%s: tokenizer loaded without a known mode", name);
+        rc = -1;
+    }
+    if (rc == 0 && kvg_tok_finish(t, local, sizeof local) < 0) {
+        set_err(err, err_len, "%s: %s", name, local);
+        rc = -1;
+    }
+    if (rc == 0 && !t->kind)
+        t->kind = t->mode == KVG_TOK_SPM ? "spm" : "bpe";
+    if (rc < 0) {
+        kvg_tok_release(t);
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+kvg_tokenizer *kvg_tokenizer_load(const char *path, char *err, size_t err_len)
+{
+    struct stat st;
+    int fd;
+
+    if (!path) {
+        set_err(err, err_len, "(null): no tokenizer path");
+        return NULL;
+    }
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        set_err(err, err_len, "%s: not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    if (st.st_size == 0) {
+        set_err(err, err_len, "%s: empty file", path);
+        close(fd);
+        return NULL;
+    }
+    /* Mapped rather than read: a GGUF model file can be many gigabytes while
+     * only its metadata is touched here. */
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        set_err(err, err_len, "%s: cannot map: %s", path, strerror(errno));
+        return NULL;
+    }
+    kvg_tokenizer *t = kvg_tokenizer_load_mem(m, (size_t)st.st_size, path, err, err_len);
+    munmap(m, (size_t)st.st_size);
+    return t;
+}
+
+void kvg_tokenizer_free(kvg_tokenizer *t)
+{
+    if (!t)
+        return;
+    kvg_tok_release(t);
+    free(t);
+}
+
+int32_t kvg_tokenizer_vocab_size(const kvg_tokenizer *t)
+{
+    return t->n_vocab;
+}
+
+int32_t kvg_tokenizer_bos(const kvg_tokenizer *t)
+{
+    return t->bos;
+}
+
+int32_t kvg_tokenizer_eos(const kvg_tokenizer *t)
+{
+    return t->eos;
+}
+
+int kvg_tokenizer_add_bos(const kvg_tokenizer *t)
+{
+    return t->add_bos && t->bos >= 0;
+}
+
+const char *kvg_tokenizer_kind(const kvg_tokenizer *t)
+{
+    return t->kind;
+}
+
+int kvg_tokenizer_encode(const kvg_tokenizer *t, const char *text, size_t len,
+                         unsigned flags, int32_t **ids, size_t *n_ids,
+                         char *err, size_t err_len)
+{
+    kvg_ids out = { NULL, 0, 0 };
+    size_t bad;
+
+    *ids = NULL;
+    *n_ids = 0;
+    if (!text && len) {
+        set_err(err, err_len, "no text to encode");
+        return -1;
+    }
+    if (len > MAX_TEXT) {
+        set_err(err, err_len, "text of %zu bytes is too long to encode (limit %zu)", len, MAX_TEXT);
+        return -1;
+    }
+    if (len && (bad = kvg_utf8_invalid_at((const unsigned char *)text, len)) != (size_t)-1) {
+        set_err(err, err_len, "invalid UTF-8 at byte offset %zu", bad);
+        return -1;
+    }
+    if (kvg_tok_encode(t, len ? text : "", len, flags, &out) < 0) {
+        free(out.v);
+        set_err(err, err_len, "out of memory encoding %zu bytes", len);
+        return -1;
+    }
+    if (!out.v && !(out.v = malloc(sizeof *out.v))) {
+        set_err(err, err_len, "out of memory");
+        return -1;
+    }
+    *ids = out.v;
+    *n_ids = out.n;
+    return 0;
+}
+
+const unsigned char *kvg_tokenizer_token_bytes(const kvg_tokenizer *t, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->n_vocab) {
+        if (len)
+            *len = 0;
+        return NULL;
+    }
+    if (len)
+        *len = t->bytes_len[id];
+    return t->bytes[id];
+}
+
+const char *kvg_tokenizer_piece(const kvg_tokenizer *t, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->n_vocab) {
+        if (len)
+            *len = 0;
+        return NULL;
+    }
+    if (len)
+        *len = t->piece_len[id];
+    return t->piece[id];
+}
+
+int32_t kvg_tokenizer_find_piece(const kvg_tokenizer *t, const char *piece, size_t len)
+{
+    return piece ? kvg_tok_find(t, piece, len) : -1;
+}
+
+/* Whether decoding drops the leading space of the first non-empty piece. */
+static int strips_dummy(const kvg_tokenizer *t)
+{
+    return t->mode == KVG_TOK_SPM && t->add_dummy_prefix;
+}
+
+int kvg_tokenizer_decode(const kvg_tokenizer *t, const int32_t *ids, size_t n_ids,
+                         char **out, size_t *out_len, char *err, size_t err_len)
+{
+    size_t total = 0;
+
+    *out = NULL;
+    *out_len = 0;
+    for (size_t i = 0; i < n_ids; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_vocab) {
+            set_err(err, err_len, "token id %d at position %zu is out of range (vocabulary of %d)",
+                    ids[i], i, t->n_vocab);
+            return -1;
+        }
+        total += t->bytes_len[ids[i]];
+    }
+    char *buf = malloc(total + 1);
+    if (!buf) {
+        set_err(err, err_len, "out of memory");
+        return -1;
+    }
+    size_t o = 0;
+    int at_start = strips_dummy(t);
+    for (size_t i = 0; i < n_ids; i++) {
+        const unsigned char *b = t->bytes[ids[i]];
+        size_t n = t->bytes_len[ids[i]];
+        if (n && at_start) {
+            at_start = 0;
+            if (b[0] == ' ') {
+                b++;
+                n--;
+            }
+        }
+        memcpy(buf + o, b, n);
+        o += n;
+    }
+    buf[o] = '\0';
+    *out = buf;
+    *out_len = o;
+    return 0;
+}
+
+/* ---- streaming ---- */
+
+static const unsigned char REPLACEMENT[3] = { 0xEF, 0xBF, 0xBD };
+
+/* Bytes still needed after the lead byte c, and the allowed range of the byte
+ * that follows it (which excludes overlongs, surrogates and > U+10FFFF);
+ * need < 0 when c cannot start a character. */
+static void utf8_lead(unsigned char c, int *need, unsigned char *lo, unsigned char *hi)
+{
+    *lo = 0x80;
+    *hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+        *need = 1;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        *need = 2;
+        if (c == 0xE0)
+            *lo = 0xA0;
+        else if (c == 0xED)
+            *hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        *need = 3;
+        if (c == 0xF0)
+            *lo = 0x90;
+        else if (c == 0xF4)
+            *hi = 0x8F;
+    } else
+        *need = -1;
+}
+
+/* Feeds b[0..n) through the held bytes; writes to out when out is non-NULL and
+ * returns the number of bytes produced either way. `hold`/`n_hold` is updated
+ * only when commit is set. */
+static size_t detok_feed(unsigned char *hold, size_t *n_hold, const unsigned char *b, size_t n,
+                         char *out, int commit)
+{
+    unsigned char h[8];
+    size_t nh = *n_hold, o = 0;
+
+    memcpy(h, hold, nh);
+    for (size_t i = 0; i < n;) {
+        unsigned char c = b[i];
+        if (nh == 0) {
+            if (c < 0x80) {
+                if (out)
+                    out[o] = (char)c;
+                o++;
+            } else {
+                int need;
+                unsigned char lo, hi;
+                utf8_lead(c, &need, &lo, &hi);
+                if (need < 0) {
+                    if (out)
+                        memcpy(out + o, REPLACEMENT, 3);
+                    o += 3;
+                } else
+                    h[nh++] = c;
+            }
+            i++;
+            continue;
+        }
+        int need;
+        unsigned char lo, hi;
+        utf8_lead(h[0], &need, &lo, &hi);
+        if (nh > 1) {
+            lo = 0x80;
+            hi = 0xBF;
+        }
+        if (c < lo || c > hi) {
+            /* The held bytes can never complete: one U+FFFD for all of them,
+             * then c starts afresh. */
+            if (out)
+                memcpy(out + o, REPLACEMENT, 3);
+            o += 3;
+            nh = 0;
+            continue;
+        }
+        h[nh++] = c;
+        i++;
+        if ((int)nh == need + 1) {
+            if (out)
+                memcpy(out + o, h, nh);
+            o += nh;
+            nh = 0;
+        }
+    }
+    if (commit) {
+        memcpy(hold, h, nh);
+        *n_hold = nh;
+    }
+    return o;
+}
+
+void kvg_detok_init(kvg_detok *d, const kvg_tokenizer *t)
+{
+    memset(d, 0, sizeof *d);
+    d->tok = t;
+    d->at_start = 1;
+}
+
+long kvg_detok_push(kvg_detok *d, int32_t id, char *out, size_t cap)
+{
+    const kvg_tokenizer *t = d->tok;
+
+    if (!t || id < 0 || id >= t->n_vocab || d->n_pending > 3)
+        return -1;
+    const unsigned char *b = t->bytes[id];
+    size_t n = t->bytes_len[id];
+    if (n == 0)
+        return 0;
+    int strip = d->at_start && strips_dummy(t) && b[0] == ' ';
+    if (strip) {
+        b++;
+        n--;
+    }
+    /* Size first, so that a too-small buffer leaves the state untouched. */
+    if (detok_feed(d->pending, &d->n_pending, b, n, NULL, 0) > cap)
+        return -1;
+    d->at_start = 0;
+    return (long)detok_feed(d->pending, &d->n_pending, b, n, out, 1);
+}
+
+long kvg_detok_flush(kvg_detok *d, char *out, size_t cap)
+{
+    if (d->n_pending == 0)
+        return 0;
+    if (cap < 3)
+        return -1;
+    memcpy(out, REPLACEMENT, 3);
+    d->n_pending = 0;
+    return 3;
+}
