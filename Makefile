@@ -31,20 +31,29 @@ SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-o
 ASAN_CFLAGS := $(BASE_CFLAGS) -O1 $(SAN_FLAGS)
 
 LIB_SRCS   := $(wildcard src/*.c)
+ENGINE_SRCS := $(wildcard engine/*.c engine/cpu/*.c)
+ENGINE_CMDS := $(wildcard engine/cmd/*.c)
 TOOL_SRCS  := $(wildcard tools/*.c)
 UNIT_SRCS  := $(wildcard t/unit/*.c)
 BENCH_SRCS := $(wildcard t/bench/*.c)
 FUZZ_SRCS  := $(wildcard fuzz/*.c)
-HDRS       := $(wildcard src/*.h) $(wildcard t/unit/*.h)
+HDRS       := $(wildcard src/*.h) $(wildcard t/unit/*.h) $(wildcard engine/*.h engine/cpu/*.h)
 
 LIB_OBJS   := $(LIB_SRCS:src/%.c=$(BUILD)/obj/%.o)
 LIB        := $(BUILD)/libkvgate.a
+ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/obj/%.o)
+ENGINE_LIB := $(BUILD)/libkvgate-engine.a
+ENGINE_BINS := $(ENGINE_CMDS:engine/cmd/%.c=$(BUILD)/bin/%)
 TOOLS      := $(TOOL_SRCS:tools/%.c=$(BUILD)/bin/%)
 UNITS      := $(UNIT_SRCS:t/unit/%.c=$(BUILD)/t/%)
 BENCHES    := $(BENCH_SRCS:t/bench/%.c=$(BUILD)/bench/%)
+# Benchmarks may compare against OpenBLAS (the speed reference for the GEMMs).
+BENCH_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 
 ASAN_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/asan/obj/%.o)
 ASAN_LIB   := $(BUILD)/asan/libkvgate.a
+ASAN_ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/asan/obj/%.o)
+ASAN_ENGINE_LIB := $(BUILD)/asan/libkvgate-engine.a
 ASAN_UNITS := $(UNIT_SRCS:t/unit/%.c=$(BUILD)/asan/t/%)
 
 FUZZERS    := $(FUZZ_SRCS:fuzz/%.c=$(BUILD)/fuzz/%)
@@ -53,11 +62,12 @@ FUZZ_SECONDS ?= 30
 MODULE     := $(BUILD)/ngx_http_kvgate_module.so
 MODULE_ASAN := $(BUILD)/asan/ngx_http_kvgate_module.so
 
-.PHONY: all lib tools units benches asan module module-asan deps test test-unit test-asan test-nginx fuzz run clean
+.PHONY: all lib engine tools units benches asan module module-asan deps test test-unit test-asan test-nginx fuzz run clean
 
-all: lib tools units benches module
+all: lib tools engine units benches module
 
 lib: $(LIB)
+engine: $(ENGINE_LIB) $(ENGINE_BINS)
 tools: $(TOOLS)
 units: $(UNITS)
 benches: $(BENCHES)
@@ -69,14 +79,27 @@ $(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
 $(LIB): $(LIB_OBJS)
 	rm -f $@; ar rcs $@ $^
 
+# The engine (engine/*.c, engine/cpu/*.c) is a second static library; its commands
+# (engine/cmd/NAME.c) become build/bin/NAME. SIMD kernels select their ISA per function
+# (target attributes + runtime dispatch), so no -march here: the binaries run anywhere.
+$(BUILD)/obj/engine/%.o: engine/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O3 -Iengine -c $< -o $@
+
+$(ENGINE_LIB): $(ENGINE_OBJS)
+	rm -f $@; ar rcs $@ $^
+
+$(BUILD)/bin/%: engine/cmd/%.c $(ENGINE_LIB) $(LIB) $(HDRS) | $(BUILD)/bin
+	$(CC) $(CFLAGS) -Iengine $< -o $@ $(ENGINE_LIB) $(LIB) $(LDLIBS)
+
 $(BUILD)/bin/%: tools/%.c $(LIB) $(HDRS) | $(BUILD)/bin
 	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
 
-$(BUILD)/t/%: t/unit/%.c $(LIB) $(HDRS) | $(BUILD)/t
-	$(CC) $(CFLAGS) -It/unit $< -o $@ $(LIB) $(LDLIBS)
+$(BUILD)/t/%: t/unit/%.c $(ENGINE_LIB) $(LIB) $(HDRS) | $(BUILD)/t
+	$(CC) $(CFLAGS) -It/unit -Iengine $< -o $@ $(ENGINE_LIB) $(LIB) $(LDLIBS)
 
-$(BUILD)/bench/%: t/bench/%.c $(LIB) $(HDRS) | $(BUILD)/bench
-	$(CC) $(CFLAGS) -O3 -march=native $< -o $@ $(LIB) $(LDLIBS)
+$(BUILD)/bench/%: t/bench/%.c $(ENGINE_LIB) $(LIB) $(HDRS) | $(BUILD)/bench
+	$(CC) $(CFLAGS) -O3 -Iengine $< -o $@ $(ENGINE_LIB) $(LIB) $(LDLIBS) $(BENCH_LIBS)
 
 $(BUILD)/asan/obj/%.o: src/%.c $(HDRS) | $(BUILD)/asan/obj
 	$(CC) $(ASAN_CFLAGS) -c $< -o $@
@@ -84,14 +107,21 @@ $(BUILD)/asan/obj/%.o: src/%.c $(HDRS) | $(BUILD)/asan/obj
 $(ASAN_LIB): $(ASAN_OBJS)
 	rm -f $@; ar rcs $@ $^
 
-$(BUILD)/asan/t/%: t/unit/%.c $(ASAN_LIB) $(HDRS) | $(BUILD)/asan/t
-	$(CC) $(ASAN_CFLAGS) -It/unit $< -o $@ $(ASAN_LIB) $(LDLIBS)
+$(BUILD)/asan/obj/engine/%.o: engine/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -Iengine -c $< -o $@
+
+$(ASAN_ENGINE_LIB): $(ASAN_ENGINE_OBJS)
+	rm -f $@; ar rcs $@ $^
+
+$(BUILD)/asan/t/%: t/unit/%.c $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(HDRS) | $(BUILD)/asan/t
+	$(CC) $(ASAN_CFLAGS) -It/unit -Iengine $< -o $@ $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(LDLIBS)
 
 # libFuzzer targets are built with clang from the library sources directly, so the
 # whole library is instrumented for coverage.
-$(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRCS) $(HDRS) | $(BUILD)/fuzz
-	clang $(BASE_CFLAGS) -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	    $< $(LIB_SRCS) -o $@ $(LDLIBS)
+$(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRCS) $(ENGINE_SRCS) $(HDRS) | $(BUILD)/fuzz
+	clang $(BASE_CFLAGS) -Iengine -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	    $< $(LIB_SRCS) $(ENGINE_SRCS) -o $@ $(LDLIBS)
 
 $(BUILD)/obj $(BUILD)/bin $(BUILD)/t $(BUILD)/bench $(BUILD)/asan/obj $(BUILD)/asan/t $(BUILD)/fuzz:
 	mkdir -p $@
