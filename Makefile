@@ -87,6 +87,7 @@ $(BUILD)/obj/engine/%.o: engine/%.c $(HDRS)
 	$(CC) $(CFLAGS) -O3 -Iengine -c $< -o $@
 
 $(ENGINE_LIB): $(ENGINE_OBJS)
+	@mkdir -p $(dir $@)
 	rm -f $@; ar rcs $@ $^
 
 $(BUILD)/bin/%: engine/cmd/%.c $(ENGINE_LIB) $(LIB) $(HDRS) | $(BUILD)/bin
@@ -112,6 +113,7 @@ $(BUILD)/asan/obj/engine/%.o: engine/%.c $(HDRS)
 	$(CC) $(ASAN_CFLAGS) -Iengine -c $< -o $@
 
 $(ASAN_ENGINE_LIB): $(ASAN_ENGINE_OBJS)
+	@mkdir -p $(dir $@)
 	rm -f $@; ar rcs $@ $^
 
 $(BUILD)/asan/t/%: t/unit/%.c $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(HDRS) | $(BUILD)/asan/t
