@@ -206,8 +206,11 @@ sub _nginx_env {
     if ($self->{asan}) {
         my $lib = libasan_path() or croak 'KVGATE_ASAN=1 but gcc -print-file-name=libasan.so finds nothing';
         $env{LD_PRELOAD} = $lib;
-        # nginx does not free its cycle pools at exit; leak reports would be noise.
-        $env{ASAN_OPTIONS} //= 'detect_leaks=0:abort_on_error=1';
+        # nginx does not free its cycle pools at exit; leak reports would be noise. The
+        # caller's options (make test sets detect_leaks=1 for the unit tests) come first,
+        # so ours win: ASan takes the last value of a repeated option.
+        $env{ASAN_OPTIONS} = join ':', grep { length } ($ENV{ASAN_OPTIONS} // ''),
+            'detect_leaks=0:abort_on_error=1';
         $env{UBSAN_OPTIONS} //= 'print_stacktrace=1:halt_on_error=1';
     }
     return \%env;
