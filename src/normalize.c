@@ -9,6 +9,7 @@
 
 #include "nfc.h"
 #include "utf8.h"
+#include "errmsg.h"
 
 #define JUNK_MIN 6
 
@@ -25,20 +26,6 @@ static const struct {
     { "blank-lines", KVG_NORM_BLANK_LINES },
 };
 #define N_STEPS (sizeof(steps) / sizeof(steps[0]))
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || !err_len)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 const char *kvg_normalize_step_name(unsigned flag)
 {
@@ -79,7 +66,7 @@ int kvg_normalize_parse_step(const char *name, size_t len, unsigned *flags,
             shown[k] = c >= 0x20 && c < 0x7F ? (char)c : '?';
         }
         shown[k] = '\0';
-        set_err(err, err_len,
+        kvg_set_err(err, err_len,
                 "unknown normalize step '%s%s' (expected off, all, nfc, newlines, junk, "
                 "spaces, trailing or blank-lines)", shown, len > 40 ? "..." : "");
     }
@@ -111,11 +98,11 @@ int kvg_normalize_parse(const char *list, unsigned *flags, char *err, size_t err
         words++;
     }
     if (words == 0) {
-        set_err(err, err_len, "empty normalize step list (use 'off' for none)");
+        kvg_set_err(err, err_len, "empty normalize step list (use 'off' for none)");
         return -1;
     }
     if (off && words > 1) {
-        set_err(err, err_len, "normalize 'off' cannot be combined with steps");
+        kvg_set_err(err, err_len, "normalize 'off' cannot be combined with steps");
         return -1;
     }
     *flags = acc;
@@ -437,7 +424,7 @@ int kvg_normalize_into(unsigned flags, const char *in, size_t len, char *out, si
     int renfc = 0;
 
     if (flags & ~KVG_NORM_ALL) {
-        set_err(err, err_len, "unknown normalize flags 0x%x", flags & ~KVG_NORM_ALL);
+        kvg_set_err(err, err_len, "unknown normalize flags 0x%x", flags & ~KVG_NORM_ALL);
         return -1;
     }
     if (flags & KVG_NORM_NFC) {
@@ -447,11 +434,11 @@ int kvg_normalize_into(unsigned flags, const char *in, size_t len, char *out, si
     } else {
         bad = invalid_at(src, len);
         if (bad != (size_t)-1) {
-            set_err(err, err_len, "invalid UTF-8 at byte offset %zu", bad);
+            kvg_set_err(err, err_len, "invalid UTF-8 at byte offset %zu", bad);
             return -1;
         }
         if (cap < len) {
-            set_err(err, err_len, "normalize: output buffer of %zu bytes, need %zu", cap, len);
+            kvg_set_err(err, err_len, "normalize: output buffer of %zu bytes, need %zu", cap, len);
             return -1;
         }
         if (len)
@@ -470,7 +457,7 @@ int kvg_normalize_into(unsigned flags, const char *in, size_t len, char *out, si
         unsigned char *tmp = malloc(n ? n : 1);
         int rc;
         if (!tmp) {
-            set_err(err, err_len, "normalize: out of memory");
+            kvg_set_err(err, err_len, "normalize: out of memory");
             return -1;
         }
         memcpy(tmp, b, n);
@@ -497,12 +484,12 @@ int kvg_normalize(unsigned flags, const char *in, size_t len, char **out, size_t
 
     *out = NULL;
     if (bound == SIZE_MAX) {
-        set_err(err, err_len, "normalize: input too large");
+        kvg_set_err(err, err_len, "normalize: input too large");
         return -1;
     }
     buf = malloc(bound + 1);
     if (!buf) {
-        set_err(err, err_len, "normalize: out of memory for %zu bytes", bound + 1);
+        kvg_set_err(err, err_len, "normalize: out of memory for %zu bytes", bound + 1);
         return -1;
     }
     if (kvg_normalize_into(flags, in, len, buf, bound, out_len, err, err_len) < 0) {

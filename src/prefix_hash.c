@@ -1,4 +1,5 @@
 #include "prefix_hash.h"
+#include "errmsg.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,26 +17,12 @@ struct kvg_prefix_hasher {
  * (32-byte parent + 16 ids) then goes to OpenSSL in a single update. */
 #define CHUNK_IDS 64
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || !err_len)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
-
 static int ssl_fail(char *err, size_t err_len, const char *what)
 {
     char msg[160];
 
     ERR_error_string_n(ERR_get_error(), msg, sizeof(msg));
-    set_err(err, err_len, "prefix hash: %s failed: %s", what, msg);
+    kvg_set_err(err, err_len, "prefix hash: %s failed: %s", what, msg);
     return -1;
 }
 
@@ -52,7 +39,7 @@ kvg_prefix_hasher *kvg_prefix_hasher_new(char *err, size_t err_len)
     kvg_prefix_hasher *h = calloc(1, sizeof(*h));
 
     if (!h) {
-        set_err(err, err_len, "prefix hash: out of memory");
+        kvg_set_err(err, err_len, "prefix hash: out of memory");
         return NULL;
     }
     h->md = EVP_MD_fetch(NULL, "SHA256", NULL);
@@ -86,7 +73,7 @@ int kvg_prefix_root(kvg_prefix_hasher *h, const void *model_id, size_t model_len
     uint8_t len_le[4];
 
     if (model_len > UINT32_MAX || tenant_len > UINT32_MAX) {
-        set_err(err, err_len, "prefix hash: model id or tenant longer than 4 GiB");
+        kvg_set_err(err, err_len, "prefix hash: model id or tenant longer than 4 GiB");
         return -1;
     }
     if (!EVP_DigestInit_ex2(h->ctx, h->md, NULL))
@@ -108,7 +95,7 @@ int kvg_prefix_root(kvg_prefix_hasher *h, const void *model_id, size_t model_len
 static int check_block_size(size_t block_size, char *err, size_t err_len)
 {
     if (block_size < KVG_PREFIX_BLOCK_MIN || block_size > KVG_PREFIX_BLOCK_MAX) {
-        set_err(err, err_len, "prefix hash: block size %zu out of range %d..%d", block_size,
+        kvg_set_err(err, err_len, "prefix hash: block size %zu out of range %d..%d", block_size,
                 KVG_PREFIX_BLOCK_MIN, KVG_PREFIX_BLOCK_MAX);
         return -1;
     }
@@ -167,7 +154,7 @@ int kvg_prefix_next(kvg_prefix_hasher *h, const uint8_t parent[KVG_PREFIX_HASH_L
         return -1;
     bad = first_negative(ids, block_size);
     if (bad < block_size) {
-        set_err(err, err_len, "prefix hash: token id %d at index %zu is negative", (int)ids[bad],
+        kvg_set_err(err, err_len, "prefix hash: token id %d at index %zu is negative", (int)ids[bad],
                 bad);
         return -1;
     }
@@ -185,12 +172,12 @@ int kvg_prefix_chain(kvg_prefix_hasher *h, const uint8_t root[KVG_PREFIX_HASH_LE
         return -1;
     nb = n_ids / block_size;
     if (nb > out_cap) {
-        set_err(err, err_len, "prefix hash: %zu blocks do not fit in %zu slots", nb, out_cap);
+        kvg_set_err(err, err_len, "prefix hash: %zu blocks do not fit in %zu slots", nb, out_cap);
         return -1;
     }
     bad = first_negative(ids, nb * block_size);
     if (bad < nb * block_size) {
-        set_err(err, err_len, "prefix hash: token id %d at index %zu is negative", (int)ids[bad],
+        kvg_set_err(err, err_len, "prefix hash: token id %d at index %zu is negative", (int)ids[bad],
                 bad);
         return -1;
     }

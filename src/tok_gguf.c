@@ -8,21 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "errmsg.h"
 #include "gguf.h"
 #include "tok_internal.h"
-
-__attribute__((format(printf, 4, 5)))
-static int fail(char *err, size_t err_len, const char *name, const char *fmt, ...)
-{
-    va_list ap;
-    int n = snprintf(err, err_len, "%s: ", name);
-    if (n >= 0 && (size_t)n < err_len) {
-        va_start(ap, fmt);
-        vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static int str_is(kvg_gguf_str s, const char *lit)
 {
@@ -52,20 +40,20 @@ static int load_pieces(struct kvg_tokenizer *t, const kvg_gguf *g, const char *n
     size_t total = 0;
 
     if (!tokens)
-        return fail(err, err_len, name, "GGUF has no tokenizer.ggml.tokens string array");
+        return kvg_fail(err, err_len, name, "GGUF has no tokenizer.ggml.tokens string array");
     if (tokens->arr_n == 0 || tokens->arr_n > INT32_MAX / 4)
-        return fail(err, err_len, name, "GGUF tokenizer.ggml.tokens has %llu entries",
+        return kvg_fail(err, err_len, name, "GGUF tokenizer.ggml.tokens has %llu entries",
                     (unsigned long long)tokens->arr_n);
     int32_t n = (int32_t)tokens->arr_n;
     for (int32_t i = 0; i < n; i++) {
         kvg_gguf_str s;
         kvg_gguf_arr_str(tokens, (uint64_t)i, &s);
         if (s.len > UINT32_MAX / 2)
-            return fail(err, err_len, name, "GGUF token %d is too long", i);
+            return kvg_fail(err, err_len, name, "GGUF token %d is too long", i);
         total += s.len + 1;
     }
     if (kvg_tok_alloc(t, n) < 0 || !(t->arena = malloc(total)))
-        return fail(err, err_len, name, "out of memory");
+        return kvg_fail(err, err_len, name, "out of memory");
     char *w = t->arena;
     for (int32_t i = 0; i < n; i++) {
         kvg_gguf_str s;
@@ -80,11 +68,11 @@ static int load_pieces(struct kvg_tokenizer *t, const kvg_gguf *g, const char *n
     const kvg_gguf_kv *types = kvg_gguf_find(g, "tokenizer.ggml.token_type");
     if (types) {
         if (types->type != KVG_GGUF_ARRAY || types->arr_n != (uint64_t)n)
-            return fail(err, err_len, name, "GGUF tokenizer.ggml.token_type is not an array of %d entries", n);
+            return kvg_fail(err, err_len, name, "GGUF tokenizer.ggml.token_type is not an array of %d entries", n);
         for (int32_t i = 0; i < n; i++) {
             int64_t v;
             if (kvg_gguf_arr_i64(types, (uint64_t)i, &v) < 0)
-                return fail(err, err_len, name, "GGUF tokenizer.ggml.token_type is not an integer array");
+                return kvg_fail(err, err_len, name, "GGUF tokenizer.ggml.token_type is not an integer array");
             /* Unknown future types behave as ordinary pieces. */
             t->type[i] = v >= KVG_TT_UNDEFINED && v <= KVG_TT_BYTE ? (uint8_t)v : KVG_TT_UNDEFINED;
         }
@@ -101,17 +89,17 @@ static int load_scores(struct kvg_tokenizer *t, const kvg_gguf *g, const char *n
     const kvg_gguf_kv *scores = kvg_gguf_find(g, "tokenizer.ggml.scores");
 
     if (!(t->score = calloc((size_t)t->n_vocab, sizeof *t->score)))
-        return fail(err, err_len, name, "out of memory");
+        return kvg_fail(err, err_len, name, "out of memory");
     if (!scores)
         return 0;              /* all pieces tie: merges go left to right */
     if (scores->type != KVG_GGUF_ARRAY || scores->arr_n != (uint64_t)t->n_vocab)
-        return fail(err, err_len, name, "GGUF tokenizer.ggml.scores is not an array of %d entries", t->n_vocab);
+        return kvg_fail(err, err_len, name, "GGUF tokenizer.ggml.scores is not an array of %d entries", t->n_vocab);
     for (int32_t i = 0; i < t->n_vocab; i++) {
         double d;
         if (kvg_gguf_arr_f64(scores, (uint64_t)i, &d) < 0)
-            return fail(err, err_len, name, "GGUF tokenizer.ggml.scores is not a number array");
+            return kvg_fail(err, err_len, name, "GGUF tokenizer.ggml.scores is not a number array");
         if (isnan(d))
-            return fail(err, err_len, name, "GGUF tokenizer.ggml.scores[%d] is NaN", i);
+            return kvg_fail(err, err_len, name, "GGUF tokenizer.ggml.scores[%d] is NaN", i);
         t->score[i] = (float)d;
     }
     return 0;
@@ -125,11 +113,11 @@ static int load_merges(struct kvg_tokenizer *t, const kvg_gguf *g, const char *n
     size_t buf_cap = 0;
 
     if (!merges)
-        return fail(err, err_len, name, "GGUF byte-level vocabulary has no tokenizer.ggml.merges string array");
+        return kvg_fail(err, err_len, name, "GGUF byte-level vocabulary has no tokenizer.ggml.merges string array");
     if (merges->arr_n > INT32_MAX / 4)
-        return fail(err, err_len, name, "GGUF tokenizer.ggml.merges has too many entries");
+        return kvg_fail(err, err_len, name, "GGUF tokenizer.ggml.merges has too many entries");
     if (kvg_merges_init(&t->merges, (uint32_t)merges->arr_n) < 0)
-        return fail(err, err_len, name, "out of memory");
+        return kvg_fail(err, err_len, name, "out of memory");
     for (uint64_t i = 0; i < merges->arr_n; i++) {
         kvg_gguf_str s;
         kvg_gguf_arr_str(merges, i, &s);
@@ -138,7 +126,7 @@ static int load_merges(struct kvg_tokenizer *t, const kvg_gguf *g, const char *n
         const char *sp = s.len > 1 ? memchr(s.s + 1, ' ', s.len - 1) : NULL;
         if (!sp) {
             free(buf);
-            return fail(err, err_len, name, "GGUF merge %llu ('%.*s') is not two pieces separated by a space",
+            return kvg_fail(err, err_len, name, "GGUF merge %llu ('%.*s') is not two pieces separated by a space",
                         (unsigned long long)i, (int)(s.len > 40 ? 40 : s.len), s.s);
         }
         size_t ll = (size_t)(sp - s.s), rl = s.len - ll - 1;
@@ -147,7 +135,7 @@ static int load_merges(struct kvg_tokenizer *t, const kvg_gguf *g, const char *n
             char *nb = realloc(buf, buf_cap);
             if (!nb) {
                 free(buf);
-                return fail(err, err_len, name, "out of memory");
+                return kvg_fail(err, err_len, name, "out of memory");
             }
             buf = nb;
         }
@@ -160,7 +148,7 @@ static int load_merges(struct kvg_tokenizer *t, const kvg_gguf *g, const char *n
             continue;
         if (kvg_merges_put(&t->merges, a, b, (int32_t)i, r) < 0) {
             free(buf);
-            return fail(err, err_len, name, "out of memory");
+            return kvg_fail(err, err_len, name, "out of memory");
         }
     }
     free(buf);
@@ -173,16 +161,16 @@ static int load(struct kvg_tokenizer *t, const kvg_gguf *g, const char *name, ch
     int flag;
 
     if (kvg_gguf_get_str(g, "tokenizer.ggml.model", &model) < 0)
-        return fail(err, err_len, name, "GGUF has no tokenizer (no tokenizer.ggml.model string)");
+        return kvg_fail(err, err_len, name, "GGUF has no tokenizer (no tokenizer.ggml.model string)");
     int spm = str_is(model, "llama");
     if (!spm && !str_is(model, "gpt2"))
-        return fail(err, err_len, name, "GGUF tokenizer model '%.*s' is not supported (only llama and gpt2)",
+        return kvg_fail(err, err_len, name, "GGUF tokenizer model '%.*s' is not supported (only llama and gpt2)",
                     (int)(model.len > 40 ? 40 : model.len), model.s);
     if (load_pieces(t, g, name, err, err_len) < 0)
         return -1;
     int32_t n = t->n_vocab;
     if (kvg_tok_build_index(t) < 0)
-        return fail(err, err_len, name, "out of memory");
+        return kvg_fail(err, err_len, name, "out of memory");
 
     if (spm) {
         t->kind = "gguf-llama";
@@ -197,7 +185,7 @@ static int load(struct kvg_tokenizer *t, const kvg_gguf *g, const char *name, ch
         if (load_scores(t, g, name, err, err_len) < 0)
             return -1;
         if (kvg_tok_merges_from_scores(t) < 0)
-            return fail(err, err_len, name, "out of memory");
+            return kvg_fail(err, err_len, name, "out of memory");
     } else {
         t->kind = "gguf-gpt2";
         t->mode = KVG_TOK_BYTE_LEVEL;
@@ -209,7 +197,7 @@ static int load(struct kvg_tokenizer *t, const kvg_gguf *g, const char *name, ch
             else if (str_is(pre, "qwen2"))
                 t->pretok = KVG_PRETOK_QWEN2;
             else
-                return fail(err, err_len, name, "GGUF pre-tokenizer '%.*s' is not supported "
+                return kvg_fail(err, err_len, name, "GGUF pre-tokenizer '%.*s' is not supported "
                             "(gpt-2, default, llama3, llama-bpe, qwen2)",
                             (int)(pre.len > 40 ? 40 : pre.len), pre.s);
         }
@@ -223,7 +211,7 @@ static int load(struct kvg_tokenizer *t, const kvg_gguf *g, const char *name, ch
     }
     t->pad = get_id(g, "tokenizer.ggml.padding_token_id", n, -1);
     if (kvg_tok_added_from_types(t) < 0)
-        return fail(err, err_len, name, "out of memory");
+        return kvg_fail(err, err_len, name, "out of memory");
     return 0;
 }
 

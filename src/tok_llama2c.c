@@ -13,23 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "errmsg.h"
 #include "tok_internal.h"
 
 /* Longest piece accepted: real vocabularies stay far below. */
 #define MAX_PIECE 4096
-
-__attribute__((format(printf, 4, 5)))
-static int fail(char *err, size_t err_len, const char *name, const char *fmt, ...)
-{
-    va_list ap;
-    int n = snprintf(err, err_len, "%s: ", name);
-    if (n >= 0 && (size_t)n < err_len) {
-        va_start(ap, fmt);
-        vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static int32_t rd_i32(const unsigned char *p)
 {
@@ -56,10 +44,10 @@ int kvg_tok_load_llama2c(struct kvg_tokenizer *t, const unsigned char *data, siz
                          const char *name, char *err, size_t err_len)
 {
     if (len < 4)
-        return fail(err, err_len, name, "not a tokenizer file (%zu bytes; too short for any known format)", len);
+        return kvg_fail(err, err_len, name, "not a tokenizer file (%zu bytes; too short for any known format)", len);
     int32_t max_len = rd_i32(data);
     if (max_len <= 0 || max_len > MAX_PIECE)
-        return fail(err, err_len, name,
+        return kvg_fail(err, err_len, name,
                     "not a tokenizer file (no GGUF magic, not JSON, and as a llama2.c tokenizer.bin "
                     "its max_token_length %d is out of range 1..%d)", max_len, MAX_PIECE);
 
@@ -67,33 +55,33 @@ int kvg_tok_load_llama2c(struct kvg_tokenizer *t, const unsigned char *data, siz
     size_t off = 4, n = 0, total = 0;
     while (off < len) {
         if (len - off < 8)
-            return fail(err, err_len, name, "truncated llama2.c tokenizer: record %zu at offset %zu is cut short",
+            return kvg_fail(err, err_len, name, "truncated llama2.c tokenizer: record %zu at offset %zu is cut short",
                         n, off);
         float sc = rd_f32(data + off);
         int32_t l = rd_i32(data + off + 4);
         if (!isfinite(sc))
-            return fail(err, err_len, name, "bad llama2.c tokenizer: record %zu at offset %zu has a non-finite score",
+            return kvg_fail(err, err_len, name, "bad llama2.c tokenizer: record %zu at offset %zu has a non-finite score",
                         n, off);
         if (l < 0 || l > max_len)
-            return fail(err, err_len, name,
+            return kvg_fail(err, err_len, name,
                         "bad llama2.c tokenizer: record %zu at offset %zu has length %d (max_token_length %d)",
                         n, off, l, max_len);
         if ((size_t)l > len - off - 8)
-            return fail(err, err_len, name, "truncated llama2.c tokenizer: record %zu at offset %zu is cut short",
+            return kvg_fail(err, err_len, name, "truncated llama2.c tokenizer: record %zu at offset %zu is cut short",
                         n, off);
         off += 8 + (size_t)l;
         total += (size_t)l + 1;
         n++;
         if (n > INT32_MAX / 2)
-            return fail(err, err_len, name, "bad llama2.c tokenizer: too many records");
+            return kvg_fail(err, err_len, name, "bad llama2.c tokenizer: too many records");
     }
     /* 3 special ids + at least one piece makes a usable vocabulary. */
     if (n < 4)
-        return fail(err, err_len, name, "bad llama2.c tokenizer: only %zu records", n);
+        return kvg_fail(err, err_len, name, "bad llama2.c tokenizer: only %zu records", n);
 
     if (kvg_tok_alloc(t, (int32_t)n) < 0 || !(t->score = calloc(n, sizeof *t->score))
         || !(t->arena = malloc(total)))
-        return fail(err, err_len, name, "out of memory");
+        return kvg_fail(err, err_len, name, "out of memory");
     char *w = t->arena;
     off = 4;
     for (size_t i = 0; i < n; i++) {
@@ -121,6 +109,6 @@ int kvg_tok_load_llama2c(struct kvg_tokenizer *t, const unsigned char *data, siz
     t->add_bos = 1;
     if (kvg_tok_build_index(t) < 0 || kvg_tok_merges_from_scores(t) < 0
         || kvg_tok_added_from_types(t) < 0)
-        return fail(err, err_len, name, "out of memory");
+        return kvg_fail(err, err_len, name, "out of memory");
     return 0;
 }

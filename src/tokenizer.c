@@ -9,22 +9,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "errmsg.h"
 #include "tok_internal.h"
 #include "utf8.h"
 
 /* Longest text encode accepts: symbol positions are int32. */
 #define MAX_TEXT ((size_t)INT32_MAX / 4)
-
-__attribute__((format(printf, 3, 4)))
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || err_len == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 static int looks_like_json(const unsigned char *p, size_t n)
 {
@@ -50,16 +40,16 @@ kvg_tokenizer *kvg_tokenizer_load_mem(const void *data, size_t len, const char *
         err_len = sizeof sink;
     }
     if (!p && len) {
-        set_err(err, err_len, "%s: no data", name);
+        kvg_set_err(err, err_len, "%s: no data", name);
         return NULL;
     }
     kvg_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
-        set_err(err, err_len, "%s: out of memory", name);
+        kvg_set_err(err, err_len, "%s: out of memory", name);
         return NULL;
     }
     if (len == 0) {
-        set_err(err, err_len, "%s: empty file", name);
+        kvg_set_err(err, err_len, "%s: empty file", name);
         free(t);
         return NULL;
     }
@@ -70,11 +60,11 @@ kvg_tokenizer *kvg_tokenizer_load_mem(const void *data, size_t len, const char *
     else
         rc = kvg_tok_load_llama2c(t, p, len, name, err, err_len);
     if (rc == 0 && t->mode != KVG_TOK_SPM && t->mode != KVG_TOK_BYTE_LEVEL) {
-        set_err(err, err_len, "%s: tokenizer loaded without a known mode", name);
+        kvg_set_err(err, err_len, "%s: tokenizer loaded without a known mode", name);
         rc = -1;
     }
     if (rc == 0 && kvg_tok_finish(t, local, sizeof local) < 0) {
-        set_err(err, err_len, "%s: %s", name, local);
+        kvg_set_err(err, err_len, "%s: %s", name, local);
         rc = -1;
     }
     if (rc == 0 && !t->kind)
@@ -93,21 +83,21 @@ kvg_tokenizer *kvg_tokenizer_load(const char *path, char *err, size_t err_len)
     int fd;
 
     if (!path) {
-        set_err(err, err_len, "(null): no tokenizer path");
+        kvg_set_err(err, err_len, "(null): no tokenizer path");
         return NULL;
     }
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        kvg_set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        set_err(err, err_len, "%s: not a regular file", path);
+        kvg_set_err(err, err_len, "%s: not a regular file", path);
         close(fd);
         return NULL;
     }
     if (st.st_size == 0) {
-        set_err(err, err_len, "%s: empty file", path);
+        kvg_set_err(err, err_len, "%s: empty file", path);
         close(fd);
         return NULL;
     }
@@ -116,7 +106,7 @@ kvg_tokenizer *kvg_tokenizer_load(const char *path, char *err, size_t err_len)
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (m == MAP_FAILED) {
-        set_err(err, err_len, "%s: cannot map: %s", path, strerror(errno));
+        kvg_set_err(err, err_len, "%s: cannot map: %s", path, strerror(errno));
         return NULL;
     }
     kvg_tokenizer *t = kvg_tokenizer_load_mem(m, (size_t)st.st_size, path, err, err_len);
@@ -167,24 +157,24 @@ int kvg_tokenizer_encode(const kvg_tokenizer *t, const char *text, size_t len,
     *ids = NULL;
     *n_ids = 0;
     if (!text && len) {
-        set_err(err, err_len, "no text to encode");
+        kvg_set_err(err, err_len, "no text to encode");
         return -1;
     }
     if (len > MAX_TEXT) {
-        set_err(err, err_len, "text of %zu bytes is too long to encode (limit %zu)", len, MAX_TEXT);
+        kvg_set_err(err, err_len, "text of %zu bytes is too long to encode (limit %zu)", len, MAX_TEXT);
         return -1;
     }
     if (len && (bad = kvg_utf8_invalid_at((const unsigned char *)text, len)) != (size_t)-1) {
-        set_err(err, err_len, "invalid UTF-8 at byte offset %zu", bad);
+        kvg_set_err(err, err_len, "invalid UTF-8 at byte offset %zu", bad);
         return -1;
     }
     if (kvg_tok_encode(t, len ? text : "", len, flags, &out) < 0) {
         free(out.v);
-        set_err(err, err_len, "out of memory encoding %zu bytes", len);
+        kvg_set_err(err, err_len, "out of memory encoding %zu bytes", len);
         return -1;
     }
     if (!out.v && !(out.v = malloc(sizeof *out.v))) {
-        set_err(err, err_len, "out of memory");
+        kvg_set_err(err, err_len, "out of memory");
         return -1;
     }
     *ids = out.v;
@@ -236,7 +226,7 @@ int kvg_tokenizer_decode(const kvg_tokenizer *t, const int32_t *ids, size_t n_id
     *out_len = 0;
     for (size_t i = 0; i < n_ids; i++) {
         if (ids[i] < 0 || ids[i] >= t->n_vocab) {
-            set_err(err, err_len, "token id %d at position %zu is out of range (vocabulary of %d)",
+            kvg_set_err(err, err_len, "token id %d at position %zu is out of range (vocabulary of %d)",
                     ids[i], i, t->n_vocab);
             return -1;
         }
@@ -244,7 +234,7 @@ int kvg_tokenizer_decode(const kvg_tokenizer *t, const int32_t *ids, size_t n_id
     }
     char *buf = malloc(total + 1);
     if (!buf) {
-        set_err(err, err_len, "out of memory");
+        kvg_set_err(err, err_len, "out of memory");
         return -1;
     }
     size_t o = 0;
