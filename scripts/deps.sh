@@ -8,7 +8,7 @@ pkgs=(
     libjansson-dev libssl-dev libutf8proc-dev
     nginx nginx-dev libpcre2-dev zlib1g-dev
     clang libclang-rt-14-dev
-    libopenblas-dev
+    libopenblas-dev libsimde-dev
 )
 
 missing=()

@@ -1,0 +1,100 @@
+/* The backend interface: the forward pass as a sequence of operations on activation
+ * buffers that live in the backend's memory (host memory for the CPU backend, device
+ * memory for the CUDA one). forward.c drives every backend through this vtable and never
+ * touches activations directly; it only reads results back with ->read.
+ *
+ * A step is described once (begin_step: tokens, positions, each row's sequence and
+ * block table, the rows that need logits); the operations then refer to "the rows of
+ * the step". Activations are row-major [n_rows][width] float arrays.
+ *
+ * Batch invariance is a contract of every implementation: the values computed for a
+ * row depend only on that row's own inputs (its token, position and its sequence's KV
+ * blocks) -- never on how many other rows there are, where the row sits, how a prompt
+ * was chunked, or the thread count. Prefill and decode use the same operations.
+ *
+ * Weights are passed as the model's kvg_tensor / float pointers (host addresses); a
+ * device backend uploads them at creation and looks them up by address. */
+#ifndef KVG_BACKEND_H
+#define KVG_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_cache.h"
+#include "model.h"
+
+typedef struct kvg_backend kvg_backend;
+
+typedef struct kvg_step {
+    int n_rows;
+    const int32_t *tokens;               /* [n_rows] */
+    const int32_t *pos;                  /* [n_rows] position of the row in its sequence */
+    const int32_t *row_seq;              /* [n_rows] index of the row's sequence */
+    int n_seqs;
+    int block_tokens;                    /* the KV pool's tokens per block */
+    const int32_t *const *block_tables;  /* [n_seqs] each sequence's block ids */
+    const int32_t *n_blocks;             /* [n_seqs] */
+    int n_out;
+    const int32_t *out_rows;             /* [n_out] rows whose logits are wanted */
+} kvg_step;
+
+typedef struct kvg_backend_ops {
+    const char *name;
+    void (*destroy)(kvg_backend *be);
+
+    /* Activation memory (n floats); NULL when out of memory. */
+    float *(*alloc)(kvg_backend *be, size_t n);
+    void (*free)(kvg_backend *be, float *p);
+    /* Copies n floats of backend memory to the host. */
+    void (*read)(kvg_backend *be, const float *src, float *host, size_t n);
+
+    /* Takes (copies) the step description; -1 with err when it cannot. */
+    int (*begin_step)(kvg_backend *be, const kvg_step *step, char *err, size_t err_len);
+
+    /* x[r][:] = row tokens[r] of the embedding table, as F32 (dim wide). */
+    void (*embed)(kvg_backend *be, const kvg_tensor *emb, float *x);
+    /* out[r] = w * x[r] / sqrt(mean(x[r]^2) + eps), rows of dim floats. */
+    void (*rmsnorm)(kvg_backend *be, const float *x, const float *w, float eps,
+                    int rows, int dim, float *out);
+    /* y[M][N] = x[M][K] w^T (+ bias), N = w->rows, batch-invariant. */
+    void (*matmul)(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
+                   const float *bias, float *y);
+    /* Rotates q ([n_rows][n_heads*head_dim]) and k ([n_rows][n_kv_heads*head_dim]) in
+     * place for each row's position (layout, theta and scaling from the model). */
+    void (*rope)(kvg_backend *be, float *q, float *k);
+    /* Stores each row's k and v ([n_rows][n_kv_heads*head_dim]) at its position in its
+     * sequence's blocks for `layer`. The blocks must be writable (refcount 1). */
+    void (*kv_write)(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *k, const float *v);
+    /* out[r] = causal softmax attention of q[r] over positions [0, pos[r]] of the row's
+     * sequence for `layer` (GQA: query head h uses kv head h / (n_heads/n_kv_heads)).
+     * kv_write for the whole step comes first, so a prefill chunk sees its own tokens. */
+    void (*attention)(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *q, float *out);
+    /* gate[i] = silu(gate[i]) * up[i] for i < n. */
+    void (*swiglu)(kvg_backend *be, float *gate, const float *up, size_t n);
+    /* x[i] += y[i] for i < n. */
+    void (*add)(kvg_backend *be, float *x, const float *y, size_t n);
+    /* out[i][:] = x[out_rows[i]][:] (width floats) for the step's n_out rows. */
+    void (*gather_out_rows)(kvg_backend *be, const float *x, int width, float *out);
+} kvg_backend_ops;
+
+struct kvg_backend {
+    const kvg_backend_ops *ops;
+    void *ctx;                   /* the implementation's state */
+    const kvg_model *model;
+    int n_threads;               /* host threads the backend uses */
+};
+
+/* The CPU backend: n_threads <= 0 uses every online CPU. NULL with err. */
+kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, size_t err_len);
+
+/* "cpu" (the only one so far). NULL with err for an unknown name. */
+kvg_backend *kvg_backend_new(const char *name, const kvg_model *m, int n_threads,
+                             char *err, size_t err_len);
+
+static inline void kvg_backend_free(kvg_backend *be)
+{
+    if (be)
+        be->ops->destroy(be);
+}
+
+#endif

@@ -1,0 +1,522 @@
+/* kvgate-generate: run one prompt through the engine offline and print the continuation.
+ *
+ * Exit status: 0 ok, 1 model/runtime error, 2 usage. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "forward.h"
+#include "kv_cache.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+static const char USAGE[] =
+    "usage: kvgate-generate --model PATH [options] (--prompt TEXT | --prompt-file F | --prompt-ids IDS)\n"
+    "\n"
+    "Runs one prompt offline and prints the continuation on stdout; the prompt length,\n"
+    "prefill and decode speeds go to stderr.\n"
+    "\n"
+    "  --model PATH        llama2.c .bin, GGUF file, Hugging Face directory or synthetic:NAME\n"
+    "  --tokenizer PATH    tokenizer file (llama2.c models need one)\n"
+    "  --backend NAME      cpu (default)\n"
+    "  --prompt TEXT       prompt text (BOS is prepended when the vocabulary asks for it)\n"
+    "  --prompt-file F     prompt text read from a file\n"
+    "  --prompt-ids IDS    prompt token ids, used verbatim (\"1 2 3\" or \"1,2,3\")\n"
+    "  --no-bos            do not prepend BOS to a text prompt\n"
+    "  --max-tokens N      generate at most N tokens (default 256)\n"
+    "  --steps N           llama2.c run.c limit: at most N positions in total, prompt\n"
+    "                      included; the token chosen at the last position is printed\n"
+    "  --stop IDS          token ids that end generation (not printed); default: EOS, and\n"
+    "                      BOS too for llama2.c models (as run.c); \"none\" for no stop ids\n"
+    "  --temperature T     0 = greedy (default 1.0)\n"
+    "  --top-p P           nucleus sampling (default 1 = off)\n"
+    "  --top-k K           keep the K most likely tokens (default 0 = off)\n"
+    "  --seed S            sampling seed (default 0)\n"
+    "  --ids               print generated token ids instead of text\n"
+    "  --logprobs          with --ids, print \"id logprob\" per line\n"
+    "  --threads N         CPU threads (default: all online CPUs)\n"
+    "  --prefill-chunk N   prefill the prompt N tokens per step (default: all at once)\n"
+    "  --block-tokens N    tokens per KV block (default 16)\n"
+    "  --prompt-logits F   write the logits at the last prompt position to F, one per line\n"
+    "  --help              show this help\n";
+
+typedef struct opts {
+    const char *model, *tokenizer, *backend, *prompt, *prompt_file, *prompt_ids;
+    const char *stop, *prompt_logits;
+    long max_tokens, steps, threads, prefill_chunk, block_tokens;
+    kvg_sampler_params sp;
+    int ids, logprobs, no_bos;
+} opts;
+
+static int usage_error(const char *fmt, const char *a)
+{
+    fprintf(stderr, "kvgate-generate: ");
+    fprintf(stderr, fmt, a);
+    fprintf(stderr, "\n(see kvgate-generate --help)\n");
+    return 2;
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, float *out)
+{
+    char *end;
+    double v;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return -1;
+    *out = (float)v;
+    return 0;
+}
+
+/* Whitespace- or comma-separated non-negative ids. -1 on a malformed list. */
+static int parse_ids(const char *s, int32_t **ids, size_t *n)
+{
+    size_t cap = 16;
+    *n = 0;
+    *ids = malloc(cap * sizeof **ids);
+    if (!*ids)
+        return -1;
+    for (;;) {
+        char *end;
+        long v;
+        while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r' || *s == ',')
+            s++;
+        if (!*s)
+            return 0;
+        errno = 0;
+        v = strtol(s, &end, 10);
+        if (errno || end == s || v < 0 || v > INT32_MAX ||
+            (*end && *end != ' ' && *end != ',' && *end != '\t' && *end != '\n' && *end != '\r'))
+            return -1;
+        if (*n == cap) {
+            int32_t *g = realloc(*ids, cap * 2 * sizeof **ids);
+            if (!g)
+                return -1;
+            *ids = g;
+            cap *= 2;
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        s = end;
+    }
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    if (!f)
+        return NULL;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            char *g = realloc(buf, cap ? cap * 2 : 65536);
+            if (!g) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = g;
+            cap = cap ? cap * 2 : 65536;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    if (ferror(f)) {
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int parse_args(int argc, char **argv, opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = "cpu";
+    o->max_tokens = 256;
+    o->steps = -1;
+    o->sp.temperature = 1.0f;
+    o->sp.top_p = 1.0f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long l;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(USAGE, stdout);
+            exit(0);
+        } else if (strcmp(a, "--ids") == 0) {
+            o->ids = 1;
+            continue;
+        } else if (strcmp(a, "--logprobs") == 0) {
+            o->logprobs = 1;
+            continue;
+        } else if (strcmp(a, "--no-bos") == 0) {
+            o->no_bos = 1;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return usage_error("unexpected argument '%s'", a);
+        if (!v)
+            return usage_error("%s needs a value", a);
+        i++;
+        if (strcmp(a, "--model") == 0) {
+            o->model = v;
+        } else if (strcmp(a, "--tokenizer") == 0) {
+            o->tokenizer = v;
+        } else if (strcmp(a, "--backend") == 0) {
+            o->backend = v;
+        } else if (strcmp(a, "--prompt") == 0) {
+            o->prompt = v;
+        } else if (strcmp(a, "--prompt-file") == 0) {
+            o->prompt_file = v;
+        } else if (strcmp(a, "--prompt-ids") == 0) {
+            o->prompt_ids = v;
+        } else if (strcmp(a, "--stop") == 0) {
+            o->stop = v;
+        } else if (strcmp(a, "--prompt-logits") == 0) {
+            o->prompt_logits = v;
+        } else if (strcmp(a, "--max-tokens") == 0) {
+            if (parse_long(v, 0, INT32_MAX, &o->max_tokens))
+                return usage_error("--max-tokens needs an integer >= 0, got '%s'", v);
+        } else if (strcmp(a, "--steps") == 0) {
+            if (parse_long(v, 1, INT32_MAX, &o->steps))
+                return usage_error("--steps needs an integer >= 1, got '%s'", v);
+        } else if (strcmp(a, "--threads") == 0) {
+            if (parse_long(v, 1, 256, &o->threads))
+                return usage_error("--threads needs an integer in [1, 256], got '%s'", v);
+        } else if (strcmp(a, "--prefill-chunk") == 0) {
+            if (parse_long(v, 1, INT32_MAX, &o->prefill_chunk))
+                return usage_error("--prefill-chunk needs an integer >= 1, got '%s'", v);
+        } else if (strcmp(a, "--block-tokens") == 0) {
+            if (parse_long(v, 1, 4096, &o->block_tokens))
+                return usage_error("--block-tokens needs an integer in [1, 4096], got '%s'", v);
+        } else if (strcmp(a, "--temperature") == 0) {
+            if (parse_float(v, &o->sp.temperature) || o->sp.temperature < 0.0f)
+                return usage_error("--temperature needs a number >= 0, got '%s'", v);
+        } else if (strcmp(a, "--top-p") == 0) {
+            if (parse_float(v, &o->sp.top_p) || o->sp.top_p <= 0.0f || o->sp.top_p > 1.0f)
+                return usage_error("--top-p needs a number in (0, 1], got '%s'", v);
+        } else if (strcmp(a, "--top-k") == 0) {
+            if (parse_long(v, 0, INT32_MAX, &l))
+                return usage_error("--top-k needs an integer >= 0, got '%s'", v);
+            o->sp.top_k = (int)l;
+        } else if (strcmp(a, "--seed") == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-')
+                return usage_error("--seed needs a non-negative integer, got '%s'", v);
+            o->sp.seed = (uint64_t)s;
+        } else {
+            return usage_error("unknown option '%s'", a);
+        }
+    }
+    if (!o->model)
+        return usage_error("%s", "--model is required");
+    if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->prompt_ids != NULL) != 1)
+        return usage_error("%s", "give exactly one of --prompt, --prompt-file, --prompt-ids");
+    if (o->logprobs && !o->ids)
+        return usage_error("%s", "--logprobs goes with --ids");
+    return 0;
+}
+
+typedef struct gen {
+    opts o;
+    kvg_model *m;
+    kvg_backend *be;
+    kvg_kv_pool *kv;
+    kvg_forward *fw;
+    kvg_kv_seq seq;
+    kvg_sampler smp;
+    int32_t *prompt, *stop;
+    size_t n_prompt, n_stop;
+    float *logits;
+} gen;
+
+static void gen_free(gen *g)
+{
+    if (g->kv)
+        kvg_kv_seq_release(g->kv, &g->seq);
+    kvg_forward_free(g->fw);
+    kvg_kv_pool_free(g->kv);
+    kvg_backend_free(g->be);
+    kvg_model_free(g->m);
+    kvg_sampler_free(&g->smp);
+    free(g->prompt);
+    free(g->stop);
+    free(g->logits);
+}
+
+static int load_prompt(gen *g, char *err, size_t err_len)
+{
+    const opts *o = &g->o;
+    kvg_tokenizer *tok = g->m->tokenizer;
+    char *text = NULL;
+    size_t len;
+    int rc;
+
+    if (o->prompt_ids) {
+        if (parse_ids(o->prompt_ids, &g->prompt, &g->n_prompt) != 0) {
+            snprintf(err, err_len, "--prompt-ids: not a list of token ids: '%s'", o->prompt_ids);
+            return -1;
+        }
+        for (size_t i = 0; i < g->n_prompt; i++) {
+            if (g->prompt[i] >= g->m->cfg.vocab_size) {
+                snprintf(err, err_len, "--prompt-ids: id %d is out of the vocabulary (%d)",
+                         (int)g->prompt[i], g->m->cfg.vocab_size);
+                return -1;
+            }
+        }
+        return 0;
+    }
+    if (!tok) {
+        snprintf(err, err_len, "a text prompt needs a tokenizer (--tokenizer PATH)");
+        return -1;
+    }
+    if (o->prompt_file) {
+        text = read_file(o->prompt_file, &len);
+        if (!text) {
+            snprintf(err, err_len, "cannot read %s: %s", o->prompt_file, strerror(errno));
+            return -1;
+        }
+    }
+    {
+        const char *t = text ? text : o->prompt;
+        unsigned flags = !o->no_bos && kvg_tokenizer_add_bos(tok) ? KVG_ENC_BOS : 0;
+        size_t tl = text ? len : strlen(o->prompt);
+        rc = kvg_tokenizer_encode(tok, t, tl, flags, &g->prompt, &g->n_prompt, err, err_len);
+    }
+    free(text);
+    return rc;
+}
+
+static int setup_stop(gen *g, char *err, size_t err_len)
+{
+    const char *s = g->o.stop;
+    if (s && strcmp(s, "none") == 0)
+        return 0;
+    if (s) {
+        if (parse_ids(s, &g->stop, &g->n_stop) != 0) {
+            snprintf(err, err_len, "--stop: not a list of token ids: '%s'", s);
+            return -1;
+        }
+        return 0;
+    }
+    g->stop = malloc(2 * sizeof *g->stop);
+    if (!g->stop) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    if (g->m->eos >= 0)
+        g->stop[g->n_stop++] = g->m->eos;
+    /* llama2.c's run.c ends a story when the model starts the next one with BOS. */
+    if (strcmp(g->m->format, "llama2c") == 0 && g->m->bos >= 0)
+        g->stop[g->n_stop++] = g->m->bos;
+    return 0;
+}
+
+static int is_stop(const gen *g, int32_t id)
+{
+    for (size_t i = 0; i < g->n_stop; i++)
+        if (g->stop[i] == id)
+            return 1;
+    return 0;
+}
+
+static int write_logits(const char *path, const float *l, int n, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        snprintf(err, err_len, "cannot write %s: %s", path, strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%.9g\n", (double)l[i]);
+    if (fclose(f) != 0) {
+        snprintf(err, err_len, "cannot write %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static int run(gen *g, char *err, size_t err_len)
+{
+    const opts *o = &g->o;
+    kvg_model_load_opts lo;
+    kvg_kv_geom geom;
+    kvg_detok dt;
+    long max_gen, n_gen = 0, n_decode = 0;
+    int64_t max_pos;
+    double t0, t1, t2;
+    char out[1024];
+
+    memset(&lo, 0, sizeof lo);
+    lo.tokenizer_path = o->tokenizer;
+    g->m = kvg_model_load(o->model, &lo, err, err_len);
+    if (!g->m)
+        return -1;
+    if (load_prompt(g, err, err_len) != 0 || setup_stop(g, err, err_len) != 0)
+        return -1;
+    if (g->n_prompt == 0) {
+        snprintf(err, err_len, "the prompt is empty (no tokens)");
+        return -1;
+    }
+    if ((int64_t)g->n_prompt > g->m->cfg.max_seq_len) {
+        snprintf(err, err_len, "the prompt has %zu tokens, more than the context length %d",
+                 g->n_prompt, g->m->cfg.max_seq_len);
+        return -1;
+    }
+    if (!o->ids && !g->m->tokenizer) {
+        snprintf(err, err_len, "printing text needs a tokenizer (--tokenizer PATH), or use --ids");
+        return -1;
+    }
+    if (kvg_sampler_params_check(&o->sp, err, err_len) != 0)
+        return -1;
+
+    max_gen = o->max_tokens;
+    if (o->steps > 0) {
+        long by_steps = o->steps - (long)g->n_prompt + 1;
+        if (by_steps < max_gen)
+            max_gen = by_steps < 0 ? 0 : by_steps;
+    }
+    /* Positions that will hold K/V: the prompt and every generated token but the last. */
+    max_pos = (int64_t)g->n_prompt + (max_gen > 0 ? max_gen - 1 : 0);
+    if (max_pos > g->m->cfg.max_seq_len)
+        max_pos = g->m->cfg.max_seq_len;
+
+    g->be = kvg_backend_new(o->backend, g->m, (int)o->threads, err, err_len);
+    if (!g->be)
+        return -1;
+    kvg_forward_kv_geom(g->m, (int)o->block_tokens, &geom);
+    {
+        int bt = o->block_tokens ? (int)o->block_tokens : KVG_KV_BLOCK_TOKENS_DEFAULT;
+        g->kv = kvg_kv_pool_new(&geom, (int32_t)((max_pos + bt - 1) / bt + 1), err, err_len);
+    }
+    if (!g->kv)
+        return -1;
+    g->fw = kvg_forward_new(g->m, g->be, g->kv, err, err_len);
+    if (!g->fw)
+        return -1;
+    g->logits = malloc((size_t)g->m->cfg.vocab_size * sizeof *g->logits);
+    if (!g->logits) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+
+    t0 = now_s();
+    for (size_t done = 0; done < g->n_prompt;) {
+        size_t n = g->n_prompt - done;
+        kvg_fwd_seq s;
+        if (o->prefill_chunk && n > (size_t)o->prefill_chunk)
+            n = (size_t)o->prefill_chunk;
+        s.kv = &g->seq;
+        s.tokens = g->prompt + done;
+        s.n_tokens = (int)n;
+        s.logits = done + n == g->n_prompt ? g->logits : NULL;
+        if (kvg_forward_step(g->fw, &s, 1, err, err_len) != 0)
+            return -1;
+        done += n;
+    }
+    t1 = now_s();
+    if (o->prompt_logits &&
+        write_logits(o->prompt_logits, g->logits, g->m->cfg.vocab_size, err, err_len) != 0)
+        return -1;
+
+    if (g->m->tokenizer) {
+        kvg_detok_init(&dt, g->m->tokenizer);
+        dt.at_start = 0;        /* a continuation: keep its leading space */
+    }
+    while (n_gen < max_gen) {
+        float lp;
+        int32_t pos = g->seq.n_tokens;
+        int32_t tok = kvg_sample(&g->smp, &o->sp, g->logits, g->m->cfg.vocab_size, 0,
+                                 (uint64_t)pos, &lp);
+        if (tok < 0) {
+            snprintf(err, err_len, "sampling failed (out of memory)");
+            return -1;
+        }
+        if (is_stop(g, tok))
+            break;
+        n_gen++;
+        if (o->ids) {
+            if (o->logprobs)
+                printf("%d %.6f\n", (int)tok, (double)lp);
+            else
+                printf(n_gen > 1 ? " %d" : "%d", (int)tok);
+        } else {
+            long w = kvg_detok_push(&dt, tok, out, sizeof out);
+            if (w > 0)
+                fwrite(out, 1, (size_t)w, stdout);
+        }
+        fflush(stdout);
+        if (n_gen >= max_gen || g->seq.n_tokens >= g->m->cfg.max_seq_len)
+            break;
+        {
+            kvg_fwd_seq s = { &g->seq, &tok, 1, g->logits };
+            if (kvg_forward_step(g->fw, &s, 1, err, err_len) != 0)
+                return -1;
+            n_decode++;
+        }
+    }
+    t2 = now_s();
+    if (!o->ids) {
+        long w = kvg_detok_flush(&dt, out, sizeof out);
+        if (w > 0)
+            fwrite(out, 1, (size_t)w, stdout);
+    }
+    if (!o->ids || !o->logprobs)
+        putchar('\n');
+    fflush(stdout);
+    fprintf(stderr, "prompt: %zu tokens; prefill: %.1f tok/s (%.3f s); generated: %ld tokens; "
+            "decode: %.1f tok/s (%ld steps, %.3f s); backend %s, %d threads\n",
+            g->n_prompt, (double)g->n_prompt / (t1 - t0 > 0 ? t1 - t0 : 1e-9), t1 - t0, n_gen,
+            n_decode > 0 ? (double)n_decode / (t2 - t1) : 0.0, n_decode, t2 - t1,
+            g->be->ops->name, g->be->n_threads);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    gen g;
+    char err[1024] = "";
+    int rc;
+
+    memset(&g, 0, sizeof g);
+    rc = parse_args(argc, argv, &g.o);
+    if (rc)
+        return rc;
+    rc = run(&g, err, sizeof err) == 0 ? 0 : 1;
+    if (rc)
+        fprintf(stderr, "kvgate-generate: %s\n", err);
+    gen_free(&g);
+    return rc;
+}

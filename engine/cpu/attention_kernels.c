@@ -1,0 +1,286 @@
+/* The generic and AVX2 attention kernels (interface in attention_kernels.h) and the
+ * choice of kernels by ISA. The generic ones are plain C with fmaf (compiled for the
+ * baseline ISA, where fmaf is a library call: slow but exact); the AVX2 ones are
+ * intrinsics, because compiled under a target attribute the plain C kept its
+ * accumulator arrays on the stack. */
+#include "cpu/attention_kernels.h"
+
+/* Scores of NG groups of 16 keys: k[g] points at column 0 of a 16-key group inside a
+ * dimension-major K block (row stride bt). out gets 16 * NG scores. Each score is one
+ * FMA chain over d; NG groups at once give the core 2*NG independent vector chains. */
+static inline void
+scores_body(const float *restrict q, const float *const *k, int bt, int hd, const int NG,
+            float *restrict out)
+{
+    float acc[4][16];
+    for (int g = 0; g < NG; g++)
+        for (int l = 0; l < 16; l++)
+            acc[g][l] = 0.0f;
+    for (int d = 0; d < hd; d++) {
+        float qd = q[d];
+        for (int g = 0; g < NG; g++) {
+            const float *kd = k[g] + (size_t)d * bt;
+            for (int l = 0; l < 16; l++)
+                acc[g][l] = fmaf(qd, kd[l], acc[g][l]);
+        }
+    }
+    for (int g = 0; g < NG; g++)
+        for (int l = 0; l < 16; l++)
+            out[g * 16 + l] = acc[g][l];
+}
+
+/* out[d] = fmaf(w[t], v[t][d], out[d]) for t < n ascending: one chain per d. The
+ * output is held in registers W dims at a time across all n tokens. */
+static inline __attribute__((always_inline)) void
+vacc_chunk(float *restrict out, const float *restrict w, const float *restrict v, int n, int hd,
+           const int W)
+{
+    float acc[64];
+    for (int l = 0; l < W; l++)
+        acc[l] = out[l];
+    for (int t = 0; t < n; t++) {
+        float wt = w[t];
+        const float *vt = v + (size_t)t * hd;
+        for (int l = 0; l < W; l++)
+            acc[l] = fmaf(wt, vt[l], acc[l]);
+    }
+    for (int l = 0; l < W; l++)
+        out[l] = acc[l];
+}
+
+static inline __attribute__((always_inline)) void
+vacc_body(float *restrict out, const float *restrict w, const float *restrict v, int n, int hd)
+{
+    int d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64)
+        vacc_chunk(out + d0, w, v + d0, n, hd, 64);
+    for (; d0 + 16 <= hd; d0 += 16)
+        vacc_chunk(out + d0, w, v + d0, n, hd, 16);
+    for (; d0 < hd; d0++)
+        for (int t = 0; t < n; t++)
+            out[d0] = fmaf(w[t], v[(size_t)t * hd + d0], out[d0]);
+}
+
+/* In place: sc[t] = exp(sc[t] / scale - max); returns the sum, accumulated in 16
+ * lanes (lane t mod 16, t ascending) and reduced in the fixed order. */
+static inline __attribute__((always_inline)) float softmax_body(float *restrict sc, int T, float scale)
+{
+    float mxl[16], lanes[16], mx = -INFINITY;
+    int full = T & ~15;
+    for (int l = 0; l < 16; l++) {
+        mxl[l] = -INFINITY;
+        lanes[l] = 0.0f;
+    }
+    for (int t0 = 0; t0 < full; t0 += 16)
+        for (int l = 0; l < 16; l++) {
+            float v = sc[t0 + l] / scale;
+            sc[t0 + l] = v;
+            mxl[l] = v > mxl[l] ? v : mxl[l];
+        }
+    for (int t = full; t < T; t++) {
+        float v = sc[t] / scale;
+        sc[t] = v;
+        mxl[t & 15] = v > mxl[t & 15] ? v : mxl[t & 15];
+    }
+    for (int l = 0; l < 16; l++)
+        mx = mxl[l] > mx ? mxl[l] : mx;
+    for (int t0 = 0; t0 < full; t0 += 16)
+        for (int l = 0; l < 16; l++) {
+            float e = kvg_attn_exp(sc[t0 + l] - mx);
+            sc[t0 + l] = e;
+            lanes[l] += e;
+        }
+    for (int t = full; t < T; t++) {
+        float e = kvg_attn_exp(sc[t] - mx);
+        sc[t] = e;
+        lanes[t & 15] += e;
+    }
+    return kvg_attn_reduce16(lanes);
+}
+
+static void scores4_generic(const float *q, const float *const *k, int bt, int hd, float *out)
+{
+    scores_body(q, k, bt, hd, 4, out);
+}
+
+static void scores1_generic(const float *q, const float *const *k, int bt, int hd, float *out)
+{
+    scores_body(q, k, bt, hd, 1, out);
+}
+
+static void vacc_generic(float *out, const float *w, const float *v, int n, int hd)
+{
+    vacc_body(out, w, v, n, hd);
+}
+
+static float softmax_generic(float *sc, int T, float scale)
+{
+    return softmax_body(sc, T, scale);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* AVX2 holds a 16-key group in two registers. */
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX2 static void scores4_avx2(const float *q, const float *const *k, int bt, int hd, float *out)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
+    for (int d = 0; d < hd; d++) {
+        __m256 qd = _mm256_set1_ps(q[d]);
+        size_t o = (size_t)d * bt;
+        a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + o), a0);
+        a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + o + 8), a1);
+        a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k1 + o), a2);
+        a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k1 + o + 8), a3);
+        a4 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k2 + o), a4);
+        a5 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k2 + o + 8), a5);
+        a6 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k3 + o), a6);
+        a7 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k3 + o + 8), a7);
+    }
+    _mm256_storeu_ps(out, a0);
+    _mm256_storeu_ps(out + 8, a1);
+    _mm256_storeu_ps(out + 16, a2);
+    _mm256_storeu_ps(out + 24, a3);
+    _mm256_storeu_ps(out + 32, a4);
+    _mm256_storeu_ps(out + 40, a5);
+    _mm256_storeu_ps(out + 48, a6);
+    _mm256_storeu_ps(out + 56, a7);
+}
+
+AVX2 static void scores1_avx2(const float *q, const float *const *k, int bt, int hd, float *out)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    const float *k0 = k[0];
+    for (int d = 0; d < hd; d++) {
+        __m256 qd = _mm256_set1_ps(q[d]);
+        size_t o = (size_t)d * bt;
+        a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + o), a0);
+        a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + o + 8), a1);
+    }
+    _mm256_storeu_ps(out, a0);
+    _mm256_storeu_ps(out + 8, a1);
+}
+
+AVX2 static void vacc_avx2(float *out, const float *w, const float *v, int n, int hd)
+{
+    int d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) {
+        __m256 a[8];
+        for (int i = 0; i < 8; i++)
+            a[i] = _mm256_loadu_ps(out + d0 + 8 * i);
+        for (int t = 0; t < n; t++) {
+            __m256 wt = _mm256_set1_ps(w[t]);
+            const float *vt = v + (size_t)t * hd + d0;
+            a[0] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt), a[0]);
+            a[1] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 8), a[1]);
+            a[2] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 16), a[2]);
+            a[3] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 24), a[3]);
+            a[4] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 32), a[4]);
+            a[5] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 40), a[5]);
+            a[6] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 48), a[6]);
+            a[7] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 56), a[7]);
+        }
+        for (int i = 0; i < 8; i++)
+            _mm256_storeu_ps(out + d0 + 8 * i, a[i]);
+    }
+    for (; d0 + 8 <= hd; d0 += 8) {
+        __m256 a = _mm256_loadu_ps(out + d0);
+        for (int t = 0; t < n; t++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(v + (size_t)t * hd + d0), a);
+        _mm256_storeu_ps(out + d0, a);
+    }
+    for (; d0 < hd; d0++)
+        for (int t = 0; t < n; t++)
+            out[d0] = fmaf(w[t], v[(size_t)t * hd + d0], out[d0]);
+}
+
+/* softmax_exp on 8 lanes: the same operations in the same order. */
+AVX2 static inline __m256 exp8_avx2(__m256 x)
+{
+    const __m256 shifter = _mm256_set1_ps(12582912.0f);
+    __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shifter);
+    __m256 n = _mm256_sub_ps(t, shifter);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
+    __m256 p, y;
+    __m256i e;
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    e = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000)), 23);
+    y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e));
+    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-86.0f), _CMP_GE_OQ), y);
+}
+
+AVX2 static float softmax_avx2(float *sc, int T, float scale)
+{
+    float mxl[16], lanes[16], mx = -INFINITY;
+    int full = T & ~15;
+    __m256 s = _mm256_set1_ps(scale), m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, mv;
+    for (int t0 = 0; t0 < full; t0 += 16) {
+        __m256 v0 = _mm256_div_ps(_mm256_loadu_ps(sc + t0), s);
+        __m256 v1 = _mm256_div_ps(_mm256_loadu_ps(sc + t0 + 8), s);
+        _mm256_storeu_ps(sc + t0, v0);
+        _mm256_storeu_ps(sc + t0 + 8, v1);
+        m0 = _mm256_max_ps(v0, m0);      /* v > m ? v : m, as the scalar code */
+        m1 = _mm256_max_ps(v1, m1);
+    }
+    _mm256_storeu_ps(mxl, m0);
+    _mm256_storeu_ps(mxl + 8, m1);
+    for (int t = full; t < T; t++) {
+        float v = sc[t] / scale;
+        sc[t] = v;
+        mxl[t & 15] = v > mxl[t & 15] ? v : mxl[t & 15];
+    }
+    for (int l = 0; l < 16; l++)
+        mx = mxl[l] > mx ? mxl[l] : mx;
+    mv = _mm256_set1_ps(mx);
+    for (int t0 = 0; t0 < full; t0 += 16) {
+        __m256 e0 = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(sc + t0), mv));
+        __m256 e1 = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(sc + t0 + 8), mv));
+        _mm256_storeu_ps(sc + t0, e0);
+        _mm256_storeu_ps(sc + t0 + 8, e1);
+        a0 = _mm256_add_ps(a0, e0);
+        a1 = _mm256_add_ps(a1, e1);
+    }
+    _mm256_storeu_ps(lanes, a0);
+    _mm256_storeu_ps(lanes + 8, a1);
+    for (int t = full; t < T; t++) {
+        float e = kvg_attn_exp(sc[t] - mx);
+        sc[t] = e;
+        lanes[t & 15] += e;
+    }
+    return kvg_attn_reduce16(lanes);
+}
+
+#endif
+
+static const kvg_attn_kernels generic_kernels = { scores4_generic, scores1_generic, vacc_generic,
+                                                  softmax_generic };
+#if defined(__x86_64__) && defined(__GNUC__)
+static const kvg_attn_kernels avx2_kernels = { scores4_avx2, scores1_avx2, vacc_avx2, softmax_avx2 };
+static const kvg_attn_kernels avx512_kernels = { kvg_attn_scores4_avx512, kvg_attn_scores1_avx512,
+                                                 kvg_attn_vacc_avx512, kvg_attn_softmax_avx512 };
+#endif
+
+const kvg_attn_kernels *kvg_attn_kernels_isa(const char *isa)
+{
+    if (strcmp(isa, "generic") == 0)
+        return &generic_kernels;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (strcmp(isa, "avx2") == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return &avx2_kernels;
+    if (strcmp(isa, "avx512") == 0 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma"))
+        return &avx512_kernels;
+#endif
+    return NULL;
+}

@@ -1,0 +1,78 @@
+/* Internal to the CPU attention (attention_cpu.c): the per-ISA kernels and the scalar
+ * pieces they share. Every kernel computes the same chains in the same order (see
+ * attention_cpu.c), so all ISAs give the same bits; t/unit/engine_attention_kernels.c
+ * compares them, the AVX-512 ones through an emulation on CPUs without AVX-512. */
+#ifndef KVG_ATTENTION_KERNELS_H
+#define KVG_ATTENTION_KERNELS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Scores of 4 (scores4) or 1 (scores1) groups of 16 keys: k[g] points at column 0 of a
+ * 16-key group inside a dimension-major K block (row stride bt); out gets 16 per group.
+ * Each score is one FMA chain over d = 0..hd-1 starting from +0. */
+typedef void (*kvg_attn_scores_fn)(const float *q, const float *const *k, int bt, int hd, float *out);
+/* out[d] = fmaf(w[t], v[t][d], out[d]) for t = 0..n-1 ascending (v rows of hd floats). */
+typedef void (*kvg_attn_vacc_fn)(float *out, const float *w, const float *v, int n, int hd);
+/* In place sc[t] = softmax_exp(sc[t] / scale - max); returns the 16-lane sum. */
+typedef float (*kvg_attn_softmax_fn)(float *sc, int T, float scale);
+
+typedef struct kvg_attn_kernels {
+    kvg_attn_scores_fn scores4, scores1;
+    kvg_attn_vacc_fn vacc;
+    kvg_attn_softmax_fn softmax;
+} kvg_attn_kernels;
+
+/* The kernels of "generic", "avx2" or "avx512"; NULL when this CPU cannot run them. */
+const kvg_attn_kernels *kvg_attn_kernels_isa(const char *isa);
+
+void kvg_attn_scores4_avx512(const float *q, const float *const *k, int bt, int hd, float *out);
+void kvg_attn_scores1_avx512(const float *q, const float *const *k, int bt, int hd, float *out);
+void kvg_attn_vacc_avx512(float *out, const float *w, const float *v, int n, int hd);
+float kvg_attn_softmax_avx512(float *sc, int T, float scale);
+
+/* exp(x) for the softmax (x <= 0 there), from exactly rounded operations only --
+ * explicit fmaf, one subtraction, one addition and integer exponent arithmetic -- so
+ * scalar and vector code give the same bits and the compiler has no a*b+c left to
+ * contract differently per ISA. x = n ln2 + r (Cody-Waite), e^r by a degree-7
+ * polynomial (the Cephes expf coefficients), 2^n added to the exponent field. Relative
+ * error ~1e-7; 0 below -86, where 2^n would leave the normal range (and for NaN). */
+static inline __attribute__((always_inline)) float kvg_attn_exp(float x)
+{
+    float t = fmaf(x, 1.44269504088896341f, 12582912.0f);   /* 1.5 * 2^23 + round(x / ln2) */
+    float n = t - 12582912.0f;
+    float r = fmaf(n, -0.693359375f, x);
+    float p, rr, y;
+    uint32_t tb, yb;
+    r = fmaf(n, 2.12194440e-4f, r);
+    p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    rr = r * r;
+    y = fmaf(p, rr, r);
+    y = y + 1.0f;
+    memcpy(&tb, &t, 4);
+    memcpy(&yb, &y, 4);
+    yb += (tb - 0x4B400000u) << 23;
+    memcpy(&y, &yb, 4);
+    return x >= -86.0f ? y : 0.0f;
+}
+
+/* The fixed pairwise reduction of 16 lanes (the GEMM's). */
+static inline __attribute__((always_inline)) float kvg_attn_reduce16(const float *a)
+{
+    float h[8], q[4], d0, d1;
+    for (int i = 0; i < 8; i++)
+        h[i] = a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++)
+        q[i] = h[i] + h[i + 4];
+    d0 = q[0] + q[2];
+    d1 = q[1] + q[3];
+    return d0 + d1;
+}
+
+#endif

@@ -1,0 +1,505 @@
+/* The CPU backend: GEMMs through kvg_gemm, everything else in plain C over the thread
+ * pool. Every operation computes each row (each element) on its own with a fixed order
+ * of arithmetic, so results are independent of the batch, the chunking and the thread
+ * count (see backend.h). Attention is in attention_cpu.c. */
+#include "backend_cpu_internal.h"
+#include "errmsg.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.h"
+
+/* Below this many scalar operations a job runs on the calling thread: waking the
+ * workers costs a few microseconds, as much as ~20k simple operations. */
+#define PAR_MIN_WORK 32768.0
+
+void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg)
+{
+    if (n == 0)
+        return;
+    if (c->n_threads <= 1 || work < PAR_MIN_WORK || n == 1)
+        fn(arg, 0, n);
+    else
+        kvg_threadpool_run(c->tp, n, fn, arg);
+}
+
+static kvg_cpu *cpu_of(kvg_backend *be)
+{
+    return be->ctx;
+}
+
+/* ---- memory ---- */
+
+static float *cpu_alloc(kvg_backend *be, size_t n)
+{
+    void *p = NULL;
+    (void)be;
+    if (n == 0)
+        n = 1;
+    if (n > SIZE_MAX / sizeof(float) - 64)
+        return NULL;
+    if (posix_memalign(&p, 64, n * sizeof(float)) != 0)
+        return NULL;
+    return p;
+}
+
+static void cpu_free(kvg_backend *be, float *p)
+{
+    (void)be;
+    free(p);
+}
+
+static void cpu_read(kvg_backend *be, const float *src, float *host, size_t n)
+{
+    (void)be;
+    if (n)
+        memmove(host, src, n * sizeof(float));
+}
+
+/* ---- the step ---- */
+
+typedef struct rope_table_job {
+    kvg_cpu *c;
+    int half;
+} rope_table_job;
+
+static void rope_table_range(void *arg, size_t b, size_t e)
+{
+    rope_table_job *j = arg;
+    for (size_t r = b; r < e; r++) {
+        float *cs = j->c->rope_cs + r * (size_t)j->half * 2;
+        float pos = (float)j->c->pos[r];
+        for (int p = 0; p < j->half; p++) {
+            float val = pos * j->c->inv_freq[p];
+            cs[2 * p] = cosf(val);
+            cs[2 * p + 1] = sinf(val);
+        }
+    }
+}
+
+static int grow(void **p, int *cap, int need, size_t elem)
+{
+    void *q;
+    int nc;
+    if (need <= *cap)
+        return 0;
+    nc = *cap ? *cap : 64;
+    while (nc < need)
+        nc = nc > (1 << 29) ? need : nc * 2;
+    q = realloc(*p, (size_t)nc * elem);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = nc;
+    return 0;
+}
+
+static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t err_len)
+{
+    kvg_cpu *c = cpu_of(be);
+    const kvg_model_config *cfg = &c->m->cfg;
+    int half = cfg->head_dim / 2;
+    int64_t total_blocks = 0;
+
+    if (s->n_rows <= 0 || s->n_seqs <= 0 || s->n_out < 0 || s->n_out > s->n_rows ||
+        s->block_tokens <= 0) {
+        kvg_set_err(err, err_len, "cpu backend: bad step (%d rows, %d sequences, %d outputs, "
+               "%d tokens per block)", s->n_rows, s->n_seqs, s->n_out, s->block_tokens);
+        return -1;
+    }
+    for (int i = 0; i < s->n_seqs; i++) {
+        if (s->n_blocks[i] < 0) {
+            kvg_set_err(err, err_len, "cpu backend: negative block count");
+            return -1;
+        }
+        total_blocks += s->n_blocks[i];
+    }
+    if (total_blocks > INT32_MAX / 2) {
+        kvg_set_err(err, err_len, "cpu backend: too many blocks in one step");
+        return -1;
+    }
+    if (s->n_rows > c->cap_rows) {
+        int cap = c->cap_rows;
+        int32_t *ids = c->tokens;
+        float *cs;
+        if (grow((void **)&ids, &cap, s->n_rows, 4 * sizeof(int32_t)) != 0)
+            goto oom;
+        c->tokens = ids;
+        cs = realloc(c->rope_cs, (size_t)cap * (size_t)(half > 0 ? half : 1) * 2 * sizeof(float));
+        if (!cs)
+            goto oom;
+        c->rope_cs = cs;
+        c->cap_rows = cap;
+    }
+    c->pos = c->tokens + c->cap_rows;
+    c->row_seq = c->pos + c->cap_rows;
+    c->out_rows = c->row_seq + c->cap_rows;
+    if (grow((void **)&c->seq_blocks_off, &c->cap_seqs, s->n_seqs + 1, sizeof(int32_t)) != 0 ||
+        grow((void **)&c->blocks, &c->cap_blocks, (int)total_blocks + 1, sizeof(int32_t)) != 0)
+        goto oom;
+
+    for (int r = 0; r < s->n_rows; r++) {
+        if (s->tokens[r] < 0 || s->tokens[r] >= cfg->vocab_size || s->pos[r] < 0 ||
+            s->row_seq[r] < 0 || s->row_seq[r] >= s->n_seqs ||
+            (int64_t)s->pos[r] >= (int64_t)s->n_blocks[s->row_seq[r]] * s->block_tokens) {
+            kvg_set_err(err, err_len, "cpu backend: bad row %d (token %d, position %d, sequence %d)",
+                   r, s->tokens[r], s->pos[r], s->row_seq[r]);
+            return -1;
+        }
+    }
+    for (int i = 0; i < s->n_out; i++) {
+        if (s->out_rows[i] < 0 || s->out_rows[i] >= s->n_rows) {
+            kvg_set_err(err, err_len, "cpu backend: bad output row %d", s->out_rows[i]);
+            return -1;
+        }
+    }
+    memcpy(c->tokens, s->tokens, (size_t)s->n_rows * sizeof(int32_t));
+    memcpy(c->pos, s->pos, (size_t)s->n_rows * sizeof(int32_t));
+    memcpy(c->row_seq, s->row_seq, (size_t)s->n_rows * sizeof(int32_t));
+    if (s->n_out)
+        memcpy(c->out_rows, s->out_rows, (size_t)s->n_out * sizeof(int32_t));
+    c->seq_blocks_off[0] = 0;
+    for (int i = 0; i < s->n_seqs; i++) {
+        int32_t off = c->seq_blocks_off[i];
+        if (s->n_blocks[i])
+            memcpy(c->blocks + off, s->block_tables[i], (size_t)s->n_blocks[i] * sizeof(int32_t));
+        c->seq_blocks_off[i + 1] = off + s->n_blocks[i];
+    }
+    /* Attention scores: one slice per thread, as long as the longest row's context. */
+    {
+        int32_t max_pos = 0;
+        size_t stride, need;
+        for (int r = 0; r < s->n_rows; r++)
+            if (s->pos[r] > max_pos)
+                max_pos = s->pos[r];
+        stride = ((size_t)max_pos + 1 + 31) / 16 * 16;
+        need = stride * (size_t)c->n_threads;
+        if (need > c->att_cap) {
+            float *p = NULL;
+            if (posix_memalign((void **)&p, 64, need * sizeof(float)) != 0)
+                goto oom;
+            free(c->att_scratch);
+            c->att_scratch = p;
+            c->att_cap = need;
+        }
+        c->att_stride = stride;
+    }
+    c->n_rows = s->n_rows;
+    c->n_seqs = s->n_seqs;
+    c->n_out = s->n_out;
+
+    /* cos/sin once per step, shared by every layer. */
+    {
+        rope_table_job j = { c, half };
+        kvg_cpu_par(c, (size_t)s->n_rows, 40.0 * half * s->n_rows, rope_table_range, &j);
+    }
+    return 0;
+oom:
+    kvg_set_err(err, err_len, "cpu backend: out of memory for a step of %d rows", s->n_rows);
+    return -1;
+}
+
+/* ---- row-wise operations ---- */
+
+typedef struct embed_job {
+    kvg_cpu *c;
+    const kvg_tensor *emb;
+    float *x;
+} embed_job;
+
+static void embed_range(void *arg, size_t b, size_t e)
+{
+    embed_job *j = arg;
+    int64_t dim = j->emb->cols;
+    for (size_t r = b; r < e; r++)
+        kvg_tensor_row_f32(j->emb, j->c->tokens[r], j->x + r * (size_t)dim);
+}
+
+static void cpu_embed(kvg_backend *be, const kvg_tensor *emb, float *x)
+{
+    kvg_cpu *c = cpu_of(be);
+    embed_job j = { c, emb, x };
+    kvg_cpu_par(c, (size_t)c->n_rows, (double)c->n_rows * (double)emb->cols, embed_range, &j);
+}
+
+typedef struct norm_job {
+    const float *x, *w;
+    float eps;
+    int dim;
+    float *out;
+} norm_job;
+
+static void rmsnorm_range(void *arg, size_t b, size_t e)
+{
+    norm_job *j = arg;
+    for (size_t r = b; r < e; r++) {
+        const float *x = j->x + r * (size_t)j->dim;
+        float *o = j->out + r * (size_t)j->dim;
+        float ss = 0.0f, inv;
+        for (int i = 0; i < j->dim; i++)
+            ss += x[i] * x[i];
+        ss /= (float)j->dim;
+        ss += j->eps;
+        inv = 1.0f / sqrtf(ss);
+        for (int i = 0; i < j->dim; i++)
+            o[i] = j->w[i] * (inv * x[i]);
+    }
+}
+
+static void cpu_rmsnorm(kvg_backend *be, const float *x, const float *w, float eps,
+                        int rows, int dim, float *out)
+{
+    norm_job j = { x, w, eps, dim, out };
+    kvg_cpu_par(cpu_of(be), (size_t)rows, 3.0 * rows * dim, rmsnorm_range, &j);
+}
+
+static void cpu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
+                       const float *bias, float *y)
+{
+    kvg_gemm(cpu_of(be)->tp, x, M, K, w, bias, y);
+}
+
+typedef struct rope_job {
+    kvg_cpu *c;
+    float *q, *k;
+} rope_job;
+
+static void rotate_heads(float *x, int n_heads, int hd, const float *cs, kvg_rope_layout layout)
+{
+    int half = hd / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * hd;
+        for (int p = 0; p < half; p++) {
+            int i0 = layout == KVG_ROPE_HALF ? p : 2 * p;
+            int i1 = layout == KVG_ROPE_HALF ? p + half : 2 * p + 1;
+            float c = cs[2 * p], s = cs[2 * p + 1];
+            float v0 = v[i0], v1 = v[i1];
+            v[i0] = v0 * c - v1 * s;
+            v[i1] = v0 * s + v1 * c;
+        }
+    }
+}
+
+static void rope_range(void *arg, size_t b, size_t e)
+{
+    rope_job *j = arg;
+    const kvg_model_config *cfg = &j->c->m->cfg;
+    int hd = cfg->head_dim;
+    for (size_t r = b; r < e; r++) {
+        const float *cs = j->c->rope_cs + r * (size_t)(hd / 2) * 2;
+        rotate_heads(j->q + r * (size_t)cfg->n_heads * hd, cfg->n_heads, hd, cs, cfg->rope_layout);
+        rotate_heads(j->k + r * (size_t)cfg->n_kv_heads * hd, cfg->n_kv_heads, hd, cs,
+                     cfg->rope_layout);
+    }
+}
+
+static void cpu_rope(kvg_backend *be, float *q, float *k)
+{
+    kvg_cpu *c = cpu_of(be);
+    const kvg_model_config *cfg = &c->m->cfg;
+    rope_job j = { c, q, k };
+    kvg_cpu_par(c, (size_t)c->n_rows,
+                3.0 * c->n_rows * (cfg->n_heads + cfg->n_kv_heads) * cfg->head_dim, rope_range, &j);
+}
+
+typedef struct kvw_job {
+    kvg_cpu *c;
+    kvg_kv_pool *kv;
+    int layer;
+    const float *k, *v;
+} kvw_job;
+
+static void kv_write_range(void *arg, size_t b, size_t e)
+{
+    kvw_job *j = arg;
+    kvg_cpu *c = j->c;
+    int hd = c->m->cfg.head_dim, nkv = c->m->cfg.n_kv_heads;
+    int bt = j->kv->geom.block_tokens;
+    for (size_t r = b; r < e; r++) {
+        int32_t pos = c->pos[r];
+        int32_t block = c->blocks[c->seq_blocks_off[c->row_seq[r]] + pos / bt];
+        int slot = pos % bt;
+        for (int g = 0; g < nkv; g++) {
+            const float *ks = j->k + (r * (size_t)nkv + (size_t)g) * (size_t)hd;
+            const float *vs = j->v + (r * (size_t)nkv + (size_t)g) * (size_t)hd;
+            float *kd = kvg_kv_k(j->kv, block, j->layer, g);
+            float *vd = kvg_kv_v(j->kv, block, j->layer, g) + (size_t)slot * hd;
+            /* K is dimension-major in a block (see kv_cache.h). */
+            for (int d = 0; d < hd; d++)
+                kd[(size_t)d * bt + slot] = ks[d];
+            memcpy(vd, vs, (size_t)hd * sizeof(float));
+        }
+    }
+}
+
+static void cpu_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *k, const float *v)
+{
+    kvg_cpu *c = cpu_of(be);
+    kvw_job j = { c, kv, layer, k, v };
+    /* Rows of one step may share a block (a prefill chunk); each writes its own slot. */
+    kvg_cpu_par(c, (size_t)c->n_rows, 2.0 * c->n_rows * c->m->cfg.n_kv_heads * c->m->cfg.head_dim,
+                kv_write_range, &j);
+}
+
+static void cpu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *q, float *out)
+{
+    kvg_cpu_attention(cpu_of(be), kv, layer, q, out);
+}
+
+typedef struct elt_job {
+    float *a;
+    const float *b;
+} elt_job;
+
+static void swiglu_range(void *arg, size_t b, size_t e)
+{
+    elt_job *j = arg;
+    for (size_t i = b; i < e; i++) {
+        float g = j->a[i];
+        g *= 1.0f / (1.0f + expf(-g));
+        j->a[i] = g * j->b[i];
+    }
+}
+
+static void cpu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
+{
+    elt_job j = { gate, up };
+    kvg_cpu_par(cpu_of(be), n, 20.0 * (double)n, swiglu_range, &j);
+}
+
+static void add_range(void *arg, size_t b, size_t e)
+{
+    elt_job *j = arg;
+    for (size_t i = b; i < e; i++)
+        j->a[i] += j->b[i];
+}
+
+static void cpu_add(kvg_backend *be, float *x, const float *y, size_t n)
+{
+    elt_job j = { x, y };
+    kvg_cpu_par(cpu_of(be), n, (double)n, add_range, &j);
+}
+
+static void cpu_gather_out_rows(kvg_backend *be, const float *x, int width, float *out)
+{
+    kvg_cpu *c = cpu_of(be);
+    for (int i = 0; i < c->n_out; i++)
+        memcpy(out + (size_t)i * width, x + (size_t)c->out_rows[i] * width, (size_t)width * sizeof(float));
+}
+
+/* ---- creation ---- */
+
+static void cpu_destroy(kvg_backend *be)
+{
+    kvg_cpu *c;
+    if (!be)
+        return;
+    c = be->ctx;
+    if (c) {
+        kvg_threadpool_free(c->tp);
+        free(c->inv_freq);
+        free(c->tokens);
+        free(c->seq_blocks_off);
+        free(c->blocks);
+        free(c->rope_cs);
+        free(c->att_scratch);
+        free(c);
+    }
+    free(be);
+}
+
+static const kvg_backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .read = cpu_read,
+    .begin_step = cpu_begin_step,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .gather_out_rows = cpu_gather_out_rows,
+};
+
+/* RoPE frequency of pair p: theta^(-2p/head_dim) (llama2.c computes it in float the
+ * same way), with Llama 3's rescaling of the long wavelengths when configured. */
+static void rope_frequencies(const kvg_model_config *cfg, float *f)
+{
+    int hd = cfg->head_dim;
+    for (int p = 0; p < hd / 2; p++) {
+        float freq = 1.0f / powf(cfg->rope_theta, (float)(2 * p) / (float)hd);
+        if (cfg->rope_scale_factor > 0.0f) {
+            float factor = cfg->rope_scale_factor;
+            float lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
+            float old = (float)cfg->rope_orig_max_pos;
+            float low_wavelen = old / lo, high_wavelen = old / hi;
+            float wavelen = 2.0f * (float)M_PI / freq;
+            if (wavelen > low_wavelen) {
+                freq = freq / factor;
+            } else if (!(wavelen < high_wavelen)) {
+                float smooth = (old / wavelen - lo) / (hi - lo);
+                freq = (1.0f - smooth) * freq / factor + smooth * freq;
+            }
+        }
+        f[p] = freq;
+    }
+}
+
+kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, size_t err_len)
+{
+    const kvg_model_config *cfg = &m->cfg;
+    kvg_backend *be;
+    kvg_cpu *c;
+
+    if (cfg->head_dim <= 0 || cfg->head_dim % 2 != 0) {
+        kvg_set_err(err, err_len, "cpu backend: head_dim %d must be even and positive", cfg->head_dim);
+        return NULL;
+    }
+    if (cfg->rope_scale_factor > 0.0f &&
+        (cfg->rope_orig_max_pos <= 0 || cfg->rope_low_freq_factor <= 0.0f ||
+         cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)) {
+        kvg_set_err(err, err_len, "cpu backend: inconsistent llama3 rope scaling parameters");
+        return NULL;
+    }
+    be = calloc(1, sizeof *be);
+    c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        kvg_set_err(err, err_len, "cpu backend: out of memory");
+        return NULL;
+    }
+    be->ops = &cpu_ops;
+    be->ctx = c;
+    be->model = m;
+    c->m = m;
+    c->inv_freq = malloc((size_t)(cfg->head_dim / 2) * sizeof(float));
+    c->tp = kvg_threadpool_new(n_threads);
+    if (!c->inv_freq || !c->tp) {
+        kvg_set_err(err, err_len, "cpu backend: cannot start %d threads", n_threads);
+        cpu_destroy(be);
+        return NULL;
+    }
+    c->n_threads = kvg_threadpool_size(c->tp);
+    be->n_threads = c->n_threads;
+    rope_frequencies(cfg, c->inv_freq);
+    return be;
+}
+
+kvg_backend *kvg_backend_new(const char *name, const kvg_model *m, int n_threads,
+                             char *err, size_t err_len)
+{
+    if (name && strcmp(name, "cpu") == 0)
+        return kvg_backend_cpu_new(m, n_threads, err, err_len);
+    kvg_set_err(err, err_len, "unknown backend '%s' (available: cpu)", name ? name : "(null)");
+    return NULL;
+}

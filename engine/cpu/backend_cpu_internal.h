@@ -1,0 +1,36 @@
+/* Internal to the CPU backend (backend_cpu.c, attention_cpu.c): its state and the
+ * attention entry point. */
+#ifndef KVG_BACKEND_CPU_INTERNAL_H
+#define KVG_BACKEND_CPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "threadpool.h"
+
+typedef struct kvg_cpu {
+    kvg_threadpool *tp;
+    const kvg_model *m;
+    int n_threads;
+    float *inv_freq;             /* [head_dim/2] RoPE frequency of each pair */
+
+    /* The current step (copied by begin_step). */
+    int n_rows, n_seqs, n_out;
+    int32_t *tokens, *pos, *row_seq, *out_rows;   /* one allocation, cap_rows each */
+    int32_t *seq_blocks_off;     /* [n_seqs + 1] offsets into blocks */
+    int32_t *blocks;             /* every sequence's block table, concatenated */
+    float *rope_cs;              /* [n_rows][head_dim/2][2] cos, sin */
+    float *att_scratch;          /* n_threads slices of att_stride floats (scores) */
+    size_t att_stride, att_cap;
+    int cap_rows, cap_seqs, cap_blocks;
+} kvg_cpu;
+
+/* Runs fn over [0, n) on the pool, or inline when the whole job is smaller than a
+ * thread wake-up is worth (`work` ~ scalar operations in total). The result never
+ * depends on which: every index writes only its own outputs. */
+void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg);
+
+void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, float *out);
+
+#endif

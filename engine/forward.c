@@ -1,0 +1,319 @@
+/* The forward pass as a sequence of backend operations (see forward.h, backend.h). */
+#include "forward.h"
+#include "errmsg.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvg_forward {
+    const kvg_model *m;
+    kvg_backend *be;
+    kvg_kv_pool *kv;
+
+    /* Activations in backend memory, for cap_rows rows. */
+    int cap_rows;
+    float *x, *xb, *ob, *q, *k, *v, *att, *hb, *hb2;
+    int cap_out;
+    float *logits;
+
+    /* Host-side step description. */
+    int cap_host_rows, cap_host_seqs;
+    int32_t *tokens, *pos, *row_seq, *out_rows;
+    int32_t *n_blocks;
+    const int32_t **tables;
+};
+
+void kvg_forward_kv_geom(const kvg_model *m, int block_tokens, kvg_kv_geom *g)
+{
+    memset(g, 0, sizeof *g);
+    g->n_layers = m->cfg.n_layers;
+    g->n_kv_heads = m->cfg.n_kv_heads;
+    g->head_dim = m->cfg.head_dim;
+    g->block_tokens = block_tokens;
+}
+
+kvg_forward *kvg_forward_new(const kvg_model *m, kvg_backend *be, kvg_kv_pool *kv,
+                             char *err, size_t err_len)
+{
+    const kvg_model_config *c = &m->cfg;
+    kvg_forward *f;
+    if (c->dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
+        c->n_heads % c->n_kv_heads != 0 || c->head_dim <= 0 || c->hidden_dim <= 0 ||
+        c->vocab_size <= 0 || c->max_seq_len <= 0) {
+        kvg_set_err(err, err_len, "forward: inconsistent model configuration");
+        return NULL;
+    }
+    if (kv->geom.n_layers != c->n_layers || kv->geom.n_kv_heads != c->n_kv_heads ||
+        kv->geom.head_dim != c->head_dim) {
+        kvg_set_err(err, err_len, "forward: the KV pool's geometry (%d layers, %d kv heads, head_dim %d) "
+              "does not match the model (%d, %d, %d)", kv->geom.n_layers, kv->geom.n_kv_heads,
+              kv->geom.head_dim, c->n_layers, c->n_kv_heads, c->head_dim);
+        return NULL;
+    }
+    f = calloc(1, sizeof *f);
+    if (!f) {
+        kvg_set_err(err, err_len, "forward: out of memory");
+        return NULL;
+    }
+    f->m = m;
+    f->be = be;
+    f->kv = kv;
+    return f;
+}
+
+static void free_acts(kvg_forward *f)
+{
+    float **bufs[] = { &f->x, &f->xb, &f->ob, &f->q, &f->k, &f->v, &f->att, &f->hb, &f->hb2 };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (*bufs[i])
+            f->be->ops->free(f->be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    f->cap_rows = 0;
+}
+
+void kvg_forward_free(kvg_forward *f)
+{
+    if (!f)
+        return;
+    free_acts(f);
+    if (f->logits)
+        f->be->ops->free(f->be, f->logits);
+    free(f->tokens);
+    free(f->n_blocks);
+    free(f->tables);
+    free(f);
+}
+
+static int ensure_acts(kvg_forward *f, int rows, int n_out, char *err, size_t err_len)
+{
+    const kvg_model_config *c = &f->m->cfg;
+    size_t r, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    if (rows > f->cap_rows) {
+        int cap = f->cap_rows ? f->cap_rows : 16;
+        while (cap < rows)
+            cap = cap > (1 << 28) ? rows : cap * 2;
+        free_acts(f);
+        r = (size_t)cap;
+        f->x = f->be->ops->alloc(f->be, r * c->dim);
+        f->xb = f->be->ops->alloc(f->be, r * c->dim);
+        f->ob = f->be->ops->alloc(f->be, r * c->dim);
+        f->q = f->be->ops->alloc(f->be, r * qd);
+        f->k = f->be->ops->alloc(f->be, r * kvd);
+        f->v = f->be->ops->alloc(f->be, r * kvd);
+        f->att = f->be->ops->alloc(f->be, r * qd);
+        f->hb = f->be->ops->alloc(f->be, r * c->hidden_dim);
+        f->hb2 = f->be->ops->alloc(f->be, r * c->hidden_dim);
+        if (!f->x || !f->xb || !f->ob || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2) {
+            free_acts(f);
+            kvg_set_err(err, err_len, "forward: out of memory for activations of %d rows", cap);
+            return -1;
+        }
+        f->cap_rows = cap;
+    }
+    if (n_out > f->cap_out) {
+        int cap = f->cap_out ? f->cap_out : 4;
+        while (cap < n_out)
+            cap *= 2;
+        if (f->logits)
+            f->be->ops->free(f->be, f->logits);
+        f->logits = f->be->ops->alloc(f->be, (size_t)cap * c->vocab_size);
+        f->cap_out = f->logits ? cap : 0;
+        if (!f->logits) {
+            kvg_set_err(err, err_len, "forward: out of memory for %d rows of logits", cap);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int ensure_host(kvg_forward *f, int rows, int seqs)
+{
+    if (rows > f->cap_host_rows) {
+        int32_t *t = realloc(f->tokens, (size_t)rows * 4 * sizeof *t);
+        if (!t)
+            return -1;
+        f->tokens = t;
+        f->cap_host_rows = rows;
+    }
+    f->pos = f->tokens + f->cap_host_rows;
+    f->row_seq = f->pos + f->cap_host_rows;
+    f->out_rows = f->row_seq + f->cap_host_rows;
+    if (seqs > f->cap_host_seqs) {
+        int32_t *nb = realloc(f->n_blocks, (size_t)seqs * sizeof *nb);
+        const int32_t **tb;
+        if (!nb)
+            return -1;
+        f->n_blocks = nb;
+        tb = realloc(f->tables, (size_t)seqs * sizeof *tb);
+        if (!tb)
+            return -1;
+        f->tables = tb;
+        f->cap_host_seqs = seqs;
+    }
+    return 0;
+}
+
+static int check_batch(const kvg_forward *f, const kvg_fwd_seq *seqs, int n, int64_t *rows,
+                       char *err, size_t err_len)
+{
+    const kvg_model_config *c = &f->m->cfg;
+    *rows = 0;
+    if (n <= 0) {
+        kvg_set_err(err, err_len, "forward: empty batch");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        const kvg_fwd_seq *s = &seqs[i];
+        if (!s->kv || !s->tokens || s->n_tokens <= 0) {
+            kvg_set_err(err, err_len, "forward: sequence %d of the batch has no tokens", i);
+            return -1;
+        }
+        if ((int64_t)s->kv->n_tokens + s->n_tokens > c->max_seq_len) {
+            kvg_set_err(err, err_len, "forward: sequence %d would reach %lld positions, past the "
+                  "context length %d", i, (long long)s->kv->n_tokens + s->n_tokens, c->max_seq_len);
+            return -1;
+        }
+        for (int t = 0; t < s->n_tokens; t++) {
+            if (s->tokens[t] < 0 || s->tokens[t] >= c->vocab_size) {
+                kvg_set_err(err, err_len, "forward: token id %d out of range [0, %d)", (int)s->tokens[t],
+                      c->vocab_size);
+                return -1;
+            }
+        }
+        for (int o = 0; o < i; o++) {
+            if (seqs[o].kv == s->kv) {
+                kvg_set_err(err, err_len, "forward: sequence %d appears twice in the batch", i);
+                return -1;
+            }
+        }
+        *rows += s->n_tokens;
+    }
+    if (*rows > INT32_MAX / 8) {
+        kvg_set_err(err, err_len, "forward: %lld rows in one step is too many", (long long)*rows);
+        return -1;
+    }
+    return 0;
+}
+
+int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t err_len)
+{
+    const kvg_model *m = f->m;
+    const kvg_model_config *c = &m->cfg;
+    const kvg_backend_ops *ops = f->be->ops;
+    kvg_backend *be = f->be;
+    int64_t rows64;
+    int R, n_out = 0, dim = c->dim, hid = c->hidden_dim;
+    int qd = c->n_heads * c->head_dim;
+    kvg_step st;
+
+    if (check_batch(f, seqs, n, &rows64, err, err_len) != 0)
+        return -1;
+    R = (int)rows64;
+    if (ensure_host(f, R, n) != 0) {
+        kvg_set_err(err, err_len, "forward: out of memory");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (kvg_kv_seq_prepare(f->kv, seqs[i].kv, seqs[i].n_tokens, err, err_len) != 0) {
+            /* Give back the blocks the earlier sequences just took. */
+            for (int o = 0; o < i; o++)
+                kvg_kv_seq_truncate(f->kv, seqs[o].kv, seqs[o].kv->n_tokens);
+            return -1;
+        }
+    }
+    {
+        int r = 0;
+        for (int i = 0; i < n; i++) {
+            for (int t = 0; t < seqs[i].n_tokens; t++, r++) {
+                f->tokens[r] = seqs[i].tokens[t];
+                f->pos[r] = seqs[i].kv->n_tokens + t;
+                f->row_seq[r] = i;
+            }
+            if (seqs[i].logits)
+                f->out_rows[n_out++] = r - 1;
+            f->n_blocks[i] = seqs[i].kv->n_blocks;
+            f->tables[i] = seqs[i].kv->blocks;
+        }
+    }
+    if (ensure_acts(f, R, n_out, err, err_len) != 0)
+        goto fail;
+    memset(&st, 0, sizeof st);
+    st.n_rows = R;
+    st.tokens = f->tokens;
+    st.pos = f->pos;
+    st.row_seq = f->row_seq;
+    st.n_seqs = n;
+    st.block_tokens = f->kv->geom.block_tokens;
+    st.block_tables = f->tables;
+    st.n_blocks = f->n_blocks;
+    st.n_out = n_out;
+    st.out_rows = f->out_rows;
+    if (ops->begin_step(be, &st, err, err_len) != 0)
+        goto fail;
+
+    ops->embed(be, &m->tok_embedding, f->x);
+    for (int l = 0; l < c->n_layers; l++) {
+        const kvg_layer_weights *w = &m->layers[l];
+        int last = l == c->n_layers - 1;
+        float *x = f->x;
+        int rows = R;
+
+        ops->rmsnorm(be, x, w->attn_norm, c->norm_eps, R, dim, f->xb);
+        ops->matmul(be, f->xb, R, dim, &w->wq, w->bq, f->q);
+        ops->matmul(be, f->xb, R, dim, &w->wk, w->bk, f->k);
+        ops->matmul(be, f->xb, R, dim, &w->wv, w->bv, f->v);
+        ops->rope(be, f->q, f->k);
+        ops->kv_write(be, f->kv, l, f->k, f->v);
+        if (last && n_out == 0)
+            break;          /* only this layer's K/V were needed */
+        ops->attention(be, f->kv, l, f->q, f->att);
+        float *att = f->att, *xn = f->xb;
+        if (last && n_out < R) {
+            /* Past the last attention only the rows that produce logits matter: carry
+             * on with those alone (each row's values are the same either way). */
+            ops->gather_out_rows(be, f->att, qd, f->q);
+            ops->gather_out_rows(be, f->x, dim, f->xb);
+            att = f->q;
+            x = f->xb;
+            xn = f->x;
+            rows = n_out;
+        }
+        ops->matmul(be, att, rows, qd, &w->wo, NULL, f->ob);
+        ops->add(be, x, f->ob, (size_t)rows * dim);
+        ops->rmsnorm(be, x, w->ffn_norm, c->norm_eps, rows, dim, xn);
+        ops->matmul(be, xn, rows, dim, &w->w_gate, NULL, f->hb);
+        ops->matmul(be, xn, rows, dim, &w->w_up, NULL, f->hb2);
+        ops->swiglu(be, f->hb, f->hb2, (size_t)rows * hid);
+        ops->matmul(be, f->hb, rows, hid, &w->w_down, NULL, f->ob);
+        ops->add(be, x, f->ob, (size_t)rows * dim);
+        if (last) {
+            /* Final norm and classifier on the output rows, now compact in x. */
+            if (rows == R) {
+                ops->gather_out_rows(be, x, dim, xn);
+                ops->rmsnorm(be, xn, m->final_norm, c->norm_eps, n_out, dim, f->ob);
+            } else {
+                ops->rmsnorm(be, x, m->final_norm, c->norm_eps, n_out, dim, f->ob);
+            }
+            ops->matmul(be, f->ob, n_out, dim, &m->output, NULL, f->logits);
+        }
+    }
+    {
+        int o = 0;
+        for (int i = 0; i < n; i++) {
+            if (seqs[i].logits) {
+                ops->read(be, f->logits + (size_t)o * c->vocab_size, seqs[i].logits,
+                          (size_t)c->vocab_size);
+                o++;
+            }
+            seqs[i].kv->n_tokens += seqs[i].n_tokens;
+        }
+    }
+    return 0;
+fail:
+    for (int i = 0; i < n; i++)
+        kvg_kv_seq_truncate(f->kv, seqs[i].kv, seqs[i].kv->n_tokens);
+    return -1;
+}

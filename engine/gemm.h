@@ -1,0 +1,40 @@
+/* Batch-invariant matrix multiplication for the CPU backend: Y[M][N] = X[M][K] W[N][K]^T
+ * (+ bias), X and Y F32, W in F32, F16 or BF16 (converted on the fly).
+ *
+ * Batch invariance (see ../shared/notes/cpu-gemm-determinism.md): Y[m][n] depends only on
+ * row m of X and row n of W -- never on M, on m's position in the batch, on the thread
+ * count or on the ISA. Every output element is one fixed sequence of IEEE operations
+ * (spelled out in cpu/gemm_kernels.h): 16 lanes, lane l an FMA chain over k = l, l+16,
+ * ... (the K tail as zeros), one fixed tree over the lanes, then + bias. Small M
+ * (decode) and large M (prefill: lane by lane over packed operands, like a BLAS kernel)
+ * take different code paths with the same arithmetic. Threads split along N only.
+ * Kernels: AVX-512, AVX2+FMA+F16C and portable C (fmaf), chosen once per process at
+ * runtime; all three give the same bits.
+ *
+ * For callers:
+ *  - Alignment: none required beyond the dtype's own (4 bytes F32, 2 F16/BF16); rows
+ *    that start on 64-byte boundaries make decode (M < 8) faster.
+ *  - x, w and y must not overlap; bias may be NULL. A shape that does not match the
+ *    tensor (w->cols != K) or an unsupported dtype is a caller bug: it aborts.
+ *  - BF16/F16 weights cost nothing extra: decode widens them in registers (and reads
+ *    half the bytes of F32), prefill widens them while packing.
+ *  - Threads: pass the backend's pool; tiny products (< 64k multiply-adds) run on the
+ *    calling thread. Prefill allocates packing buffers (about M*K*4 bytes plus a few
+ *    hundred KiB) with malloc per call; nothing is kept between calls. */
+#ifndef KVG_GEMM_H
+#define KVG_GEMM_H
+
+#include <stddef.h>
+#include "model.h"
+#include "threadpool.h"
+
+/* Y = X W^T (+ bias if non-NULL, length N). x: M rows of K floats (row stride K),
+ * y: M rows of N floats (row stride N). */
+void kvg_gemm(kvg_threadpool *tp, const float *x, int M, int K,
+              const kvg_tensor *w, const float *bias, float *y);
+
+/* "avx512", "avx2", "generic". KVG_GEMM_ISA=generic|avx2|avx512 in the environment
+ * forces a lower level (for tests and benchmarks). */
+const char *kvg_gemm_isa(void);
+
+#endif

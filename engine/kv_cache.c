@@ -1,0 +1,292 @@
+/* Paged KV pool: block allocator with reference counts and per-sequence block tables.
+ * See kv_cache.h for the block layout and the sharing rules. */
+#include "kv_cache.h"
+#include "errmsg.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+static int geom_valid(const kvg_kv_geom *g)
+{
+    return g && g->n_layers > 0 && g->n_kv_heads > 0 && g->head_dim > 0 &&
+           g->block_tokens >= 0 && g->block_tokens <= 4096 &&
+           g->n_layers <= 4096 && g->n_kv_heads <= 4096 && g->head_dim <= 65536;
+}
+
+static int block_tokens_of(const kvg_kv_geom *g)
+{
+    return g->block_tokens ? g->block_tokens : KVG_KV_BLOCK_TOKENS_DEFAULT;
+}
+
+/* Floats from one block to the next. The payload is usually a large power of two
+ * times something, which would put the same (layer, head) of every block in the same
+ * cache sets and make attention, which walks one head across all blocks, thrash the
+ * caches; padding the stride to an odd number of 64-byte lines spreads them. */
+static size_t block_stride_floats(const kvg_kv_geom *g)
+{
+    size_t payload = (size_t)g->n_layers * (size_t)g->n_kv_heads * 2u * (size_t)g->head_dim *
+                     (size_t)block_tokens_of(g);
+    size_t lines = (payload + 15) / 16;
+    if (lines % 2 == 0)
+        lines++;
+    return lines * 16;
+}
+
+size_t kvg_kv_block_bytes(const kvg_kv_geom *g)
+{
+    if (!geom_valid(g))
+        return 0;
+    return block_stride_floats(g) * sizeof(float);
+}
+
+int32_t kvg_kv_blocks_for_budget(const kvg_kv_geom *g, size_t bytes)
+{
+    size_t bb = kvg_kv_block_bytes(g);
+    size_t n;
+    if (!bb)
+        return 0;
+    n = bytes / bb;
+    return n > INT32_MAX ? INT32_MAX : (int32_t)n;
+}
+
+static kvg_kv_pool *pool_new(const kvg_kv_geom *g, int32_t n_blocks, void *storage,
+                             char *err, size_t err_len)
+{
+    kvg_kv_pool *p;
+    size_t bb = kvg_kv_block_bytes(g);
+    if (!bb) {
+        kvg_set_err(err, err_len, "kv cache: invalid geometry");
+        return NULL;
+    }
+    if (n_blocks <= 0) {
+        kvg_set_err(err, err_len, "kv cache: block count must be positive (got %d)", (int)n_blocks);
+        return NULL;
+    }
+    if ((size_t)n_blocks > SIZE_MAX / bb) {
+        kvg_set_err(err, err_len, "kv cache: %d blocks of %zu bytes overflow", (int)n_blocks, bb);
+        return NULL;
+    }
+    p = calloc(1, sizeof *p);
+    if (!p) {
+        kvg_set_err(err, err_len, "kv cache: out of memory");
+        return NULL;
+    }
+    p->geom = *g;
+    p->geom.block_tokens = block_tokens_of(g);
+    p->n_blocks = n_blocks;
+    p->head_floats = 2u * (size_t)g->head_dim * (size_t)p->geom.block_tokens;
+    p->layer_floats = p->head_floats * (size_t)g->n_kv_heads;
+    p->block_floats = block_stride_floats(g);
+    p->refcount = calloc((size_t)n_blocks, sizeof *p->refcount);
+    p->free_ids = malloc((size_t)n_blocks * sizeof *p->free_ids);
+    if (storage) {
+        p->data = storage;
+    } else {
+        /* Fresh anonymous pages: zeroed, page aligned, and resident only once written. */
+        void *d = mmap(NULL, (size_t)n_blocks * bb, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        p->data = d == MAP_FAILED ? NULL : d;
+        p->owns_data = 1;
+    }
+    if (!p->refcount || !p->free_ids || !p->data) {
+        kvg_set_err(err, err_len, "kv cache: out of memory for %d blocks of %zu bytes",
+               (int)n_blocks, bb);
+        kvg_kv_pool_free(p);
+        return NULL;
+    }
+    /* Stack with block 0 on top: allocation order is deterministic and starts low. */
+    for (int32_t i = 0; i < n_blocks; i++)
+        p->free_ids[i] = n_blocks - 1 - i;
+    p->n_free = n_blocks;
+    return p;
+}
+
+kvg_kv_pool *kvg_kv_pool_new(const kvg_kv_geom *g, int32_t n_blocks, char *err, size_t err_len)
+{
+    return pool_new(g, n_blocks, NULL, err, err_len);
+}
+
+kvg_kv_pool *kvg_kv_pool_new_ext(const kvg_kv_geom *g, int32_t n_blocks, void *storage,
+                                 kvg_kv_copy_fn copy, void *copy_ctx,
+                                 char *err, size_t err_len)
+{
+    kvg_kv_pool *p;
+    if (!storage) {
+        kvg_set_err(err, err_len, "kv cache: no storage given");
+        return NULL;
+    }
+    p = pool_new(g, n_blocks, storage, err, err_len);
+    if (p) {
+        p->copy = copy;
+        p->copy_ctx = copy_ctx;
+    }
+    return p;
+}
+
+void kvg_kv_pool_free(kvg_kv_pool *p)
+{
+    if (!p)
+        return;
+    if (p->owns_data && p->data)
+        munmap(p->data, (size_t)p->n_blocks * p->block_floats * sizeof(float));
+    free(p->refcount);
+    free(p->free_ids);
+    free(p);
+}
+
+int32_t kvg_kv_pool_free_blocks(const kvg_kv_pool *p)
+{
+    return p->n_free;
+}
+
+int32_t kvg_kv_block_alloc(kvg_kv_pool *p)
+{
+    int32_t id;
+    if (p->n_free == 0)
+        return -1;
+    id = p->free_ids[--p->n_free];
+    p->refcount[id] = 1;
+    return id;
+}
+
+int32_t kvg_kv_block_ref(kvg_kv_pool *p, int32_t id)
+{
+    if (id < 0 || id >= p->n_blocks || p->refcount[id] <= 0 || p->refcount[id] == INT32_MAX)
+        return -1;
+    return ++p->refcount[id];
+}
+
+int32_t kvg_kv_block_unref(kvg_kv_pool *p, int32_t id)
+{
+    if (id < 0 || id >= p->n_blocks || p->refcount[id] <= 0)
+        return -1;
+    if (--p->refcount[id] == 0)
+        p->free_ids[p->n_free++] = id;
+    return p->refcount[id];
+}
+
+int32_t kvg_kv_block_refcount(const kvg_kv_pool *p, int32_t id)
+{
+    if (id < 0 || id >= p->n_blocks)
+        return -1;
+    return p->refcount[id];
+}
+
+static void copy_block(kvg_kv_pool *p, int32_t dst, int32_t src)
+{
+    size_t bytes = p->block_floats * sizeof(float);
+    if (p->copy)
+        p->copy(p->copy_ctx, p->data, bytes, dst, src);
+    else
+        memcpy(p->data + (size_t)dst * p->block_floats,
+               p->data + (size_t)src * p->block_floats, bytes);
+}
+
+void kvg_kv_seq_init(kvg_kv_seq *s)
+{
+    memset(s, 0, sizeof *s);
+}
+
+static int seq_reserve_table(kvg_kv_seq *s, int32_t n, char *err, size_t err_len)
+{
+    int32_t cap;
+    int32_t *b;
+    if (n <= s->cap)
+        return 0;
+    cap = s->cap ? s->cap : 8;
+    while (cap < n)
+        cap = cap > INT32_MAX / 2 ? n : cap * 2;
+    b = realloc(s->blocks, (size_t)cap * sizeof *b);
+    if (!b) {
+        kvg_set_err(err, err_len, "kv cache: out of memory for a block table of %d", (int)cap);
+        return -1;
+    }
+    s->blocks = b;
+    s->cap = cap;
+    return 0;
+}
+
+int kvg_kv_seq_prepare(kvg_kv_pool *p, kvg_kv_seq *s, int32_t n_new, char *err, size_t err_len)
+{
+    int32_t bt = p->geom.block_tokens;
+    int32_t first, end_blocks, need = 0;
+    int64_t end;
+
+    if (n_new < 0 || s->n_tokens < 0) {
+        kvg_set_err(err, err_len, "kv cache: negative token count");
+        return -1;
+    }
+    if (n_new == 0)
+        return 0;
+    end = (int64_t)s->n_tokens + n_new;
+    if (end > (int64_t)INT32_MAX - bt) {
+        kvg_set_err(err, err_len, "kv cache: sequence too long");
+        return -1;
+    }
+    first = s->n_tokens / bt;
+    end_blocks = (int32_t)((end + bt - 1) / bt);
+    /* Count the blocks this write needs before touching anything, so a failure leaves
+     * the sequence and the pool as they were. */
+    for (int32_t i = first; i < end_blocks; i++)
+        if (i >= s->n_blocks || p->refcount[s->blocks[i]] > 1)
+            need++;
+    if (need > p->n_free) {
+        kvg_set_err(err, err_len, "kv cache: out of blocks (need %d, %d free of %d)",
+               (int)need, (int)p->n_free, (int)p->n_blocks);
+        return -1;
+    }
+    if (seq_reserve_table(s, end_blocks, err, err_len) != 0)
+        return -1;
+    for (int32_t i = first; i < end_blocks; i++) {
+        if (i >= s->n_blocks) {
+            s->blocks[s->n_blocks++] = kvg_kv_block_alloc(p);
+        } else if (p->refcount[s->blocks[i]] > 1) {
+            int32_t nb = kvg_kv_block_alloc(p);
+            copy_block(p, nb, s->blocks[i]);
+            kvg_kv_block_unref(p, s->blocks[i]);
+            s->blocks[i] = nb;
+        }
+    }
+    return 0;
+}
+
+int kvg_kv_seq_fork(kvg_kv_pool *p, const kvg_kv_seq *src, kvg_kv_seq *dst,
+                    char *err, size_t err_len)
+{
+    if (dst->n_blocks != 0 || dst->n_tokens != 0) {
+        kvg_set_err(err, err_len, "kv cache: fork into a non-empty sequence");
+        return -1;
+    }
+    if (seq_reserve_table(dst, src->n_blocks, err, err_len) != 0)
+        return -1;
+    for (int32_t i = 0; i < src->n_blocks; i++) {
+        dst->blocks[i] = src->blocks[i];
+        kvg_kv_block_ref(p, src->blocks[i]);
+    }
+    dst->n_blocks = src->n_blocks;
+    dst->n_tokens = src->n_tokens;
+    return 0;
+}
+
+void kvg_kv_seq_truncate(kvg_kv_pool *p, kvg_kv_seq *s, int32_t n_tokens)
+{
+    int32_t bt = p->geom.block_tokens, keep;
+    if (n_tokens < 0)
+        n_tokens = 0;
+    if (n_tokens < s->n_tokens)
+        s->n_tokens = n_tokens;
+    keep = (s->n_tokens + bt - 1) / bt;
+    while (s->n_blocks > keep)
+        kvg_kv_block_unref(p, s->blocks[--s->n_blocks]);
+}
+
+void kvg_kv_seq_release(kvg_kv_pool *p, kvg_kv_seq *s)
+{
+    for (int32_t i = 0; i < s->n_blocks; i++)
+        kvg_kv_block_unref(p, s->blocks[i]);
+    free(s->blocks);
+    kvg_kv_seq_init(s);
+}

@@ -1,0 +1,130 @@
+/* The paged KV cache: one preallocated pool of fixed-size blocks, a block allocator
+ * with reference counts, and per-sequence block tables.
+ *
+ * Block layout. A block holds the keys and values of `block_tokens` consecutive
+ * positions for ALL layers, so one block id names everything a prefix block needs (the
+ * prefix cache shares, hashes and evicts whole blocks). Inside a block:
+ *
+ *     [layer][kv_head] { K: [head_dim][block_tokens]   V: [block_tokens][head_dim] }
+ *
+ * (plus padding to an odd number of 64-byte lines, so the same head of consecutive
+ * blocks does not land in the same cache sets).
+ * K is stored transposed (dimension-major): attention computes the scores of up to 16
+ * keys at once as elementwise FMAs over head_dim (one vector of keys per dimension),
+ * never needing a horizontal reduction, and the reduction order of every q.k dot stays
+ * plain sequential over head_dim whatever the vector width. V stays token-major: the
+ * output is accumulated as out[:] += p_j * V[j][:], again elementwise. The K and V of
+ * one (layer, kv_head) sit next to each other, so the attention for one query head
+ * streams one contiguous run per block.
+ *
+ * Sharing. Sequences may point at the same blocks (forks for n > 1 completions, and
+ * in the next issue the prefix cache). A block with refcount > 1 is never written:
+ * kvg_kv_seq_prepare copies it first (copy-on-write of the last partial block).
+ * Full blocks are never written again because positions only append.
+ *
+ * Storage is host memory here; a device backend passes its own storage and copy
+ * function (kvg_kv_pool_new_ext). The pool and the sequences are not thread-safe:
+ * one scheduler thread owns them. */
+#ifndef KVG_KV_CACHE_H
+#define KVG_KV_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVG_KV_BLOCK_TOKENS_DEFAULT 16
+
+typedef struct kvg_kv_geom {
+    int n_layers;
+    int n_kv_heads;
+    int head_dim;
+    int block_tokens;            /* 0: KVG_KV_BLOCK_TOKENS_DEFAULT */
+} kvg_kv_geom;
+
+/* Copies block `src` to block `dst` in the pool's storage (device backends). */
+typedef void (*kvg_kv_copy_fn)(void *ctx, void *storage, size_t block_bytes,
+                               int32_t dst, int32_t src);
+
+/* Fields are read-only outside kv_cache.c. */
+typedef struct kvg_kv_pool {
+    kvg_kv_geom geom;
+    int32_t n_blocks;
+    size_t block_floats;         /* floats from one block to the next (padded) */
+    size_t layer_floats;         /* floats per layer inside a block */
+    size_t head_floats;          /* floats per (layer, kv_head): K then V */
+    float *data;                 /* n_blocks * block_floats */
+    int owns_data;
+    kvg_kv_copy_fn copy;
+    void *copy_ctx;
+
+    /* Allocator state. The next issue adds per-block chain hashes, a hash table
+     * and an LRU list of refcount-0 cached blocks beside this free list. */
+    int32_t *refcount;           /* [n_blocks] */
+    int32_t *free_ids;           /* stack of free block ids */
+    int32_t n_free;
+} kvg_kv_pool;
+
+/* A sequence's view of the cache: the blocks holding positions [0, n_tokens). */
+typedef struct kvg_kv_seq {
+    int32_t *blocks;             /* block table: blocks[i] holds positions
+                                    [i*block_tokens, (i+1)*block_tokens) */
+    int32_t n_blocks;
+    int32_t cap;
+    int32_t n_tokens;            /* positions whose K/V are written */
+} kvg_kv_seq;
+
+/* Bytes of one block for the geometry, padding included (0 for an invalid geometry). */
+size_t kvg_kv_block_bytes(const kvg_kv_geom *g);
+/* How many blocks fit in `bytes` (at least 0). */
+int32_t kvg_kv_blocks_for_budget(const kvg_kv_geom *g, size_t bytes);
+
+/* A pool of n_blocks blocks in host memory (zeroed lazily by the OS). NULL with err on
+ * a bad geometry, a non-positive count or out of memory. */
+kvg_kv_pool *kvg_kv_pool_new(const kvg_kv_geom *g, int32_t n_blocks, char *err, size_t err_len);
+/* Same over caller-provided storage (n_blocks * kvg_kv_block_bytes, 64-byte aligned), copied
+ * with `copy` (NULL: memcpy). The caller keeps ownership of storage. */
+kvg_kv_pool *kvg_kv_pool_new_ext(const kvg_kv_geom *g, int32_t n_blocks, void *storage,
+                                 kvg_kv_copy_fn copy, void *copy_ctx,
+                                 char *err, size_t err_len);
+void kvg_kv_pool_free(kvg_kv_pool *p);
+
+int32_t kvg_kv_pool_free_blocks(const kvg_kv_pool *p);
+
+/* Allocator: a new block has refcount 1; -1 when the pool is exhausted. */
+int32_t kvg_kv_block_alloc(kvg_kv_pool *p);
+/* +1 / -1 on a block's count; a block reaching 0 returns to the free list. Both
+ * return the new count, or -1 for an id that is out of range or not allocated. */
+int32_t kvg_kv_block_ref(kvg_kv_pool *p, int32_t id);
+int32_t kvg_kv_block_unref(kvg_kv_pool *p, int32_t id);
+int32_t kvg_kv_block_refcount(const kvg_kv_pool *p, int32_t id);
+
+/* K of (block, layer, kv_head): head_dim rows of block_tokens floats. */
+static inline float *kvg_kv_k(const kvg_kv_pool *p, int32_t block, int layer, int kv_head)
+{
+    return p->data + (size_t)block * p->block_floats + (size_t)layer * p->layer_floats
+         + (size_t)kv_head * p->head_floats;
+}
+
+/* V of (block, layer, kv_head): block_tokens rows of head_dim floats. */
+static inline float *kvg_kv_v(const kvg_kv_pool *p, int32_t block, int layer, int kv_head)
+{
+    return kvg_kv_k(p, block, layer, kv_head)
+         + (size_t)p->geom.head_dim * (size_t)p->geom.block_tokens;
+}
+
+/* Sequences. A zeroed kvg_kv_seq is an empty sequence. */
+void kvg_kv_seq_init(kvg_kv_seq *s);
+/* Makes positions [n_tokens, n_tokens + n_new) writable: appends fresh blocks and
+ * copies any shared block in that range (copy-on-write). On failure (pool exhausted,
+ * out of memory) nothing changes and -1 is returned with err. The caller advances
+ * n_tokens once the K/V are written (kvg_forward_step does). */
+int kvg_kv_seq_prepare(kvg_kv_pool *p, kvg_kv_seq *s, int32_t n_new, char *err, size_t err_len);
+/* dst (empty) shares every block of src, refcounts +1; the first write into the
+ * shared last partial block copies it. -1 with err when out of memory. */
+int kvg_kv_seq_fork(kvg_kv_pool *p, const kvg_kv_seq *src, kvg_kv_seq *dst,
+                    char *err, size_t err_len);
+/* Keeps the first n_tokens positions and releases the blocks past them. */
+void kvg_kv_seq_truncate(kvg_kv_pool *p, kvg_kv_seq *s, int32_t n_tokens);
+/* Releases all blocks and the table; the sequence is empty again. */
+void kvg_kv_seq_release(kvg_kv_pool *p, kvg_kv_seq *s);
+
+#endif

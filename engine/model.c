@@ -1,0 +1,539 @@
+/* Model loading entry point (format detection), storage ownership, dtype helpers,
+ * the checks shared by every loader, and the model identity hash. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "gguf.h"
+#include "model_internal.h"
+
+/* Allocations at least this big get their own anonymous mapping. */
+#define BIG_ALLOC (1u << 20)
+#define HASH_STEP ((size_t)64 << 20)
+
+static int add_block(kvg_model *m, void *p, size_t len, int kind)
+{
+    struct kvg_model_storage *s = m->storage;
+    if (s->n_blocks == s->cap_blocks) {
+        size_t cap = s->cap_blocks ? s->cap_blocks * 2 : 16;
+        kvgm_block *b = realloc(s->blocks, cap * sizeof *b);
+        if (!b)
+            return -1;
+        s->blocks = b;
+        s->cap_blocks = cap;
+    }
+    s->blocks[s->n_blocks].p = p;
+    s->blocks[s->n_blocks].len = len;
+    s->blocks[s->n_blocks].kind = kind;
+    s->n_blocks++;
+    return 0;
+}
+
+kvg_model *kvgm_new(const char *format, const char *name)
+{
+    kvg_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->storage = calloc(1, sizeof *m->storage);
+    if (!m->storage) {
+        free(m);
+        return NULL;
+    }
+    snprintf(m->format, sizeof m->format, "%s", format);
+    snprintf(m->name, sizeof m->name, "%s", name ? name : "");
+    m->bos = m->eos = -1;
+    return m;
+}
+
+void kvg_model_free(kvg_model *m)
+{
+    if (!m)
+        return;
+    kvg_tokenizer_free(m->tokenizer);
+    free(m->chat_template);
+    free(m->layers);
+    if (m->storage) {
+        struct kvg_model_storage *s = m->storage;
+        for (size_t i = s->n_blocks; i-- > 0;) {
+            kvgm_block *b = &s->blocks[i];
+            if (b->kind == KVGM_HEAP)
+                free(b->p);
+            else
+                munmap(b->p, b->len);
+        }
+        free(s->blocks);
+        kvg_gguf_free(s->gguf);
+        free(s);
+    }
+    free(m);
+}
+
+int kvgm_map_file(kvg_model *m, const char *path, const unsigned char **data, size_t *len,
+                  char *err, size_t err_len)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        kvg_set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        kvg_set_err(err, err_len, "%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_size == 0) {
+        kvg_set_err(err, err_len, "%s: empty file", path);
+        close(fd);
+        return -1;
+    }
+    /* Populated up front: the identity hash reads every byte anyway, and one batched
+     * fault-in is much cheaper than a page fault per 4 KiB. */
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        kvg_set_err(err, err_len, "%s: cannot map: %s", path, strerror(errno));
+        return -1;
+    }
+    if (add_block(m, p, (size_t)st.st_size, KVGM_MAP) < 0) {
+        munmap(p, (size_t)st.st_size);
+        kvg_set_err(err, err_len, "%s: out of memory", path);
+        return -1;
+    }
+    *data = p;
+    *len = (size_t)st.st_size;
+    return 0;
+}
+
+void *kvgm_alloc(kvg_model *m, size_t n)
+{
+    void *p;
+    if (n == 0)
+        n = 1;
+    if (n >= BIG_ALLOC) {
+        p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+#ifdef MADV_HUGEPAGE
+        /* Fewer page faults when gigabytes of weights are generated or converted. */
+        madvise(p, n, MADV_HUGEPAGE);
+#endif
+        if (add_block(m, p, n, KVGM_ANON) < 0) {
+            munmap(p, n);
+            return NULL;
+        }
+        return p;
+    }
+    if (posix_memalign(&p, 64, n) != 0)
+        return NULL;
+    memset(p, 0, n);
+    if (add_block(m, p, n, KVGM_HEAP) < 0) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void kvgm_name_from_path(char *out, size_t cap, const char *path)
+{
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/')
+        len--;
+    size_t start = len;
+    while (start > 0 && path[start - 1] != '/')
+        start--;
+    size_t end = len;
+    for (size_t i = len; i > start + 1; i--)
+        if (path[i - 1] == '.') {
+            end = i - 1;
+            break;
+        }
+    snprintf(out, cap, "%.*s", (int)(end - start), path + start);
+}
+
+/* ---- dtypes ---- */
+
+size_t kvg_dtype_size(kvg_dtype t)
+{
+    switch (t) {
+    case KVG_DT_F32: return 4;
+    case KVG_DT_F16: return 2;
+    case KVG_DT_BF16: return 2;
+    }
+    return 0;
+}
+
+const char *kvg_dtype_name(kvg_dtype t)
+{
+    switch (t) {
+    case KVG_DT_F32: return "F32";
+    case KVG_DT_F16: return "F16";
+    case KVG_DT_BF16: return "BF16";
+    }
+    return "?";
+}
+
+float kvgm_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1f, man = h & 0x3ffu, bits;
+    float f;
+    if (e == 0) {
+        /* Zero or subnormal: man * 2^-24 is exact in F32. */
+        f = (float)man * 0x1p-24f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else if (e == 31) {
+        bits = sign | 0x7f800000u | man << 13;
+    } else {
+        bits = sign | (e + 112) << 23 | man << 13;
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+float kvgm_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t kvgm_f32_to_bf16(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    if ((b & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)(b >> 16 | 0x40);          /* NaN stays a (quiet) NaN */
+    b += 0x7fffu + (b >> 16 & 1);
+    return (uint16_t)(b >> 16);
+}
+
+uint16_t kvgm_f32_to_f16(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    uint16_t sign = (uint16_t)(b >> 16 & 0x8000u);
+    uint32_t a = b & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return sign | 0x7e00;
+    if (a >= 0x477ff000u)                           /* rounds to >= 65520: infinity */
+        return sign | 0x7c00;
+    if (a < 0x38800000u) {
+        /* Subnormal F16 (or zero): the value in units of 2^-24, rounded to even. */
+        float v;
+        memcpy(&v, &a, 4);
+        float q = v * 0x1p24f;                      /* exact: power-of-two scaling */
+        float r = nearbyintf(q);                    /* default mode: ties to even */
+        return sign | (uint16_t)r;
+    }
+    uint32_t e = (a >> 23) - 112, man = a & 0x7fffffu;
+    uint32_t h = e << 10 | man >> 13;
+    uint32_t rest = man & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1)))
+        h++;                                        /* may carry into the exponent: correct */
+    return sign | (uint16_t)h;
+}
+
+void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out)
+{
+    size_t cols = (size_t)t->cols;
+    const unsigned char *base = (const unsigned char *)t->data + (size_t)r * cols * kvg_dtype_size(t->dtype);
+    switch (t->dtype) {
+    case KVG_DT_F32:
+        memcpy(out, base, cols * 4);
+        break;
+    case KVG_DT_F16:
+        for (size_t i = 0; i < cols; i++) {
+            uint16_t h;
+            memcpy(&h, base + 2 * i, 2);
+            out[i] = kvgm_f16_to_f32(h);
+        }
+        break;
+    case KVG_DT_BF16:
+        for (size_t i = 0; i < cols; i++) {
+            uint16_t h;
+            memcpy(&h, base + 2 * i, 2);
+            out[i] = kvgm_bf16_to_f32(h);
+        }
+        break;
+    }
+}
+
+const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n)
+{
+    if (dt == KVG_DT_F32 && ((uintptr_t)p & 3) == 0)
+        return p;
+    float *out = kvgm_alloc(m, n * sizeof(float));
+    if (!out)
+        return NULL;
+    kvg_tensor t = { p, dt, 1, (int64_t)n };
+    kvg_tensor_row_f32(&t, 0, out);
+    return out;
+}
+
+int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t rows, int64_t cols,
+              char *err, size_t err_len)
+{
+    size_t es = kvg_dtype_size(dt);
+    t->dtype = dt;
+    t->rows = rows;
+    t->cols = cols;
+    if (((uintptr_t)p & (es - 1)) == 0) {
+        t->data = p;
+        return 0;
+    }
+    /* Kernels load whole elements; a misaligned tensor (possible in safetensors) is
+     * the one case where an unchanged layout still needs a copy. */
+    size_t n = (size_t)rows * (size_t)cols * es;
+    void *c = kvgm_alloc(m, n);
+    if (!c) {
+        kvg_set_err(err, err_len, "out of memory copying a %zu-byte tensor", n);
+        return -1;
+    }
+    memcpy(c, p, n);
+    t->data = c;
+    return 0;
+}
+
+/* ---- identity ---- */
+
+static void report(const kvg_model_load_opts *o, uint64_t done, uint64_t total)
+{
+    if (o && o->progress)
+        o->progress(o->progress_ctx, "hashing", done, total);
+}
+
+int kvgm_identity(kvg_model *m, const kvgm_part *parts, size_t n_parts,
+                  const kvg_model_load_opts *opts, char *err, size_t err_len)
+{
+    static const char hexd[] = "0123456789abcdef";
+    uint64_t total = 0, done = 0, next = HASH_STEP;
+    unsigned int out_len = 0;
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1;
+
+    for (size_t i = 0; i < n_parts; i++)
+        total += parts[i].len;
+    ok = ok && EVP_DigestUpdate(c, "kvgate-model-id/1", 18) == 1
+         && EVP_DigestUpdate(c, m->format, strlen(m->format) + 1) == 1;
+    for (size_t i = 0; ok && i < n_parts; i++) {
+        unsigned char lenb[8];
+        uint64_t l = parts[i].len;
+        for (int k = 0; k < 8; k++)
+            lenb[k] = (unsigned char)(l >> (8 * k));
+        ok = EVP_DigestUpdate(c, parts[i].label, strlen(parts[i].label) + 1) == 1
+             && EVP_DigestUpdate(c, lenb, 8) == 1;
+        const unsigned char *p = parts[i].data;
+        size_t off = 0;
+        while (ok && off < parts[i].len) {
+            size_t n = parts[i].len - off;
+            if (n > HASH_STEP)
+                n = HASH_STEP;
+            ok = EVP_DigestUpdate(c, p + off, n) == 1;
+            off += n;
+            done += n;
+            if (done >= next && done < total) {
+                report(opts, done, total);
+                next = done + HASH_STEP;
+            }
+        }
+    }
+    ok = ok && EVP_DigestFinal_ex(c, m->id, &out_len) == 1 && out_len == 32;
+    EVP_MD_CTX_free(c);
+    if (!ok) {
+        kvg_set_err(err, err_len, "%s: SHA-256 of the model failed (OpenSSL)", m->name);
+        return -1;
+    }
+    report(opts, total, total);
+    for (int i = 0; i < 32; i++) {
+        m->id_hex[2 * i] = hexd[m->id[i] >> 4];
+        m->id_hex[2 * i + 1] = hexd[m->id[i] & 15];
+    }
+    m->id_hex[64] = '\0';
+    return 0;
+}
+
+/* ---- shared checks ---- */
+
+static int check_t(const kvg_tensor *t, const char *what, int64_t rows, int64_t cols, const char *file,
+                   char *err, size_t err_len)
+{
+    if (!t->data) {
+        kvg_set_err(err, err_len, "%s: missing tensor %s", file, what);
+        return -1;
+    }
+    if (t->rows != rows || t->cols != cols) {
+        kvg_set_err(err, err_len, "%s: tensor %s has shape [%lld][%lld], the config needs [%lld][%lld]", file,
+                 what, (long long)t->rows, (long long)t->cols, (long long)rows, (long long)cols);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_v(const float *v, const char *what, const char *file, char *err, size_t err_len)
+{
+    if (!v) {
+        kvg_set_err(err, err_len, "%s: missing tensor %s", file, what);
+        return -1;
+    }
+    return 0;
+}
+
+int kvgm_finish(kvg_model *m, const kvg_model_load_opts *opts, const char *file,
+                int allow_longer_ctx, char *err, size_t err_len)
+{
+    kvg_model_config *c = &m->cfg;
+    char w[64];
+
+    if (c->dim <= 0 || c->hidden_dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0
+        || c->head_dim <= 0 || c->vocab_size <= 0 || c->max_seq_len <= 0) {
+        kvg_set_err(err, err_len, "%s: bad hyperparameters (dim %d, hidden_dim %d, n_layers %d, n_heads %d, "
+                 "n_kv_heads %d, head_dim %d, vocab_size %d, max_seq_len %d)", file, c->dim, c->hidden_dim,
+                 c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, c->max_seq_len);
+        return -1;
+    }
+    if (c->n_heads % c->n_kv_heads != 0) {
+        kvg_set_err(err, err_len, "%s: n_heads %d is not a multiple of n_kv_heads %d", file, c->n_heads,
+                 c->n_kv_heads);
+        return -1;
+    }
+    if (c->head_dim % 2 != 0) {
+        kvg_set_err(err, err_len, "%s: head_dim %d is odd (RoPE rotates pairs)", file, c->head_dim);
+        return -1;
+    }
+    if (!(c->norm_eps > 0) || !isfinite(c->norm_eps) || !(c->rope_theta > 0) || !isfinite(c->rope_theta)) {
+        kvg_set_err(err, err_len, "%s: bad norm_eps %g or rope_theta %g", file, c->norm_eps, c->rope_theta);
+        return -1;
+    }
+    int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    if (check_t(&m->tok_embedding, "token embedding", c->vocab_size, c->dim, file, err, err_len) < 0
+        || check_t(&m->output, "output", c->vocab_size, c->dim, file, err, err_len) < 0
+        || check_v(m->final_norm, "final norm", file, err, err_len) < 0)
+        return -1;
+    if (!m->layers) {
+        kvg_set_err(err, err_len, "%s: no layers", file);
+        return -1;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        kvg_layer_weights *L = &m->layers[l];
+#define T(f, r, cc) (snprintf(w, sizeof w, "layers.%d." #f, l), check_t(&L->f, w, r, cc, file, err, err_len) < 0)
+#define V(f) (snprintf(w, sizeof w, "layers.%d." #f, l), check_v(L->f, w, file, err, err_len) < 0)
+        if (T(wq, q, c->dim) || T(wk, kv, c->dim) || T(wv, kv, c->dim) || T(wo, c->dim, q)
+            || T(w_gate, c->hidden_dim, c->dim) || T(w_down, c->dim, c->hidden_dim)
+            || T(w_up, c->hidden_dim, c->dim) || V(attn_norm) || V(ffn_norm))
+            return -1;
+        if (c->has_qkv_bias && (V(bq) || V(bk) || V(bv)))
+            return -1;
+#undef T
+#undef V
+    }
+    if (m->tokenizer) {
+        int32_t nv = kvg_tokenizer_vocab_size(m->tokenizer);
+        if (nv > c->vocab_size) {
+            kvg_set_err(err, err_len, "%s: the tokenizer has %d tokens but the model's vocabulary is %d", file, nv,
+                     c->vocab_size);
+            return -1;
+        }
+        m->bos = kvg_tokenizer_bos(m->tokenizer);
+        m->eos = kvg_tokenizer_eos(m->tokenizer);
+    }
+    if (opts && opts->max_seq_len < 0) {
+        kvg_set_err(err, err_len, "%s: max_seq_len %d is negative", file, opts->max_seq_len);
+        return -1;
+    }
+    if (opts && opts->max_seq_len > 0) {
+        if (opts->max_seq_len > c->max_seq_len && !allow_longer_ctx) {
+            kvg_set_err(err, err_len, "%s: max_seq_len %d exceeds the model's context length %d", file,
+                     opts->max_seq_len, c->max_seq_len);
+            return -1;
+        }
+        c->max_seq_len = opts->max_seq_len;
+    }
+    return 0;
+}
+
+int kvgm_load_tokenizer_file(kvg_model *m, const char *path, const unsigned char **bytes,
+                             size_t *len, char *err, size_t err_len)
+{
+    *bytes = NULL;
+    *len = 0;
+    if (!path)
+        return 0;
+    if (kvgm_map_file(m, path, bytes, len, err, err_len) < 0)
+        return -1;
+    m->tokenizer = kvg_tokenizer_load_mem(*bytes, *len, path, err, err_len);
+    return m->tokenizer ? 0 : -1;
+}
+
+/* ---- entry point ---- */
+
+static int is_safetensors(const unsigned char *h, size_t n)
+{
+    return n >= 9 && h[8] == '{' && h[4] == 0 && h[5] == 0 && h[6] == 0 && h[7] == 0;
+}
+
+kvg_model *kvg_model_load(const char *path, const kvg_model_load_opts *opts, char *err, size_t err_len)
+{
+    static const kvg_model_load_opts none;
+    struct stat st;
+    char sink[8];
+
+    if (!err || err_len == 0) {
+        err = sink;
+        err_len = sizeof sink;
+    }
+    if (!opts)
+        opts = &none;
+    if (!path || !*path) {
+        kvg_set_err(err, err_len, "no model path");
+        return NULL;
+    }
+    if (strncmp(path, "synthetic:", 10) == 0)
+        return kvgm_load_synthetic(path, opts, err, err_len);
+    if (stat(path, &st) < 0) {
+        kvg_set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        char cfg[4096];
+        snprintf(cfg, sizeof cfg, "%s/config.json", path);
+        if (access(cfg, F_OK) != 0) {
+            kvg_set_err(err, err_len, "%s: a directory without config.json (a Hugging Face model directory "
+                     "needs one)", path);
+            return NULL;
+        }
+        return kvgm_load_hf(path, opts, err, err_len);
+    }
+    if (!S_ISREG(st.st_mode)) {
+        kvg_set_err(err, err_len, "%s: not a regular file or directory", path);
+        return NULL;
+    }
+    unsigned char head[16] = { 0 };
+    size_t n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kvg_set_err(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    if (n >= 4 && memcmp(head, "GGUF", 4) == 0)
+        return kvgm_load_gguf(path, opts, err, err_len);
+    if (is_safetensors(head, n)) {
+        kvg_set_err(err, err_len, "%s: a safetensors file; load the Hugging Face directory that holds it and "
+                 "its config.json", path);
+        return NULL;
+    }
+    return kvgm_load_llama2c(path, opts, err, err_len);
+}

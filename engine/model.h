@@ -1,0 +1,118 @@
+/* A loaded model: configuration, weights and tokenizer, whatever the file format.
+ *
+ * Every loader (llama2.c .bin, GGUF, Hugging Face safetensors directory, synthetic)
+ * fills this same struct; the forward pass only ever sees kvg_model. Big weight
+ * matrices stay where the file put them (mmapped, in their dtype: F32, F16 or BF16);
+ * only small vectors (norm weights, biases) are converted to F32 at load, and a
+ * matrix is converted/copied only when its layout must change (e.g. a transposed
+ * or permuted tensor), never otherwise. */
+#ifndef KVG_MODEL_H
+#define KVG_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tokenizer.h"
+
+typedef enum kvg_dtype {
+    KVG_DT_F32 = 0,
+    KVG_DT_F16 = 1,
+    KVG_DT_BF16 = 2
+} kvg_dtype;
+
+/* A row-major matrix [rows][cols] (a vector has rows == 1). Linear layers are stored
+ * as [out_features][in_features], so y = x W^T (the llama2.c, GGUF and HF layout). */
+typedef struct kvg_tensor {
+    const void *data;
+    kvg_dtype dtype;
+    int64_t rows, cols;
+} kvg_tensor;
+
+/* How RoPE pairs the dimensions of a head. */
+typedef enum kvg_rope_layout {
+    KVG_ROPE_ADJACENT = 0,       /* (0,1),(2,3),...   llama2.c and GGUF */
+    KVG_ROPE_HALF = 1            /* (i, i+head_dim/2) Hugging Face rotate_half */
+} kvg_rope_layout;
+
+typedef struct kvg_model_config {
+    char arch[32];               /* "llama" (Llama 2/3, TinyLlama, SmolLM2, Mistral), "qwen2" */
+    int dim;                     /* hidden size */
+    int hidden_dim;              /* FFN intermediate size */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;              /* GQA: n_heads % n_kv_heads == 0 */
+    int head_dim;                /* usually dim / n_heads; HF may set it explicitly */
+    int vocab_size;
+    int max_seq_len;             /* context length */
+    float norm_eps;              /* RMSNorm epsilon */
+    float rope_theta;
+    kvg_rope_layout rope_layout;
+    /* Llama 3 rope scaling ("rope_type": "llama3"); factor == 0 means none. */
+    float rope_scale_factor;
+    float rope_low_freq_factor;
+    float rope_high_freq_factor;
+    int rope_orig_max_pos;
+    int tied_embeddings;         /* output projection == token embedding */
+    int has_qkv_bias;            /* Qwen2 */
+} kvg_model_config;
+
+typedef struct kvg_layer_weights {
+    const float *attn_norm;      /* [dim] */
+    kvg_tensor wq;               /* [n_heads*head_dim][dim] */
+    kvg_tensor wk;               /* [n_kv_heads*head_dim][dim] */
+    kvg_tensor wv;               /* [n_kv_heads*head_dim][dim] */
+    kvg_tensor wo;               /* [dim][n_heads*head_dim] */
+    const float *bq, *bk, *bv;   /* biases or NULL */
+    const float *ffn_norm;       /* [dim] */
+    kvg_tensor w_gate;           /* w1: [hidden][dim] */
+    kvg_tensor w_down;           /* w2: [dim][hidden] */
+    kvg_tensor w_up;             /* w3: [hidden][dim] */
+} kvg_layer_weights;
+
+typedef struct kvg_model {
+    kvg_model_config cfg;
+    kvg_tensor tok_embedding;    /* [vocab][dim] */
+    kvg_layer_weights *layers;   /* [n_layers] */
+    const float *final_norm;     /* [dim] */
+    kvg_tensor output;           /* [vocab][dim]; == tok_embedding when tied */
+
+    kvg_tokenizer *tokenizer;    /* NULL when none was found or given */
+    int32_t bos, eos;            /* -1 when unknown */
+    char *chat_template;         /* Jinja text from the file, or NULL */
+
+    char name[128];              /* e.g. "stories260K", "synthetic:15M" */
+    char format[16];             /* "llama2c", "gguf", "hf", "synthetic" */
+    uint8_t id[32];              /* model identity: SHA-256 over weights + tokenizer */
+    char id_hex[65];
+
+    /* Storage owned by the model, released by kvg_model_free. */
+    struct kvg_model_storage *storage;
+} kvg_model;
+
+/* Progress callback for long loads (hashing a multi-GB file): done/total bytes. */
+typedef void (*kvg_progress_fn)(void *ctx, const char *what, uint64_t done, uint64_t total);
+
+typedef struct kvg_model_load_opts {
+    const char *tokenizer_path;  /* overrides / supplies the tokenizer (llama2.c needs one) */
+    kvg_progress_fn progress;    /* may be NULL */
+    void *progress_ctx;
+    int max_seq_len;             /* 0: the model's own; synthetic models accept larger */
+} kvg_model_load_opts;
+
+/* Loads `path`, detecting the format: a directory with config.json (HF), a GGUF file,
+ * "synthetic:NAME" (presets 260K, 15M, 110M, 1B), else a llama2.c checkpoint.
+ * NULL on error with a message naming the file and, where relevant, the tensor. */
+kvg_model *kvg_model_load(const char *path, const kvg_model_load_opts *opts,
+                          char *err, size_t err_len);
+void kvg_model_free(kvg_model *m);
+
+/* Writes m (any format, any dtype) as a llama2.c checkpoint (version 0 legacy header,
+ * F32), so other implementations can run identical weights. 0 or -1 with err. */
+int kvg_model_export_llama2c(const kvg_model *m, const char *path, char *err, size_t err_len);
+
+/* Bytes per element and row conversion helpers shared by loaders and kernels. */
+size_t kvg_dtype_size(kvg_dtype t);
+const char *kvg_dtype_name(kvg_dtype t);
+/* Converts row r of t to F32 (cols floats). */
+void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out);
+
+#endif

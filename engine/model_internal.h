@@ -1,0 +1,93 @@
+/* Shared by the model loaders (model.c, model_llama2c.c, model_gguf.c, model_hf.c,
+ * model_synthetic.c): storage ownership, error formatting, tensor binding with the
+ * checks every format needs, and the model identity hash. Not a public header. */
+#ifndef KVG_MODEL_INTERNAL_H
+#define KVG_MODEL_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "errmsg.h"
+
+struct kvg_gguf;
+
+/* Everything a model owns: read-only file mappings, anonymous mappings (big
+ * generated or converted weights), small malloc'd buffers, and a parsed GGUF. */
+typedef struct kvgm_block {
+    void *p;
+    size_t len;
+    int kind;                    /* KVGM_MAP, KVGM_ANON, KVGM_HEAP */
+} kvgm_block;
+
+enum { KVGM_MAP = 0, KVGM_ANON = 1, KVGM_HEAP = 2 };
+
+struct kvg_model_storage {
+    kvgm_block *blocks;
+    size_t n_blocks, cap_blocks;
+    struct kvg_gguf *gguf;
+};
+
+/* A fresh model with its storage, format and name set; NULL when out of memory. */
+kvg_model *kvgm_new(const char *format, const char *name);
+
+/* Maps a whole regular file read-only into the model's storage. An empty file, a
+ * directory or an unreadable path is an error naming `path`. */
+int kvgm_map_file(kvg_model *m, const char *path, const unsigned char **data, size_t *len,
+                  char *err, size_t err_len);
+/* Owned, zeroed memory: 64-byte aligned heap for small things, anonymous mappings
+ * (page aligned, returned to the system on free) for big ones. NULL when out of memory. */
+void *kvgm_alloc(kvg_model *m, size_t n);
+
+/* The base name of a path without directories and without its last extension. */
+void kvgm_name_from_path(char *out, size_t cap, const char *path);
+
+/* F32 view of an n-element vector stored as `dt` at `p`: the bytes themselves when
+ * they already are aligned F32, else an owned converted copy. NULL when out of memory. */
+const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n);
+
+/* Binds a matrix that lies in mapped memory; copies it into owned memory only when
+ * it is misaligned for its dtype. -1 when out of memory. */
+int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t rows, int64_t cols,
+              char *err, size_t err_len);
+
+/* Exact conversions and round-to-nearest-even narrowing. */
+float kvgm_f16_to_f32(uint16_t h);
+float kvgm_bf16_to_f32(uint16_t h);
+uint16_t kvgm_f32_to_f16(float f);
+uint16_t kvgm_f32_to_bf16(float f);
+
+/* One piece of the identity: a label and bytes. */
+typedef struct kvgm_part {
+    const char *label;
+    const void *data;
+    size_t len;
+} kvgm_part;
+
+/* m->id = SHA-256("kvgate-model-id/1" || format || for each part: label, u64 length,
+ * bytes); reports progress every 64 MiB. -1 (with err) only if OpenSSL fails. */
+int kvgm_identity(kvg_model *m, const kvgm_part *parts, size_t n_parts,
+                  const kvg_model_load_opts *opts, char *err, size_t err_len);
+
+/* The checks and defaults every loader shares, run after the tensors are bound:
+ * consistent hyperparameters, every tensor present with its expected shape, the
+ * tokenizer's vocabulary fitting the embedding, bos/eos, the max_seq_len option.
+ * `file` names the model in messages. */
+int kvgm_finish(kvg_model *m, const kvg_model_load_opts *opts, const char *file,
+                int allow_longer_ctx, char *err, size_t err_len);
+
+/* Loads the tokenizer file `path` (returns 0 leaving m->tokenizer NULL when path
+ * is NULL) and records its bytes for the identity in *bytes and *len (mapped into m). */
+int kvgm_load_tokenizer_file(kvg_model *m, const char *path, const unsigned char **bytes,
+                             size_t *len, char *err, size_t err_len);
+
+kvg_model *kvgm_load_llama2c(const char *path, const kvg_model_load_opts *opts,
+                             char *err, size_t err_len);
+kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts,
+                          char *err, size_t err_len);
+kvg_model *kvgm_load_hf(const char *dir, const kvg_model_load_opts *opts,
+                        char *err, size_t err_len);
+kvg_model *kvgm_load_synthetic(const char *spec, const kvg_model_load_opts *opts,
+                               char *err, size_t err_len);
+
+#endif

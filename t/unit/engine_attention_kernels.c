@@ -1,0 +1,223 @@
+/* The attention kernels of every ISA give the generic kernels' bits: scores (4 and 1
+ * groups of 16 keys), the V accumulation, and the softmax with its polynomial exp,
+ * over head sizes, block sizes, token counts and awkward values. AVX2 and AVX-512 run
+ * natively where the CPU has them; engine/cpu/attention_avx512.c is also compiled into
+ * this test against SIMDe (AVX-512 intrinsics emulated with AVX2 + FMA), so the
+ * AVX-512 kernels are checked on CPUs without AVX-512 too. And the exp itself is
+ * accurate. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tap.h"
+#include "cpu/attention_kernels.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    defined(__has_include) && __has_include(<simde/x86/avx512.h>)
+#define HAVE_EMULATION 1
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#if !defined(SIMDE_X86_FMA_NATIVE) || !defined(SIMDE_X86_AVX2_NATIVE)
+#error "SIMDe must map the AVX-512 FMAs onto real FMA instructions"
+#endif
+#define KVG_AVX512_TARGET "avx2,fma"
+void emu_scores4(const float *q, const float *const *k, int bt, int hd, float *out);
+void emu_scores1(const float *q, const float *const *k, int bt, int hd, float *out);
+void emu_vacc(float *out, const float *w, const float *v, int n, int hd);
+float emu_softmax(float *sc, int T, float scale);
+#define kvg_attn_scores4_avx512 emu_scores4
+#define kvg_attn_scores1_avx512 emu_scores1
+#define kvg_attn_vacc_avx512 emu_vacc
+#define kvg_attn_softmax_avx512 emu_softmax
+#include "cpu/attention_avx512.c"
+#undef kvg_attn_scores4_avx512
+#undef kvg_attn_scores1_avx512
+#undef kvg_attn_vacc_avx512
+#undef kvg_attn_softmax_avx512
+#pragma GCC pop_options
+#else
+#define HAVE_EMULATION 0
+#endif
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float rnd(float lo, float hi)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return lo + (hi - lo) * (float)((double)(rng >> 40) / 16777216.0);
+}
+
+static int same_bits(const float *a, const float *b, size_t n)
+{
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+/* One ISA's kernels against the generic ones. */
+static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_kernels *g)
+{
+    static const int hds[] = { 8, 16, 24, 48, 64, 80, 96, 128, 136, 192, 256 };
+    static const int bts[] = { 16, 32, 48 };
+    static const int Ts[] = { 1, 2, 15, 16, 17, 31, 64, 100, 1000 };
+    float *K = malloc(256 * 48 * 4 * sizeof(float)), *V = malloc(16 * 256 * sizeof(float));
+    float q[256], o1[64], o2[64], out1[256], out2[256], w[16];
+    float *s1 = malloc(1024 * sizeof(float)), *s2 = malloc(1024 * sizeof(float));
+    int bad_s4 = 0, bad_s1 = 0, bad_v = 0, bad_sm = 0, cases = 0;
+
+    for (size_t i = 0; i < 256 * 48 * 4; i++)
+        K[i] = rnd(-2.0f, 2.0f);
+    for (size_t i = 0; i < 16 * 256; i++)
+        V[i] = rnd(-3.0f, 3.0f);
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
+        int hd = hds[h];
+        for (int d = 0; d < hd; d++)
+            q[d] = rnd(-1.5f, 1.5f);
+        for (size_t b = 0; b < sizeof bts / sizeof bts[0]; b++) {
+            int bt = bts[b];
+            /* four groups: two in one block, two in others */
+            const float *grp[4] = { K, K + 16 % bt, K + (size_t)hd * bt + (bt > 16 ? 16 : 0),
+                                    K + 2 * (size_t)hd * bt };
+            if (bt == 16)
+                grp[1] = K + 3 * (size_t)hd * bt;
+            memset(o1, 0, sizeof o1);
+            memset(o2, 0xff, sizeof o2);
+            g->scores4(q, grp, bt, hd, o1);
+            k->scores4(q, grp, bt, hd, o2);
+            bad_s4 += !same_bits(o1, o2, 64);
+            g->scores1(q, grp + 2, bt, hd, o1);
+            k->scores1(q, grp + 2, bt, hd, o2);
+            bad_s1 += !same_bits(o1, o2, 16);
+            cases++;
+        }
+        for (int n = 1; n <= 16; n += 5) {
+            for (int t = 0; t < n; t++)
+                w[t] = rnd(0.0f, 1.0f);
+            for (int d = 0; d < hd; d++)
+                out1[d] = out2[d] = rnd(-1.0f, 1.0f);
+            g->vacc(out1, w, V, n, hd);
+            k->vacc(out2, w, V, n, hd);
+            bad_v += !same_bits(out1, out2, (size_t)hd);
+        }
+    }
+    for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
+        int T = Ts[t];
+        for (int variant = 0; variant < 3; variant++) {
+            float sum1, sum2;
+            for (int i = 0; i < T; i++) {
+                s1[i] = variant == 0 ? rnd(-30.0f, 30.0f) : variant == 1 ? rnd(-2000.0f, 10.0f) : 1.25f;
+                if (variant == 1 && i % 7 == 3)
+                    s1[i] = -1e30f;          /* far below: exp underflows to 0 */
+            }
+            memcpy(s2, s1, (size_t)T * sizeof(float));
+            sum1 = g->softmax(s1, T, 8.0f);
+            sum2 = k->softmax(s2, T, 8.0f);
+            bad_sm += !same_bits(s1, s2, (size_t)T) || memcmp(&sum1, &sum2, sizeof sum1) != 0;
+        }
+    }
+    ok(bad_s4 == 0, "%s: scores of 4 groups bit-identical (%d head/block-size cases)", name, cases);
+    ok(bad_s1 == 0, "%s: scores of 1 group bit-identical", name);
+    ok(bad_v == 0, "%s: V accumulation bit-identical (head sizes 8..256, 1..16 tokens)", name);
+    ok(bad_sm == 0, "%s: softmax values and sums bit-identical (T = 1..1000)", name);
+    free(K);
+    free(V);
+    free(s1);
+    free(s2);
+}
+
+/* The generic kernels against plain arithmetic, so "all ISAs agree" is not "all ISAs
+ * agree on something wrong". */
+static void check_generic(const kvg_attn_kernels *g)
+{
+    float K[64 * 16], q[64], out[16], V[5 * 24], w[5], acc[24];
+    float sc[40], ref[40], sum, want = 0.0f, mx = -INFINITY;
+    int good = 1;
+    const float *grp[1] = { K };
+    for (int i = 0; i < 64 * 16; i++)
+        K[i] = rnd(-1.0f, 1.0f);
+    for (int d = 0; d < 64; d++)
+        q[d] = rnd(-1.0f, 1.0f);
+    g->scores1(q, grp, 16, 64, out);
+    for (int l = 0; l < 16; l++) {
+        double s = 0.0;
+        for (int d = 0; d < 64; d++)
+            s += (double)q[d] * K[d * 16 + l];
+        good &= fabs(s - out[l]) < 1e-5;
+    }
+    ok(good, "generic scores = q.k (dimension-major K)");
+    for (int i = 0; i < 5 * 24; i++)
+        V[i] = rnd(-1.0f, 1.0f);
+    for (int t = 0; t < 5; t++)
+        w[t] = rnd(0.0f, 1.0f);
+    memset(acc, 0, sizeof acc);
+    g->vacc(acc, w, V, 5, 24);
+    good = 1;
+    for (int d = 0; d < 24; d++) {
+        double s = 0.0;
+        for (int t = 0; t < 5; t++)
+            s += (double)w[t] * V[t * 24 + d];
+        good &= fabs(s - acc[d]) < 1e-5;
+    }
+    ok(good, "generic V accumulation = sum_t w_t v_t");
+    for (int i = 0; i < 40; i++)
+        sc[i] = ref[i] = rnd(-20.0f, 20.0f);
+    sum = g->softmax(sc, 40, 2.0f);
+    for (int i = 0; i < 40; i++)
+        mx = fmaxf(mx, ref[i] / 2.0f);
+    good = 1;
+    for (int i = 0; i < 40; i++) {
+        double e = exp((double)(ref[i] / 2.0f - mx));   /* the argument as the kernel rounds it */
+        want += (float)e;
+        good &= fabs(e - sc[i]) <= 3e-7 * e + 1e-30;
+    }
+    ok(good && fabsf(sum - want) < 1e-5f * want, "generic softmax = exp(s/scale - max), sum %g", sum);
+}
+
+static void check_exp(void)
+{
+    double worst = 0.0;
+    int n = 0;
+    for (float x = -86.0f; x <= 0.0f; x += 0.000731f, n++) {
+        double e = exp((double)x), r = fabs(kvg_attn_exp(x) - e) / e;
+        if (r > worst)
+            worst = r;
+    }
+    ok(worst < 3e-7, "kvg_attn_exp relative error %.3g over %d points of [-86, 0]", worst, n);
+    ok(kvg_attn_exp(0.0f) == 1.0f, "exp(0) = 1 exactly");
+    ok(kvg_attn_exp(-86.5f) == 0.0f && kvg_attn_exp(-1e30f) == 0.0f && kvg_attn_exp(-INFINITY) == 0.0f,
+       "below -86: 0");
+    ok(kvg_attn_exp(NAN) == 0.0f, "NaN: 0");
+    ok(fabs(kvg_attn_exp(5.0f) - exp(5.0)) < 3e-7 * exp(5.0), "positive arguments work too");
+}
+
+int main(void)
+{
+    const kvg_attn_kernels *g = kvg_attn_kernels_isa("generic"), *k;
+    ok(g != NULL, "generic kernels exist");
+    check_exp();
+    check_generic(g);
+    if ((k = kvg_attn_kernels_isa("avx2")))
+        compare("avx2", k, g);
+    else
+        diag("no AVX2 + FMA on this CPU: avx2 kernels not run");
+    if ((k = kvg_attn_kernels_isa("avx512")))
+        compare("avx512 (native)", k, g);
+    else
+        diag("no AVX-512 on this CPU: native avx512 kernels not run");
+#if HAVE_EMULATION
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        kvg_attn_kernels emu = { emu_scores4, emu_scores1, emu_vacc, emu_softmax };
+        compare("avx512 (emulated with SIMDe)", &emu, g);
+    } else {
+        diag("no AVX2 + FMA: the emulated avx512 kernels need them");
+    }
+#else
+    diag("SIMDe not available: emulated avx512 kernels not run");
+#endif
+    ok(kvg_attn_kernels_isa("sse9") == NULL, "unknown ISA: NULL");
+    return done_testing();
+}

@@ -1,0 +1,265 @@
+/* The paged KV pool: geometry and budget arithmetic, the block allocator with reference
+ * counts, block tables (prepare / fork / copy-on-write / truncate / release), failure
+ * leaving everything unchanged, and the layout accessors. */
+#include <stdint.h>
+#include <string.h>
+
+#include "tap.h"
+#include "kv_cache.h"
+
+static kvg_kv_geom geom(int layers, int heads, int hd, int bt)
+{
+    kvg_kv_geom g = { layers, heads, hd, bt };
+    return g;
+}
+
+/* Fills the K and V of one block with a recognisable pattern. */
+static void fill_block(kvg_kv_pool *p, int32_t b, float base)
+{
+    float *k = kvg_kv_k(p, b, 0, 0);
+    for (size_t i = 0; i < p->block_floats; i++)
+        k[i] = base + (float)i;
+}
+
+static int block_has(const kvg_kv_pool *p, int32_t b, float base)
+{
+    const float *k = kvg_kv_k(p, b, 0, 0);
+    for (size_t i = 0; i < p->block_floats; i++)
+        if (k[i] != base + (float)i)
+            return 0;
+    return 1;
+}
+
+static void test_geometry(void)
+{
+    char err[256];
+    kvg_kv_geom g = geom(5, 4, 8, 0);
+    kvg_kv_pool *p;
+
+    /* payload layers*kv_heads*2*head_dim*16 = 5120 floats = 320 lines: padded to 321 */
+    is_int(kvg_kv_block_bytes(&g), 321 * 64, "block bytes: payload padded to an odd number of lines");
+    is_int(kvg_kv_blocks_for_budget(&g, 10 * kvg_kv_block_bytes(&g) + 5), 10, "budget -> 10 blocks");
+    is_int(kvg_kv_blocks_for_budget(&g, 100), 0, "tiny budget -> 0 blocks");
+    g.n_layers = 0;
+    is_int(kvg_kv_block_bytes(&g), 0, "invalid geometry -> 0 bytes");
+    p = kvg_kv_pool_new(&g, 4, err, sizeof err);
+    ok(p == NULL && strstr(err, "geometry"), "invalid geometry rejected (%s)", err);
+    g = geom(2, 2, 4, 0);
+    p = kvg_kv_pool_new(&g, 0, err, sizeof err);
+    ok(p == NULL && strstr(err, "positive"), "zero blocks rejected (%s)", err);
+    g.head_dim = -1;
+    ok(kvg_kv_pool_new(&g, 4, err, sizeof err) == NULL, "negative head_dim rejected");
+    g = geom(2, 2, 4, 5000);
+    ok(kvg_kv_pool_new(&g, 4, err, sizeof err) == NULL, "absurd block size rejected");
+
+    g = geom(3, 2, 8, 16);
+    p = kvg_kv_pool_new(&g, 4, err, sizeof err);
+    ok(p != NULL, "pool of 4 blocks");
+    is_int(p->geom.block_tokens, 16, "block_tokens kept");
+    /* Layout: [layer][kv_head]{K [hd][bt], V [bt][hd]} */
+    ok(kvg_kv_v(p, 0, 0, 0) - kvg_kv_k(p, 0, 0, 0) == 8 * 16, "V follows K of the same head");
+    ok(kvg_kv_k(p, 0, 0, 1) - kvg_kv_k(p, 0, 0, 0) == 2 * 8 * 16, "next kv head after K and V");
+    ok(kvg_kv_k(p, 0, 1, 0) - kvg_kv_k(p, 0, 0, 0) == 2 * 2 * 8 * 16, "next layer after all heads");
+    ok(kvg_kv_k(p, 1, 0, 0) - kvg_kv_k(p, 0, 0, 0) == 3 * 2 * 2 * 8 * 16 + 16,
+       "next block after all layers and one line of padding (1536 floats = 96 lines -> 97)");
+    ok(kvg_kv_k(p, 3, 2, 1) + 2 * 8 * 16 + 16 == p->data + 4 * p->block_floats, "last head + padding ends the pool");
+    ok(((uintptr_t)p->data & 63) == 0, "pool storage is 64-byte aligned");
+    kvg_kv_pool_free(p);
+
+    g = geom(1, 1, 4, 0);
+    p = kvg_kv_pool_new(&g, 1, err, sizeof err);
+    is_int(p->geom.block_tokens, KVG_KV_BLOCK_TOKENS_DEFAULT, "block_tokens 0 -> default 16");
+    kvg_kv_pool_free(p);
+}
+
+static void test_allocator(void)
+{
+    char err[256];
+    kvg_kv_geom g = geom(1, 1, 4, 4);
+    kvg_kv_pool *p = kvg_kv_pool_new(&g, 3, err, sizeof err);
+    int32_t a, b, c;
+
+    is_int(kvg_kv_pool_free_blocks(p), 3, "3 free blocks");
+    a = kvg_kv_block_alloc(p);
+    b = kvg_kv_block_alloc(p);
+    c = kvg_kv_block_alloc(p);
+    ok(a == 0 && b == 1 && c == 2, "allocation order is deterministic (0, 1, 2)");
+    is_int(kvg_kv_block_alloc(p), -1, "exhausted pool -> -1");
+    is_int(kvg_kv_block_refcount(p, a), 1, "new block has refcount 1");
+    is_int(kvg_kv_block_ref(p, a), 2, "ref -> 2");
+    is_int(kvg_kv_block_unref(p, a), 1, "unref -> 1");
+    is_int(kvg_kv_pool_free_blocks(p), 0, "still none free");
+    is_int(kvg_kv_block_unref(p, b), 0, "unref -> 0 frees");
+    is_int(kvg_kv_pool_free_blocks(p), 1, "one free");
+    is_int(kvg_kv_block_unref(p, b), -1, "unref of a free block -> -1");
+    is_int(kvg_kv_block_ref(p, b), -1, "ref of a free block -> -1");
+    is_int(kvg_kv_block_ref(p, 7), -1, "ref out of range -> -1");
+    is_int(kvg_kv_block_unref(p, -1), -1, "unref out of range -> -1");
+    is_int(kvg_kv_block_refcount(p, 99), -1, "refcount out of range -> -1");
+    is_int(kvg_kv_block_alloc(p), b, "freed block is reused");
+    kvg_kv_block_unref(p, a);
+    kvg_kv_block_unref(p, b);
+    kvg_kv_block_unref(p, c);
+    is_int(kvg_kv_pool_free_blocks(p), 3, "all free again");
+    kvg_kv_pool_free(p);
+}
+
+static void test_sequences(void)
+{
+    char err[256];
+    kvg_kv_geom g = geom(2, 1, 4, 4);
+    kvg_kv_pool *p = kvg_kv_pool_new(&g, 6, err, sizeof err);
+    kvg_kv_seq s, f, e;
+    int32_t b0, b1;
+
+    kvg_kv_seq_init(&s);
+    kvg_kv_seq_init(&e);
+    ok(kvg_kv_seq_prepare(p, &s, 0, err, sizeof err) == 0 && s.n_blocks == 0, "prepare 0: nothing");
+    ok(kvg_kv_seq_prepare(p, &s, 6, err, sizeof err) == 0, "prepare 6 tokens");
+    is_int(s.n_blocks, 2, "  2 blocks of 4");
+    is_int(s.n_tokens, 0, "  n_tokens is advanced by the caller");
+    s.n_tokens = 6;
+    ok(kvg_kv_seq_prepare(p, &s, 2, err, sizeof err) == 0 && s.n_blocks == 2, "2 more fit the partial block");
+    s.n_tokens = 8;
+    ok(kvg_kv_seq_prepare(p, &s, 1, err, sizeof err) == 0 && s.n_blocks == 3, "the 9th token takes a block");
+    s.n_tokens = 9;
+    is_int(kvg_kv_pool_free_blocks(p), 3, "3 left");
+    fill_block(p, s.blocks[2], 100.0f);
+
+    /* Fork: shares every block. */
+    kvg_kv_seq_init(&f);
+    ok(kvg_kv_seq_fork(p, &s, &f, err, sizeof err) == 0, "fork");
+    ok(f.n_blocks == 3 && f.n_tokens == 9 && memcmp(f.blocks, s.blocks, 3 * sizeof(int32_t)) == 0,
+       "fork shares the same block table");
+    for (int i = 0; i < 3; i++)
+        is_int(kvg_kv_block_refcount(p, s.blocks[i]), 2, "  block %d refcount 2", i);
+    is_int(kvg_kv_pool_free_blocks(p), 3, "fork takes no block");
+    ok(kvg_kv_seq_fork(p, &s, &f, err, sizeof err) == -1 && strstr(err, "non-empty"),
+       "fork into a non-empty sequence refused");
+
+    /* Copy on write of the shared partial block. */
+    b1 = s.blocks[2];
+    ok(kvg_kv_seq_prepare(p, &f, 1, err, sizeof err) == 0, "prepare a write into the shared partial block");
+    ok(f.blocks[2] != b1, "  the writer got its own copy");
+    ok(f.blocks[0] == s.blocks[0] && f.blocks[1] == s.blocks[1], "  full blocks stay shared");
+    ok(block_has(p, f.blocks[2], 100.0f), "  the copy has the contents");
+    is_int(kvg_kv_block_refcount(p, b1), 1, "  original back to refcount 1");
+    is_int(kvg_kv_block_refcount(p, f.blocks[2]), 1, "  copy refcount 1");
+    f.n_tokens = 10;
+    /* The other one now writes in place: its block is no longer shared. */
+    ok(kvg_kv_seq_prepare(p, &s, 1, err, sizeof err) == 0 && s.blocks[2] == b1, "sole owner writes in place");
+    s.n_tokens = 10;
+    is_int(kvg_kv_pool_free_blocks(p), 2, "2 free");
+
+    /* Appending at a block boundary never copies the shared full blocks. */
+    b0 = s.blocks[0];
+    f.n_tokens = 12;
+    ok(kvg_kv_seq_prepare(p, &f, 4, err, sizeof err) == 0 && f.n_blocks == 4 && f.blocks[0] == b0,
+       "append a block after shared full blocks");
+    f.n_tokens = 16;
+    is_int(kvg_kv_pool_free_blocks(p), 1, "1 free");
+
+    /* Failure changes nothing. */
+    {
+        int32_t nb = f.n_blocks, first = f.blocks[0];
+        ok(kvg_kv_seq_prepare(p, &f, 9, err, sizeof err) == -1 && strstr(err, "out of blocks"),
+           "prepare past the pool fails (%s)", err);
+        ok(f.n_blocks == nb && f.blocks[0] == first && f.n_tokens == 16, "  sequence unchanged");
+        is_int(kvg_kv_pool_free_blocks(p), 1, "  pool unchanged");
+        ok(kvg_kv_seq_prepare(p, &f, -1, err, sizeof err) == -1, "negative count refused");
+    }
+
+    /* Truncate into a shared block keeps it shared; the next write copies it. */
+    kvg_kv_seq_truncate(p, &f, 6);
+    ok(f.n_tokens == 6 && f.n_blocks == 2, "truncate to 6 keeps 2 blocks");
+    is_int(kvg_kv_pool_free_blocks(p), 3, "  2 blocks released");
+    is_int(kvg_kv_block_refcount(p, f.blocks[1]), 2, "  block 1 still shared with s");
+    ok(kvg_kv_seq_prepare(p, &f, 1, err, sizeof err) == 0 && f.blocks[1] != s.blocks[1],
+       "  writing into it copies");
+    kvg_kv_seq_truncate(p, &f, 100);
+    is_int(f.n_tokens, 6, "truncate past the end changes nothing");
+    kvg_kv_seq_truncate(p, &f, 0);
+    ok(f.n_tokens == 0 && f.n_blocks == 0, "truncate to 0 releases every block");
+
+    kvg_kv_seq_release(p, &f);
+    kvg_kv_seq_release(p, &s);
+    kvg_kv_seq_release(p, &e);
+    ok(s.blocks == NULL && s.n_blocks == 0 && s.n_tokens == 0, "release empties the sequence");
+    is_int(kvg_kv_pool_free_blocks(p), 6, "every block back in the pool");
+    kvg_kv_pool_free(p);
+}
+
+/* Many sequences sharing a prefix: refcounts add up, and releasing in any order
+ * returns every block exactly once. */
+static void test_many_forks(void)
+{
+    char err[256];
+    kvg_kv_geom g = geom(1, 1, 2, 16);
+    kvg_kv_pool *p = kvg_kv_pool_new(&g, 64, err, sizeof err);
+    kvg_kv_seq root, kids[8];
+    int all_ok = 1;
+
+    kvg_kv_seq_init(&root);
+    kvg_kv_seq_prepare(p, &root, 40, err, sizeof err);
+    root.n_tokens = 40;
+    for (int i = 0; i < 8; i++) {
+        kvg_kv_seq_init(&kids[i]);
+        all_ok &= kvg_kv_seq_fork(p, &root, &kids[i], err, sizeof err) == 0;
+        all_ok &= kvg_kv_seq_prepare(p, &kids[i], 30, err, sizeof err) == 0;
+        kids[i].n_tokens += 30;
+    }
+    ok(all_ok, "8 forks of a 40-token root, each appending 30");
+    is_int(kvg_kv_block_refcount(p, root.blocks[0]), 9, "first block shared 9 ways");
+    is_int(kvg_kv_block_refcount(p, root.blocks[2]), 1, "root's partial block: copied by every child");
+    /* root: 3 blocks; each child: copy of block 2 + 2 new (tokens 48..69) = 3 */
+    is_int(kvg_kv_pool_free_blocks(p), 64 - 3 - 8 * 3, "block count adds up");
+    kvg_kv_seq_release(p, &root);
+    for (int i = 7; i >= 0; i -= 2)
+        kvg_kv_seq_release(p, &kids[i]);
+    for (int i = 0; i < 8; i += 2)
+        kvg_kv_seq_release(p, &kids[i]);
+    is_int(kvg_kv_pool_free_blocks(p), 64, "all released");
+    kvg_kv_pool_free(p);
+}
+
+static int copies;
+static void count_copy(void *ctx, void *storage, size_t block_bytes, int32_t dst, int32_t src)
+{
+    (void)ctx;
+    memcpy((char *)storage + (size_t)dst * block_bytes, (char *)storage + (size_t)src * block_bytes,
+           block_bytes);
+    copies++;
+}
+
+static void test_external_storage(void)
+{
+    char err[256];
+    kvg_kv_geom g = geom(1, 1, 2, 4);
+    static float storage[4 * 2 * 2 * 4] __attribute__((aligned(64)));
+    kvg_kv_pool *p;
+    kvg_kv_seq a, b;
+
+    ok(kvg_kv_pool_new_ext(&g, 4, NULL, NULL, NULL, err, sizeof err) == NULL, "ext pool needs storage");
+    p = kvg_kv_pool_new_ext(&g, 4, storage, count_copy, NULL, err, sizeof err);
+    ok(p && p->data == storage, "pool over caller storage");
+    kvg_kv_seq_init(&a);
+    kvg_kv_seq_init(&b);
+    kvg_kv_seq_prepare(p, &a, 2, err, sizeof err);
+    a.n_tokens = 2;
+    kvg_kv_seq_fork(p, &a, &b, err, sizeof err);
+    kvg_kv_seq_prepare(p, &b, 1, err, sizeof err);
+    is_int(copies, 1, "copy-on-write goes through the pool's copy function");
+    kvg_kv_seq_release(p, &a);
+    kvg_kv_seq_release(p, &b);
+    kvg_kv_pool_free(p);
+}
+
+int main(void)
+{
+    test_geometry();
+    test_allocator();
+    test_sequences();
+    test_many_forks();
+    test_external_storage();
+    return done_testing();
+}
