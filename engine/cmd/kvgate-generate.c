@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "backend.h"
@@ -43,11 +44,13 @@ static const char USAGE[] =
     "  --prefill-chunk N   prefill the prompt N tokens per step (default: all at once)\n"
     "  --block-tokens N    tokens per KV block (default 16)\n"
     "  --prompt-logits F   write the logits at the last prompt position to F, one per line\n"
+    "  --export-llama2c F  write the loaded model as a llama2.c checkpoint (F32) to F and\n"
+    "                      exit (no prompt needed): identical weights for other engines\n"
     "  --help              show this help\n";
 
 typedef struct opts {
     const char *model, *tokenizer, *backend, *prompt, *prompt_file, *prompt_ids;
-    const char *stop, *prompt_logits;
+    const char *stop, *prompt_logits, *export_path;
     long max_tokens, steps, threads, prefill_chunk, block_tokens;
     kvg_sampler_params sp;
     int ids, logprobs, no_bos;
@@ -202,6 +205,8 @@ static int parse_args(int argc, char **argv, opts *o)
             o->prompt_ids = v;
         } else if (strcmp(a, "--stop") == 0) {
             o->stop = v;
+        } else if (strcmp(a, "--export-llama2c") == 0) {
+            o->export_path = v;
         } else if (strcmp(a, "--prompt-logits") == 0) {
             o->prompt_logits = v;
         } else if (strcmp(a, "--max-tokens") == 0) {
@@ -242,6 +247,8 @@ static int parse_args(int argc, char **argv, opts *o)
     }
     if (!o->model)
         return usage_error("%s", "--model is required");
+    if (o->export_path && !o->prompt && !o->prompt_file && !o->prompt_ids)
+        return 0;
     if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->prompt_ids != NULL) != 1)
         return usage_error("%s", "give exactly one of --prompt, --prompt-file, --prompt-ids");
     if (o->logprobs && !o->ids)
@@ -368,6 +375,36 @@ static int write_logits(const char *path, const float *l, int n, char *err, size
     return 0;
 }
 
+/* Hashing a multi-GB checkpoint for its identity takes a while: show progress on a
+ * terminal (a line per quarter otherwise, so logs stay short). */
+static void load_progress(void *ctx, const char *what, uint64_t done, uint64_t total)
+{
+    static int last_quarter = -1;
+    (void)ctx;
+    if (total == 0)
+        return;
+    if (isatty(STDERR_FILENO)) {
+        fprintf(stderr, "\r%s: %llu / %llu MB%s", what, (unsigned long long)(done >> 20),
+                (unsigned long long)(total >> 20), done >= total ? "\n" : "");
+        return;
+    }
+    int quarter = (int)(done * 4 / total);
+    if (quarter != last_quarter) {
+        last_quarter = quarter;
+        fprintf(stderr, "%s: %d%%\n", what, quarter * 25);
+    }
+}
+
+/* The startup line: what was loaded and its identity (the model id in prefix hashes). */
+static void print_model(const kvg_model *m)
+{
+    const kvg_model_config *c = &m->cfg;
+    fprintf(stderr, "model: %s (%s, %s, %d layers, dim %d, %d/%d heads, vocab %d, ctx %d, %s) id %s\n",
+            m->name, m->format, c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads,
+            c->vocab_size, c->max_seq_len, kvg_dtype_name(m->layers ? m->layers[0].wq.dtype : KVG_DT_F32),
+            m->id_hex);
+}
+
 static int run(gen *g, char *err, size_t err_len)
 {
     const opts *o = &g->o;
@@ -381,9 +418,18 @@ static int run(gen *g, char *err, size_t err_len)
 
     memset(&lo, 0, sizeof lo);
     lo.tokenizer_path = o->tokenizer;
+    lo.progress = load_progress;
     g->m = kvg_model_load(o->model, &lo, err, err_len);
     if (!g->m)
         return -1;
+    print_model(g->m);
+    if (o->export_path) {
+        if (kvg_model_export_llama2c(g->m, o->export_path, err, err_len) != 0)
+            return -1;
+        fprintf(stderr, "exported %s to %s (llama2.c, F32)\n", g->m->name, o->export_path);
+        if (!o->prompt && !o->prompt_file && !o->prompt_ids)
+            return 0;
+    }
     if (load_prompt(g, err, err_len) != 0 || setup_stop(g, err, err_len) != 0)
         return -1;
     if (g->n_prompt == 0) {
