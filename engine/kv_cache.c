@@ -142,10 +142,21 @@ int32_t kvg_kv_pool_free_blocks(const kvg_kv_pool *p)
     return p->n_free;
 }
 
+/* Makes sure `need` blocks are on the free list, asking the owner to give kept
+ * blocks back; 0, or -1 when even then there are too few. */
+static int ensure_free(kvg_kv_pool *p, int32_t need)
+{
+    while (p->n_free < need) {
+        if (!p->reclaim || p->reclaim(p->hook_ctx) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 int32_t kvg_kv_block_alloc(kvg_kv_pool *p)
 {
     int32_t id;
-    if (p->n_free == 0)
+    if (ensure_free(p, 1) != 0)
         return -1;
     id = p->free_ids[--p->n_free];
     p->refcount[id] = 1;
@@ -163,9 +174,25 @@ int32_t kvg_kv_block_unref(kvg_kv_pool *p, int32_t id)
 {
     if (id < 0 || id >= p->n_blocks || p->refcount[id] <= 0)
         return -1;
-    if (--p->refcount[id] == 0)
+    if (--p->refcount[id] == 0 && !(p->keep && p->keep(p->hook_ctx, id)))
         p->free_ids[p->n_free++] = id;
     return p->refcount[id];
+}
+
+int32_t kvg_kv_block_revive(kvg_kv_pool *p, int32_t id)
+{
+    if (id < 0 || id >= p->n_blocks || p->refcount[id] != 0)
+        return -1;
+    p->refcount[id] = 1;
+    return 1;
+}
+
+int kvg_kv_block_put_free(kvg_kv_pool *p, int32_t id)
+{
+    if (id < 0 || id >= p->n_blocks || p->refcount[id] != 0 || p->n_free >= p->n_blocks)
+        return -1;
+    p->free_ids[p->n_free++] = id;
+    return 0;
 }
 
 int32_t kvg_kv_block_refcount(const kvg_kv_pool *p, int32_t id)
@@ -233,7 +260,7 @@ int kvg_kv_seq_prepare(kvg_kv_pool *p, kvg_kv_seq *s, int32_t n_new, char *err, 
     for (int32_t i = first; i < end_blocks; i++)
         if (i >= s->n_blocks || p->refcount[s->blocks[i]] > 1)
             need++;
-    if (need > p->n_free) {
+    if (ensure_free(p, need) != 0) {
         kvg_set_err(err, err_len, "kv cache: out of blocks (need %d, %d free of %d)",
                (int)need, (int)p->n_free, (int)p->n_blocks);
         return -1;
@@ -285,7 +312,7 @@ void kvg_kv_seq_truncate(kvg_kv_pool *p, kvg_kv_seq *s, int32_t n_tokens)
 
 void kvg_kv_seq_release(kvg_kv_pool *p, kvg_kv_seq *s)
 {
-    for (int32_t i = 0; i < s->n_blocks; i++)
+    for (int32_t i = s->n_blocks - 1; i >= 0; i--)
         kvg_kv_block_unref(p, s->blocks[i]);
     free(s->blocks);
     kvg_kv_seq_init(s);

@@ -61,6 +61,15 @@ typedef struct kvg_kv_pool {
     int32_t *refcount;           /* [n_blocks] */
     int32_t *free_ids;           /* stack of free block ids */
     int32_t n_free;
+
+    /* Owner hooks (the prefix cache sets them; NULL: plain pool). `keep` is called
+     * when a block's count reaches 0: nonzero means the owner keeps the block (cached,
+     * refcount 0, off the free list). `reclaim` is called when the free list is empty:
+     * it returns a kept block to the free list (kvg_kv_block_put_free) and 0, or -1
+     * when it has nothing to give. */
+    int (*keep)(void *ctx, int32_t id);
+    int (*reclaim)(void *ctx);
+    void *hook_ctx;
 } kvg_kv_pool;
 
 /* A sequence's view of the cache: the blocks holding positions [0, n_tokens). */
@@ -96,6 +105,10 @@ int32_t kvg_kv_block_alloc(kvg_kv_pool *p);
 int32_t kvg_kv_block_ref(kvg_kv_pool *p, int32_t id);
 int32_t kvg_kv_block_unref(kvg_kv_pool *p, int32_t id);
 int32_t kvg_kv_block_refcount(const kvg_kv_pool *p, int32_t id);
+/* For the owner of kept blocks: a kept block (refcount 0, not free) is taken back into
+ * use with refcount 1 / handed to the free list. -1 for a bad id or a block in use. */
+int32_t kvg_kv_block_revive(kvg_kv_pool *p, int32_t id);
+int kvg_kv_block_put_free(kvg_kv_pool *p, int32_t id);
 
 /* K of (block, layer, kv_head): head_dim rows of block_tokens floats. */
 static inline float *kvg_kv_k(const kvg_kv_pool *p, int32_t block, int layer, int kv_head)
@@ -124,7 +137,8 @@ int kvg_kv_seq_fork(kvg_kv_pool *p, const kvg_kv_seq *src, kvg_kv_seq *dst,
                     char *err, size_t err_len);
 /* Keeps the first n_tokens positions and releases the blocks past them. */
 void kvg_kv_seq_truncate(kvg_kv_pool *p, kvg_kv_seq *s, int32_t n_tokens);
-/* Releases all blocks and the table; the sequence is empty again. */
+/* Releases all blocks, the last first (so a cache owner queues a chain's tail before
+ * its head), and the table; the sequence is empty again. */
 void kvg_kv_seq_release(kvg_kv_pool *p, kvg_kv_seq *s);
 
 #endif

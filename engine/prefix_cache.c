@@ -1,0 +1,716 @@
+/* The prefix cache over the paged KV pool: see prefix_cache.h for the block life
+ * cycle. The pool calls back here when a block's count reaches 0 (keep it cached if
+ * it has a hash) and when its free list runs dry (evict one cached block). */
+#include "prefix_cache.h"
+#include "errmsg.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define NIL (-1)
+#define DEFAULT_TTL_MS (5 * 60 * 1000)
+
+typedef struct pc_block {
+    uint8_t hash[KVG_PREFIX_HASH_LEN];
+    int32_t hnext;               /* hash bucket chain */
+    int32_t prev, next;          /* global LRU (refcount 0, hashed, unpinned) */
+    int32_t tprev, tnext;        /* the tenant's LRU */
+    int64_t touched_ms, ttl_ms;
+    int32_t tenant;
+    uint8_t hashed, pinned, in_lru;
+} pc_block;
+
+typedef struct pc_tenant {
+    uint8_t *salt;
+    size_t salt_len;
+    double quota;                /* share of the pool, 0: none */
+    int32_t charged;             /* hashed blocks of this tenant, in use or cached */
+    int32_t head, tail;          /* its LRU, least recent at head */
+} pc_tenant;
+
+struct kvg_prefix_cache {
+    kvg_kv_pool *pool;
+    kvg_pc_config cfg;
+    pc_block *b;
+    int32_t *buckets;
+    uint32_t mask;
+    int32_t head, tail;          /* global LRU, least recent at head */
+    int32_t n_lru, n_kept_pinned, n_pinned, pin_cap;
+    int64_t now_ms;
+    int64_t next_expiry_ms;      /* no cached block expires before this */
+    pc_tenant *tenants;
+    int n_tenants;
+    kvg_pc_stats st;
+    uint64_t recompute_tokens, recompute_hit_tokens;
+};
+
+static uint32_t bucket_of(const kvg_prefix_cache *pc, const uint8_t *h)
+{
+    uint32_t v;
+    memcpy(&v, h, sizeof v);     /* SHA-256 output: any 4 bytes are uniform */
+    return v & pc->mask;
+}
+
+static int32_t table_find(const kvg_prefix_cache *pc, const uint8_t *h)
+{
+    for (int32_t id = pc->buckets[bucket_of(pc, h)]; id != NIL; id = pc->b[id].hnext)
+        if (memcmp(pc->b[id].hash, h, KVG_PREFIX_HASH_LEN) == 0)
+            return id;
+    return NIL;
+}
+
+static void table_insert(kvg_prefix_cache *pc, int32_t id)
+{
+    uint32_t k = bucket_of(pc, pc->b[id].hash);
+    pc->b[id].hnext = pc->buckets[k];
+    pc->buckets[k] = id;
+}
+
+static void table_remove(kvg_prefix_cache *pc, int32_t id)
+{
+    int32_t *pp = &pc->buckets[bucket_of(pc, pc->b[id].hash)];
+    while (*pp != NIL && *pp != id)
+        pp = &pc->b[*pp].hnext;
+    if (*pp == id)
+        *pp = pc->b[id].hnext;
+    pc->b[id].hnext = NIL;
+}
+
+static void lru_push(kvg_prefix_cache *pc, int32_t id)
+{
+    pc_block *bl = &pc->b[id];
+    pc_tenant *t = &pc->tenants[bl->tenant];
+    bl->next = NIL;
+    bl->prev = pc->tail;
+    if (pc->tail != NIL)
+        pc->b[pc->tail].next = id;
+    else
+        pc->head = id;
+    pc->tail = id;
+    bl->tnext = NIL;
+    bl->tprev = t->tail;
+    if (t->tail != NIL)
+        pc->b[t->tail].tnext = id;
+    else
+        t->head = id;
+    t->tail = id;
+    bl->in_lru = 1;
+    pc->n_lru++;
+}
+
+static void lru_remove(kvg_prefix_cache *pc, int32_t id)
+{
+    pc_block *bl = &pc->b[id];
+    pc_tenant *t = &pc->tenants[bl->tenant];
+    if (!bl->in_lru)
+        return;
+    if (bl->prev != NIL) pc->b[bl->prev].next = bl->next; else pc->head = bl->next;
+    if (bl->next != NIL) pc->b[bl->next].prev = bl->prev; else pc->tail = bl->prev;
+    if (bl->tprev != NIL) pc->b[bl->tprev].tnext = bl->tnext; else t->head = bl->tnext;
+    if (bl->tnext != NIL) pc->b[bl->tnext].tprev = bl->tprev; else t->tail = bl->tprev;
+    bl->prev = bl->next = bl->tprev = bl->tnext = NIL;
+    bl->in_lru = 0;
+    pc->n_lru--;
+}
+
+static int64_t expiry_of(const pc_block *bl)
+{
+    if (bl->ttl_ms > INT64_MAX - bl->touched_ms)
+        return INT64_MAX;
+    return bl->touched_ms + bl->ttl_ms;
+}
+
+/* Drops a block's hash (its chain entry is gone for good). */
+static void unhash(kvg_prefix_cache *pc, int32_t id)
+{
+    pc_block *bl = &pc->b[id];
+    if (!bl->hashed)
+        return;
+    lru_remove(pc, id);
+    table_remove(pc, id);
+    pc->tenants[bl->tenant].charged--;
+    if (bl->pinned) {
+        pc->n_pinned--;
+        if (kvg_kv_block_refcount(pc->pool, id) == 0)
+            pc->n_kept_pinned--;
+    }
+    bl->hashed = bl->pinned = 0;
+}
+
+/* A cached block (refcount 0) goes back to the pool's free list. */
+static void evict(kvg_prefix_cache *pc, int32_t id, int cause)
+{
+    unhash(pc, id);
+    kvg_kv_block_put_free(pc->pool, id);
+    pc->st.evictions[cause]++;
+}
+
+static int64_t ttl_or_default(const kvg_prefix_cache *pc, int64_t ttl_ms)
+{
+    return ttl_ms > 0 ? ttl_ms : pc->cfg.default_ttl_ms;
+}
+
+static void set_now(kvg_prefix_cache *pc, int64_t now_ms)
+{
+    if (now_ms > pc->now_ms)
+        pc->now_ms = now_ms;
+}
+
+/* Pool hook: a block's count reached 0. */
+static int on_zero(void *ctx, int32_t id)
+{
+    kvg_prefix_cache *pc = ctx;
+    pc_block *bl = &pc->b[id];
+    int64_t exp;
+    if (!bl->hashed)
+        return 0;
+    /* Release counts as a touch: a block in use for longer than its TTL must not
+     * expire the moment it is let go. */
+    bl->touched_ms = pc->now_ms;
+    if (bl->pinned) {
+        pc->n_kept_pinned++;
+        return 1;
+    }
+    lru_push(pc, id);
+    exp = expiry_of(bl);
+    if (exp < pc->next_expiry_ms)
+        pc->next_expiry_ms = exp;
+    return 1;
+}
+
+static int32_t sweep(kvg_prefix_cache *pc)
+{
+    int32_t n = 0, id = pc->head;
+    int64_t next = INT64_MAX;
+    while (id != NIL) {
+        int32_t nx = pc->b[id].next;
+        int64_t exp = expiry_of(&pc->b[id]);
+        if (exp <= pc->now_ms) {
+            evict(pc, id, KVG_EVICT_TTL);
+            n++;
+        } else if (exp < next) {
+            next = exp;
+        }
+        id = nx;
+    }
+    pc->next_expiry_ms = next;
+    return n;
+}
+
+static void sweep_if_due(kvg_prefix_cache *pc)
+{
+    if (pc->now_ms >= pc->next_expiry_ms)
+        sweep(pc);
+}
+
+/* The tenant furthest over its quota that has something evictable, or -1. */
+static int over_quota_tenant(const kvg_prefix_cache *pc)
+{
+    int best = -1;
+    double best_over = 0.0;
+    for (int t = 0; t < pc->n_tenants; t++) {
+        const pc_tenant *tn = &pc->tenants[t];
+        double over;
+        if (tn->quota <= 0.0 || tn->head == NIL)
+            continue;
+        over = (double)tn->charged - tn->quota * (double)pc->pool->n_blocks;
+        if (over > best_over) {
+            best_over = over;
+            best = t;
+        }
+    }
+    return best;
+}
+
+/* Pool hook: the free list is empty; free one cached block. */
+static int on_reclaim(void *ctx)
+{
+    kvg_prefix_cache *pc = ctx;
+    int32_t before = pc->pool->n_free;
+    int t;
+    sweep_if_due(pc);
+    if (pc->pool->n_free > before)
+        return 0;
+    t = over_quota_tenant(pc);
+    if (t >= 0) {
+        evict(pc, pc->tenants[t].head, KVG_EVICT_QUOTA);
+        return 0;
+    }
+    if (pc->head != NIL) {
+        evict(pc, pc->head, KVG_EVICT_LRU);
+        return 0;
+    }
+    return -1;
+}
+
+kvg_prefix_cache *kvg_pc_new(kvg_kv_pool *pool, const kvg_pc_config *cfg,
+                             char *err, size_t err_len)
+{
+    kvg_prefix_cache *pc;
+    uint32_t nb = 16;
+    if (!pool || !cfg) {
+        kvg_set_err(err, err_len, "prefix cache: no pool or config");
+        return NULL;
+    }
+    if (pool->keep || pool->reclaim) {
+        kvg_set_err(err, err_len, "prefix cache: the pool already has an owner");
+        return NULL;
+    }
+    if (!(cfg->pinned_share >= 0.0 && cfg->pinned_share <= 1.0) ||
+        !(cfg->default_quota >= 0.0 && cfg->default_quota <= 1.0) || cfg->default_ttl_ms < 0) {
+        kvg_set_err(err, err_len, "prefix cache: pinned share and quota must be in [0, 1], "
+                    "the TTL non-negative");
+        return NULL;
+    }
+    if (pool->n_free != pool->n_blocks) {
+        kvg_set_err(err, err_len, "prefix cache: the pool must be unused");
+        return NULL;
+    }
+    while (nb < (uint32_t)pool->n_blocks * 2u && nb < (1u << 30))
+        nb <<= 1;
+    pc = calloc(1, sizeof *pc);
+    if (!pc) {
+        kvg_set_err(err, err_len, "prefix cache: out of memory");
+        return NULL;
+    }
+    pc->pool = pool;
+    pc->cfg = *cfg;
+    if (pc->cfg.default_ttl_ms == 0)
+        pc->cfg.default_ttl_ms = DEFAULT_TTL_MS;
+    pc->b = calloc((size_t)pool->n_blocks, sizeof *pc->b);
+    pc->buckets = malloc((size_t)nb * sizeof *pc->buckets);
+    pc->tenants = calloc(KVG_PC_MAX_TENANTS, sizeof *pc->tenants);
+    if (!pc->b || !pc->buckets || !pc->tenants) {
+        kvg_set_err(err, err_len, "prefix cache: out of memory for %d blocks", (int)pool->n_blocks);
+        kvg_pc_free(pc);
+        return NULL;
+    }
+    pc->mask = nb - 1;
+    for (uint32_t i = 0; i < nb; i++)
+        pc->buckets[i] = NIL;
+    for (int32_t i = 0; i < pool->n_blocks; i++) {
+        pc_block *bl = &pc->b[i];
+        bl->hnext = bl->prev = bl->next = bl->tprev = bl->tnext = NIL;
+    }
+    pc->head = pc->tail = NIL;
+    pc->pin_cap = (int32_t)(cfg->pinned_share * (double)pool->n_blocks);
+    pc->now_ms = 0;
+    pc->next_expiry_ms = INT64_MAX;
+    pool->keep = on_zero;
+    pool->reclaim = on_reclaim;
+    pool->hook_ctx = pc;
+    return pc;
+}
+
+void kvg_pc_free(kvg_prefix_cache *pc)
+{
+    if (!pc)
+        return;
+    if (pc->pool && pc->pool->hook_ctx == pc) {
+        /* Cached blocks go back to the pool, which becomes a plain pool again. */
+        for (int32_t i = 0; pc->b && i < pc->pool->n_blocks; i++)
+            if (pc->b[i].hashed && kvg_kv_block_refcount(pc->pool, i) == 0)
+                kvg_kv_block_put_free(pc->pool, i);
+        pc->pool->keep = NULL;
+        pc->pool->reclaim = NULL;
+        pc->pool->hook_ctx = NULL;
+    }
+    for (int t = 0; pc->tenants && t < pc->n_tenants; t++)
+        free(pc->tenants[t].salt);
+    free(pc->tenants);
+    free(pc->b);
+    free(pc->buckets);
+    free(pc);
+}
+
+int kvg_pc_tenant(kvg_prefix_cache *pc, const void *salt, size_t len, double quota)
+{
+    pc_tenant *t;
+    if (!(quota >= 0.0 && quota <= 1.0) || (len && !salt))
+        return -1;
+    for (int i = 0; i < pc->n_tenants; i++) {
+        t = &pc->tenants[i];
+        if (t->salt_len == len && (len == 0 || memcmp(t->salt, salt, len) == 0)) {
+            if (quota > 0.0)
+                t->quota = quota;
+            return i;
+        }
+    }
+    if (pc->n_tenants == KVG_PC_MAX_TENANTS)
+        return -1;
+    t = &pc->tenants[pc->n_tenants];
+    t->salt = malloc(len ? len : 1);
+    if (!t->salt)
+        return -1;
+    if (len)
+        memcpy(t->salt, salt, len);
+    t->salt_len = len;
+    t->quota = quota > 0.0 ? quota : pc->cfg.default_quota;
+    t->head = t->tail = NIL;
+    return pc->n_tenants++;
+}
+
+int kvg_pc_tenant_root(kvg_prefix_cache *pc, kvg_prefix_hasher *h, int tenant,
+                       uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len)
+{
+    if (tenant < 0 || tenant >= pc->n_tenants) {
+        kvg_set_err(err, err_len, "prefix cache: no tenant %d", tenant);
+        return -1;
+    }
+    return kvg_prefix_root(h, pc->cfg.model_id, KVG_PREFIX_HASH_LEN, pc->tenants[tenant].salt,
+                           pc->tenants[tenant].salt_len, root, err, err_len);
+}
+
+int32_t kvg_pc_tenant_cached_blocks(const kvg_prefix_cache *pc, int tenant)
+{
+    if (tenant < 0 || tenant >= pc->n_tenants)
+        return -1;
+    return pc->tenants[tenant].charged;
+}
+
+void kvg_pc_set_model(kvg_prefix_cache *pc, const uint8_t model_id[KVG_PREFIX_HASH_LEN])
+{
+    if (memcmp(pc->cfg.model_id, model_id, KVG_PREFIX_HASH_LEN) == 0)
+        return;
+    memcpy(pc->cfg.model_id, model_id, KVG_PREFIX_HASH_LEN);
+    for (int32_t i = 0; i < pc->pool->n_blocks; i++) {
+        if (!pc->b[i].hashed)
+            continue;
+        if (kvg_kv_block_refcount(pc->pool, i) == 0) {
+            unhash(pc, i);
+            kvg_kv_block_put_free(pc->pool, i);
+        } else
+            unhash(pc, i);   /* stays with its sequence, freed on release */
+    }
+}
+
+/* Leading blocks of the chain that can be served: found, same tenant, and never the
+ * block holding the last prompt token. */
+static int32_t count_hits(const kvg_prefix_cache *pc, int tenant,
+                          const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                          int32_t n_tokens, int32_t *ids, int32_t *n_kept)
+{
+    int32_t bt = pc->pool->geom.block_tokens;
+    int32_t max = n_tokens > 0 ? (n_tokens - 1) / bt : 0, n = 0;
+    if (n_hashes < max)
+        max = n_hashes;
+    if (n_kept)
+        *n_kept = 0;
+    for (; n < max; n++) {
+        int32_t id = table_find(pc, hashes[n]);
+        if (id == NIL || pc->b[id].tenant != tenant)
+            break;
+        if (ids)
+            ids[n] = id;
+        if (n_kept && kvg_kv_block_refcount(pc->pool, id) == 0 && pc->b[id].in_lru)
+            (*n_kept)++;
+    }
+    return n;
+}
+
+int32_t kvg_pc_blocks_needed(const kvg_prefix_cache *pc,
+                             const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                             int32_t n_tokens)
+{
+    /* Tenant-agnostic (the signature has none): hits are counted whoever owns them,
+     * which can only under-estimate by the blocks of another tenant with the same
+     * hash -- impossible, as the salt is in every hash. */
+    int32_t bt = pc->pool->geom.block_tokens;
+    int32_t max = n_tokens > 0 ? (n_tokens - 1) / bt : 0, n = 0;
+    if (n_hashes < 0 || n_tokens < 0)
+        return -1;
+    if (n_hashes < max)
+        max = n_hashes;
+    while (n < max && table_find(pc, hashes[n]) != NIL)
+        n++;
+    return (n_tokens + bt - 1) / bt - n;
+}
+
+static void pin_or_ttl(kvg_prefix_cache *pc, pc_block *bl, int64_t ttl_ms)
+{
+    if (ttl_ms == KVG_PC_TTL_PINNED) {
+        if (!bl->pinned && pc->n_pinned < pc->pin_cap) {
+            bl->pinned = 1;
+            pc->n_pinned++;
+        }
+        if (bl->pinned)
+            return;
+        ttl_ms = 0;      /* over the pin cap: an ordinary entry */
+    }
+    if (!bl->pinned)
+        bl->ttl_ms = ttl_or_default(pc, ttl_ms);
+}
+
+int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+                     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                     int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
+                     char *err, size_t err_len)
+{
+    int32_t bt = pc->pool->geom.block_tokens;
+    int32_t n_hit, n_kept, total, need, evictable;
+    int32_t *ids = NULL;
+
+    if (!seq || seq->n_blocks != 0 || seq->n_tokens != 0) {
+        kvg_set_err(err, err_len, "prefix cache: admission into a non-empty sequence");
+        return -1;
+    }
+    if (tenant < 0 || tenant >= pc->n_tenants) {
+        kvg_set_err(err, err_len, "prefix cache: no tenant %d", tenant);
+        return -1;
+    }
+    if (n_tokens <= 0 || n_hashes < 0 || n_hashes > n_tokens / bt || (n_hashes && !hashes)) {
+        kvg_set_err(err, err_len, "prefix cache: bad prompt (%d tokens, %d hashes)",
+                    (int)n_tokens, (int)n_hashes);
+        return -1;
+    }
+    set_now(pc, now_ms);
+    sweep_if_due(pc);
+    total = (int32_t)(((int64_t)n_tokens + bt - 1) / bt);
+    ids = malloc((size_t)total * sizeof *ids);
+    if (!ids) {
+        kvg_set_err(err, err_len, "prefix cache: out of memory");
+        return -1;
+    }
+    n_hit = count_hits(pc, tenant, hashes, n_hashes, n_tokens, ids, &n_kept);
+    need = total - n_hit;
+    /* Check first, so a failure holds nothing: the blocks taken as hits leave the
+     * evictable set. */
+    evictable = pc->n_lru - n_kept;
+    if (need > pc->pool->n_free + evictable) {
+        kvg_set_err(err, err_len, "prefix cache: out of blocks (need %d, %d free, %d evictable "
+                    "of %d)", (int)need, (int)pc->pool->n_free, (int)evictable,
+                    (int)pc->pool->n_blocks);
+        free(ids);
+        return -1;
+    }
+    {
+        /* Grow the table to its final size before taking anything. */
+        int32_t *nb = realloc(seq->blocks, (size_t)total * sizeof *nb);
+        if (!nb) {
+            kvg_set_err(err, err_len, "prefix cache: out of memory");
+            free(ids);
+            return -1;
+        }
+        seq->blocks = nb;
+        if (seq->cap < total)
+            seq->cap = total;
+    }
+    for (int32_t i = 0; i < n_hit; i++) {
+        int32_t id = ids[i];
+        pc_block *bl = &pc->b[id];
+        if (kvg_kv_block_refcount(pc->pool, id) == 0) {
+            lru_remove(pc, id);
+            if (bl->pinned)
+                pc->n_kept_pinned--;
+            kvg_kv_block_revive(pc->pool, id);
+        } else {
+            kvg_kv_block_ref(pc->pool, id);
+        }
+        bl->touched_ms = pc->now_ms;
+        pin_or_ttl(pc, bl, ttl_ms);
+        seq->blocks[seq->n_blocks++] = id;
+    }
+    for (int32_t i = n_hit; i < total; i++) {
+        int32_t id = kvg_kv_block_alloc(pc->pool);
+        if (id < 0) {        /* cannot happen after the check; stay safe anyway */
+            kvg_set_err(err, err_len, "prefix cache: out of blocks");
+            kvg_kv_seq_release(pc->pool, seq);
+            free(ids);
+            return -1;
+        }
+        seq->blocks[seq->n_blocks++] = id;
+    }
+    free(ids);
+    seq->n_tokens = n_hit * bt;
+    if (recompute) {
+        pc->recompute_tokens += (uint64_t)n_tokens;
+        pc->recompute_hit_tokens += (uint64_t)seq->n_tokens;
+    } else {
+        pc->st.query_tokens += (uint64_t)n_tokens;
+        pc->st.hit_tokens += (uint64_t)seq->n_tokens;
+    }
+    return seq->n_tokens;
+}
+
+void kvg_pc_commit(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t index,
+                   const uint8_t hash[KVG_PREFIX_HASH_LEN], int tenant, int64_t ttl_ms,
+                   int64_t now_ms)
+{
+    int32_t bt = pc->pool->geom.block_tokens, id;
+    pc_block *bl;
+    if (!seq || index < 0 || index >= seq->n_blocks || (int64_t)(index + 1) * bt > seq->n_tokens ||
+        tenant < 0 || tenant >= pc->n_tenants || !hash)
+        return;
+    set_now(pc, now_ms);
+    id = seq->blocks[index];
+    bl = &pc->b[id];
+    if (bl->hashed) {
+        if (memcmp(bl->hash, hash, KVG_PREFIX_HASH_LEN) == 0 && bl->tenant == tenant) {
+            bl->touched_ms = pc->now_ms;
+            pin_or_ttl(pc, bl, ttl_ms);
+        }
+        return;
+    }
+    if (table_find(pc, hash) != NIL)
+        return;          /* someone else computed it first: this copy stays private */
+    memcpy(bl->hash, hash, KVG_PREFIX_HASH_LEN);
+    bl->hashed = 1;
+    bl->tenant = tenant;
+    bl->touched_ms = pc->now_ms;
+    bl->pinned = 0;
+    pin_or_ttl(pc, bl, ttl_ms);
+    table_insert(pc, id);
+    pc->tenants[tenant].charged++;
+}
+
+int kvg_pc_prepare(kvg_prefix_cache *pc, kvg_kv_seq *seq, int32_t n_new, int64_t now_ms,
+                   char *err, size_t err_len)
+{
+    set_now(pc, now_ms);
+    sweep_if_due(pc);
+    return kvg_kv_seq_prepare(pc->pool, seq, n_new, err, err_len);
+}
+
+int kvg_pc_fork(kvg_prefix_cache *pc, const kvg_kv_seq *src, kvg_kv_seq *dst,
+                char *err, size_t err_len)
+{
+    return kvg_kv_seq_fork(pc->pool, src, dst, err, err_len);
+}
+
+void kvg_pc_release(kvg_prefix_cache *pc, kvg_kv_seq *seq, int64_t now_ms)
+{
+    set_now(pc, now_ms);
+    kvg_kv_seq_release(pc->pool, seq);   /* tail first */
+}
+
+int32_t kvg_pc_sweep(kvg_prefix_cache *pc, int64_t now_ms)
+{
+    set_now(pc, now_ms);
+    return sweep(pc);
+}
+
+void kvg_pc_get_stats(const kvg_prefix_cache *pc, kvg_pc_stats *out)
+{
+    int32_t used = 0;
+    *out = pc->st;
+    for (int32_t i = 0; i < pc->pool->n_blocks; i++)
+        used += kvg_kv_block_refcount(pc->pool, i) > 0;
+    out->blocks_total = pc->pool->n_blocks;
+    out->blocks_free = pc->pool->n_free;
+    out->blocks_cached = pc->n_lru + pc->n_kept_pinned;
+    out->blocks_used = used;
+    out->blocks_pinned = pc->n_pinned;
+    out->recompute_tokens = pc->recompute_tokens;
+    out->recompute_hit_tokens = pc->recompute_hit_tokens;
+}
+
+int kvg_pc_check(const kvg_prefix_cache *pc, const kvg_kv_seq *const *seqs, size_t n_seqs,
+                 char *err, size_t err_len)
+{
+    const kvg_kv_pool *p = pc->pool;
+    int32_t n = p->n_blocks, used = 0, kept = 0, lru = 0, pinned = 0, kept_pinned = 0;
+    int32_t *refs = calloc((size_t)n, sizeof *refs), *charged = NULL;
+    uint8_t *on_free = calloc((size_t)n, 1);
+    int rc = -1;
+    if (!refs || !on_free || !(charged = calloc((size_t)pc->n_tenants + 1, sizeof *charged))) {
+        kvg_set_err(err, err_len, "check: out of memory");
+        goto out;
+    }
+    for (size_t s = 0; s < n_seqs; s++)
+        for (int32_t i = 0; i < seqs[s]->n_blocks; i++) {
+            int32_t id = seqs[s]->blocks[i];
+            if (id < 0 || id >= n) {
+                kvg_set_err(err, err_len, "check: sequence %zu holds bad block %d", s, (int)id);
+                goto out;
+            }
+            refs[id]++;
+        }
+    for (int32_t i = 0; i < p->n_free; i++) {
+        int32_t id = p->free_ids[i];
+        if (id < 0 || id >= n || on_free[id]) {
+            kvg_set_err(err, err_len, "check: free list entry %d (block %d) bad or twice",
+                        (int)i, (int)id);
+            goto out;
+        }
+        on_free[id] = 1;
+    }
+    for (int32_t id = 0; id < n; id++) {
+        const pc_block *bl = &pc->b[id];
+        int32_t rcnt = p->refcount[id];
+        if (rcnt != refs[id]) {
+            kvg_set_err(err, err_len, "check: block %d refcount %d, sequences hold %d",
+                        (int)id, (int)rcnt, (int)refs[id]);
+            goto out;
+        }
+        if (rcnt > 0) {
+            used++;
+            if (on_free[id] || bl->in_lru) {
+                kvg_set_err(err, err_len, "check: block %d in use yet free or in the LRU", (int)id);
+                goto out;
+            }
+        } else if (on_free[id]) {
+            if (bl->hashed || bl->in_lru) {
+                kvg_set_err(err, err_len, "check: free block %d still hashed", (int)id);
+                goto out;
+            }
+        } else {
+            kept++;
+            if (!bl->hashed || (!bl->pinned && !bl->in_lru) || (bl->pinned && bl->in_lru)) {
+                kvg_set_err(err, err_len, "check: block %d neither free, used nor cached", (int)id);
+                goto out;
+            }
+            kept_pinned += bl->pinned;
+        }
+        if (bl->hashed) {
+            if (table_find(pc, bl->hash) != id || bl->tenant < 0 || bl->tenant >= pc->n_tenants) {
+                kvg_set_err(err, err_len, "check: hashed block %d not in the table", (int)id);
+                goto out;
+            }
+            charged[bl->tenant]++;
+            pinned += bl->pinned;
+        }
+    }
+    for (uint32_t k = 0; k <= pc->mask; k++)
+        for (int32_t id = pc->buckets[k]; id != NIL; id = pc->b[id].hnext)
+            if (!pc->b[id].hashed || bucket_of(pc, pc->b[id].hash) != k) {
+                kvg_set_err(err, err_len, "check: table holds block %d wrongly", (int)id);
+                goto out;
+            }
+    for (int32_t id = pc->head, prev = NIL; id != NIL; prev = id, id = pc->b[id].next) {
+        if (pc->b[id].prev != prev || !pc->b[id].in_lru || ++lru > n) {
+            kvg_set_err(err, err_len, "check: LRU list broken at block %d", (int)id);
+            goto out;
+        }
+    }
+    for (int t = 0; t < pc->n_tenants; t++) {
+        int32_t tl = 0;
+        for (int32_t id = pc->tenants[t].head; id != NIL; id = pc->b[id].tnext)
+            if (pc->b[id].tenant != t || ++tl > n) {
+                kvg_set_err(err, err_len, "check: tenant %d LRU broken", t);
+                goto out;
+            }
+        if (charged[t] != pc->tenants[t].charged) {
+            kvg_set_err(err, err_len, "check: tenant %d charged %d, holds %d", t,
+                        (int)pc->tenants[t].charged, (int)charged[t]);
+            goto out;
+        }
+    }
+    if (lru != pc->n_lru || kept != pc->n_lru + pc->n_kept_pinned ||
+        kept_pinned != pc->n_kept_pinned || pinned != pc->n_pinned || pinned > pc->pin_cap) {
+        kvg_set_err(err, err_len, "check: counts disagree (lru %d/%d, kept %d, pinned %d/%d, "
+                    "kept pinned %d/%d)", (int)lru, (int)pc->n_lru, (int)kept, (int)pinned,
+                    (int)pc->n_pinned, (int)kept_pinned, (int)pc->n_kept_pinned);
+        goto out;
+    }
+    if (p->n_free + kept + used != n) {
+        kvg_set_err(err, err_len, "check: free %d + cached %d + used %d != total %d",
+                    (int)p->n_free, (int)kept, (int)used, (int)n);
+        goto out;
+    }
+    rc = 0;
+out:
+    free(refs);
+    free(on_free);
+    free(charged);
+    return rc;
+}

@@ -1,0 +1,123 @@
+/* The prefix cache: reuse of computed KV blocks by chain hash.
+ *
+ * It sits on the paged KV pool (kv_cache.h) and decides the life of every block:
+ *
+ *   free (never used or expired) --alloc--> in use (refcount >= 1)
+ *   in use --last unref, block has a hash--> cached (refcount 0, in the LRU list)
+ *   in use --last unref, no hash (partial)--> free
+ *   cached --hit--> in use             cached --evicted (LRU, TTL, quota)--> free
+ *
+ * Hashes are the shared library's chain (src/prefix_hash.h): h[i] covers blocks
+ * 0..i of one (model id, tenant salt) root, so a hit on h[i] means the whole prefix
+ * up to block i is the same text for the same tenant and model. A block is findable
+ * only once it is full and its K/V are written (kvg_pc_commit).
+ *
+ * Allocation order: a never-used / freed block first; otherwise evict a cached block:
+ * expired ones (TTL) first, then from tenants over their quota, then plain LRU
+ * (least recently used first). Pinned blocks are never evicted. A request releasing
+ * its chain queues the TAIL before the HEAD, so a block is never evicted before its
+ * descendants (which would leave unreachable cached blocks).
+ *
+ * Time is passed in by the caller (milliseconds, monotonic), so tests control it.
+ * Not thread-safe: the engine's scheduler thread owns it, like the pool. */
+#ifndef KVG_PREFIX_CACHE_H
+#define KVG_PREFIX_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_cache.h"
+#include "prefix_hash.h"
+
+typedef struct kvg_prefix_cache kvg_prefix_cache;
+
+#define KVG_PC_TTL_PINNED   INT64_MAX      /* ttl value meaning "pinned, never expires" */
+#define KVG_PC_MAX_TENANTS  4096
+
+typedef struct kvg_pc_config {
+    uint8_t model_id[KVG_PREFIX_HASH_LEN]; /* blocks made by another model id are never served */
+    int64_t default_ttl_ms;                /* 0: 5 minutes */
+    double pinned_share;                   /* max share of the pool pinned blocks may hold (0..1) */
+    double default_quota;                  /* per-tenant share of the pool, 0 = no quota */
+} kvg_pc_config;
+
+/* Eviction causes, for metrics. */
+enum kvg_pc_evict_cause { KVG_EVICT_LRU = 0, KVG_EVICT_TTL = 1, KVG_EVICT_QUOTA = 2, KVG_EVICT_N = 3 };
+
+typedef struct kvg_pc_stats {
+    int32_t blocks_total, blocks_free, blocks_cached, blocks_used, blocks_pinned;
+    uint64_t query_tokens;                 /* prompt tokens looked up (once per request) */
+    uint64_t hit_tokens;                   /* of those, served from the cache */
+    uint64_t evictions[KVG_EVICT_N];
+    uint64_t recompute_tokens;             /* prompt tokens of preempted requests readmitted */
+    uint64_t recompute_hit_tokens;         /* of those, served from the cache */
+} kvg_pc_stats;
+
+kvg_prefix_cache *kvg_pc_new(kvg_kv_pool *pool, const kvg_pc_config *cfg,
+                             char *err, size_t err_len);
+void kvg_pc_free(kvg_prefix_cache *pc);
+
+/* Tenants are small integers handed out per salt (the salt is what the hash root was
+ * made with). quota: share of the pool (0 = the default). -1 when the table is full. */
+int kvg_pc_tenant(kvg_prefix_cache *pc, const void *salt, size_t len, double quota);
+int32_t kvg_pc_tenant_cached_blocks(const kvg_prefix_cache *pc, int tenant);
+
+/* The chain root of a tenant under the cache's model id: hashes made from it are the
+ * only ones this cache can hit, so a block of another model is never served. */
+int kvg_pc_tenant_root(kvg_prefix_cache *pc, kvg_prefix_hasher *h, int tenant,
+                       uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
+
+/* Model change: every cached block is dropped (freed, not counted as an eviction) and
+ * blocks in use lose their hash (freed on release); roots change with the model id. */
+void kvg_pc_set_model(kvg_prefix_cache *pc, const uint8_t model_id[KVG_PREFIX_HASH_LEN]);
+
+/* Admission of a prompt of n_tokens tokens with the chain hashes of its full blocks
+ * (n_hashes = n_tokens / block_tokens). Walks the chain and takes every leading block
+ * found (refcount +1, TTL refreshed) into the empty sequence `seq`, but never the
+ * block holding the last prompt token (its logits are needed, so it is computed).
+ * Then reserves fresh blocks for the rest of the prompt. Sets seq->n_tokens to the
+ * cached token count and returns it (>= 0), or -1 with err when the pool cannot
+ * supply the blocks (nothing is held then). Counts query/hit tokens unless
+ * `recompute` (a preempted request coming back is not a cache hit). */
+int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+                     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                     int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
+                     char *err, size_t err_len);
+
+/* How many blocks admission would need to allocate now (after hits), without doing it. */
+int32_t kvg_pc_blocks_needed(const kvg_prefix_cache *pc,
+                             const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                             int32_t n_tokens);
+
+/* Block `index` of seq is full and written: publish it under `hash` for `tenant`
+ * (generated tokens are cached too: the engine extends the chain with
+ * kvg_prefix_next). If another block already holds that hash, this one stays
+ * private and is freed on release. */
+void kvg_pc_commit(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t index,
+                   const uint8_t hash[KVG_PREFIX_HASH_LEN], int tenant, int64_t ttl_ms,
+                   int64_t now_ms);
+
+/* Blocks for appending n_new positions to seq (decode, prefill chunks), copy-on-write
+ * of a shared partial block included; evicts as needed. -1 when the pool is out. */
+int kvg_pc_prepare(kvg_prefix_cache *pc, kvg_kv_seq *seq, int32_t n_new, int64_t now_ms,
+                   char *err, size_t err_len);
+
+/* n > 1: dst shares every block of src (refcount +1); the partial last block is
+ * copied on the first write. */
+int kvg_pc_fork(kvg_prefix_cache *pc, const kvg_kv_seq *src, kvg_kv_seq *dst,
+                char *err, size_t err_len);
+
+/* Releases the sequence's blocks, tail first (finish, cancel, preemption). */
+void kvg_pc_release(kvg_prefix_cache *pc, kvg_kv_seq *seq, int64_t now_ms);
+
+/* Expires cached blocks whose TTL has passed (also done lazily on allocation). */
+int32_t kvg_pc_sweep(kvg_prefix_cache *pc, int64_t now_ms);
+
+void kvg_pc_get_stats(const kvg_prefix_cache *pc, kvg_pc_stats *out);
+
+/* Checks every invariant (free + cached + used == total, refcounts match the sequences
+ * the caller passes, the hash table and LRU list agree): 0, or -1 with err. For tests. */
+int kvg_pc_check(const kvg_prefix_cache *pc, const kvg_kv_seq *const *seqs, size_t n_seqs,
+                 char *err, size_t err_len);
+
+#endif

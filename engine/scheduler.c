@@ -1,0 +1,867 @@
+/* Continuous batching over the prefix cache; see scheduler.h. */
+#include "scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "buckets.h"
+#include "errmsg.h"
+#include "tokenizer.h"
+
+enum { ST_WAITING = 0, ST_PREFILL = 1, ST_DECODE = 2 };
+
+typedef struct sample {
+    int32_t *gen;                /* generated tokens (all emitted ones) */
+    int32_t n_gen, cap;
+    int32_t n_fed;               /* of gen, how many have K/V in seq */
+    kvg_kv_seq seq;
+    int done;
+    uint8_t last_hash[KVG_PREFIX_HASH_LEN];
+    int32_t n_hashed;            /* leading blocks of seq committed (or hits) */
+    kvg_detok dt;
+    kvg_stop_match sm;
+} sample;
+
+typedef struct req {
+    kvg_sched_req r;             /* r.prompt / r.hashes point at the copies below */
+    int32_t *prompt;
+    uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
+    int32_t n_hashes;
+    int n, lead, n_live;
+    int state, recompute, accepted, cancel, removed, bypass;
+    int32_t cached, max_gen;
+    uint64_t arrival, admit_no;
+    double t_submit;
+    int ttft_done;
+    sample smp[KVG_SCHED_MAX_N];
+} req;
+
+typedef struct item {
+    req *q;
+    int j;                       /* sample index, -1: the prompt (into smp[lead]) */
+    int n;
+    const int32_t *tokens;
+    int logits;                  /* slot in the logits scratch, -1: none */
+    int dead;
+} item;
+
+struct kvg_sched {
+    const kvg_model *m;
+    kvg_forward *fw;
+    kvg_prefix_cache *pc;
+    kvg_kv_pool *pool;
+    kvg_sched_config cfg;
+    kvg_sched_cb cb;
+    void *cb_ctx;
+    kvg_prefix_hasher *hasher;
+    kvg_sampler smp;
+    req **live;
+    int n_live, cap_live;
+    uint64_t arrivals, admits;
+    int in_step;
+    item *items;
+    kvg_fwd_seq *fseq;
+    int cap_items;
+    float *logits;
+    size_t cap_logits;
+    int32_t *ids;                /* one block of ids */
+    char *text;                  /* event text scratch */
+    size_t cap_text;
+    kvg_sched_stats st;
+};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int64_t now_ms(void)
+{
+    return (int64_t)(mono_s() * 1000.0);
+}
+
+const char *kvg_finish_reason_name(kvg_finish_reason r)
+{
+    switch (r) {
+    case KVG_FINISH_STOP: return "stop";
+    case KVG_FINISH_LENGTH: return "length";
+    case KVG_FINISH_CONTEXT: return "length";
+    case KVG_FINISH_CANCELLED: return "cancelled";
+    default: return "error";
+    }
+}
+
+kvg_sched *kvg_sched_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache *pc,
+                         kvg_kv_pool *pool, const kvg_sched_config *cfg,
+                         kvg_sched_cb cb, void *cb_ctx, char *err, size_t err_len)
+{
+    kvg_sched *s;
+    if (!m || !fw || !pc || !pool || !cb) {
+        kvg_set_err(err, err_len, "scheduler: model, forward pass, cache, pool and callback are required");
+        return NULL;
+    }
+    s = calloc(1, sizeof *s);
+    if (!s) {
+        kvg_set_err(err, err_len, "scheduler: out of memory");
+        return NULL;
+    }
+    s->m = m;
+    s->fw = fw;
+    s->pc = pc;
+    s->pool = pool;
+    s->cb = cb;
+    s->cb_ctx = cb_ctx;
+    if (cfg)
+        s->cfg = *cfg;
+    if (s->cfg.max_batch_tokens <= 0)
+        s->cfg.max_batch_tokens = 512;
+    if (s->cfg.max_running <= 0)
+        s->cfg.max_running = 64;
+    if (!(s->cfg.bypass_share > 0.0 && s->cfg.bypass_share < 1.0))
+        s->cfg.bypass_share = 0.25;
+    s->hasher = kvg_prefix_hasher_new(err, err_len);
+    s->ids = malloc((size_t)pool->geom.block_tokens * sizeof *s->ids);
+    if (!s->hasher || !s->ids) {
+        if (s->hasher)
+            kvg_set_err(err, err_len, "scheduler: out of memory");
+        kvg_sched_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void req_free(kvg_sched *s, req *q)
+{
+    for (int j = 0; j < q->n; j++) {
+        kvg_pc_release(s->pc, &q->smp[j].seq, now_ms());
+        free(q->smp[j].seq.blocks);
+        free(q->smp[j].gen);
+    }
+    free(q->prompt);
+    free(q->hashes);
+    free(q);
+}
+
+void kvg_sched_free(kvg_sched *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->n_live; i++)
+        req_free(s, s->live[i]);
+    free(s->live);
+    kvg_prefix_hasher_free(s->hasher);
+    kvg_sampler_free(&s->smp);
+    free(s->items);
+    free(s->fseq);
+    free(s->logits);
+    free(s->ids);
+    free(s->text);
+    free(s);
+}
+
+int kvg_sched_pending(const kvg_sched *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_live; i++)
+        n += !s->live[i]->removed;
+    return n;
+}
+
+/* KV positions one sample may hold at most: the prompt and every generated token
+ * but the last (it is never fed). */
+static int64_t max_positions(const req *q)
+{
+    return (int64_t)q->r.n_prompt + q->max_gen - 1;
+}
+
+static int validate(kvg_sched *s, const kvg_sched_req *r, int n, char *err, size_t err_len)
+{
+    const kvg_model_config *c = &s->m->cfg;
+    if (!r->prompt || r->n_prompt <= 0) {
+        kvg_set_err(err, err_len, "request %llu: the prompt is empty", (unsigned long long)r->id);
+        return -1;
+    }
+    if (r->n_prompt > c->max_seq_len) {
+        kvg_set_err(err, err_len, "request %llu: the prompt has %d tokens, more than the context "
+                    "length %d", (unsigned long long)r->id, (int)r->n_prompt, c->max_seq_len);
+        return -1;
+    }
+    for (int32_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab_size) {
+            kvg_set_err(err, err_len, "request %llu: prompt token %d (id %d) is out of the "
+                        "vocabulary (%d)", (unsigned long long)r->id, (int)i, (int)r->prompt[i],
+                        c->vocab_size);
+            return -1;
+        }
+    if (n < 1 || n > KVG_SCHED_MAX_N) {
+        kvg_set_err(err, err_len, "request %llu: n must be 1..%d, got %d",
+                    (unsigned long long)r->id, KVG_SCHED_MAX_N, n);
+        return -1;
+    }
+    if (r->max_tokens < 1) {
+        kvg_set_err(err, err_len, "request %llu: max_tokens must be >= 1, got %d",
+                    (unsigned long long)r->id, (int)r->max_tokens);
+        return -1;
+    }
+    if (r->n_stop_ids < 0 || r->n_stop_ids > KVG_SCHED_MAX_STOP_IDS) {
+        kvg_set_err(err, err_len, "request %llu: at most %d stop ids",
+                    (unsigned long long)r->id, KVG_SCHED_MAX_STOP_IDS);
+        return -1;
+    }
+    if (r->n_stop > 0 && !s->m->tokenizer) {
+        kvg_set_err(err, err_len, "request %llu: stop strings need a tokenizer",
+                    (unsigned long long)r->id);
+        return -1;
+    }
+    if (kvg_sampler_params_check(&r->sp, err, err_len) != 0)
+        return -1;
+    if (r->bucket >= KVG_SCHED_BUCKETS) {
+        kvg_set_err(err, err_len, "request %llu: bucket %u out of range",
+                    (unsigned long long)r->id, r->bucket);
+        return -1;
+    }
+    for (int i = 0; i < s->n_live; i++)
+        if (!s->live[i]->removed && s->live[i]->r.id == r->id) {
+            kvg_set_err(err, err_len, "request %llu: id already in use", (unsigned long long)r->id);
+            return -1;
+        }
+    return 0;
+}
+
+int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err_len)
+{
+    int32_t bt = s->pool->geom.block_tokens, ctx = s->m->cfg.max_seq_len;
+    int n = r->n ? r->n : 1;
+    req *q;
+    kvg_stop_match sm;
+
+    if (validate(s, r, n, err, err_len) != 0 ||
+        kvg_stop_init(&sm, r->stop, NULL, r->n_stop, err, err_len) != 0) {
+        s->st.rejected++;
+        return -1;
+    }
+    q = calloc(1, sizeof *q);
+    if (!q)
+        goto oom;
+    q->r = *r;
+    q->n = q->n_live = n;
+    q->bypass = r->bucket == KVG_BUCKET_BYPASS;
+    /* Generation can go on while the last generated token still has a position. */
+    q->max_gen = r->max_tokens;
+    if ((int64_t)q->max_gen > (int64_t)ctx - r->n_prompt + 1)
+        q->max_gen = ctx - r->n_prompt + 1;
+    {
+        int64_t pos = max_positions(q), per = (pos + bt - 1) / bt, shared = r->n_prompt / bt;
+        int64_t need = n == 1 ? per : shared + (int64_t)n * (per - shared);
+        if (need > s->pool->n_blocks) {
+            kvg_set_err(err, err_len, "request %llu: needs up to %lld KV blocks (%d prompt + %d "
+                        "new tokens, n=%d), more than the pool's %d", (unsigned long long)r->id,
+                        (long long)need, (int)r->n_prompt, (int)q->max_gen, n,
+                        (int)s->pool->n_blocks);
+            free(q);
+            s->st.rejected++;
+            return -1;
+        }
+    }
+    q->prompt = malloc((size_t)r->n_prompt * sizeof *q->prompt);
+    if (!q->prompt)
+        goto oom;
+    memcpy(q->prompt, r->prompt, (size_t)r->n_prompt * sizeof *q->prompt);
+    q->r.prompt = q->prompt;
+    q->r.n = n;
+    for (int i = 0; i < KVG_STOP_MAX; i++)
+        q->r.stop[i] = NULL;     /* the matcher holds copies */
+    if (!q->bypass) {
+        q->n_hashes = r->n_prompt / bt;
+        q->hashes = malloc((size_t)(q->n_hashes ? q->n_hashes : 1) * sizeof *q->hashes);
+        if (!q->hashes)
+            goto oom;
+        if (r->hashes) {
+            if (r->n_hashes != q->n_hashes) {
+                kvg_set_err(err, err_len, "request %llu: %d block hashes for %d tokens (blocks of "
+                            "%d need %d)", (unsigned long long)r->id, (int)r->n_hashes,
+                            (int)r->n_prompt, (int)bt, (int)q->n_hashes);
+                free(q->hashes);
+                free(q->prompt);
+                free(q);
+                s->st.rejected++;
+                return -1;
+            }
+            memcpy(q->hashes, r->hashes, (size_t)q->n_hashes * sizeof *q->hashes);
+        } else {
+            size_t nb;
+            if (kvg_prefix_chain(s->hasher, r->root, q->prompt, (size_t)r->n_prompt, (size_t)bt,
+                                 q->hashes, (size_t)q->n_hashes, &nb, err, err_len) != 0) {
+                free(q->hashes);
+                free(q->prompt);
+                free(q);
+                s->st.rejected++;
+                return -1;
+            }
+        }
+    }
+    q->r.hashes = q->hashes;
+    q->r.n_hashes = q->n_hashes;
+    for (int j = 0; j < n; j++) {
+        sample *p = &q->smp[j];
+        p->sm = sm;
+        if (s->m->tokenizer) {
+            kvg_detok_init(&p->dt, s->m->tokenizer);
+            p->dt.at_start = 0;  /* a continuation keeps its leading space */
+        }
+    }
+    if (s->n_live == s->cap_live) {
+        int nc = s->cap_live ? s->cap_live * 2 : 16;
+        req **g = realloc(s->live, (size_t)nc * sizeof *g);
+        if (!g)
+            goto oom;
+        s->live = g;
+        s->cap_live = nc;
+    }
+    q->arrival = ++s->arrivals;
+    q->t_submit = mono_s();
+    s->live[s->n_live++] = q;
+    s->st.bucket[r->bucket].requests++;
+    return 0;
+oom:
+    if (q) {
+        free(q->prompt);
+        free(q->hashes);
+        free(q);
+    }
+    kvg_set_err(err, err_len, "scheduler: out of memory");
+    return -1;
+}
+
+static void emit(kvg_sched *s, kvg_sched_event *ev, const req *q)
+{
+    ev->id = q->r.id;
+    ev->user = q->r.user;
+    s->cb(s->cb_ctx, ev);
+}
+
+static void note_first_output(kvg_sched *s, req *q)
+{
+    if (q->ttft_done)
+        return;
+    double t = mono_s() - q->t_submit;
+    q->ttft_done = 1;
+    s->st.ttft_count++;
+    s->st.ttft_sum_s += t;
+    if (t > s->st.ttft_max_s)
+        s->st.ttft_max_s = t;
+}
+
+static int ensure_text(kvg_sched *s, size_t n)
+{
+    if (n <= s->cap_text)
+        return 0;
+    char *g = realloc(s->text, n);
+    if (!g)
+        return -1;
+    s->text = g;
+    s->cap_text = n;
+    return 0;
+}
+
+static void finish_sample(kvg_sched *s, req *q, int j, kvg_finish_reason why, const char *error)
+{
+    sample *p = &q->smp[j];
+    kvg_sched_event ev;
+    long w = 0;
+    if (p->done)
+        return;
+    memset(&ev, 0, sizeof ev);
+    if (why != KVG_FINISH_CANCELLED && why != KVG_FINISH_ERROR && s->m->tokenizer &&
+        ensure_text(s, 2 * KVG_STOP_MAX_LEN + 64) == 0) {
+        /* The held-back text: an incomplete character, then an undecided stop prefix. */
+        char tail[64];
+        long d = kvg_detok_flush(&p->dt, tail, sizeof tail);
+        long a = d > 0 ? kvg_stop_feed(&p->sm, tail, (size_t)d, s->text, s->cap_text) : 0;
+        long b = kvg_stop_flush(&p->sm, s->text + (a > 0 ? a : 0),
+                                s->cap_text - (size_t)(a > 0 ? a : 0));
+        w = (a > 0 ? a : 0) + (b > 0 ? b : 0);
+    }
+    p->done = 1;
+    q->n_live--;
+    kvg_pc_release(s->pc, &p->seq, now_ms());
+    ev.kind = KVG_SEV_FINISHED;
+    ev.sample = j;
+    ev.reason = why;
+    ev.text = w > 0 ? s->text : "";
+    ev.text_len = (size_t)w;
+    ev.error = error;
+    note_first_output(s, q);
+    emit(s, &ev, q);
+    if (q->n_live == 0) {
+        int32_t comp = 0;
+        for (int k = 0; k < q->n; k++)
+            comp += q->smp[k].n_gen;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = KVG_SEV_DONE;
+        ev.cached_tokens = q->cached;
+        ev.prompt_tokens = q->r.n_prompt;
+        ev.completion_tokens = comp;
+        s->st.bucket[q->r.bucket].completion_tokens += (uint64_t)comp;
+        q->removed = 1;
+        emit(s, &ev, q);
+    }
+}
+
+static void drop_removed(kvg_sched *s)
+{
+    int k = 0;
+    for (int i = 0; i < s->n_live; i++) {
+        if (s->live[i]->removed)
+            req_free(s, s->live[i]);
+        else
+            s->live[k++] = s->live[i];
+    }
+    s->n_live = k;
+}
+
+static void do_cancels(kvg_sched *s)
+{
+    for (int i = 0; i < s->n_live; i++) {
+        req *q = s->live[i];
+        if (!q->cancel || q->removed)
+            continue;
+        s->st.cancelled++;
+        for (int j = 0; j < q->n; j++)
+            finish_sample(s, q, j, KVG_FINISH_CANCELLED, NULL);
+    }
+}
+
+int kvg_sched_cancel(kvg_sched *s, uint64_t id)
+{
+    for (int i = 0; i < s->n_live; i++) {
+        req *q = s->live[i];
+        if (q->removed || q->r.id != id)
+            continue;
+        q->cancel = 1;
+        if (!s->in_step) {
+            do_cancels(s);
+            drop_removed(s);
+        }
+        return 0;
+    }
+    return -1;
+}
+
+/* Commits every block of sample j's sequence that became full. */
+static void commit_blocks(kvg_sched *s, req *q, int j, int64_t now)
+{
+    sample *p = &q->smp[j];
+    int32_t bt = s->pool->geom.block_tokens, full = p->seq.n_tokens / bt;
+    char err[128];
+    if (q->bypass) {
+        p->n_hashed = full;
+        return;
+    }
+    while (p->n_hashed < full) {
+        int32_t i = p->n_hashed;
+        uint8_t h[KVG_PREFIX_HASH_LEN];
+        if (i < q->n_hashes) {
+            memcpy(h, q->hashes[i], sizeof h);
+        } else {
+            for (int32_t k = 0; k < bt; k++) {
+                int32_t pos = i * bt + k;
+                s->ids[k] = pos < q->r.n_prompt ? q->prompt[pos] : p->gen[pos - q->r.n_prompt];
+            }
+            if (kvg_prefix_next(s->hasher, p->last_hash, s->ids, (size_t)bt, h, err, sizeof err) != 0)
+                return;          /* ids are valid: cannot happen; the block just stays private */
+        }
+        kvg_pc_commit(s->pc, &p->seq, i, h, q->r.tenant, q->r.ttl_ms ? q->r.ttl_ms : s->cfg.default_ttl_ms, now);
+        memcpy(p->last_hash, h, sizeof h);
+        p->n_hashed++;
+    }
+}
+
+/* Chooses sample j's next token from logits and reports it. */
+static void take_token(kvg_sched *s, req *q, int j, const float *logits)
+{
+    sample *p = &q->smp[j];
+    int V = s->m->cfg.vocab_size;
+    int32_t pos = q->r.n_prompt + p->n_gen;
+    float lp = 0.0f;
+    int32_t tok = kvg_sample(&s->smp, &q->r.sp, logits, V, q->r.sample_base + (uint64_t)j,
+                             (uint64_t)pos, &lp);
+    kvg_sched_event ev;
+    long w = 0;
+
+    if (tok < 0) {
+        finish_sample(s, q, j, KVG_FINISH_ERROR, "sampling failed (out of memory)");
+        return;
+    }
+    for (int k = 0; k < q->r.n_stop_ids; k++)
+        if (q->r.stop_ids[k] == tok) {
+            finish_sample(s, q, j, KVG_FINISH_STOP, NULL);
+            return;
+        }
+    if (p->n_gen == p->cap) {
+        int32_t nc = p->cap ? p->cap * 2 : 64;
+        int32_t *g = realloc(p->gen, (size_t)nc * sizeof *g);
+        if (!g) {
+            finish_sample(s, q, j, KVG_FINISH_ERROR, "out of memory");
+            return;
+        }
+        p->gen = g;
+        p->cap = nc;
+    }
+    p->gen[p->n_gen++] = tok;
+    size_t dcap = 0;
+    if (s->m->tokenizer) {
+        size_t tl = 0;
+        kvg_tokenizer_token_bytes(s->m->tokenizer, tok, &tl);
+        dcap = 3 * (tl + 4) + 16;
+        /* detok output first, the stop matcher's output after it */
+        if (ensure_text(s, dcap + kvg_stop_out_cap(dcap)) == 0) {
+            long d = kvg_detok_push(&p->dt, tok, s->text, dcap);
+            if (d > 0)
+                w = kvg_stop_feed(&p->sm, s->text, (size_t)d, s->text + dcap, s->cap_text - dcap);
+        }
+    }
+    memset(&ev, 0, sizeof ev);
+    ev.kind = KVG_SEV_TOKEN;
+    ev.sample = j;
+    ev.token = tok;
+    ev.logprob = lp;
+    ev.text = w > 0 ? s->text + dcap : "";
+    ev.text_len = w > 0 ? (size_t)w : 0;
+    note_first_output(s, q);
+    emit(s, &ev, q);
+    if (p->sm.matched >= 0)
+        finish_sample(s, q, j, KVG_FINISH_STOP, NULL);
+    else if (p->n_gen >= q->max_gen)
+        finish_sample(s, q, j, p->n_gen >= q->r.max_tokens ? KVG_FINISH_LENGTH : KVG_FINISH_CONTEXT, NULL);
+}
+
+static int running_samples(const kvg_sched *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_live; i++)
+        if (!s->live[i]->removed && s->live[i]->state != ST_WAITING)
+            n += s->live[i]->n_live;
+    return n;
+}
+
+static void admit(kvg_sched *s, int64_t now)
+{
+    char err[256];
+    for (;;) {
+        req *best = NULL;
+        for (int i = 0; i < s->n_live; i++) {
+            req *q = s->live[i];
+            if (q->removed || q->state != ST_WAITING)
+                continue;
+            if (!best || q->r.priority > best->r.priority ||
+                (q->r.priority == best->r.priority && q->arrival < best->arrival))
+                best = q;
+        }
+        if (!best || running_samples(s) + best->n_live > s->cfg.max_running)
+            return;
+        best->lead = 0;
+        while (best->smp[best->lead].done)
+            best->lead++;
+        sample *p = &best->smp[best->lead];
+        int32_t got = kvg_pc_admit(s->pc, &p->seq, best->r.tenant,
+                                   best->bypass ? NULL : (const uint8_t (*)[KVG_PREFIX_HASH_LEN])best->hashes,
+                                   best->bypass ? 0 : best->n_hashes, best->r.n_prompt,
+                                   best->r.ttl_ms ? best->r.ttl_ms : s->cfg.default_ttl_ms, now,
+                                   best->recompute || best->bypass, err, sizeof err);
+        if (got < 0)
+            return;              /* waits for blocks; later arrivals wait behind it */
+        best->state = ST_PREFILL;
+        best->admit_no = ++s->admits;
+        p->n_hashed = got / s->pool->geom.block_tokens;
+        if (p->n_hashed > 0)
+            memcpy(p->last_hash, best->hashes[p->n_hashed - 1], KVG_PREFIX_HASH_LEN);
+        else
+            memcpy(p->last_hash, best->r.root, KVG_PREFIX_HASH_LEN);
+        if (!best->accepted) {
+            kvg_sched_event ev;
+            best->accepted = 1;
+            best->cached = got;
+            s->st.bucket[best->r.bucket].prompt_tokens += (uint64_t)best->r.n_prompt;
+            s->st.bucket[best->r.bucket].cached_tokens += (uint64_t)got;
+            memset(&ev, 0, sizeof ev);
+            ev.kind = KVG_SEV_ACCEPTED;
+            ev.cached_tokens = got;
+            emit(s, &ev, best);
+        }
+    }
+}
+
+static void preempt(kvg_sched *s, req *q)
+{
+    int64_t now = now_ms();
+    for (int j = 0; j < q->n; j++) {
+        sample *p = &q->smp[j];
+        kvg_pc_release(s->pc, &p->seq, now);
+        p->n_fed = 0;
+        p->n_hashed = 0;
+    }
+    q->state = ST_WAITING;
+    q->recompute = 1;
+    s->st.preemptions++;
+}
+
+static int add_item(kvg_sched *s, int *n_items, req *q, int j, int n, const int32_t *toks)
+{
+    if (*n_items == s->cap_items) {
+        int nc = s->cap_items ? s->cap_items * 2 : 32;
+        item *gi = realloc(s->items, (size_t)nc * sizeof *gi);
+        if (!gi)
+            return -1;
+        s->items = gi;
+        kvg_fwd_seq *gf = realloc(s->fseq, (size_t)nc * sizeof *gf);
+        if (!gf)
+            return -1;
+        s->fseq = gf;
+        s->cap_items = nc;
+    }
+    item *it = &s->items[(*n_items)++];
+    it->q = q;
+    it->j = j;
+    it->n = n;
+    it->tokens = toks;
+    it->logits = -1;
+    it->dead = 0;
+    return 0;
+}
+
+/* Prefill work left for q's slot j (-1: the prompt). */
+static int32_t prefill_left(const req *q, int j)
+{
+    if (j < 0)
+        return q->r.n_prompt - q->smp[q->lead].seq.n_tokens;
+    return q->smp[j].n_gen - q->smp[j].n_fed;
+}
+
+int kvg_sched_step(kvg_sched *s, char *err, size_t err_len)
+{
+    int64_t now = now_ms();
+    double t0 = mono_s();
+    int n_items = 0, rows = 0, n_decode_rows = 0, n_out = 0, rc = 0;
+    int32_t budget;
+
+    s->in_step = 1;
+    do_cancels(s);
+    drop_removed(s);
+    admit(s, now);
+
+    /* Decode rows: one per running sample with exactly its last token pending. */
+    for (int i = 0; i < s->n_live; i++) {
+        req *q = s->live[i];
+        if (q->removed || q->state != ST_DECODE)
+            continue;
+        for (int j = 0; j < q->n; j++) {
+            sample *p = &q->smp[j];
+            if (!p->done && p->n_gen - p->n_fed == 1) {
+                if (add_item(s, &n_items, q, j, 1, p->gen + p->n_fed) != 0)
+                    goto oom;
+                n_decode_rows++;
+            }
+        }
+    }
+    budget = s->cfg.max_batch_tokens - n_decode_rows;
+
+    /* Prefill chunks, in admission order; bypass requests have their own share. */
+    {
+        int32_t share[2];        /* [0]: cached requests, [1]: bypass */
+        int have_bypass = 0, have_other = 0;
+        for (int i = 0; i < s->n_live; i++) {
+            req *q = s->live[i];
+            if (q->removed || q->state == ST_WAITING)
+                continue;
+            int any = q->state == ST_PREFILL;
+            for (int j = 0; j < q->n && !any; j++)
+                any = q->state == ST_DECODE && !q->smp[j].done && prefill_left(q, j) > 1;
+            if (any)
+                *(q->bypass ? &have_bypass : &have_other) = 1;
+        }
+        if (budget < 0)
+            budget = 0;
+        share[1] = have_bypass ? (have_other ? (int32_t)(budget * s->cfg.bypass_share) : budget) : 0;
+        if (have_bypass && share[1] < 1 && budget > 0)
+            share[1] = 1;
+        share[0] = budget - share[1];
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == 1) {     /* what one side left over goes to the other */
+                share[0] += share[1];
+                share[1] = share[0];
+            }
+            for (int a = 0; a < s->n_live; a++) {
+                req *q = s->live[a];
+                if (q->removed || q->state == ST_WAITING)
+                    continue;
+                /* admission order */
+                for (int j = -1; j < q->n; j++) {
+                    int32_t left, take, *sh = &share[q->bypass];
+                    item *ex = NULL;
+                    if (j < 0 && q->state != ST_PREFILL)
+                        continue;
+                    if (j >= 0 && (q->state != ST_DECODE || q->smp[j].done || prefill_left(q, j) <= 1))
+                        continue;
+                    for (int k = n_decode_rows; k < n_items; k++)
+                        if (s->items[k].q == q && s->items[k].j == j)
+                            ex = &s->items[k];
+                    left = prefill_left(q, j) - (ex ? ex->n : 0);
+                    take = left < *sh ? left : *sh;
+                    if (take <= 0)
+                        continue;
+                    *sh -= take;
+                    if (pass == 1)
+                        share[0] = share[1] = *sh;
+                    if (ex) {
+                        ex->n += take;
+                    } else {
+                        const int32_t *toks = j < 0 ? q->prompt + q->smp[q->lead].seq.n_tokens
+                                                    : q->smp[j].gen + q->smp[j].n_fed;
+                        if (add_item(s, &n_items, q, j, take, toks) != 0)
+                            goto oom;
+                    }
+                }
+            }
+        }
+    }
+
+    /* Blocks for every row; when the pool is out, preempt the latest admitted request. */
+    for (int k = 0; k < n_items; k++) {
+        item *it = &s->items[k];
+        if (it->dead)
+            continue;
+        sample *p = &it->q->smp[it->j < 0 ? it->q->lead : it->j];
+        while (kvg_pc_prepare(s->pc, &p->seq, it->n, now, NULL, 0) != 0) {
+            req *victim = NULL;
+            for (int i = 0; i < s->n_live; i++) {
+                req *q = s->live[i];
+                if (!q->removed && q->state != ST_WAITING &&
+                    (!victim || q->admit_no > victim->admit_no))
+                    victim = q;
+            }
+            preempt(s, victim);
+            for (int m = 0; m < n_items; m++)
+                if (s->items[m].q == victim)
+                    s->items[m].dead = 1;
+            if (victim == it->q)
+                break;
+        }
+    }
+
+    /* The forward step. */
+    {
+        int nf = 0, V = s->m->cfg.vocab_size;
+        for (int k = 0; k < n_items; k++) {
+            item *it = &s->items[k];
+            if (it->dead)
+                continue;
+            req *q = it->q;
+            int last = it->n == prefill_left(q, it->j);
+            if (last)
+                it->logits = n_out++;
+        }
+        if ((size_t)n_out * (size_t)V > s->cap_logits) {
+            float *g = realloc(s->logits, (size_t)n_out * (size_t)V * sizeof *g);
+            if (!g)
+                goto oom;
+            s->logits = g;
+            s->cap_logits = (size_t)n_out * (size_t)V;
+        }
+        for (int k = 0; k < n_items; k++) {
+            item *it = &s->items[k];
+            if (it->dead)
+                continue;
+            kvg_fwd_seq *f = &s->fseq[nf++];
+            f->kv = &it->q->smp[it->j < 0 ? it->q->lead : it->j].seq;
+            f->tokens = it->tokens;
+            f->n_tokens = it->n;
+            f->logits = it->logits >= 0 ? s->logits + (size_t)it->logits * V : NULL;
+            rows += it->n;
+        }
+        if (nf == 0)
+            goto out;
+        if (kvg_forward_step(s->fw, s->fseq, nf, err, err_len) != 0) {
+            for (int k = 0; k < n_items; k++)
+                if (!s->items[k].dead)
+                    for (int j = 0; j < s->items[k].q->n; j++)
+                        finish_sample(s, s->items[k].q, j, KVG_FINISH_ERROR, err);
+            rc = -1;
+            goto out;
+        }
+        s->st.steps++;
+        /* Results. */
+        for (int k = 0; k < n_items; k++) {
+            item *it = &s->items[k];
+            req *q = it->q;
+            const float *lg = it->logits >= 0 ? s->logits + (size_t)it->logits * V : NULL;
+            if (it->dead || q->removed)
+                continue;
+            if (it->j < 0) {
+                commit_blocks(s, q, q->lead, now);
+                if (q->smp[q->lead].seq.n_tokens < q->r.n_prompt)
+                    continue;
+                /* The prompt is in: fork it to the other live samples. */
+                for (int j = 0; j < q->n; j++) {
+                    sample *p = &q->smp[j];
+                    if (j == q->lead || p->done)
+                        continue;
+                    if (kvg_pc_fork(s->pc, &q->smp[q->lead].seq, &p->seq, err, err_len) != 0) {
+                        finish_sample(s, q, j, KVG_FINISH_ERROR, err);
+                        continue;
+                    }
+                    p->n_hashed = q->smp[q->lead].n_hashed;
+                    memcpy(p->last_hash, q->smp[q->lead].last_hash, KVG_PREFIX_HASH_LEN);
+                }
+                q->state = ST_DECODE;
+                for (int j = 0; j < q->n && !q->removed; j++)
+                    if (!q->smp[j].done && q->smp[j].n_gen == 0)
+                        take_token(s, q, j, lg);
+            } else {
+                sample *p = &q->smp[it->j];
+                p->n_fed += it->n;
+                commit_blocks(s, q, it->j, now);
+                if (p->n_fed == p->n_gen && !p->done)
+                    take_token(s, q, it->j, lg);
+            }
+        }
+    }
+    {
+        double dt = mono_s() - t0;
+        int dec = 0;
+        for (int k = 0; k < n_decode_rows; k++)
+            dec += !s->items[k].dead;
+        s->st.decode_tokens += (uint64_t)dec;
+        s->st.prefill_tokens += (uint64_t)(rows - dec);
+        if (rows > 0) {
+            s->st.decode_s += dt * dec / rows;
+            s->st.prefill_s += dt * (rows - dec) / rows;
+        }
+    }
+out:
+    do_cancels(s);
+    drop_removed(s);
+    s->in_step = 0;
+    return rc < 0 ? -1 : rows;
+oom:
+    kvg_set_err(err, err_len, "scheduler: out of memory");
+    s->in_step = 0;
+    return -1;
+}
+
+void kvg_sched_get_stats(const kvg_sched *s, kvg_sched_stats *out)
+{
+    *out = s->st;
+    out->waiting = out->running = 0;
+    for (int i = 0; i < s->n_live; i++) {
+        if (s->live[i]->removed)
+            continue;
+        if (s->live[i]->state == ST_WAITING)
+            out->waiting++;
+        else
+            out->running++;
+    }
+}

@@ -1,0 +1,158 @@
+/* (Named scheduler.h, not sched.h: -Iengine would shadow the system <sched.h>.) */
+/* The engine's scheduler: continuous batching over the prefix cache.
+ *
+ * Every kvg_sched_step runs one forward step over a batch made of
+ *   - one decode token per running sample (streams never stall), then
+ *   - prefill chunks (prompts, and samples recomputing after preemption) up to
+ *     max_batch_tokens in total (chunked prefill), a bypass_share of that budget
+ *     reserved for bypass requests (bucket 0) so they do not wait behind long prompts.
+ * Requests wait until the blocks they need after cache hits can be had
+ * (kvg_pc_blocks_needed / kvg_pc_admit), in priority order then arrival. When the
+ * pool runs out during decode, the most recently admitted running request is
+ * preempted: its blocks are released and it is recomputed later (recompute=1, not a
+ * cache hit) with its tokens so far kept, so nobody fails. A request that could never
+ * fit (longer than the context, or than the pool) is rejected at submit.
+ *
+ * Bypass requests (bucket 0) are neither looked up nor inserted in the prefix cache.
+ * Others hit their prompt's blocks, and every block filled during prefill or decode is
+ * committed under its chain hash (the request's hashes for prompt blocks, then
+ * kvg_prefix_next over the block's ids), so a later request extending this text
+ * (the next chat turn) hits them.
+ *
+ * n > 1: the prompt is prefilled once, then forked into n samples (kvg_pc_fork).
+ * Sampling: sample j of a request draws with kvg_sample(..., sample_index =
+ * sample_base + j, position = the position of the token being chosen). So sample j
+ * of a request with n samples produces exactly the tokens of a request with n = 1,
+ * the same seed and sample_base + j: outputs never depend on batching, caching,
+ * forking or preemption.
+ *
+ * Events are delivered through one callback, from inside kvg_sched_step / submit /
+ * cancel (the callback must not call back into the scheduler except kvg_sched_cancel).
+ * Not thread-safe: one engine thread owns the scheduler, cache, pool and forward pass. */
+#ifndef KVG_SCHEDULER_H
+#define KVG_SCHEDULER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "forward.h"
+#include "model.h"
+#include "prefix_cache.h"
+#include "prefix_hash.h"
+#include "sampler.h"
+#include "stop_match.h"
+
+#define KVG_SCHED_MAX_N        16     /* completions per request */
+#define KVG_SCHED_MAX_STOP_IDS 8
+#define KVG_SCHED_BUCKETS      17     /* kvg_buckets: up to 16 bounds + bypass */
+
+typedef struct kvg_sched kvg_sched;
+
+typedef struct kvg_sched_config {
+    int32_t max_batch_tokens;    /* tokens per forward step; 0: 512 */
+    int32_t max_running;         /* running samples; 0: 64 */
+    double bypass_share;         /* prefill budget kept for bypass requests; 0: 0.25 */
+    int64_t default_ttl_ms;      /* for committed blocks; 0: the cache's default */
+} kvg_sched_config;
+
+typedef struct kvg_sched_req {
+    uint64_t id;                 /* caller's id, echoed in events; unique among live requests */
+    void *user;                  /* echoed in events */
+    const int32_t *prompt;       /* copied at submit */
+    int32_t n_prompt;
+    /* Chain hashes of the prompt's full blocks (n_prompt / block_tokens of them,
+     * from the gateway), and the chain's root (model id, tenant salt). hashes NULL:
+     * the scheduler computes them from root. Ignored for bypass requests. */
+    const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
+    int32_t n_hashes;
+    uint8_t root[KVG_PREFIX_HASH_LEN];
+    int tenant;                  /* from kvg_pc_tenant */
+    unsigned bucket;             /* length bucket; 0 = bypass the prefix cache */
+    kvg_sampler_params sp;
+    int n;                       /* completions, 1..KVG_SCHED_MAX_N (0: 1) */
+    uint64_t sample_base;        /* sampler index of completion 0 */
+    int32_t max_tokens;          /* per completion; clipped to the context */
+    int32_t stop_ids[KVG_SCHED_MAX_STOP_IDS];   /* e.g. EOS: ends without being emitted */
+    int n_stop_ids;
+    const char *stop[KVG_STOP_MAX];             /* stop strings (NUL-terminated) */
+    int n_stop;
+    int64_t ttl_ms;              /* 0: config default; KVG_PC_TTL_PINNED: pinned */
+    int priority;                /* higher is admitted first */
+} kvg_sched_req;
+
+typedef enum kvg_sched_event_kind {
+    KVG_SEV_ACCEPTED = 0,        /* admitted: cached_tokens known */
+    KVG_SEV_TOKEN = 1,           /* one generated token of one sample, with its text */
+    KVG_SEV_FINISHED = 2,        /* one sample is done: reason, and its held-back text */
+    KVG_SEV_DONE = 3             /* the request is done (all samples): usage */
+} kvg_sched_event_kind;
+
+typedef enum kvg_finish_reason {
+    KVG_FINISH_STOP = 0,         /* a stop id (EOS) or stop string */
+    KVG_FINISH_LENGTH = 1,       /* max_tokens */
+    KVG_FINISH_CONTEXT = 2,      /* the context is full ("length" for OpenAI) */
+    KVG_FINISH_CANCELLED = 3,
+    KVG_FINISH_ERROR = 4
+} kvg_finish_reason;
+
+typedef struct kvg_sched_event {
+    kvg_sched_event_kind kind;
+    uint64_t id;
+    void *user;
+    int sample;                  /* TOKEN, FINISHED: 0..n-1 */
+    int32_t token;               /* TOKEN */
+    float logprob;               /* TOKEN */
+    const char *text;            /* TOKEN, FINISHED: bytes now visible (may be 0 long) */
+    size_t text_len;
+    kvg_finish_reason reason;    /* FINISHED */
+    int32_t cached_tokens;       /* ACCEPTED, DONE */
+    int32_t prompt_tokens;       /* DONE */
+    int32_t completion_tokens;   /* DONE: over all samples */
+    const char *error;           /* FINISHED with KVG_FINISH_ERROR */
+} kvg_sched_event;
+
+typedef void (*kvg_sched_cb)(void *ctx, const kvg_sched_event *ev);
+
+typedef struct kvg_sched_bucket_stats {
+    uint64_t requests, prompt_tokens, cached_tokens, completion_tokens;
+} kvg_sched_bucket_stats;
+
+typedef struct kvg_sched_stats {
+    kvg_sched_bucket_stats bucket[KVG_SCHED_BUCKETS];
+    uint64_t steps, preemptions, rejected, cancelled;
+    uint64_t prefill_tokens, decode_tokens;
+    double prefill_s, decode_s;  /* step time split by each kind's share of rows */
+    uint64_t ttft_count;
+    double ttft_sum_s, ttft_max_s;
+    int32_t waiting, running;    /* requests */
+} kvg_sched_stats;
+
+const char *kvg_finish_reason_name(kvg_finish_reason r);   /* OpenAI's word */
+
+/* Borrows everything; fw must run over pc's pool. NULL with err. */
+kvg_sched *kvg_sched_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache *pc,
+                         kvg_kv_pool *pool, const kvg_sched_config *cfg,
+                         kvg_sched_cb cb, void *cb_ctx, char *err, size_t err_len);
+/* Releases every live request's blocks (no events). */
+void kvg_sched_free(kvg_sched *s);
+
+/* Queues a request (everything is copied). 0, or -1 with err when it is invalid or
+ * could never fit; nothing is queued then. */
+int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err_len);
+
+/* Cancels a live request: its samples finish with KVG_FINISH_CANCELLED and its
+ * blocks are released now (or at the end of the current step when called from a
+ * callback). 0, or -1 when no live request has that id. */
+int kvg_sched_cancel(kvg_sched *s, uint64_t id);
+
+/* One scheduling step and forward pass. Returns the number of rows computed (0 when
+ * idle), or -1 with err on an engine failure (the requests in the failed batch are
+ * finished with KVG_FINISH_ERROR; the scheduler stays usable). */
+int kvg_sched_step(kvg_sched *s, char *err, size_t err_len);
+
+/* Requests not finished yet (waiting + running). */
+int kvg_sched_pending(const kvg_sched *s);
+
+void kvg_sched_get_stats(const kvg_sched *s, kvg_sched_stats *out);
+
+#endif

@@ -1,0 +1,485 @@
+/* The prefix cache's bookkeeping, without a model: exact reference counts while
+ * shared, exact eviction order (partial blocks first, then LRU with chains released
+ * tail first), TTL expiry (sweep and lazy, hits refresh), tenant and model isolation,
+ * quota-driven eviction, pinning under pressure and its cap, and thousands of random
+ * admissions / decodes / forks / cancellations with every invariant checked after
+ * each operation. Blocks of 4 tokens; "prefill" just marks the reserved positions
+ * written. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tap.h"
+#include "kv_cache.h"
+#include "prefix_cache.h"
+#include "prefix_hash.h"
+
+#define BT 4
+#define MAXT 96
+
+static kvg_prefix_hasher *hasher;
+static char err[256];
+
+typedef struct req {
+    kvg_kv_seq seq;
+    int tenant;
+    int32_t toks[MAXT];
+    int n;                       /* tokens known (prompt, then generated) */
+    uint8_t h[MAXT / BT][KVG_PREFIX_HASH_LEN];
+    int n_h;
+    int64_t ttl;
+} req;
+
+static kvg_kv_pool *pool_new(int n_blocks)
+{
+    kvg_kv_geom g = { 1, 1, 1, BT };
+    return kvg_kv_pool_new(&g, n_blocks, err, sizeof err);
+}
+
+static kvg_prefix_cache *pc_new(kvg_kv_pool *p, double pin, double quota)
+{
+    kvg_pc_config c;
+    memset(&c, 0, sizeof c);
+    memcpy(c.model_id, "model-A-0123456789abcdef01234567", KVG_PREFIX_HASH_LEN);
+    c.pinned_share = pin;
+    c.default_quota = quota;
+    return kvg_pc_new(p, &c, err, sizeof err);
+}
+
+static void chain(kvg_prefix_cache *pc, req *r)
+{
+    uint8_t root[KVG_PREFIX_HASH_LEN];
+    size_t nb;
+    if (kvg_pc_tenant_root(pc, hasher, r->tenant, root, err, sizeof err) != 0 ||
+        kvg_prefix_chain(hasher, root, r->toks, (size_t)r->n, BT, r->h, MAXT / BT, &nb,
+                         err, sizeof err) != 0)
+        diag("chain: %s", err);
+    r->n_h = (int)nb;
+}
+
+static void req_init(kvg_prefix_cache *pc, req *r, int tenant, const int32_t *toks, int n,
+                     int64_t ttl)
+{
+    memset(r, 0, sizeof *r);
+    r->tenant = tenant;
+    memcpy(r->toks, toks, (size_t)n * sizeof *toks);
+    r->n = n;
+    r->ttl = ttl;
+    chain(pc, r);
+}
+
+/* Admits r, marks the prompt written and publishes its full blocks. Returns the
+ * cached token count or -1. */
+static int32_t run_prompt(kvg_prefix_cache *pc, req *r, int64_t now)
+{
+    int32_t got = kvg_pc_admit(pc, &r->seq, r->tenant, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])r->h,
+                               r->n_h, r->n, r->ttl, now, 0, err, sizeof err);
+    if (got < 0)
+        return -1;
+    r->seq.n_tokens = r->n;
+    for (int i = 0; i < r->n_h; i++)
+        kvg_pc_commit(pc, &r->seq, i, r->h[i], r->tenant, r->ttl, now);
+    return got;
+}
+
+static int32_t hits_of(kvg_prefix_cache *pc, req *r)
+{
+    int32_t total = (r->n + BT - 1) / BT;
+    return total - kvg_pc_blocks_needed(pc, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])r->h, r->n_h, r->n);
+}
+
+static void seq_toks(int32_t *t, int n, int base)
+{
+    for (int i = 0; i < n; i++)
+        t[i] = base + i;
+}
+
+static int check(kvg_prefix_cache *pc, const kvg_kv_seq *const *s, size_t n, const char *what)
+{
+    if (kvg_pc_check(pc, s, n, err, sizeof err) != 0) {
+        ok(0, "invariants after %s: %s", what, err);
+        return -1;
+    }
+    return 0;
+}
+
+static void test_refcounts(void)
+{
+    kvg_kv_pool *p = pool_new(16);
+    kvg_prefix_cache *pc = pc_new(p, 0, 0);
+    int t = kvg_pc_tenant(pc, "t", 1, 0);
+    int32_t toks[32];
+    req a, b, c, d;
+    kvg_pc_stats st;
+    seq_toks(toks, 32, 100);
+    req_init(pc, &a, t, toks, 13, 0);   /* 3 full blocks + 1 token */
+    req_init(pc, &b, t, toks, 16, 0);   /* 4 full blocks */
+    req_init(pc, &c, t, toks, 12, 0);   /* exactly 3 blocks */
+    is_int(run_prompt(pc, &a, 0), 0, "first request: a miss");
+    is_int(run_prompt(pc, &b, 0), 12, "second: 3 blocks hit");
+    for (int i = 0; i < 3; i++)
+        is_int(kvg_kv_block_refcount(p, a.seq.blocks[i]), 2, "  block %d shared, refcount 2", i);
+    ok(b.seq.blocks[3] != a.seq.blocks[3], "  the 4th block is b's own");
+    is_int(run_prompt(pc, &c, 0), 8, "whole prompt cached: its last block is recomputed");
+    is_int(kvg_kv_block_refcount(p, a.seq.blocks[0]), 3, "  refcount 3");
+    is_int(kvg_kv_block_refcount(p, a.seq.blocks[2]), 2, "  block 2 not taken: refcount 2");
+    ok(c.seq.blocks[2] != a.seq.blocks[2], "  the recomputed copy is private");
+    {
+        const kvg_kv_seq *s[] = { &a.seq, &b.seq, &c.seq };
+        ok(check(pc, s, 3, "sharing") == 0, "invariants hold while shared");
+        kvg_pc_release(pc, &c.seq, 1);
+        is_int(kvg_kv_block_refcount(p, a.seq.blocks[0]), 2, "c released: refcount 2");
+        ok(check(pc, s, 2, "release") == 0, "invariants hold");
+    }
+    /* fork: every block shared, the partial one copied on first write */
+    req_init(pc, &d, t, toks, 1, 0);
+    {
+        kvg_kv_seq f;
+        int32_t last = a.seq.blocks[3];
+        kvg_kv_seq_init(&f);
+        ok(kvg_pc_fork(pc, &a.seq, &f, err, sizeof err) == 0, "fork");
+        is_int(kvg_kv_block_refcount(p, last), 2, "  the partial block is shared by the fork");
+        ok(kvg_pc_prepare(pc, &f, 1, 1, err, sizeof err) == 0, "  fork appends");
+        ok(f.blocks[3] != last, "  and gets its own copy of the partial block");
+        is_int(kvg_kv_block_refcount(p, last), 1, "  the original is a's alone again");
+        is_int(kvg_kv_block_refcount(p, a.seq.blocks[0]), 3, "  full blocks: refcount 3");
+        kvg_pc_release(pc, &f, 2);
+    }
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.query_tokens, 13 + 16 + 12, "query tokens counted once per request");
+    is_int(st.hit_tokens, 12 + 8, "hit tokens");
+    kvg_pc_release(pc, &a.seq, 3);
+    kvg_pc_release(pc, &b.seq, 3);
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.blocks_used, 0, "all released: none in use");
+    is_int(st.blocks_cached, 4, "4 hashed blocks cached");
+    is_int(st.blocks_free, 12, "the rest free");
+    is_int(kvg_pc_tenant_cached_blocks(pc, t), 4, "charged to the tenant");
+    /* recompute (preemption) counts apart */
+    req_init(pc, &c, t, toks, 12, 0);
+    is_int(kvg_pc_admit(pc, &c.seq, t, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])c.h, c.n_h, c.n, 0,
+                        4, 1, err, sizeof err), 8, "recompute admission hits");
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.query_tokens, 41, "  not a query");
+    is_int(st.recompute_tokens, 12, "  counted as a recompute");
+    is_int(st.recompute_hit_tokens, 8, "  with its hit tokens");
+    kvg_pc_release(pc, &c.seq, 5);
+    ok(check(pc, NULL, 0, "end") == 0, "invariants at the end");
+    kvg_pc_free(pc);
+    is_int(kvg_kv_pool_free_blocks(p), 16, "freeing the cache returns its blocks to the pool");
+    kvg_kv_pool_free(p);
+}
+
+static void test_eviction_order(void)
+{
+    kvg_kv_pool *p = pool_new(6);
+    kvg_prefix_cache *pc = pc_new(p, 0, 0);
+    int t = kvg_pc_tenant(pc, "", 0, 0);
+    int32_t ta[16], tb[16];
+    req a, b;
+    kvg_kv_seq x;
+    kvg_pc_stats st;
+    seq_toks(ta, 16, 10);
+    seq_toks(tb, 16, 500);
+    req_init(pc, &a, t, ta, 9, 0);
+    req_init(pc, &b, t, tb, 9, 0);
+    run_prompt(pc, &a, 1);
+    run_prompt(pc, &b, 1);
+    kvg_pc_release(pc, &a.seq, 2);
+    kvg_pc_release(pc, &b.seq, 3);
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.blocks_free, 2, "the two partial blocks are free");
+    is_int(st.blocks_cached, 4, "4 cached");
+    kvg_kv_seq_init(&x);
+    ok(kvg_pc_prepare(pc, &x, 2 * BT, 4, err, sizeof err) == 0, "2 blocks");
+    x.n_tokens = 2 * BT;
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.evictions[KVG_EVICT_LRU], 0, "partial blocks reused first: nothing evicted");
+    is_int(hits_of(pc, &a), 2, "  a fully cached");
+    int want_a[] = { 1, 0, 0, 0 }, want_b[] = { 2, 2, 1, 0 };
+    for (int k = 0; k < 4; k++) {
+        char what[64];
+        ok(kvg_pc_prepare(pc, &x, BT, 4, err, sizeof err) == 0, "one more block (%d)", k + 3);
+        x.n_tokens += BT;
+        is_int(hits_of(pc, &a), want_a[k], "  a keeps %d blocks (tail evicted first)", want_a[k]);
+        is_int(hits_of(pc, &b), want_b[k], "  b keeps %d blocks", want_b[k]);
+        snprintf(what, sizeof what, "eviction %d", k);
+        {
+            const kvg_kv_seq *s[] = { &x };
+            check(pc, s, 1, what);
+        }
+    }
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.evictions[KVG_EVICT_LRU], 4, "4 LRU evictions");
+    ok(kvg_pc_prepare(pc, &x, BT, 4, err, sizeof err) != 0, "pool exhausted: an error");
+    kvg_pc_release(pc, &x, 5);
+    kvg_pc_free(pc);
+    kvg_kv_pool_free(p);
+}
+
+static void test_ttl(void)
+{
+    kvg_kv_pool *p = pool_new(16);
+    kvg_prefix_cache *pc = pc_new(p, 0, 0);
+    int t = kvg_pc_tenant(pc, "x", 1, 0);
+    int32_t ta[16], tb[16];
+    req a, b, c;
+    kvg_pc_stats st;
+    seq_toks(ta, 16, 7);
+    seq_toks(tb, 16, 70);
+    req_init(pc, &a, t, ta, 9, 100);
+    run_prompt(pc, &a, 1000);
+    kvg_pc_release(pc, &a.seq, 1000);
+    is_int(kvg_pc_sweep(pc, 1050), 0, "sweep before the TTL: nothing");
+    req_init(pc, &a, t, ta, 9, 100);
+    is_int(run_prompt(pc, &a, 1080), 8, "a hit at 80 ms");
+    kvg_pc_release(pc, &a.seq, 1080);
+    is_int(kvg_pc_sweep(pc, 1150), 0, "the hit refreshed the TTL: still cached at 150 ms");
+    is_int(kvg_pc_sweep(pc, 1181), 2, "expired at 181 ms: 2 blocks");
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.evictions[KVG_EVICT_TTL], 2, "counted as TTL evictions");
+    is_int(st.blocks_cached, 0, "nothing cached");
+    is_int(hits_of(pc, &a), 0, "the chain is gone");
+    /* lazy: an admission after the TTL expires it */
+    req_init(pc, &b, t, tb, 9, 50);
+    run_prompt(pc, &b, 2000);
+    kvg_pc_release(pc, &b.seq, 2000);
+    is_int(hits_of(pc, &b), 2, "b cached");
+    req_init(pc, &c, t, ta, 5, 0);
+    run_prompt(pc, &c, 2051);
+    is_int(hits_of(pc, &b), 0, "an admission after b's TTL expired it lazily");
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.evictions[KVG_EVICT_TTL], 4, "2 more TTL evictions");
+    /* default TTL is 5 minutes */
+    kvg_pc_release(pc, &c.seq, 2051);
+    is_int(kvg_pc_sweep(pc, 2051 + 299999), 0, "default TTL: alive just before 5 min");
+    is_int(kvg_pc_sweep(pc, 2051 + 300000), 1, "expired at 5 min");
+    ok(check(pc, NULL, 0, "ttl") == 0, "invariants");
+    kvg_pc_free(pc);
+    kvg_kv_pool_free(p);
+}
+
+static void test_tenants_and_model(void)
+{
+    kvg_kv_pool *p = pool_new(16);
+    kvg_prefix_cache *pc = pc_new(p, 0, 0);
+    int t1 = kvg_pc_tenant(pc, "alice", 5, 0), t2 = kvg_pc_tenant(pc, "bob", 3, 0);
+    int32_t tk[16];
+    req a, b, c;
+    uint8_t m2[KVG_PREFIX_HASH_LEN];
+    ok(t1 >= 0 && t2 >= 0 && t1 != t2, "two tenants");
+    is_int(kvg_pc_tenant(pc, "alice", 5, 0), t1, "same salt, same tenant");
+    seq_toks(tk, 16, 3);
+    req_init(pc, &a, t1, tk, 13, 0);
+    run_prompt(pc, &a, 1);
+    kvg_pc_release(pc, &a.seq, 1);
+    req_init(pc, &b, t2, tk, 13, 0);
+    ok(memcmp(a.h[0], b.h[0], KVG_PREFIX_HASH_LEN) != 0, "another salt, other hashes");
+    is_int(run_prompt(pc, &b, 2), 0, "the other tenant misses");
+    kvg_pc_release(pc, &b.seq, 2);
+    /* alice's hashes presented for bob: refused */
+    memset(&c, 0, sizeof c);
+    is_int(kvg_pc_admit(pc, &c.seq, t2, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])a.h, a.n_h, 13, 0, 3,
+                        0, err, sizeof err), 0, "a block is never handed to another tenant");
+    kvg_pc_release(pc, &c.seq, 3);
+    is_int(kvg_pc_tenant_cached_blocks(pc, t1), 3, "alice: 3 blocks");
+    is_int(kvg_pc_tenant_cached_blocks(pc, t2), 3, "bob: 3 blocks");
+    /* model change */
+    memcpy(m2, "model-B-0123456789abcdef01234567", KVG_PREFIX_HASH_LEN);
+    kvg_pc_set_model(pc, m2);
+    req_init(pc, &c, t1, tk, 13, 0);
+    ok(memcmp(a.h[0], c.h[0], KVG_PREFIX_HASH_LEN) != 0, "another model id, other hashes");
+    is_int(hits_of(pc, &a), 0, "the old model's blocks are gone");
+    is_int(kvg_pc_tenant_cached_blocks(pc, t1), 0, "nothing charged");
+    ok(check(pc, NULL, 0, "model") == 0, "invariants");
+    kvg_pc_free(pc);
+    kvg_kv_pool_free(p);
+}
+
+static void test_quota(void)
+{
+    kvg_kv_pool *p = pool_new(12);
+    kvg_prefix_cache *pc = pc_new(p, 0, 0);
+    int q = kvg_pc_tenant(pc, "quiet", 5, 0), n = kvg_pc_tenant(pc, "noisy", 5, 0.25);
+    int32_t tq[16], tn[3][16];
+    req a, r[3];
+    kvg_kv_seq x;
+    kvg_pc_stats st;
+    seq_toks(tq, 16, 1);
+    req_init(pc, &a, q, tq, 9, 0);
+    run_prompt(pc, &a, 1);
+    kvg_pc_release(pc, &a.seq, 1);           /* quiet: 2 cached, the oldest */
+    for (int i = 0; i < 3; i++) {
+        seq_toks(tn[i], 16, 100 * (i + 1));
+        req_init(pc, &r[i], n, tn[i], 9, 0);
+        run_prompt(pc, &r[i], 2 + i);
+        kvg_pc_release(pc, &r[i].seq, 2 + i);
+    }
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.blocks_cached, 8, "8 cached (noisy holds 6, its quota is 3)");
+    kvg_kv_seq_init(&x);
+    ok(kvg_pc_prepare(pc, &x, 7 * BT, 10, err, sizeof err) == 0, "7 blocks: 4 free + 3 evicted");
+    x.n_tokens = 7 * BT;
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.evictions[KVG_EVICT_QUOTA], 3, "3 quota evictions");
+    is_int(st.evictions[KVG_EVICT_LRU], 0, "no plain LRU eviction");
+    is_int(hits_of(pc, &a), 2, "the quiet tenant's older entry survives");
+    is_int(kvg_pc_tenant_cached_blocks(pc, n), 3, "noisy is back at its quota");
+    is_int(hits_of(pc, &r[0]), 0, "noisy's oldest chain went first");
+    is_int(hits_of(pc, &r[1]), 1, "then the tail of its next one");
+    ok(kvg_pc_prepare(pc, &x, 2 * BT, 11, err, sizeof err) == 0, "2 more");
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.evictions[KVG_EVICT_LRU], 2, "within quota: plain LRU (the quiet tenant's oldest)");
+    is_int(hits_of(pc, &a), 0, "  which was the quiet tenant's");
+    {
+        const kvg_kv_seq *s[] = { &x };
+        ok(check(pc, s, 1, "quota") == 0, "invariants");
+    }
+    kvg_pc_release(pc, &x, 12);
+    kvg_pc_free(pc);
+    kvg_kv_pool_free(p);
+}
+
+static void test_pinned(void)
+{
+    kvg_kv_pool *p = pool_new(8);
+    kvg_prefix_cache *pc = pc_new(p, 0.25, 0);   /* cap: 2 blocks */
+    int t = kvg_pc_tenant(pc, "", 0, 0);
+    int32_t tk[16];
+    req a;
+    kvg_kv_seq x;
+    kvg_pc_stats st;
+    seq_toks(tk, 16, 40);
+    req_init(pc, &a, t, tk, 13, KVG_PC_TTL_PINNED);
+    run_prompt(pc, &a, 1);
+    kvg_pc_release(pc, &a.seq, 1);
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.blocks_pinned, 2, "3 blocks asked to pin, the cap allows 2");
+    is_int(st.blocks_cached, 3, "3 cached");
+    kvg_kv_seq_init(&x);
+    ok(kvg_pc_prepare(pc, &x, 6 * BT, 2, err, sizeof err) == 0, "6 blocks under pressure");
+    ok(kvg_pc_prepare(pc, &x, 7 * BT, 2, err, sizeof err) != 0, "a 7th cannot evict a pinned one");
+    is_int(hits_of(pc, &a), 2, "the pinned prefix survives");
+    is_int(kvg_pc_sweep(pc, INT64_MAX / 2), 0, "pinned blocks never expire");
+    is_int(hits_of(pc, &a), 2, "still there");
+    {
+        const kvg_kv_seq *s[] = { &x };
+        ok(check(pc, s, 1, "pinned") == 0, "invariants");
+    }
+    kvg_pc_release(pc, &x, 3);
+    kvg_pc_free(pc);
+    kvg_kv_pool_free(p);
+}
+
+static uint64_t rs = 99;
+static uint32_t rnd(uint32_t n)
+{
+    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rs >> 33) % n;
+}
+
+static void test_random(void)
+{
+    enum { NR = 12, OPS = 6000 };
+    kvg_kv_pool *p = pool_new(40);
+    kvg_prefix_cache *pc = pc_new(p, 0.1, 0);
+    int tn[3];
+    req *rq = calloc(NR, sizeof *rq);
+    int live[NR] = { 0 };
+    int64_t now = 0;
+    int fails = 0, admitted = 0, hits = 0;
+    kvg_pc_stats st;
+    tn[0] = kvg_pc_tenant(pc, "a", 1, 0);
+    tn[1] = kvg_pc_tenant(pc, "b", 1, 0.3);
+    tn[2] = kvg_pc_tenant(pc, "c", 1, 0);
+    for (int op = 0; op < OPS && !fails; op++) {
+        int i = (int)rnd(NR), k = (int)rnd(10);
+        req *r = &rq[i];
+        now += rnd(50);
+        if (!live[i]) {
+            int32_t toks[MAXT];
+            int pre = (int)rnd(4), n = 1 + (int)rnd(40);
+            int64_t ttls[] = { 0, 200, 5000, KVG_PC_TTL_PINNED };
+            for (int j = 0; j < n; j++)   /* shared prefixes: 4 families */
+                toks[j] = j < 20 ? pre * 1000 + j : (int32_t)rnd(50);
+            req_init(pc, r, tn[rnd(3)], toks, n, ttls[rnd(4)]);
+            int32_t got = run_prompt(pc, r, now);
+            if (got >= 0) {
+                live[i] = 1;
+                admitted++;
+                hits += got > 0;
+            }
+        } else if (k < 5 && r->n < MAXT - 1) {
+            /* decode one token; publish the block it fills */
+            if (kvg_pc_prepare(pc, &r->seq, 1, now, err, sizeof err) == 0) {
+                r->toks[r->n++] = (int32_t)rnd(50);
+                r->seq.n_tokens++;
+                if (r->n % BT == 0) {
+                    int b = r->n / BT - 1;
+                    kvg_prefix_next(hasher, r->h[b - 1 >= 0 ? b - 1 : 0], r->toks + b * BT, BT,
+                                    r->h[b], err, sizeof err);
+                    if (b == 0)
+                        chain(pc, r);
+                    r->n_h = b + 1;
+                    kvg_pc_commit(pc, &r->seq, b, r->h[b], r->tenant, r->ttl, now);
+                }
+            }
+        } else if (k < 6) {
+            int j = (int)rnd(NR);
+            if (!live[j]) {    /* n > 1: fork */
+                rq[j] = *r;
+                kvg_kv_seq_init(&rq[j].seq);
+                if (kvg_pc_fork(pc, &r->seq, &rq[j].seq, err, sizeof err) == 0)
+                    live[j] = 1;
+            }
+        } else if (k < 9) {
+            kvg_pc_release(pc, &r->seq, now);
+            live[i] = 0;
+        } else {
+            kvg_pc_sweep(pc, now);
+        }
+        {
+            const kvg_kv_seq *s[NR];
+            size_t ns = 0;
+            for (int j = 0; j < NR; j++)
+                if (live[j])
+                    s[ns++] = &rq[j].seq;
+            if (kvg_pc_check(pc, s, ns, err, sizeof err) != 0) {
+                ok(0, "random op %d: %s", op, err);
+                fails++;
+            }
+        }
+    }
+    ok(!fails, "%d random operations: invariants after every one", OPS);
+    ok(admitted > 500 && hits > 50, "the workload admitted (%d) and hit (%d)", admitted, hits);
+    for (int j = 0; j < NR; j++)
+        if (live[j])
+            kvg_pc_release(pc, &rq[j].seq, now);
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.blocks_used, 0, "everything released: no block leaked");
+    is_int(st.blocks_free + st.blocks_cached, 40, "free + cached == total");
+    ok(st.evictions[KVG_EVICT_LRU] + st.evictions[KVG_EVICT_QUOTA] + st.evictions[KVG_EVICT_TTL] > 0,
+       "evictions happened");
+    ok(check(pc, NULL, 0, "random end") == 0, "invariants at the end");
+    free(rq);
+    kvg_pc_free(pc);
+    kvg_kv_pool_free(p);
+}
+
+int main(void)
+{
+    hasher = kvg_prefix_hasher_new(err, sizeof err);
+    if (!hasher) {
+        ok(0, "hasher: %s", err);
+        return done_testing();
+    }
+    test_refcounts();
+    test_eviction_order();
+    test_ttl();
+    test_tenants_and_model();
+    test_quota();
+    test_pinned();
+    test_random();
+    kvg_prefix_hasher_free(hasher);
+    return done_testing();
+}
