@@ -78,8 +78,10 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int64_t now_ms(void)
+static int64_t now_ms(const kvg_sched *s)
 {
+    if (s->cfg.now_ms)
+        return s->cfg.now_ms(s->cfg.now_ctx);
     return (int64_t)(mono_s() * 1000.0);
 }
 
@@ -136,7 +138,7 @@ kvg_sched *kvg_sched_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache *
 static void req_free(kvg_sched *s, req *q)
 {
     for (int j = 0; j < q->n; j++) {
-        kvg_pc_release(s->pc, &q->smp[j].seq, now_ms());
+        kvg_pc_release(s->pc, &q->smp[j].seq, now_ms(s));
         free(q->smp[j].seq.blocks);
         free(q->smp[j].gen);
     }
@@ -387,7 +389,7 @@ static void finish_sample(kvg_sched *s, req *q, int j, kvg_finish_reason why, co
     }
     p->done = 1;
     q->n_live--;
-    kvg_pc_release(s->pc, &p->seq, now_ms());
+    kvg_pc_release(s->pc, &p->seq, now_ms(s));
     ev.kind = KVG_SEV_FINISHED;
     ev.sample = j;
     ev.reason = why;
@@ -597,7 +599,7 @@ static void admit(kvg_sched *s, int64_t now)
 
 static void preempt(kvg_sched *s, req *q)
 {
-    int64_t now = now_ms();
+    int64_t now = now_ms(s);
     for (int j = 0; j < q->n; j++) {
         sample *p = &q->smp[j];
         kvg_pc_release(s->pc, &p->seq, now);
@@ -643,7 +645,7 @@ static int32_t prefill_left(const req *q, int j)
 
 int kvg_sched_step(kvg_sched *s, char *err, size_t err_len)
 {
-    int64_t now = now_ms();
+    int64_t now = now_ms(s);
     double t0 = mono_s();
     int n_items = 0, rows = 0, n_decode_rows = 0, n_out = 0, rc = 0;
     int32_t budget;

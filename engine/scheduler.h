@@ -53,6 +53,10 @@ typedef struct kvg_sched_config {
     int32_t max_running;         /* running samples; 0: 64 */
     double bypass_share;         /* prefill budget kept for bypass requests; 0: 0.25 */
     int64_t default_ttl_ms;      /* for committed blocks; 0: the cache's default */
+    /* The clock the prefix cache's TTLs are measured on (monotonic ms); NULL:
+     * CLOCK_MONOTONIC. Lets tests move time, e.g. to expire blocks. */
+    int64_t (*now_ms)(void *ctx);
+    void *now_ctx;
 } kvg_sched_config;
 
 typedef struct kvg_sched_req {
