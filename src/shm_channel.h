@@ -1,0 +1,273 @@
+/* Shared-memory channel between the nginx workers (clients) and the engine.
+ *
+ * One region holds two single-producer single-consumer directions:
+ *   sq  client -> engine  (submit, cancel)
+ *   cq  engine -> client  (accepted, tokens, finished, error)
+ * Each direction is a ring of fixed-size message slots plus a byte ring (the
+ * "data area") for the variable-length payload of each message. No locks:
+ * each shared index has exactly one writer, published with release stores and
+ * read with acquire loads. Waiting is the caller's job (eventfd doorbells).
+ *
+ * Layout (all offsets from the region start, every part 64-byte aligned):
+ *   kvg_shm_header | sq ctl | cq ctl | sq slots | cq slots | sq data | cq data
+ * The region holds no pointers and only fixed-width types, so both processes
+ * can map it anywhere. A region received from the other process is untrusted:
+ * attach validates the whole layout, and every index or length read from it
+ * later is validated again before use; a bad value yields -1, never an
+ * out-of-bounds access. A ring that saw corruption stays failed.
+ *
+ * Payload contents live in shared memory the peer can still write to. Bounds
+ * are checked on a private copy of the slot, so payload pointers are always in
+ * range, but the bytes themselves may change under a hostile peer: parse them
+ * from a private copy (kvg_shm_try_pop makes one). */
+#ifndef KVG_SHM_CHANNEL_H
+#define KVG_SHM_CHANNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdatomic.h>
+
+#define KVG_SHM_MAGIC        0x53475652u   /* "RVGS" little-endian: kvgate shm */
+#define KVG_SHM_VERSION      1u
+#define KVG_SHM_ALIGN        64u           /* cache line; every part starts on one */
+#define KVG_SHM_SLOT_SIZE    256u
+#define KVG_SHM_SLOT_HDR     24u
+#define KVG_SHM_BODY_MAX     (KVG_SHM_SLOT_SIZE - KVG_SHM_SLOT_HDR)   /* 232 */
+#define KVG_SHM_SLOTS_MAX    (1u << 20)
+#define KVG_SHM_DATA_MIN     64u
+#define KVG_SHM_DATA_MAX     ((uint64_t)1 << 31)
+#define KVG_SHM_PAYLOAD_ALIGN 8u
+
+/* Return values of try_push / peek / try_pop besides 0 and -1. */
+#define KVG_SHM_FULL   1
+#define KVG_SHM_EMPTY  1
+
+/* ---- Shared layout (what lies in the region) ---- */
+
+/* Where one direction's parts are. Counts are powers of two so that the
+ * free-running 64-bit sequence numbers map to positions with a mask. */
+typedef struct kvg_shm_ring_desc {
+    uint64_t ctl_off;        /* kvg_shm_ctl */
+    uint64_t slots_off;      /* slot_count * KVG_SHM_SLOT_SIZE bytes */
+    uint64_t data_off;       /* data_cap bytes */
+    uint64_t data_cap;       /* power of two, KVG_SHM_DATA_MIN..KVG_SHM_DATA_MAX */
+    uint32_t slot_count;     /* power of two, 1..KVG_SHM_SLOTS_MAX */
+    uint32_t reserved;
+} kvg_shm_ring_desc;
+
+typedef struct kvg_shm_header {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t total_size;     /* bytes of the whole region */
+    uint32_t header_size;    /* sizeof(kvg_shm_header) */
+    uint32_t slot_size;      /* KVG_SHM_SLOT_SIZE */
+    uint32_t reserved[2];
+    kvg_shm_ring_desc sq;
+    kvg_shm_ring_desc cq;
+} kvg_shm_header;
+
+/* The indices of one direction: free-running 64-bit counters (they never wrap
+ * in practice, and the arithmetic is done on differences so even a wrap would
+ * be harmless). Producer-written and consumer-written counters sit on separate
+ * cache lines so that the two processes don't bounce one line on every
+ * message. */
+typedef struct kvg_shm_ctl {
+    _Alignas(64) _Atomic uint64_t tail;      /* slots published (producer) */
+    _Atomic uint64_t data_tail;              /* bytes reserved (producer; informative) */
+    _Alignas(64) _Atomic uint64_t head;      /* slots released (consumer) */
+    _Atomic uint64_t data_head;              /* bytes released (consumer) */
+} kvg_shm_ctl;
+
+/* ---- Process-private handles ---- */
+
+/* A view of one direction. The side's own counters are kept here and only
+ * written to the region, never read back from it: the peer could overwrite
+ * them, and we must not trust our own index once it sits in shared memory.
+ * A single handle can serve a producer thread and a consumer thread at once
+ * (they touch disjoint fields). */
+typedef struct kvg_shm_ring {
+    kvg_shm_ctl *ctl;
+    unsigned char *slots;
+    unsigned char *data;
+    uint64_t data_cap;
+    uint32_t slot_mask;
+    _Alignas(64) uint64_t p_tail;        /* producer side */
+    uint64_t p_data_tail;
+    int p_failed;
+    _Alignas(64) uint64_t c_head;        /* consumer side */
+    uint64_t c_data_head;
+    uint64_t c_peek_data_end;            /* data_head after the peeked message */
+    int c_peeked;
+    int c_failed;
+} kvg_shm_ring;
+
+typedef struct kvg_shm {
+    kvg_shm_ring sq;         /* client produces, engine consumes */
+    kvg_shm_ring cq;         /* engine produces, client consumes */
+    uint64_t size;
+} kvg_shm;
+
+typedef struct kvg_shm_caps {
+    uint32_t sq_slots, cq_slots;         /* powers of two */
+    uint64_t sq_data, cq_data;           /* data area bytes, powers of two */
+} kvg_shm_caps;
+
+/* A message as seen by the consumer. body is a private copy; payload points
+ * into the shared data area after kvg_shm_peek (valid until kvg_shm_consume)
+ * or into the caller's buffer after kvg_shm_try_pop. */
+typedef struct kvg_shm_msg {
+    uint32_t type;
+    uint32_t body_len;
+    uint32_t payload_len;
+    _Alignas(8) unsigned char body[KVG_SHM_BODY_MAX];
+    const unsigned char *payload;
+} kvg_shm_msg;
+
+/* Bytes needed for a region with these capacities; 0 if a capacity is invalid. */
+size_t kvg_shm_region_size(const kvg_shm_caps *caps);
+
+/* Lays out a fresh region in caller memory (64-byte aligned, at least
+ * kvg_shm_region_size bytes; e.g. an mmap'ed memfd) with empty rings. */
+int kvg_shm_init(void *mem, size_t size, const kvg_shm_caps *caps,
+                 char *err, size_t err_len);
+
+/* Validates a region of `size` mapped bytes and fills *h. Both sides attach
+ * (the creator too). The own counters are taken from the region once, here. */
+int kvg_shm_attach(kvg_shm *h, void *mem, size_t size, char *err, size_t err_len);
+
+/* Largest payload a ring accepts: half its data area. A payload is stored
+ * contiguously, and when it doesn't fit before the end of the area the space
+ * up to the end is skipped; bounding payloads by half the area guarantees a
+ * payload always fits once the consumer has drained, wherever the ring stands
+ * (a larger one could wait forever). */
+uint64_t kvg_shm_max_payload(const kvg_shm_ring *r);
+
+/* Producer: 0 pushed, KVG_SHM_FULL when the slot ring or the data area has no
+ * room now (wait for the doorbell, retry), -1 on error (body or payload too
+ * large, corrupt indices). */
+int kvg_shm_try_push(kvg_shm_ring *r, uint32_t type, const void *body, size_t body_len,
+                     const void *payload, size_t payload_len, char *err, size_t err_len);
+
+/* Consumer: 0 with the oldest message in *m (not released; peeking again
+ * returns it again), KVG_SHM_EMPTY, or -1 on a corrupt ring. */
+int kvg_shm_peek(kvg_shm_ring *r, kvg_shm_msg *m, char *err, size_t err_len);
+
+/* Consumer: releases the message returned by the last kvg_shm_peek. */
+int kvg_shm_consume(kvg_shm_ring *r, char *err, size_t err_len);
+
+/* Consumer: peek, copy the payload into buf (buf_cap bytes), consume. A
+ * payload larger than buf_cap is an error and leaves the message in place. */
+int kvg_shm_try_pop(kvg_shm_ring *r, kvg_shm_msg *m, void *buf, size_t buf_cap,
+                    char *err, size_t err_len);
+
+/* ---- Protocol messages (slot bodies) ----
+ * Every body starts with its protocol version; the receiver checks type,
+ * body_len == sizeof(struct) and version before reading anything else, then
+ * the payload layout against payload_len. Payload parts follow one another in
+ * the documented order, each starting at a multiple of 8 bytes from the
+ * payload start. */
+
+#define KVG_PROTO_VERSION 1u
+
+enum kvg_msg_type {
+    KVG_MSG_SUBMIT   = 1,    /* sq */
+    KVG_MSG_CANCEL   = 2,    /* sq */
+    KVG_MSG_ACCEPTED = 3,    /* cq */
+    KVG_MSG_TOKENS   = 4,    /* cq */
+    KVG_MSG_FINISHED = 5,    /* cq */
+    KVG_MSG_ERROR    = 6     /* cq */
+};
+
+#define KVG_SUBMIT_BYPASS    0x1u   /* skip the prefix cache (no bucket) */
+#define KVG_SUBMIT_HAS_SEED  0x2u
+
+/* Payload: tenant salt (salt_len bytes) | token ids (uint32 x n_tokens) |
+ * block hashes (KVG_PREFIX_HASH_LEN bytes x n_block_hashes) | stop string
+ * lengths (uint32 x n_stop) | stop string bytes (stop_bytes, the strings
+ * back to back, their lengths summing to stop_bytes). */
+typedef struct kvg_msg_submit {
+    uint32_t version;
+    uint32_t flags;              /* KVG_SUBMIT_* */
+    uint64_t request_id;         /* chosen by the client, unique per region */
+    uint64_t seed;               /* with KVG_SUBMIT_HAS_SEED */
+    uint32_t bucket;             /* prompt-length bucket bound; KVG_BUCKET_BYPASS = none */
+    int32_t  priority;           /* higher first */
+    uint32_t ttl_ms;             /* drop if not started within; 0 = no limit */
+    uint32_t n;                  /* samples */
+    uint32_t max_tokens;         /* per sample */
+    uint32_t top_k;              /* 0 = off */
+    float    temperature;
+    float    top_p;
+    float    presence_penalty;
+    float    frequency_penalty;
+    uint32_t top_logprobs;       /* alternatives per position; 0 = logprobs off */
+    uint32_t salt_len;
+    uint32_t n_tokens;
+    uint32_t n_block_hashes;
+    uint32_t n_stop;
+    uint32_t stop_bytes;
+} kvg_msg_submit;
+
+/* No payload. */
+typedef struct kvg_msg_cancel {
+    uint32_t version;
+    uint32_t reserved;
+    uint64_t request_id;
+} kvg_msg_cancel;
+
+/* No payload. Sent once the engine has admitted the request. */
+typedef struct kvg_msg_accepted {
+    uint32_t version;
+    uint32_t reserved;
+    uint64_t request_id;
+    uint32_t prompt_tokens;
+    uint32_t cached_tokens;      /* prompt tokens served from the prefix cache */
+} kvg_msg_accepted;
+
+#define KVG_TOKENS_LOGPROBS 0x1u
+
+/* Payload: token ids (uint32 x n_tokens) | with KVG_TOKENS_LOGPROBS, their
+ * logprobs (float x n_tokens) | text bytes (text_len; the detokenized text of
+ * these tokens, possibly ending inside a UTF-8 sequence that the next batch
+ * completes). */
+typedef struct kvg_msg_tokens {
+    uint32_t version;
+    uint32_t flags;              /* KVG_TOKENS_* */
+    uint64_t request_id;
+    uint32_t sample_index;       /* 0..n-1 */
+    uint32_t n_tokens;
+    uint32_t text_len;
+    uint32_t reserved;
+} kvg_msg_tokens;
+
+enum kvg_finish_reason {
+    KVG_FINISH_STOP      = 1,    /* EOS or a stop string */
+    KVG_FINISH_LENGTH    = 2,    /* max_tokens or context */
+    KVG_FINISH_CANCELLED = 3,
+    KVG_FINISH_EXPIRED   = 4     /* TTL passed before it started */
+};
+
+/* No payload. One per sample; usage counts cover the whole request and are
+ * the same in each. */
+typedef struct kvg_msg_finished {
+    uint32_t version;
+    uint32_t sample_index;
+    uint64_t request_id;
+    uint32_t finish_reason;      /* kvg_finish_reason */
+    uint32_t prompt_tokens;
+    uint32_t cached_tokens;
+    uint32_t completion_tokens;
+} kvg_msg_finished;
+
+/* Payload: the message (message_len bytes, meant to be UTF-8 but to be
+ * validated like any other payload). request_id 0 is about the channel, not a
+ * request (e.g. a corrupt submission that could not be attributed). */
+typedef struct kvg_msg_error {
+    uint32_t version;
+    uint32_t code;               /* HTTP-like status: 400 bad request, 503 overloaded, ... */
+    uint64_t request_id;
+    uint32_t message_len;
+    uint32_t reserved;
+} kvg_msg_error;
+
+#endif
