@@ -7,6 +7,7 @@
 #include <jansson.h>
 
 #include "safetensors.h"
+#include "errmsg.h"
 
 /* Real headers are a few hundred KiB at most; the format's own limit is 100 MB. */
 #define MAX_HEADER ((uint64_t)100 << 20)
@@ -15,21 +16,6 @@ struct kvg_safetensors {
     kvg_st_tensor *t;
     size_t n;
 };
-
-__attribute__((format(printf, 4, 5)))
-static void *fail(char *err, size_t err_len, const char *name, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || err_len == 0)
-        return NULL;
-    int n = snprintf(err, err_len, "%s: ", name);
-    if (n >= 0 && (size_t)n < err_len) {
-        va_start(ap, fmt);
-        vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
-    return NULL;
-}
 
 size_t kvg_st_dtype_size(const char *d)
 {
@@ -76,27 +62,27 @@ kvg_safetensors *kvg_st_parse(const void *data, size_t len, const char *name, ch
     uint64_t hl = 0;
 
     if (len < 8)
-        return fail(err, err_len, name, "truncated safetensors file: %zu bytes, no header length", len);
+        return kvg_fail(err, err_len, name, "truncated safetensors file: %zu bytes, no header length", len), NULL;
     for (int i = 7; i >= 0; i--)
         hl = hl << 8 | p[i];
     if (hl < 2 || hl > MAX_HEADER || hl > len - 8)
-        return fail(err, err_len, name, "bad safetensors header length %llu (file has %zu bytes)",
-                    (unsigned long long)hl, len);
+        return kvg_fail(err, err_len, name, "bad safetensors header length %llu (file has %zu bytes)",
+                    (unsigned long long)hl, len), NULL;
     json_t *root = json_loadb((const char *)p + 8, (size_t)hl, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, err_len, name, "bad safetensors header JSON: %s (at byte %d)", je.text, je.position);
+        return kvg_fail(err, err_len, name, "bad safetensors header JSON: %s (at byte %d)", je.text, je.position), NULL;
     kvg_safetensors *st = calloc(1, sizeof *st);
     if (!json_is_object(root) || !st) {
         json_decref(root);
         free(st);
-        return fail(err, err_len, name, "%s", st ? "safetensors header is not a JSON object" : "out of memory");
+        return kvg_fail(err, err_len, name, "%s", st ? "safetensors header is not a JSON object" : "out of memory"), NULL;
     }
     size_t cap = json_object_size(root);
     st->t = calloc(cap ? cap : 1, sizeof *st->t);
     if (!st->t) {
         json_decref(root);
         kvg_st_free(st);
-        return fail(err, err_len, name, "out of memory");
+        return kvg_fail(err, err_len, name, "out of memory"), NULL;
     }
     const unsigned char *base = p + 8 + hl;
     uint64_t avail = len - 8 - hl;
@@ -109,17 +95,17 @@ kvg_safetensors *kvg_st_parse(const void *data, size_t len, const char *name, ch
                *offs = json_object_get(v, "data_offsets");
         if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(offs)
             || json_array_size(offs) != 2) {
-            fail(err, err_len, name, "tensor %s: entry needs dtype, shape and data_offsets [begin, end]", key);
+            kvg_fail(err, err_len, name, "tensor %s: entry needs dtype, shape and data_offsets [begin, end]", key);
             goto bad;
         }
         kvg_st_tensor *t = &st->t[st->n];
         if (json_string_length(dt) >= sizeof t->dtype) {
-            fail(err, err_len, name, "tensor %s: bad dtype", key);
+            kvg_fail(err, err_len, name, "tensor %s: bad dtype", key);
             goto bad;
         }
         snprintf(t->dtype, sizeof t->dtype, "%s", json_string_value(dt));
         if (json_array_size(shape) > KVG_ST_MAX_DIMS) {
-            fail(err, err_len, name, "tensor %s: %zu dimensions (at most %d)", key, json_array_size(shape),
+            kvg_fail(err, err_len, name, "tensor %s: %zu dimensions (at most %d)", key, json_array_size(shape),
                  KVG_ST_MAX_DIMS);
             goto bad;
         }
@@ -128,36 +114,36 @@ kvg_safetensors *kvg_st_parse(const void *data, size_t len, const char *name, ch
         for (int d = 0; d < t->n_dims; d++) {
             uint64_t x;
             if (get_u(json_array_get(shape, (size_t)d), &x) < 0 || x > (uint64_t)INT64_MAX) {
-                fail(err, err_len, name, "tensor %s: bad shape", key);
+                kvg_fail(err, err_len, name, "tensor %s: bad shape", key);
                 goto bad;
             }
             if (x && n_elem > UINT64_MAX / 16 / x) {
-                fail(err, err_len, name, "tensor %s: shape too large", key);
+                kvg_fail(err, err_len, name, "tensor %s: shape too large", key);
                 goto bad;
             }
             t->shape[d] = (int64_t)x;
             n_elem *= x;
         }
         if (get_u(json_array_get(offs, 0), &b) < 0 || get_u(json_array_get(offs, 1), &e) < 0 || b > e) {
-            fail(err, err_len, name, "tensor %s: bad data_offsets", key);
+            kvg_fail(err, err_len, name, "tensor %s: bad data_offsets", key);
             goto bad;
         }
         if (e > avail) {
-            fail(err, err_len, name, "truncated safetensors file: tensor %s needs data bytes [%llu, %llu) but only "
+            kvg_fail(err, err_len, name, "truncated safetensors file: tensor %s needs data bytes [%llu, %llu) but only "
                  "%llu follow the header", key, (unsigned long long)b, (unsigned long long)e,
                  (unsigned long long)avail);
             goto bad;
         }
         size_t es = kvg_st_dtype_size(t->dtype);
         if (es && e - b != n_elem * es) {
-            fail(err, err_len, name, "tensor %s: data_offsets [%llu, %llu) hold %llu bytes but dtype %s and its "
+            kvg_fail(err, err_len, name, "tensor %s: data_offsets [%llu, %llu) hold %llu bytes but dtype %s and its "
                  "shape need %llu", key, (unsigned long long)b, (unsigned long long)e,
                  (unsigned long long)(e - b), t->dtype, (unsigned long long)(n_elem * es));
             goto bad;
         }
         t->name = strdup(key);
         if (!t->name) {
-            fail(err, err_len, name, "out of memory");
+            kvg_fail(err, err_len, name, "out of memory");
             goto bad;
         }
         t->data = base + b;
