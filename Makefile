@@ -55,6 +55,7 @@ ASAN_LIB   := $(BUILD)/asan/libkvgate.a
 ASAN_ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/asan/obj/%.o)
 ASAN_ENGINE_LIB := $(BUILD)/asan/libkvgate-engine.a
 ASAN_UNITS := $(UNIT_SRCS:t/unit/%.c=$(BUILD)/asan/t/%)
+ASAN_BINS  := $(ENGINE_CMDS:engine/cmd/%.c=$(BUILD)/asan/bin/%) $(TOOL_SRCS:tools/%.c=$(BUILD)/asan/bin/%)
 
 FUZZERS    := $(FUZZ_SRCS:fuzz/%.c=$(BUILD)/fuzz/%)
 FUZZ_SECONDS ?= 30
@@ -71,7 +72,7 @@ engine: $(ENGINE_LIB) $(ENGINE_BINS)
 tools: $(TOOLS)
 units: $(UNITS)
 benches: $(BENCHES)
-asan: $(ASAN_UNITS)
+asan: $(ASAN_UNITS) $(ASAN_BINS)
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
 	$(CC) $(CFLAGS) -c $< -o $@
@@ -115,6 +116,16 @@ $(BUILD)/asan/obj/engine/%.o: engine/%.c $(HDRS)
 $(ASAN_ENGINE_LIB): $(ASAN_ENGINE_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@; ar rcs $@ $^
+
+# The engine and the tools under ASan+UBSan too: the daemon tests run the engine as a
+# separate process, and an ASan test starts these.
+$(BUILD)/asan/bin/%: engine/cmd/%.c $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -Iengine $< -o $@ $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(LDLIBS)
+
+$(BUILD)/asan/bin/%: tools/%.c $(ASAN_LIB) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) $< -o $@ $(ASAN_LIB) $(LDLIBS)
 
 $(BUILD)/asan/t/%: t/unit/%.c $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(HDRS) | $(BUILD)/asan/t
 	$(CC) $(ASAN_CFLAGS) -It/unit -Iengine $< -o $@ $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(LDLIBS)

@@ -463,6 +463,26 @@ int kvgm_finish(kvg_model *m, const kvg_model_load_opts *opts, const char *file,
     return 0;
 }
 
+int kvgm_set_tokenizer_source(kvg_model *m, const char *file, const void *blob, size_t len,
+                              char *err, size_t err_len)
+{
+    if (file) {
+        char *f = kvgm_alloc(m, strlen(file) + 1);
+        if (!f)
+            return kvg_fail(err, err_len, file, "out of memory");
+        strcpy(f, file);
+        m->tokenizer_file = f;
+    } else {
+        unsigned char *b = kvgm_alloc(m, len);
+        if (!b)
+            return kvg_fail(err, err_len, m->name, "out of memory");
+        memcpy(b, blob, len);
+        m->tokenizer_blob = b;
+    }
+    m->tokenizer_bytes = len;
+    return 0;
+}
+
 int kvgm_load_tokenizer_file(kvg_model *m, const char *path, const unsigned char **bytes,
                              size_t *len, char *err, size_t err_len)
 {
@@ -473,7 +493,9 @@ int kvgm_load_tokenizer_file(kvg_model *m, const char *path, const unsigned char
     if (kvgm_map_file(m, path, bytes, len, err, err_len) < 0)
         return -1;
     m->tokenizer = kvg_tokenizer_load_mem(*bytes, *len, path, err, err_len);
-    return m->tokenizer ? 0 : -1;
+    if (!m->tokenizer)
+        return -1;
+    return kvgm_set_tokenizer_source(m, path, NULL, *len, err, err_len);
 }
 
 /* ---- entry point ---- */

@@ -78,6 +78,13 @@ typedef struct kvg_model {
     kvg_tokenizer *tokenizer;    /* NULL when none was found or given */
     int32_t bos, eos;            /* -1 when unknown */
     char *chat_template;         /* Jinja text from the file, or NULL */
+    /* The bytes the tokenizer was loaded from, so another process (the gateway) can
+     * load the very same tokenizer: tokenizer_file names the file (a tokenizer .bin,
+     * tokenizer.json, or the GGUF model itself), else tokenizer_blob holds them
+     * (built-in vocabularies). tokenizer_bytes is their length either way. */
+    const char *tokenizer_file;
+    const unsigned char *tokenizer_blob;
+    size_t tokenizer_bytes;
 
     char name[128];              /* e.g. "stories260K", "synthetic:15M" */
     char format[16];             /* "llama2c", "gguf", "hf", "synthetic" */

@@ -273,7 +273,7 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
             goto fail;
         }
         m->tokenizer = kvg_tokenizer_load_mem(d, len, path, err, err_len);
-        if (!m->tokenizer)
+        if (!m->tokenizer || kvgm_set_tokenizer_source(m, path, NULL, len, err, err_len) < 0)
             goto fail;
     }
     if (kvg_gguf_get_str(g, "tokenizer.chat_template", &s) == 0) {

@@ -76,6 +76,11 @@ int kvgm_identity(kvg_model *m, const kvgm_part *parts, size_t n_parts,
 int kvgm_finish(kvg_model *m, const kvg_model_load_opts *opts, const char *file,
                 int allow_longer_ctx, char *err, size_t err_len);
 
+/* Records where m->tokenizer came from (kvg_model.tokenizer_file / _blob): a file
+ * path, or bytes that are copied into the model. -1 when out of memory. */
+int kvgm_set_tokenizer_source(kvg_model *m, const char *file, const void *blob, size_t len,
+                              char *err, size_t err_len);
+
 /* Loads the tokenizer file `path` (returns 0 leaving m->tokenizer NULL when path
  * is NULL) and records its bytes for the identity in *bytes and *len (mapped into m). */
 int kvgm_load_tokenizer_file(kvg_model *m, const char *path, const unsigned char **bytes,

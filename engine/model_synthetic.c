@@ -323,7 +323,7 @@ kvg_model *kvgm_load_synthetic(const char *spec, const kvg_model_load_opts *opts
         }
         tok_bytes = vocab_blob;
         m->tokenizer = kvg_tokenizer_load_mem(vocab_blob, tok_len, spec, err, err_len);
-        if (!m->tokenizer)
+        if (!m->tokenizer || kvgm_set_tokenizer_source(m, NULL, vocab_blob, tok_len, err, err_len) < 0)
             goto fail;
     }
     if (kvgm_finish(m, opts, spec, 1, err, err_len) < 0)

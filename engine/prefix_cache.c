@@ -368,6 +368,19 @@ int32_t kvg_pc_tenant_cached_blocks(const kvg_prefix_cache *pc, int tenant)
     return pc->tenants[tenant].charged;
 }
 
+int kvg_pc_tenant_count(const kvg_prefix_cache *pc)
+{
+    return pc->n_tenants;
+}
+
+const void *kvg_pc_tenant_salt(const kvg_prefix_cache *pc, int tenant, size_t *len)
+{
+    if (tenant < 0 || tenant >= pc->n_tenants)
+        return NULL;
+    *len = pc->tenants[tenant].salt_len;
+    return pc->tenants[tenant].salt;
+}
+
 void kvg_pc_set_model(kvg_prefix_cache *pc, const uint8_t model_id[KVG_PREFIX_HASH_LEN])
 {
     if (memcmp(pc->cfg.model_id, model_id, KVG_PREFIX_HASH_LEN) == 0)
@@ -591,10 +604,11 @@ int32_t kvg_pc_sweep(kvg_prefix_cache *pc, int64_t now_ms)
 
 void kvg_pc_get_stats(const kvg_prefix_cache *pc, kvg_pc_stats *out)
 {
-    int32_t used = 0;
+    /* Every block is free, cached (refcount 0, findable) or in use; counting the first
+     * two is O(1), so the statistics cost nothing however large the pool
+     * (kvg_pc_check verifies the identity). */
+    int32_t used = pc->pool->n_blocks - pc->pool->n_free - (pc->n_lru + pc->n_kept_pinned);
     *out = pc->st;
-    for (int32_t i = 0; i < pc->pool->n_blocks; i++)
-        used += kvg_kv_block_refcount(pc->pool, i) > 0;
     out->blocks_total = pc->pool->n_blocks;
     out->blocks_free = pc->pool->n_free;
     out->blocks_cached = pc->n_lru + pc->n_kept_pinned;

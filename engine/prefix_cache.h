@@ -61,6 +61,9 @@ void kvg_pc_free(kvg_prefix_cache *pc);
  * made with). quota: share of the pool (0 = the default). -1 when the table is full. */
 int kvg_pc_tenant(kvg_prefix_cache *pc, const void *salt, size_t len, double quota);
 int32_t kvg_pc_tenant_cached_blocks(const kvg_prefix_cache *pc, int tenant);
+/* Tenants handed out so far (ids 0..n-1), and a tenant's salt (NULL for a bad id). */
+int kvg_pc_tenant_count(const kvg_prefix_cache *pc);
+const void *kvg_pc_tenant_salt(const kvg_prefix_cache *pc, int tenant, size_t *len);
 
 /* The chain root of a tenant under the cache's model id: hashes made from it are the
  * only ones this cache can hit, so a block of another model is never served. */

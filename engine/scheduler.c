@@ -29,7 +29,7 @@ typedef struct req {
     uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     int32_t n_hashes;
     int n, lead, n_live;
-    int state, recompute, accepted, cancel, removed, bypass;
+    int state, recompute, accepted, cancel, removed, bypass, held;
     int32_t cached, max_gen;
     uint64_t arrival, admit_no;
     double t_submit;
@@ -220,6 +220,11 @@ static int validate(kvg_sched *s, const kvg_sched_req *r, int n, char *err, size
     }
     if (kvg_sampler_params_check(&r->sp, err, err_len) != 0)
         return -1;
+    if (r->tenant < 0 || r->tenant >= kvg_pc_tenant_count(s->pc)) {
+        kvg_set_err(err, err_len, "request %llu: tenant %d is not known to the prefix cache (kvg_pc_tenant)",
+                    (unsigned long long)r->id, r->tenant);
+        return -1;
+    }
     if (r->bucket >= KVG_SCHED_BUCKETS) {
         kvg_set_err(err, err_len, "request %llu: bucket %u out of range",
                     (unsigned long long)r->id, r->bucket);
@@ -453,6 +458,18 @@ int kvg_sched_cancel(kvg_sched *s, uint64_t id)
     return -1;
 }
 
+int kvg_sched_hold(kvg_sched *s, uint64_t id, int held)
+{
+    for (int i = 0; i < s->n_live; i++) {
+        req *q = s->live[i];
+        if (q->removed || q->r.id != id)
+            continue;
+        q->held = held != 0;
+        return 0;
+    }
+    return -1;
+}
+
 /* Commits every block of sample j's sequence that became full. */
 static void commit_blocks(kvg_sched *s, req *q, int j, int64_t now)
 {
@@ -557,7 +574,7 @@ static void admit(kvg_sched *s, int64_t now)
         req *best = NULL;
         for (int i = 0; i < s->n_live; i++) {
             req *q = s->live[i];
-            if (q->removed || q->state != ST_WAITING)
+            if (q->removed || q->state != ST_WAITING || q->held)
                 continue;
             if (!best || q->r.priority > best->r.priority ||
                 (q->r.priority == best->r.priority && q->arrival < best->arrival))
@@ -658,7 +675,7 @@ int kvg_sched_step(kvg_sched *s, char *err, size_t err_len)
     /* Decode rows: one per running sample with exactly its last token pending. */
     for (int i = 0; i < s->n_live; i++) {
         req *q = s->live[i];
-        if (q->removed || q->state != ST_DECODE)
+        if (q->removed || q->state != ST_DECODE || q->held)
             continue;
         for (int j = 0; j < q->n; j++) {
             sample *p = &q->smp[j];
@@ -677,7 +694,7 @@ int kvg_sched_step(kvg_sched *s, char *err, size_t err_len)
         int have_bypass = 0, have_other = 0;
         for (int i = 0; i < s->n_live; i++) {
             req *q = s->live[i];
-            if (q->removed || q->state == ST_WAITING)
+            if (q->removed || q->state == ST_WAITING || q->held)
                 continue;
             int any = q->state == ST_PREFILL;
             for (int j = 0; j < q->n && !any; j++)
@@ -698,7 +715,7 @@ int kvg_sched_step(kvg_sched *s, char *err, size_t err_len)
             }
             for (int a = 0; a < s->n_live; a++) {
                 req *q = s->live[a];
-                if (q->removed || q->state == ST_WAITING)
+                if (q->removed || q->state == ST_WAITING || q->held)
                     continue;
                 /* admission order */
                 for (int j = -1; j < q->n; j++) {
@@ -857,7 +874,7 @@ oom:
 void kvg_sched_get_stats(const kvg_sched *s, kvg_sched_stats *out)
 {
     *out = s->st;
-    out->waiting = out->running = 0;
+    out->waiting = out->running = out->held = 0;
     for (int i = 0; i < s->n_live; i++) {
         if (s->live[i]->removed)
             continue;
@@ -865,5 +882,6 @@ void kvg_sched_get_stats(const kvg_sched *s, kvg_sched_stats *out)
             out->waiting++;
         else
             out->running++;
+        out->held += s->live[i]->held;
     }
 }

@@ -129,6 +129,7 @@ typedef struct kvg_sched_stats {
     uint64_t ttft_count;
     double ttft_sum_s, ttft_max_s;
     int32_t waiting, running;    /* requests */
+    int32_t held;                /* of those, held (kvg_sched_hold) */
 } kvg_sched_stats;
 
 const char *kvg_finish_reason_name(kvg_finish_reason r);   /* OpenAI's word */
@@ -148,6 +149,13 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
  * blocks are released now (or at the end of the current step when called from a
  * callback). 0, or -1 when no live request has that id. */
 int kvg_sched_cancel(kvg_sched *s, uint64_t id);
+
+/* Pauses (held != 0) or resumes a live request. A held request is left out of every
+ * batch and of admission; it keeps its blocks and its place. The engine daemon holds
+ * the requests of a client that stops reading its stream, so that client slows only
+ * itself and the engine's buffers stay bounded. 0, or -1 when no live request has
+ * that id. */
+int kvg_sched_hold(kvg_sched *s, uint64_t id, int held);
 
 /* One scheduling step and forward pass. Returns the number of rows computed (0 when
  * idle), or -1 with err on an engine failure (the requests in the failed batch are

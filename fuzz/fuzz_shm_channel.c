@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto.h"
 #include "shm_channel.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

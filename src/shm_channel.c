@@ -10,11 +10,7 @@
 _Static_assert(ATOMIC_LONG_LOCK_FREE == 2 || ATOMIC_LLONG_LOCK_FREE == 2,
                "64-bit atomics must be lock-free");
 _Static_assert(sizeof(kvg_shm_header) % 8 == 0 && sizeof(kvg_shm_header) <= 4096, "header");
-_Static_assert(sizeof(kvg_shm_ctl) == 128, "ctl is two cache lines");
-_Static_assert(sizeof(kvg_msg_submit) <= KVG_SHM_BODY_MAX, "submit fits a slot");
-_Static_assert(sizeof(kvg_msg_tokens) <= KVG_SHM_BODY_MAX, "tokens fits a slot");
-_Static_assert(sizeof(kvg_msg_finished) <= KVG_SHM_BODY_MAX, "finished fits a slot");
-_Static_assert(sizeof(kvg_msg_error) <= KVG_SHM_BODY_MAX, "error fits a slot");
+_Static_assert(sizeof(kvg_shm_ctl) == 192, "ctl is three cache lines");
 
 /* Slot header as stored in the region (KVG_SHM_SLOT_HDR bytes). */
 typedef struct slot_hdr {
@@ -107,6 +103,7 @@ int kvg_shm_init(void *mem, size_t size, const kvg_shm_caps *caps, char *err, si
         atomic_init(&ctl[i]->data_tail, 0);
         atomic_init(&ctl[i]->head, 0);
         atomic_init(&ctl[i]->data_head, 0);
+        atomic_init(&ctl[i]->producer_waiting, 0);
     }
     /* The magic goes last with release order, so that a peer that sees it
      * (acquire in attach) also sees a complete layout. */
@@ -296,6 +293,28 @@ int kvg_shm_try_push(kvg_shm_ring *r, uint32_t type, const void *body, size_t bo
     return 0;
 }
 
+int kvg_shm_can_push(kvg_shm_ring *r, size_t payload_len)
+{
+    uint64_t head, dhead, need, start, pos;
+
+    if (r->p_failed || payload_len > kvg_shm_max_payload(r))
+        return 0;
+    head = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
+    if (r->p_tail - head >= (uint64_t)r->slot_mask + 1)
+        return 0;
+    need = align_up(payload_len, KVG_SHM_PAYLOAD_ALIGN);
+    if (!need)
+        return 1;
+    dhead = atomic_load_explicit(&r->ctl->data_head, memory_order_acquire);
+    if (r->p_data_tail - dhead > r->data_cap)
+        return 0;
+    start = r->p_data_tail;
+    pos = start & (r->data_cap - 1);
+    if (r->data_cap - pos < need)
+        start += r->data_cap - pos;
+    return start + need - dhead <= r->data_cap;
+}
+
 /* ---- consumer ---- */
 
 static int consumer_fail(kvg_shm_ring *r, char *err, size_t err_len, const char *what,
@@ -304,6 +323,11 @@ static int consumer_fail(kvg_shm_ring *r, char *err, size_t err_len, const char 
     r->c_failed = 1;
     r->c_peeked = 0;
     return kvg_fail(err, err_len, "shm", "corrupt %s (%llu, %llu)", what, a, b);
+}
+
+int kvg_shm_can_pop(const kvg_shm_ring *r)
+{
+    return !r->c_failed && atomic_load_explicit(&r->ctl->tail, memory_order_acquire) != r->c_head;
 }
 
 int kvg_shm_peek(kvg_shm_ring *r, kvg_shm_msg *m, char *err, size_t err_len)
@@ -386,4 +410,23 @@ int kvg_shm_try_pop(kvg_shm_ring *r, kvg_shm_msg *m, void *buf, size_t buf_cap,
         memcpy(buf, m->payload, m->payload_len);
     m->payload = buf;
     return kvg_shm_consume(r, err, err_len);
+}
+
+/* ---- waiting for room ---- */
+
+void kvg_shm_producer_wait(kvg_shm_ring *r)
+{
+    /* seq_cst: the flag store is ordered before the producer's next load of
+     * head (in the retry), pairing with the consumer's store of head followed
+     * by its load of the flag. */
+    atomic_store_explicit(&r->ctl->producer_waiting, 1, memory_order_seq_cst);
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+int kvg_shm_consumer_take_waiter(kvg_shm_ring *r)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&r->ctl->producer_waiting, memory_order_relaxed) == 0)
+        return 0;
+    return atomic_exchange_explicit(&r->ctl->producer_waiting, 0, memory_order_seq_cst) != 0;
 }

@@ -76,6 +76,11 @@ typedef struct kvg_shm_ctl {
     _Atomic uint64_t data_tail;              /* bytes reserved (producer; informative) */
     _Alignas(64) _Atomic uint64_t head;      /* slots released (consumer) */
     _Atomic uint64_t data_head;              /* bytes released (consumer) */
+    /* Set by a producer that found the ring full and waits for room; the consumer
+     * clears it when it releases space and then rings the producer's doorbell
+     * (kvg_shm_producer_wait / kvg_shm_consumer_take_waiter). A peer can only cause
+     * a spurious or a missed wake-up with it, never a wrong index. */
+    _Alignas(64) _Atomic uint32_t producer_waiting;
 } kvg_shm_ctl;
 
 /* ---- Process-private handles ---- */
@@ -148,6 +153,13 @@ uint64_t kvg_shm_max_payload(const kvg_shm_ring *r);
 int kvg_shm_try_push(kvg_shm_ring *r, uint32_t type, const void *body, size_t body_len,
                      const void *payload, size_t payload_len, char *err, size_t err_len);
 
+/* Producer: 1 when a message with payload_len bytes would fit now, else 0 (also
+ * when the ring failed). Nothing is written. */
+int kvg_shm_can_push(kvg_shm_ring *r, size_t payload_len);
+
+/* Consumer: 1 when a message is waiting (one atomic load; for busy-polling). */
+int kvg_shm_can_pop(const kvg_shm_ring *r);
+
 /* Consumer: 0 with the oldest message in *m (not released; peeking again
  * returns it again), KVG_SHM_EMPTY, or -1 on a corrupt ring. */
 int kvg_shm_peek(kvg_shm_ring *r, kvg_shm_msg *m, char *err, size_t err_len);
@@ -160,114 +172,17 @@ int kvg_shm_consume(kvg_shm_ring *r, char *err, size_t err_len);
 int kvg_shm_try_pop(kvg_shm_ring *r, kvg_shm_msg *m, void *buf, size_t buf_cap,
                     char *err, size_t err_len);
 
-/* ---- Protocol messages (slot bodies) ----
- * Every body starts with its protocol version; the receiver checks type,
- * body_len == sizeof(struct) and version before reading anything else, then
- * the payload layout against payload_len. Payload parts follow one another in
- * the documented order, each starting at a multiple of 8 bytes from the
- * payload start. */
+/* Waiting for room without losing a wake-up. A producer that got KVG_SHM_FULL
+ * calls kvg_shm_producer_wait, then tries the push once more (the consumer may
+ * have drained in between) before it sleeps on its doorbell. A consumer that
+ * released messages calls kvg_shm_consumer_take_waiter: 1 means a producer was
+ * waiting (the flag is now clear) and its doorbell must be rung. Both use
+ * sequentially consistent ordering between the flag and the indices, so at
+ * least one side sees the other. */
+void kvg_shm_producer_wait(kvg_shm_ring *r);
+int kvg_shm_consumer_take_waiter(kvg_shm_ring *r);
 
-#define KVG_PROTO_VERSION 1u
-
-enum kvg_msg_type {
-    KVG_MSG_SUBMIT   = 1,    /* sq */
-    KVG_MSG_CANCEL   = 2,    /* sq */
-    KVG_MSG_ACCEPTED = 3,    /* cq */
-    KVG_MSG_TOKENS   = 4,    /* cq */
-    KVG_MSG_FINISHED = 5,    /* cq */
-    KVG_MSG_ERROR    = 6     /* cq */
-};
-
-#define KVG_SUBMIT_BYPASS    0x1u   /* skip the prefix cache (no bucket) */
-#define KVG_SUBMIT_HAS_SEED  0x2u
-
-/* Payload: tenant salt (salt_len bytes) | token ids (uint32 x n_tokens) |
- * block hashes (KVG_PREFIX_HASH_LEN bytes x n_block_hashes) | stop string
- * lengths (uint32 x n_stop) | stop string bytes (stop_bytes, the strings
- * back to back, their lengths summing to stop_bytes). */
-typedef struct kvg_msg_submit {
-    uint32_t version;
-    uint32_t flags;              /* KVG_SUBMIT_* */
-    uint64_t request_id;         /* chosen by the client, unique per region */
-    uint64_t seed;               /* with KVG_SUBMIT_HAS_SEED */
-    uint32_t bucket;             /* prompt-length bucket bound; KVG_BUCKET_BYPASS = none */
-    int32_t  priority;           /* higher first */
-    uint32_t ttl_ms;             /* drop if not started within; 0 = no limit */
-    uint32_t n;                  /* samples */
-    uint32_t max_tokens;         /* per sample */
-    uint32_t top_k;              /* 0 = off */
-    float    temperature;
-    float    top_p;
-    float    presence_penalty;
-    float    frequency_penalty;
-    uint32_t top_logprobs;       /* alternatives per position; 0 = logprobs off */
-    uint32_t salt_len;
-    uint32_t n_tokens;
-    uint32_t n_block_hashes;
-    uint32_t n_stop;
-    uint32_t stop_bytes;
-} kvg_msg_submit;
-
-/* No payload. */
-typedef struct kvg_msg_cancel {
-    uint32_t version;
-    uint32_t reserved;
-    uint64_t request_id;
-} kvg_msg_cancel;
-
-/* No payload. Sent once the engine has admitted the request. */
-typedef struct kvg_msg_accepted {
-    uint32_t version;
-    uint32_t reserved;
-    uint64_t request_id;
-    uint32_t prompt_tokens;
-    uint32_t cached_tokens;      /* prompt tokens served from the prefix cache */
-} kvg_msg_accepted;
-
-#define KVG_TOKENS_LOGPROBS 0x1u
-
-/* Payload: token ids (uint32 x n_tokens) | with KVG_TOKENS_LOGPROBS, their
- * logprobs (float x n_tokens) | text bytes (text_len; the detokenized text of
- * these tokens, possibly ending inside a UTF-8 sequence that the next batch
- * completes). */
-typedef struct kvg_msg_tokens {
-    uint32_t version;
-    uint32_t flags;              /* KVG_TOKENS_* */
-    uint64_t request_id;
-    uint32_t sample_index;       /* 0..n-1 */
-    uint32_t n_tokens;
-    uint32_t text_len;
-    uint32_t reserved;
-} kvg_msg_tokens;
-
-enum kvg_finish_reason {
-    KVG_FINISH_STOP      = 1,    /* EOS or a stop string */
-    KVG_FINISH_LENGTH    = 2,    /* max_tokens or context */
-    KVG_FINISH_CANCELLED = 3,
-    KVG_FINISH_EXPIRED   = 4     /* TTL passed before it started */
-};
-
-/* No payload. One per sample; usage counts cover the whole request and are
- * the same in each. */
-typedef struct kvg_msg_finished {
-    uint32_t version;
-    uint32_t sample_index;
-    uint64_t request_id;
-    uint32_t finish_reason;      /* kvg_finish_reason */
-    uint32_t prompt_tokens;
-    uint32_t cached_tokens;
-    uint32_t completion_tokens;
-} kvg_msg_finished;
-
-/* Payload: the message (message_len bytes, meant to be UTF-8 but to be
- * validated like any other payload). request_id 0 is about the channel, not a
- * request (e.g. a corrupt submission that could not be attributed). */
-typedef struct kvg_msg_error {
-    uint32_t version;
-    uint32_t code;               /* HTTP-like status: 400 bad request, 503 overloaded, ... */
-    uint64_t request_id;
-    uint32_t message_len;
-    uint32_t reserved;
-} kvg_msg_error;
+/* The messages carried in the slots (submit, tokens, ...) are defined by the
+ * engine protocol, src/proto.h; this layer only moves typed bytes. */
 
 #endif

@@ -1,0 +1,356 @@
+/* kvgate-engine: the engine daemon. Loads a model, builds the KV pool, the prefix cache
+ * and the scheduler, prefills an optional warm-up file, then serves clients on a unix
+ * socket until SIGTERM or SIGINT (engine/daemon.h).
+ *
+ * Exit status: 0 after a clean stop, 1 on a startup or runtime error, 2 on bad usage. */
+#include <errno.h>
+#include <grp.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "chat_template.h"
+#include "daemon.h"
+#include "forward.h"
+#include "kv_cache.h"
+#include "model.h"
+#include "prefix_cache.h"
+#include "scheduler.h"
+#include "warmup.h"
+
+static const char USAGE[] =
+    "usage: kvgate-engine --model PATH --socket PATH [options]\n"
+    "\n"
+    "Serves one model to kvgate clients (the nginx module, kvgate-cli) on a unix socket.\n"
+    "Prints one line on stdout when it accepts connections; stops cleanly on SIGTERM/SIGINT\n"
+    "(running requests get --drain-timeout to finish; a second signal cancels them).\n"
+    "\n"
+    "  --model PATH            llama2.c .bin, GGUF file, Hugging Face directory or synthetic:NAME\n"
+    "  --tokenizer PATH        tokenizer file (llama2.c models need one)\n"
+    "  --backend NAME          cpu (default)\n"
+    "  --socket PATH           the unix socket to listen on (a stale socket file is replaced)\n"
+    "  --socket-mode MODE      octal file mode of the socket (default 0660)\n"
+    "  --socket-group NAME     group of the socket (e.g. the nginx workers' group)\n"
+    "  --served-model-name N   the model name clients use (default: the model's)\n"
+    "  --chat-template NAME    plain, llama2, chatml or llama3 (default: from the model)\n"
+    "  --kv-memory SIZE        memory for the KV pool, e.g. 512M, 4G (default 256M)\n"
+    "  --context N             context length (default: the model's)\n"
+    "  --threads N             CPU threads (default: all online CPUs)\n"
+    "  --max-batch-tokens N    tokens per forward step (default 512)\n"
+    "  --max-running N         samples running at once (default 64)\n"
+    "  --max-waiting N         requests waiting to start before new ones get 429 (default 256)\n"
+    "  --cache-ttl SECONDS     how long an unused cached block is kept (default 300)\n"
+    "  --pinned-share F        share of the pool pinned blocks may hold (default 0.5)\n"
+    "  --tenant-quota F        per-tenant share of the pool, evicted first when over (default 0: none)\n"
+    "  --warmup FILE           JSON Lines prompts to prefill before serving (see engine/warmup.h)\n"
+    "  --drain-timeout SECONDS time running requests get to finish on stop (default 10)\n"
+    "  --ring-slots N          message slots per ring (power of two; default 256 / 1024)\n"
+    "  --sq-data SIZE          submission data area per client (power of two; default: twice the\n"
+    "                          largest request the context allows)\n"
+    "  --cq-data SIZE          completion data area per client (power of two; default 1M)\n"
+    "  --busy-poll-us N        after work, watch the rings N microseconds before sleeping\n"
+    "                          (default 50; 0 never: saves CPU, costs a wake-up per request)\n"
+    "  --help                  show this help\n";
+
+static kvg_daemon *g_daemon;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    if (g_daemon)
+        kvg_daemon_request_stop(g_daemon);
+}
+
+static int usage_error(const char *fmt, const char *a)
+{
+    fprintf(stderr, "kvgate-engine: ");
+    fprintf(stderr, fmt, a);
+    fprintf(stderr, "\n(see kvgate-engine --help)\n");
+    return 2;
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* "512M", "4G", "65536", "64K", "1.5G" (binary units; "MiB"/"MB" accepted as M). */
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v <= 0)
+        return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i')
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end)
+        return -1;
+    v *= mul;
+    if (v >= 18e18)
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static void progress(void *ctx, const char *what, uint64_t done, uint64_t total)
+{
+    (void)ctx;
+    if (total >= ((uint64_t)256 << 20))
+        fprintf(stderr, "kvgate-engine: %s %llu/%llu MiB\n", what, (unsigned long long)(done >> 20),
+                (unsigned long long)(total >> 20));
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *tok_path = NULL, *backend = "cpu", *socket_path = NULL;
+    const char *served = NULL, *tpl_name = NULL, *warmup_path = NULL, *group = NULL;
+    uint64_t kv_bytes = (uint64_t)256 << 20, sq_data = 0, cq_data = 0;
+    long busy_poll = 50, threads = 0, ctx = 0, max_batch = 0, max_running = 0, max_waiting = 0, mode = 0660, ring_slots = 0;
+    double cache_ttl = 300, pinned_share = 0.5, quota = 0, drain = 10;
+    char err[512];
+    int rc = 1;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(USAGE, stdout);
+            return 0;
+        }
+        if (i + 1 >= argc)
+            return usage_error("%s needs a value", a);
+        const char *v = argv[++i];
+        char *end;
+        if (!strcmp(a, "--model"))
+            model_path = v;
+        else if (!strcmp(a, "--tokenizer"))
+            tok_path = v;
+        else if (!strcmp(a, "--backend"))
+            backend = v;
+        else if (!strcmp(a, "--socket"))
+            socket_path = v;
+        else if (!strcmp(a, "--socket-mode")) {
+            errno = 0;
+            mode = strtol(v, &end, 8);
+            if (errno || end == v || *end || mode < 0 || mode > 07777)
+                return usage_error("--socket-mode: '%s' is not an octal file mode like 0660", v);
+        } else if (!strcmp(a, "--socket-group"))
+            group = v;
+        else if (!strcmp(a, "--served-model-name"))
+            served = v;
+        else if (!strcmp(a, "--chat-template"))
+            tpl_name = v;
+        else if (!strcmp(a, "--kv-memory")) {
+            if (parse_size(v, &kv_bytes) != 0)
+                return usage_error("--kv-memory: '%s' is not a size like 512M or 4G", v);
+        } else if (!strcmp(a, "--context")) {
+            if (parse_long(v, 1, INT_MAX, &ctx) != 0)
+                return usage_error("--context: '%s' is not a positive integer", v);
+        } else if (!strcmp(a, "--threads")) {
+            if (parse_long(v, 1, 1024, &threads) != 0)
+                return usage_error("--threads: '%s' is not an integer 1..1024", v);
+        } else if (!strcmp(a, "--max-batch-tokens")) {
+            if (parse_long(v, 1, 1 << 20, &max_batch) != 0)
+                return usage_error("--max-batch-tokens: '%s' is not an integer 1..1048576", v);
+        } else if (!strcmp(a, "--max-running")) {
+            if (parse_long(v, 1, 1 << 16, &max_running) != 0)
+                return usage_error("--max-running: '%s' is not an integer 1..65536", v);
+        } else if (!strcmp(a, "--max-waiting")) {
+            if (parse_long(v, 1, 1 << 20, &max_waiting) != 0)
+                return usage_error("--max-waiting: '%s' is not an integer 1..1048576", v);
+        } else if (!strcmp(a, "--cache-ttl")) {
+            if (parse_double(v, 0.001, 1e7, &cache_ttl) != 0)
+                return usage_error("--cache-ttl: '%s' is not a number of seconds > 0", v);
+        } else if (!strcmp(a, "--pinned-share")) {
+            if (parse_double(v, 0, 1, &pinned_share) != 0)
+                return usage_error("--pinned-share: '%s' is not a number 0..1", v);
+        } else if (!strcmp(a, "--tenant-quota")) {
+            if (parse_double(v, 0, 1, &quota) != 0)
+                return usage_error("--tenant-quota: '%s' is not a number 0..1", v);
+        } else if (!strcmp(a, "--warmup"))
+            warmup_path = v;
+        else if (!strcmp(a, "--drain-timeout")) {
+            if (parse_double(v, 0, 1e6, &drain) != 0)
+                return usage_error("--drain-timeout: '%s' is not a number of seconds >= 0", v);
+        } else if (!strcmp(a, "--busy-poll-us")) {
+            if (parse_long(v, 0, 1000000, &busy_poll) != 0)
+                return usage_error("--busy-poll-us: '%s' is not an integer 0..1000000", v);
+        } else if (!strcmp(a, "--ring-slots")) {
+            if (parse_long(v, 1, 1 << 20, &ring_slots) != 0 || (ring_slots & (ring_slots - 1)))
+                return usage_error("--ring-slots: '%s' is not a power of two up to 1048576", v);
+        } else if (!strcmp(a, "--sq-data")) {
+            if (parse_size(v, &sq_data) != 0 || (sq_data & (sq_data - 1)) || sq_data < 64)
+                return usage_error("--sq-data: '%s' is not a power of two >= 64 bytes", v);
+        } else if (!strcmp(a, "--cq-data")) {
+            if (parse_size(v, &cq_data) != 0 || (cq_data & (cq_data - 1)) || cq_data < 4096)
+                return usage_error("--cq-data: '%s' is not a power of two >= 4096 bytes", v);
+        } else
+            return usage_error("unknown option %s", a);
+    }
+    if (!model_path)
+        return usage_error("%s", "--model is required");
+    if (!socket_path)
+        return usage_error("%s", "--socket is required");
+    int tpl = -1;
+    if (tpl_name) {
+        kvg_chat_template t;
+        if (kvg_chat_template_from_name(tpl_name, &t, err, sizeof err) != 0)
+            return usage_error("--chat-template: %s", err);
+        tpl = (int)t;
+    }
+    int gid = -1;
+    if (group) {
+        struct group *g = getgrnam(group);
+        if (!g) {
+            fprintf(stderr, "kvgate-engine: --socket-group: no group named '%s'\n", group);
+            return 2;
+        }
+        gid = (int)g->gr_gid;
+    }
+    if (threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? n : 1;
+    }
+
+    kvg_model_load_opts lo = { tok_path, progress, NULL, (int)ctx };
+    kvg_model *m = kvg_model_load(model_path, &lo, err, sizeof err);
+    kvg_backend *be = NULL;
+    kvg_kv_pool *pool = NULL;
+    kvg_forward *fw = NULL;
+    kvg_prefix_cache *pc = NULL;
+    kvg_daemon *d = NULL;
+    kvg_warmup *w = NULL;
+    if (!m) {
+        fprintf(stderr, "kvgate-engine: %s\n", err);
+        return 1;
+    }
+    be = kvg_backend_new(backend, m, (int)threads, err, sizeof err);
+    if (!be) {
+        fprintf(stderr, "kvgate-engine: --backend %s: %s\n", backend, err);
+        goto out;
+    }
+    kvg_kv_geom g;
+    kvg_forward_kv_geom(m, 0, &g);
+    int32_t n_blocks = kvg_kv_blocks_for_budget(&g, (size_t)kv_bytes);
+    if (n_blocks < 1) {
+        fprintf(stderr, "kvgate-engine: --kv-memory %llu bytes holds no KV block (one block is %zu bytes)\n",
+                (unsigned long long)kv_bytes, kvg_kv_block_bytes(&g));
+        goto out;
+    }
+    pool = kvg_kv_pool_new(&g, n_blocks, err, sizeof err);
+    fw = pool ? kvg_forward_new(m, be, pool, err, sizeof err) : NULL;
+    kvg_pc_config pcfg;
+    memset(&pcfg, 0, sizeof pcfg);
+    memcpy(pcfg.model_id, m->id, sizeof pcfg.model_id);
+    pcfg.default_ttl_ms = (int64_t)(cache_ttl * 1000.0);
+    pcfg.pinned_share = pinned_share;
+    pcfg.default_quota = quota;
+    pc = fw ? kvg_pc_new(pool, &pcfg, err, sizeof err) : NULL;
+    if (!pc) {
+        fprintf(stderr, "kvgate-engine: %s\n", err);
+        goto out;
+    }
+    kvg_sched_config sc;
+    memset(&sc, 0, sizeof sc);
+    sc.max_batch_tokens = (int32_t)max_batch;
+    sc.max_running = (int32_t)max_running;
+    kvg_daemon_config dc;
+    memset(&dc, 0, sizeof dc);
+    dc.socket_path = socket_path;
+    dc.socket_mode = (int)mode;
+    dc.socket_gid = gid;
+    dc.served_name = served;
+    dc.chat_template = tpl;
+    dc.max_waiting = (int)max_waiting;
+    dc.drain_timeout_ms = drain == 0 ? -1 : (int)(drain * 1000.0);
+    dc.ring_slots = (uint32_t)ring_slots;
+    dc.busy_poll_us = busy_poll == 0 ? -1 : (int)busy_poll;
+    dc.sq_data_bytes = sq_data;
+    dc.cq_data_bytes = cq_data;
+    d = kvg_daemon_new(m, fw, pc, pool, &sc, &dc, err, sizeof err);
+    if (!d) {
+        fprintf(stderr, "kvgate-engine: %s\n", err);
+        goto out;
+    }
+    if (warmup_path) {
+        kvg_warmup_result res;
+        w = kvg_warmup_load(warmup_path, m->tokenizer, m->cfg.vocab_size, err, sizeof err);
+        if (!w || kvg_daemon_warmup(d, w, &res, err, sizeof err) != 0) {
+            fprintf(stderr, "kvgate-engine: --warmup %s\n", err);
+            goto out;
+        }
+        fprintf(stderr, "kvgate-engine: %s\n", res.summary);
+    }
+    /* Signals only stop the loop (a write to an eventfd); the socket is created after
+     * the handlers exist, so no client ever sees a half-started engine. */
+    g_daemon = d;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (kvg_daemon_listen(d, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgate-engine: --socket %s\n", err);
+        goto out;
+    }
+    {
+        char pool_mb[32];
+        snprintf(pool_mb, sizeof pool_mb, "%.1f MiB",
+                 (double)n_blocks * (double)kvg_kv_block_bytes(&g) / (1024.0 * 1024.0));
+        printf("kvgate-engine: ready on %s: model %s (%s, id %.16s, context %d, vocabulary %d), "
+               "KV pool %d blocks of %d tokens (%s), backend %s, %ld threads\n",
+               socket_path, served ? served : m->name, m->format, m->id_hex, m->cfg.max_seq_len,
+               m->cfg.vocab_size, (int)n_blocks, g.block_tokens ? g.block_tokens : KVG_KV_BLOCK_TOKENS_DEFAULT,
+               pool_mb, backend, threads);
+        fflush(stdout);
+    }
+    if (kvg_daemon_run(d, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgate-engine: %s\n", err);
+        goto out;
+    }
+    rc = 0;
+out:
+    g_daemon = NULL;
+    kvg_daemon_free(d);
+    kvg_warmup_free(w);
+    kvg_pc_free(pc);
+    kvg_forward_free(fw);
+    kvg_kv_pool_free(pool);
+    kvg_backend_free(be);
+    kvg_model_free(m);
+    return rc;
+}

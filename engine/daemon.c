@@ -1,0 +1,603 @@
+/* The engine daemon: socket, loop, stop, statistics page. See daemon.h. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon_internal.h"
+#include "errmsg.h"
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+
+int64_t kvgd_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void kvgd_log(kvg_daemon *d, const char *fmt, ...)
+{
+    va_list ap;
+    (void)d;
+    fprintf(stderr, "kvgate-engine: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static uint64_t next_pow2(uint64_t v)
+{
+    uint64_t p = 1;
+    while (p < v)
+        p <<= 1;
+    return p;
+}
+
+/* A memfd holding bytes, sealed so that no one can change them. */
+static int sealed_memfd(const char *name, const void *bytes, size_t len)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    const unsigned char *p = bytes;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, p + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            close(fd);
+            return -1;
+        }
+        done += (size_t)n;
+    }
+    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+    return fd;
+}
+
+kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache *pc,
+                           kvg_kv_pool *pool, const kvg_sched_config *scfg,
+                           const kvg_daemon_config *cfg, char *err, size_t err_len)
+{
+    kvg_daemon *d;
+    char local[256];
+
+    if (!m || !fw || !pc || !pool || !cfg || !cfg->socket_path) {
+        kvg_set_err(err, err_len, "engine daemon: model, forward pass, cache, pool and socket are required");
+        return NULL;
+    }
+    if (!m->tokenizer || (!m->tokenizer_file && !m->tokenizer_blob)) {
+        kvg_set_err(err, err_len, "%s: the engine needs a tokenizer to serve clients (--tokenizer)", m->name);
+        return NULL;
+    }
+    d = calloc(1, sizeof *d);
+    if (!d) {
+        kvg_set_err(err, err_len, "engine daemon: out of memory");
+        return NULL;
+    }
+    d->cfg = *cfg;
+    d->m = m;
+    d->fw = fw;
+    d->pc = pc;
+    d->pool = pool;
+    d->ep = d->listen_fd = d->stop_fd = d->tok_fd = d->stats_fd = -1;
+    if (d->cfg.socket_mode < 0)
+        d->cfg.socket_mode = 0660;
+    if (d->cfg.max_waiting <= 0)
+        d->cfg.max_waiting = 256;
+    if (d->cfg.drain_timeout_ms == 0)
+        d->cfg.drain_timeout_ms = 10000;
+    if (d->cfg.hold_tokens <= 0)
+        d->cfg.hold_tokens = 256;
+    if (d->cfg.busy_poll_us == 0)
+        d->cfg.busy_poll_us = 50;
+    snprintf(d->served_name, sizeof d->served_name, "%s", cfg->served_name ? cfg->served_name : m->name);
+    d->tpl = cfg->chat_template >= 0 ? (kvg_chat_template)cfg->chat_template
+                                     : kvg_chat_template_detect(m->chat_template,
+                                                                m->chat_template ? strlen(m->chat_template) : 0);
+    /* Generation always ends at EOS; llama2.c models also end at BOS, as run.c does
+     * (their training data separates stories with BOS). */
+    if (m->eos >= 0)
+        d->stop_ids[d->n_stop_ids++] = m->eos;
+    if (m->bos >= 0 && strcmp(m->format, "llama2c") == 0 && m->bos != m->eos)
+        d->stop_ids[d->n_stop_ids++] = m->bos;
+
+    /* The largest valid submission: the whole context, every hash, every stop. */
+    {
+        kvg_msg_submit h;
+        memset(&h, 0, sizeof h);
+        h.salt_len = KVG_PROTO_MAX_SALT;
+        h.n_tokens = (uint32_t)m->cfg.max_seq_len;
+        h.n_block_hashes = (uint32_t)(m->cfg.max_seq_len / pool->geom.block_tokens);
+        h.n_stop_ids = KVG_PROTO_MAX_STOP_IDS;
+        h.n_stop = KVG_PROTO_MAX_STOP;
+        h.stop_bytes = KVG_PROTO_MAX_STOP * KVG_PROTO_MAX_STOP_LEN;
+        d->max_submit = kvg_proto_submit_size(&h);
+    }
+    d->sq_data = cfg->sq_data_bytes ? cfg->sq_data_bytes : next_pow2(2 * (uint64_t)d->max_submit);
+    if (d->sq_data < 65536 && !cfg->sq_data_bytes)
+        d->sq_data = 65536;
+    d->cq_data = cfg->cq_data_bytes ? cfg->cq_data_bytes : ((uint64_t)1 << 20);
+    d->sq_slots = cfg->ring_slots ? cfg->ring_slots : 256;
+    d->cq_slots = cfg->ring_slots ? cfg->ring_slots : 1024;
+    {
+        kvg_shm_caps caps = { d->sq_slots, d->cq_slots, d->sq_data, d->cq_data };
+        if (!kvg_shm_region_size(&caps)) {
+            kvg_set_err(err, err_len, "engine daemon: ring sizes must be powers of two (slots up to %u, data "
+                        "%u bytes to 2 GiB)", KVG_SHM_SLOTS_MAX, KVG_SHM_DATA_MIN);
+            goto fail;
+        }
+        if (d->cq_data < 4096) {
+            kvg_set_err(err, err_len, "engine daemon: the completion ring's data area must be >= 4096 bytes");
+            goto fail;
+        }
+    }
+    d->hasher = kvg_prefix_hasher_new(err, err_len);
+    if (!d->hasher)
+        goto fail;
+    d->sched = kvg_sched_new(m, fw, pc, pool, scfg, kvgd_sched_event, d, err, err_len);
+    if (!d->sched)
+        goto fail;
+
+    /* The tokenizer clients load: the very file the model loaded it from (opened
+     * now, so a later change on disk cannot make the two disagree), or its bytes. */
+    if (m->tokenizer_file) {
+        struct stat st;
+        d->tok_fd = open(m->tokenizer_file, O_RDONLY | O_CLOEXEC);
+        if (d->tok_fd < 0 || fstat(d->tok_fd, &st) != 0 || (uint64_t)st.st_size != m->tokenizer_bytes) {
+            kvg_set_err(err, err_len, "%s: cannot reopen the tokenizer file (or it changed since loading)",
+                        m->tokenizer_file);
+            goto fail;
+        }
+    } else {
+        d->tok_fd = sealed_memfd("kvgate-tokenizer", m->tokenizer_blob, m->tokenizer_bytes);
+        if (d->tok_fd < 0) {
+            kvg_set_err(err, err_len, "engine daemon: cannot create the tokenizer memfd: %s", strerror(errno));
+            goto fail;
+        }
+    }
+    /* The statistics page: clients map it read-only; the seal forbids any new
+     * writable mapping, so only this process can write it. */
+    d->stats_size = (sizeof(kvg_stats_page) + 4095) & ~(size_t)4095;
+    d->stats_fd = memfd_create("kvgate-stats", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (d->stats_fd < 0 || ftruncate(d->stats_fd, (off_t)d->stats_size) != 0) {
+        kvg_set_err(err, err_len, "engine daemon: cannot create the statistics page: %s", strerror(errno));
+        goto fail;
+    }
+    d->stats = mmap(NULL, d->stats_size, PROT_READ | PROT_WRITE, MAP_SHARED, d->stats_fd, 0);
+    if (d->stats == MAP_FAILED) {
+        d->stats = NULL;
+        kvg_set_err(err, err_len, "engine daemon: cannot map the statistics page: %s", strerror(errno));
+        goto fail;
+    }
+    fcntl(d->stats_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
+    if (getrandom(&d->instance, sizeof d->instance, 0) != (ssize_t)sizeof d->instance)
+        d->instance = (uint64_t)unix_ms() ^ ((uint64_t)getpid() << 32);
+    d->start_unix_ms = unix_ms();
+
+    d->ep = epoll_create1(EPOLL_CLOEXEC);
+    d->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (d->ep < 0 || d->stop_fd < 0) {
+        kvg_set_err(err, err_len, "engine daemon: epoll/eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    d->stop_tag = (dtag){ TAG_STOP, NULL };
+    d->listen_tag = (dtag){ TAG_LISTEN, NULL };
+    {
+        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &d->stop_tag };
+        if (epoll_ctl(d->ep, EPOLL_CTL_ADD, d->stop_fd, &ev) != 0) {
+            kvg_set_err(err, err_len, "engine daemon: epoll: %s", strerror(errno));
+            goto fail;
+        }
+    }
+    (void)local;
+    return d;
+fail:
+    kvg_daemon_free(d);
+    return NULL;
+}
+
+kvg_sched *kvg_daemon_sched(kvg_daemon *d)
+{
+    return d->sched;
+}
+
+static void close_listener(kvg_daemon *d)
+{
+    struct stat now;
+    if (d->listen_fd < 0)
+        return;
+    /* Remove the socket file only if it still is the one we bound. */
+    if (lstat(d->cfg.socket_path, &now) == 0 && now.st_ino == d->sock_ino && now.st_dev == d->sock_dev)
+        unlink(d->cfg.socket_path);
+    epoll_ctl(d->ep, EPOLL_CTL_DEL, d->listen_fd, NULL);
+    close(d->listen_fd);
+    d->listen_fd = -1;
+    d->listening = 0;
+}
+
+void kvg_daemon_free(kvg_daemon *d)
+{
+    if (!d)
+        return;
+    while (d->conns)
+        kvgd_conn_close(d->conns);
+    close_listener(d);
+    kvg_sched_free(d->sched);
+    kvg_prefix_hasher_free(d->hasher);
+    if (d->stats)
+        munmap(d->stats, d->stats_size);
+    if (d->stats_fd >= 0)
+        close(d->stats_fd);
+    if (d->tok_fd >= 0)
+        close(d->tok_fd);
+    if (d->stop_fd >= 0)
+        close(d->stop_fd);
+    if (d->ep >= 0)
+        close(d->ep);
+    free(d->hash_scratch);
+    free(d);
+}
+
+int kvg_daemon_warmup(kvg_daemon *d, const kvg_warmup *w, kvg_warmup_result *res, char *err, size_t err_len)
+{
+    kvg_warmup_opts o = { (uint64_t)1 << 62, 1 };
+    d->in_warmup = 1;
+    int rc = kvg_warmup_run(w, d->sched, d->pc, d->pool, &o, res, err, err_len);
+    d->in_warmup = 0;
+    return rc;
+}
+
+int kvg_daemon_listen(kvg_daemon *d, char *err, size_t err_len)
+{
+    const char *path = d->cfg.socket_path;
+    struct sockaddr_un sa;
+    struct stat st;
+    int s;
+
+    if (strlen(path) >= sizeof sa.sun_path)
+        return kvg_fail(err, err_len, path, "socket path longer than %zu bytes", sizeof sa.sun_path - 1);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    strcpy(sa.sun_path, path);
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            return kvg_fail(err, err_len, path, "exists and is not a socket; refusing to replace it");
+        s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (s < 0)
+            return kvg_fail(err, err_len, path, "socket: %s", strerror(errno));
+        int rc = connect(s, (struct sockaddr *)&sa, sizeof sa), e = errno;
+        close(s);
+        if (rc == 0 || e == EPROTOTYPE || e == EAGAIN)
+            return kvg_fail(err, err_len, path, "another engine (or another program) is listening on this socket; "
+                            "stop it first or choose another --socket");
+        if (e != ECONNREFUSED)
+            return kvg_fail(err, err_len, path, "cannot check the existing socket: %s", strerror(e));
+        /* Nobody answers: the file was left by an engine that died. */
+        if (unlink(path) != 0)
+            return kvg_fail(err, err_len, path, "cannot remove the stale socket: %s", strerror(errno));
+        kvgd_log(d, "replaced the stale socket %s", path);
+    }
+    s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return kvg_fail(err, err_len, path, "socket: %s", strerror(errno));
+    if (bind(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        int e = errno;
+        close(s);
+        return kvg_fail(err, err_len, path, "bind: %s", strerror(e));
+    }
+    if (chmod(path, (mode_t)d->cfg.socket_mode) != 0 ||
+        (d->cfg.socket_gid >= 0 && chown(path, (uid_t)-1, (gid_t)d->cfg.socket_gid) != 0)) {
+        int e = errno;
+        close(s);
+        unlink(path);
+        return kvg_fail(err, err_len, path, "cannot set the socket's mode or group: %s", strerror(e));
+    }
+    if (lstat(path, &st) == 0) {
+        d->sock_ino = st.st_ino;
+        d->sock_dev = st.st_dev;
+    }
+    if (listen(s, 128) != 0) {
+        int e = errno;
+        close(s);
+        unlink(path);
+        return kvg_fail(err, err_len, path, "listen: %s", strerror(e));
+    }
+    struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &d->listen_tag };
+    if (epoll_ctl(d->ep, EPOLL_CTL_ADD, s, &ev) != 0) {
+        int e = errno;
+        close(s);
+        unlink(path);
+        return kvg_fail(err, err_len, path, "epoll: %s", strerror(e));
+    }
+    d->listen_fd = s;
+    d->listening = 1;
+    return 0;
+}
+
+void kvg_daemon_request_stop(kvg_daemon *d)
+{
+    uint64_t one = 1;
+    d->stop_requests++;
+    if (write(d->stop_fd, &one, sizeof one) < 0) {
+        /* counter saturated: a stop is pending anyway */
+    }
+}
+
+/* ---- statistics ---- */
+
+static void write_stats(kvg_daemon *d)
+{
+    kvg_stats s = d->counters;
+    kvg_pc_stats pcs;
+    kvg_sched_stats ss;
+    int nt;
+
+    kvg_pc_get_stats(d->pc, &pcs);
+    kvg_sched_get_stats(d->sched, &ss);
+    s.magic = KVG_STATS_MAGIC;
+    s.version = KVG_PROTO_VERSION;
+    s.instance = d->instance;
+    s.start_unix_ms = d->start_unix_ms;
+    s.updated_unix_ms = unix_ms();
+    s.blocks_total = pcs.blocks_total;
+    s.blocks_free = pcs.blocks_free;
+    s.blocks_cached = pcs.blocks_cached;
+    s.blocks_used = pcs.blocks_used;
+    s.blocks_pinned = pcs.blocks_pinned;
+    s.block_tokens = d->pool->geom.block_tokens;
+    s.query_tokens = pcs.query_tokens;
+    s.hit_tokens = pcs.hit_tokens;
+    s.evictions_lru = pcs.evictions[KVG_EVICT_LRU];
+    s.evictions_ttl = pcs.evictions[KVG_EVICT_TTL];
+    s.evictions_quota = pcs.evictions[KVG_EVICT_QUOTA];
+    s.recompute_tokens = pcs.recompute_tokens;
+    s.recompute_hit_tokens = pcs.recompute_hit_tokens;
+    s.steps = ss.steps;
+    s.preemptions = ss.preemptions;
+    s.rejected = ss.rejected;
+    s.cancelled = ss.cancelled;
+    s.prefill_tokens = ss.prefill_tokens;
+    s.decode_tokens = ss.decode_tokens;
+    s.prefill_seconds = ss.prefill_s;
+    s.decode_seconds = ss.decode_s;
+    s.ttft_count = ss.ttft_count;
+    s.ttft_sum_seconds = ss.ttft_sum_s;
+    s.ttft_max_seconds = ss.ttft_max_s;
+    s.waiting = ss.waiting;
+    s.running = ss.running;
+    s.held = ss.held;
+    s.clients = 0;
+    for (dconn *c = d->conns; c; c = c->next)
+        s.clients += c->up;
+    for (int b = 0; b < KVG_STATS_BUCKETS && b < KVG_SCHED_BUCKETS; b++) {
+        s.bucket[b].requests = ss.bucket[b].requests;
+        s.bucket[b].prompt_tokens = ss.bucket[b].prompt_tokens;
+        s.bucket[b].cached_tokens = ss.bucket[b].cached_tokens;
+        s.bucket[b].completion_tokens = ss.bucket[b].completion_tokens;
+    }
+    /* The tenants holding the most cached blocks (a bounded label set for metrics). */
+    s.n_tenants = 0;
+    s.other_tenants = 0;
+    s.other_cached_blocks = 0;
+    nt = kvg_pc_tenant_count(d->pc);
+    for (int t = 0; t < nt; t++) {
+        int32_t blocks = kvg_pc_tenant_cached_blocks(d->pc, t);
+        size_t len;
+        const void *salt = kvg_pc_tenant_salt(d->pc, t, &len);
+        if (blocks <= 0 || !salt)
+            continue;
+        int pos = s.n_tenants;
+        while (pos > 0 && s.tenant[pos - 1].cached_blocks < blocks)
+            pos--;
+        if (pos >= KVG_STATS_TENANTS) {
+            s.other_tenants++;
+            s.other_cached_blocks += blocks;
+            continue;
+        }
+        if (s.n_tenants == KVG_STATS_TENANTS) {
+            s.other_tenants++;
+            s.other_cached_blocks += s.tenant[KVG_STATS_TENANTS - 1].cached_blocks;
+        } else {
+            s.n_tenants++;
+        }
+        memmove(&s.tenant[pos + 1], &s.tenant[pos], (size_t)(s.n_tenants - 1 - pos) * sizeof s.tenant[0]);
+        memset(&s.tenant[pos], 0, sizeof s.tenant[pos]);
+        memcpy(s.tenant[pos].name, salt, len > KVG_PROTO_MAX_SALT ? KVG_PROTO_MAX_SALT : len);
+        s.tenant[pos].cached_blocks = blocks;
+    }
+    kvg_stats_write(d->stats, &s);
+    d->stats_written_ms = kvgd_now_ms();
+}
+
+/* ---- the loop ---- */
+
+static void begin_stop(kvg_daemon *d)
+{
+    int64_t now = kvgd_now_ms();
+    if (!d->stopping) {
+        d->stopping = 1;
+        d->stop_deadline_ms = d->cfg.drain_timeout_ms < 0 ? now : now + d->cfg.drain_timeout_ms;
+        close_listener(d);
+        kvgd_log(d, "stopping: %d request(s) in flight, draining for up to %d ms", kvg_sched_pending(d->sched),
+                 d->cfg.drain_timeout_ms < 0 ? 0 : d->cfg.drain_timeout_ms);
+    } else {
+        d->stop_deadline_ms = now;
+    }
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins up to us microseconds for a client to push something; 1 when one did. */
+static int busy_poll(kvg_daemon *d, int us)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        for (dconn *c = d->conns; c; c = c->next)
+            if (c->up && !c->closing && kvg_shm_can_pop(&c->shm.sq))
+                return 1;
+        if (d->stop_requests)
+            return 1;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 >= us)
+            return 0;
+        cpu_relax();
+    }
+}
+
+static void check_deadlines(kvg_daemon *d, int64_t now)
+{
+    for (dconn *c = d->conns; c; c = c->next)
+        for (dreq *r = c->head, *next; r; r = next) {
+            next = r->next;
+            if (r->in_sched && r->deadline_ms && now >= r->deadline_ms && !r->expired) {
+                r->expired = 1;
+                kvg_sched_cancel(d->sched, r->sched_id);
+            }
+        }
+}
+
+static void abort_all(kvg_daemon *d, const char *why)
+{
+    for (dconn *c = d->conns; c; c = c->next)
+        for (dreq *r = c->head, *next; r; r = next) {
+            next = r->next;
+            if (r->in_sched)
+                kvgd_req_abort(d, r, 503, why);
+        }
+}
+
+int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
+{
+    struct epoll_event evs[64];
+    int last_rows = 0, finishing = 0, did_work = 0;
+
+    write_stats(d);
+    for (;;) {
+        int pending = kvg_sched_pending(d->sched);
+        int timeout;
+        if (pending && last_rows > 0)
+            timeout = 0;
+        else if (pending)
+            timeout = 10;        /* everything is held or waiting for blocks: poll gently */
+        else if (d->stopping)
+            timeout = 0;
+        else
+            timeout = -1;
+        if (d->stopping && timeout != 0) {
+            int64_t left = d->stop_deadline_ms - kvgd_now_ms();
+            timeout = left <= 0 ? 0 : (timeout < 0 || left < timeout ? (int)left : timeout);
+        }
+        /* Going to sleep right after work: a client answering at once (the next
+         * request of a conversation, a benchmark) is caught without a wake-up. */
+        if (timeout != 0 && did_work && d->cfg.busy_poll_us > 0 && busy_poll(d, d->cfg.busy_poll_us))
+            timeout = 0;
+        int n = epoll_wait(d->ep, evs, 64, timeout);
+        if (n < 0 && errno != EINTR)
+            return kvg_fail(err, err_len, "engine daemon", "epoll_wait: %s", strerror(errno));
+        for (int i = 0; i < n; i++) {
+            dtag *t = evs[i].data.ptr;
+            uint64_t v;
+            switch (t->kind) {
+            case TAG_LISTEN:
+                kvgd_accept(d);
+                break;
+            case TAG_STOP:
+                if (read(d->stop_fd, &v, sizeof v) == (ssize_t)sizeof v)
+                    for (uint64_t k = 0; k < v && k < 2; k++)
+                        begin_stop(d);
+                break;
+            case TAG_SOCK:
+                kvgd_conn_readable(t->conn);
+                break;
+            case TAG_BELL:
+                if (read(t->conn->bell_in, &v, sizeof v) < 0) {
+                    /* EAGAIN: already cleared */
+                }
+                break;
+            }
+        }
+        /* Every client's submissions (a peek per client when there are none). */
+        for (dconn *c = d->conns; c; c = c->next)
+            kvgd_conn_intake(c);
+
+        int64_t now = kvgd_now_ms();
+        check_deadlines(d, now);
+        if (d->stopping && !finishing && (kvg_sched_pending(d->sched) == 0 || now >= d->stop_deadline_ms)) {
+            abort_all(d, "the engine shut down before the request finished");
+            finishing = 1;
+        }
+        last_rows = 0;
+        if (kvg_sched_pending(d->sched) > 0) {
+            char serr[256];
+            last_rows = kvg_sched_step(d->sched, serr, sizeof serr);
+            if (last_rows < 0) {
+                /* The batch's requests were failed with this error; the engine goes on. */
+                kvgd_log(d, "step failed: %s", serr);
+                last_rows = 0;
+            }
+        }
+        /* The page is due before a DONE goes out (a client reading statistics right
+         * after its answer sees them), and otherwise every 20 ms while busy. */
+        now = kvgd_now_ms();
+        if (d->stats_written_ms == 0 || now - d->stats_written_ms >= 20 ||
+            (kvg_sched_pending(d->sched) == 0 && last_rows == 0))
+            write_stats(d);
+        did_work = last_rows > 0;
+        for (dconn *c = d->conns; c; c = c->next)
+            if (c->dirty || c->blocked) {
+                kvgd_conn_flush(c);
+                did_work = 1;
+            }
+        for (dconn *c = d->conns, *next; c; c = next) {
+            next = c->next;
+            if (c->closing)
+                kvgd_conn_close(c);
+        }
+        if (d->stats_written_ms == 0)
+            write_stats(d);      /* closing a client cancelled requests */
+        if (finishing && kvg_sched_pending(d->sched) == 0) {
+            int left = 0;
+            for (dconn *c = d->conns; c; c = c->next)
+                left += c->blocked;
+            /* Give slow readers the drain time to take their last messages. */
+            if (!left || kvgd_now_ms() >= d->stop_deadline_ms + 1000)
+                break;
+        }
+    }
+    write_stats(d);
+    while (d->conns)
+        kvgd_conn_close(d->conns);
+    kvgd_log(d, "stopped");
+    return 0;
+}

@@ -1,0 +1,156 @@
+/* The engine daemon's private structures, shared by daemon.c (the loop, the socket,
+ * the statistics page), daemon_conn.c (clients: handshake, region, intake) and
+ * daemon_output.c (scheduler events -> per-request buffers -> completion rings). */
+#ifndef KVG_DAEMON_INTERNAL_H
+#define KVG_DAEMON_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon.h"
+#include "proto.h"
+#include "shm_channel.h"
+#include "u64map.h"
+
+/* What epoll reports: which object and which of its descriptors. */
+enum { TAG_LISTEN = 1, TAG_STOP, TAG_SOCK, TAG_BELL };
+typedef struct dtag {
+    int kind;
+    struct dconn *conn;
+} dtag;
+
+/* Output of one sample not yet delivered: tokens, their logprobs, and the text. The
+ * text of token i ends at text_end[i]; text after the last token's end is held-back
+ * text released when the sample finished. */
+typedef struct dsample {
+    uint32_t *ids;
+    float *lps;
+    uint32_t *text_end;
+    uint32_t n, cap;             /* tokens buffered */
+    char *text;
+    uint32_t text_len, text_cap;
+    uint32_t completion;         /* tokens produced so far (delivered or not) */
+    int finished;                /* the FINISHED is known */
+    int finished_sent;
+    uint32_t reason;             /* kvg_msg_finish */
+} dsample;
+
+typedef struct dreq {
+    struct dconn *conn;          /* NULL once the client is gone */
+    struct dreq *prev, *next;    /* the client's requests, in arrival order */
+    uint64_t client_id, sched_id;
+    int n;
+    int logprobs;
+    int64_t deadline_ms;         /* monotonic; 0: none */
+    int in_sched;                /* the scheduler still knows it */
+    int silent;                  /* cancelled by the client: deliver nothing */
+    int expired;                 /* cancelled by its deadline */
+    int held;
+    int accepted, accepted_sent;
+    uint32_t prompt_tokens, cached_tokens;
+    int done;                    /* the scheduler reported the request complete */
+    uint32_t completion_tokens;
+    int error;                   /* ends with ERROR instead of DONE */
+    uint32_t err_status;
+    char err_msg[256];
+    dsample smp[KVG_PROTO_MAX_N];
+} dreq;
+
+typedef struct dconn {
+    struct kvg_daemon *d;
+    struct dconn *next;          /* all connections */
+    dtag sock_tag, bell_tag;
+    uint64_t serial;             /* for logs */
+    int sock;
+    int bell_in;                 /* the client rings it */
+    int bell_out;                /* we ring it */
+    int up;                      /* handshake done */
+    int closing;                 /* tear down at the end of this loop iteration */
+    char why[160];               /* reason for closing, for the log */
+    char name[48];
+    uint32_t pid;
+    void *region;
+    size_t region_size;
+    kvg_shm shm;
+    unsigned char *buf;          /* private copy of each submission payload */
+    size_t buf_cap;
+    unsigned char *out;          /* encoding scratch for TOKENS payloads */
+    size_t out_cap;
+    kvg_u64map by_id;            /* client request id -> dreq */
+    dreq *head, *tail;
+    int n_reqs;
+    int dirty;                   /* output waits to be pushed */
+    int pushed;                  /* messages pushed since the last doorbell */
+    int blocked;                 /* the completion ring was full: wait for the client */
+} dconn;
+
+struct kvg_daemon {
+    kvg_daemon_config cfg;
+    const kvg_model *m;
+    kvg_forward *fw;
+    kvg_prefix_cache *pc;
+    kvg_kv_pool *pool;
+    kvg_sched *sched;
+    kvg_prefix_hasher *hasher;
+    kvg_chat_template tpl;
+    char served_name[128];
+    int32_t stop_ids[KVG_SCHED_MAX_STOP_IDS];   /* always stop on these (EOS, ...) */
+    int n_stop_ids;
+
+    int ep;                      /* epoll */
+    int listen_fd;
+    int stop_fd;                 /* eventfd written by kvg_daemon_request_stop */
+    dtag listen_tag, stop_tag;
+    int listening;
+    uint64_t sock_ino, sock_dev;     /* the socket file we bound (removed on stop) */
+    volatile int stop_requests;  /* written by the signal handler */
+    int stopping;
+    int64_t stop_deadline_ms;
+
+    int tok_fd;                  /* the tokenizer's bytes, passed to every client */
+    int stats_fd;
+    kvg_stats_page *stats;
+    size_t stats_size;
+    kvg_stats counters;          /* the daemon's own counters (the page's last part) */
+    int64_t stats_written_ms;
+    uint64_t instance;
+    uint64_t start_unix_ms;
+
+    uint64_t sq_data, cq_data;
+    uint32_t sq_slots, cq_slots;
+    size_t max_submit;           /* payload bytes of the largest valid submission */
+
+    dconn *conns;
+    int n_conns;
+    uint64_t conn_serial;
+    uint64_t next_sched_id;
+    int waiting;                 /* records not yet admitted (for max_waiting) */
+    int in_warmup;
+    uint8_t (*hash_scratch)[KVG_PREFIX_HASH_LEN];
+    size_t hash_scratch_cap;
+};
+
+int64_t kvgd_now_ms(void);
+void kvgd_log(kvg_daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* daemon_conn.c */
+int kvgd_accept(kvg_daemon *d);
+void kvgd_conn_readable(dconn *c);           /* the socket: hello, or EOF */
+void kvgd_conn_intake(dconn *c);             /* drain the submission ring */
+void kvgd_conn_close(dconn *c);              /* cancel everything, free */
+void kvgd_conn_fail(dconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* daemon_output.c */
+void kvgd_sched_event(void *ctx, const kvg_sched_event *ev);
+/* Pushes what the connection's requests have buffered; frees finished records. */
+void kvgd_conn_flush(dconn *c);
+/* Answers a request that never reached the scheduler. */
+void kvgd_reply_error(dconn *c, uint64_t client_id, uint32_t status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Records: new (linked into c), unlinked-and-freed. */
+dreq *kvgd_req_new(dconn *c, uint64_t client_id);
+void kvgd_req_free(dreq *r);
+/* Ends a request the scheduler still runs, with ERROR status/msg (shutdown). */
+void kvgd_req_abort(kvg_daemon *d, dreq *r, uint32_t status, const char *msg);
+
+#endif

@@ -1,0 +1,344 @@
+/* The engine protocol: what a client (an nginx worker, kvgate-cli) and the engine
+ * say to each other. Nothing here knows nginx or the engine's internals.
+ *
+ * 1. The handshake, over the engine's unix socket (SOCK_SEQPACKET, so every
+ *    message arrives whole, and either side's death reads as EOF on the other):
+ *
+ *      client -> engine   kvg_hello    magic, protocol version, pid, a name
+ *      engine -> client   kvg_welcome  status; on success the model (id, served
+ *                                      name, context length, block size,
+ *                                      vocabulary, BOS/EOS, chat template) and,
+ *                                      as SCM_RIGHTS, KVG_WELCOME_FDS descriptors:
+ *        fd[0] the client's region (a memfd with the shm_channel.h layout)
+ *        fd[1] the doorbell to the engine (eventfd): the client writes it after
+ *              pushing to the submission ring, or after freeing completion-ring
+ *              room the engine waits for
+ *        fd[2] the doorbell to the client (eventfd), the same the other way
+ *        fd[3] the tokenizer's bytes: the file the engine loaded it from, opened
+ *              read-only, or a sealed memfd. The client maps it and loads the
+ *              very tokenizer the engine uses, so the gateway never tokenizes or
+ *              hashes with a tokenizer that disagrees with the model
+ *        fd[4] the engine's statistics page (a memfd sealed against new writable
+ *              mappings; kvg_stats below): map it read-only
+ *    Afterwards the socket carries nothing; it stays open only so that each side
+ *    notices the other dying.
+ *
+ * 2. Messages in the region's rings (slot body = one of the structs below, payload in
+ *    the data area). Client -> engine: SUBMIT, CANCEL. Engine -> client, per request:
+ *    ACCEPTED once (cached tokens known), TOKENS as they are produced (streamed, not
+ *    at the end), FINISHED once per sample, then DONE (usage); or ERROR at any point,
+ *    which ends the request. DONE and ERROR are always the last message of a request.
+ *
+ * Every body starts with its protocol version. The receiver checks type, body_len ==
+ * sizeof(struct) and version before reading anything else, then the payload layout
+ * against payload_len (kvg_proto_decode_*): each side treats the other as untrusted.
+ * Payload parts follow one another in the documented order, each starting at a
+ * multiple of 8 bytes from the payload start. */
+#ifndef KVG_PROTO_H
+#define KVG_PROTO_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "prefix_hash.h"
+#include "shm_channel.h"
+
+#define KVG_PROTO_MAGIC     0x6b766731u   /* "1gvk" little-endian */
+#define KVG_PROTO_VERSION   1u
+#define KVG_WELCOME_FDS     5
+
+/* Limits every side enforces. */
+#define KVG_PROTO_MAX_SALT       256      /* tenant salt bytes */
+#define KVG_PROTO_MAX_N          16       /* samples per request */
+#define KVG_PROTO_MAX_STOP       4        /* stop strings */
+#define KVG_PROTO_MAX_STOP_LEN   128      /* bytes per stop string */
+#define KVG_PROTO_MAX_STOP_IDS   6        /* extra stop token ids (EOS and BOS come on top) */
+#define KVG_PROTO_MAX_ERROR_LEN  1024     /* error message bytes */
+
+/* ---- handshake ---- */
+
+typedef struct kvg_hello {
+    uint32_t magic;              /* KVG_PROTO_MAGIC */
+    uint32_t version;            /* KVG_PROTO_VERSION */
+    uint32_t pid;
+    uint32_t reserved;
+    char name[48];               /* NUL-terminated: "nginx worker", "kvgate-cli" (for logs) */
+} kvg_hello;
+
+typedef struct kvg_welcome {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t status;             /* 0: accepted; else an HTTP-like status and message says why */
+    uint32_t engine_pid;
+    char message[256];           /* NUL-terminated; the reason of a refusal */
+    uint8_t model_id[KVG_PREFIX_HASH_LEN];   /* the model identity (hash roots are made from it) */
+    char model_name[128];        /* the served model name (the "model" of requests) */
+    char chat_template[16];      /* kvg_chat_template_name() of the model's template */
+    char tokenizer_name[160];    /* where the tokenizer came from, for messages */
+    uint64_t instance;           /* random per engine start: a restart is a new instance */
+    uint64_t region_bytes;       /* size of fd[0] */
+    uint64_t tokenizer_bytes;    /* size of fd[3] */
+    uint64_t stats_bytes;        /* size of fd[4] */
+    uint32_t context_length;     /* positions: prompt + completion */
+    uint32_t block_tokens;       /* tokens per prefix-hash block */
+    uint32_t vocab_size;
+    int32_t bos, eos;            /* -1 when the vocabulary has none */
+    uint32_t add_bos;            /* prompts start with BOS */
+    uint32_t max_n;              /* samples per request the engine accepts */
+    uint32_t reserved;
+} kvg_welcome;
+
+/* Handshake I/O on a connected SOCK_SEQPACKET socket. Non-blocking sockets are
+ * fine: a return of 1 means "would block, call again when readable". */
+int kvg_proto_send_hello(int sock, const char *name, char *err, size_t err_len);
+/* 0 with *h filled and checked for magic (version is left to the caller, which
+ * answers a mismatch with a refusal), 1 would block, -1 error or EOF. */
+int kvg_proto_recv_hello(int sock, kvg_hello *h, char *err, size_t err_len);
+/* Sends w with n_fds descriptors (0 for a refusal). */
+int kvg_proto_send_welcome(int sock, const kvg_welcome *w, const int *fds, int n_fds,
+                           char *err, size_t err_len);
+/* 0 with *w and fds[KVG_WELCOME_FDS] (all -1 unless w->status == 0, then all
+ * valid and owned by the caller), 1 would block, -1 error or EOF. Checks magic,
+ * version, NUL-termination of the strings and the descriptor count. */
+int kvg_proto_recv_welcome(int sock, kvg_welcome *w, int fds[KVG_WELCOME_FDS],
+                           char *err, size_t err_len);
+
+/* ---- messages ---- */
+
+enum kvg_msg_type {
+    KVG_MSG_SUBMIT   = 1,        /* sq */
+    KVG_MSG_CANCEL   = 2,        /* sq */
+    KVG_MSG_ACCEPTED = 3,        /* cq */
+    KVG_MSG_TOKENS   = 4,        /* cq */
+    KVG_MSG_FINISHED = 5,        /* cq */
+    KVG_MSG_DONE     = 6,        /* cq */
+    KVG_MSG_ERROR    = 7         /* cq */
+};
+
+#define KVG_SUBMIT_BYPASS    0x1u   /* neither look up nor fill the prefix cache */
+#define KVG_SUBMIT_LOGPROBS  0x2u   /* send the chosen tokens' logprobs */
+#define KVG_SUBMIT_FLAGS     0x3u
+
+#define KVG_TTL_PINNED       UINT32_MAX   /* cache_ttl_ms: pin the committed blocks */
+
+/* Payload: tenant salt (salt_len bytes) | token ids (uint32 x n_tokens) | block
+ * hashes (KVG_PREFIX_HASH_LEN bytes x n_block_hashes: the chain over the full blocks
+ * of the prompt, rooted at (model id, salt); none for bypass) | extra stop token ids
+ * (uint32 x n_stop_ids; the engine always stops on EOS) | stop string lengths
+ * (uint32 x n_stop) | stop string bytes (the strings back to back, stop_bytes). */
+typedef struct kvg_msg_submit {
+    uint32_t version;
+    uint32_t flags;              /* KVG_SUBMIT_* */
+    uint64_t request_id;         /* chosen by the client, unique among its live requests */
+    uint64_t seed;               /* sample j draws with seed and sample index j */
+    uint32_t bucket;             /* length bucket index (0 = bypass); labels the engine's stats */
+    int32_t  priority;           /* higher is admitted first */
+    uint32_t cache_ttl_ms;       /* TTL of the blocks it commits: 0 = engine default, KVG_TTL_PINNED */
+    uint32_t deadline_ms;        /* the engine gives up this long after receiving it; 0 = never */
+    uint32_t n;                  /* samples, 1..KVG_PROTO_MAX_N */
+    uint32_t max_tokens;         /* per sample, >= 1 */
+    uint32_t top_k;              /* 0 = off */
+    float    temperature;        /* 0 = greedy */
+    float    top_p;              /* 1 = off */
+    uint32_t salt_len;
+    uint32_t n_tokens;
+    uint32_t n_block_hashes;
+    uint32_t n_stop_ids;
+    uint32_t n_stop;
+    uint32_t stop_bytes;
+    uint32_t reserved;
+} kvg_msg_submit;
+
+/* No payload. The engine stops the request within one step and releases its blocks;
+ * the client forgets it at once (later messages for the id are dropped). */
+typedef struct kvg_msg_cancel {
+    uint32_t version;
+    uint32_t reserved;
+    uint64_t request_id;
+} kvg_msg_cancel;
+
+/* No payload. The request was admitted: its prompt is being computed. */
+typedef struct kvg_msg_accepted {
+    uint32_t version;
+    uint32_t reserved;
+    uint64_t request_id;
+    uint32_t prompt_tokens;
+    uint32_t cached_tokens;      /* prompt tokens served from the prefix cache */
+} kvg_msg_accepted;
+
+#define KVG_TOKENS_LOGPROBS 0x1u
+
+/* Payload: token ids (uint32 x n_tokens) | with KVG_TOKENS_LOGPROBS their logprobs
+ * (float x n_tokens) | text bytes (text_len): the text that became visible with these
+ * tokens (complete UTF-8 characters; text that may still turn out to be a stop
+ * string is held back until it is decided). n_tokens may be 0 (held-back text
+ * released at the end). */
+typedef struct kvg_msg_tokens {
+    uint32_t version;
+    uint32_t flags;              /* KVG_TOKENS_* */
+    uint64_t request_id;
+    uint32_t sample_index;       /* 0..n-1 */
+    uint32_t n_tokens;
+    uint32_t text_len;
+    uint32_t reserved;
+} kvg_msg_tokens;
+
+enum kvg_msg_finish {
+    KVG_MSG_FINISH_STOP      = 1,    /* EOS, a stop id or a stop string ("stop") */
+    KVG_MSG_FINISH_LENGTH    = 2,    /* max_tokens or the context ("length") */
+    KVG_MSG_FINISH_CANCELLED = 3,
+    KVG_MSG_FINISH_DEADLINE  = 4     /* deadline_ms passed */
+};
+
+/* No payload. Sample sample_index is complete. */
+typedef struct kvg_msg_finished {
+    uint32_t version;
+    uint32_t sample_index;
+    uint64_t request_id;
+    uint32_t finish_reason;      /* kvg_msg_finish */
+    uint32_t completion_tokens;  /* of this sample */
+} kvg_msg_finished;
+
+/* No payload. All samples are complete; the request is gone from the engine. */
+typedef struct kvg_msg_done {
+    uint32_t version;
+    uint32_t reserved;
+    uint64_t request_id;
+    uint32_t prompt_tokens;
+    uint32_t cached_tokens;
+    uint32_t completion_tokens;  /* over all samples */
+    uint32_t reserved2;
+} kvg_msg_done;
+
+/* Payload: the message (message_len bytes of UTF-8, at most KVG_PROTO_MAX_ERROR_LEN).
+ * status is HTTP-like: 400 invalid request (bad field, prompt longer than the context,
+ * hashes that do not match the tokens), 429 the engine is saturated, 500 the engine
+ * failed, 503 the engine is shutting down. request_id 0 concerns the channel, not a
+ * request. */
+typedef struct kvg_msg_error {
+    uint32_t version;
+    uint32_t status;
+    uint64_t request_id;
+    uint32_t message_len;
+    uint32_t reserved;
+} kvg_msg_error;
+
+/* ---- encoding and decoding ---- */
+
+/* A submission as its parts (what the client fills and the engine decodes into).
+ * After kvg_proto_decode_submit the pointers point into the message's payload. */
+typedef struct kvg_submit_view {
+    kvg_msg_submit h;
+    const uint8_t *salt;
+    const uint32_t *tokens;
+    const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
+    const uint32_t *stop_ids;
+    const uint32_t *stop_len;    /* n_stop lengths */
+    const char *stop_bytes;      /* stop_bytes bytes */
+} kvg_submit_view;
+
+/* Payload bytes of a submission with these counts (h's count fields); 0 on overflow. */
+size_t kvg_proto_submit_size(const kvg_msg_submit *h);
+/* Writes the payload of v (counts in v->h) into buf (cap bytes, 8-byte aligned).
+ * Returns the size, or 0 when cap is too small. */
+size_t kvg_proto_encode_submit(const kvg_submit_view *v, void *buf, size_t cap);
+/* Checks a SUBMIT message whose payload is a PRIVATE copy (8-byte aligned) and points
+ * v into it: version, flags, counts within the protocol limits, the layout exactly
+ * matching payload_len, stop strings of 1..KVG_PROTO_MAX_STOP_LEN bytes without NUL.
+ * What needs the model (vocabulary, context, block size, the hashes themselves) is
+ * the engine's to check. 0, or -1 with err; *id gets the request id whenever the body
+ * was readable (0 otherwise) so the refusal can name the request. */
+int kvg_proto_decode_submit(const kvg_shm_msg *m, kvg_submit_view *v, uint64_t *id,
+                            char *err, size_t err_len);
+
+/* A decoded TOKENS message (pointers into the message's payload). */
+typedef struct kvg_tokens_view {
+    kvg_msg_tokens h;
+    const uint32_t *ids;
+    const float *logprobs;       /* NULL without KVG_TOKENS_LOGPROBS */
+    const char *text;
+} kvg_tokens_view;
+
+size_t kvg_proto_tokens_size(uint32_t n_tokens, int logprobs, uint32_t text_len);
+/* Writes ids, logprobs (may be NULL) and text into buf; returns the size or 0. */
+size_t kvg_proto_encode_tokens(const uint32_t *ids, const float *logprobs, uint32_t n_tokens,
+                               const char *text, uint32_t text_len, void *buf, size_t cap);
+int kvg_proto_decode_tokens(const kvg_shm_msg *m, kvg_tokens_view *v, char *err, size_t err_len);
+
+/* Fixed-size bodies without payload: type, size and version checked, *out filled. */
+int kvg_proto_decode_fixed(const kvg_shm_msg *m, uint32_t type, void *out, size_t size,
+                           char *err, size_t err_len);
+/* ERROR: *h and the message (validated UTF-8 is not required; length bounded). */
+int kvg_proto_decode_error(const kvg_shm_msg *m, kvg_msg_error *h, const char **msg,
+                           char *err, size_t err_len);
+
+/* ---- the statistics page ----
+ * The engine rewrites it after the steps that changed something (seqlock: seq is odd
+ * while a write is in progress); clients read consistent snapshots with
+ * kvg_stats_read. Counters are totals since the engine started. */
+
+#define KVG_STATS_MAGIC    0x5453474bu   /* "KGST" */
+#define KVG_STATS_TENANTS  32            /* tenants listed by cached blocks (the rest summed) */
+#define KVG_STATS_BUCKETS  17
+
+typedef struct kvg_stats_tenant {
+    char name[KVG_PROTO_MAX_SALT + 1];   /* the salt, NUL-terminated (salts hold no NUL
+                                            when they come from kvgate's gateway) */
+    uint8_t reserved[7];
+    int32_t cached_blocks;
+    int32_t reserved2;
+} kvg_stats_tenant;
+
+typedef struct kvg_stats_bucket {
+    uint64_t requests, prompt_tokens, cached_tokens, completion_tokens;
+} kvg_stats_bucket;
+
+typedef struct kvg_stats {
+    uint32_t magic;
+    uint32_t version;            /* KVG_PROTO_VERSION */
+    uint64_t instance;
+    uint64_t start_unix_ms;
+    uint64_t updated_unix_ms;
+    /* KV pool */
+    int32_t blocks_total, blocks_free, blocks_cached, blocks_used, blocks_pinned;
+    int32_t block_tokens;
+    /* prefix cache */
+    uint64_t query_tokens, hit_tokens;
+    uint64_t evictions_lru, evictions_ttl, evictions_quota;
+    uint64_t recompute_tokens, recompute_hit_tokens;
+    /* scheduler */
+    uint64_t steps, preemptions, rejected, cancelled;
+    uint64_t prefill_tokens, decode_tokens;
+    double prefill_seconds, decode_seconds;
+    uint64_t ttft_count;
+    double ttft_sum_seconds, ttft_max_seconds;
+    int32_t waiting, running;    /* requests now */
+    int32_t held;                /* requests paused because their client is not reading */
+    int32_t clients;             /* connected clients */
+    /* the daemon */
+    uint64_t submitted, completed, errors, client_cancels, deadlines;
+    uint64_t clients_total, protocol_errors;
+    kvg_stats_bucket bucket[KVG_STATS_BUCKETS];
+    /* tenants with the most cached blocks */
+    int32_t n_tenants;           /* entries used in tenant[] */
+    int32_t other_tenants;       /* tenants not listed */
+    int32_t other_cached_blocks; /* their cached blocks */
+    int32_t reserved;
+    kvg_stats_tenant tenant[KVG_STATS_TENANTS];
+} kvg_stats;
+
+/* The page as mapped: the sequence word on its own cache line, then the data. */
+typedef struct kvg_stats_page {
+    _Alignas(64) _Atomic uint64_t seq;
+    _Alignas(64) kvg_stats s;
+} kvg_stats_page;
+
+/* Writer (the engine, one thread). */
+void kvg_stats_write(kvg_stats_page *p, const kvg_stats *s);
+/* Reader: a consistent copy, retrying while a write is in progress. 0, or -1 when
+ * the page does not look like a stats page or stays busy (a writer that died
+ * mid-write). */
+int kvg_stats_read(const kvg_stats_page *p, kvg_stats *out);
+
+#endif

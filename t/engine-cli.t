@@ -1,0 +1,137 @@
+#!/usr/bin/env perl
+# build/bin/kvgate-engine and build/bin/kvgate-cli from outside: usage and startup
+# errors, the readiness line, greedy answers equal to the llama2.c reference, --json
+# with n samples, usage and cached tokens (hit on the second request, miss under another
+# tenant, bypass for short prompts), --stream text equal to --json text, a clear error
+# when no engine listens, SIGTERM exits 0 and removes the socket.
+# With KVGATE_ASAN=1 both binaries are the ASan builds.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use File::Temp qw(tempdir tempfile);
+use JSON::PP;
+use Test::More;
+use Kvgate::Engine;
+
+my $engine_bin = Kvgate::Engine::bin('kvgate-engine');
+my $cli_bin = Kvgate::Engine::bin('kvgate-cli');
+ok(-x $engine_bin && -x $cli_bin, "$engine_bin and $cli_bin are built")
+    or BAIL_OUT('build them first: make');
+my $shared = Kvgate::Engine::shared_dir();
+my $dir = tempdir('kvgate-cli-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+my $sock = "$dir/engine.sock";
+
+sub slurp { my ($f) = @_; open my $fh, '<:raw', $f or die "$f: $!"; local $/; my $s = <$fh>; $s // '' }
+
+# Runs a command; returns (exit status, stdout, stderr).
+sub run {
+    my (@cmd) = @_;
+    my (undef, $out) = tempfile(UNLINK => 1);
+    my (undef, $err) = tempfile(UNLINK => 1);
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        open STDIN, '<', '/dev/null' or die;
+        open STDOUT, '>', $out or die;
+        open STDERR, '>', $err or die;
+        exec @cmd or exit 127;
+    }
+    waitpid $pid, 0;
+    return ($? >> 8, slurp($out), slurp($err));
+}
+
+# ---- usage and startup errors ----------------------------------------------------------
+
+{
+    my ($rc, $out) = run($engine_bin, '--help');
+    is($rc, 0, 'kvgate-engine --help exits 0');
+    like($out, qr/--socket-group NAME.*--kv-memory SIZE.*--warmup FILE/s, '  and lists the options');
+    ($rc, undef, my $err) = run($engine_bin, '--socket', $sock);
+    is($rc, 2, 'no --model: exit 2');
+    like($err, qr/--model is required/, '  says so');
+    ($rc, undef, $err) = run($engine_bin, '--model', 'x', '--socket', $sock, '--kv-memory', 'lots');
+    is($rc, 2, 'bad --kv-memory: exit 2');
+    like($err, qr/--kv-memory: 'lots' is not a size/, '  names the option and value');
+    ($rc, undef, $err) = run($engine_bin, '--model', "$dir/missing.bin", '--socket', $sock);
+    is($rc, 1, 'a missing model file: exit 1');
+    like($err, qr/\Q$dir\E\/missing\.bin: cannot open/, '  names the file');
+    ($rc, undef, $err) = run($engine_bin, Kvgate::Engine::stories_args(), '--socket', $sock,
+                             '--socket-group', 'no-such-group-kvgate');
+    is($rc, 2, 'unknown --socket-group: exit 2');
+    like($err, qr/no group named 'no-such-group-kvgate'/, '  says so');
+    ($rc, undef, $err) = run($engine_bin, Kvgate::Engine::stories_args(), '--socket', $sock,
+                             '--chat-template', 'jinja');
+    is($rc, 2, 'unknown --chat-template: exit 2');
+    like($err, qr/chatml/, '  lists the accepted names');
+    ($rc, undef, $err) = run($cli_bin, '--socket', "$dir/nobody.sock", '--prompt', 'hi');
+    is($rc, 1, 'kvgate-cli without an engine: exit 1');
+    like($err, qr/nobody\.sock: no engine is listening/, '  says no engine is listening');
+    ($rc, undef, $err) = run($cli_bin, '--socket', $sock);
+    is($rc, 2, 'kvgate-cli without a prompt: exit 2');
+    like($err, qr/exactly one of --prompt/, '  says what is missing');
+    ($rc, undef, $err) = run($cli_bin, '--socket', $sock, '--prompt', 'x', '--n', '99');
+    is($rc, 2, 'kvgate-cli --n 99: exit 2');
+}
+
+# ---- serving ---------------------------------------------------------------------------
+
+my $e = Kvgate::Engine->start(socket => $sock);
+like($e->ready_line, qr/^kvgate-engine: ready on \Q$sock\E: model stories260K \(llama2c, id [0-9a-f]{16}, context 512, vocabulary 512\), KV pool \d+ blocks of 16 tokens/,
+     'readiness line names the socket, model, pool');
+ok(-S $sock, 'the socket exists');
+is(sprintf('%04o', (stat $sock)[2] & 07777), '0666', '  with --socket-mode 0666');
+
+my $golden = JSON::PP->new->decode(slurp("$shared/models/stories260K/golden-greedy.json"));
+my $c0 = $golden->{cases}[0];
+my $want = substr($c0->{full_text}, length $c0->{prompt});
+my $ng = scalar @{ $c0->{greedy_ids} };
+{
+    my ($rc, $out, $err) = run($cli_bin, '--socket', $sock, '--prompt', $c0->{prompt}, '--temperature', '0',
+                               '--max-tokens', $ng);
+    is($rc, 0, 'greedy completion: exit 0') or diag($err);
+    is($out, "$want\n", 'the streamed text is the reference continuation');
+    like($err, qr/5 prompt tokens \(0 cached, bypass\), $ng completion tokens; first token after [\d.]+ ms/,
+         'summary on stderr');
+    ($rc, $out) = run($cli_bin, '--socket', $sock, '--prompt', $c0->{prompt}, '--temperature', '0',
+                      '--max-tokens', $ng, '--json');
+    my $j = eval { JSON::PP->new->decode($out) } // {};
+    is_deeply($j->{choices}[0]{token_ids}, $c0->{greedy_ids}, '--json: token ids equal the reference');
+    is($j->{choices}[0]{text}, $want, '--json: the same text');
+    is($j->{cache}, 'bypass', '--json: a 5-token prompt bypasses the cache');
+}
+
+my $doc = join ' ', map { $_->{full_text} } @{ $golden->{cases} }[0 .. 1];
+my ($fh, $docfile) = tempfile(UNLINK => 1);
+print $fh $doc;
+close $fh;
+my @req = ('--socket', $sock, '--prompt-file', $docfile, '--temperature', '0.8', '--seed', '9', '--n', '3',
+           '--max-tokens', '16', '--json');
+{
+    my ($rc, $out, $err) = run($cli_bin, @req, '--tenant', 'acme');
+    my $a = eval { JSON::PP->new->decode($out) } // {};
+    is($rc, 0, 'n=3 over a long prompt: exit 0') or diag($err);
+    is(scalar @{ $a->{choices} // [] }, 3, '  three choices');
+    is($a->{cache}, 'miss', '  first time: miss');
+    ok($a->{usage}{prompt_tokens} >= 128, "  prompt of $a->{usage}{prompt_tokens} tokens");
+    ($rc, $out) = run($cli_bin, @req, '--tenant', 'acme');
+    my $b = eval { JSON::PP->new->decode($out) } // {};
+    is($b->{cache}, 'hit', '  second time: hit');
+    ok($b->{usage}{prompt_tokens_details}{cached_tokens} > 0,
+       "  with $b->{usage}{prompt_tokens_details}{cached_tokens} cached tokens");
+    is_deeply([ map { $_->{token_ids} } @{ $b->{choices} } ], [ map { $_->{token_ids} } @{ $a->{choices} } ],
+              '  and the same three answers');
+    ($rc, $out) = run($cli_bin, @req, '--tenant', 'other');
+    my $c = eval { JSON::PP->new->decode($out) } // {};
+    is($c->{cache}, 'miss', 'another tenant: miss');
+    is($c->{usage}{prompt_tokens_details}{cached_tokens}, 0, '  0 cached tokens');
+    ($rc, $out) = run($cli_bin, grep({ $_ ne '--json' } @req), '--n', '1', '--tenant', 'acme', '--stream');
+    like($out, qr/^\Q$a->{choices}[0]{text}\E\n$/, '--stream prints the same text as --json');
+}
+
+is($e->stop, 0, 'SIGTERM: the engine exits 0');
+ok(!-e $sock, '  and removes its socket');
+unlike($e->log, qr/AddressSanitizer|runtime error|LeakSanitizer/, 'engine log has no sanitizer reports');
+
+done_testing;

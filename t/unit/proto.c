@@ -1,0 +1,177 @@
+/* The engine protocol's encoders and decoders: submissions round-trip part by part;
+ * every count, flag and length that does not match is refused with a message naming
+ * it; TOKENS, ERROR and fixed bodies check type, size and version; the statistics page
+ * reads back what was written. */
+#include <string.h>
+
+#include "proto.h"
+#include "tap.h"
+
+static unsigned char payload[1 << 16] __attribute__((aligned(8)));
+static char err[256];
+
+static kvg_shm_msg msg(uint32_t type, const void *body, size_t bl, const void *p, size_t pl)
+{
+    kvg_shm_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = type;
+    m.body_len = (uint32_t)bl;
+    memcpy(m.body, body, bl);
+    m.payload = p;
+    m.payload_len = (uint32_t)pl;
+    return m;
+}
+
+static void fill(kvg_submit_view *v, uint32_t *toks, uint8_t (*hs)[32], uint32_t *sl)
+{
+    static uint32_t ids[2] = { 2, 9 };
+    memset(v, 0, sizeof *v);
+    for (int i = 0; i < 40; i++)
+        toks[i] = (uint32_t)(100 + i);
+    memset(hs, 0xab, 2 * 32);
+    sl[0] = 3;
+    sl[1] = 1;
+    v->h.version = KVG_PROTO_VERSION;
+    v->h.request_id = 42;
+    v->h.n = 2;
+    v->h.max_tokens = 10;
+    v->h.top_p = 0.9f;
+    v->h.temperature = 0.5f;
+    v->h.salt_len = 5;
+    v->h.n_tokens = 40;
+    v->h.n_block_hashes = 2;
+    v->h.n_stop_ids = 2;
+    v->h.n_stop = 2;
+    v->h.stop_bytes = 4;
+    v->salt = (const uint8_t *)"acme!";
+    v->tokens = toks;
+    v->hashes = (const uint8_t (*)[32])hs;
+    v->stop_ids = ids;
+    v->stop_len = sl;
+    v->stop_bytes = "endX";
+}
+
+static int refused(kvg_submit_view *v, size_t plen_delta, const char *needle)
+{
+    size_t n = kvg_proto_encode_submit(v, payload, sizeof payload);
+    kvg_shm_msg m = msg(KVG_MSG_SUBMIT, &v->h, sizeof v->h, payload, n + plen_delta);
+    kvg_submit_view out;
+    uint64_t id;
+    err[0] = 0;
+    int rc = kvg_proto_decode_submit(&m, &out, &id, err, sizeof err);
+    if (rc == 0 || !strstr(err, needle)) {
+        diag("rc %d, err '%s', wanted '%s'", rc, err, needle);
+        return 0;
+    }
+    return 1;
+}
+
+int main(void)
+{
+    kvg_submit_view v, out;
+    uint32_t toks[40], sl[2];
+    uint8_t hs[2][32];
+    uint64_t id;
+
+    fill(&v, toks, hs, sl);
+    size_t n = kvg_proto_encode_submit(&v, payload, sizeof payload);
+    is_int(n, kvg_proto_submit_size(&v.h), "encoded size = the layout's size");
+    is_int(n, 8 + 160 + 64 + 8 + 8 + 4, "layout: salt, tokens, hashes, stop ids, stop lengths, stop bytes, 8-aligned");
+    kvg_shm_msg m = msg(KVG_MSG_SUBMIT, &v.h, sizeof v.h, payload, n);
+    ok(kvg_proto_decode_submit(&m, &out, &id, err, sizeof err) == 0 && id == 42, "decodes (%s)", err);
+    ok(memcmp(out.salt, "acme!", 5) == 0 && memcmp(out.tokens, toks, sizeof toks) == 0 &&
+       memcmp(out.hashes, hs, sizeof hs) == 0 && out.stop_ids[1] == 9 && out.stop_len[0] == 3 &&
+       memcmp(out.stop_bytes, "endX", 4) == 0, "every part round-trips");
+    ok(kvg_proto_encode_submit(&v, payload, n - 1) == 0, "encoding into too small a buffer: 0");
+
+    fill(&v, toks, hs, sl);
+    ok(refused(&v, 8, "does not match its counts"), "payload longer than the counts");
+    ok(refused(&v, (size_t)-8, "does not match its counts"), "payload shorter than the counts");
+    v.h.version = 2;
+    ok(refused(&v, 0, "protocol version 2"), "wrong version");
+    fill(&v, toks, hs, sl);
+    v.h.request_id = 0;
+    ok(refused(&v, 0, "id 0 is reserved"), "request id 0");
+    fill(&v, toks, hs, sl);
+    v.h.n = 17;
+    ok(refused(&v, 0, "n must be 1..16"), "n = 17");
+    fill(&v, toks, hs, sl);
+    v.h.max_tokens = 0;
+    ok(refused(&v, 0, "max_tokens"), "max_tokens = 0");
+    fill(&v, toks, hs, sl);
+    v.h.top_p = 1.5f;
+    ok(refused(&v, 0, "top_p"), "top_p = 1.5");
+    fill(&v, toks, hs, sl);
+    v.h.temperature = 0.0f / 0.0f;
+    ok(refused(&v, 0, "temperature"), "temperature NaN");
+    fill(&v, toks, hs, sl);
+    v.h.bucket = 99;
+    ok(refused(&v, 0, "bucket 99"), "bucket out of range");
+    fill(&v, toks, hs, sl);
+    v.h.flags = KVG_SUBMIT_BYPASS;
+    ok(refused(&v, 0, "bypass request carries no block hashes"), "bypass with hashes");
+    fill(&v, toks, hs, sl);
+    sl[1] = 2;
+    ok(refused(&v, 0, "sum to 5, not 4"), "stop lengths not summing to stop_bytes");
+    fill(&v, toks, hs, sl);
+    sl[0] = 0;
+    sl[1] = 4;
+    ok(refused(&v, 0, "stop string 0 has 0 bytes"), "an empty stop string");
+    fill(&v, toks, hs, sl);
+    v.h.salt_len = 300;
+    ok(refused(&v, 0, "tenant salt of 300 bytes"), "salt too long");
+    fill(&v, toks, hs, sl);
+    v.h.n_tokens = 0;
+    v.h.n_block_hashes = 0;
+    ok(refused(&v, 0, "prompt is empty"), "empty prompt");
+    fill(&v, toks, hs, sl);
+    m = msg(KVG_MSG_SUBMIT, &v.h, sizeof v.h - 4, payload, n);
+    ok(kvg_proto_decode_submit(&m, &out, &id, err, sizeof err) != 0 && strstr(err, "body of 84 bytes"),
+       "short body: %s", err);
+
+    /* TOKENS */
+    uint32_t ids[3] = { 5, 6, 7 };
+    float lps[3] = { -0.5f, -1.0f, -2.0f };
+    size_t tn = kvg_proto_encode_tokens(ids, lps, 3, "abc", 3, payload, sizeof payload);
+    kvg_msg_tokens th = { KVG_PROTO_VERSION, KVG_TOKENS_LOGPROBS, 9, 1, 3, 3, 0 };
+    m = msg(KVG_MSG_TOKENS, &th, sizeof th, payload, tn);
+    kvg_tokens_view tv;
+    ok(kvg_proto_decode_tokens(&m, &tv, err, sizeof err) == 0 && tv.ids[2] == 7 && tv.logprobs[1] == -1.0f &&
+       memcmp(tv.text, "abc", 3) == 0, "TOKENS with logprobs round-trips");
+    th.flags = 0;
+    m = msg(KVG_MSG_TOKENS, &th, sizeof th, payload, tn);
+    ok(kvg_proto_decode_tokens(&m, &tv, err, sizeof err) != 0, "TOKENS whose flags disagree with the payload: refused");
+    /* ERROR */
+    kvg_msg_error eh = { KVG_PROTO_VERSION, 429, 3, 4, 0 };
+    m = msg(KVG_MSG_ERROR, &eh, sizeof eh, "busy", 4);
+    const char *text;
+    kvg_msg_error eo;
+    ok(kvg_proto_decode_error(&m, &eo, &text, err, sizeof err) == 0 && eo.status == 429 &&
+       memcmp(text, "busy", 4) == 0, "ERROR round-trips");
+    eh.message_len = 5;
+    m = msg(KVG_MSG_ERROR, &eh, sizeof eh, "busy", 4);
+    ok(kvg_proto_decode_error(&m, &eo, &text, err, sizeof err) != 0, "ERROR with a wrong length: refused");
+    /* fixed */
+    kvg_msg_done dn = { KVG_PROTO_VERSION, 0, 8, 10, 4, 20, 0 }, dout;
+    m = msg(KVG_MSG_DONE, &dn, sizeof dn, NULL, 0);
+    ok(kvg_proto_decode_fixed(&m, KVG_MSG_DONE, &dout, sizeof dout, err, sizeof err) == 0 && dout.completion_tokens == 20,
+       "DONE round-trips");
+    ok(kvg_proto_decode_fixed(&m, KVG_MSG_ACCEPTED, &dout, sizeof(kvg_msg_accepted), err, sizeof err) != 0,
+       "a DONE read as ACCEPTED: refused");
+    m = msg(KVG_MSG_DONE, &dn, sizeof dn, payload, 8);
+    ok(kvg_proto_decode_fixed(&m, KVG_MSG_DONE, &dout, sizeof dout, err, sizeof err) != 0,
+       "DONE with a payload: refused");
+
+    /* statistics page */
+    static kvg_stats_page page;
+    kvg_stats s, r;
+    memset(&s, 0, sizeof s);
+    ok(kvg_stats_read(&page, &r) == -1, "an unwritten page is not a stats page");
+    s.magic = KVG_STATS_MAGIC;
+    s.hit_tokens = 1234;
+    snprintf(s.tenant[0].name, sizeof s.tenant[0].name, "acme");
+    kvg_stats_write(&page, &s);
+    ok(kvg_stats_read(&page, &r) == 0 && r.hit_tokens == 1234 && strcmp(r.tenant[0].name, "acme") == 0 &&
+       atomic_load(&page.seq) == 2, "the page reads back what was written (seq 2)");
+    return done_testing();
+}
