@@ -513,7 +513,7 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
         else if (d->stopping)
             timeout = 0;
         else
-            timeout = -1;
+            timeout = d->sweep_due ? 1000 : -1;   /* cached blocks expire while idle too */
         if (d->stopping && timeout != 0) {
             int64_t left = d->stop_deadline_ms - kvgd_now_ms();
             timeout = left <= 0 ? 0 : (timeout < 0 || left < timeout ? (int)left : timeout);
@@ -553,6 +553,11 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
 
         int64_t now = kvgd_now_ms();
         check_deadlines(d, now);
+        if (now - d->last_sweep_ms >= 1000) {
+            if (kvg_pc_sweep(d->pc, now) > 0)
+                d->stats_written_ms = 0;
+            d->last_sweep_ms = now;
+        }
         if (d->stopping && !finishing && (kvg_sched_pending(d->sched) == 0 || now >= d->stop_deadline_ms)) {
             abort_all(d, "the engine shut down before the request finished");
             finishing = 1;
@@ -586,6 +591,11 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
         }
         if (d->stats_written_ms == 0)
             write_stats(d);      /* closing a client cancelled requests */
+        {
+            kvg_pc_stats ps;
+            kvg_pc_get_stats(d->pc, &ps);
+            d->sweep_due = ps.blocks_cached > ps.blocks_pinned;
+        }
         if (finishing && kvg_sched_pending(d->sched) == 0) {
             int left = 0;
             for (dconn *c = d->conns; c; c = c->next)

@@ -126,6 +126,8 @@ struct kvg_daemon {
     uint64_t next_sched_id;
     int waiting;                 /* records not yet admitted (for max_waiting) */
     int in_warmup;
+    int64_t last_sweep_ms;       /* TTL sweep of the prefix cache, once a second */
+    int sweep_due;               /* cached blocks that may expire exist */
     uint8_t (*hash_scratch)[KVG_PREFIX_HASH_LEN];
     size_t hash_scratch_cap;
 };

@@ -580,7 +580,10 @@ static void admit(kvg_sched *s, int64_t now)
                 (q->r.priority == best->r.priority && q->arrival < best->arrival))
                 best = q;
         }
-        if (!best || running_samples(s) + best->n_live > s->cfg.max_running)
+        /* A request wider than max_running still runs, alone: it must not
+         * wait forever. */
+        int running = running_samples(s);
+        if (!best || (running > 0 && running + best->n_live > s->cfg.max_running))
             return;
         best->lead = 0;
         while (best->smp[best->lead].done)

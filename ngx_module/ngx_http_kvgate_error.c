@@ -1,65 +1,46 @@
 
 /*
  * OpenAI-style error responses. Clients of the OpenAI API parse the error
- * object, so every failure the gateway itself produces uses this shape
- * rather than nginx's HTML error pages.
+ * object (the official SDKs pick their exception class from the status), so
+ * every failure the gateway itself produces uses this shape rather than
+ * nginx's HTML error pages. The body is rendered by libkvgate
+ * (kvg_api_error_render), which is the one definition of the format.
  */
 
 
 #include "ngx_http_kvgate_module.h"
 
 
-static ngx_int_t ngx_http_kvgate_json_string(ngx_pool_t *pool, ngx_str_t *out,
-    const char *s);
+ngx_uint_t
+ngx_http_kvgate_retry_after(ngx_uint_t status)
+{
+    return (status == NGX_HTTP_TOO_MANY_REQUESTS
+            || status == NGX_HTTP_SERVICE_UNAVAILABLE) ? 1 : 0;
+}
 
 
 ngx_int_t
-ngx_http_kvgate_send_error(ngx_http_request_t *r, ngx_uint_t status,
-    const char *type, const char *code, const char *message,
+ngx_http_kvgate_send_api_error(ngx_http_request_t *r, const kvg_api_error *e,
     ngx_uint_t retry_after)
 {
     size_t            len;
-    u_char           *p;
     ngx_int_t         rc;
-    ngx_str_t         jmessage, jtype, jcode;
     ngx_buf_t        *b;
     ngx_chain_t       out;
     ngx_table_elt_t  *h;
 
-    static u_char     null[] = "null";
-
-    if (ngx_http_kvgate_json_string(r->pool, &jmessage, message) != NGX_OK
-        || ngx_http_kvgate_json_string(r->pool, &jtype, type) != NGX_OK)
-    {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    if (code == NULL) {
-        jcode.data = null;
-        jcode.len = sizeof(null) - 1;
-
-    } else if (ngx_http_kvgate_json_string(r->pool, &jcode, code) != NGX_OK) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    len = sizeof("{\"error\":{\"message\":,\"type\":,\"param\":null,\"code\":}}\n")
-          - 1 + jmessage.len + jtype.len + jcode.len;
-
-    b = ngx_create_temp_buf(r->pool, len);
+    b = ngx_create_temp_buf(r->pool, KVG_API_ERROR_JSON_MAX + 1);
     if (b == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    p = ngx_cpymem(b->last, "{\"error\":{\"message\":",
-                   sizeof("{\"error\":{\"message\":") - 1);
-    p = ngx_cpymem(p, jmessage.data, jmessage.len);
-    p = ngx_cpymem(p, ",\"type\":", sizeof(",\"type\":") - 1);
-    p = ngx_cpymem(p, jtype.data, jtype.len);
-    p = ngx_cpymem(p, ",\"param\":null,\"code\":",
-                   sizeof(",\"param\":null,\"code\":") - 1);
-    p = ngx_cpymem(p, jcode.data, jcode.len);
-    p = ngx_cpymem(p, "}}\n", sizeof("}}\n") - 1);
-    b->last = p;
+    len = kvg_api_error_render(e, (char *) b->pos, KVG_API_ERROR_JSON_MAX);
+    if (len >= KVG_API_ERROR_JSON_MAX) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b->last = b->pos + len;
+    *b->last++ = '\n';
 
     b->last_buf = (r == r->main) ? 1 : 0;
     b->last_in_chain = 1;
@@ -81,7 +62,7 @@ ngx_http_kvgate_send_error(ngx_http_request_t *r, ngx_uint_t status,
                        - h->value.data;
     }
 
-    r->headers_out.status = status;
+    r->headers_out.status = e->status;
     r->headers_out.content_length_n = b->last - b->pos;
     ngx_str_set(&r->headers_out.content_type, "application/json");
     r->headers_out.content_type_len = r->headers_out.content_type.len;
@@ -100,26 +81,18 @@ ngx_http_kvgate_send_error(ngx_http_request_t *r, ngx_uint_t status,
 }
 
 
-/* Quotes and escapes s as a JSON string into memory from pool. */
-
-static ngx_int_t
-ngx_http_kvgate_json_string(ngx_pool_t *pool, ngx_str_t *out, const char *s)
+ngx_int_t
+ngx_http_kvgate_send_error(ngx_http_request_t *r, ngx_uint_t status,
+    const char *type, const char *code, const char *message,
+    ngx_uint_t retry_after)
 {
-    size_t   len;
-    u_char  *p;
+    kvg_api_error  e;
 
-    len = ngx_strlen(s);
+    kvg_api_error_set(&e, (int) status, code, NULL, "%s", message);
 
-    out->len = len + ngx_escape_json(NULL, (u_char *) s, len) + 2;
-    out->data = ngx_pnalloc(pool, out->len);
-    if (out->data == NULL) {
-        return NGX_ERROR;
+    if (type) {
+        e.type = type;
     }
 
-    p = out->data;
-    *p++ = '"';
-    p = (u_char *) ngx_escape_json(p, (u_char *) s, len);
-    *p = '"';
-
-    return NGX_OK;
+    return ngx_http_kvgate_send_api_error(r, &e, retry_after);
 }

@@ -1,22 +1,25 @@
 
 /*
  * kvgate: an OpenAI-compatible gateway in front of the co-located kvgate
- * engine. This file holds the directives, their configuration and the
- * content handler.
- *
- * The engine connection does not exist yet: every kvgate_pass request is
- * answered 503 "engine not connected" in the OpenAI error format, so that
- * clients see an honest, retryable failure instead of a made-up answer.
+ * engine. This file holds the directives, their configuration, the content
+ * handler's dispatch by endpoint, the variables and the log-phase handler
+ * that counts every request once.
  */
 
 
 #include "ngx_http_kvgate_module.h"
 
+#include "normalize.h"
 #include "version.h"
 
 
 static ngx_int_t ngx_http_kvgate_handler(ngx_http_request_t *r);
+static ngx_int_t ngx_http_kvgate_error_page(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+static ngx_int_t ngx_http_kvgate_log_handler(ngx_http_request_t *r);
 
+static ngx_int_t ngx_http_kvgate_add_variables(ngx_conf_t *cf);
+static ngx_int_t ngx_http_kvgate_postconfiguration(ngx_conf_t *cf);
 static void *ngx_http_kvgate_create_main_conf(ngx_conf_t *cf);
 static char *ngx_http_kvgate_init_main_conf(ngx_conf_t *cf, void *conf);
 static void *ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf);
@@ -27,8 +30,42 @@ static char *ngx_http_kvgate_engine(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_kvgate_buckets(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_kvgate_normalize(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 
 static ngx_int_t ngx_http_kvgate_init_module(ngx_cycle_t *cycle);
+static ngx_int_t ngx_http_kvgate_init_process(ngx_cycle_t *cycle);
+static void ngx_http_kvgate_exit_process(ngx_cycle_t *cycle);
+
+
+/* Bounds of a numeric directive, for messages that name the directive. */
+typedef struct {
+    ngx_int_t    min;
+    ngx_int_t    max;
+} ngx_http_kvgate_range_t;
+
+static ngx_http_kvgate_range_t  ngx_http_kvgate_min_tokens_range = {
+    0, KVG_BUCKETS_MAX_VALUE
+};
+
+static ngx_http_kvgate_range_t  ngx_http_kvgate_max_tokens_range = {
+    0, 1 << 30
+};
+
+static ngx_http_kvgate_range_t  ngx_http_kvgate_max_n_range = {
+    1, KVG_PROTO_MAX_N
+};
+
+static ngx_http_kvgate_range_t  ngx_http_kvgate_route_blocks_range = {
+    1, 65536
+};
+
+static char *ngx_http_kvgate_set_num(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_kvgate_set_msec(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 
 
 static ngx_command_t  ngx_http_kvgate_commands[] = {
@@ -44,16 +81,107 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_kvgate_pass,
       NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_HTTP_KVGATE_PASS,
+      NULL },
+
+    { ngx_string("kvgate_metrics"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_kvgate_pass,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_HTTP_KVGATE_METRICS,
+      NULL },
+
+    { ngx_string("kvgate_status"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_kvgate_pass,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_HTTP_KVGATE_STATUS,
+      NULL },
+
+    { ngx_string("kvgate_tenant"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, tenant),
+      NULL },
+
+    { ngx_string("kvgate_tenant_required"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, tenant_required),
+      NULL },
+
+    { ngx_string("kvgate_default_tenant"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, default_tenant),
+      NULL },
+
+    { ngx_string("kvgate_cache_min_tokens"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvgate_set_num,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, cache_min_tokens),
+      &ngx_http_kvgate_min_tokens_range },
+
+    { ngx_string("kvgate_buckets"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_kvgate_buckets,
+      NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
+
+    { ngx_string("kvgate_normalize"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_kvgate_normalize,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("kvgate_cache_ttl"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvgate_set_msec,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, cache_ttl),
+      NULL },
+
+    { ngx_string("kvgate_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvgate_set_msec,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, timeout),
+      NULL },
+
+    { ngx_string("kvgate_max_tokens"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvgate_set_num,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, max_tokens),
+      &ngx_http_kvgate_max_tokens_range },
+
+    { ngx_string("kvgate_max_n"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvgate_set_num,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, max_n),
+      &ngx_http_kvgate_max_n_range },
+
+    { ngx_string("kvgate_route_blocks"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvgate_set_num,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, route_blocks),
+      &ngx_http_kvgate_route_blocks_range },
 
       ngx_null_command
 };
 
 
 static ngx_http_module_t  ngx_http_kvgate_module_ctx = {
-    NULL,                                  /* preconfiguration */
-    NULL,                                  /* postconfiguration */
+    ngx_http_kvgate_add_variables,         /* preconfiguration */
+    ngx_http_kvgate_postconfiguration,     /* postconfiguration */
 
     ngx_http_kvgate_create_main_conf,      /* create main configuration */
     ngx_http_kvgate_init_main_conf,        /* init main configuration */
@@ -73,40 +201,530 @@ ngx_module_t  ngx_http_kvgate_module = {
     NGX_HTTP_MODULE,                       /* module type */
     NULL,                                  /* init master */
     ngx_http_kvgate_init_module,           /* init module */
-    NULL,                                  /* init process */
+    ngx_http_kvgate_init_process,          /* init process */
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
-    NULL,                                  /* exit process */
+    ngx_http_kvgate_exit_process,          /* exit process */
     NULL,                                  /* exit master */
     NGX_MODULE_V1_PADDING
 };
 
 
+/* ---- the content handler ---- */
+
+static ngx_int_t
+ngx_http_kvgate_endpoint(ngx_http_request_t *r)
+{
+    ngx_str_t  *u = &r->uri;
+
+#define ngx_kvgate_ends(s)                                                    \
+    (u->len >= sizeof(s) - 1                                                  \
+     && ngx_strncmp(u->data + u->len - (sizeof(s) - 1), s, sizeof(s) - 1) == 0)
+
+    if (ngx_kvgate_ends("/chat/completions")) {
+        return NGX_HTTP_KVGATE_EP_CHAT;
+    }
+
+    if (ngx_kvgate_ends("/completions")) {
+        return NGX_HTTP_KVGATE_EP_COMPLETIONS;
+    }
+
+    if (ngx_kvgate_ends("/models")
+        || ngx_strlcasestrn(u->data, u->data + u->len, (u_char *) "/models/",
+                            sizeof("/models/") - 2) != NULL)
+    {
+        return NGX_HTTP_KVGATE_EP_MODELS;
+    }
+
+#undef ngx_kvgate_ends
+
+    return NGX_HTTP_KVGATE_EP_OTHER;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_method_not_allowed(ngx_http_request_t *r, const char *allow)
+{
+    ngx_table_elt_t  *h;
+    u_char            msg[256];
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    h->hash = 1;
+    ngx_str_set(&h->key, "Allow");
+    h->value.data = (u_char *) allow;
+    h->value.len = ngx_strlen(allow);
+
+    ngx_snprintf(msg, sizeof(msg) - 1, "Method %V not allowed for %V; use %s%Z",
+                 &r->method_name, &r->uri, allow);
+
+    return ngx_http_kvgate_send_error(r, NGX_HTTP_NOT_ALLOWED,
+                                      "invalid_request_error",
+                                      "method_not_allowed", (char *) msg, 0);
+}
+
+
 static ngx_int_t
 ngx_http_kvgate_handler(ngx_http_request_t *r)
 {
-    ngx_int_t  rc;
+    ngx_int_t                    rc;
+    ngx_http_kvgate_ctx_t       *ctx;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+    u_char                       msg[512];
 
-    /*
-     * Nothing can use the body until the engine is connected, but it must
-     * still be consumed, or a keepalive connection would parse it as the
-     * next request.
-     */
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    if (klcf->handler == NGX_HTTP_KVGATE_METRICS) {
+        return ngx_http_kvgate_metrics_handler(r);
+    }
+
+    if (klcf->handler == NGX_HTTP_KVGATE_STATUS) {
+        return ngx_http_kvgate_status_handler(r);
+    }
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kvgate_ctx_t));
+    if (ctx == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ctx->request = r;
+    ctx->bucket = NGX_HTTP_KVGATE_BUCKET_NONE;
+    ctx->ttft_us = -1;
+    ctx->start = ngx_current_msec;
+    ngx_gettimeofday(&ctx->start_tv);
+    ctx->endpoint = ngx_http_kvgate_endpoint(r);
+
+    ngx_http_set_ctx(r, ctx, ngx_http_kvgate_module);
+
+    if (r->err_status >= NGX_HTTP_BAD_REQUEST) {
+        /* nginx itself refused the request (body too large, bad chunked
+           encoding, body timeout) and error_page brought it here */
+        return ngx_http_kvgate_error_page(r, ctx);
+    }
+
+    switch (ctx->endpoint) {
+
+    case NGX_HTTP_KVGATE_EP_MODELS:
+        if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
+            rc = ngx_http_discard_request_body(r);
+            if (rc != NGX_OK) {
+                return rc;
+            }
+
+            return ngx_http_kvgate_method_not_allowed(r, "GET");
+        }
+
+        rc = ngx_http_discard_request_body(r);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        return ngx_http_kvgate_send_models(r);
+
+    case NGX_HTTP_KVGATE_EP_COMPLETIONS:
+    case NGX_HTTP_KVGATE_EP_CHAT:
+        if (r->method != NGX_HTTP_POST) {
+            rc = ngx_http_discard_request_body(r);
+            if (rc != NGX_OK) {
+                return rc;
+            }
+
+            return ngx_http_kvgate_method_not_allowed(r, "POST");
+        }
+
+        return ngx_http_kvgate_completion_handler(r, ctx);
+
+    default:
+        rc = ngx_http_discard_request_body(r);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        ngx_snprintf(msg, sizeof(msg) - 1, "Invalid URL (%V %V)%Z",
+                     &r->method_name, &r->uri);
+
+        return ngx_http_kvgate_send_error(r, NGX_HTTP_NOT_FOUND,
+                                          "invalid_request_error", NULL,
+                                          (char *) msg, 0);
+    }
+}
+
+
+/*
+ * Statuses nginx produces on its own in a kvgate location; kvgate_pass adds
+ * error_page entries for them that lead back here, so that clients get an
+ * OpenAI error object instead of an HTML page.
+ */
+
+static ngx_int_t  ngx_http_kvgate_core_errors[] = {
+    NGX_HTTP_BAD_REQUEST,
+    NGX_HTTP_REQUEST_TIME_OUT,
+    NGX_HTTP_LENGTH_REQUIRED,
+    NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
+    NGX_HTTP_INTERNAL_SERVER_ERROR,
+    0
+};
+
+
+static ngx_int_t
+ngx_http_kvgate_error_page(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_int_t                    rc;
+    const char                  *msg, *code;
+    u_char                       buf[256];
+    ngx_http_core_loc_conf_t    *clcf;
 
     rc = ngx_http_discard_request_body(r);
-
-    if (rc != NGX_OK) {
+    if (rc != NGX_OK && rc != NGX_AGAIN) {
         return rc;
     }
 
-    ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                  "kvgate: engine not connected");
+    code = NULL;
 
-    return ngx_http_kvgate_send_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                      "server_error", "engine_unavailable",
-                                      "kvgate: engine not connected", 1);
+    switch (r->err_status) {
+
+    case NGX_HTTP_REQUEST_ENTITY_TOO_LARGE:
+        clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+        ngx_snprintf(buf, sizeof(buf) - 1,
+                     "The request body is larger than this server accepts "
+                     "(client_max_body_size %O bytes)%Z",
+                     clcf->client_max_body_size);
+        msg = (char *) buf;
+        code = "request_too_large";
+        break;
+
+    case NGX_HTTP_REQUEST_TIME_OUT:
+        msg = "The request body did not arrive in time";
+        break;
+
+    case NGX_HTTP_LENGTH_REQUIRED:
+        msg = "A request body length is required";
+        break;
+
+    case NGX_HTTP_BAD_REQUEST:
+        msg = "The HTTP request is malformed (for example an invalid chunked "
+              "body)";
+        break;
+
+    default:
+        msg = "The server failed to process the request";
+        break;
+    }
+
+    ctx->status = r->err_status;
+
+    return ngx_http_kvgate_send_error(r, r->err_status, NULL, code, msg, 0);
 }
 
+
+/* ---- buckets ---- */
+
+ngx_int_t
+ngx_http_kvgate_effective_buckets(ngx_int_t min_tokens, ngx_array_t *spec,
+    kvg_buckets *out, char *err, size_t err_len)
+{
+    u_char       text[512], *p, *end;
+    ngx_str_t   *v;
+    ngx_uint_t   i;
+    kvg_buckets  b;
+
+    /*
+     * The bypass threshold is the first bound; the configured buckets above
+     * it follow. kvgate_cache_min_tokens 0 bypasses nothing (a bound of 1
+     * can never be undercut by a prompt).
+     */
+
+    if (spec == NULL) {
+        kvg_buckets_default(&b);
+
+    } else {
+        p = text;
+        end = text + sizeof(text) - 1;
+        v = spec->elts;
+
+        for (i = 0; i < spec->nelts; i++) {
+            if ((size_t) (end - p) < v[i].len + 1) {
+                ngx_cpystrn((u_char *) err, (u_char *) "too many bucket bounds",
+                            err_len);
+                return NGX_ERROR;
+            }
+
+            p = ngx_cpymem(p, v[i].data, v[i].len);
+            *p++ = ' ';
+        }
+
+        *p = '\0';
+
+        if (kvg_buckets_parse(&b, (char *) text, err, err_len) != 0) {
+            return NGX_ERROR;
+        }
+    }
+
+    p = text;
+    end = text + sizeof(text) - 1;
+    p = ngx_slprintf(p, end, "%i", min_tokens > 0 ? min_tokens : 1);
+
+    for (i = 0; i < b.n_bounds; i++) {
+        if ((ngx_int_t) b.bound[i] > (min_tokens > 0 ? min_tokens : 1)) {
+            p = ngx_slprintf(p, end, " %uD", b.bound[i]);
+        }
+    }
+
+    *p = '\0';
+
+    if (kvg_buckets_parse(out, (char *) text, err, err_len) != 0) {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/* ---- variables ---- */
+
+typedef enum {
+    NGX_HTTP_KVGATE_VAR_TENANT = 0,
+    NGX_HTTP_KVGATE_VAR_BUCKET,
+    NGX_HTTP_KVGATE_VAR_PROMPT_TOKENS,
+    NGX_HTTP_KVGATE_VAR_CACHED_TOKENS,
+    NGX_HTTP_KVGATE_VAR_COMPLETION_TOKENS,
+    NGX_HTTP_KVGATE_VAR_CACHE_STATUS,
+    NGX_HTTP_KVGATE_VAR_TTFT,
+    NGX_HTTP_KVGATE_VAR_ROUTE_KEY
+} ngx_http_kvgate_var_e;
+
+
+static ngx_int_t
+ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
+    uintptr_t data)
+{
+    u_char                      *p;
+    ngx_http_kvgate_ctx_t       *ctx;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+
+    if (ctx == NULL && data == NGX_HTTP_KVGATE_VAR_ROUTE_KEY) {
+
+        /* a front tier proxying by the key: compute it from the body read by
+           proxy_pass (request buffering on) */
+
+        if (r->request_body == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kvgate_ctx_t));
+        if (ctx == NULL) {
+            return NGX_ERROR;
+        }
+
+        ctx->request = r;
+        ctx->bucket = NGX_HTTP_KVGATE_BUCKET_NONE;
+        ctx->ttft_us = -1;
+        ctx->endpoint = ngx_http_kvgate_endpoint(r);
+
+        /* not registered as the module ctx: the log phase must not count a
+           request this module did not serve */
+
+        (void) ngx_http_kvgate_route_key_from_body(r, ctx);
+    }
+
+    if (ctx == NULL) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(r->pool, NGX_INT64_LEN + 8);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    v->valid = 1;
+    v->no_cacheable = 0;
+    v->not_found = 0;
+
+    switch (data) {
+
+    case NGX_HTTP_KVGATE_VAR_TENANT:
+        if (ctx->tenant.data == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        v->data = ctx->tenant.data;
+        v->len = ctx->tenant.len;
+        return NGX_OK;
+
+    case NGX_HTTP_KVGATE_VAR_BUCKET:
+        if (ctx->bucket == NGX_HTTP_KVGATE_BUCKET_NONE) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+        v->data = (u_char *) kvg_bucket_label(&klcf->buckets, ctx->bucket);
+        v->len = ngx_strlen(v->data);
+        return NGX_OK;
+
+    case NGX_HTTP_KVGATE_VAR_PROMPT_TOKENS:
+        if (!ctx->usage_set && ctx->n_tokens == 0) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        v->len = ngx_sprintf(p, "%uD", ctx->usage_set ? ctx->prompt_tokens
+                                       : (uint32_t) ctx->n_tokens) - p;
+        break;
+
+    case NGX_HTTP_KVGATE_VAR_CACHED_TOKENS:
+        if (ctx->cache_status == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        v->len = ngx_sprintf(p, "%uD", ctx->cached_tokens) - p;
+        break;
+
+    case NGX_HTTP_KVGATE_VAR_COMPLETION_TOKENS:
+        if (!ctx->usage_set) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        v->len = ngx_sprintf(p, "%uD", ctx->completion_tokens) - p;
+        break;
+
+    case NGX_HTTP_KVGATE_VAR_CACHE_STATUS:
+        if (ctx->cache_status == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        v->data = (u_char *) ctx->cache_status;
+        v->len = ngx_strlen(ctx->cache_status);
+        return NGX_OK;
+
+    case NGX_HTTP_KVGATE_VAR_TTFT:
+        if (ctx->ttft_us < 0) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        v->len = ngx_sprintf(p, "%i.%06i", ctx->ttft_us / 1000000,
+                             ctx->ttft_us % 1000000) - p;
+        break;
+
+    case NGX_HTTP_KVGATE_VAR_ROUTE_KEY:
+        if (!ctx->route_key_set) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        v->data = ctx->route_key;
+        v->len = sizeof(ctx->route_key);
+        return NGX_OK;
+
+    default:
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->data = p;
+
+    return NGX_OK;
+}
+
+
+static ngx_http_variable_t  ngx_http_kvgate_vars[] = {
+
+    { ngx_string("kvgate_tenant"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_TENANT, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvgate_bucket"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_BUCKET, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvgate_prompt_tokens"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_PROMPT_TOKENS, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvgate_cached_tokens"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_CACHED_TOKENS, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvgate_completion_tokens"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_COMPLETION_TOKENS, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvgate_cache_status"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_CACHE_STATUS, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvgate_ttft"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_TTFT, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvgate_route_key"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_ROUTE_KEY, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
+static ngx_int_t
+ngx_http_kvgate_add_variables(ngx_conf_t *cf)
+{
+    ngx_http_variable_t  *var, *v;
+
+    for (v = ngx_http_kvgate_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
+
+        var->get_handler = v->get_handler;
+        var->data = v->data;
+    }
+
+    return NGX_OK;
+}
+
+
+/* ---- counting, once per request ---- */
+
+static ngx_int_t
+ngx_http_kvgate_log_handler(ngx_http_request_t *r)
+{
+    ngx_http_kvgate_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+
+    if (ctx != NULL) {
+        ngx_http_kvgate_metrics_count(r, ctx);
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_postconfiguration(ngx_conf_t *cf)
+{
+    ngx_http_handler_pt        *h;
+    ngx_http_core_main_conf_t  *cmcf;
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_LOG_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_http_kvgate_log_handler;
+
+    return NGX_OK;
+}
+
+
+/* ---- configuration ---- */
 
 static void *
 ngx_http_kvgate_create_main_conf(ngx_conf_t *cf)
@@ -122,9 +740,10 @@ ngx_http_kvgate_create_main_conf(ngx_conf_t *cf)
      * set by ngx_pcalloc():
      *
      *     kmcf->engine = { 0, NULL };
-     *     kmcf->engine_addr = NULL;
+     *     kmcf->engine_path = { 0, NULL };
      *     kmcf->pass_file = { 0, NULL };
      *     kmcf->pass_line = 0;
+     *     kmcf->shm_zone = NULL;
      */
 
     return kmcf;
@@ -136,11 +755,19 @@ ngx_http_kvgate_init_main_conf(ngx_conf_t *cf, void *conf)
 {
     ngx_http_kvgate_main_conf_t  *kmcf = conf;
 
-    if (kmcf->pass_line && kmcf->engine_addr == NULL) {
+    if (kmcf->pass_line && kmcf->engine.data == NULL) {
         ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                       "\"kvgate_pass\" in %V:%ui requires \"kvgate_engine\" "
                       "in the http block",
                       &kmcf->pass_file, kmcf->pass_line);
+        return NGX_CONF_ERROR;
+    }
+
+    if (kmcf->engine.data == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_http_kvgate_metrics_init_zone(cf, kmcf) != NGX_OK) {
         return NGX_CONF_ERROR;
     }
 
@@ -158,25 +785,168 @@ ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf)
         return NULL;
     }
 
-    klcf->pass = NGX_CONF_UNSET;
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     klcf->handler = 0;
+     *     klcf->default_tenant = { 0, NULL };
+     *     klcf->buckets = { 0 };
+     */
+
+    klcf->tenant = NGX_CONF_UNSET_PTR;
+    klcf->tenant_required = NGX_CONF_UNSET;
+    klcf->cache_min_tokens = NGX_CONF_UNSET;
+    klcf->buckets_spec = NGX_CONF_UNSET_PTR;
+    klcf->normalize = NGX_CONF_UNSET;
+    klcf->cache_ttl = NGX_CONF_UNSET_MSEC;
+    klcf->timeout = NGX_CONF_UNSET_MSEC;
+    klcf->max_tokens = NGX_CONF_UNSET;
+    klcf->max_n = NGX_CONF_UNSET;
+    klcf->route_blocks = NGX_CONF_UNSET;
 
     return klcf;
+}
+
+
+/*
+ * Adds error_page entries for the statuses nginx answers by itself, pointing
+ * back to this location (which then renders them as OpenAI errors), unless
+ * the configuration has its own error_page for them. The array may be
+ * inherited from the parent, so it is copied, never changed in place.
+ */
+
+static char *
+ngx_http_kvgate_add_error_pages(ngx_conf_t *cf, ngx_http_core_loc_conf_t *clcf)
+{
+    ngx_int_t             *s;
+    ngx_uint_t             i, have;
+    ngx_array_t           *pages;
+    ngx_http_err_page_t   *err, *old;
+
+    if (clcf->named || clcf->noname
+#if (NGX_PCRE)
+        || clcf->regex
+#endif
+        || clcf->name.len == 0 || clcf->name.data[0] != '/')
+    {
+        return NGX_CONF_OK;
+    }
+
+    pages = ngx_array_create(cf->pool, 8, sizeof(ngx_http_err_page_t));
+    if (pages == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (clcf->error_pages) {
+        old = clcf->error_pages->elts;
+
+        for (i = 0; i < clcf->error_pages->nelts; i++) {
+            err = ngx_array_push(pages);
+            if (err == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            *err = old[i];
+        }
+    }
+
+    for (s = ngx_http_kvgate_core_errors; *s; s++) {
+        have = 0;
+        old = pages->elts;
+
+        for (i = 0; i < pages->nelts; i++) {
+            if (old[i].status == *s) {
+                have = 1;
+                break;
+            }
+        }
+
+        if (have) {
+            continue;
+        }
+
+        err = ngx_array_push(pages);
+        if (err == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        ngx_memzero(err, sizeof(ngx_http_err_page_t));
+        err->status = *s;
+        err->overwrite = -1;
+        err->value.value = clcf->name;
+    }
+
+    clcf->error_pages = pages;
+
+    return NGX_CONF_OK;
 }
 
 
 static char *
 ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 {
-    ngx_http_kvgate_loc_conf_t  *conf = child;
+    ngx_http_kvgate_loc_conf_t *prev = parent;
+    ngx_http_kvgate_loc_conf_t *conf = child;
+
+    char                       err[256];
+    ngx_http_core_loc_conf_t  *clcf;
 
     /*
      * kvgate_pass is not inherited, as with proxy_pass: the content handler
-     * belongs to the location it is written in (nested locations get their
-     * own core handler); the flag only records where it was set.
+     * belongs to the location it is written in.
      */
 
-    if (conf->pass == NGX_CONF_UNSET) {
-        conf->pass = 0;
+    ngx_conf_merge_ptr_value(conf->tenant, prev->tenant, NULL);
+    ngx_conf_merge_value(conf->tenant_required, prev->tenant_required, 0);
+    ngx_conf_merge_str_value(conf->default_tenant, prev->default_tenant,
+                             "default");
+    ngx_conf_merge_value(conf->cache_min_tokens, prev->cache_min_tokens, 128);
+    ngx_conf_merge_ptr_value(conf->buckets_spec, prev->buckets_spec, NULL);
+    ngx_conf_merge_value(conf->normalize, prev->normalize, 0);
+    ngx_conf_merge_msec_value(conf->cache_ttl, prev->cache_ttl, 0);
+    ngx_conf_merge_msec_value(conf->timeout, prev->timeout, 300000);
+    ngx_conf_merge_value(conf->max_tokens, prev->max_tokens, 0);
+    ngx_conf_merge_value(conf->max_n, prev->max_n, KVG_PROTO_MAX_N);
+    ngx_conf_merge_value(conf->route_blocks, prev->route_blocks, 8);
+
+    if (conf->default_tenant.len > KVG_PROTO_MAX_SALT) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"kvgate_default_tenant\" is longer than %d bytes",
+                           KVG_PROTO_MAX_SALT);
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->timeout == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"0\" in \"kvgate_timeout\" "
+                           "directive, it must be greater than 0");
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->cache_ttl > 3600000000) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"kvgate_cache_ttl\" is longer than 1000 hours");
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_kvgate_effective_buckets(conf->cache_min_tokens,
+                                          conf->buckets_spec, &conf->buckets,
+                                          err, sizeof(err))
+        != NGX_OK)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"kvgate_buckets\" with \"kvgate_cache_min_tokens "
+                           "%i\": %s", conf->cache_min_tokens, err);
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->handler == NGX_HTTP_KVGATE_PASS) {
+        clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+        conf->max_body = clcf->client_max_body_size;
+
+        if (ngx_http_kvgate_add_error_pages(cf, clcf) != NGX_CONF_OK) {
+            return NGX_CONF_ERROR;
+        }
     }
 
     return NGX_CONF_OK;
@@ -226,7 +996,17 @@ ngx_http_kvgate_engine(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     kmcf->engine = value[1];
-    kmcf->engine_addr = &u.addrs[0];
+
+    /* NUL-terminated copy of the path for the client library */
+
+    kmcf->engine_path.len = value[1].len - (sizeof("unix:") - 1);
+    kmcf->engine_path.data = ngx_pnalloc(cf->pool, kmcf->engine_path.len + 1);
+    if (kmcf->engine_path.data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_cpystrn(kmcf->engine_path.data, value[1].data + sizeof("unix:") - 1,
+                kmcf->engine_path.len + 1);
 
     return NGX_CONF_OK;
 }
@@ -240,11 +1020,19 @@ ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_http_core_loc_conf_t     *clcf;
     ngx_http_kvgate_main_conf_t  *kmcf;
 
-    if (klcf->pass != NGX_CONF_UNSET) {
+    if (klcf->handler == cmd->offset) {
         return "is duplicate";
     }
 
-    klcf->pass = 1;
+    if (klcf->handler != 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" cannot share a location with "
+                           "kvgate_pass, kvgate_metrics or kvgate_status",
+                           &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    klcf->handler = cmd->offset;
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
     clcf->handler = ngx_http_kvgate_handler;
@@ -260,14 +1048,185 @@ ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+static char *
+ngx_http_kvgate_set_num(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    char  *p = conf;
+
+    ngx_int_t                *np, n;
+    ngx_str_t                *value;
+    ngx_http_kvgate_range_t  *range = cmd->post;
+
+    np = (ngx_int_t *) (p + cmd->offset);
+
+    if (*np != NGX_CONF_UNSET) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+    n = ngx_atoi(value[1].data, value[1].len);
+
+    if (n == NGX_ERROR || n < range->min || n > range->max) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be an integer from %i to %i",
+                           &value[1], &cmd->name, range->min, range->max);
+        return NGX_CONF_ERROR;
+    }
+
+    *np = n;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_kvgate_set_msec(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    char  *p = conf;
+
+    ngx_msec_t  *mp, m;
+    ngx_str_t   *value;
+
+    mp = (ngx_msec_t *) (p + cmd->offset);
+
+    if (*mp != NGX_CONF_UNSET_MSEC) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+    m = ngx_parse_time(&value[1], 0);
+
+    if (m == (ngx_msec_t) NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be a time like 30s, 5m or 250ms",
+                           &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    *mp = m;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_kvgate_buckets(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_kvgate_loc_conf_t  *klcf = conf;
+
+    char          err[256];
+    ngx_str_t    *value, *s;
+    ngx_uint_t    i;
+    kvg_buckets   b;
+    ngx_array_t  *a;
+
+    if (klcf->buckets_spec != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    a = ngx_array_create(cf->pool, cf->args->nelts - 1, sizeof(ngx_str_t));
+    if (a == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        s = ngx_array_push(a);
+        if (s == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *s = value[i];
+    }
+
+    /* checked here too, so the message points at this line */
+
+    if (ngx_http_kvgate_effective_buckets(1, a, &b, err, sizeof(err))
+        != NGX_OK)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value in \"%V\" directive: %s",
+                           &cmd->name, err);
+        return NGX_CONF_ERROR;
+    }
+
+    klcf->buckets_spec = a;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_kvgate_normalize(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_kvgate_loc_conf_t  *klcf = conf;
+
+    char         err[256];
+    unsigned     flags, all, f;
+    ngx_str_t   *value;
+    ngx_uint_t   i;
+
+    if (klcf->normalize != NGX_CONF_UNSET) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+    all = 0;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        if (kvg_normalize_parse_step((char *) value[i].data, value[i].len, &f,
+                                     err, sizeof(err))
+            != 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid value \"%V\" in \"%V\" directive: %s",
+                               &value[i], &cmd->name, err);
+            return NGX_CONF_ERROR;
+        }
+
+        if (f == 0 && cf->args->nelts > 2) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\" in \"%V\" directive cannot be combined "
+                               "with steps", &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        all |= f;
+    }
+
+    flags = all;
+    klcf->normalize = (ngx_int_t) flags;
+
+    return NGX_CONF_OK;
+}
+
+
+/* ---- process hooks ---- */
+
 static ngx_int_t
 ngx_http_kvgate_init_module(ngx_cycle_t *cycle)
 {
-    /* Says which libkvgate.a this .so carries; it also keeps the library
-       linked in even while nothing else calls it. */
+    /* Says which libkvgate.a this .so carries. */
 
     ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
                   "kvgate: module loaded, libkvgate %s", kvg_version());
 
     return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_init_process(ngx_cycle_t *cycle)
+{
+    return ngx_http_kvgate_engine_init_process(cycle);
+}
+
+
+static void
+ngx_http_kvgate_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_http_kvgate_engine_exit_process(cycle);
 }

@@ -1,8 +1,18 @@
 
 /*
  * kvgate: nginx side of the gateway. Shared declarations of the module's
- * source files (directives and handler, error responses, and later the
- * engine connection, request parsing and metrics).
+ * source files:
+ *
+ *   ngx_http_kvgate_module.c     directives, configuration, content handler
+ *                                dispatch, variables, the log-phase counters
+ *   ngx_http_kvgate_engine.c     the worker's connection to the engine
+ *                                (libkvgate's client), reconnects, events
+ *   ngx_http_kvgate_request.c    one completion request: body, parsing,
+ *                                tokens, hashes, submission, parking
+ *   ngx_http_kvgate_response.c   OpenAI response objects and SSE chunks
+ *   ngx_http_kvgate_metrics.c    counters shared by the workers, Prometheus
+ *                                exposition, JSON status
+ *   ngx_http_kvgate_error.c      OpenAI error responses
  */
 
 
@@ -14,34 +24,199 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+#include "api_error.h"
+#include "buckets.h"
+#include "client.h"
+#include "request.h"
+
+
+#define NGX_HTTP_KVGATE_PASS      1
+#define NGX_HTTP_KVGATE_METRICS   2
+#define NGX_HTTP_KVGATE_STATUS    3
+
+/* endpoints, for metrics labels */
+#define NGX_HTTP_KVGATE_EP_COMPLETIONS  0
+#define NGX_HTTP_KVGATE_EP_CHAT         1
+#define NGX_HTTP_KVGATE_EP_MODELS       2
+#define NGX_HTTP_KVGATE_EP_OTHER        3
+#define NGX_HTTP_KVGATE_EP_N            4
+
+/* bucket label slots: 0..16 the configured buckets, 17 "none" (not tokenized) */
+#define NGX_HTTP_KVGATE_BUCKET_NONE     (KVG_BUCKETS_MAX_BOUNDS + 1)
+#define NGX_HTTP_KVGATE_BUCKET_N        (KVG_BUCKETS_MAX_BOUNDS + 2)
+
+#define NGX_HTTP_KVGATE_STATUS_N        16
+#define NGX_HTTP_KVGATE_HIST_N          16
+
 
 typedef struct {
-    /* "unix:/path" as written, for messages; engine_addr is the parsed socket. */
+    /* "unix:/path" as written, for messages; path is the socket file. */
     ngx_str_t                  engine;
-    ngx_addr_t                *engine_addr;
+    ngx_str_t                  engine_path;
 
     /* First kvgate_pass seen, so a missing kvgate_engine can be reported
        where the need for it arises. */
     ngx_str_t                  pass_file;
     ngx_uint_t                 pass_line;
+
+    ngx_shm_zone_t            *shm_zone;         /* shared counters */
 } ngx_http_kvgate_main_conf_t;
 
 
 typedef struct {
-    ngx_flag_t                 pass;
+    ngx_uint_t                 handler;           /* NGX_HTTP_KVGATE_* or 0 */
+
+    ngx_http_complex_value_t  *tenant;
+    ngx_flag_t                 tenant_required;
+    ngx_str_t                  default_tenant;
+
+    ngx_int_t                  cache_min_tokens;
+    ngx_array_t               *buckets_spec;      /* of ngx_str_t, as written */
+    kvg_buckets                buckets;           /* effective bounds */
+
+    ngx_int_t                  normalize;         /* KVG_NORM_* flags */
+    ngx_msec_t                 cache_ttl;
+    ngx_msec_t                 timeout;
+    ngx_int_t                  max_tokens;        /* 0: up to the context */
+    ngx_int_t                  max_n;
+    ngx_int_t                  route_blocks;
+    off_t                      max_body;          /* client_max_body_size */
 } ngx_http_kvgate_loc_conf_t;
 
 
+typedef struct ngx_http_kvgate_ctx_s  ngx_http_kvgate_ctx_t;
+
+/* One choice (sample) of a completion being produced. */
+typedef struct {
+    u_char                    *text;
+    size_t                     len;
+    size_t                     cap;
+    uint32_t                  *ids;               /* with logprobs */
+    float                     *lps;
+    size_t                     n_ids;
+    size_t                     ids_cap;
+    size_t                     text_offset;       /* streamed logprobs */
+    ngx_uint_t                 finished;
+    uint32_t                   finish_reason;     /* enum kvg_msg_finish */
+} ngx_http_kvgate_choice_t;
+
+
+struct ngx_http_kvgate_ctx_s {
+    ngx_http_request_t        *request;
+    ngx_queue_t                queue;             /* waiting for ring room */
+    ngx_event_t                deadline;
+
+    ngx_uint_t                 endpoint;          /* NGX_HTTP_KVGATE_EP_* */
+    ngx_uint_t                 status;            /* final HTTP status */
+    ngx_uint_t                 bucket;            /* label slot */
+    ngx_uint_t                 bypass;
+    const char                *cache_status;      /* "hit", ... or NULL */
+
+    ngx_str_t                  tenant;
+    kvg_request               *req;               /* the parsed body */
+    int32_t                   *tokens;
+    size_t                     n_tokens;
+    uint8_t                  (*hashes)[KVG_PREFIX_HASH_LEN];
+    size_t                     n_hashes;
+    u_char                     route_key[2 * KVG_PREFIX_HASH_LEN];
+    ngx_uint_t                 route_key_set;
+    int32_t                    stop_ids[KVG_PROTO_MAX_STOP_IDS];
+    size_t                     n_stop_ids;
+    const char                *stop[KVG_PROTO_MAX_STOP];
+    size_t                     stop_len[KVG_PROTO_MAX_STOP];
+    size_t                     n_stop;
+    uint32_t                   max_tokens;
+
+    uint64_t                   engine_id;         /* the request in the engine */
+    ngx_uint_t                 submitted;         /* live in the engine */
+    ngx_uint_t                 queued;            /* in the worker's wait queue */
+    ngx_uint_t                 done;              /* answered */
+    ngx_uint_t                 header_sent;
+    uint64_t                   instance;          /* engine instance it went to */
+
+    uint32_t                   prompt_tokens;
+    uint32_t                   cached_tokens;
+    uint32_t                   completion_tokens;
+    ngx_uint_t                 usage_set;
+
+    ngx_msec_t                 start;             /* ngx_current_msec at arrival */
+    struct timeval             start_tv;
+    ngx_int_t                  ttft_us;           /* -1 until the first token */
+    u_char                     id[40];            /* "cmpl-..." / "chatcmpl-..." */
+    size_t                     id_len;
+    time_t                     created;
+
+    ngx_uint_t                 n_choices;
+    ngx_http_kvgate_choice_t  *choices;
+};
+
+
+/* ngx_http_kvgate_module.c */
+ngx_int_t ngx_http_kvgate_effective_buckets(ngx_int_t min_tokens,
+    ngx_array_t *spec, kvg_buckets *out, char *err, size_t err_len);
+
+/* ngx_http_kvgate_engine.c */
+ngx_int_t ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle);
+void ngx_http_kvgate_engine_exit_process(ngx_cycle_t *cycle);
+kvg_client *ngx_http_kvgate_engine_client(void);
+const kvg_engine_info *ngx_http_kvgate_engine_info(void);
+ngx_uint_t ngx_http_kvgate_engine_up(void);
+const char *ngx_http_kvgate_engine_down_reason(void);
+/* Submits ctx's request; NGX_OK (live), NGX_AGAIN (queued until the ring has
+   room), or NGX_ERROR with *err set (answer 503 / 400). */
+ngx_int_t ngx_http_kvgate_engine_submit(ngx_http_kvgate_ctx_t *ctx,
+    const kvg_client_req *q, kvg_api_error *err);
+void ngx_http_kvgate_engine_cancel(ngx_http_kvgate_ctx_t *ctx);
+
+/* ngx_http_kvgate_request.c */
+ngx_int_t ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+void ngx_http_kvgate_on_event(ngx_http_kvgate_ctx_t *ctx,
+    const kvg_client_event *ev);
+/* A request waiting in the queue can go now (the ring has room). */
+void ngx_http_kvgate_resubmit(ngx_http_kvgate_ctx_t *ctx);
+ngx_int_t ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+
+/* ngx_http_kvgate_response.c */
+ngx_int_t ngx_http_kvgate_send_models(ngx_http_request_t *r);
+ngx_int_t ngx_http_kvgate_send_complete(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+ngx_int_t ngx_http_kvgate_stream_start(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+ngx_int_t ngx_http_kvgate_stream_tokens(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, const kvg_client_event *ev);
+ngx_int_t ngx_http_kvgate_stream_finished(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_uint_t choice);
+ngx_int_t ngx_http_kvgate_stream_end(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, kvg_api_error *error);
+ngx_int_t ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+
+/* ngx_http_kvgate_metrics.c */
+ngx_int_t ngx_http_kvgate_metrics_init_zone(ngx_conf_t *cf,
+    ngx_http_kvgate_main_conf_t *kmcf);
+void ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+void ngx_http_kvgate_metrics_engine_event(ngx_uint_t up);
+ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_kvgate_status_handler(ngx_http_request_t *r);
+
+/* ngx_http_kvgate_error.c */
 /*
  * Sends an OpenAI-style error:
- *   {"error":{"message":M,"type":T,"param":null,"code":C}}
- * code may be NULL (sent as null); retry_after > 0 adds a Retry-After
- * header. The request body must already be read or discarded. Returns
- * what the content handler should return; it never finalizes the request.
+ *   {"error":{"message":M,"type":T,"param":P,"code":C}}
+ * retry_after > 0 adds a Retry-After header. The request body must already be
+ * read or discarded. Returns what the caller should finalize the request with;
+ * it never finalizes the request itself.
  */
+ngx_int_t ngx_http_kvgate_send_api_error(ngx_http_request_t *r,
+    const kvg_api_error *e, ngx_uint_t retry_after);
 ngx_int_t ngx_http_kvgate_send_error(ngx_http_request_t *r, ngx_uint_t status,
     const char *type, const char *code, const char *message,
     ngx_uint_t retry_after);
+/* Retry-After for a status: 1 second for 429 and 503, else none. */
+ngx_uint_t ngx_http_kvgate_retry_after(ngx_uint_t status);
 
 
 extern ngx_module_t  ngx_http_kvgate_module;

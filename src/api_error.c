@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "utf8.h"
+#include "json_out.h"
 
 const char *kvg_api_error_type(int status)
 {
@@ -49,36 +49,15 @@ static void put(outbuf *o, const char *s, size_t n)
 
 static void put_json_string(outbuf *o, const char *s, size_t n)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    char esc[8];
-
     put(o, "\"", 1);
-    while (i < n) {
-        unsigned char c = p[i];
-        uint32_t cp;
-        int l;
-
-        if (c == '"' || c == '\\') {
-            esc[0] = '\\';
-            esc[1] = (char)c;
-            put(o, esc, 2);
-            i++;
-        } else if (c < 0x20 || c == 0x7F) {
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            put(o, esc, 6);
-            i++;
-        } else if (c < 0x80) {
-            put(o, (const char *)p + i, 1);
-            i++;
-        } else if ((l = kvg_utf8_decode(p + i, n - i, &cp)) > 0) {
-            put(o, (const char *)p + i, (size_t)l);
-            i += (size_t)l;
-        } else {
-            /* a message truncated mid-character, or bytes from a caller */
-            put(o, "\\ufffd", 6);
-            i++;
-        }
+    if (o->len < o->cap && o->cap - o->len >= 6 * n) {
+        o->len += kvg_json_escape(o->buf + o->len, s, n);
+    } else {
+        /* Near the end of the caller's buffer: count exactly, write what fits. */
+        size_t need = kvg_json_escape_len(s, n);
+        if (o->len < o->cap && o->cap - o->len >= need)
+            kvg_json_escape(o->buf + o->len, s, n);
+        o->len += need;
     }
     put(o, "\"", 1);
 }

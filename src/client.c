@@ -43,6 +43,9 @@ struct kvg_client {
     size_t n_cancels, cap_cancels;
     int want_writable;
     size_t want_payload;
+    int sock_readable;           /* the caller saw the socket readable: look at it */
+    int bell_cleared;            /* inside next_event: the doorbell was read once */
+    int64_t sock_checked_ms;
 
     /* Going down: every live request gets an ERROR, then one DOWN event. */
     int down_pending;
@@ -188,6 +191,11 @@ static void go_down(kvg_client *c, const char *why)
         c->backoff_ms = c->backoff_min_ms;
         c->retry_at_ms = mono_ms() + c->backoff_min_ms;
     }
+}
+
+void kvg_client_socket_readable(kvg_client *c)
+{
+    c->sock_readable = 1;
 }
 
 void kvg_client_disconnect(kvg_client *c, const char *why)
@@ -383,6 +391,15 @@ int kvg_client_cancel(kvg_client *c, uint64_t id)
     c->cancels[c->n_cancels++] = id;
     flush_cancels(c);
     return 0;
+}
+
+int kvg_client_hash_root(kvg_client *c, const char *tenant, size_t tenant_len,
+                         uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len)
+{
+    if (c->state != KVG_CLIENT_UP)
+        return kvg_fail(err, err_len, "engine client", "not connected");
+    return kvg_prefix_root(c->hasher, c->info.model_id, KVG_PREFIX_HASH_LEN, tenant, tenant_len, root,
+                           err, err_len);
 }
 
 int kvg_client_hash_prompt(kvg_client *c, const char *tenant, size_t tenant_len,
@@ -701,17 +718,29 @@ int kvg_client_next_event(kvg_client *c, kvg_client_event *ev)
         break;
     }
     /* Nothing queued: clear the doorbell, then look once more, so a message pushed
-     * between the pop above and the read below is not left unannounced. */
-    {
+     * between the pop above and the read below is not left unannounced (one read per
+     * drain: a message pushed after it rings the doorbell again). */
+    if (!c->bell_cleared) {
         uint64_t v;
+        c->bell_cleared = 1;
         if (read(c->to_client, &v, sizeof v) == (ssize_t)sizeof v) {
             if (c->n_cancels)
                 flush_cancels(c);
-            return kvg_client_next_event(c, ev);
+            int rc = kvg_client_next_event(c, ev);
+            c->bell_cleared = 0;
+            return rc;
         }
     }
+    c->bell_cleared = 0;
     if (c->n_cancels)
         flush_cancels(c);
+    /* The socket only ever carries EOF (or a violation): look when the caller saw it
+     * readable, and at least every 100 ms. */
+    int64_t now = 0;
+    if (!c->sock_readable && (now = mono_ms()) - c->sock_checked_ms < 100)
+        goto writable;
+    c->sock_readable = 0;
+    c->sock_checked_ms = now ? now : mono_ms();
     {
         char b;
         ssize_t n = recv(c->sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -724,6 +753,7 @@ int kvg_client_next_event(kvg_client *c, kvg_client_event *ev)
             return kvg_client_next_event(c, ev);
         }
     }
+writable:
     if (c->want_writable && !c->n_cancels && kvg_shm_can_push(&c->shm.sq, c->want_payload)) {
         c->want_writable = 0;
         ev->kind = KVG_CEV_WRITABLE;
@@ -780,6 +810,8 @@ int kvg_client_wait(kvg_client *c, int timeout_ms)
     do
         rc = poll(p, (nfds_t)n, timeout_ms);
     while (rc < 0 && errno == EINTR);
+    if (rc > 0 && p[0].revents)
+        c->sock_readable = 1;
     return rc > 0;
 }
 

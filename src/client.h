@@ -138,6 +138,12 @@ int kvg_client_retry_delay_ms(const kvg_client *c);
 int kvg_client_socket_fd(const kvg_client *c);
 int kvg_client_doorbell_fd(const kvg_client *c);
 
+/* Tell the client that its socket was reported readable (edge-triggered callers must:
+ * it is how the engine's death is noticed without a system call on every drain). The
+ * next kvg_client_next_event looks at the socket. kvg_client_wait does it by itself,
+ * and the client also looks at least every 100 ms while events flow. */
+void kvg_client_socket_readable(kvg_client *c);
+
 /* The next event: 1 with *ev filled, 0 when nothing is pending right now. */
 int kvg_client_next_event(kvg_client *c, kvg_client_event *ev);
 
@@ -151,6 +157,11 @@ int kvg_client_hash_prompt(kvg_client *c, const char *tenant, size_t tenant_len,
                            const int32_t *tokens, size_t n_tokens,
                            uint8_t (*out)[KVG_PREFIX_HASH_LEN], size_t cap, size_t *n,
                            char *err, size_t err_len);
+
+/* The chain's root for a tenant under the connected engine's model (a prompt with no
+ * full block is routed by it). 0, or -1 with err when not connected. */
+int kvg_client_hash_root(kvg_client *c, const char *tenant, size_t tenant_len,
+                         uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
 
 /* Submits a request; *id gets its id. 0; KVG_CLIENT_AGAIN when the submission ring is
  * full right now (nothing was sent; retry after KVG_CEV_WRITABLE); -1 with err when

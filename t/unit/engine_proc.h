@@ -265,7 +265,11 @@ __attribute__((unused)) static int ep_pump(kvg_client **cs, int n_clients, ep_re
                 if (kvg_client_doorbell_fd(cs[k]) >= 0)
                     p[np++] = (struct pollfd){ kvg_client_doorbell_fd(cs[k]), POLLIN, 0 };
             }
-            poll(p, (nfds_t)np, 50);
+            if (poll(p, (nfds_t)np, 50) > 0)
+                for (int k = 0; k < n_clients; k++)
+                    for (int q = 0; q < np; q++)
+                        if (p[q].revents && p[q].fd == kvg_client_socket_fd(cs[k]))
+                            kvg_client_socket_readable(cs[k]);
         }
     }
 }

@@ -1,0 +1,489 @@
+
+/*
+ * The worker's connection to the engine.
+ *
+ * Each worker process has one libkvgate client (kvg_client): its own region
+ * of shared memory with the engine, a unix socket that only tells life from
+ * death, and two eventfd doorbells. The socket and the engine's doorbell join
+ * the worker's event loop as nginx connections; every wake-up drains the
+ * client's events (nginx's epoll is edge-triggered) and hands each to the
+ * request it belongs to.
+ *
+ * When the engine goes away, the client fails every live request at once
+ * (the request answers 503) and a cancelable timer reconnects with backoff;
+ * the next engine may serve another model, so the model, tokenizer and chat
+ * template always come from the current connection.
+ */
+
+
+#include "ngx_http_kvgate_module.h"
+
+
+typedef struct {
+    kvg_client                *client;
+    ngx_log_t                 *log;
+    ngx_connection_t          *sock;      /* the client's socket */
+    ngx_connection_t          *bell;      /* the engine's doorbell */
+    ngx_event_t                reconnect;
+    ngx_queue_t                waiting;   /* ctxs waiting for ring room */
+    ngx_uint_t                 n_waiting;
+    ngx_uint_t                 up;
+    ngx_uint_t                 exiting;
+    char                       reason[320];
+} ngx_http_kvgate_worker_t;
+
+
+static ngx_http_kvgate_worker_t  ngx_http_kvgate_worker;
+
+
+#define NGX_HTTP_KVGATE_MAX_WAITING  4096
+
+
+static void ngx_http_kvgate_engine_read(ngx_event_t *ev);
+static void ngx_http_kvgate_engine_drain(void);
+static void ngx_http_kvgate_reconnect(ngx_event_t *ev);
+static void ngx_http_kvgate_engine_dummy(ngx_event_t *ev);
+
+
+kvg_client *
+ngx_http_kvgate_engine_client(void)
+{
+    return ngx_http_kvgate_worker.client;
+}
+
+
+ngx_uint_t
+ngx_http_kvgate_engine_up(void)
+{
+    return ngx_http_kvgate_worker.up;
+}
+
+
+const kvg_engine_info *
+ngx_http_kvgate_engine_info(void)
+{
+    if (!ngx_http_kvgate_worker.up) {
+        return NULL;
+    }
+
+    return kvg_client_info(ngx_http_kvgate_worker.client);
+}
+
+
+const char *
+ngx_http_kvgate_engine_down_reason(void)
+{
+    return ngx_http_kvgate_worker.reason[0] ? ngx_http_kvgate_worker.reason
+                                            : "not connected yet";
+}
+
+
+/*
+ * A descriptor owned by the client library joins the event loop. The
+ * connection never closes the descriptor (the library does); it is only
+ * released.
+ */
+
+static ngx_connection_t *
+ngx_http_kvgate_watch(int fd)
+{
+    ngx_connection_t  *c;
+
+    c = ngx_get_connection(fd, ngx_http_kvgate_worker.log);
+    if (c == NULL) {
+        return NULL;
+    }
+
+    c->data = &ngx_http_kvgate_worker;
+    c->log = ngx_http_kvgate_worker.log;
+    c->read->log = c->log;
+    c->write->log = c->log;
+    c->read->handler = ngx_http_kvgate_engine_read;
+    c->write->handler = ngx_http_kvgate_engine_dummy;
+
+    if (ngx_add_event(c->read, NGX_READ_EVENT, 0) != NGX_OK) {
+        c->fd = (ngx_socket_t) -1;
+        ngx_free_connection(c);
+        return NULL;
+    }
+
+    return c;
+}
+
+
+static void
+ngx_http_kvgate_unwatch(ngx_connection_t **cp, ngx_uint_t fd_closed)
+{
+    ngx_connection_t  *c = *cp;
+
+    if (c == NULL) {
+        return;
+    }
+
+    /* a closed descriptor has already left epoll */
+
+    if (!fd_closed && c->read->active) {
+        ngx_del_event(c->read, NGX_READ_EVENT, 0);
+    }
+
+    if (c->read->posted) {
+        ngx_delete_posted_event(c->read);
+    }
+
+    if (c->write->posted) {
+        ngx_delete_posted_event(c->write);
+    }
+
+    c->read->closed = 1;
+    c->write->closed = 1;
+    c->fd = (ngx_socket_t) -1;
+
+    ngx_free_connection(c);
+
+    *cp = NULL;
+}
+
+
+static void
+ngx_http_kvgate_engine_dummy(ngx_event_t *ev)
+{
+}
+
+
+static void
+ngx_http_kvgate_schedule_reconnect(void)
+{
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+    ngx_msec_t                 delay;
+
+    if (w->exiting || w->reconnect.timer_set) {
+        return;
+    }
+
+    delay = (ngx_msec_t) kvg_client_retry_delay_ms(w->client);
+
+    ngx_add_timer(&w->reconnect, delay ? delay : 1);
+}
+
+
+static void
+ngx_http_kvgate_try_connect(void)
+{
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+    char                       err[320];
+
+    if (kvg_client_connect(w->client, err, sizeof(err)) != 0) {
+        if (ngx_strcmp(err, w->reason) != 0) {
+            ngx_log_error(NGX_LOG_WARN, w->log, 0,
+                          "kvgate: cannot connect to the engine: %s", err);
+            ngx_cpystrn((u_char *) w->reason, (u_char *) err,
+                        sizeof(w->reason));
+        }
+
+        ngx_http_kvgate_schedule_reconnect();
+        return;
+    }
+
+    w->sock = ngx_http_kvgate_watch(kvg_client_socket_fd(w->client));
+    if (w->sock == NULL) {
+        kvg_client_disconnect(w->client, "cannot watch the engine's socket");
+    }
+
+    /* the engine's answer may already be there */
+
+    ngx_http_kvgate_engine_drain();
+}
+
+
+static void
+ngx_http_kvgate_reconnect(ngx_event_t *ev)
+{
+    if (ngx_exiting || ngx_quit || ngx_terminate) {
+        return;
+    }
+
+    ngx_http_kvgate_try_connect();
+}
+
+
+ngx_int_t
+ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle)
+{
+    char                          err[320];
+    kvg_client_opts               opts;
+    ngx_http_kvgate_worker_t     *w = &ngx_http_kvgate_worker;
+    ngx_http_kvgate_main_conf_t  *kmcf;
+
+    kmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_kvgate_module);
+
+    if (kmcf == NULL || kmcf->engine.data == NULL) {
+        return NGX_OK;
+    }
+
+    ngx_memzero(w, sizeof(ngx_http_kvgate_worker_t));
+
+    w->log = cycle->log;
+    ngx_queue_init(&w->waiting);
+
+    ngx_memzero(&opts, sizeof(kvg_client_opts));
+    opts.name = "nginx worker";
+    opts.backoff_min_ms = 50;
+    opts.backoff_max_ms = 2000;
+
+    w->client = kvg_client_new((char *) kmcf->engine_path.data, &opts, err,
+                               sizeof(err));
+    if (w->client == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0, "kvgate: %s", err);
+        return NGX_ERROR;
+    }
+
+    w->reconnect.handler = ngx_http_kvgate_reconnect;
+    w->reconnect.log = cycle->log;
+    w->reconnect.data = w;
+    w->reconnect.cancelable = 1;
+
+    ngx_http_kvgate_try_connect();
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_kvgate_engine_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    if (w->client == NULL) {
+        return;
+    }
+
+    w->exiting = 1;
+
+    if (w->reconnect.timer_set) {
+        ngx_del_timer(&w->reconnect);
+    }
+
+    ngx_http_kvgate_unwatch(&w->sock, 0);
+    ngx_http_kvgate_unwatch(&w->bell, 0);
+
+    /* closing the socket makes the engine cancel whatever is left */
+
+    kvg_client_free(w->client);
+    w->client = NULL;
+    w->up = 0;
+}
+
+
+static void
+ngx_http_kvgate_engine_read(ngx_event_t *ev)
+{
+    ngx_connection_t          *c = ev->data;
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    /* the socket only ever turns readable at the engine's death */
+
+    if (c == w->sock && w->client) {
+        kvg_client_socket_readable(w->client);
+    }
+
+    ngx_http_kvgate_engine_drain();
+}
+
+
+/* Hands out every pending event of the client. */
+
+static void
+ngx_http_kvgate_engine_drain(void)
+{
+    ngx_queue_t               *q;
+    kvg_client_event           ev;
+    ngx_http_kvgate_ctx_t     *ctx;
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+    const kvg_engine_info     *info;
+
+    if (w->client == NULL) {
+        return;
+    }
+
+    while (kvg_client_next_event(w->client, &ev) == 1) {
+
+        switch (ev.kind) {
+
+        case KVG_CEV_UP:
+            info = kvg_client_info(w->client);
+            w->up = 1;
+            w->reason[0] = '\0';
+            w->bell = ngx_http_kvgate_watch(kvg_client_doorbell_fd(w->client));
+
+            if (w->bell == NULL) {
+                kvg_client_disconnect(w->client,
+                                      "cannot watch the engine's doorbell");
+                break;
+            }
+
+            ngx_log_error(NGX_LOG_NOTICE, w->log, 0,
+                          "kvgate: connected to the engine (pid %uD): model "
+                          "\"%s\" (id %*s), context %uD, block %uD tokens, "
+                          "template %s",
+                          info->engine_pid, info->model_name, (size_t) 16,
+                          info->model_id_hex, info->context_length,
+                          info->block_tokens,
+                          kvg_chat_template_name(info->chat_template));
+
+            ngx_http_kvgate_metrics_engine_event(1);
+            break;
+
+        case KVG_CEV_DOWN:
+            if (w->up) {
+                ngx_log_error(NGX_LOG_ERR, w->log, 0,
+                              "kvgate: lost the engine: %s", ev.message);
+            } else if (ngx_strcmp(ev.message, w->reason) != 0) {
+                ngx_log_error(NGX_LOG_WARN, w->log, 0,
+                              "kvgate: cannot connect to the engine: %s",
+                              ev.message);
+            }
+
+            ngx_cpystrn((u_char *) w->reason, (u_char *) ev.message,
+                        sizeof(w->reason));
+
+            if (w->up) {
+                ngx_http_kvgate_metrics_engine_event(0);
+            }
+
+            w->up = 0;
+            ngx_http_kvgate_unwatch(&w->sock, 1);
+            ngx_http_kvgate_unwatch(&w->bell, 1);
+
+            /* requests still waiting for ring room never reached the engine */
+
+            while (!ngx_queue_empty(&w->waiting)) {
+                q = ngx_queue_head(&w->waiting);
+                ngx_queue_remove(q);
+                w->n_waiting--;
+                ctx = ngx_queue_data(q, ngx_http_kvgate_ctx_t, queue);
+                ctx->queued = 0;
+                ngx_http_kvgate_resubmit(ctx);
+            }
+
+            ngx_http_kvgate_schedule_reconnect();
+            break;
+
+        case KVG_CEV_WRITABLE:
+            while (!ngx_queue_empty(&w->waiting)) {
+                q = ngx_queue_head(&w->waiting);
+                ngx_queue_remove(q);
+                w->n_waiting--;
+                ctx = ngx_queue_data(q, ngx_http_kvgate_ctx_t, queue);
+                ctx->queued = 0;
+
+                ngx_http_kvgate_resubmit(ctx);
+
+                if (ctx->queued) {
+                    /* full again: it went back to the head */
+                    break;
+                }
+            }
+
+            break;
+
+        default:
+            ctx = ev.user;
+
+            if (ctx != NULL) {
+                ngx_http_kvgate_on_event(ctx, &ev);
+            }
+
+            break;
+        }
+
+        if (w->client == NULL) {
+            return;
+        }
+    }
+}
+
+
+ngx_int_t
+ngx_http_kvgate_engine_submit(ngx_http_kvgate_ctx_t *ctx,
+    const kvg_client_req *q, kvg_api_error *err)
+{
+    int                        rc;
+    char                       msg[320];
+    uint64_t                   id;
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    if (!w->up) {
+        kvg_api_error_set(err, 503, "engine_unavailable", NULL,
+                          "kvgate: the engine is not available (%s)",
+                          ngx_http_kvgate_engine_down_reason());
+        return NGX_ERROR;
+    }
+
+    if (!ngx_queue_empty(&w->waiting) && !ctx->queued) {
+
+        /* keep the order: others wait for room already */
+
+        if (w->n_waiting >= NGX_HTTP_KVGATE_MAX_WAITING) {
+            kvg_api_error_set(err, 503, "engine_overloaded", NULL,
+                              "kvgate: the engine is overloaded (%lu requests "
+                              "wait to be submitted)",
+                              (unsigned long) w->n_waiting);
+            return NGX_ERROR;
+        }
+
+        ngx_queue_insert_tail(&w->waiting, &ctx->queue);
+        w->n_waiting++;
+        ctx->queued = 1;
+        return NGX_AGAIN;
+    }
+
+    rc = kvg_client_submit(w->client, q, ctx, &id, msg, sizeof(msg));
+
+    if (rc == 0) {
+        ctx->engine_id = id;
+        ctx->submitted = 1;
+        ctx->instance = kvg_client_info(w->client)->instance;
+        return NGX_OK;
+    }
+
+    if (rc == KVG_CLIENT_AGAIN) {
+        ngx_queue_insert_head(&w->waiting, &ctx->queue);
+        w->n_waiting++;
+        ctx->queued = 1;
+        return NGX_AGAIN;
+    }
+
+    if (kvg_client_get_state(w->client) != KVG_CLIENT_UP) {
+        kvg_api_error_set(err, 503, "engine_unavailable", NULL,
+                          "kvgate: the engine connection failed: %s", msg);
+
+        /* the client reports DOWN from its next event */
+        ngx_http_kvgate_engine_drain();
+        return NGX_ERROR;
+    }
+
+    kvg_api_error_set(err, 400, "invalid_request", NULL, "%s", msg);
+
+    return NGX_ERROR;
+}
+
+
+void
+ngx_http_kvgate_engine_cancel(ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    if (ctx->queued) {
+        ngx_queue_remove(&ctx->queue);
+        w->n_waiting--;
+        ctx->queued = 0;
+    }
+
+    if (ctx->submitted) {
+        ctx->submitted = 0;
+
+        if (w->client != NULL) {
+            (void) kvg_client_cancel(w->client, ctx->engine_id);
+        }
+    }
+}

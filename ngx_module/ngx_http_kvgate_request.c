@@ -1,0 +1,1302 @@
+
+/*
+ * One completion request (/v1/completions, /v1/chat/completions) in the
+ * worker, from the body to the last byte of the answer:
+ *
+ *   read the body (nginx may have spilled it to a temp file), parse and
+ *   validate it (libkvgate), apply the engine's chat template, normalize
+ *   message content, tokenize with the engine's own tokenizer, pick the
+ *   length bucket, hash the prefix blocks with the tenant's salt, submit over
+ *   the shared-memory channel, then park the request with a deadline timer
+ *   until the engine's events arrive and answer it.
+ *
+ * The worker never blocks: submission is a push into a ring (or a short wait
+ * in the worker's queue when the ring is full), events come through the
+ * engine connection (ngx_http_kvgate_engine.c). A client that disconnects
+ * cancels its request in the engine; a pool cleanup makes sure no request
+ * leaves the engine working for a request that no longer exists.
+ */
+
+
+#include "ngx_http_kvgate_module.h"
+
+#include "chat_template.h"
+#include "normalize.h"
+#include "tokenizer.h"
+
+
+static void ngx_http_kvgate_body_handler(ngx_http_request_t *r);
+static ngx_int_t ngx_http_kvgate_prepare(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err);
+static ngx_int_t ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx,
+    kvg_api_error *err);
+static void ngx_http_kvgate_finish(ngx_http_kvgate_ctx_t *ctx, ngx_int_t rc);
+static void ngx_http_kvgate_fail(ngx_http_kvgate_ctx_t *ctx,
+    kvg_api_error *err);
+static void ngx_http_kvgate_check_broken(ngx_http_request_t *r);
+static void ngx_http_kvgate_writer(ngx_http_request_t *r);
+static void ngx_http_kvgate_deadline(ngx_event_t *ev);
+static void ngx_http_kvgate_cleanup(void *data);
+
+
+ngx_int_t
+ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_int_t            rc;
+    ngx_pool_cleanup_t  *cln;
+
+    if (!ngx_http_kvgate_engine_up()) {
+
+        /* no need to read a body nobody can serve */
+
+        rc = ngx_http_discard_request_body(r);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        ctx->status = NGX_HTTP_SERVICE_UNAVAILABLE;
+
+        return ngx_http_kvgate_send_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                          "server_error", "engine_unavailable",
+                                          "kvgate: the engine is not available",
+                                          1);
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    cln->handler = ngx_http_kvgate_cleanup;
+    cln->data = ctx;
+
+    rc = ngx_http_read_client_request_body(r, ngx_http_kvgate_body_handler);
+
+    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+        return rc;
+    }
+
+    return NGX_DONE;
+}
+
+
+/* The request's memory is gone: the engine must not work for it. */
+
+static void
+ngx_http_kvgate_cleanup(void *data)
+{
+    ngx_http_kvgate_ctx_t  *ctx = data;
+
+    ngx_http_kvgate_engine_cancel(ctx);
+
+    if (ctx->deadline.timer_set) {
+        ngx_del_timer(&ctx->deadline);
+    }
+
+    if (ctx->req) {
+        kvg_request_free(ctx->req);
+        ctx->req = NULL;
+    }
+
+    if (ctx->tokens) {
+        free(ctx->tokens);
+        ctx->tokens = NULL;
+    }
+}
+
+
+/* ---- the body ---- */
+
+static ngx_int_t
+ngx_http_kvgate_body_bytes(ngx_http_request_t *r, ngx_str_t *out)
+{
+    off_t         len;
+    size_t        n;
+    ssize_t       got;
+    u_char       *p;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    out->len = 0;
+    out->data = (u_char *) "";
+
+    if (r->request_body == NULL || r->request_body->bufs == NULL) {
+        return NGX_OK;
+    }
+
+    len = 0;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+        len += b->in_file ? b->file_last - b->file_pos : b->last - b->pos;
+    }
+
+    if (len == 0) {
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(r->pool, (size_t) len + 1);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    out->data = p;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (b->in_file) {
+            n = (size_t) (b->file_last - b->file_pos);
+            got = ngx_read_file(b->file, p, n, b->file_pos);
+
+            if (got != (ssize_t) n) {
+                ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                              "kvgate: cannot read the request body from "
+                              "\"%V\"", &b->file->name);
+                return NGX_ERROR;
+            }
+
+            p += n;
+
+        } else {
+            p = ngx_cpymem(p, b->pos, b->last - b->pos);
+        }
+    }
+
+    *p = '\0';
+    out->len = p - out->data;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_kvgate_body_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                    rc;
+    kvg_api_error                err;
+    ngx_http_kvgate_ctx_t       *ctx;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    if (ngx_http_kvgate_prepare(r, ctx, &err) != NGX_OK) {
+        ngx_http_kvgate_fail(ctx, &err);
+        return;
+    }
+
+    rc = ngx_http_kvgate_submit(ctx, &err);
+
+    if (rc == NGX_ERROR) {
+        ngx_http_kvgate_fail(ctx, &err);
+        return;
+    }
+
+    /* parked until the engine answers, the client leaves or time is up */
+
+    r->read_event_handler = ngx_http_kvgate_check_broken;
+    r->write_event_handler = ngx_http_kvgate_writer;
+
+    ctx->deadline.handler = ngx_http_kvgate_deadline;
+    ctx->deadline.data = ctx;
+    ctx->deadline.log = r->connection->log;
+
+    /* not cancelable: a graceful quit waits for parked requests to finish */
+
+    ngx_add_timer(&ctx->deadline, klcf->timeout);
+}
+
+
+/* ---- preparing the prompt ---- */
+
+static ngx_int_t
+ngx_http_kvgate_append_ids(ngx_http_kvgate_ctx_t *ctx, size_t *cap,
+    const int32_t *ids, size_t n)
+{
+    int32_t  *g;
+    size_t    nc;
+
+    if (ctx->n_tokens + n > *cap) {
+        nc = *cap ? *cap * 2 : 256;
+
+        while (nc < ctx->n_tokens + n) {
+            nc *= 2;
+        }
+
+        g = realloc(ctx->tokens, nc * sizeof(int32_t));
+        if (g == NULL) {
+            return NGX_ERROR;
+        }
+
+        ctx->tokens = g;
+        *cap = nc;
+    }
+
+    ngx_memcpy(ctx->tokens + ctx->n_tokens, ids, n * sizeof(int32_t));
+    ctx->n_tokens += n;
+
+    return NGX_OK;
+}
+
+
+/* Tokenizes text (normalized first when it is content and steps are on). */
+
+static ngx_int_t
+ngx_http_kvgate_encode(ngx_http_kvgate_ctx_t *ctx, size_t *cap,
+    const kvg_tokenizer *tok, const char *text, size_t len, unsigned flags,
+    ngx_uint_t content, unsigned normalize, kvg_api_error *err,
+    const char *param)
+{
+    int       rc;
+    char      msg[256], *norm;
+    size_t    n, nlen;
+    int32_t  *ids;
+
+    norm = NULL;
+
+    if (content && normalize && len) {
+        if (kvg_normalize(normalize, text, len, &norm, &nlen, msg, sizeof(msg))
+            != 0)
+        {
+            kvg_api_error_set(err, 400, "invalid_value", param, "%s", msg);
+            return NGX_ERROR;
+        }
+
+        text = norm;
+        len = nlen;
+    }
+
+    if (len == 0 && !(flags & KVG_ENC_BOS)) {
+        free(norm);
+        return NGX_OK;
+    }
+
+    rc = kvg_tokenizer_encode(tok, text, len, flags, &ids, &n, msg,
+                              sizeof(msg));
+    free(norm);
+
+    if (rc != 0) {
+        kvg_api_error_set(err, 400, "invalid_value", param, "%s", msg);
+        return NGX_ERROR;
+    }
+
+    rc = ngx_http_kvgate_append_ids(ctx, cap, ids, n);
+    free(ids);
+
+    if (rc != NGX_OK) {
+        kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_chat_tokens(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    const kvg_engine_info *info, unsigned normalize, kvg_api_error *err)
+{
+    char                 msg[256];
+    size_t               cap, n_segs, i, n, k;
+    int32_t              id;
+    unsigned             flags;
+    kvg_chat_segment    *segs;
+    kvg_chat_template    t;
+    const char *const   *pieces;
+    const kvg_request   *req = ctx->req;
+
+    t = info->chat_template;
+    cap = 0;
+
+    segs = ngx_palloc(r->pool, kvg_chat_max_segments(req->n_messages)
+                               * sizeof(kvg_chat_segment));
+    if (segs == NULL) {
+        kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+        return NGX_ERROR;
+    }
+
+    if (kvg_chat_render(t, req->messages, req->n_messages, 1, segs,
+                        kvg_chat_max_segments(req->n_messages), &n_segs, msg,
+                        sizeof(msg))
+        != 0)
+    {
+        kvg_api_error_set(err, 400, "invalid_value", "messages", "%s", msg);
+        return NGX_ERROR;
+    }
+
+    /* chatml and plain leave BOS to the vocabulary's policy */
+
+    if (!kvg_chat_template_has_bos(t) && info->add_bos && info->bos >= 0) {
+        id = info->bos;
+
+        if (ngx_http_kvgate_append_ids(ctx, &cap, &id, 1) != NGX_OK) {
+            kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+            return NGX_ERROR;
+        }
+    }
+
+    for (i = 0; i < n_segs; i++) {
+
+        switch (segs[i].kind) {
+
+        case KVG_SEG_BOS:
+        case KVG_SEG_EOS:
+            id = segs[i].kind == KVG_SEG_BOS ? info->bos : info->eos;
+
+            if (id >= 0) {
+                if (ngx_http_kvgate_append_ids(ctx, &cap, &id, 1) != NGX_OK) {
+                    kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+                    return NGX_ERROR;
+                }
+
+                break;
+            }
+
+            /* no such id in the vocabulary: its text, as special tokens */
+
+            /* fall through */
+
+        case KVG_SEG_TEMPLATE:
+            flags = KVG_ENC_PARSE_SPECIAL;
+
+            if (ngx_http_kvgate_encode(ctx, &cap, info->tokenizer,
+                                       segs[i].text, segs[i].len, flags, 0, 0,
+                                       err, "messages")
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+            break;
+
+        default:
+
+            /* message content can never become a special token */
+
+            if (ngx_http_kvgate_encode(ctx, &cap, info->tokenizer,
+                                       segs[i].text, segs[i].len, 0, 1,
+                                       normalize, err, "messages")
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+            break;
+        }
+    }
+
+    /* the template's end-of-turn tokens end the answer */
+
+    pieces = kvg_chat_template_stop_pieces(t, &n);
+
+    for (k = 0; k < n && ctx->n_stop_ids < KVG_PROTO_MAX_STOP_IDS; k++) {
+        id = kvg_tokenizer_find_piece(info->tokenizer, pieces[k],
+                                      ngx_strlen(pieces[k]));
+        if (id >= 0 && id != info->eos) {
+            ctx->stop_ids[ctx->n_stop_ids++] = id;
+        }
+    }
+
+    pieces = kvg_chat_template_stop_strings(t, &n);
+
+    for (k = 0; k < n && ctx->n_stop < KVG_PROTO_MAX_STOP; k++) {
+        ctx->stop[ctx->n_stop] = pieces[k];
+        ctx->stop_len[ctx->n_stop++] = ngx_strlen(pieces[k]);
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_loc_conf_t *klcf, kvg_api_error *err)
+{
+    ngx_str_t  t;
+
+    ngx_str_null(&t);
+
+    if (klcf->tenant != NULL
+        && ngx_http_complex_value(r, klcf->tenant, &t) != NGX_OK)
+    {
+        kvg_api_error_set(err, 500, NULL, NULL, "cannot evaluate kvgate_tenant");
+        return NGX_ERROR;
+    }
+
+    if (t.len == 0) {
+        if (klcf->tenant_required) {
+            kvg_api_error_set(err, 401, "missing_tenant", NULL,
+                              "This server requires a tenant: the request "
+                              "carries none (kvgate_tenant evaluated to an "
+                              "empty value)");
+            return NGX_ERROR;
+        }
+
+        t = klcf->default_tenant;
+    }
+
+    if (t.len > KVG_PROTO_MAX_SALT) {
+        kvg_api_error_set(err, 400, "invalid_tenant", NULL,
+                          "The tenant is longer than %d bytes",
+                          KVG_PROTO_MAX_SALT);
+        return NGX_ERROR;
+    }
+
+    if (ngx_strlchr(t.data, t.data + t.len, '\0') != NULL) {
+        kvg_api_error_set(err, 400, "invalid_tenant", NULL,
+                          "The tenant contains a NUL byte");
+        return NGX_ERROR;
+    }
+
+    ctx->tenant = t;
+
+    return NGX_OK;
+}
+
+
+/* The prompt's tokens from a parsed request (with the stop ids and strings
+   the request and the template imply). */
+
+static ngx_int_t
+ngx_http_kvgate_tokens(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
+    kvg_api_error *err)
+{
+    size_t              cap, i;
+    const kvg_request  *req = ctx->req;
+
+    cap = 0;
+
+    for (i = 0; i < req->n_stop; i++) {
+        if (req->stop_len[i] > KVG_PROTO_MAX_STOP_LEN) {
+            kvg_api_error_set(err, 400, "string_above_max_length", "stop",
+                              "Invalid 'stop': stop strings are at most %d "
+                              "bytes here, got %zu", KVG_PROTO_MAX_STOP_LEN,
+                              req->stop_len[i]);
+            return NGX_ERROR;
+        }
+
+        ctx->stop[ctx->n_stop] = req->stop[i];
+        ctx->stop_len[ctx->n_stop++] = req->stop_len[i];
+    }
+
+    if (req->endpoint == KVG_ENDPOINT_CHAT) {
+        return ngx_http_kvgate_chat_tokens(r, ctx, info,
+                                           (unsigned) klcf->normalize, err);
+    }
+
+    if (req->prompt_kind == KVG_PROMPT_TOKENS) {
+        for (i = 0; i < req->n_prompt_tokens; i++) {
+            if ((uint32_t) req->prompt_tokens[i] >= info->vocab_size) {
+                kvg_api_error_set(err, 400, "invalid_value", "prompt",
+                                  "Invalid 'prompt': token %d at position %zu "
+                                  "is outside the model's vocabulary of %u",
+                                  req->prompt_tokens[i], i, info->vocab_size);
+                return NGX_ERROR;
+            }
+        }
+
+        if (ngx_http_kvgate_append_ids(ctx, &cap, req->prompt_tokens,
+                                       req->n_prompt_tokens)
+            != NGX_OK)
+        {
+            kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+            return NGX_ERROR;
+        }
+
+        return NGX_OK;
+    }
+
+    return ngx_http_kvgate_encode(ctx, &cap, info->tokenizer, req->prompt,
+                                  req->prompt_len,
+                                  info->add_bos ? KVG_ENC_BOS : 0, 1,
+                                  (unsigned) klcf->normalize, err, "prompt");
+}
+
+
+/* Bucket, block hashes and the route key. */
+
+static ngx_int_t
+ngx_http_kvgate_hash(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
+    kvg_api_error *err)
+{
+    char         msg[256];
+    size_t       nb, depth;
+    uint8_t      root[KVG_PREFIX_HASH_LEN];
+    char         hex[2 * KVG_PREFIX_HASH_LEN + 1];
+    kvg_client  *c;
+
+    c = ngx_http_kvgate_engine_client();
+
+    ctx->bucket = kvg_bucket_index(&klcf->buckets, ctx->n_tokens);
+    ctx->bypass = ctx->bucket == 0;
+
+    nb = ctx->n_tokens / info->block_tokens;
+    ctx->n_hashes = 0;
+
+    if (nb) {
+        ctx->hashes = ngx_palloc(r->pool, nb * KVG_PREFIX_HASH_LEN);
+        if (ctx->hashes == NULL) {
+            kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+            return NGX_ERROR;
+        }
+
+        if (kvg_client_hash_prompt(c, (char *) ctx->tenant.data,
+                                   ctx->tenant.len, ctx->tokens,
+                                   ctx->n_tokens, ctx->hashes, nb,
+                                   &ctx->n_hashes, msg, sizeof(msg))
+            != 0)
+        {
+            kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);
+            return NGX_ERROR;
+        }
+    }
+
+    /*
+     * The route key: the chain hash after route_blocks blocks (fewer when the
+     * prompt is shorter), so prompts sharing their first blocks, under one
+     * tenant and model, land on the same node.
+     */
+
+    depth = ctx->n_hashes < (size_t) klcf->route_blocks
+            ? ctx->n_hashes : (size_t) klcf->route_blocks;
+
+    if (depth) {
+        kvg_prefix_hex(ctx->hashes[depth - 1], hex);
+
+    } else {
+        if (kvg_client_hash_root(c, (char *) ctx->tenant.data, ctx->tenant.len,
+                                 root, msg, sizeof(msg))
+            != 0)
+        {
+            kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);
+            return NGX_ERROR;
+        }
+
+        kvg_prefix_hex(root, hex);
+    }
+
+    ngx_memcpy(ctx->route_key, hex, sizeof(ctx->route_key));
+    ctx->route_key_set = 1;
+
+    return NGX_OK;
+}
+
+
+/* Parse the body and the tenant, tokenize, hash. */
+
+static ngx_int_t
+ngx_http_kvgate_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
+    kvg_api_error *err)
+{
+    ngx_str_t     body;
+    kvg_endpoint  ep;
+
+    if (ngx_http_kvgate_body_bytes(r, &body) != NGX_OK) {
+        kvg_api_error_set(err, 500, NULL, NULL, "cannot read the request body");
+        return NGX_ERROR;
+    }
+
+    ep = ctx->endpoint == NGX_HTTP_KVGATE_EP_CHAT ? KVG_ENDPOINT_CHAT
+                                                  : KVG_ENDPOINT_COMPLETIONS;
+
+    ctx->req = kvg_request_parse(ep, (char *) body.data, body.len, err);
+    if (ctx->req == NULL) {
+        return NGX_ERROR;
+    }
+
+    /* the model first: no tokenizing for a request this server cannot serve */
+
+    if (ctx->req->model_len != ngx_strlen(info->model_name)
+        || ngx_strncmp(ctx->req->model, info->model_name, ctx->req->model_len)
+           != 0)
+    {
+        kvg_api_error_set(err, 404, "model_not_found", "model",
+                          "The model `%s` does not exist or you do not have "
+                          "access to it. This server serves `%s`.",
+                          ctx->req->model, info->model_name);
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_kvgate_tenant(r, ctx, klcf, err) != NGX_OK
+        || ngx_http_kvgate_tokens(r, ctx, klcf, info, err) != NGX_OK
+        || ngx_http_kvgate_hash(r, ctx, klcf, info, err) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    kvg_api_error *err)
+{
+    uint32_t                     room;
+    ngx_uint_t                   j;
+    const char                  *param;
+    const kvg_request           *req;
+    const kvg_engine_info       *info;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    info = ngx_http_kvgate_engine_info();
+    if (info == NULL) {
+        kvg_api_error_set(err, 503, "engine_unavailable", NULL,
+                          "kvgate: the engine is not available (%s)",
+                          ngx_http_kvgate_engine_down_reason());
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_kvgate_parse(r, ctx, klcf, info, err) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    req = ctx->req;
+    param = req->endpoint == KVG_ENDPOINT_CHAT ? "messages" : "prompt";
+
+    if (req->n > klcf->max_n || (uint32_t) req->n > info->max_n) {
+        kvg_api_error_set(err, 400, "integer_above_max_value", "n",
+                          "Invalid 'n': %d is greater than the maximum of %ld "
+                          "on this server.", req->n,
+                          (long) (klcf->max_n < (ngx_int_t) info->max_n
+                                  ? klcf->max_n : (ngx_int_t) info->max_n));
+        return NGX_ERROR;
+    }
+
+    if (req->top_logprobs > 0) {
+        kvg_api_error_set(err, 400, "unsupported_parameter",
+                          req->endpoint == KVG_ENDPOINT_CHAT ? "top_logprobs"
+                                                             : "logprobs",
+                          "Alternatives per token are not supported here; "
+                          "ask for the chosen tokens' logprobs only (%s).",
+                          req->endpoint == KVG_ENDPOINT_CHAT
+                          ? "logprobs: true, top_logprobs: 0" : "logprobs: 0");
+        return NGX_ERROR;
+    }
+
+    if (ctx->n_tokens == 0) {
+        kvg_api_error_set(err, 400, "invalid_value", param,
+                          "The prompt is empty after tokenization.");
+        return NGX_ERROR;
+    }
+
+    if (ctx->n_tokens >= info->context_length) {
+        kvg_api_error_set(err, 400, "context_length_exceeded", param,
+                          "This model's maximum context length is %u tokens. "
+                          "However, your prompt resulted in %zu tokens, which "
+                          "leaves no room for a completion.",
+                          info->context_length, ctx->n_tokens);
+        return NGX_ERROR;
+    }
+
+    room = info->context_length - (uint32_t) ctx->n_tokens;
+
+    if (req->has_max_tokens) {
+        if (klcf->max_tokens && req->max_tokens > klcf->max_tokens) {
+            kvg_api_error_set(err, 400, "integer_above_max_value",
+                              "max_tokens",
+                              "Invalid 'max_tokens': %d is greater than the "
+                              "maximum of %ld on this server.",
+                              req->max_tokens, (long) klcf->max_tokens);
+            return NGX_ERROR;
+        }
+
+        if ((uint32_t) req->max_tokens > room) {
+            kvg_api_error_set(err, 400, "context_length_exceeded",
+                              "max_tokens",
+                              "This model's maximum context length is %u "
+                              "tokens. However, you requested %zu tokens (%zu "
+                              "in the prompt, %d in the completion).",
+                              info->context_length,
+                              ctx->n_tokens + (size_t) req->max_tokens,
+                              ctx->n_tokens, req->max_tokens);
+            return NGX_ERROR;
+        }
+
+        ctx->max_tokens = (uint32_t) req->max_tokens;
+
+    } else {
+        ctx->max_tokens = room;
+
+        if (klcf->max_tokens && (uint32_t) klcf->max_tokens < room) {
+            ctx->max_tokens = (uint32_t) klcf->max_tokens;
+        }
+    }
+
+    ctx->n_choices = (ngx_uint_t) req->n;
+    ctx->choices = ngx_pcalloc(r->pool, ctx->n_choices
+                                        * sizeof(ngx_http_kvgate_choice_t));
+    if (ctx->choices == NULL) {
+        kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+        return NGX_ERROR;
+    }
+
+    for (j = 0; j < ctx->n_choices; j++) {
+        ctx->choices[j].finish_reason = KVG_MSG_FINISH_STOP;
+    }
+
+    ctx->created = ngx_time();
+    ctx->id_len = ngx_sprintf(ctx->id, "%s%08xD%08xD%08xD",
+                              req->endpoint == KVG_ENDPOINT_CHAT ? "chatcmpl-"
+                                                                 : "cmpl-",
+                              (uint32_t) ngx_random(), (uint32_t) ngx_random(),
+                              (uint32_t) ngx_random())
+                  - ctx->id;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
+{
+    kvg_client_req               q;
+    const kvg_request           *req = ctx->req;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    klcf = ngx_http_get_module_loc_conf(ctx->request, ngx_http_kvgate_module);
+
+    ngx_memzero(&q, sizeof(kvg_client_req));
+
+    q.tenant = (char *) ctx->tenant.data;
+    q.tenant_len = ctx->tenant.len;
+    q.tokens = ctx->tokens;
+    q.n_tokens = ctx->n_tokens;
+    q.hashes = (const uint8_t (*)[KVG_PREFIX_HASH_LEN]) ctx->hashes;
+    q.n_hashes = ctx->n_hashes;
+    q.bypass = (int) ctx->bypass;
+    q.bucket = (unsigned) ctx->bucket;
+    q.temperature = (float) req->temperature;
+    q.top_p = (float) req->top_p;
+    q.top_k = req->top_k > 0 ? (unsigned) req->top_k : 0;
+
+    /* without a seed every request draws its own (as OpenAI does) */
+
+    q.seed = req->has_seed ? (uint64_t) req->seed
+                           : ((uint64_t) ngx_random() << 32) ^ ngx_random();
+    q.n = (unsigned) req->n;
+    q.max_tokens = ctx->max_tokens;
+    q.stop_ids = ctx->stop_ids;
+    q.n_stop_ids = ctx->n_stop_ids;
+    q.stop = ctx->stop;
+    q.stop_len = ctx->stop_len;
+    q.n_stop = ctx->n_stop;
+    q.cache_ttl_ms = (uint32_t) klcf->cache_ttl;
+
+    /* the engine gives up a little after the gateway does */
+
+    q.deadline_ms = (uint32_t) (klcf->timeout + 1000);
+    q.logprobs = req->has_logprobs;
+
+    return ngx_http_kvgate_engine_submit(ctx, &q, err);
+}
+
+
+void
+ngx_http_kvgate_resubmit(ngx_http_kvgate_ctx_t *ctx)
+{
+    kvg_api_error  err;
+
+    if (ngx_http_kvgate_submit(ctx, &err) == NGX_ERROR) {
+        ngx_http_kvgate_fail(ctx, &err);
+    }
+}
+
+
+/* ---- answering ---- */
+
+static void
+ngx_http_kvgate_finish(ngx_http_kvgate_ctx_t *ctx, ngx_int_t rc)
+{
+    ngx_connection_t    *c;
+    ngx_http_request_t  *r;
+
+    r = ctx->request;
+    c = r->connection;
+
+    ctx->done = 1;
+
+    if (ctx->deadline.timer_set) {
+        ngx_del_timer(&ctx->deadline);
+    }
+
+    ngx_http_finalize_request(r, rc);
+    ngx_http_run_posted_requests(c);
+}
+
+
+/* Answers with an error: a JSON error response, or, when the stream has
+   begun, an error event that ends it. */
+
+static void
+ngx_http_kvgate_fail(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
+{
+    ngx_int_t            rc;
+    ngx_http_request_t  *r = ctx->request;
+
+    ngx_http_kvgate_engine_cancel(ctx);
+
+    if (ctx->done) {
+        return;
+    }
+
+    if (ctx->header_sent) {
+        rc = ngx_http_kvgate_stream_end(r, ctx, err);
+
+    } else {
+        ctx->status = err->status;
+        rc = ngx_http_kvgate_send_api_error(r, err,
+                 ngx_http_kvgate_retry_after(err->status));
+    }
+
+    ngx_http_kvgate_finish(ctx, rc);
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_add_text(ngx_http_request_t *r, ngx_http_kvgate_choice_t *ch,
+    const kvg_client_event *ev)
+{
+    size_t     nc;
+    u_char    *p;
+    uint32_t  *ids;
+    float     *lps;
+
+    if (ch->len + ev->text_len > ch->cap) {
+        nc = ch->cap ? ch->cap * 2 : 256;
+
+        while (nc < ch->len + ev->text_len) {
+            nc *= 2;
+        }
+
+        p = ngx_pnalloc(r->pool, nc);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        if (ch->len) {
+            ngx_memcpy(p, ch->text, ch->len);
+        }
+
+        ch->text = p;
+        ch->cap = nc;
+    }
+
+    if (ev->text_len) {
+        ngx_memcpy(ch->text + ch->len, ev->text, ev->text_len);
+        ch->len += ev->text_len;
+    }
+
+    if (ev->logprobs == NULL || ev->n_tokens == 0) {
+        return NGX_OK;
+    }
+
+    if (ch->n_ids + ev->n_tokens > ch->ids_cap) {
+        nc = ch->ids_cap ? ch->ids_cap * 2 : 64;
+
+        while (nc < ch->n_ids + ev->n_tokens) {
+            nc *= 2;
+        }
+
+        ids = ngx_palloc(r->pool, nc * sizeof(uint32_t));
+        lps = ngx_palloc(r->pool, nc * sizeof(float));
+        if (ids == NULL || lps == NULL) {
+            return NGX_ERROR;
+        }
+
+        if (ch->n_ids) {
+            ngx_memcpy(ids, ch->ids, ch->n_ids * sizeof(uint32_t));
+            ngx_memcpy(lps, ch->lps, ch->n_ids * sizeof(float));
+        }
+
+        ch->ids = ids;
+        ch->lps = lps;
+        ch->ids_cap = nc;
+    }
+
+    ngx_memcpy(ch->ids + ch->n_ids, ev->tokens, ev->n_tokens * sizeof(uint32_t));
+    ngx_memcpy(ch->lps + ch->n_ids, ev->logprobs, ev->n_tokens * sizeof(float));
+    ch->n_ids += ev->n_tokens;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_kvgate_on_event(ngx_http_kvgate_ctx_t *ctx,
+    const kvg_client_event *ev)
+{
+    ngx_int_t                    rc;
+    struct timeval               tv;
+    kvg_api_error                err;
+    ngx_http_request_t          *r;
+    const kvg_engine_info       *info;
+    ngx_http_kvgate_choice_t    *ch;
+
+    r = ctx->request;
+
+    if (ctx->done) {
+        return;
+    }
+
+    switch (ev->kind) {
+
+    case KVG_CEV_ACCEPTED:
+        info = ngx_http_kvgate_engine_info();
+        ctx->prompt_tokens = ev->prompt_tokens;
+        ctx->cached_tokens = ev->cached_tokens;
+        ctx->cache_status = kvg_cache_status((int) ctx->bypass,
+                                             ev->prompt_tokens,
+                                             ev->cached_tokens,
+                                             info ? info->block_tokens : 16);
+
+        if (ctx->req->stream) {
+            ctx->status = NGX_HTTP_OK;
+            rc = ngx_http_kvgate_stream_start(r, ctx);
+
+            if (rc == NGX_ERROR || rc > NGX_OK) {
+                ngx_http_kvgate_engine_cancel(ctx);
+                ngx_http_kvgate_finish(ctx, rc);
+            }
+        }
+
+        return;
+
+    case KVG_CEV_TOKENS:
+        if (ctx->ttft_us < 0) {
+            ngx_gettimeofday(&tv);
+            ctx->ttft_us = (ngx_int_t) ((tv.tv_sec - ctx->start_tv.tv_sec)
+                                        * 1000000
+                                        + (tv.tv_usec - ctx->start_tv.tv_usec));
+        }
+
+        if (ev->sample >= ctx->n_choices) {
+            return;
+        }
+
+        if (ctx->req->stream) {
+            rc = ngx_http_kvgate_stream_tokens(r, ctx, ev);
+
+        } else {
+            rc = ngx_http_kvgate_add_text(r, &ctx->choices[ev->sample], ev);
+        }
+
+        if (rc == NGX_ERROR) {
+            ngx_http_kvgate_engine_cancel(ctx);
+            ngx_http_kvgate_finish(ctx, NGX_ERROR);
+        }
+
+        return;
+
+    case KVG_CEV_FINISHED:
+        if (ev->sample >= ctx->n_choices) {
+            return;
+        }
+
+        ch = &ctx->choices[ev->sample];
+        ch->finished = 1;
+        ch->finish_reason = ev->finish_reason;
+
+        if (ev->finish_reason == KVG_MSG_FINISH_DEADLINE) {
+            kvg_api_error_set(&err, 504, "timeout", NULL,
+                              "The engine did not finish the request in time");
+            ngx_http_kvgate_fail(ctx, &err);
+            return;
+        }
+
+        if (ctx->req->stream) {
+            rc = ngx_http_kvgate_stream_finished(r, ctx, ev->sample);
+
+            if (rc == NGX_ERROR) {
+                ngx_http_kvgate_engine_cancel(ctx);
+                ngx_http_kvgate_finish(ctx, NGX_ERROR);
+            }
+        }
+
+        return;
+
+    case KVG_CEV_DONE:
+        ctx->submitted = 0;
+        ctx->usage_set = 1;
+        ctx->prompt_tokens = ev->prompt_tokens;
+        ctx->cached_tokens = ev->cached_tokens;
+        ctx->completion_tokens = ev->completion_tokens;
+
+        if (ctx->cache_status == NULL) {
+            info = ngx_http_kvgate_engine_info();
+            ctx->cache_status = kvg_cache_status((int) ctx->bypass,
+                                                 ev->prompt_tokens,
+                                                 ev->cached_tokens,
+                                                 info ? info->block_tokens
+                                                      : 16);
+        }
+
+        if (ctx->req->stream) {
+            if (!ctx->header_sent) {
+                ctx->status = NGX_HTTP_OK;
+                rc = ngx_http_kvgate_stream_start(r, ctx);
+
+                if (rc == NGX_ERROR || rc > NGX_OK) {
+                    ngx_http_kvgate_finish(ctx, rc);
+                    return;
+                }
+            }
+
+            rc = ngx_http_kvgate_stream_end(r, ctx, NULL);
+
+        } else {
+            ctx->status = NGX_HTTP_OK;
+            rc = ngx_http_kvgate_send_complete(r, ctx);
+        }
+
+        ngx_http_kvgate_finish(ctx, rc);
+        return;
+
+    case KVG_CEV_ERROR:
+        ctx->submitted = 0;
+
+        kvg_api_error_set(&err, ev->status,
+                          ev->status == 429 ? "rate_limit_exceeded"
+                          : ev->status == 503 ? "engine_unavailable"
+                          : ev->status >= 500 ? "engine_error"
+                          : "invalid_request",
+                          NULL, "%s", ev->message);
+
+        ngx_http_kvgate_fail(ctx, &err);
+        return;
+
+    default:
+        return;
+    }
+}
+
+
+/* ---- while parked ---- */
+
+static void
+ngx_http_kvgate_deadline(ngx_event_t *ev)
+{
+    kvg_api_error                err;
+    ngx_http_kvgate_ctx_t       *ctx = ev->data;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    klcf = ngx_http_get_module_loc_conf(ctx->request, ngx_http_kvgate_module);
+
+    ngx_log_error(NGX_LOG_WARN, ev->log, 0,
+                  "kvgate: request timed out after %M ms (kvgate_timeout)",
+                  klcf->timeout);
+
+    kvg_api_error_set(&err, 504, "timeout", NULL,
+                      "The request did not complete within %lu ms "
+                      "(kvgate_timeout)", (unsigned long) klcf->timeout);
+
+    ngx_http_kvgate_fail(ctx, &err);
+}
+
+
+static void
+ngx_http_kvgate_abort(ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_http_kvgate_engine_cancel(ctx);
+
+    if (ctx->done) {
+        return;
+    }
+
+    ctx->status = NGX_HTTP_CLIENT_CLOSED_REQUEST;
+    ngx_http_kvgate_finish(ctx, NGX_HTTP_CLIENT_CLOSED_REQUEST);
+}
+
+
+/*
+ * The client's connection while the request is parked: an EOF means the
+ * client left, and the engine must stop working for it. Modelled on
+ * ngx_http_upstream_check_broken_connection().
+ */
+
+static void
+ngx_http_kvgate_check_broken(ngx_http_request_t *r)
+{
+    int                     n;
+    char                    buf[1];
+    ngx_err_t               err;
+    ngx_event_t            *ev;
+    ngx_connection_t       *c;
+    ngx_http_kvgate_ctx_t  *ctx;
+
+    c = r->connection;
+    ev = c->read;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+
+    if (c->error) {
+        ngx_http_kvgate_abort(ctx);
+        return;
+    }
+
+#if (NGX_HTTP_V2)
+    if (r->stream) {
+        return;
+    }
+#endif
+
+#if (NGX_HAVE_EPOLLRDHUP)
+
+    if ((ngx_event_flags & NGX_USE_EPOLL_EVENT) && ngx_use_epoll_rdhup) {
+        socklen_t  len;
+
+        if (!ev->pending_eof) {
+            return;
+        }
+
+        ev->eof = 1;
+        c->error = 1;
+
+        err = 0;
+        len = sizeof(ngx_err_t);
+
+        (void) getsockopt(c->fd, SOL_SOCKET, SO_ERROR, (void *) &err, &len);
+
+        ngx_log_error(NGX_LOG_INFO, ev->log, err,
+                      "kvgate: client prematurely closed connection, "
+                      "cancelling its request");
+
+        ngx_http_kvgate_abort(ctx);
+        return;
+    }
+
+#endif
+
+    n = recv(c->fd, buf, 1, MSG_PEEK);
+
+    err = ngx_socket_errno;
+
+    if (ev->write) {
+        return;
+    }
+
+    if (n > 0) {
+        /* a pipelined request: not an EOF */
+        return;
+    }
+
+    if (n == -1) {
+        if (err == NGX_EAGAIN) {
+            return;
+        }
+
+        ev->error = 1;
+
+    } else {
+        err = 0;
+    }
+
+    ev->eof = 1;
+    c->error = 1;
+
+    ngx_log_error(NGX_LOG_INFO, ev->log, err,
+                  "kvgate: client prematurely closed connection, "
+                  "cancelling its request");
+
+    ngx_http_kvgate_abort(ctx);
+}
+
+
+/* Flushes streamed output the client could not take at once. */
+
+static void
+ngx_http_kvgate_writer(ngx_http_request_t *r)
+{
+    ngx_int_t                  rc;
+    ngx_event_t               *wev;
+    ngx_connection_t          *c;
+    ngx_http_kvgate_ctx_t     *ctx;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    c = r->connection;
+    wev = c->write;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (wev->timedout) {
+        ngx_log_error(NGX_LOG_INFO, c->log, NGX_ETIMEDOUT,
+                      "kvgate: client timed out reading the stream");
+        c->timedout = 1;
+        ngx_http_kvgate_abort(ctx);
+        return;
+    }
+
+    if (!ctx->header_sent) {
+        return;
+    }
+
+    rc = ngx_http_output_filter(r, NULL);
+
+    if (rc == NGX_ERROR) {
+        ngx_http_kvgate_abort(ctx);
+        return;
+    }
+
+    if (r->buffered || r->postponed || c->buffered) {
+        if (!wev->delayed) {
+            ngx_add_timer(wev, clcf->send_timeout);
+        }
+
+        if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
+            ngx_http_kvgate_abort(ctx);
+        }
+
+        return;
+    }
+
+    if (wev->timer_set) {
+        ngx_del_timer(wev);
+    }
+}
+
+
+/* ---- the route key for a front tier ---- */
+
+ngx_int_t
+ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx)
+{
+    kvg_api_error                err;
+    ngx_pool_cleanup_t          *cln;
+    const kvg_engine_info       *info;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    info = ngx_http_kvgate_engine_info();
+    if (info == NULL) {
+        return NGX_DECLINED;
+    }
+
+    if (ctx->endpoint != NGX_HTTP_KVGATE_EP_CHAT
+        && ctx->endpoint != NGX_HTTP_KVGATE_EP_COMPLETIONS)
+    {
+        return NGX_DECLINED;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    cln->handler = ngx_http_kvgate_cleanup;
+    cln->data = ctx;
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    if (ngx_http_kvgate_parse(r, ctx, klcf, info, &err) != NGX_OK) {
+        ctx->route_key_set = 0;
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}

@@ -1,0 +1,766 @@
+
+/*
+ * The OpenAI response shapes: text_completion and chat.completion objects,
+ * their streamed chunks as server-sent events ("data: {...}\n\n", then
+ * "data: [DONE]\n\n"), and the model list. Text goes straight from the
+ * engine's events into the output buffers, escaped by libkvgate
+ * (kvg_json_escape), so nothing is parsed or rebuilt per token.
+ */
+
+
+#include "ngx_http_kvgate_module.h"
+
+#include <math.h>
+
+#include "json_out.h"
+#include "tokenizer.h"
+
+
+/* A growing output buffer in the request pool. */
+
+typedef struct {
+    ngx_pool_t  *pool;
+    u_char      *start;
+    u_char      *pos;
+    u_char      *end;
+    ngx_uint_t   failed;
+} ngx_http_kvgate_out_t;
+
+
+static void
+ngx_kv_init(ngx_http_kvgate_out_t *o, ngx_pool_t *pool, size_t size)
+{
+    o->pool = pool;
+    o->start = ngx_pnalloc(pool, size);
+    o->pos = o->start;
+    o->end = o->start ? o->start + size : NULL;
+    o->failed = o->start == NULL;
+}
+
+
+static ngx_int_t
+ngx_kv_reserve(ngx_http_kvgate_out_t *o, size_t n)
+{
+    size_t   used, cap;
+    u_char  *p;
+
+    if (o->failed) {
+        return NGX_ERROR;
+    }
+
+    if ((size_t) (o->end - o->pos) >= n) {
+        return NGX_OK;
+    }
+
+    used = o->pos - o->start;
+    cap = (o->end - o->start) * 2;
+
+    while (cap < used + n) {
+        cap *= 2;
+    }
+
+    p = ngx_pnalloc(o->pool, cap);
+    if (p == NULL) {
+        o->failed = 1;
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(p, o->start, used);
+    o->start = p;
+    o->pos = p + used;
+    o->end = p + cap;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_kv_mem(ngx_http_kvgate_out_t *o, const void *s, size_t n)
+{
+    if (ngx_kv_reserve(o, n) == NGX_OK) {
+        o->pos = ngx_cpymem(o->pos, s, n);
+    }
+}
+
+
+#define ngx_kv_lit(o, s)  ngx_kv_mem(o, s, sizeof(s) - 1)
+
+
+static void
+ngx_kv_cstr(ngx_http_kvgate_out_t *o, const char *s)
+{
+    ngx_kv_mem(o, s, ngx_strlen(s));
+}
+
+
+/* A JSON string: quotes and the escaped bytes. */
+
+static void
+ngx_kv_json(ngx_http_kvgate_out_t *o, const void *s, size_t n)
+{
+    if (ngx_kv_reserve(o, 6 * n + 2) != NGX_OK) {
+        return;
+    }
+
+    *o->pos++ = '"';
+    o->pos += kvg_json_escape((char *) o->pos, s, n);
+    *o->pos++ = '"';
+}
+
+
+static void
+ngx_kv_uint(ngx_http_kvgate_out_t *o, uint64_t v)
+{
+    if (ngx_kv_reserve(o, NGX_INT64_LEN) == NGX_OK) {
+        o->pos = ngx_sprintf(o->pos, "%uL", v);
+    }
+}
+
+
+static void
+ngx_kv_float(ngx_http_kvgate_out_t *o, float v)
+{
+    double  d = v;
+
+    /* JSON has no infinities; a probability of 0 reads as a huge cost */
+
+    if (!isfinite(d)) {
+        d = -9999.0;
+    }
+
+    if (ngx_kv_reserve(o, 48) != NGX_OK) {
+        return;
+    }
+
+    if (d < 0) {
+        *o->pos++ = '-';
+        d = -d;
+    }
+
+    o->pos = ngx_sprintf(o->pos, "%.6f", d);
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_add_header(ngx_http_request_t *r, const char *key,
+    const char *value)
+{
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+    h->key.data = (u_char *) key;
+    h->key.len = ngx_strlen(key);
+    h->value.data = (u_char *) value;
+    h->value.len = ngx_strlen(value);
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    if (ctx->cache_status
+        && ngx_http_kvgate_add_header(r, "X-KVGate-Cache", ctx->cache_status)
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    if (ctx->bucket != NGX_HTTP_KVGATE_BUCKET_NONE
+        && ngx_http_kvgate_add_header(r, "X-KVGate-Bucket",
+               kvg_bucket_label(&klcf->buckets, ctx->bucket))
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_output(ngx_http_request_t *r, ngx_http_kvgate_out_t *o,
+    ngx_uint_t last)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t   out;
+
+    if (o->failed) {
+        return NGX_ERROR;
+    }
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    b->pos = o->start;
+    b->last = o->pos;
+    b->memory = 1;
+    b->flush = 1;
+    b->last_buf = last && r == r->main;
+    b->last_in_chain = last;
+
+    if (b->pos == b->last && !last) {
+        return NGX_OK;
+    }
+
+    if (b->pos == b->last) {
+        b->memory = 0;
+        b->sync = 1;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}
+
+
+/* ---- pieces ---- */
+
+static const char *
+ngx_http_kvgate_finish_name(uint32_t reason)
+{
+    return reason == KVG_MSG_FINISH_LENGTH ? "length" : "stop";
+}
+
+
+static void
+ngx_http_kvgate_fingerprint(ngx_http_kvgate_out_t *o)
+{
+    const kvg_engine_info  *info = ngx_http_kvgate_engine_info();
+
+    ngx_kv_lit(o, ",\"system_fingerprint\":");
+
+    if (info == NULL) {
+        ngx_kv_lit(o, "null");
+        return;
+    }
+
+    /* the model identity: a change of weights or tokenizer changes it */
+
+    ngx_kv_lit(o, "\"fp_");
+    ngx_kv_mem(o, info->model_id_hex, 12);
+    ngx_kv_lit(o, "\"");
+}
+
+
+static void
+ngx_http_kvgate_object_head(ngx_http_kvgate_out_t *o,
+    ngx_http_kvgate_ctx_t *ctx, const char *object)
+{
+    ngx_kv_lit(o, "{\"id\":");
+    ngx_kv_json(o, ctx->id, ctx->id_len);
+    ngx_kv_lit(o, ",\"object\":\"");
+    ngx_kv_cstr(o, object);
+    ngx_kv_lit(o, "\",\"created\":");
+    ngx_kv_uint(o, (uint64_t) ctx->created);
+    ngx_kv_lit(o, ",\"model\":");
+    ngx_kv_json(o, ctx->req->model, ctx->req->model_len);
+    ngx_http_kvgate_fingerprint(o);
+    ngx_kv_lit(o, ",\"choices\":[");
+}
+
+
+static void
+ngx_http_kvgate_usage(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_kv_lit(o, "\"usage\":{\"prompt_tokens\":");
+    ngx_kv_uint(o, ctx->prompt_tokens);
+    ngx_kv_lit(o, ",\"completion_tokens\":");
+    ngx_kv_uint(o, ctx->completion_tokens);
+    ngx_kv_lit(o, ",\"total_tokens\":");
+    ngx_kv_uint(o, (uint64_t) ctx->prompt_tokens + ctx->completion_tokens);
+    ngx_kv_lit(o, ",\"prompt_tokens_details\":{\"cached_tokens\":");
+    ngx_kv_uint(o, ctx->cached_tokens);
+    ngx_kv_lit(o, "}}");
+}
+
+
+/* The logprobs object of a choice for tokens ids[0..n). */
+
+static void
+ngx_http_kvgate_logprobs(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx,
+    const uint32_t *ids, const float *lps, size_t n, size_t *text_offset)
+{
+    size_t                  i, len, k;
+    const u_char           *bytes;
+    const kvg_engine_info  *info = ngx_http_kvgate_engine_info();
+
+    if (!ctx->req->has_logprobs || info == NULL) {
+        ngx_kv_lit(o, "null");
+        return;
+    }
+
+    if (ctx->req->endpoint == KVG_ENDPOINT_CHAT) {
+        ngx_kv_lit(o, "{\"content\":[");
+
+        for (i = 0; i < n; i++) {
+            bytes = kvg_tokenizer_token_bytes(info->tokenizer, (int32_t) ids[i],
+                                              &len);
+            if (bytes == NULL) {
+                len = 0;
+            }
+
+            if (i) {
+                ngx_kv_lit(o, ",");
+            }
+
+            ngx_kv_lit(o, "{\"token\":");
+            ngx_kv_json(o, bytes, len);
+            ngx_kv_lit(o, ",\"logprob\":");
+            ngx_kv_float(o, lps[i]);
+            ngx_kv_lit(o, ",\"bytes\":[");
+
+            for (k = 0; k < len; k++) {
+                if (k) {
+                    ngx_kv_lit(o, ",");
+                }
+
+                ngx_kv_uint(o, bytes[k]);
+            }
+
+            ngx_kv_lit(o, "],\"top_logprobs\":[]}");
+        }
+
+        ngx_kv_lit(o, "]}");
+        return;
+    }
+
+    ngx_kv_lit(o, "{\"tokens\":[");
+
+    for (i = 0; i < n; i++) {
+        bytes = kvg_tokenizer_token_bytes(info->tokenizer, (int32_t) ids[i],
+                                          &len);
+        if (i) {
+            ngx_kv_lit(o, ",");
+        }
+
+        ngx_kv_json(o, bytes ? bytes : (u_char *) "", bytes ? len : 0);
+    }
+
+    ngx_kv_lit(o, "],\"token_logprobs\":[");
+
+    for (i = 0; i < n; i++) {
+        if (i) {
+            ngx_kv_lit(o, ",");
+        }
+
+        ngx_kv_float(o, lps[i]);
+    }
+
+    ngx_kv_lit(o, "],\"top_logprobs\":null,\"text_offset\":[");
+
+    for (i = 0; i < n; i++) {
+        if (i) {
+            ngx_kv_lit(o, ",");
+        }
+
+        ngx_kv_uint(o, *text_offset);
+        bytes = kvg_tokenizer_token_bytes(info->tokenizer, (int32_t) ids[i],
+                                          &len);
+        *text_offset += bytes ? len : 0;
+    }
+
+    ngx_kv_lit(o, "]}");
+}
+
+
+/* ---- non-streaming ---- */
+
+ngx_int_t
+ngx_http_kvgate_send_complete(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx)
+{
+    size_t                     size, off;
+    ngx_int_t                  rc;
+    ngx_uint_t                 j, chat;
+    ngx_http_kvgate_out_t      o;
+    ngx_http_kvgate_choice_t  *ch;
+
+    chat = ctx->req->endpoint == KVG_ENDPOINT_CHAT;
+
+    size = 1024;
+
+    for (j = 0; j < ctx->n_choices; j++) {
+        size += kvg_json_escape_len((char *) ctx->choices[j].text,
+                                    ctx->choices[j].len)
+                + 256 + ctx->choices[j].n_ids * 96;
+    }
+
+    ngx_kv_init(&o, r->pool, size);
+
+    ngx_http_kvgate_object_head(&o, ctx, chat ? "chat.completion"
+                                              : "text_completion");
+
+    for (j = 0; j < ctx->n_choices; j++) {
+        ch = &ctx->choices[j];
+        off = 0;
+
+        if (j) {
+            ngx_kv_lit(&o, ",");
+        }
+
+        ngx_kv_lit(&o, "{\"index\":");
+        ngx_kv_uint(&o, j);
+
+        if (chat) {
+            ngx_kv_lit(&o, ",\"message\":{\"role\":\"assistant\",\"content\":");
+            ngx_kv_json(&o, ch->text, ch->len);
+            ngx_kv_lit(&o, "}");
+
+        } else {
+            ngx_kv_lit(&o, ",\"text\":");
+            ngx_kv_json(&o, ch->text, ch->len);
+        }
+
+        ngx_kv_lit(&o, ",\"logprobs\":");
+        ngx_http_kvgate_logprobs(&o, ctx, ch->ids, ch->lps, ch->n_ids, &off);
+        ngx_kv_lit(&o, ",\"finish_reason\":\"");
+        ngx_kv_cstr(&o, ngx_http_kvgate_finish_name(ch->finish_reason));
+        ngx_kv_lit(&o, "\"}");
+    }
+
+    ngx_kv_lit(&o, "],");
+    ngx_http_kvgate_usage(&o, ctx);
+    ngx_kv_lit(&o, "}\n");
+
+    if (o.failed) {
+        return NGX_ERROR;
+    }
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = o.pos - o.start;
+    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    if (ngx_http_kvgate_add_cache_headers(r, ctx) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ctx->header_sent = 1;
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    return ngx_http_kvgate_output(r, &o, 1);
+}
+
+
+/* ---- streaming ---- */
+
+static void
+ngx_http_kvgate_chunk_head(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_kv_lit(o, "data: ");
+    ngx_http_kvgate_object_head(o, ctx,
+        ctx->req->endpoint == KVG_ENDPOINT_CHAT ? "chat.completion.chunk"
+                                                : "text_completion");
+}
+
+
+static void
+ngx_http_kvgate_chunk_tail(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_kv_lit(o, "]");
+
+    if (ctx->req->include_usage) {
+        ngx_kv_lit(o, ",\"usage\":null");
+    }
+
+    ngx_kv_lit(o, "}\n\n");
+}
+
+
+ngx_int_t
+ngx_http_kvgate_stream_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_int_t              rc;
+    ngx_uint_t             j;
+    ngx_http_kvgate_out_t  o;
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = -1;
+    ngx_str_set(&r->headers_out.content_type, "text/event-stream");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    if (ngx_http_kvgate_add_header(r, "Cache-Control", "no-cache") != NGX_OK
+        || ngx_http_kvgate_add_header(r, "X-Accel-Buffering", "no") != NGX_OK
+        || ngx_http_kvgate_add_cache_headers(r, ctx) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    ctx->header_sent = 1;
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    if (ctx->req->endpoint != KVG_ENDPOINT_CHAT) {
+        return NGX_OK;
+    }
+
+    /* chat streams open every choice with the assistant's role */
+
+    ngx_kv_init(&o, r->pool, 256 + 96 * ctx->n_choices);
+    ngx_http_kvgate_chunk_head(&o, ctx);
+
+    for (j = 0; j < ctx->n_choices; j++) {
+        if (j) {
+            ngx_kv_lit(&o, ",");
+        }
+
+        ngx_kv_lit(&o, "{\"index\":");
+        ngx_kv_uint(&o, j);
+        ngx_kv_lit(&o, ",\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                       "\"logprobs\":null,\"finish_reason\":null}");
+    }
+
+    ngx_http_kvgate_chunk_tail(&o, ctx);
+
+    rc = ngx_http_kvgate_output(r, &o, 0);
+
+    return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_kvgate_stream_tokens(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, const kvg_client_event *ev)
+{
+    size_t                     off;
+    ngx_int_t                  rc;
+    ngx_http_kvgate_out_t      o;
+    ngx_http_kvgate_choice_t  *ch;
+
+    ch = &ctx->choices[ev->sample];
+
+    /* held-back text (a possible stop string) produces no chunk until it is
+       decided; logprobs still go out with their tokens */
+
+    if (ev->text_len == 0 && !(ctx->req->has_logprobs && ev->n_tokens)) {
+        return NGX_OK;
+    }
+
+    ngx_kv_init(&o, r->pool, 320 + 6 * ev->text_len + 96 * ev->n_tokens);
+    ngx_http_kvgate_chunk_head(&o, ctx);
+
+    ngx_kv_lit(&o, "{\"index\":");
+    ngx_kv_uint(&o, ev->sample);
+
+    if (ctx->req->endpoint == KVG_ENDPOINT_CHAT) {
+        ngx_kv_lit(&o, ",\"delta\":{\"content\":");
+        ngx_kv_json(&o, ev->text, ev->text_len);
+        ngx_kv_lit(&o, "}");
+
+    } else {
+        ngx_kv_lit(&o, ",\"text\":");
+        ngx_kv_json(&o, ev->text, ev->text_len);
+    }
+
+    ngx_kv_lit(&o, ",\"logprobs\":");
+    off = ch->text_offset;
+    ngx_http_kvgate_logprobs(&o, ctx, ev->tokens, ev->logprobs,
+                             ev->logprobs ? ev->n_tokens : 0, &off);
+    ch->text_offset = off;
+    ngx_kv_lit(&o, ",\"finish_reason\":null}");
+
+    ngx_http_kvgate_chunk_tail(&o, ctx);
+
+    rc = ngx_http_kvgate_output(r, &o, 0);
+
+    return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_kvgate_stream_finished(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_uint_t choice)
+{
+    ngx_int_t              rc;
+    ngx_http_kvgate_out_t  o;
+
+    ngx_kv_init(&o, r->pool, 384);
+    ngx_http_kvgate_chunk_head(&o, ctx);
+
+    ngx_kv_lit(&o, "{\"index\":");
+    ngx_kv_uint(&o, choice);
+
+    if (ctx->req->endpoint == KVG_ENDPOINT_CHAT) {
+        ngx_kv_lit(&o, ",\"delta\":{}");
+
+    } else {
+        ngx_kv_lit(&o, ",\"text\":\"\"");
+    }
+
+    ngx_kv_lit(&o, ",\"logprobs\":null,\"finish_reason\":\"");
+    ngx_kv_cstr(&o, ngx_http_kvgate_finish_name(
+                        ctx->choices[choice].finish_reason));
+    ngx_kv_lit(&o, "\"}");
+
+    ngx_http_kvgate_chunk_tail(&o, ctx);
+
+    rc = ngx_http_kvgate_output(r, &o, 0);
+
+    return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
+}
+
+
+/* The end of a stream: the usage chunk (when asked for) and [DONE]; or an
+   error event when the stream cannot complete. */
+
+ngx_int_t
+ngx_http_kvgate_stream_end(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    kvg_api_error *error)
+{
+    char                   json[KVG_API_ERROR_JSON_MAX];
+    size_t                 len;
+    ngx_http_kvgate_out_t  o;
+
+    ngx_kv_init(&o, r->pool, 512);
+
+    if (error) {
+        ctx->status = error->status;
+        len = kvg_api_error_render(error, json, sizeof(json));
+
+        ngx_kv_lit(&o, "data: ");
+        ngx_kv_mem(&o, json, len < sizeof(json) ? len : sizeof(json) - 1);
+        ngx_kv_lit(&o, "\n\n");
+
+        return ngx_http_kvgate_output(r, &o, 1);
+    }
+
+    if (ctx->req->include_usage) {
+        ngx_http_kvgate_chunk_head(&o, ctx);
+        ngx_kv_lit(&o, "],");
+        ngx_http_kvgate_usage(&o, ctx);
+        ngx_kv_lit(&o, "}\n\n");
+    }
+
+    ngx_kv_lit(&o, "data: [DONE]\n\n");
+
+    return ngx_http_kvgate_output(r, &o, 1);
+}
+
+
+/* ---- models ---- */
+
+ngx_int_t
+ngx_http_kvgate_send_models(ngx_http_request_t *r)
+{
+    ngx_int_t                rc;
+    kvg_stats                st;
+    ngx_str_t                id;
+    u_char                  *p;
+    uint64_t                 created;
+    ngx_uint_t               one;
+    ngx_http_kvgate_out_t    o;
+    ngx_http_kvgate_ctx_t   *ctx;
+    const kvg_engine_info   *info;
+    u_char                   msg[512];
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+    info = ngx_http_kvgate_engine_info();
+
+    if (info == NULL) {
+        ctx->status = NGX_HTTP_SERVICE_UNAVAILABLE;
+        ngx_snprintf(msg, sizeof(msg) - 1,
+                     "kvgate: the engine is not available (%s)%Z",
+                     ngx_http_kvgate_engine_down_reason());
+        return ngx_http_kvgate_send_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                          "server_error", "engine_unavailable",
+                                          (char *) msg, 1);
+    }
+
+    /* GET .../models lists; GET .../models/{id} retrieves one */
+
+    one = 0;
+    ngx_str_null(&id);
+
+    p = ngx_strlcasestrn(r->uri.data, r->uri.data + r->uri.len,
+                         (u_char *) "/models/", sizeof("/models/") - 2);
+    if (p) {
+        one = 1;
+        id.data = p + sizeof("/models/") - 1;
+        id.len = r->uri.data + r->uri.len - id.data;
+
+        if (id.len != ngx_strlen(info->model_name)
+            || ngx_strncmp(id.data, info->model_name, id.len) != 0)
+        {
+            ctx->status = NGX_HTTP_NOT_FOUND;
+            ngx_snprintf(msg, sizeof(msg) - 1,
+                         "The model `%V` does not exist or you do not have "
+                         "access to it.%Z", &id);
+            return ngx_http_kvgate_send_error(r, NGX_HTTP_NOT_FOUND,
+                                              "invalid_request_error",
+                                              "model_not_found", (char *) msg,
+                                              0);
+        }
+    }
+
+    created = 0;
+
+    if (kvg_client_stats(ngx_http_kvgate_engine_client(), &st) == 0) {
+        created = st.start_unix_ms / 1000;
+    }
+
+    ngx_kv_init(&o, r->pool, 512);
+
+    if (!one) {
+        ngx_kv_lit(&o, "{\"object\":\"list\",\"data\":[");
+    }
+
+    ngx_kv_lit(&o, "{\"id\":");
+    ngx_kv_json(&o, info->model_name, ngx_strlen(info->model_name));
+    ngx_kv_lit(&o, ",\"object\":\"model\",\"created\":");
+    ngx_kv_uint(&o, created);
+    ngx_kv_lit(&o, ",\"owned_by\":\"kvgate\",\"root\":\"");
+    ngx_kv_cstr(&o, info->model_id_hex);
+    ngx_kv_lit(&o, "\",\"max_model_len\":");
+    ngx_kv_uint(&o, info->context_length);
+    ngx_kv_lit(&o, "}");
+
+    if (!one) {
+        ngx_kv_lit(&o, "]}");
+    }
+
+    ngx_kv_lit(&o, "\n");
+
+    if (o.failed) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ctx->status = NGX_HTTP_OK;
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = o.pos - o.start;
+    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    return ngx_http_kvgate_output(r, &o, 1);
+}

@@ -1,0 +1,151 @@
+#!/usr/bin/perl
+# The gateway when things go wrong: a client that disconnects mid-stream has its
+# request stopped in the engine; an engine killed mid-stream ends the stream with a
+# clean error, nginx keeps serving (503 + Retry-After while the engine is away) and
+# requests succeed again once an engine is back, even one serving another model name;
+# `nginx -s quit` lets in-flight requests finish.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use IO::Select;
+use JSON::PP;
+use POSIX qw(WNOHANG);
+use Test::More;
+use Time::HiRes qw(sleep time);
+use Kvgate::Gateway;
+
+my $g = Kvgate::Gateway->new(locations => <<'EOF');
+        location = /plain {
+            return 200 "plain\n";
+        }
+EOF
+
+my $long = { prompt => 'Once upon a time', n => 16, max_tokens => 480, temperature => 1.0, seed => 1 };
+
+# Reads until the first SSE event has arrived; returns what was read.
+sub read_first_event {
+    my ($s) = @_;
+    my $sel = IO::Select->new($s);
+    my $buf = '';
+    my $deadline = time + 20;
+    while (time < $deadline && $buf !~ /data: \{.*\n\n/s) {
+        next unless $sel->can_read(0.1);
+        my $n = $s->sysread($buf, 4096, length $buf);
+        last unless $n;
+    }
+    return $buf;
+}
+
+sub wait_until {
+    my ($cond, $timeout) = @_;
+    my $deadline = time + ($timeout // 10);
+    while (time < $deadline) {
+        return 1 if $cond->();
+        sleep 0.02;
+    }
+    return 0;
+}
+
+# ---- a client leaves mid-stream ---------------------------------------------------------
+
+{
+    my $before = $g->status->{scheduler};
+    my $s = $g->send_raw('/v1/completions', { model => 'stories260K', %$long, stream => JSON::PP::true });
+    my $got = read_first_event($s);
+    like($got, qr{^HTTP/1\.1 200}, 'a long streamed request starts');
+    close $s;
+    my $t0 = time;
+    my $st;
+    ok(wait_until(sub { $st = $g->status->{scheduler}; $st->{running} == 0 && $st->{waiting} == 0 }),
+       sprintf('the client hangs up: the engine stops the request (%.0f ms)', (time - $t0) * 1000));
+    is($st->{client_cancels}, $before->{client_cancels} + 1, '  cancelled by the gateway');
+    ok($st->{decode_tokens} - $before->{decode_tokens} < 16 * 480 - 16,
+       '  long before its end (' . ($st->{decode_tokens} - $before->{decode_tokens}) . ' of 7680 tokens)');
+    ok($g->metric($g->metrics, 'kvgate_requests_total{endpoint="completions",bucket="bypass",status="499"}') == 1,
+       '  counted as status 499 in the metrics');
+}
+
+# ---- nginx -s quit drains -----------------------------------------------------------------
+
+my $quit_file = $g->t->prefix . '/drained.txt';
+{
+    my $pid = fork // die;
+    if (!$pid) {
+        my $s = $g->send_raw('/v1/completions', { model => 'stories260K', %$long, max_tokens => 200,
+                                                   stream => JSON::PP::true });
+        my $raw = $g->read_all($s, 60);
+        open my $fh, '>', $quit_file or POSIX::_exit(1);
+        print $fh $raw;
+        close $fh;
+        POSIX::_exit(0);
+    }
+    wait_until(sub { (($g->status // {})->{scheduler} // {})->{running} }, 10);
+    kill 'QUIT', $g->t->{pid};
+    waitpid $pid, 0;
+    my ($status, $h, $body) = $g->parse_http($g->t->read_file($quit_file));
+    my @ev = $g->sse_events($body);
+    is($status, 200, 'nginx -s quit during a stream: the stream goes on');
+    is($ev[-1], 'DONE', '  to its end ([DONE])');
+    my @texts = $g->stream_texts(\@ev);
+    is(scalar(grep { length } @texts), 16, '  with all 16 choices');
+    my $waited = 0;
+    $waited++ while waitpid($g->t->{pid}, WNOHANG) == 0 && $waited < 500 && sleep 0.02;
+    ok($waited < 500, '  then nginx exits');
+    $g->t->{pid} = undef;
+    ok(!grep({ /\[alert\]|\[emerg\]|open socket/ } split /\n/, $g->t->read_file('logs/error.log')),
+       '  with no alerts (no "open socket left")');
+}
+
+# A fresh nginx on the same engine for the rest.
+$g->t->run;
+$g->wait_up;
+
+# ---- the engine dies mid-stream ------------------------------------------------------------
+
+{
+    my $s = $g->send_raw('/v1/completions', { model => 'stories260K', %$long, stream => JSON::PP::true });
+    my $got = read_first_event($s);
+    $g->engine->kill('KILL');
+    my $t0 = time;
+    $got .= $g->read_all($s, 10);
+    my $dt = time - $t0;
+    close $s;
+    my ($status, $h, $body) = $g->parse_http($got);
+    my @ev = $g->sse_events($body);
+    is($status, 200, 'engine killed mid-stream: the stream had begun');
+    my $last = $ev[-1];
+    ok(ref $last && $last->{error}, '  it ends with an error event');
+    is($last->{error}{code}, 'engine_unavailable', '  engine_unavailable');
+    like($last->{error}{message}, qr/connection lost/, "  '$last->{error}{message}'");
+    ok($dt < 2, sprintf('  at once (%.0f ms)', $dt * 1000));
+
+    my $r = $g->completion({ prompt => 'Once upon a time', max_tokens => 4 });
+    is($r->{status}, 503, 'while the engine is away: 503');
+    is($r->{headers}{'retry-after'}, 1, '  Retry-After: 1');
+    is($r->{json}{error}{code}, 'engine_unavailable', '  engine_unavailable');
+    is($g->t->get('/plain')->{body}, "plain\n", 'nginx keeps serving everything else');
+    is($g->t->get('/v1/models')->{status}, 503, '/v1/models: 503 too');
+    like($g->metrics, qr/^kvgate_engine_up 0$/m, 'kvgate_engine_up 0');
+
+    $g->engine->restart;
+    ok(wait_until(sub { $g->completion({ prompt => 'Once upon a time', max_tokens => 4 })->{status} == 200 }, 15),
+       'the engine restarts: requests succeed again');
+    $g->wait_up;
+    like($g->metrics, qr/^kvgate_engine_up 1$/m, 'kvgate_engine_up 1');
+
+    # Another model name on the next engine: the gateway follows it.
+    $g->engine->stop;
+    $g->engine->restart(extra => [ '--served-model-name', 'tiny-stories' ]);
+    ok(wait_until(sub { ($g->t->get('/v1/models')->{json}{data}[0]{id} // '') eq 'tiny-stories' }, 15),
+       'an engine with another model name: /v1/models follows');
+    $g->wait_up;
+    is($g->completion({ prompt => 'x', max_tokens => 2 })->{status}, 404, '  the old name: 404');
+    is($g->post('/v1/completions', { model => 'tiny-stories', prompt => 'x', max_tokens => 2 })->{status}, 200,
+       '  the new name: 200');
+}
+
+$g->stop;
+done_testing;

@@ -1,0 +1,221 @@
+package Kvgate::Gateway;
+
+# A real nginx with the kvgate module in front of a real kvgate-engine, for the
+# gateway tests:
+#
+#   my $g = Kvgate::Gateway->new(http => '...extra http{} lines...',
+#                                server => '...extra server{} lines...',
+#                                engine => [extra engine args]);
+#   my $r = $g->completion({prompt => 'Once upon a time', max_tokens => 8});
+#   my ($events, $raw) = $g->stream('/v1/chat/completions', {...});
+#   my $st = $g->status;               # kvgate_status JSON
+#   $g->stop;                          # QUIT nginx (one test: clean logs), TERM engine
+#
+# The default configuration: `kvgate_engine` on the engine's socket, the tenant from
+# X-Tenant-Id, `kvgate_pass` at /v1/, `kvgate_metrics` at /metrics, `kvgate_status` at
+# /status, an access log with every kvgate variable, and two worker processes.
+
+use strict;
+use warnings;
+
+use Carp qw(croak);
+use IO::Select;
+use IO::Socket::INET;
+use JSON::PP;
+use Test::More;
+use Time::HiRes qw(sleep time);
+
+use Kvgate::Engine;
+use Kvgate::Test;
+
+our $MODEL = 'stories260K';
+
+sub new {
+    my ($class, %o) = @_;
+    my $t = Kvgate::Test->new;
+    my $self = bless { t => $t, o => \%o }, $class;
+    $self->{engine} = Kvgate::Engine->start(socket => $t->prefix . '/engine.sock',
+                                            $o{engine_args} ? (args => $o{engine_args}) : (),
+                                            extra => $o{engine} // []);
+    my $http = $o{http} // '';
+    my $server = $o{server} // '';
+    my $locations = $o{locations} // '';
+    my $workers = $o{workers} // 2;
+    $t->write_config(workers => $workers, http => <<"EOF");
+    kvgate_engine unix:%%PREFIX%%/engine.sock;
+    kvgate_tenant \$http_x_tenant_id;
+    log_format kvgate '\$status t=\$kvgate_tenant b=\$kvgate_bucket p=\$kvgate_prompt_tokens '
+                      'c=\$kvgate_cached_tokens g=\$kvgate_completion_tokens s=\$kvgate_cache_status '
+                      'ttft=\$kvgate_ttft key=\$kvgate_route_key';
+    $http
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        access_log %%PREFIX%%/logs/kvgate.log kvgate;
+        client_max_body_size 1m;
+        $server
+        location /v1/ {
+            kvgate_pass;
+        }
+        location = /metrics {
+            kvgate_metrics;
+        }
+        location = /status {
+            kvgate_status;
+        }
+        $locations
+    }
+EOF
+    $t->run;
+    $self->wait_up;
+    return $self;
+}
+
+sub t { return $_[0]{t} }
+sub engine { return $_[0]{engine} }
+
+# Waits until every worker is connected to the engine (the status page counts them).
+sub wait_up {
+    my ($self, $timeout) = @_;
+    my $want = $self->{o}{workers} // 2;
+    my $deadline = time + ($timeout // 20);
+    while (time < $deadline) {
+        my $s = $self->status;
+        return 1 if $s && $s->{gateway} && ($s->{gateway}{workers_connected} // 0) >= $want
+                    && $s->{engine}{up};
+        sleep 0.05;
+    }
+    croak 'the nginx workers did not connect to the engine';
+}
+
+sub status {
+    my ($self) = @_;
+    my $r = $self->{t}->get('/status');
+    return $r->{status} == 200 ? eval { JSON::PP->new->decode($r->{body}) } : undef;
+}
+
+sub metrics {
+    my ($self) = @_;
+    return $self->{t}->get('/metrics')->{body};
+}
+
+# One metric's value from the Prometheus text ("name{labels}" exactly), 0 when absent.
+sub metric {
+    my ($self, $text, $series) = @_;
+    for (split /\n/, $text) {
+        return $1 if /^\Q$series\E (\S+)$/;
+    }
+    return 0;
+}
+
+sub post {
+    my ($self, $path, $body, %headers) = @_;
+    return $self->{t}->post_json($path, $body, %headers);
+}
+
+sub completion {
+    my ($self, $body, %headers) = @_;
+    return $self->post('/v1/completions', { model => $MODEL, %$body }, %headers);
+}
+
+sub chat {
+    my ($self, $body, %headers) = @_;
+    return $self->post('/v1/chat/completions', { model => $MODEL, %$body }, %headers);
+}
+
+# A raw HTTP/1.1 request; returns a connected socket after sending it.
+sub send_raw {
+    my ($self, $path, $body, %headers) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $self->{t}->port(0),
+                                  Proto => 'tcp', Timeout => 5) or croak "connect: $!";
+    my $json = ref $body ? JSON::PP->new->canonical->encode($body) : $body;
+    my $h = join '', map { "$_: $headers{$_}\r\n" } sort keys %headers;
+    $s->syswrite("POST $path HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 . "Content-Length: " . length($json) . "\r\nConnection: close\r\n$h\r\n$json");
+    return $s;
+}
+
+# Reads from a socket until EOF or timeout; returns the bytes.
+sub read_all {
+    my ($self, $s, $timeout) = @_;
+    my $sel = IO::Select->new($s);
+    my $buf = '';
+    my $deadline = time + ($timeout // 30);
+    while (time < $deadline) {
+        next unless $sel->can_read(0.2);
+        my $n = $s->sysread($buf, 65536, length $buf);
+        last unless $n;
+    }
+    return $buf;
+}
+
+# Splits a raw HTTP response with a chunked body into (status, headers, body).
+sub parse_http {
+    my ($self, $raw) = @_;
+    my ($head, $rest) = split /\r\n\r\n/, $raw, 2;
+    $rest //= '';
+    my ($status) = $head =~ m{^HTTP/1\.[01] (\d+)};
+    my %h;
+    for (split /\r\n/, $head) {
+        $h{lc $1} = $2 if /^([^:]+):\s*(.*)$/;
+    }
+    my $body = '';
+    if (($h{'transfer-encoding'} // '') =~ /chunked/) {
+        while ($rest =~ s/\A([0-9a-fA-F]+)\r\n//) {
+            my $n = hex $1;
+            last if $n == 0;
+            $body .= substr($rest, 0, $n, '');
+            $rest =~ s/\A\r\n//;
+        }
+    } else {
+        $body = $rest;
+    }
+    return ($status // 0, \%h, $body);
+}
+
+# The events of an SSE body: decoded JSON objects, and 'DONE' for [DONE].
+sub sse_events {
+    my ($self, $body) = @_;
+    my @ev;
+    for my $block (split /\n\n/, $body) {
+        next unless $block =~ /^data: (.*)$/s;
+        my $d = $1;
+        push @ev, $d eq '[DONE]' ? 'DONE' : (eval { JSON::PP->new->decode($d) } // { unparsable => $d });
+    }
+    return @ev;
+}
+
+# A whole streamed request: (status, headers, events).
+sub stream {
+    my ($self, $path, $body, %headers) = @_;
+    my $s = $self->send_raw($path, { model => $MODEL, stream => JSON::PP::true, %$body }, %headers);
+    my ($status, $h, $b) = $self->parse_http($self->read_all($s));
+    close $s;
+    return ($status, $h, [ $self->sse_events($b) ]);
+}
+
+# Texts per choice index reassembled from stream events.
+sub stream_texts {
+    my ($self, $events) = @_;
+    my @text;
+    for my $e (@$events) {
+        next unless ref $e;
+        for my $c (@{ $e->{choices} // [] }) {
+            my $piece = exists $c->{delta} ? ($c->{delta}{content} // '') : ($c->{text} // '');
+            $text[$c->{index}] .= $piece;
+        }
+    }
+    return map { $_ // '' } @text;
+}
+
+sub log_lines {
+    my ($self) = @_;
+    return split /\n/, $self->{t}->read_file('logs/kvgate.log');
+}
+
+sub stop {
+    my ($self) = @_;
+    $self->{t}->stop;
+    $self->{engine}->stop;
+}
+
+1;
