@@ -527,8 +527,11 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
         ctx->ttft_us = -1;
         ctx->endpoint = ngx_http_kvgate_endpoint(r);
 
-        /* not registered as the module ctx: the log phase must not count a
-           request this module did not serve */
+        /* kept for later evaluations (the access log); the log phase does not
+           count a request this module did not serve */
+
+        ctx->front = 1;
+        ngx_http_set_ctx(r, ctx, ngx_http_kvgate_module);
 
         (void) ngx_http_kvgate_route_key_from_body(r, ctx);
     }
@@ -697,7 +700,7 @@ ngx_http_kvgate_log_handler(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
 
-    if (ctx != NULL) {
+    if (ctx != NULL && !ctx->front) {
         ngx_http_kvgate_metrics_count(r, ctx);
     }
 

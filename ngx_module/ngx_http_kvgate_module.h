@@ -132,6 +132,7 @@ struct ngx_http_kvgate_ctx_s {
     ngx_uint_t                 queued;            /* in the worker's wait queue */
     ngx_uint_t                 done;              /* answered */
     ngx_uint_t                 header_sent;
+    ngx_uint_t                 front;             /* only the route key, for proxy_pass */
     uint64_t                   instance;          /* engine instance it went to */
 
     uint32_t                   prompt_tokens;
