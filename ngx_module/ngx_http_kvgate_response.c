@@ -193,8 +193,10 @@ static ngx_int_t
 ngx_http_kvgate_output(ngx_http_request_t *r, ngx_http_kvgate_out_t *o,
     ngx_uint_t last)
 {
-    ngx_buf_t    *b;
-    ngx_chain_t   out;
+    ngx_int_t                  rc;
+    ngx_buf_t                 *b;
+    ngx_chain_t                out;
+    ngx_http_core_loc_conf_t  *clcf;
 
     if (o->failed) {
         return NGX_ERROR;
@@ -224,7 +226,29 @@ ngx_http_kvgate_output(ngx_http_request_t *r, ngx_http_kvgate_out_t *o,
     out.buf = b;
     out.next = NULL;
 
-    return ngx_http_output_filter(r, &out);
+    rc = ngx_http_output_filter(r, &out);
+
+    if (rc == NGX_AGAIN && !last) {
+
+        /* a slow reader: the rest goes out when it can take it (the request's
+           write handler), within send_timeout */
+
+        clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+        if (!r->connection->write->delayed
+            && !r->connection->write->timer_set)
+        {
+            ngx_add_timer(r->connection->write, clcf->send_timeout);
+        }
+
+        if (ngx_handle_write_event(r->connection->write, clcf->send_lowat)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    return rc;
 }
 
 

@@ -1,0 +1,73 @@
+#!/usr/bin/perl
+# The official OpenAI SDK for JavaScript (npm package "openai", installed into
+# $BUILD/npm on first use) against the gateway: models, completions and chat, streamed
+# and not, n samples with a seed, the X-KVGate headers through withResponse(), and the
+# SDK's own error classes for a 404, a 400 with its param and a context overflow.
+# Skipped when node or the npm registry is not available.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use Cwd qw(abs_path);
+use JSON::PP;
+use Test::More;
+use Kvgate::Gateway;
+
+my $sdk_version = '6.49.0';
+my $node = `command -v node 2>/dev/null`;
+chomp $node;
+plan skip_all => 'node is not installed' unless $node;
+
+my $build = $ENV{BUILD} || 'build';
+$build = Kvgate::Test::repo_root() . "/$build" unless $build =~ m{^/};
+my $npm_dir = "$build/npm";
+my $pkg = "$npm_dir/node_modules/openai/package.json";
+my $have = -f $pkg && do { open my $fh, '<', $pkg; local $/; <$fh> =~ /"version":\s*"\Q$sdk_version\E"/ };
+unless ($have) {
+    system('mkdir', '-p', $npm_dir);
+    my $rc = system("cd '$npm_dir' && npm install --no-audit --no-fund --silent openai\@$sdk_version >npm.log 2>&1");
+    plan skip_all => "cannot install the openai npm package ($npm_dir/npm.log)" if $rc != 0 || !-f $pkg;
+}
+
+my $g = Kvgate::Gateway->new;
+my $script = abs_path("$FindBin::Bin/sdk/openai-sdk.mjs");
+# Node resolves 'openai' from the script's directory upwards; point it at our install.
+system('cp', $script, "$npm_dir/openai-sdk.mjs") == 0 or die 'cp';
+my $base = $g->t->url('/v1');
+my $json = `cd '$npm_dir' && KVGATE_BASE_URL='$base' '$node' openai-sdk.mjs 2>&1`;
+my $o = eval { JSON::PP->new->decode($json) };
+ok($o, 'the SDK script ran') or diag($json);
+$o //= {};
+
+my $golden = JSON::PP->new->decode(do {
+    open my $fh, '<', Kvgate::Engine::shared_dir() . '/models/stories260K/golden-greedy.json' or die $!;
+    local $/; <$fh>
+});
+my $c0 = $golden->{cases}[0];
+my $want = substr($c0->{full_text}, length $c0->{prompt});
+
+is_deeply($o->{models}, ['stories260K'], 'models.list()');
+is($o->{model}, 'stories260K', 'models.retrieve()');
+is($o->{completion_text}, $want, 'completions.create(): the reference continuation');
+is($o->{completion_object}, 'text_completion', '  a text_completion');
+is($o->{completion_usage}{completion_tokens}, 196, '  usage');
+is($o->{completion_stream_text}, $want, 'completions.create({stream: true}): the same text, streamed');
+is($o->{cache_header}, 'bypass', 'withResponse(): X-KVGate-Cache readable');
+is($o->{bucket_header}, 'bypass', '  and X-KVGate-Bucket');
+is($o->{chat_role}, 'assistant', 'chat.completions.create(): an assistant message');
+ok(length($o->{chat_text} // ''), "  '" . ($o->{chat_text} // '') . "'");
+is($o->{chat_finish}, 'length', '  finish_reason length');
+is($o->{chat_stream_text}, $o->{chat_text}, 'chat streamed: the same content');
+is($o->{chat_stream_usage}{completion_tokens}, 24, '  include_usage: the usage chunk');
+is(scalar @{ $o->{n_texts} // [] }, 2, 'n: 2 choices');
+is_deeply($o->{n_texts_again}, $o->{n_texts}, '  the same seed, the same choices');
+is($o->{err_model}{class}, 'NotFoundError', 'an unknown model: the SDK raises NotFoundError');
+is($o->{err_model}{code}, 'model_not_found', '  code model_not_found');
+is($o->{err_param}{class}, 'BadRequestError', 'temperature 5: BadRequestError');
+is($o->{err_param}{param}, 'temperature', '  param temperature');
+is($o->{err_context}{code}, 'context_length_exceeded', 'a prompt over the context: context_length_exceeded');
+
+$g->stop;
+done_testing;

@@ -1,0 +1,70 @@
+// The official OpenAI SDK for JavaScript against a running kvgate gateway. Prints one
+// JSON object of what it saw; t/gateway-sdk.t checks it. Usage:
+//   KVGATE_BASE_URL=http://127.0.0.1:PORT/v1 node openai-sdk.mjs
+import OpenAI from 'openai';
+
+const base = process.env.KVGATE_BASE_URL;
+const client = new OpenAI({ baseURL: base, apiKey: 'unused', maxRetries: 0,
+                            defaultHeaders: { 'X-Tenant-Id': 'sdk' } });
+const out = {};
+
+async function errorOf(p) {
+    try {
+        await p;
+        return { thrown: false };
+    } catch (e) {
+        return { thrown: true, class: e.constructor.name, status: e.status, code: e.code ?? null,
+                 param: e.param ?? null, type: e.type ?? null, message: e.message };
+    }
+}
+
+const models = await client.models.list();
+out.models = models.data.map((m) => m.id);
+out.model = (await client.models.retrieve(out.models[0])).id;
+
+const model = out.models[0];
+const c = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 196, temperature: 0 });
+out.completion_text = c.choices[0].text;
+out.completion_usage = c.usage;
+out.completion_object = c.object;
+
+const { data: c2, response } = await client.completions
+    .create({ model, prompt: 'Once upon a time', max_tokens: 8, temperature: 0 })
+    .withResponse();
+out.cache_header = response.headers.get('x-kvgate-cache');
+out.bucket_header = response.headers.get('x-kvgate-bucket');
+out.short_text = c2.choices[0].text;
+
+let streamed = '';
+const cs = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 196, temperature: 0,
+                                             stream: true });
+for await (const chunk of cs) streamed += chunk.choices[0]?.text ?? '';
+out.completion_stream_text = streamed;
+
+const messages = [{ role: 'system', content: 'You tell stories.' }, { role: 'user', content: 'Once upon a time' }];
+const chat = await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0 });
+out.chat_text = chat.choices[0].message.content;
+out.chat_role = chat.choices[0].message.role;
+out.chat_finish = chat.choices[0].finish_reason;
+
+let chatStreamed = '';
+let usage = null;
+const stream = await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0, stream: true,
+                                                      stream_options: { include_usage: true } });
+for await (const chunk of stream) {
+    chatStreamed += chunk.choices[0]?.delta?.content ?? '';
+    if (chunk.usage) usage = chunk.usage;
+}
+out.chat_stream_text = chatStreamed;
+out.chat_stream_usage = usage;
+
+const n = await client.completions.create({ model, prompt: 'Lily and Tom', max_tokens: 12, temperature: 0.9, seed: 7, n: 2 });
+const n2 = await client.completions.create({ model, prompt: 'Lily and Tom', max_tokens: 12, temperature: 0.9, seed: 7, n: 2 });
+out.n_texts = n.choices.map((x) => x.text);
+out.n_texts_again = n2.choices.map((x) => x.text);
+
+out.err_model = await errorOf(client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 2 }));
+out.err_param = await errorOf(client.completions.create({ model, prompt: 'x', max_tokens: 2, temperature: 5 }));
+out.err_context = await errorOf(client.completions.create({ model, prompt: 'word '.repeat(700), max_tokens: 2 }));
+
+console.log(JSON.stringify(out));
