@@ -43,6 +43,7 @@ static void ngx_http_kvgate_engine_read(ngx_event_t *ev);
 static void ngx_http_kvgate_engine_drain(void);
 static void ngx_http_kvgate_reconnect(ngx_event_t *ev);
 static void ngx_http_kvgate_engine_dummy(ngx_event_t *ev);
+static void ngx_http_kvgate_submit_waiting(void);
 
 
 kvg_client *
@@ -290,12 +291,40 @@ ngx_http_kvgate_engine_read(ngx_event_t *ev)
 }
 
 
+/* Submits the requests waiting for ring room, in order, until the ring is full
+   again (the request that found it full goes back to the head). */
+
+static void
+ngx_http_kvgate_submit_waiting(void)
+{
+    ngx_queue_t               *q;
+    ngx_http_kvgate_ctx_t     *ctx;
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    while (!ngx_queue_empty(&w->waiting)) {
+        q = ngx_queue_head(&w->waiting);
+        ngx_queue_remove(q);
+        w->n_waiting--;
+        ctx = ngx_queue_data(q, ngx_http_kvgate_ctx_t, queue);
+        ctx->queued = 0;
+
+        /* its turn: not behind the others still waiting */
+
+        ctx->resubmit = 1;
+
+        if (ngx_http_kvgate_resubmit(ctx) == NGX_AGAIN) {
+            ctx->resubmit = 0;
+            break;
+        }
+    }
+}
+
+
 /* Hands out every pending event of the client. */
 
 static void
 ngx_http_kvgate_engine_drain(void)
 {
-    ngx_queue_t               *q;
     kvg_client_event           ev;
     ngx_http_kvgate_ctx_t     *ctx;
     ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
@@ -354,36 +383,15 @@ ngx_http_kvgate_engine_drain(void)
             ngx_http_kvgate_unwatch(&w->sock, 1);
             ngx_http_kvgate_unwatch(&w->bell, 1);
 
-            /* requests still waiting for ring room never reached the engine */
+            /* requests still waiting for ring room never reached the engine:
+               resubmitting them now answers each 503 */
 
-            while (!ngx_queue_empty(&w->waiting)) {
-                q = ngx_queue_head(&w->waiting);
-                ngx_queue_remove(q);
-                w->n_waiting--;
-                ctx = ngx_queue_data(q, ngx_http_kvgate_ctx_t, queue);
-                ctx->queued = 0;
-                ngx_http_kvgate_resubmit(ctx);
-            }
-
+            ngx_http_kvgate_submit_waiting();
             ngx_http_kvgate_schedule_reconnect();
             break;
 
         case KVG_CEV_WRITABLE:
-            while (!ngx_queue_empty(&w->waiting)) {
-                q = ngx_queue_head(&w->waiting);
-                ngx_queue_remove(q);
-                w->n_waiting--;
-                ctx = ngx_queue_data(q, ngx_http_kvgate_ctx_t, queue);
-                ctx->queued = 0;
-
-                ngx_http_kvgate_resubmit(ctx);
-
-                if (ctx->queued) {
-                    /* full again: it went back to the head */
-                    break;
-                }
-            }
-
+            ngx_http_kvgate_submit_waiting();
             break;
 
         default:
@@ -419,7 +427,7 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    if (!ngx_queue_empty(&w->waiting) && !ctx->queued) {
+    if (!ngx_queue_empty(&w->waiting) && !ctx->queued && !ctx->resubmit) {
 
         /* keep the order: others wait for room already */
 
@@ -434,6 +442,7 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_ctx_t *ctx,
         ngx_queue_insert_tail(&w->waiting, &ctx->queue);
         w->n_waiting++;
         ctx->queued = 1;
+        ngx_http_kvgate_metrics_submit_wait();
         return NGX_AGAIN;
     }
 
@@ -447,6 +456,10 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_ctx_t *ctx,
     }
 
     if (rc == KVG_CLIENT_AGAIN) {
+        if (!ctx->resubmit) {
+            ngx_http_kvgate_metrics_submit_wait();
+        }
+
         ngx_queue_insert_head(&w->waiting, &ctx->queue);
         w->n_waiting++;
         ctx->queued = 1;

@@ -52,6 +52,7 @@ typedef struct {
     ngx_atomic_t            engine_connects;
     ngx_atomic_t            engine_disconnects;
     ngx_atomic_t            workers_up;
+    ngx_atomic_t            submit_waits;
 } ngx_http_kvgate_shctx_t;
 
 
@@ -229,6 +230,15 @@ ngx_http_kvgate_metrics_engine_event(ngx_uint_t up)
 }
 
 
+void
+ngx_http_kvgate_metrics_submit_wait(void)
+{
+    if (ngx_http_kvgate_sh) {
+        (void) ngx_atomic_fetch_add(&ngx_http_kvgate_sh->submit_waits, 1);
+    }
+}
+
+
 /* ---- Prometheus text ---- */
 
 typedef struct {
@@ -366,6 +376,34 @@ ngx_http_kvgate_send_text(ngx_http_request_t *r, ngx_http_kvgate_text_t *t,
 }
 
 
+/* GET and HEAD only, body discarded, the zone there (it is whenever
+   kvgate_engine is configured). NGX_OK to go on, else what to return. */
+
+static ngx_int_t
+ngx_http_kvgate_get_only(ngx_http_request_t *r, const char *what)
+{
+    ngx_int_t  rc;
+    u_char     msg[128];
+
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
+        return NGX_HTTP_NOT_ALLOWED;
+    }
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    if (ngx_http_kvgate_sh == NULL) {
+        ngx_snprintf(msg, sizeof(msg) - 1, "%s needs kvgate_engine%Z", what);
+        return ngx_http_kvgate_send_error(r, NGX_HTTP_NOT_FOUND, NULL, NULL,
+                                          (char *) msg, 0);
+    }
+
+    return NGX_OK;
+}
+
+
 ngx_int_t
 ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
 {
@@ -378,19 +416,9 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
     ngx_http_kvgate_loc_conf_t  *klcf;
     const kvg_engine_info       *info;
 
-    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
-        return NGX_HTTP_NOT_ALLOWED;
-    }
-
-    rc = ngx_http_discard_request_body(r);
+    rc = ngx_http_kvgate_get_only(r, "kvgate_metrics");
     if (rc != NGX_OK) {
         return rc;
-    }
-
-    if (sh == NULL) {
-        return ngx_http_kvgate_send_error(r, NGX_HTTP_NOT_FOUND, NULL, NULL,
-                                          "kvgate_metrics needs kvgate_engine",
-                                          0);
     }
 
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
@@ -491,9 +519,13 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
         "kvgate_engine_connects_total %uA\n"
         "# HELP kvgate_engine_disconnects_total Connections to the engine "
         "lost.\n# TYPE kvgate_engine_disconnects_total counter\n"
-        "kvgate_engine_disconnects_total %uA\n",
+        "kvgate_engine_disconnects_total %uA\n"
+        "# HELP kvgate_submit_waits_total Requests that waited in a worker "
+        "for room in its submission ring.\n"
+        "# TYPE kvgate_submit_waits_total counter\n"
+        "kvgate_submit_waits_total %uA\n",
         info ? 1 : 0, sh->workers_up, sh->engine_connects,
-        sh->engine_disconnects);
+        sh->engine_disconnects, sh->submit_waits);
 
     if (info && kvg_client_stats(ngx_http_kvgate_engine_client(), &st) == 0) {
         ngx_http_kvgate_printf(&t,
@@ -602,19 +634,9 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
     ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_sh;
     const kvg_engine_info   *info;
 
-    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
-        return NGX_HTTP_NOT_ALLOWED;
-    }
-
-    rc = ngx_http_discard_request_body(r);
+    rc = ngx_http_kvgate_get_only(r, "kvgate_status");
     if (rc != NGX_OK) {
         return rc;
-    }
-
-    if (sh == NULL) {
-        return ngx_http_kvgate_send_error(r, NGX_HTTP_NOT_FOUND, NULL, NULL,
-                                          "kvgate_status needs kvgate_engine",
-                                          0);
     }
 
     root = json_object();

@@ -130,6 +130,7 @@ struct ngx_http_kvgate_ctx_s {
     uint64_t                   engine_id;         /* the request in the engine */
     ngx_uint_t                 submitted;         /* live in the engine */
     ngx_uint_t                 queued;            /* in the worker's wait queue */
+    ngx_uint_t                 resubmit;          /* leaving the queue: goes first */
     ngx_uint_t                 done;              /* answered */
     ngx_uint_t                 header_sent;
     ngx_uint_t                 front;             /* only the route key, for proxy_pass */
@@ -174,8 +175,9 @@ ngx_int_t ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 void ngx_http_kvgate_on_event(ngx_http_kvgate_ctx_t *ctx,
     const kvg_client_event *ev);
-/* A request waiting in the queue can go now (the ring has room). */
-void ngx_http_kvgate_resubmit(ngx_http_kvgate_ctx_t *ctx);
+/* A request waiting in the queue can go now (the ring has room): NGX_OK
+   submitted, NGX_AGAIN queued again, NGX_ERROR answered (ctx is gone). */
+ngx_int_t ngx_http_kvgate_resubmit(ngx_http_kvgate_ctx_t *ctx);
 ngx_int_t ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 
@@ -200,6 +202,7 @@ ngx_int_t ngx_http_kvgate_metrics_init_zone(ngx_conf_t *cf,
 void ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 void ngx_http_kvgate_metrics_engine_event(ngx_uint_t up);
+void ngx_http_kvgate_metrics_submit_wait(void);
 ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_kvgate_status_handler(ngx_http_request_t *r);
 

@@ -799,14 +799,20 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 }
 
 
-void
+ngx_int_t
 ngx_http_kvgate_resubmit(ngx_http_kvgate_ctx_t *ctx)
 {
+    ngx_int_t      rc;
     kvg_api_error  err;
 
-    if (ngx_http_kvgate_submit(ctx, &err) == NGX_ERROR) {
+    rc = ngx_http_kvgate_submit(ctx, &err);
+
+    if (rc == NGX_ERROR) {
+        /* answered: the request (and ctx) may be gone now */
         ngx_http_kvgate_fail(ctx, &err);
     }
+
+    return rc;
 }
 
 

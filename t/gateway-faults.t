@@ -148,4 +148,38 @@ $g->wait_up;
 }
 
 $g->stop;
+
+# ---- a full submission ring: requests wait in the worker, in order ------------------------
+
+{
+    my $q = Kvgate::Gateway->new(engine => [ '--sq-data', '4096' ], workers => 1);
+    my $doc = join ' ', ('Lily and Tom went to the park with their big red ball.') x 20;
+    my $body = { prompt => substr($doc, 0, 900), max_tokens => 8, temperature => 0 };
+    my $want = $q->completion($body, 'X-Tenant-Id' => 'ring')->{json}{choices}[0]{text};
+    # The engine stops taking submissions (SIGSTOP): two fit in its 4 KiB area, the
+    # others must wait in the worker until it goes on.
+    kill 'STOP', $q->engine->pid;
+    my $dir = $q->t->prefix;
+    my @pids;
+    for my $i (1 .. 12) {
+        my $pid = fork // die;
+        if (!$pid) {
+            my $r = $q->completion($body, 'X-Tenant-Id' => 'ring');
+            open my $fh, '>', "$dir/q$i.txt" or POSIX::_exit(1);
+            print $fh "$r->{status}\n", $r->{json}{choices}[0]{text} // '';
+            close $fh;
+            POSIX::_exit(0);
+        }
+        push @pids, $pid;
+    }
+    sleep 1;
+    my $waits = $q->metric($q->metrics, 'kvgate_submit_waits_total');
+    kill 'CONT', $q->engine->pid;
+    waitpid $_, 0 for @pids;
+    my $same = grep { $q->t->read_file("q$_.txt") eq "200\n$want" } 1 .. 12;
+    ok($waits >= 9, "the engine stopped: $waits requests wait for room in the submission ring");
+    is($same, 12, '  once it goes on, all 12 are answered, each with the right text');
+    $q->stop;
+}
+
 done_testing;

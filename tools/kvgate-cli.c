@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "buckets.h"
+#include "cliargs.h"
 #include "client.h"
 #include "tokenizer.h"
 
@@ -55,91 +56,7 @@ typedef struct sample_out {
 
 static int usage_error(const char *fmt, const char *a)
 {
-    fprintf(stderr, "kvgate-cli: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\n(see kvgate-cli --help)\n");
-    return 2;
-}
-
-static int parse_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_double(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    if (!f)
-        return NULL;
-    for (;;) {
-        if (n + 65536 + 1 > cap) {
-            size_t nc = cap ? cap * 2 : 131072;
-            char *g = realloc(buf, nc);
-            if (!g) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = g;
-            cap = nc;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    fclose(f);
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
-static int parse_ids(const char *s, int32_t **ids, size_t *n)
-{
-    size_t cap = 16;
-    *n = 0;
-    *ids = malloc(cap * sizeof **ids);
-    if (!*ids)
-        return -1;
-    for (;;) {
-        char *end;
-        while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r' || *s == ',')
-            s++;
-        if (!*s)
-            return *n ? 0 : -1;
-        errno = 0;
-        long v = strtol(s, &end, 10);
-        if (errno || end == s || v < 0 || v > INT32_MAX)
-            return -1;
-        if (*n == cap) {
-            int32_t *g = realloc(*ids, cap * 2 * sizeof **ids);
-            if (!g)
-                return -1;
-            *ids = g;
-            cap *= 2;
-        }
-        (*ids)[(*n)++] = (int32_t)v;
-        s = end;
-    }
+    return kvg_usage_error("kvgate-cli", fmt, a);
 }
 
 static int append(sample_out *o, const kvg_client_event *ev)
@@ -233,16 +150,16 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--prompt-ids"))
             prompt_ids = v;
         else if (!strcmp(a, "--max-tokens")) {
-            if (parse_long(v, 1, 1 << 30, &max_tokens) != 0)
+            if (kvg_arg_long(v, 1, 1 << 30, &max_tokens) != 0)
                 return usage_error("--max-tokens: '%s' is not a positive integer", v);
         } else if (!strcmp(a, "--temperature")) {
-            if (parse_double(v, 0, 100, &temperature) != 0)
+            if (kvg_arg_double(v, 0, 100, &temperature) != 0)
                 return usage_error("--temperature: '%s' is not a number >= 0", v);
         } else if (!strcmp(a, "--top-p")) {
-            if (parse_double(v, 0, 1, &top_p) != 0 || top_p <= 0)
+            if (kvg_arg_double(v, 0, 1, &top_p) != 0 || top_p <= 0)
                 return usage_error("--top-p: '%s' is not a number in (0, 1]", v);
         } else if (!strcmp(a, "--top-k")) {
-            if (parse_long(v, 0, 1 << 30, &top_k) != 0)
+            if (kvg_arg_long(v, 0, 1 << 30, &top_k) != 0)
                 return usage_error("--top-k: '%s' is not an integer >= 0", v);
         } else if (!strcmp(a, "--seed")) {
             char *end;
@@ -251,7 +168,7 @@ int main(int argc, char **argv)
             if (errno || end == v || *end || *v == '-')
                 return usage_error("--seed: '%s' is not a non-negative integer", v);
         } else if (!strcmp(a, "--n")) {
-            if (parse_long(v, 1, KVG_PROTO_MAX_N, &n) != 0)
+            if (kvg_arg_long(v, 1, KVG_PROTO_MAX_N, &n) != 0)
                 return usage_error("--n: '%s' is not an integer 1..16", v);
         } else if (!strcmp(a, "--stop")) {
             if (n_stop == KVG_PROTO_MAX_STOP)
@@ -261,13 +178,13 @@ int main(int argc, char **argv)
             stops[n_stop] = v;
             stop_len[n_stop++] = strlen(v);
         } else if (!strcmp(a, "--cache-min-tokens")) {
-            if (parse_long(v, 0, 1 << 30, &min_tokens) != 0)
+            if (kvg_arg_long(v, 0, 1 << 30, &min_tokens) != 0)
                 return usage_error("--cache-min-tokens: '%s' is not an integer >= 0", v);
         } else if (!strcmp(a, "--cache-ttl")) {
-            if (parse_double(v, 0.001, 4e6, &ttl) != 0)
+            if (kvg_arg_double(v, 0.001, 4e6, &ttl) != 0)
                 return usage_error("--cache-ttl: '%s' is not a number of seconds > 0", v);
         } else if (!strcmp(a, "--timeout")) {
-            if (parse_double(v, 0.001, 1e6, &timeout) != 0)
+            if (kvg_arg_double(v, 0.001, 1e6, &timeout) != 0)
                 return usage_error("--timeout: '%s' is not a number of seconds > 0", v);
         } else
             return usage_error("unknown option %s", a);
@@ -280,7 +197,7 @@ int main(int argc, char **argv)
     char *file_text = NULL;
     size_t file_len = 0;
     if (prompt_file) {
-        file_text = read_file(prompt_file, &file_len);
+        file_text = kvg_read_file(prompt_file, &file_len);
         if (!file_text) {
             fprintf(stderr, "kvgate-cli: --prompt-file %s: %s\n", prompt_file, strerror(errno));
             return 2;
@@ -288,7 +205,7 @@ int main(int argc, char **argv)
     }
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    if (prompt_ids && parse_ids(prompt_ids, &ids, &n_ids) != 0) {
+    if (prompt_ids && (kvg_arg_ids(prompt_ids, &ids, &n_ids) != 0 || n_ids == 0)) {
         free(ids);
         return usage_error("--prompt-ids: '%s' is not a list of non-negative integers", prompt_ids);
     }

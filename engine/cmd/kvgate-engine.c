@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "cliargs.h"
 #include "chat_template.h"
 #include "daemon.h"
 #include "forward.h"
@@ -68,61 +69,7 @@ static void on_signal(int sig)
 
 static int usage_error(const char *fmt, const char *a)
 {
-    fprintf(stderr, "kvgate-engine: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\n(see kvgate-engine --help)\n");
-    return 2;
-}
-
-static int parse_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_double(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-/* "512M", "4G", "65536", "64K", "1.5G" (binary units; "MiB"/"MB" accepted as M). */
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || !isfinite(v) || v <= 0)
-        return -1;
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: break;
-    }
-    if (*end == 'i')
-        end++;
-    if (*end == 'B' || *end == 'b')
-        end++;
-    if (*end)
-        return -1;
-    v *= mul;
-    if (v >= 18e18)
-        return -1;
-    *out = (uint64_t)v;
-    return 0;
+    return kvg_usage_error("kvgate-engine", fmt, a);
 }
 
 static void progress(void *ctx, const char *what, uint64_t done, uint64_t total)
@@ -173,48 +120,48 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--chat-template"))
             tpl_name = v;
         else if (!strcmp(a, "--kv-memory")) {
-            if (parse_size(v, &kv_bytes) != 0)
+            if (kvg_arg_size(v, &kv_bytes) != 0)
                 return usage_error("--kv-memory: '%s' is not a size like 512M or 4G", v);
         } else if (!strcmp(a, "--context")) {
-            if (parse_long(v, 1, INT_MAX, &ctx) != 0)
+            if (kvg_arg_long(v, 1, INT_MAX, &ctx) != 0)
                 return usage_error("--context: '%s' is not a positive integer", v);
         } else if (!strcmp(a, "--threads")) {
-            if (parse_long(v, 1, 1024, &threads) != 0)
+            if (kvg_arg_long(v, 1, 1024, &threads) != 0)
                 return usage_error("--threads: '%s' is not an integer 1..1024", v);
         } else if (!strcmp(a, "--max-batch-tokens")) {
-            if (parse_long(v, 1, 1 << 20, &max_batch) != 0)
+            if (kvg_arg_long(v, 1, 1 << 20, &max_batch) != 0)
                 return usage_error("--max-batch-tokens: '%s' is not an integer 1..1048576", v);
         } else if (!strcmp(a, "--max-running")) {
-            if (parse_long(v, 1, 1 << 16, &max_running) != 0)
+            if (kvg_arg_long(v, 1, 1 << 16, &max_running) != 0)
                 return usage_error("--max-running: '%s' is not an integer 1..65536", v);
         } else if (!strcmp(a, "--max-waiting")) {
-            if (parse_long(v, 1, 1 << 20, &max_waiting) != 0)
+            if (kvg_arg_long(v, 1, 1 << 20, &max_waiting) != 0)
                 return usage_error("--max-waiting: '%s' is not an integer 1..1048576", v);
         } else if (!strcmp(a, "--cache-ttl")) {
-            if (parse_double(v, 0.001, 1e7, &cache_ttl) != 0)
+            if (kvg_arg_double(v, 0.001, 1e7, &cache_ttl) != 0)
                 return usage_error("--cache-ttl: '%s' is not a number of seconds > 0", v);
         } else if (!strcmp(a, "--pinned-share")) {
-            if (parse_double(v, 0, 1, &pinned_share) != 0)
+            if (kvg_arg_double(v, 0, 1, &pinned_share) != 0)
                 return usage_error("--pinned-share: '%s' is not a number 0..1", v);
         } else if (!strcmp(a, "--tenant-quota")) {
-            if (parse_double(v, 0, 1, &quota) != 0)
+            if (kvg_arg_double(v, 0, 1, &quota) != 0)
                 return usage_error("--tenant-quota: '%s' is not a number 0..1", v);
         } else if (!strcmp(a, "--warmup"))
             warmup_path = v;
         else if (!strcmp(a, "--drain-timeout")) {
-            if (parse_double(v, 0, 1e6, &drain) != 0)
+            if (kvg_arg_double(v, 0, 1e6, &drain) != 0)
                 return usage_error("--drain-timeout: '%s' is not a number of seconds >= 0", v);
         } else if (!strcmp(a, "--busy-poll-us")) {
-            if (parse_long(v, 0, 1000000, &busy_poll) != 0)
+            if (kvg_arg_long(v, 0, 1000000, &busy_poll) != 0)
                 return usage_error("--busy-poll-us: '%s' is not an integer 0..1000000", v);
         } else if (!strcmp(a, "--ring-slots")) {
-            if (parse_long(v, 1, 1 << 20, &ring_slots) != 0 || (ring_slots & (ring_slots - 1)))
+            if (kvg_arg_long(v, 1, 1 << 20, &ring_slots) != 0 || (ring_slots & (ring_slots - 1)))
                 return usage_error("--ring-slots: '%s' is not a power of two up to 1048576", v);
         } else if (!strcmp(a, "--sq-data")) {
-            if (parse_size(v, &sq_data) != 0 || (sq_data & (sq_data - 1)) || sq_data < 64)
+            if (kvg_arg_size(v, &sq_data) != 0 || (sq_data & (sq_data - 1)) || sq_data < 64)
                 return usage_error("--sq-data: '%s' is not a power of two >= 64 bytes", v);
         } else if (!strcmp(a, "--cq-data")) {
-            if (parse_size(v, &cq_data) != 0 || (cq_data & (cq_data - 1)) || cq_data < 4096)
+            if (kvg_arg_size(v, &cq_data) != 0 || (cq_data & (cq_data - 1)) || cq_data < 4096)
                 return usage_error("--cq-data: '%s' is not a power of two >= 4096 bytes", v);
         } else
             return usage_error("unknown option %s", a);

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "cliargs.h"
 #include "forward.h"
 #include "kv_cache.h"
 #include "model.h"
@@ -58,100 +59,21 @@ typedef struct opts {
 
 static int usage_error(const char *fmt, const char *a)
 {
-    fprintf(stderr, "kvgate-generate: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\n(see kvgate-generate --help)\n");
-    return 2;
+    return kvg_usage_error("kvgate-generate", fmt, a);
 }
 
 static int parse_long(const char *s, long lo, long hi, long *out)
 {
-    char *end;
-    long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
+    return kvg_arg_long(s, lo, hi, out);
 }
 
 static int parse_float(const char *s, float *out)
 {
-    char *end;
     double v;
-    errno = 0;
-    v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v))
+    if (kvg_arg_double(s, -1e30, 1e30, &v) != 0)
         return -1;
     *out = (float)v;
     return 0;
-}
-
-/* Whitespace- or comma-separated non-negative ids. -1 on a malformed list. */
-static int parse_ids(const char *s, int32_t **ids, size_t *n)
-{
-    size_t cap = 16;
-    *n = 0;
-    *ids = malloc(cap * sizeof **ids);
-    if (!*ids)
-        return -1;
-    for (;;) {
-        char *end;
-        long v;
-        while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r' || *s == ',')
-            s++;
-        if (!*s)
-            return 0;
-        errno = 0;
-        v = strtol(s, &end, 10);
-        if (errno || end == s || v < 0 || v > INT32_MAX ||
-            (*end && *end != ' ' && *end != ',' && *end != '\t' && *end != '\n' && *end != '\r'))
-            return -1;
-        if (*n == cap) {
-            int32_t *g = realloc(*ids, cap * 2 * sizeof **ids);
-            if (!g)
-                return -1;
-            *ids = g;
-            cap *= 2;
-        }
-        (*ids)[(*n)++] = (int32_t)v;
-        s = end;
-    }
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    if (!f)
-        return NULL;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            char *g = realloc(buf, cap ? cap * 2 : 65536);
-            if (!g) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = g;
-            cap = cap ? cap * 2 : 65536;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    if (ferror(f)) {
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    buf[n] = '\0';
-    *len = n;
-    return buf;
 }
 
 static double now_s(void)
@@ -292,7 +214,7 @@ static int load_prompt(gen *g, char *err, size_t err_len)
     int rc;
 
     if (o->prompt_ids) {
-        if (parse_ids(o->prompt_ids, &g->prompt, &g->n_prompt) != 0) {
+        if (kvg_arg_ids(o->prompt_ids, &g->prompt, &g->n_prompt) != 0) {
             snprintf(err, err_len, "--prompt-ids: not a list of token ids: '%s'", o->prompt_ids);
             return -1;
         }
@@ -310,7 +232,7 @@ static int load_prompt(gen *g, char *err, size_t err_len)
         return -1;
     }
     if (o->prompt_file) {
-        text = read_file(o->prompt_file, &len);
+        text = kvg_read_file(o->prompt_file, &len);
         if (!text) {
             snprintf(err, err_len, "cannot read %s: %s", o->prompt_file, strerror(errno));
             return -1;
@@ -332,7 +254,7 @@ static int setup_stop(gen *g, char *err, size_t err_len)
     if (s && strcmp(s, "none") == 0)
         return 0;
     if (s) {
-        if (parse_ids(s, &g->stop, &g->n_stop) != 0) {
+        if (kvg_arg_ids(s, &g->stop, &g->n_stop) != 0) {
             snprintf(err, err_len, "--stop: not a list of token ids: '%s'", s);
             return -1;
         }

@@ -354,12 +354,7 @@ static pid_t long_request_child(int *ready_fd)
         char err[256];
         if (!c || kvg_client_submit(c, &q, r, &id, err, sizeof err) != 0)
             _exit(1);
-        while (!r->t_first) {
-            kvg_client_event ev;
-            while (kvg_client_next_event(c, &ev) == 1)
-                ep_record(&ev);
-            kvg_client_wait(c, 50);
-        }
+        ep_wait_first(c, r);
         if (write(p[1], "x", 1) < 0) {
         }
         for (;;)
@@ -409,12 +404,7 @@ static void test_client_death_and_cancel(void)
     kvg_stats b2;
     ep_stats(c, &b2);
     kvg_client_submit(c, &q, r, &id, err, sizeof err);
-    while (!r->t_first && !r->error) {
-        kvg_client_event ev;
-        while (kvg_client_next_event(c, &ev) == 1)
-            ep_record(&ev);
-        kvg_client_wait(c, 50);
-    }
+    ep_wait_first(c, r);
     ok(kvg_client_cancel(c, id) == 0 && kvg_client_live(c) == 0, "cancel: the client forgets the request at once");
     t0 = ep_now();
     idle = 0;
@@ -538,12 +528,7 @@ static void test_stop_and_sockets(engine_proc *e)
     uint64_t id;
     char err[256];
     kvg_client_submit(c, &q, r, &id, err, sizeof err);
-    while (!r->t_first && !r->error) {
-        kvg_client_event ev;
-        while (kvg_client_next_event(c, &ev) == 1)
-            ep_record(&ev);
-        kvg_client_wait(c, 50);
-    }
+    ep_wait_first(c, r);
     kill(e->pid, SIGTERM);
     ep_pump(&c, 1, &r, 1, 20);
     int st = ep_stop(e, 0, 20);
@@ -565,12 +550,7 @@ static void test_stop_and_sockets(engine_proc *e)
         q.bypass = 1;
         memset(r, 0, sizeof *r);
         kvg_client_submit(c, &q, r, &id, err, sizeof err);
-        while (!r->t_first && !r->error) {
-            kvg_client_event ev;
-            while (kvg_client_next_event(c, &ev) == 1)
-                ep_record(&ev);
-            kvg_client_wait(c, 50);
-        }
+        ep_wait_first(c, r);
         kill(e->pid, SIGTERM);
         ep_pump(&c, 1, &r, 1, 10);
         ok(r->error && r->status == 503 && strstr(r->message, "shut down"), "--drain-timeout 0: 503 (%s)", r->message);

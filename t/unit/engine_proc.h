@@ -343,6 +343,17 @@ __attribute__((unused)) static int ep_run(kvg_client *c, const kvg_client_req *q
     return r->done ? 0 : -1;
 }
 
+/* Pumps one client until r has its first tokens (or failed). */
+__attribute__((unused)) static void ep_wait_first(kvg_client *c, ep_result *r)
+{
+    while (!r->t_first && !r->error && !r->done) {
+        kvg_client_event ev;
+        while (kvg_client_next_event(c, &ev) == 1)
+            ep_record(&ev);
+        kvg_client_wait(c, 50);
+    }
+}
+
 /* Same outputs (tokens, logprobs bit for bit, text, finish reasons) for n samples. */
 __attribute__((unused)) static int ep_same(const ep_result *a, const ep_result *b, int n)
 {
