@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpu_relax.h"
 #include "daemon_internal.h"
 #include "errmsg.h"
 
@@ -448,14 +449,6 @@ static void begin_stop(kvg_daemon *d)
     }
 }
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
 
 /* Spins up to us microseconds for a client to push something; 1 when one did. */
 static int busy_poll(kvg_daemon *d, int us)
@@ -471,7 +464,7 @@ static int busy_poll(kvg_daemon *d, int us)
         clock_gettime(CLOCK_MONOTONIC, &t);
         if ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 >= us)
             return 0;
-        cpu_relax();
+        kvg_cpu_relax();
     }
 }
 

@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpu_relax.h"
+
 #define KVG_TP_MAX_THREADS 256
 #define KVG_TP_SPIN_NS 10000
 /* Ranges per thread: a thread slowed by another process holds back at most a small
@@ -49,14 +51,6 @@ struct kvg_threadpool {
     void *job_ctx;
 };
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
 
 static uint64_t now_ns(void)
 {
@@ -72,7 +66,7 @@ static void spin_gen(const _Atomic uint64_t *p, uint64_t v)
     for (int i = 1;; i++) {
         if (atomic_load_explicit(p, memory_order_acquire) != v)
             return;
-        cpu_relax();
+        kvg_cpu_relax();
         if ((i & 31) == 0 && now_ns() - start > KVG_TP_SPIN_NS)
             return;
     }
@@ -84,7 +78,7 @@ static void spin_zero(const _Atomic size_t *p)
     for (int i = 1;; i++) {
         if (atomic_load_explicit(p, memory_order_acquire) == 0)
             return;
-        cpu_relax();
+        kvg_cpu_relax();
         if ((i & 31) == 0 && now_ns() - start > KVG_TP_SPIN_NS)
             return;
     }

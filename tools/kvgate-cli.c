@@ -369,8 +369,10 @@ int main(int argc, char **argv)
         free(s);
         json_decref(o);
     } else {
-        if (n == 1)
+        if (n == 1) {
             fputc('\n', stdout);
+            fflush(stdout);
+        }
         fprintf(stderr, "kvgate-cli: %u prompt tokens (%u cached, %s), %u completion tokens; first token after "
                 "%.1f ms, total %.1f ms\n", prompt_tokens, cached, status, completion,
                 ttft < 0 ? 0 : ttft * 1000.0, total * 1000.0);

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -94,6 +95,7 @@ static pid_t start_engine(const char *sock, char *const *model_args)
         return -1;
     pid_t pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(p[1], 1);
         int dn = open("/dev/null", O_WRONLY);
         dup2(dn, 2);

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -70,6 +71,7 @@ static pid_t start_engine(const char *sock, const char *busy_poll)
         return -1;
     pid_t pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(p[1], 1);
         int dn = open("/dev/null", O_WRONLY);
         dup2(dn, 2);

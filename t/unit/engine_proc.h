@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -97,6 +98,8 @@ __attribute__((unused)) static int ep_start(engine_proc *e, const char *const *a
         return -1;
     e->pid = fork();
     if (e->pid == 0) {
+        /* an engine never outlives the test that started it */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         int fd = open(e->errlog, O_WRONLY | O_CREAT | O_APPEND, 0644);
         dup2(out[1], 1);
         if (fd >= 0)
