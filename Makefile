@@ -37,7 +37,7 @@ TOOL_SRCS  := $(wildcard tools/*.c)
 UNIT_SRCS  := $(wildcard t/unit/*.c)
 BENCH_SRCS := $(wildcard t/bench/*.c)
 FUZZ_SRCS  := $(wildcard fuzz/*.c)
-HDRS       := $(wildcard src/*.h) $(wildcard t/unit/*.h) $(wildcard engine/*.h engine/cpu/*.h)
+HDRS       := $(wildcard src/*.h) $(wildcard t/unit/*.h) $(wildcard t/bench/*.h) $(wildcard engine/*.h engine/cpu/*.h)
 
 LIB_OBJS   := $(LIB_SRCS:src/%.c=$(BUILD)/obj/%.o)
 LIB        := $(BUILD)/libkvgate.a

@@ -345,7 +345,6 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
     }
     r->in_sched = 1;
     d->waiting++;
-    d->stats_written_ms = 0;
 }
 
 static void on_cancel(dconn *c, const kvg_shm_msg *m)

@@ -168,7 +168,6 @@ void kvgd_sched_event(void *ctx, const kvg_sched_event *ev)
         r->accepted = 1;
         r->cached_tokens = (uint32_t)ev->cached_tokens;
         d->waiting--;
-        d->stats_written_ms = 0;     /* a request started: the page is due */
         break;
     case KVG_SEV_TOKEN:
         if (ev->sample < 0 || ev->sample >= r->n)

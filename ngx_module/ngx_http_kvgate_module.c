@@ -420,69 +420,6 @@ ngx_http_kvgate_error_page(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 }
 
 
-/* ---- buckets ---- */
-
-ngx_int_t
-ngx_http_kvgate_effective_buckets(ngx_int_t min_tokens, ngx_array_t *spec,
-    kvg_buckets *out, char *err, size_t err_len)
-{
-    u_char       text[512], *p, *end;
-    ngx_str_t   *v;
-    ngx_uint_t   i;
-    kvg_buckets  b;
-
-    /*
-     * The bypass threshold is the first bound; the configured buckets above
-     * it follow. kvgate_cache_min_tokens 0 bypasses nothing (a bound of 1
-     * can never be undercut by a prompt).
-     */
-
-    if (spec == NULL) {
-        kvg_buckets_default(&b);
-
-    } else {
-        p = text;
-        end = text + sizeof(text) - 1;
-        v = spec->elts;
-
-        for (i = 0; i < spec->nelts; i++) {
-            if ((size_t) (end - p) < v[i].len + 1) {
-                ngx_cpystrn((u_char *) err, (u_char *) "too many bucket bounds",
-                            err_len);
-                return NGX_ERROR;
-            }
-
-            p = ngx_cpymem(p, v[i].data, v[i].len);
-            *p++ = ' ';
-        }
-
-        *p = '\0';
-
-        if (kvg_buckets_parse(&b, (char *) text, err, err_len) != 0) {
-            return NGX_ERROR;
-        }
-    }
-
-    p = text;
-    end = text + sizeof(text) - 1;
-    p = ngx_slprintf(p, end, "%i", min_tokens > 0 ? min_tokens : 1);
-
-    for (i = 0; i < b.n_bounds; i++) {
-        if ((ngx_int_t) b.bound[i] > (min_tokens > 0 ? min_tokens : 1)) {
-            p = ngx_slprintf(p, end, " %uD", b.bound[i]);
-        }
-    }
-
-    *p = '\0';
-
-    if (kvg_buckets_parse(out, (char *) text, err, err_len) != 0) {
-        return NGX_ERROR;
-    }
-
-    return NGX_OK;
-}
-
-
 /* ---- variables ---- */
 
 typedef enum {
@@ -502,9 +439,11 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
     uintptr_t data)
 {
     u_char                      *p;
+    uint32_t                     n;
     ngx_http_kvgate_ctx_t       *ctx;
     ngx_http_kvgate_loc_conf_t  *klcf;
 
+    n = 0;
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
 
     if (ctx == NULL && data == NGX_HTTP_KVGATE_VAR_ROUTE_KEY) {
@@ -541,11 +480,6 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
         return NGX_OK;
     }
 
-    p = ngx_pnalloc(r->pool, NGX_INT64_LEN + 8);
-    if (p == NULL) {
-        return NGX_ERROR;
-    }
-
     v->valid = 1;
     v->no_cacheable = 0;
     v->not_found = 0;
@@ -579,8 +513,7 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
             return NGX_OK;
         }
 
-        v->len = ngx_sprintf(p, "%uD", ctx->usage_set ? ctx->prompt_tokens
-                                       : (uint32_t) ctx->n_tokens) - p;
+        n = ctx->usage_set ? ctx->prompt_tokens : (uint32_t) ctx->n_tokens;
         break;
 
     case NGX_HTTP_KVGATE_VAR_CACHED_TOKENS:
@@ -589,7 +522,7 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
             return NGX_OK;
         }
 
-        v->len = ngx_sprintf(p, "%uD", ctx->cached_tokens) - p;
+        n = ctx->cached_tokens;
         break;
 
     case NGX_HTTP_KVGATE_VAR_COMPLETION_TOKENS:
@@ -598,7 +531,7 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
             return NGX_OK;
         }
 
-        v->len = ngx_sprintf(p, "%uD", ctx->completion_tokens) - p;
+        n = ctx->completion_tokens;
         break;
 
     case NGX_HTTP_KVGATE_VAR_CACHE_STATUS:
@@ -617,8 +550,6 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
             return NGX_OK;
         }
 
-        v->len = ngx_sprintf(p, "%i.%06i", ctx->ttft_us / 1000000,
-                             ctx->ttft_us % 1000000) - p;
         break;
 
     case NGX_HTTP_KVGATE_VAR_ROUTE_KEY:
@@ -634,6 +565,21 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
     default:
         v->not_found = 1;
         return NGX_OK;
+    }
+
+    /* a number: n, or the ttft in microseconds when it is that variable */
+
+    p = ngx_pnalloc(r->pool, NGX_INT64_LEN + 8);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (data == NGX_HTTP_KVGATE_VAR_TTFT) {
+        v->len = ngx_sprintf(p, "%i.%06i", ctx->ttft_us / 1000000,
+                             ctx->ttft_us % 1000000) - p;
+
+    } else {
+        v->len = ngx_sprintf(p, "%uD", n) - p;
     }
 
     v->data = p;
@@ -799,7 +745,7 @@ ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf)
     klcf->tenant = NGX_CONF_UNSET_PTR;
     klcf->tenant_required = NGX_CONF_UNSET;
     klcf->cache_min_tokens = NGX_CONF_UNSET;
-    klcf->buckets_spec = NGX_CONF_UNSET_PTR;
+    klcf->bounds_set = NGX_CONF_UNSET;
     klcf->normalize = NGX_CONF_UNSET;
     klcf->cache_ttl = NGX_CONF_UNSET_MSEC;
     klcf->timeout = NGX_CONF_UNSET_MSEC;
@@ -891,7 +837,6 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_http_kvgate_loc_conf_t *prev = parent;
     ngx_http_kvgate_loc_conf_t *conf = child;
 
-    char                       err[256];
     ngx_http_core_loc_conf_t  *clcf;
 
     /*
@@ -904,7 +849,10 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_str_value(conf->default_tenant, prev->default_tenant,
                              "default");
     ngx_conf_merge_value(conf->cache_min_tokens, prev->cache_min_tokens, 128);
-    ngx_conf_merge_ptr_value(conf->buckets_spec, prev->buckets_spec, NULL);
+    if (conf->bounds_set == NGX_CONF_UNSET) {
+        conf->bounds_set = prev->bounds_set == 1;
+        conf->bounds = prev->bounds;
+    }
     ngx_conf_merge_value(conf->normalize, prev->normalize, 0);
     ngx_conf_merge_msec_value(conf->cache_ttl, prev->cache_ttl, 0);
     ngx_conf_merge_msec_value(conf->timeout, prev->timeout, 300000);
@@ -932,16 +880,10 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         return NGX_CONF_ERROR;
     }
 
-    if (ngx_http_kvgate_effective_buckets(conf->cache_min_tokens,
-                                          conf->buckets_spec, &conf->buckets,
-                                          err, sizeof(err))
-        != NGX_OK)
-    {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"kvgate_buckets\" with \"kvgate_cache_min_tokens "
-                           "%i\": %s", conf->cache_min_tokens, err);
-        return NGX_CONF_ERROR;
-    }
+    /* the bypass threshold first, then the configured bounds above it */
+
+    kvg_buckets_with_min(&conf->buckets, (uint32_t) conf->cache_min_tokens,
+                         conf->bounds_set ? &conf->bounds : NULL);
 
     if (conf->handler == NGX_HTTP_KVGATE_PASS) {
         clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
@@ -1119,44 +1061,36 @@ ngx_http_kvgate_buckets(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_kvgate_loc_conf_t  *klcf = conf;
 
-    char          err[256];
-    ngx_str_t    *value, *s;
-    ngx_uint_t    i;
-    kvg_buckets   b;
-    ngx_array_t  *a;
+    char         err[256];
+    u_char       text[512], *p, *end;
+    ngx_str_t   *value;
+    ngx_uint_t   i;
 
-    if (klcf->buckets_spec != NGX_CONF_UNSET_PTR) {
+    if (klcf->bounds_set != NGX_CONF_UNSET) {
         return "is duplicate";
     }
 
     value = cf->args->elts;
-
-    a = ngx_array_create(cf->pool, cf->args->nelts - 1, sizeof(ngx_str_t));
-    if (a == NULL) {
-        return NGX_CONF_ERROR;
-    }
+    p = text;
+    end = text + sizeof(text) - 1;
 
     for (i = 1; i < cf->args->nelts; i++) {
-        s = ngx_array_push(a);
-        if (s == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        *s = value[i];
+        p = ngx_slprintf(p, end, "%V ", &value[i]);
     }
 
-    /* checked here too, so the message points at this line */
+    *p = '\0';
 
-    if (ngx_http_kvgate_effective_buckets(1, a, &b, err, sizeof(err))
-        != NGX_OK)
+    if (p == end
+        || kvg_buckets_parse(&klcf->bounds, (char *) text, err, sizeof(err))
+           != 0)
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid value in \"%V\" directive: %s",
-                           &cmd->name, err);
+                           &cmd->name, p == end ? "too many bounds" : err);
         return NGX_CONF_ERROR;
     }
 
-    klcf->buckets_spec = a;
+    klcf->bounds_set = 1;
 
     return NGX_CONF_OK;
 }

@@ -71,8 +71,9 @@ typedef struct {
     ngx_str_t                  default_tenant;
 
     ngx_int_t                  cache_min_tokens;
-    ngx_array_t               *buckets_spec;      /* of ngx_str_t, as written */
-    kvg_buckets                buckets;           /* effective bounds */
+    ngx_flag_t                 bounds_set;        /* kvgate_buckets given */
+    kvg_buckets                bounds;            /* as given */
+    kvg_buckets                buckets;           /* effective: min_tokens first */
 
     ngx_int_t                  normalize;         /* KVG_NORM_* flags */
     ngx_msec_t                 cache_ttl;
@@ -152,10 +153,6 @@ struct ngx_http_kvgate_ctx_s {
     ngx_http_kvgate_choice_t  *choices;
 };
 
-
-/* ngx_http_kvgate_module.c */
-ngx_int_t ngx_http_kvgate_effective_buckets(ngx_int_t min_tokens,
-    ngx_array_t *spec, kvg_buckets *out, char *err, size_t err_len);
 
 /* ngx_http_kvgate_engine.c */
 ngx_int_t ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle);

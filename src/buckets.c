@@ -83,6 +83,28 @@ void kvg_buckets_default(kvg_buckets *b)
     (void)kvg_buckets_parse(b, KVG_BUCKETS_DEFAULT, err, sizeof err);
 }
 
+void kvg_buckets_with_min(kvg_buckets *b, uint32_t min_tokens, const kvg_buckets *bounds)
+{
+    kvg_buckets def, nb;
+    uint32_t first = min_tokens ? min_tokens : 1;
+
+    if (!bounds) {
+        kvg_buckets_default(&def);
+        bounds = &def;
+    }
+    if (first > KVG_BUCKETS_MAX_VALUE)
+        first = KVG_BUCKETS_MAX_VALUE;
+    memset(&nb, 0, sizeof nb);
+    nb.bound[nb.n_bounds++] = first;
+    for (unsigned i = 0; i < bounds->n_bounds && nb.n_bounds < KVG_BUCKETS_MAX_BOUNDS; i++)
+        if (bounds->bound[i] > first)
+            nb.bound[nb.n_bounds++] = bounds->bound[i];
+    snprintf(nb.label[0], sizeof nb.label[0], "bypass");
+    for (unsigned i = 0; i < nb.n_bounds; i++)
+        make_label(nb.bound[i], nb.label[i + 1], sizeof nb.label[i + 1]);
+    *b = nb;
+}
+
 unsigned kvg_buckets_count(const kvg_buckets *b)
 {
     return b->n_bounds + 1;

@@ -33,6 +33,11 @@ typedef struct kvg_buckets {
  * error. */
 int kvg_buckets_parse(kvg_buckets *b, const char *spec, char *err, size_t err_len);
 
+/* The buckets a gateway uses: the bypass threshold min_tokens first (0 means nothing
+ * bypasses: a threshold of 1 no prompt is under), then the bounds of `bounds` above
+ * it (NULL: the defaults). Always succeeds; bounds beyond the 16th are dropped. */
+void kvg_buckets_with_min(kvg_buckets *b, uint32_t min_tokens, const kvg_buckets *bounds);
+
 /* Fills b with the default boundaries. */
 void kvg_buckets_default(kvg_buckets *b);
 

@@ -44,7 +44,6 @@ struct kvg_client {
     int want_writable;
     size_t want_payload;
     int sock_readable;           /* the caller saw the socket readable: look at it */
-    int bell_cleared;            /* inside next_event: the doorbell was read once */
     int64_t sock_checked_ms;
 
     /* Going down: every live request gets an ERROR, then one DOWN event. */
@@ -648,6 +647,37 @@ static int decode(kvg_client *c, const kvg_shm_msg *m, kvg_client_event *ev, cha
     return 1;
 }
 
+/* The next message for a live request from the completion ring: 1 with *ev filled,
+ * 0 when the ring is empty, -1 when the connection had to go down. */
+static int pop_event(kvg_client *c, kvg_client_event *ev)
+{
+    char err[320], why[400];
+
+    for (;;) {
+        kvg_shm_msg m;
+        int rc = kvg_shm_try_pop(&c->shm.cq, &m, c->recv_buf, c->recv_cap, err, sizeof err);
+        if (rc == KVG_SHM_EMPTY)
+            return 0;
+        if (rc < 0) {
+            snprintf(why, sizeof why, "corrupt completion ring: %s", err);
+            go_down(c, why);
+            return -1;
+        }
+        /* The engine may be waiting for this room (a slow reader's backlog). */
+        if (kvg_shm_consumer_take_waiter(&c->shm.cq))
+            ring_engine(c);
+        int d = decode(c, &m, ev, err, sizeof err);
+        if (d == 1)
+            return 1;
+        if (d < 0) {
+            snprintf(why, sizeof why, "protocol violation by the engine: %s", err);
+            go_down(c, why);
+            return -1;
+        }
+        /* a message for a cancelled request: the next one */
+    }
+}
+
 int kvg_client_next_event(kvg_client *c, kvg_client_event *ev)
 {
     char err[320];
@@ -691,58 +721,28 @@ int kvg_client_next_event(kvg_client *c, kvg_client_event *ev)
     if (c->state != KVG_CLIENT_UP)
         return 0;
 
-    for (;;) {
-        kvg_shm_msg m;
-        int rc = kvg_shm_try_pop(&c->shm.cq, &m, c->recv_buf, c->recv_cap, err, sizeof err);
-        if (rc == 0) {
-            /* The engine may be waiting for this room (a slow reader's backlog). */
-            if (kvg_shm_consumer_take_waiter(&c->shm.cq))
-                ring_engine(c);
-            int d = decode(c, &m, ev, err, sizeof err);
-            if (d == 1)
-                return 1;
-            if (d < 0) {
-                char why[400];
-                snprintf(why, sizeof why, "protocol violation by the engine: %s", err);
-                go_down(c, why);
-                return kvg_client_next_event(c, ev);
-            }
-            continue;            /* a message for a cancelled request */
-        }
-        if (rc < 0) {
-            char why[400];
-            snprintf(why, sizeof why, "corrupt completion ring: %s", err);
-            go_down(c, why);
-            return kvg_client_next_event(c, ev);
-        }
-        break;
-    }
-    /* Nothing queued: clear the doorbell, then look once more, so a message pushed
-     * between the pop above and the read below is not left unannounced (one read per
-     * drain: a message pushed after it rings the doorbell again). */
-    if (!c->bell_cleared) {
+    int rc = pop_event(c, ev);
+    if (rc == 0) {
+        /* Nothing queued: clear the doorbell, then look once more, so that a message
+         * pushed between the pop and the read is not left unannounced. One read per
+         * drain: a message pushed after it rings the doorbell again. */
         uint64_t v;
-        c->bell_cleared = 1;
-        if (read(c->to_client, &v, sizeof v) == (ssize_t)sizeof v) {
-            if (c->n_cancels)
-                flush_cancels(c);
-            int rc = kvg_client_next_event(c, ev);
-            c->bell_cleared = 0;
-            return rc;
-        }
+        if (read(c->to_client, &v, sizeof v) == (ssize_t)sizeof v)
+            rc = pop_event(c, ev);
     }
-    c->bell_cleared = 0;
+    if (rc < 0)
+        return kvg_client_next_event(c, ev);   /* the failed requests, then DOWN */
+    if (rc == 1)
+        return 1;
     if (c->n_cancels)
         flush_cancels(c);
     /* The socket only ever carries EOF (or a violation): look when the caller saw it
      * readable, and at least every 100 ms. */
-    int64_t now = 0;
-    if (!c->sock_readable && (now = mono_ms()) - c->sock_checked_ms < 100)
-        goto writable;
-    c->sock_readable = 0;
-    c->sock_checked_ms = now ? now : mono_ms();
-    {
+    int64_t now = mono_ms();
+    if (c->sock_readable || now - c->sock_checked_ms >= 100) {
         char b;
+        c->sock_readable = 0;
+        c->sock_checked_ms = now;
         ssize_t n = recv(c->sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
             go_down(c, n == 0 ? "the engine closed the connection" : strerror(errno));
@@ -753,7 +753,6 @@ int kvg_client_next_event(kvg_client *c, kvg_client_event *ev)
             return kvg_client_next_event(c, ev);
         }
     }
-writable:
     if (c->want_writable && !c->n_cancels && kvg_shm_can_push(&c->shm.sq, c->want_payload)) {
         c->want_writable = 0;
         ev->kind = KVG_CEV_WRITABLE;

@@ -59,9 +59,14 @@ sub wait_until {
     close $s;
     my $t0 = time;
     my $st;
-    ok(wait_until(sub { $st = $g->status->{scheduler}; $st->{running} == 0 && $st->{waiting} == 0 }),
-       sprintf('the client hangs up: the engine stops the request (%.0f ms)', (time - $t0) * 1000));
-    is($st->{client_cancels}, $before->{client_cancels} + 1, '  cancelled by the gateway');
+    # (the statistics page is refreshed at least every 20 ms while the engine works, and
+    # whenever a request ends: wait for the cancel to show, not just for an idle page)
+    ok(wait_until(sub { $st = $g->status->{scheduler};
+                        $st->{client_cancels} == $before->{client_cancels} + 1
+                            && $st->{running} == 0 && $st->{waiting} == 0 }),
+       sprintf('the client hangs up: the gateway cancels, the engine stops the request (%.0f ms)',
+               (time - $t0) * 1000));
+    is($st->{cancelled}, $before->{cancelled} + 1, '  cancelled in the scheduler, not finished');
     ok($st->{decode_tokens} - $before->{decode_tokens} < 16 * 480 - 16,
        '  long before its end (' . ($st->{decode_tokens} - $before->{decode_tokens}) . ' of 7680 tokens)');
     ok($g->metric($g->metrics, 'kvgate_requests_total{endpoint="completions",bucket="bypass",status="499"}') == 1,

@@ -233,16 +233,11 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    /* the gateway's default buckets, with this bypass threshold */
     kvg_buckets buckets;
-    kvg_buckets_default(&buckets);
-    char bspec[64];
-    snprintf(bspec, sizeof bspec, "%ld 1024 8192 32768", min_tokens > 0 ? min_tokens : 1);
-    if (min_tokens > 0 && min_tokens < 1024)
-        kvg_buckets_parse(&buckets, bspec, err, sizeof err);
-    int bypass = (long)n_ids < min_tokens;
-    unsigned bucket = bypass ? 0 : kvg_bucket_index(&buckets, n_ids);
-    if (!bypass && bucket == 0)
-        bucket = 1;
+    kvg_buckets_with_min(&buckets, (uint32_t)min_tokens, NULL);
+    unsigned bucket = kvg_bucket_index(&buckets, n_ids);
+    int bypass = bucket == 0;
 
     kvg_client_req req;
     memset(&req, 0, sizeof req);

@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_proc.h"
 #include "client.h"
 #include "normalize.h"
 #include "request.h"
@@ -33,25 +34,6 @@
 
 static char err[512], dir[64], build[512], shared[512];
 static int http_port;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, double p)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return v[(int)(p * (n - 1) + 0.5)];
-}
 
 static char *slurp(const char *path, size_t *len)
 {
@@ -77,11 +59,8 @@ static char *slurp(const char *path, size_t *len)
 
 static pid_t start_engine(const char *sock, char *const *model_args)
 {
-    char bin[600], line[1024];
     const char *argv[32];
-    int p[2], n = 0;
-    snprintf(bin, sizeof bin, "%s/bin/kvgate-engine", build);
-    argv[n++] = bin;
+    int n = 0;
     for (int i = 0; model_args[i]; i++)
         argv[n++] = model_args[i];
     argv[n++] = "--socket";
@@ -91,25 +70,7 @@ static pid_t start_engine(const char *sock, char *const *model_args)
     argv[n++] = "--threads";
     argv[n++] = "1";
     argv[n] = NULL;
-    if (pipe(p) != 0)
-        return -1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(p[1], 1);
-        int dn = open("/dev/null", O_WRONLY);
-        dup2(dn, 2);
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    close(p[1]);
-    ssize_t r = read(p[0], line, sizeof line - 1);
-    close(p[0]);
-    if (r <= 0) {
-        fprintf(stderr, "gateway_bench: the engine did not start (%s)\n", bin);
-        return -1;
-    }
-    return pid;
+    return bench_start_engine(argv);
 }
 
 static int free_port(void)

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "bench_proc.h"
 #include "client.h"
 #include "forward.h"
 #include "kv_cache.h"
@@ -39,54 +40,13 @@
 static char err[512];
 static char model_path[1024], tok_path[1024];
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, double p)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    int i = (int)(p * (n - 1) + 0.5);
-    return v[i];
-}
-
 /* ---- the real engine as a process ---- */
 
 static pid_t start_engine(const char *sock, const char *busy_poll)
 {
-    const char *b = getenv("BUILD");
-    char bin[1024], line[1024];
-    int p[2];
-    snprintf(bin, sizeof bin, "%s/bin/kvgate-engine", b && *b ? b : "build");
-    if (pipe(p) != 0)
-        return -1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(p[1], 1);
-        int dn = open("/dev/null", O_WRONLY);
-        dup2(dn, 2);
-        execl(bin, bin, "--model", model_path, "--tokenizer", tok_path, "--socket", sock, "--threads", "1",
-              "--kv-memory", "64M", "--busy-poll-us", busy_poll, (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    ssize_t n = read(p[0], line, sizeof line - 1);
-    close(p[0]);
-    if (n <= 0) {
-        fprintf(stderr, "ipc_bench: %s did not start\n", bin);
-        return -1;
-    }
-    return pid;
+    const char *args[] = { "--model", model_path, "--tokenizer", tok_path, "--socket", sock, "--threads", "1",
+                           "--kv-memory", "64M", "--busy-poll-us", busy_poll, NULL };
+    return bench_start_engine(args);
 }
 
 typedef struct counter {
@@ -420,13 +380,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "ipc_bench: %s\n", err);
         return 1;
     }
-    int32_t prompt[] = { 1, 403, 407, 261, 378 };
-    kvg_client_req q;
-    memset(&q, 0, sizeof q);
-    q.tokens = prompt;
-    q.n_tokens = 5;
-    q.bypass = 1;
-    q.top_p = 1.0f;
     direct_latency(direct, n);
     double v50 = pct(via, n, 0.5), v90 = pct(via, n, 0.9), v99 = pct(via, n, 0.99);
     double z50 = pct(via0, n, 0.5), z90 = pct(via0, n, 0.9), z99 = pct(via0, n, 0.99);
@@ -447,11 +400,17 @@ int main(int argc, char **argv)
     {
         counter ks[8];
         uint64_t id;
+        int32_t prompt[] = { 1, 403, 407, 261, 378 };
+        kvg_client_req q;
+        memset(&q, 0, sizeof q);
+        q.tokens = prompt;
+        q.n_tokens = 5;
+        q.bypass = 1;
+        q.top_p = 1.0f;
         memset(ks, 0, sizeof ks);
         q.n = 16;
         q.max_tokens = 400;
         q.temperature = 1.0f;
-        q.stop_ids = NULL;
         double t0 = now_s();
         for (int i = 0; i < 8; i++) {
             q.seed = (uint64_t)i;

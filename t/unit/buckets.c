@@ -83,5 +83,25 @@ int main(void)
     bad_spec("1000000001", "out of range");
     bad_spec("99999999999999999999999", "out of range");
     bad_spec("1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17", "more than 16");
+
+    /* the gateway's buckets: the bypass threshold, then the bounds above it */
+    {
+        kvg_buckets w, given;
+        char e[128];
+        kvg_buckets_with_min(&w, 128, NULL);
+        ok(w.n_bounds == 4 && w.bound[0] == 128 && w.bound[3] == 32768, "with_min 128: the defaults");
+        kvg_buckets_with_min(&w, 256, NULL);
+        ok(w.n_bounds == 4 && w.bound[0] == 256 && w.bound[1] == 1024, "with_min 256: 256 1k 8k 32k");
+        is_str(kvg_bucket_label(&w, 1), "256", "  labelled 256");
+        is_int(kvg_bucket_index(&w, 200), 0, "  200 tokens bypass");
+        kvg_buckets_with_min(&w, 0, NULL);
+        is_int(kvg_bucket_index(&w, 1), 1, "with_min 0: a 1-token prompt does not bypass");
+        kvg_buckets_parse(&given, "64 512 4096", e, sizeof e);
+        kvg_buckets_with_min(&w, 600, &given);
+        ok(w.n_bounds == 2 && w.bound[0] == 600 && w.bound[1] == 4096, "with_min 600 over 64 512 4096: 600 4096");
+        is_str(kvg_bucket_label(&w, 2), "4k", "  labels recomputed");
+        kvg_buckets_with_min(&w, 4000000000u, NULL);
+        ok(w.n_bounds == 1 && w.bound[0] == KVG_BUCKETS_MAX_VALUE, "a huge threshold is clamped");
+    }
     return done_testing();
 }
