@@ -18,24 +18,11 @@
 #include "cpu_relax.h"
 #include "daemon_internal.h"
 #include "errmsg.h"
+#include "monoclock.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
 #define F_SEAL_FUTURE_WRITE 0x0010
 #endif
-
-int64_t kvgd_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static uint64_t unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 void kvgd_log(kvg_daemon *d, const char *fmt, ...)
 {
@@ -195,8 +182,8 @@ kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache
     }
     fcntl(d->stats_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
     if (getrandom(&d->instance, sizeof d->instance, 0) != (ssize_t)sizeof d->instance)
-        d->instance = (uint64_t)unix_ms() ^ ((uint64_t)getpid() << 32);
-    d->start_unix_ms = unix_ms();
+        d->instance = (uint64_t)kvg_unix_ms() ^ ((uint64_t)getpid() << 32);
+    d->start_unix_ms = kvg_unix_ms();
 
     d->ep = epoll_create1(EPOLL_CLOEXEC);
     d->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -362,7 +349,7 @@ static void write_stats(kvg_daemon *d)
     s.version = KVG_PROTO_VERSION;
     s.instance = d->instance;
     s.start_unix_ms = d->start_unix_ms;
-    s.updated_unix_ms = unix_ms();
+    s.updated_unix_ms = kvg_unix_ms();
     s.blocks_total = pcs.blocks_total;
     s.blocks_free = pcs.blocks_free;
     s.blocks_cached = pcs.blocks_cached;
@@ -430,14 +417,14 @@ static void write_stats(kvg_daemon *d)
         s.tenant[pos].cached_blocks = blocks;
     }
     kvg_stats_write(d->stats, &s);
-    d->stats_written_ms = kvgd_now_ms();
+    d->stats_written_ms = kvg_mono_ms();
 }
 
 /* ---- the loop ---- */
 
 static void begin_stop(kvg_daemon *d)
 {
-    int64_t now = kvgd_now_ms();
+    int64_t now = kvg_mono_ms();
     if (!d->stopping) {
         d->stopping = 1;
         d->stop_deadline_ms = d->cfg.drain_timeout_ms < 0 ? now : now + d->cfg.drain_timeout_ms;
@@ -453,16 +440,14 @@ static void begin_stop(kvg_daemon *d)
 /* Spins up to us microseconds for a client to push something; 1 when one did. */
 static int busy_poll(kvg_daemon *d, int us)
 {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t t0 = kvg_mono_ns();
     for (;;) {
         for (dconn *c = d->conns; c; c = c->next)
             if (c->up && !c->closing && kvg_shm_can_pop(&c->shm.sq))
                 return 1;
         if (d->stop_requests)
             return 1;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 >= us)
+        if (kvg_mono_ns() - t0 >= (uint64_t)us * 1000u)
             return 0;
         kvg_cpu_relax();
     }
@@ -508,7 +493,7 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
         else
             timeout = d->sweep_due ? 1000 : -1;   /* cached blocks expire while idle too */
         if (d->stopping && timeout != 0) {
-            int64_t left = d->stop_deadline_ms - kvgd_now_ms();
+            int64_t left = d->stop_deadline_ms - kvg_mono_ms();
             timeout = left <= 0 ? 0 : (timeout < 0 || left < timeout ? (int)left : timeout);
         }
         /* Going to sleep right after work: a client answering at once (the next
@@ -544,7 +529,7 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
         for (dconn *c = d->conns; c; c = c->next)
             kvgd_conn_intake(c);
 
-        int64_t now = kvgd_now_ms();
+        int64_t now = kvg_mono_ms();
         check_deadlines(d, now);
         if (now - d->last_sweep_ms >= 1000) {
             if (kvg_pc_sweep(d->pc, now) > 0)
@@ -567,7 +552,7 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
         }
         /* The page is due before a DONE goes out (a client reading statistics right
          * after its answer sees them), and otherwise every 20 ms while busy. */
-        now = kvgd_now_ms();
+        now = kvg_mono_ms();
         if (d->stats_written_ms == 0 || now - d->stats_written_ms >= 20 ||
             (kvg_sched_pending(d->sched) == 0 && last_rows == 0))
             write_stats(d);
@@ -594,7 +579,7 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
             for (dconn *c = d->conns; c; c = c->next)
                 left += c->blocked;
             /* Give slow readers the drain time to take their last messages. */
-            if (!left || kvgd_now_ms() >= d->stop_deadline_ms + 1000)
+            if (!left || kvg_mono_ms() >= d->stop_deadline_ms + 1000)
                 break;
         }
     }

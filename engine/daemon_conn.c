@@ -326,7 +326,7 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
     }
     r->n = (int)v.h.n;
     r->logprobs = (v.h.flags & KVG_SUBMIT_LOGPROBS) != 0;
-    r->deadline_ms = v.h.deadline_ms ? kvgd_now_ms() + v.h.deadline_ms : 0;
+    r->deadline_ms = v.h.deadline_ms ? kvg_mono_ms() + v.h.deadline_ms : 0;
     r->sched_id = ++d->next_sched_id;
     r->prompt_tokens = v.h.n_tokens;
     q.id = r->sched_id;

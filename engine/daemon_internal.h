@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "daemon.h"
+#include "monoclock.h"
 #include "proto.h"
 #include "shm_channel.h"
 #include "u64map.h"
@@ -132,7 +133,6 @@ struct kvg_daemon {
     size_t hash_scratch_cap;
 };
 
-int64_t kvgd_now_ms(void);
 void kvgd_log(kvg_daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* daemon_conn.c */

@@ -1,5 +1,6 @@
 /* Continuous batching over the prefix cache; see scheduler.h. */
 #include "scheduler.h"
+#include "monoclock.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -71,18 +72,11 @@ struct kvg_sched {
     kvg_sched_stats st;
 };
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int64_t now_ms(const kvg_sched *s)
 {
     if (s->cfg.now_ms)
         return s->cfg.now_ms(s->cfg.now_ctx);
-    return (int64_t)(mono_s() * 1000.0);
+    return kvg_mono_ms();
 }
 
 const char *kvg_finish_reason_name(kvg_finish_reason r)
@@ -329,7 +323,7 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
         s->cap_live = nc;
     }
     q->arrival = ++s->arrivals;
-    q->t_submit = mono_s();
+    q->t_submit = kvg_mono_s();
     s->live[s->n_live++] = q;
     s->st.bucket[r->bucket].requests++;
     return 0;
@@ -354,7 +348,7 @@ static void note_first_output(kvg_sched *s, req *q)
 {
     if (q->ttft_done)
         return;
-    double t = mono_s() - q->t_submit;
+    double t = kvg_mono_s() - q->t_submit;
     q->ttft_done = 1;
     s->st.ttft_count++;
     s->st.ttft_sum_s += t;
@@ -666,7 +660,7 @@ static int32_t prefill_left(const req *q, int j)
 int kvg_sched_step(kvg_sched *s, char *err, size_t err_len)
 {
     int64_t now = now_ms(s);
-    double t0 = mono_s();
+    double t0 = kvg_mono_s();
     int n_items = 0, rows = 0, n_decode_rows = 0, n_out = 0, rc = 0;
     int32_t budget;
 
@@ -852,7 +846,7 @@ int kvg_sched_step(kvg_sched *s, char *err, size_t err_len)
         }
     }
     {
-        double dt = mono_s() - t0;
+        double dt = kvg_mono_s() - t0;
         int dec = 0;
         for (int k = 0; k < n_decode_rows; k++)
             dec += !s->items[k].dead;

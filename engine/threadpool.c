@@ -11,6 +11,7 @@
  * much as a small GEMM; the poll is bounded in time, so a busy machine loses at most
  * that per job. */
 #include "threadpool.h"
+#include "monoclock.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -52,34 +53,27 @@ struct kvg_threadpool {
 };
 
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Polls until *p != v, or *p == 0, or the spin budget is spent. */
 static void spin_gen(const _Atomic uint64_t *p, uint64_t v)
 {
-    uint64_t start = now_ns();
+    uint64_t start = kvg_mono_ns();
     for (int i = 1;; i++) {
         if (atomic_load_explicit(p, memory_order_acquire) != v)
             return;
         kvg_cpu_relax();
-        if ((i & 31) == 0 && now_ns() - start > KVG_TP_SPIN_NS)
+        if ((i & 31) == 0 && kvg_mono_ns() - start > KVG_TP_SPIN_NS)
             return;
     }
 }
 
 static void spin_zero(const _Atomic size_t *p)
 {
-    uint64_t start = now_ns();
+    uint64_t start = kvg_mono_ns();
     for (int i = 1;; i++) {
         if (atomic_load_explicit(p, memory_order_acquire) == 0)
             return;
         kvg_cpu_relax();
-        if ((i & 31) == 0 && now_ns() - start > KVG_TP_SPIN_NS)
+        if ((i & 31) == 0 && kvg_mono_ns() - start > KVG_TP_SPIN_NS)
             return;
     }
 }

@@ -1,5 +1,6 @@
 /* The engine client; see client.h. */
 #include "client.h"
+#include "monoclock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -56,13 +57,6 @@ struct kvg_client {
     size_t recv_cap;
     char msg[KVG_PROTO_MAX_ERROR_LEN + 1];
 };
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 kvg_client *kvg_client_new(const char *socket_path, const kvg_client_opts *opts,
                            char *err, size_t err_len)
@@ -144,7 +138,7 @@ kvg_client_state kvg_client_get_state(const kvg_client *c)
 
 int kvg_client_retry_delay_ms(const kvg_client *c)
 {
-    int64_t d = c->retry_at_ms - mono_ms();
+    int64_t d = c->retry_at_ms - kvg_mono_ms();
     return d > 0 ? (int)d : 0;
 }
 
@@ -170,7 +164,7 @@ size_t kvg_client_live(const kvg_client *c)
 
 static void advance_backoff(kvg_client *c)
 {
-    c->retry_at_ms = mono_ms() + c->backoff_ms;
+    c->retry_at_ms = kvg_mono_ms() + c->backoff_ms;
     c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : c->backoff_min_ms;
     if (c->backoff_ms > c->backoff_max_ms)
         c->backoff_ms = c->backoff_max_ms;
@@ -188,7 +182,7 @@ static void go_down(kvg_client *c, const char *why)
         /* A connection that worked and then broke: retry soon (the engine may just be
          * restarting), then back off if it stays away. */
         c->backoff_ms = c->backoff_min_ms;
-        c->retry_at_ms = mono_ms() + c->backoff_min_ms;
+        c->retry_at_ms = kvg_mono_ms() + c->backoff_min_ms;
     }
 }
 
@@ -738,7 +732,7 @@ int kvg_client_next_event(kvg_client *c, kvg_client_event *ev)
         flush_cancels(c);
     /* The socket only ever carries EOF (or a violation): look when the caller saw it
      * readable, and at least every 100 ms. */
-    int64_t now = mono_ms();
+    int64_t now = kvg_mono_ms();
     if (c->sock_readable || now - c->sock_checked_ms >= 100) {
         char b;
         c->sock_readable = 0;
@@ -816,7 +810,7 @@ int kvg_client_wait(kvg_client *c, int timeout_ms)
 
 int kvg_client_connect_wait(kvg_client *c, int timeout_ms, char *err, size_t err_len)
 {
-    int64_t deadline = mono_ms() + timeout_ms;
+    int64_t deadline = kvg_mono_ms() + timeout_ms;
     kvg_client_event ev;
 
     if (c->state == KVG_CLIENT_UP)
@@ -830,7 +824,7 @@ int kvg_client_connect_wait(kvg_client *c, int timeout_ms, char *err, size_t err
             if (ev.kind == KVG_CEV_DOWN)
                 return kvg_fail(err, err_len, c->path, "%s", ev.message);
         }
-        int64_t left = deadline - mono_ms();
+        int64_t left = deadline - kvg_mono_ms();
         if (left <= 0)
             return kvg_fail(err, err_len, c->path, "the engine did not complete the handshake within %d ms",
                             timeout_ms);

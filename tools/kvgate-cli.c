@@ -5,6 +5,7 @@
  * Exit status: 0 ok, 1 the engine refused or failed the request (or is not there),
  * 2 bad usage. */
 #include <errno.h>
+#include "monoclock.h"
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -104,13 +105,6 @@ static const char *finish_name(uint32_t r)
     case KVG_MSG_FINISH_DEADLINE: return "deadline";
     default: return "cancelled";
     }
-}
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int main(int argc, char **argv)
@@ -259,7 +253,7 @@ int main(int argc, char **argv)
     req.cache_ttl_ms = ttl > 0 ? (uint32_t)(ttl * 1000.0) : 0;
     req.logprobs = json;
     uint64_t id;
-    double t0 = mono_s(), ttft = -1;
+    double t0 = kvg_mono_s(), ttft = -1;
     int src;
     while ((src = kvg_client_submit(c, &req, NULL, &id, err, sizeof err)) == KVG_CLIENT_AGAIN)
         kvg_client_wait(c, 100);
@@ -282,7 +276,7 @@ int main(int argc, char **argv)
                 if (ev.sample >= (uint32_t)n)
                     break;
                 if (ttft < 0)
-                    ttft = mono_s() - t0;
+                    ttft = kvg_mono_s() - t0;
                 if (append(&outs[ev.sample], &ev) != 0) {
                     fprintf(stderr, "kvgate-cli: out of memory\n");
                     goto out;
@@ -321,7 +315,7 @@ int main(int argc, char **argv)
         }
         if (finished)
             break;
-        if (mono_s() - t0 > timeout) {
+        if (kvg_mono_s() - t0 > timeout) {
             kvg_client_cancel(c, id);
             fprintf(stderr, "kvgate-cli: no answer within %g s; cancelled\n", timeout);
             goto out;
@@ -329,7 +323,7 @@ int main(int argc, char **argv)
         if (!got)
             kvg_client_wait(c, 200);
     }
-    double total = mono_s() - t0;
+    double total = kvg_mono_s() - t0;
     const char *status = kvg_cache_status(bypass, prompt_tokens, cached, info->block_tokens);
     (void)accepted_cached;
     if (json) {

@@ -2,6 +2,7 @@
  *
  * Exit status: 0 ok, 1 model/runtime error, 2 usage. */
 #include <errno.h>
+#include "monoclock.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,13 +75,6 @@ static int parse_float(const char *s, float *out)
         return -1;
     *out = (float)v;
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int parse_args(int argc, char **argv, opts *o)
@@ -400,7 +394,7 @@ static int run(gen *g, char *err, size_t err_len)
         return -1;
     }
 
-    t0 = now_s();
+    t0 = kvg_mono_s();
     for (size_t done = 0; done < g->n_prompt;) {
         size_t n = g->n_prompt - done;
         kvg_fwd_seq s;
@@ -414,7 +408,7 @@ static int run(gen *g, char *err, size_t err_len)
             return -1;
         done += n;
     }
-    t1 = now_s();
+    t1 = kvg_mono_s();
     if (o->prompt_logits &&
         write_logits(o->prompt_logits, g->logits, g->m->cfg.vocab_size, err, err_len) != 0)
         return -1;
@@ -455,7 +449,7 @@ static int run(gen *g, char *err, size_t err_len)
             n_decode++;
         }
     }
-    t2 = now_s();
+    t2 = kvg_mono_s();
     if (!o->ids) {
         long w = kvg_detok_flush(&dt, out, sizeof out);
         if (w > 0)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "tap.h"
+#include "monoclock.h"
 #include "backend.h"
 #include "forward.h"
 #include "kv_cache.h"
@@ -106,13 +107,6 @@ static int32_t ask(rig *r, uint64_t id, const char *tenant, const int32_t *p, in
             return -3;
         }
     return done_[id] == 1 ? cached[id] : -4;
-}
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static uint64_t rs = 77;
@@ -321,9 +315,9 @@ int main(void)
         org2 = kvg_pc_tenant(r.pc, "org_2", 5, 0.0);
         ok(kvg_pc_tenant_cached_blocks(r.pc, org2) >= 5, "org_2 cached %d blocks",
            (int)kvg_pc_tenant_cached_blocks(r.pc, org2));
-        swept = kvg_pc_sweep(r.pc, mono_ms() + 60000);
+        swept = kvg_pc_sweep(r.pc, kvg_mono_ms() + 60000);
         is_int(swept, 0, "a minute later nothing has expired");
-        swept = kvg_pc_sweep(r.pc, mono_ms() + 10 * 3600 * 1000LL);
+        swept = kvg_pc_sweep(r.pc, kvg_mono_ms() + 10 * 3600 * 1000LL);
         ok(swept >= 5 && kvg_pc_tenant_cached_blocks(r.pc, org2) == 0,
            "10 h later the TTL entries expired (%d blocks)", (int)swept);
         is_int(kvg_pc_tenant_cached_blocks(r.pc, org1), nb1, "the pinned blocks are still there");
