@@ -7,7 +7,9 @@
  * death, and two eventfd doorbells. The socket and the engine's doorbell join
  * the worker's event loop as nginx connections; every wake-up drains the
  * client's events (nginx's epoll is edge-triggered) and hands each to the
- * request it belongs to.
+ * request it belongs to, through the event handler that request registered
+ * in its ngx_http_kvgate_engine_req_t: this layer calls nothing above it by
+ * name (see ngx_http_kvgate_engine.h).
  *
  * When the engine goes away, the client fails every live request at once
  * (the request answers 503) and a cancelable timer reconnects with backoff;
@@ -16,7 +18,7 @@
  */
 
 
-#include "ngx_http_kvgate_module.h"
+#include "ngx_http_kvgate_engine.h"
 
 
 typedef struct {
@@ -25,10 +27,11 @@ typedef struct {
     ngx_connection_t          *sock;      /* the client's socket */
     ngx_connection_t          *bell;      /* the engine's doorbell */
     ngx_event_t                reconnect;
-    ngx_queue_t                waiting;   /* ctxs waiting for ring room */
+    ngx_queue_t                waiting;   /* requests waiting for ring room */
     ngx_uint_t                 n_waiting;
     ngx_uint_t                 up;
     ngx_uint_t                 exiting;
+    ngx_http_kvgate_engine_state_pt  state;  /* told of connects and losses */
     char                       reason[320];
 } ngx_http_kvgate_worker_t;
 
@@ -208,22 +211,17 @@ ngx_http_kvgate_reconnect(ngx_event_t *ev)
 
 
 ngx_int_t
-ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle)
+ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle, const char *path,
+    ngx_http_kvgate_engine_state_pt state)
 {
-    char                          err[320];
-    kvg_client_opts               opts;
-    ngx_http_kvgate_worker_t     *w = &ngx_http_kvgate_worker;
-    ngx_http_kvgate_main_conf_t  *kmcf;
-
-    kmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_kvgate_module);
-
-    if (kmcf == NULL || kmcf->engine.data == NULL) {
-        return NGX_OK;
-    }
+    char                       err[320];
+    kvg_client_opts            opts;
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
 
     ngx_memzero(w, sizeof(ngx_http_kvgate_worker_t));
 
     w->log = cycle->log;
+    w->state = state;
     ngx_queue_init(&w->waiting);
 
     ngx_memzero(&opts, sizeof(kvg_client_opts));
@@ -231,8 +229,7 @@ ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle)
     opts.backoff_min_ms = 50;
     opts.backoff_max_ms = 2000;
 
-    w->client = kvg_client_new((char *) kmcf->engine_path.data, &opts, err,
-                               sizeof(err));
+    w->client = kvg_client_new(path, &opts, err, sizeof(err));
     if (w->client == NULL) {
         ngx_log_error(NGX_LOG_EMERG, cycle->log, 0, "kvgate: %s", err);
         return NGX_ERROR;
@@ -297,23 +294,23 @@ ngx_http_kvgate_engine_read(ngx_event_t *ev)
 static void
 ngx_http_kvgate_submit_waiting(void)
 {
-    ngx_queue_t               *q;
-    ngx_http_kvgate_ctx_t     *ctx;
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+    ngx_queue_t                   *q;
+    ngx_http_kvgate_worker_t      *w = &ngx_http_kvgate_worker;
+    ngx_http_kvgate_engine_req_t  *er;
 
     while (!ngx_queue_empty(&w->waiting)) {
         q = ngx_queue_head(&w->waiting);
         ngx_queue_remove(q);
         w->n_waiting--;
-        ctx = ngx_queue_data(q, ngx_http_kvgate_ctx_t, queue);
-        ctx->queued = 0;
+        er = ngx_queue_data(q, ngx_http_kvgate_engine_req_t, queue);
+        er->queued = 0;
 
         /* its turn: not behind the others still waiting */
 
-        ctx->resubmit = 1;
+        er->resubmit = 1;
 
-        if (ngx_http_kvgate_resubmit(ctx) == NGX_AGAIN) {
-            ctx->resubmit = 0;
+        if (er->retry(er) == NGX_AGAIN) {
+            er->resubmit = 0;
             break;
         }
     }
@@ -325,10 +322,10 @@ ngx_http_kvgate_submit_waiting(void)
 static void
 ngx_http_kvgate_engine_drain(void)
 {
-    kvg_client_event           ev;
-    ngx_http_kvgate_ctx_t     *ctx;
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-    const kvg_engine_info     *info;
+    kvg_client_event               ev;
+    ngx_http_kvgate_worker_t      *w = &ngx_http_kvgate_worker;
+    const kvg_engine_info         *info;
+    ngx_http_kvgate_engine_req_t  *er;
 
     if (w->client == NULL) {
         return;
@@ -359,7 +356,10 @@ ngx_http_kvgate_engine_drain(void)
                           info->block_tokens,
                           kvg_chat_template_name(info->chat_template));
 
-            ngx_http_kvgate_metrics_engine_event(1);
+            if (w->state) {
+                w->state(1);
+            }
+
             break;
 
         case KVG_CEV_DOWN:
@@ -375,8 +375,8 @@ ngx_http_kvgate_engine_drain(void)
             ngx_cpystrn((u_char *) w->reason, (u_char *) ev.message,
                         sizeof(w->reason));
 
-            if (w->up) {
-                ngx_http_kvgate_metrics_engine_event(0);
+            if (w->up && w->state) {
+                w->state(0);
             }
 
             w->up = 0;
@@ -395,12 +395,18 @@ ngx_http_kvgate_engine_drain(void)
             break;
 
         default:
-            ctx = ev.user;
+            er = ev.user;
 
-            if (ctx != NULL) {
-                ngx_http_kvgate_on_event(ctx, &ev);
+            if (er == NULL) {
+                break;
             }
 
+            if (ev.kind == KVG_CEV_DONE || ev.kind == KVG_CEV_ERROR) {
+                /* the engine is done with it: nothing left to cancel */
+                er->submitted = 0;
+            }
+
+            er->event(er, &ev);
             break;
         }
 
@@ -412,7 +418,7 @@ ngx_http_kvgate_engine_drain(void)
 
 
 ngx_int_t
-ngx_http_kvgate_engine_submit(ngx_http_kvgate_ctx_t *ctx,
+ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
     const kvg_client_req *q, kvg_api_error *err)
 {
     int                        rc;
@@ -427,7 +433,7 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    if (!ngx_queue_empty(&w->waiting) && !ctx->queued && !ctx->resubmit) {
+    if (!ngx_queue_empty(&w->waiting) && !er->queued && !er->resubmit) {
 
         /* keep the order: others wait for room already */
 
@@ -439,30 +445,39 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_ctx_t *ctx,
             return NGX_ERROR;
         }
 
-        ngx_queue_insert_tail(&w->waiting, &ctx->queue);
+        ngx_queue_insert_tail(&w->waiting, &er->queue);
         w->n_waiting++;
-        ctx->queued = 1;
-        ngx_http_kvgate_metrics_submit_wait();
+        er->queued = 1;
+
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, er->log, 0,
+                       "kvgate: submit waits behind %ui others",
+                       w->n_waiting - 1);
+
         return NGX_AGAIN;
     }
 
-    rc = kvg_client_submit(w->client, q, ctx, &id, msg, sizeof(msg));
+    rc = kvg_client_submit(w->client, q, er, &id, msg, sizeof(msg));
 
     if (rc == 0) {
-        ctx->engine_id = id;
-        ctx->submitted = 1;
-        ctx->instance = kvg_client_info(w->client)->instance;
+        er->id = id;
+        er->submitted = 1;
+        er->instance = kvg_client_info(w->client)->instance;
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, er->log, 0,
+                       "kvgate: submitted as engine request %uL "
+                       "(instance %016xL)", er->id, er->instance);
+
         return NGX_OK;
     }
 
     if (rc == KVG_CLIENT_AGAIN) {
-        if (!ctx->resubmit) {
-            ngx_http_kvgate_metrics_submit_wait();
-        }
-
-        ngx_queue_insert_head(&w->waiting, &ctx->queue);
+        ngx_queue_insert_head(&w->waiting, &er->queue);
         w->n_waiting++;
-        ctx->queued = 1;
+        er->queued = 1;
+
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, er->log, 0,
+                       "kvgate: submission ring full, waiting for room");
+
         return NGX_AGAIN;
     }
 
@@ -482,21 +497,24 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_ctx_t *ctx,
 
 
 void
-ngx_http_kvgate_engine_cancel(ngx_http_kvgate_ctx_t *ctx)
+ngx_http_kvgate_engine_cancel(ngx_http_kvgate_engine_req_t *er)
 {
     ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
 
-    if (ctx->queued) {
-        ngx_queue_remove(&ctx->queue);
+    if (er->queued) {
+        ngx_queue_remove(&er->queue);
         w->n_waiting--;
-        ctx->queued = 0;
+        er->queued = 0;
     }
 
-    if (ctx->submitted) {
-        ctx->submitted = 0;
+    if (er->submitted) {
+        er->submitted = 0;
+
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, er->log, 0,
+                       "kvgate: cancelling engine request %uL", er->id);
 
         if (w->client != NULL) {
-            (void) kvg_client_cancel(w->client, ctx->engine_id);
+            (void) kvg_client_cancel(w->client, er->id);
         }
     }
 }

@@ -40,32 +40,54 @@ static ngx_int_t ngx_http_kvgate_init_process(ngx_cycle_t *cycle);
 static void ngx_http_kvgate_exit_process(ngx_cycle_t *cycle);
 
 
-/* Bounds of a numeric directive, for messages that name the directive. */
-typedef struct {
-    ngx_int_t    min;
-    ngx_int_t    max;
-} ngx_http_kvgate_range_t;
+static char *ngx_http_kvgate_set_num_slot(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_kvgate_set_msec_slot(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_kvgate_check_num_bounds(ngx_conf_t *cf, void *post,
+    void *data);
+static char *ngx_http_kvgate_check_timeout(ngx_conf_t *cf, void *post,
+    void *data);
+static char *ngx_http_kvgate_check_cache_ttl(ngx_conf_t *cf, void *post,
+    void *data);
+static char *ngx_http_kvgate_check_tenant(ngx_conf_t *cf, void *post,
+    void *data);
 
-static ngx_http_kvgate_range_t  ngx_http_kvgate_min_tokens_range = {
-    0, KVG_BUCKETS_MAX_VALUE
+
+/*
+ * Directive bounds as nginx states them (ngx_conf_num_bounds_t and post
+ * handlers, as ngx_conf_set_num_slot() runs them); the handlers are the
+ * module's own only so that the messages name the value, the directive and
+ * the range.
+ */
+
+static ngx_conf_num_bounds_t  ngx_http_kvgate_min_tokens_bounds = {
+    ngx_http_kvgate_check_num_bounds, 0, KVG_BUCKETS_MAX_VALUE
 };
 
-static ngx_http_kvgate_range_t  ngx_http_kvgate_max_tokens_range = {
-    0, 1 << 30
+static ngx_conf_num_bounds_t  ngx_http_kvgate_max_tokens_bounds = {
+    ngx_http_kvgate_check_num_bounds, 0, 1 << 30
 };
 
-static ngx_http_kvgate_range_t  ngx_http_kvgate_max_n_range = {
-    1, KVG_PROTO_MAX_N
+static ngx_conf_num_bounds_t  ngx_http_kvgate_max_n_bounds = {
+    ngx_http_kvgate_check_num_bounds, 1, KVG_PROTO_MAX_N
 };
 
-static ngx_http_kvgate_range_t  ngx_http_kvgate_route_blocks_range = {
-    1, 65536
+static ngx_conf_num_bounds_t  ngx_http_kvgate_route_blocks_bounds = {
+    ngx_http_kvgate_check_num_bounds, 1, 65536
 };
 
-static char *ngx_http_kvgate_set_num(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-static char *ngx_http_kvgate_set_msec(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+static ngx_conf_post_t  ngx_http_kvgate_timeout_post = {
+    ngx_http_kvgate_check_timeout
+};
+
+static ngx_conf_post_t  ngx_http_kvgate_cache_ttl_post = {
+    ngx_http_kvgate_check_cache_ttl
+};
+
+static ngx_conf_post_t  ngx_http_kvgate_tenant_post = {
+    ngx_http_kvgate_check_tenant
+};
 
 
 static ngx_command_t  ngx_http_kvgate_commands[] = {
@@ -117,14 +139,14 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       ngx_conf_set_str_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, default_tenant),
-      NULL },
+      &ngx_http_kvgate_tenant_post },
 
     { ngx_string("kvgate_cache_min_tokens"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_kvgate_set_num,
+      ngx_http_kvgate_set_num_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, cache_min_tokens),
-      &ngx_http_kvgate_min_tokens_range },
+      &ngx_http_kvgate_min_tokens_bounds },
 
     { ngx_string("kvgate_buckets"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
@@ -142,38 +164,38 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
 
     { ngx_string("kvgate_cache_ttl"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_kvgate_set_msec,
+      ngx_http_kvgate_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, cache_ttl),
-      NULL },
+      &ngx_http_kvgate_cache_ttl_post },
 
     { ngx_string("kvgate_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_kvgate_set_msec,
+      ngx_http_kvgate_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, timeout),
-      NULL },
+      &ngx_http_kvgate_timeout_post },
 
     { ngx_string("kvgate_max_tokens"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_kvgate_set_num,
+      ngx_http_kvgate_set_num_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, max_tokens),
-      &ngx_http_kvgate_max_tokens_range },
+      &ngx_http_kvgate_max_tokens_bounds },
 
     { ngx_string("kvgate_max_n"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_kvgate_set_num,
+      ngx_http_kvgate_set_num_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, max_n),
-      &ngx_http_kvgate_max_n_range },
+      &ngx_http_kvgate_max_n_bounds },
 
     { ngx_string("kvgate_route_blocks"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_kvgate_set_num,
+      ngx_http_kvgate_set_num_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, route_blocks),
-      &ngx_http_kvgate_route_blocks_range },
+      &ngx_http_kvgate_route_blocks_bounds },
 
       ngx_null_command
 };
@@ -217,26 +239,26 @@ ngx_http_kvgate_endpoint(ngx_http_request_t *r)
 {
     ngx_str_t  *u = &r->uri;
 
-#define ngx_kvgate_ends(s)                                                    \
+#define ngx_http_kvgate_ends(s)                                               \
     (u->len >= sizeof(s) - 1                                                  \
      && ngx_strncmp(u->data + u->len - (sizeof(s) - 1), s, sizeof(s) - 1) == 0)
 
-    if (ngx_kvgate_ends("/chat/completions")) {
+    if (ngx_http_kvgate_ends("/chat/completions")) {
         return NGX_HTTP_KVGATE_EP_CHAT;
     }
 
-    if (ngx_kvgate_ends("/completions")) {
+    if (ngx_http_kvgate_ends("/completions")) {
         return NGX_HTTP_KVGATE_EP_COMPLETIONS;
     }
 
-    if (ngx_kvgate_ends("/models")
+    if (ngx_http_kvgate_ends("/models")
         || ngx_strlcasestrn(u->data, u->data + u->len, (u_char *) "/models/",
                             sizeof("/models/") - 2) != NULL)
     {
         return NGX_HTTP_KVGATE_EP_MODELS;
     }
 
-#undef ngx_kvgate_ends
+#undef ngx_http_kvgate_ends
 
     return NGX_HTTP_KVGATE_EP_OTHER;
 }
@@ -860,25 +882,8 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_value(conf->max_n, prev->max_n, KVG_PROTO_MAX_N);
     ngx_conf_merge_value(conf->route_blocks, prev->route_blocks, 8);
 
-    if (conf->default_tenant.len > KVG_PROTO_MAX_SALT) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"kvgate_default_tenant\" is longer than %d bytes",
-                           KVG_PROTO_MAX_SALT);
-        return NGX_CONF_ERROR;
-    }
-
-    if (conf->timeout == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid value \"0\" in \"kvgate_timeout\" "
-                           "directive, it must be greater than 0");
-        return NGX_CONF_ERROR;
-    }
-
-    if (conf->cache_ttl > 3600000000) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"kvgate_cache_ttl\" is longer than 1000 hours");
-        return NGX_CONF_ERROR;
-    }
+    /* kvgate_default_tenant, kvgate_timeout and kvgate_cache_ttl were
+       checked by their post handlers as they were read */
 
     /* the bypass threshold first, then the configured bounds above it */
 
@@ -993,14 +998,21 @@ ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+/*
+ * ngx_conf_set_num_slot() but for the message: a value that is no number
+ * is left to the bounds handler (cmd->post), which names the range. As
+ * ngx_atoi() returns no negative number but NGX_ERROR, the handler sees
+ * NGX_ERROR for both "many" and "-1".
+ */
+
 static char *
-ngx_http_kvgate_set_num(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_kvgate_set_num_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     char  *p = conf;
 
-    ngx_int_t                *np, n;
-    ngx_str_t                *value;
-    ngx_http_kvgate_range_t  *range = cmd->post;
+    ngx_int_t        *np;
+    ngx_str_t        *value;
+    ngx_conf_post_t  *post;
 
     np = (ngx_int_t *) (p + cmd->offset);
 
@@ -1009,29 +1021,50 @@ ngx_http_kvgate_set_num(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     value = cf->args->elts;
-    n = ngx_atoi(value[1].data, value[1].len);
+    *np = ngx_atoi(value[1].data, value[1].len);
 
-    if (n == NGX_ERROR || n < range->min || n > range->max) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid value \"%V\" in \"%V\" directive, "
-                           "it must be an integer from %i to %i",
-                           &value[1], &cmd->name, range->min, range->max);
-        return NGX_CONF_ERROR;
+    if (cmd->post) {
+        post = cmd->post;
+        return post->post_handler(cf, post, np);
     }
 
-    *np = n;
-
-    return NGX_CONF_OK;
+    return *np == NGX_ERROR ? "invalid number" : NGX_CONF_OK;
 }
 
 
 static char *
-ngx_http_kvgate_set_msec(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_kvgate_check_num_bounds(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_conf_num_bounds_t  *bounds = post;
+    ngx_int_t              *np = data;
+
+    ngx_str_t  *value;
+
+    if (*np != NGX_ERROR && *np >= bounds->low && *np <= bounds->high) {
+        return NGX_CONF_OK;
+    }
+
+    value = cf->args->elts;
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid value \"%V\" in \"%V\" directive, "
+                       "it must be an integer from %i to %i",
+                       &value[1], &value[0], bounds->low, bounds->high);
+
+    return NGX_CONF_ERROR;
+}
+
+
+/* ngx_conf_set_msec_slot() with a message that says what a time looks like. */
+
+static char *
+ngx_http_kvgate_set_msec_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     char  *p = conf;
 
-    ngx_msec_t  *mp, m;
-    ngx_str_t   *value;
+    ngx_msec_t       *mp;
+    ngx_str_t        *value;
+    ngx_conf_post_t  *post;
 
     mp = (ngx_msec_t *) (p + cmd->offset);
 
@@ -1040,9 +1073,9 @@ ngx_http_kvgate_set_msec(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     value = cf->args->elts;
-    m = ngx_parse_time(&value[1], 0);
+    *mp = ngx_parse_time(&value[1], 0);
 
-    if (m == (ngx_msec_t) NGX_ERROR) {
+    if (*mp == (ngx_msec_t) NGX_ERROR) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid value \"%V\" in \"%V\" directive, "
                            "it must be a time like 30s, 5m or 250ms",
@@ -1050,9 +1083,68 @@ ngx_http_kvgate_set_msec(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    *mp = m;
+    if (cmd->post) {
+        post = cmd->post;
+        return post->post_handler(cf, post, mp);
+    }
 
     return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_kvgate_check_timeout(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_msec_t  *mp = data;
+
+    ngx_str_t  *value;
+
+    if (*mp > 0) {
+        return NGX_CONF_OK;
+    }
+
+    value = cf->args->elts;
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid value \"%V\" in \"%V\" directive, "
+                       "it must be greater than 0", &value[1], &value[0]);
+
+    return NGX_CONF_ERROR;
+}
+
+
+static char *
+ngx_http_kvgate_check_cache_ttl(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_msec_t  *mp = data;
+
+    if (*mp <= 3600000000) {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"kvgate_cache_ttl\" is longer than 1000 hours");
+
+    return NGX_CONF_ERROR;
+}
+
+
+/* The tenant goes into the engine's salt field as it is. */
+
+static char *
+ngx_http_kvgate_check_tenant(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_str_t  *t = data;
+
+    if (t->len <= KVG_PROTO_MAX_SALT) {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"kvgate_default_tenant\" is longer than %d bytes",
+                       KVG_PROTO_MAX_SALT);
+
+    return NGX_CONF_ERROR;
 }
 
 
@@ -1158,7 +1250,20 @@ ngx_http_kvgate_init_module(ngx_cycle_t *cycle)
 static ngx_int_t
 ngx_http_kvgate_init_process(ngx_cycle_t *cycle)
 {
-    return ngx_http_kvgate_engine_init_process(cycle);
+    ngx_http_kvgate_main_conf_t  *kmcf;
+
+    kmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_kvgate_module);
+
+    if (kmcf == NULL || kmcf->engine.data == NULL) {
+        return NGX_OK;
+    }
+
+    /* the connection counts its connects and losses through this hook: it
+       knows nothing of the layers above it */
+
+    return ngx_http_kvgate_engine_init_process(cycle,
+               (char *) kmcf->engine_path.data,
+               ngx_http_kvgate_metrics_engine_event);
 }
 
 

@@ -1,18 +1,27 @@
 
 /*
- * kvgate: nginx side of the gateway. Shared declarations of the module's
- * source files:
+ * kvgate: nginx side of the gateway. Shared types of the module's source
+ * files, and the functions each offers the files above it. The files form
+ * a stack; every call points down (a file never calls one above it):
  *
  *   ngx_http_kvgate_module.c     directives, configuration, content handler
- *                                dispatch, variables, the log-phase counters
- *   ngx_http_kvgate_engine.c     the worker's connection to the engine
- *                                (libkvgate's client), reconnects, events
- *   ngx_http_kvgate_request.c    one completion request: body, parsing,
- *                                tokens, hashes, submission, parking
+ *                                dispatch, variables, the log phase, process
+ *                                hooks
+ *   ngx_http_kvgate_request.c    one completion request's lifecycle: body
+ *                                read, checks, submission, parking, engine
+ *                                events, finalization
  *   ngx_http_kvgate_response.c   OpenAI response objects and SSE chunks
- *   ngx_http_kvgate_metrics.c    counters shared by the workers, Prometheus
- *                                exposition, JSON status
+ *   ngx_http_kvgate_status.c     the kvgate_metrics (Prometheus) and
+ *                                kvgate_status (JSON) pages
+ *   ngx_http_kvgate_prompt.c     body to parsed request, tenant, tokens,
+ *                                block hashes and route key
+ *   ngx_http_kvgate_metrics.c    the shared counters and histograms and
+ *                                their updates
  *   ngx_http_kvgate_error.c      OpenAI error responses
+ *   ngx_http_kvgate_engine.c     the worker's connection to the engine
+ *                                (libkvgate's client), reconnects, events;
+ *                                calls up only through handler pointers
+ *                                (ngx_http_kvgate_engine.h)
  */
 
 
@@ -29,6 +38,8 @@
 #include "client.h"
 #include "request.h"
 
+#include "ngx_http_kvgate_engine.h"
+
 
 #define NGX_HTTP_KVGATE_PASS      1
 #define NGX_HTTP_KVGATE_METRICS   2
@@ -44,9 +55,6 @@
 /* bucket label slots: 0..16 the configured buckets, 17 "none" (not tokenized) */
 #define NGX_HTTP_KVGATE_BUCKET_NONE     (KVG_BUCKETS_MAX_BOUNDS + 1)
 #define NGX_HTTP_KVGATE_BUCKET_N        (KVG_BUCKETS_MAX_BOUNDS + 2)
-
-#define NGX_HTTP_KVGATE_STATUS_N        16
-#define NGX_HTTP_KVGATE_HIST_N          16
 
 
 typedef struct {
@@ -104,7 +112,6 @@ typedef struct {
 
 struct ngx_http_kvgate_ctx_s {
     ngx_http_request_t        *request;
-    ngx_queue_t                queue;             /* waiting for ring room */
     ngx_event_t                deadline;
 
     ngx_uint_t                 endpoint;          /* NGX_HTTP_KVGATE_EP_* */
@@ -128,14 +135,12 @@ struct ngx_http_kvgate_ctx_s {
     size_t                     n_stop;
     uint32_t                   max_tokens;
 
-    uint64_t                   engine_id;         /* the request in the engine */
-    ngx_uint_t                 submitted;         /* live in the engine */
-    ngx_uint_t                 queued;            /* in the worker's wait queue */
-    ngx_uint_t                 resubmit;          /* leaving the queue: goes first */
+    /* its place in the engine connection, with the handlers it calls */
+    ngx_http_kvgate_engine_req_t  engine;
+
     ngx_uint_t                 done;              /* answered */
     ngx_uint_t                 header_sent;
     ngx_uint_t                 front;             /* only the route key, for proxy_pass */
-    uint64_t                   instance;          /* engine instance it went to */
 
     uint32_t                   prompt_tokens;
     uint32_t                   cached_tokens;
@@ -154,54 +159,8 @@ struct ngx_http_kvgate_ctx_s {
 };
 
 
-/* ngx_http_kvgate_engine.c */
-ngx_int_t ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle);
-void ngx_http_kvgate_engine_exit_process(ngx_cycle_t *cycle);
-kvg_client *ngx_http_kvgate_engine_client(void);
-const kvg_engine_info *ngx_http_kvgate_engine_info(void);
-ngx_uint_t ngx_http_kvgate_engine_up(void);
-const char *ngx_http_kvgate_engine_down_reason(void);
-/* Submits ctx's request; NGX_OK (live), NGX_AGAIN (queued until the ring has
-   room), or NGX_ERROR with *err set (answer 503 / 400). */
-ngx_int_t ngx_http_kvgate_engine_submit(ngx_http_kvgate_ctx_t *ctx,
-    const kvg_client_req *q, kvg_api_error *err);
-void ngx_http_kvgate_engine_cancel(ngx_http_kvgate_ctx_t *ctx);
-
-/* ngx_http_kvgate_request.c */
-ngx_int_t ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
-    ngx_http_kvgate_ctx_t *ctx);
-void ngx_http_kvgate_on_event(ngx_http_kvgate_ctx_t *ctx,
-    const kvg_client_event *ev);
-/* A request waiting in the queue can go now (the ring has room): NGX_OK
-   submitted, NGX_AGAIN queued again, NGX_ERROR answered (ctx is gone). */
-ngx_int_t ngx_http_kvgate_resubmit(ngx_http_kvgate_ctx_t *ctx);
-ngx_int_t ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
-    ngx_http_kvgate_ctx_t *ctx);
-
-/* ngx_http_kvgate_response.c */
-ngx_int_t ngx_http_kvgate_send_models(ngx_http_request_t *r);
-ngx_int_t ngx_http_kvgate_send_complete(ngx_http_request_t *r,
-    ngx_http_kvgate_ctx_t *ctx);
-ngx_int_t ngx_http_kvgate_stream_start(ngx_http_request_t *r,
-    ngx_http_kvgate_ctx_t *ctx);
-ngx_int_t ngx_http_kvgate_stream_tokens(ngx_http_request_t *r,
-    ngx_http_kvgate_ctx_t *ctx, const kvg_client_event *ev);
-ngx_int_t ngx_http_kvgate_stream_finished(ngx_http_request_t *r,
-    ngx_http_kvgate_ctx_t *ctx, ngx_uint_t choice);
-ngx_int_t ngx_http_kvgate_stream_end(ngx_http_request_t *r,
-    ngx_http_kvgate_ctx_t *ctx, kvg_api_error *error);
-ngx_int_t ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
-    ngx_http_kvgate_ctx_t *ctx);
-
-/* ngx_http_kvgate_metrics.c */
-ngx_int_t ngx_http_kvgate_metrics_init_zone(ngx_conf_t *cf,
-    ngx_http_kvgate_main_conf_t *kmcf);
-void ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
-    ngx_http_kvgate_ctx_t *ctx);
-void ngx_http_kvgate_metrics_engine_event(ngx_uint_t up);
-void ngx_http_kvgate_metrics_submit_wait(void);
-ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);
-ngx_int_t ngx_http_kvgate_status_handler(ngx_http_request_t *r);
+/* The functions, bottom up; ngx_http_kvgate_engine.c's are in
+   ngx_http_kvgate_engine.h. */
 
 /* ngx_http_kvgate_error.c */
 /*
@@ -218,6 +177,54 @@ ngx_int_t ngx_http_kvgate_send_error(ngx_http_request_t *r, ngx_uint_t status,
     ngx_uint_t retry_after);
 /* Retry-After for a status: 1 second for 429 and 503, else none. */
 ngx_uint_t ngx_http_kvgate_retry_after(ngx_uint_t status);
+
+/* ngx_http_kvgate_metrics.c (the zone's layout: ngx_http_kvgate_metrics.h) */
+ngx_int_t ngx_http_kvgate_metrics_init_zone(ngx_conf_t *cf,
+    ngx_http_kvgate_main_conf_t *kmcf);
+/* once per request, in the log phase */
+void ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+/* the engine connection's state hook */
+void ngx_http_kvgate_metrics_engine_event(ngx_uint_t up);
+/* a request starts waiting for ring room */
+void ngx_http_kvgate_metrics_submit_wait(void);
+
+/* ngx_http_kvgate_prompt.c */
+/* Reads and parses the body, resolves the tenant, tokenizes, hashes: sets
+   ctx's req, tenant, tokens, stop ids and strings, bucket, bypass, hashes
+   and route key. */
+ngx_int_t ngx_http_kvgate_prompt_parse(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
+    const kvg_engine_info *info, kvg_api_error *err);
+/* Frees what parsing allocated outside the pool (idempotent). */
+void ngx_http_kvgate_prompt_free(ngx_http_kvgate_ctx_t *ctx);
+/* $kvgate_route_key in a front tier: NGX_OK with ctx->route_key set,
+   NGX_DECLINED when there is none. */
+ngx_int_t ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+
+/* ngx_http_kvgate_status.c */
+ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_kvgate_status_handler(ngx_http_request_t *r);
+
+/* ngx_http_kvgate_response.c */
+ngx_int_t ngx_http_kvgate_send_models(ngx_http_request_t *r);
+ngx_int_t ngx_http_kvgate_send_complete(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+ngx_int_t ngx_http_kvgate_stream_start(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+ngx_int_t ngx_http_kvgate_stream_tokens(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, const kvg_client_event *ev);
+ngx_int_t ngx_http_kvgate_stream_finished(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_uint_t choice);
+ngx_int_t ngx_http_kvgate_stream_end(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, kvg_api_error *error);
+ngx_int_t ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+
+/* ngx_http_kvgate_request.c */
+ngx_int_t ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
 
 
 extern ngx_module_t  ngx_http_kvgate_module;

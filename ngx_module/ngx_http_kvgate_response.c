@@ -28,7 +28,8 @@ typedef struct {
 
 
 static void
-ngx_kv_init(ngx_http_kvgate_out_t *o, ngx_pool_t *pool, size_t size)
+ngx_http_kvgate_out_init(ngx_http_kvgate_out_t *o, ngx_pool_t *pool,
+    size_t size)
 {
     o->pool = pool;
     o->start = ngx_pnalloc(pool, size);
@@ -39,7 +40,7 @@ ngx_kv_init(ngx_http_kvgate_out_t *o, ngx_pool_t *pool, size_t size)
 
 
 static ngx_int_t
-ngx_kv_reserve(ngx_http_kvgate_out_t *o, size_t n)
+ngx_http_kvgate_out_reserve(ngx_http_kvgate_out_t *o, size_t n)
 {
     size_t   used, cap;
     u_char  *p;
@@ -75,30 +76,31 @@ ngx_kv_reserve(ngx_http_kvgate_out_t *o, size_t n)
 
 
 static void
-ngx_kv_mem(ngx_http_kvgate_out_t *o, const void *s, size_t n)
+ngx_http_kvgate_out_mem(ngx_http_kvgate_out_t *o, const void *s, size_t n)
 {
-    if (ngx_kv_reserve(o, n) == NGX_OK) {
+    if (ngx_http_kvgate_out_reserve(o, n) == NGX_OK) {
         o->pos = ngx_cpymem(o->pos, s, n);
     }
 }
 
 
-#define ngx_kv_lit(o, s)  ngx_kv_mem(o, s, sizeof(s) - 1)
+#define ngx_http_kvgate_out_lit(o, s)                                         \
+    ngx_http_kvgate_out_mem(o, s, sizeof(s) - 1)
 
 
 static void
-ngx_kv_cstr(ngx_http_kvgate_out_t *o, const char *s)
+ngx_http_kvgate_out_cstr(ngx_http_kvgate_out_t *o, const char *s)
 {
-    ngx_kv_mem(o, s, ngx_strlen(s));
+    ngx_http_kvgate_out_mem(o, s, ngx_strlen(s));
 }
 
 
 /* A JSON string: quotes and the escaped bytes. */
 
 static void
-ngx_kv_json(ngx_http_kvgate_out_t *o, const void *s, size_t n)
+ngx_http_kvgate_out_json(ngx_http_kvgate_out_t *o, const void *s, size_t n)
 {
-    if (ngx_kv_reserve(o, 6 * n + 2) != NGX_OK) {
+    if (ngx_http_kvgate_out_reserve(o, 6 * n + 2) != NGX_OK) {
         return;
     }
 
@@ -109,16 +111,16 @@ ngx_kv_json(ngx_http_kvgate_out_t *o, const void *s, size_t n)
 
 
 static void
-ngx_kv_uint(ngx_http_kvgate_out_t *o, uint64_t v)
+ngx_http_kvgate_out_uint(ngx_http_kvgate_out_t *o, uint64_t v)
 {
-    if (ngx_kv_reserve(o, NGX_INT64_LEN) == NGX_OK) {
+    if (ngx_http_kvgate_out_reserve(o, NGX_INT64_LEN) == NGX_OK) {
         o->pos = ngx_sprintf(o->pos, "%uL", v);
     }
 }
 
 
 static void
-ngx_kv_float(ngx_http_kvgate_out_t *o, float v)
+ngx_http_kvgate_out_float(ngx_http_kvgate_out_t *o, float v)
 {
     double  d = v;
 
@@ -128,7 +130,7 @@ ngx_kv_float(ngx_http_kvgate_out_t *o, float v)
         d = -9999.0;
     }
 
-    if (ngx_kv_reserve(o, 48) != NGX_OK) {
+    if (ngx_http_kvgate_out_reserve(o, 48) != NGX_OK) {
         return;
     }
 
@@ -266,18 +268,18 @@ ngx_http_kvgate_fingerprint(ngx_http_kvgate_out_t *o)
 {
     const kvg_engine_info  *info = ngx_http_kvgate_engine_info();
 
-    ngx_kv_lit(o, ",\"system_fingerprint\":");
+    ngx_http_kvgate_out_lit(o, ",\"system_fingerprint\":");
 
     if (info == NULL) {
-        ngx_kv_lit(o, "null");
+        ngx_http_kvgate_out_lit(o, "null");
         return;
     }
 
     /* the model identity: a change of weights or tokenizer changes it */
 
-    ngx_kv_lit(o, "\"fp_");
-    ngx_kv_mem(o, info->model_id_hex, 12);
-    ngx_kv_lit(o, "\"");
+    ngx_http_kvgate_out_lit(o, "\"fp_");
+    ngx_http_kvgate_out_mem(o, info->model_id_hex, 12);
+    ngx_http_kvgate_out_lit(o, "\"");
 }
 
 
@@ -285,31 +287,33 @@ static void
 ngx_http_kvgate_object_head(ngx_http_kvgate_out_t *o,
     ngx_http_kvgate_ctx_t *ctx, const char *object)
 {
-    ngx_kv_lit(o, "{\"id\":");
-    ngx_kv_json(o, ctx->id, ctx->id_len);
-    ngx_kv_lit(o, ",\"object\":\"");
-    ngx_kv_cstr(o, object);
-    ngx_kv_lit(o, "\",\"created\":");
-    ngx_kv_uint(o, (uint64_t) ctx->created);
-    ngx_kv_lit(o, ",\"model\":");
-    ngx_kv_json(o, ctx->req->model, ctx->req->model_len);
+    ngx_http_kvgate_out_lit(o, "{\"id\":");
+    ngx_http_kvgate_out_json(o, ctx->id, ctx->id_len);
+    ngx_http_kvgate_out_lit(o, ",\"object\":\"");
+    ngx_http_kvgate_out_cstr(o, object);
+    ngx_http_kvgate_out_lit(o, "\",\"created\":");
+    ngx_http_kvgate_out_uint(o, (uint64_t) ctx->created);
+    ngx_http_kvgate_out_lit(o, ",\"model\":");
+    ngx_http_kvgate_out_json(o, ctx->req->model, ctx->req->model_len);
     ngx_http_kvgate_fingerprint(o);
-    ngx_kv_lit(o, ",\"choices\":[");
+    ngx_http_kvgate_out_lit(o, ",\"choices\":[");
 }
 
 
 static void
 ngx_http_kvgate_usage(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx)
 {
-    ngx_kv_lit(o, "\"usage\":{\"prompt_tokens\":");
-    ngx_kv_uint(o, ctx->prompt_tokens);
-    ngx_kv_lit(o, ",\"completion_tokens\":");
-    ngx_kv_uint(o, ctx->completion_tokens);
-    ngx_kv_lit(o, ",\"total_tokens\":");
-    ngx_kv_uint(o, (uint64_t) ctx->prompt_tokens + ctx->completion_tokens);
-    ngx_kv_lit(o, ",\"prompt_tokens_details\":{\"cached_tokens\":");
-    ngx_kv_uint(o, ctx->cached_tokens);
-    ngx_kv_lit(o, "}}");
+    ngx_http_kvgate_out_lit(o, "\"usage\":{\"prompt_tokens\":");
+    ngx_http_kvgate_out_uint(o, ctx->prompt_tokens);
+    ngx_http_kvgate_out_lit(o, ",\"completion_tokens\":");
+    ngx_http_kvgate_out_uint(o, ctx->completion_tokens);
+    ngx_http_kvgate_out_lit(o, ",\"total_tokens\":");
+    ngx_http_kvgate_out_uint(o, (uint64_t) ctx->prompt_tokens
+                                + ctx->completion_tokens);
+    ngx_http_kvgate_out_lit(o, ",\"prompt_tokens_details\":"
+                               "{\"cached_tokens\":");
+    ngx_http_kvgate_out_uint(o, ctx->cached_tokens);
+    ngx_http_kvgate_out_lit(o, "}}");
 }
 
 
@@ -324,12 +328,12 @@ ngx_http_kvgate_logprobs(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx,
     const kvg_engine_info  *info = ngx_http_kvgate_engine_info();
 
     if (!ctx->req->has_logprobs || info == NULL) {
-        ngx_kv_lit(o, "null");
+        ngx_http_kvgate_out_lit(o, "null");
         return;
     }
 
     if (ctx->req->endpoint == KVG_ENDPOINT_CHAT) {
-        ngx_kv_lit(o, "{\"content\":[");
+        ngx_http_kvgate_out_lit(o, "{\"content\":[");
 
         for (i = 0; i < n; i++) {
             bytes = kvg_tokenizer_token_bytes(info->tokenizer, (int32_t) ids[i],
@@ -339,66 +343,67 @@ ngx_http_kvgate_logprobs(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx,
             }
 
             if (i) {
-                ngx_kv_lit(o, ",");
+                ngx_http_kvgate_out_lit(o, ",");
             }
 
-            ngx_kv_lit(o, "{\"token\":");
-            ngx_kv_json(o, bytes, len);
-            ngx_kv_lit(o, ",\"logprob\":");
-            ngx_kv_float(o, lps[i]);
-            ngx_kv_lit(o, ",\"bytes\":[");
+            ngx_http_kvgate_out_lit(o, "{\"token\":");
+            ngx_http_kvgate_out_json(o, bytes, len);
+            ngx_http_kvgate_out_lit(o, ",\"logprob\":");
+            ngx_http_kvgate_out_float(o, lps[i]);
+            ngx_http_kvgate_out_lit(o, ",\"bytes\":[");
 
             for (k = 0; k < len; k++) {
                 if (k) {
-                    ngx_kv_lit(o, ",");
+                    ngx_http_kvgate_out_lit(o, ",");
                 }
 
-                ngx_kv_uint(o, bytes[k]);
+                ngx_http_kvgate_out_uint(o, bytes[k]);
             }
 
-            ngx_kv_lit(o, "],\"top_logprobs\":[]}");
+            ngx_http_kvgate_out_lit(o, "],\"top_logprobs\":[]}");
         }
 
-        ngx_kv_lit(o, "]}");
+        ngx_http_kvgate_out_lit(o, "]}");
         return;
     }
 
-    ngx_kv_lit(o, "{\"tokens\":[");
+    ngx_http_kvgate_out_lit(o, "{\"tokens\":[");
 
     for (i = 0; i < n; i++) {
         bytes = kvg_tokenizer_token_bytes(info->tokenizer, (int32_t) ids[i],
                                           &len);
         if (i) {
-            ngx_kv_lit(o, ",");
+            ngx_http_kvgate_out_lit(o, ",");
         }
 
-        ngx_kv_json(o, bytes ? bytes : (u_char *) "", bytes ? len : 0);
+        ngx_http_kvgate_out_json(o, bytes ? bytes : (u_char *) "",
+                                 bytes ? len : 0);
     }
 
-    ngx_kv_lit(o, "],\"token_logprobs\":[");
+    ngx_http_kvgate_out_lit(o, "],\"token_logprobs\":[");
 
     for (i = 0; i < n; i++) {
         if (i) {
-            ngx_kv_lit(o, ",");
+            ngx_http_kvgate_out_lit(o, ",");
         }
 
-        ngx_kv_float(o, lps[i]);
+        ngx_http_kvgate_out_float(o, lps[i]);
     }
 
-    ngx_kv_lit(o, "],\"top_logprobs\":null,\"text_offset\":[");
+    ngx_http_kvgate_out_lit(o, "],\"top_logprobs\":null,\"text_offset\":[");
 
     for (i = 0; i < n; i++) {
         if (i) {
-            ngx_kv_lit(o, ",");
+            ngx_http_kvgate_out_lit(o, ",");
         }
 
-        ngx_kv_uint(o, *text_offset);
+        ngx_http_kvgate_out_uint(o, *text_offset);
         bytes = kvg_tokenizer_token_bytes(info->tokenizer, (int32_t) ids[i],
                                           &len);
         *text_offset += bytes ? len : 0;
     }
 
-    ngx_kv_lit(o, "]}");
+    ngx_http_kvgate_out_lit(o, "]}");
 }
 
 
@@ -424,7 +429,7 @@ ngx_http_kvgate_send_complete(ngx_http_request_t *r,
                 + 256 + ctx->choices[j].n_ids * 96;
     }
 
-    ngx_kv_init(&o, r->pool, size);
+    ngx_http_kvgate_out_init(&o, r->pool, size);
 
     ngx_http_kvgate_object_head(&o, ctx, chat ? "chat.completion"
                                               : "text_completion");
@@ -434,32 +439,34 @@ ngx_http_kvgate_send_complete(ngx_http_request_t *r,
         off = 0;
 
         if (j) {
-            ngx_kv_lit(&o, ",");
+            ngx_http_kvgate_out_lit(&o, ",");
         }
 
-        ngx_kv_lit(&o, "{\"index\":");
-        ngx_kv_uint(&o, j);
+        ngx_http_kvgate_out_lit(&o, "{\"index\":");
+        ngx_http_kvgate_out_uint(&o, j);
 
         if (chat) {
-            ngx_kv_lit(&o, ",\"message\":{\"role\":\"assistant\",\"content\":");
-            ngx_kv_json(&o, ch->text, ch->len);
-            ngx_kv_lit(&o, "}");
+            ngx_http_kvgate_out_lit(&o, ",\"message\":{\"role\":"
+                                        "\"assistant\",\"content\":");
+            ngx_http_kvgate_out_json(&o, ch->text, ch->len);
+            ngx_http_kvgate_out_lit(&o, "}");
 
         } else {
-            ngx_kv_lit(&o, ",\"text\":");
-            ngx_kv_json(&o, ch->text, ch->len);
+            ngx_http_kvgate_out_lit(&o, ",\"text\":");
+            ngx_http_kvgate_out_json(&o, ch->text, ch->len);
         }
 
-        ngx_kv_lit(&o, ",\"logprobs\":");
+        ngx_http_kvgate_out_lit(&o, ",\"logprobs\":");
         ngx_http_kvgate_logprobs(&o, ctx, ch->ids, ch->lps, ch->n_ids, &off);
-        ngx_kv_lit(&o, ",\"finish_reason\":\"");
-        ngx_kv_cstr(&o, ngx_http_kvgate_finish_name(ch->finish_reason));
-        ngx_kv_lit(&o, "\"}");
+        ngx_http_kvgate_out_lit(&o, ",\"finish_reason\":\"");
+        ngx_http_kvgate_out_cstr(&o,
+            ngx_http_kvgate_finish_name(ch->finish_reason));
+        ngx_http_kvgate_out_lit(&o, "\"}");
     }
 
-    ngx_kv_lit(&o, "],");
+    ngx_http_kvgate_out_lit(&o, "],");
     ngx_http_kvgate_usage(&o, ctx);
-    ngx_kv_lit(&o, "}\n");
+    ngx_http_kvgate_out_lit(&o, "}\n");
 
     if (o.failed) {
         return NGX_ERROR;
@@ -491,7 +498,7 @@ ngx_http_kvgate_send_complete(ngx_http_request_t *r,
 static void
 ngx_http_kvgate_chunk_head(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx)
 {
-    ngx_kv_lit(o, "data: ");
+    ngx_http_kvgate_out_lit(o, "data: ");
     ngx_http_kvgate_object_head(o, ctx,
         ctx->req->endpoint == KVG_ENDPOINT_CHAT ? "chat.completion.chunk"
                                                 : "text_completion");
@@ -501,13 +508,13 @@ ngx_http_kvgate_chunk_head(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx)
 static void
 ngx_http_kvgate_chunk_tail(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx)
 {
-    ngx_kv_lit(o, "]");
+    ngx_http_kvgate_out_lit(o, "]");
 
     if (ctx->req->include_usage) {
-        ngx_kv_lit(o, ",\"usage\":null");
+        ngx_http_kvgate_out_lit(o, ",\"usage\":null");
     }
 
-    ngx_kv_lit(o, "}\n\n");
+    ngx_http_kvgate_out_lit(o, "}\n\n");
 }
 
 
@@ -544,18 +551,19 @@ ngx_http_kvgate_stream_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 
     /* chat streams open every choice with the assistant's role */
 
-    ngx_kv_init(&o, r->pool, 256 + 96 * ctx->n_choices);
+    ngx_http_kvgate_out_init(&o, r->pool, 256 + 96 * ctx->n_choices);
     ngx_http_kvgate_chunk_head(&o, ctx);
 
     for (j = 0; j < ctx->n_choices; j++) {
         if (j) {
-            ngx_kv_lit(&o, ",");
+            ngx_http_kvgate_out_lit(&o, ",");
         }
 
-        ngx_kv_lit(&o, "{\"index\":");
-        ngx_kv_uint(&o, j);
-        ngx_kv_lit(&o, ",\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
-                       "\"logprobs\":null,\"finish_reason\":null}");
+        ngx_http_kvgate_out_lit(&o, "{\"index\":");
+        ngx_http_kvgate_out_uint(&o, j);
+        ngx_http_kvgate_out_lit(&o, ",\"delta\":{\"role\":\"assistant\","
+                                    "\"content\":\"\"},\"logprobs\":null,"
+                                    "\"finish_reason\":null}");
     }
 
     ngx_http_kvgate_chunk_tail(&o, ctx);
@@ -584,28 +592,29 @@ ngx_http_kvgate_stream_tokens(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    ngx_kv_init(&o, r->pool, 320 + 6 * ev->text_len + 96 * ev->n_tokens);
+    ngx_http_kvgate_out_init(&o, r->pool,
+                             320 + 6 * ev->text_len + 96 * ev->n_tokens);
     ngx_http_kvgate_chunk_head(&o, ctx);
 
-    ngx_kv_lit(&o, "{\"index\":");
-    ngx_kv_uint(&o, ev->sample);
+    ngx_http_kvgate_out_lit(&o, "{\"index\":");
+    ngx_http_kvgate_out_uint(&o, ev->sample);
 
     if (ctx->req->endpoint == KVG_ENDPOINT_CHAT) {
-        ngx_kv_lit(&o, ",\"delta\":{\"content\":");
-        ngx_kv_json(&o, ev->text, ev->text_len);
-        ngx_kv_lit(&o, "}");
+        ngx_http_kvgate_out_lit(&o, ",\"delta\":{\"content\":");
+        ngx_http_kvgate_out_json(&o, ev->text, ev->text_len);
+        ngx_http_kvgate_out_lit(&o, "}");
 
     } else {
-        ngx_kv_lit(&o, ",\"text\":");
-        ngx_kv_json(&o, ev->text, ev->text_len);
+        ngx_http_kvgate_out_lit(&o, ",\"text\":");
+        ngx_http_kvgate_out_json(&o, ev->text, ev->text_len);
     }
 
-    ngx_kv_lit(&o, ",\"logprobs\":");
+    ngx_http_kvgate_out_lit(&o, ",\"logprobs\":");
     off = ch->text_offset;
     ngx_http_kvgate_logprobs(&o, ctx, ev->tokens, ev->logprobs,
                              ev->logprobs ? ev->n_tokens : 0, &off);
     ch->text_offset = off;
-    ngx_kv_lit(&o, ",\"finish_reason\":null}");
+    ngx_http_kvgate_out_lit(&o, ",\"finish_reason\":null}");
 
     ngx_http_kvgate_chunk_tail(&o, ctx);
 
@@ -622,23 +631,23 @@ ngx_http_kvgate_stream_finished(ngx_http_request_t *r,
     ngx_int_t              rc;
     ngx_http_kvgate_out_t  o;
 
-    ngx_kv_init(&o, r->pool, 384);
+    ngx_http_kvgate_out_init(&o, r->pool, 384);
     ngx_http_kvgate_chunk_head(&o, ctx);
 
-    ngx_kv_lit(&o, "{\"index\":");
-    ngx_kv_uint(&o, choice);
+    ngx_http_kvgate_out_lit(&o, "{\"index\":");
+    ngx_http_kvgate_out_uint(&o, choice);
 
     if (ctx->req->endpoint == KVG_ENDPOINT_CHAT) {
-        ngx_kv_lit(&o, ",\"delta\":{}");
+        ngx_http_kvgate_out_lit(&o, ",\"delta\":{}");
 
     } else {
-        ngx_kv_lit(&o, ",\"text\":\"\"");
+        ngx_http_kvgate_out_lit(&o, ",\"text\":\"\"");
     }
 
-    ngx_kv_lit(&o, ",\"logprobs\":null,\"finish_reason\":\"");
-    ngx_kv_cstr(&o, ngx_http_kvgate_finish_name(
+    ngx_http_kvgate_out_lit(&o, ",\"logprobs\":null,\"finish_reason\":\"");
+    ngx_http_kvgate_out_cstr(&o, ngx_http_kvgate_finish_name(
                         ctx->choices[choice].finish_reason));
-    ngx_kv_lit(&o, "\"}");
+    ngx_http_kvgate_out_lit(&o, "\"}");
 
     ngx_http_kvgate_chunk_tail(&o, ctx);
 
@@ -659,27 +668,28 @@ ngx_http_kvgate_stream_end(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     size_t                 len;
     ngx_http_kvgate_out_t  o;
 
-    ngx_kv_init(&o, r->pool, 512);
+    ngx_http_kvgate_out_init(&o, r->pool, 512);
 
     if (error) {
         ctx->status = error->status;
         len = kvg_api_error_render(error, json, sizeof(json));
 
-        ngx_kv_lit(&o, "data: ");
-        ngx_kv_mem(&o, json, len < sizeof(json) ? len : sizeof(json) - 1);
-        ngx_kv_lit(&o, "\n\n");
+        ngx_http_kvgate_out_lit(&o, "data: ");
+        ngx_http_kvgate_out_mem(&o, json,
+                                len < sizeof(json) ? len : sizeof(json) - 1);
+        ngx_http_kvgate_out_lit(&o, "\n\n");
 
         return ngx_http_kvgate_output(r, &o, 1);
     }
 
     if (ctx->req->include_usage) {
         ngx_http_kvgate_chunk_head(&o, ctx);
-        ngx_kv_lit(&o, "],");
+        ngx_http_kvgate_out_lit(&o, "],");
         ngx_http_kvgate_usage(&o, ctx);
-        ngx_kv_lit(&o, "}\n\n");
+        ngx_http_kvgate_out_lit(&o, "}\n\n");
     }
 
-    ngx_kv_lit(&o, "data: [DONE]\n\n");
+    ngx_http_kvgate_out_lit(&o, "data: [DONE]\n\n");
 
     return ngx_http_kvgate_output(r, &o, 1);
 }
@@ -746,27 +756,28 @@ ngx_http_kvgate_send_models(ngx_http_request_t *r)
         created = st.start_unix_ms / 1000;
     }
 
-    ngx_kv_init(&o, r->pool, 512);
+    ngx_http_kvgate_out_init(&o, r->pool, 512);
 
     if (!one) {
-        ngx_kv_lit(&o, "{\"object\":\"list\",\"data\":[");
+        ngx_http_kvgate_out_lit(&o, "{\"object\":\"list\",\"data\":[");
     }
 
-    ngx_kv_lit(&o, "{\"id\":");
-    ngx_kv_json(&o, info->model_name, ngx_strlen(info->model_name));
-    ngx_kv_lit(&o, ",\"object\":\"model\",\"created\":");
-    ngx_kv_uint(&o, created);
-    ngx_kv_lit(&o, ",\"owned_by\":\"kvgate\",\"root\":\"");
-    ngx_kv_cstr(&o, info->model_id_hex);
-    ngx_kv_lit(&o, "\",\"max_model_len\":");
-    ngx_kv_uint(&o, info->context_length);
-    ngx_kv_lit(&o, "}");
+    ngx_http_kvgate_out_lit(&o, "{\"id\":");
+    ngx_http_kvgate_out_json(&o, info->model_name,
+                             ngx_strlen(info->model_name));
+    ngx_http_kvgate_out_lit(&o, ",\"object\":\"model\",\"created\":");
+    ngx_http_kvgate_out_uint(&o, created);
+    ngx_http_kvgate_out_lit(&o, ",\"owned_by\":\"kvgate\",\"root\":\"");
+    ngx_http_kvgate_out_cstr(&o, info->model_id_hex);
+    ngx_http_kvgate_out_lit(&o, "\",\"max_model_len\":");
+    ngx_http_kvgate_out_uint(&o, info->context_length);
+    ngx_http_kvgate_out_lit(&o, "}");
 
     if (!one) {
-        ngx_kv_lit(&o, "]}");
+        ngx_http_kvgate_out_lit(&o, "]}");
     }
 
-    ngx_kv_lit(&o, "\n");
+    ngx_http_kvgate_out_lit(&o, "\n");
 
     if (o.failed) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;

@@ -1,0 +1,78 @@
+
+/*
+ * kvgate: the worker's connection to the engine, the bottom of the module's
+ * stack. It knows nothing of HTTP requests: what it
+ * carries for the layer above is an ngx_http_kvgate_engine_req_t, which that
+ * layer embeds in its own state and fills with handler pointers, as
+ * ngx_http_upstream_t carries create_request / process_header /
+ * finalize_request for the module that owns it. The connection calls up
+ * only through those pointers and the state hook given at init_process.
+ */
+
+
+#ifndef _NGX_HTTP_KVGATE_ENGINE_H_INCLUDED_
+#define _NGX_HTTP_KVGATE_ENGINE_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_event.h>
+
+#include "api_error.h"
+#include "client.h"
+
+
+typedef struct ngx_http_kvgate_engine_req_s  ngx_http_kvgate_engine_req_t;
+
+/* One event of the engine for the request (accepted, tokens, finished, done,
+   error); after DONE or ERROR the request is no longer in the engine. */
+typedef void (*ngx_http_kvgate_engine_event_pt)(
+    ngx_http_kvgate_engine_req_t *er, const kvg_client_event *ev);
+
+/* The request waited for ring room and may go now: the handler submits it
+   again and returns what ngx_http_kvgate_engine_submit() said (NGX_AGAIN
+   stops the queue), or NGX_ERROR once it has answered the request. */
+typedef ngx_int_t (*ngx_http_kvgate_engine_retry_pt)(
+    ngx_http_kvgate_engine_req_t *er);
+
+/* The worker connected to the engine (up = 1) or lost it (up = 0). */
+typedef void (*ngx_http_kvgate_engine_state_pt)(ngx_uint_t up);
+
+
+struct ngx_http_kvgate_engine_req_s {
+    /* set by the owner before the first submit */
+    ngx_http_kvgate_engine_event_pt   event;
+    ngx_http_kvgate_engine_retry_pt   retry;
+    void                             *data;
+    ngx_log_t                        *log;
+
+    /* the connection's own */
+    ngx_queue_t                       queue;      /* waiting for ring room */
+    uint64_t                          id;         /* in the engine */
+    uint64_t                          instance;   /* engine it went to */
+    unsigned                          submitted:1;  /* live in the engine */
+    unsigned                          queued:1;     /* in the wait queue */
+    unsigned                          resubmit:1;   /* leaving the queue */
+};
+
+
+ngx_int_t ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle,
+    const char *path, ngx_http_kvgate_engine_state_pt state);
+void ngx_http_kvgate_engine_exit_process(ngx_cycle_t *cycle);
+
+kvg_client *ngx_http_kvgate_engine_client(void);
+/* The engine's model, tokenizer and limits; NULL while it is down. */
+const kvg_engine_info *ngx_http_kvgate_engine_info(void);
+ngx_uint_t ngx_http_kvgate_engine_up(void);
+const char *ngx_http_kvgate_engine_down_reason(void);
+
+/* Submits er's request; NGX_OK (live), NGX_AGAIN (queued until the ring has
+   room: er->retry is called then), or NGX_ERROR with *err set (answer 503 /
+   400). */
+ngx_int_t ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
+    const kvg_client_req *q, kvg_api_error *err);
+/* Takes er out of the wait queue and the engine; no event for it follows. */
+void ngx_http_kvgate_engine_cancel(ngx_http_kvgate_engine_req_t *er);
+
+
+#endif /* _NGX_HTTP_KVGATE_ENGINE_H_INCLUDED_ */

@@ -1,0 +1,60 @@
+
+/*
+ * kvgate: the layout of the shared metrics zone, for the file that counts
+ * into it (ngx_http_kvgate_metrics.c) and the one that renders it as pages
+ * (ngx_http_kvgate_status.c). Nothing else needs to see inside.
+ */
+
+
+#ifndef _NGX_HTTP_KVGATE_METRICS_H_INCLUDED_
+#define _NGX_HTTP_KVGATE_METRICS_H_INCLUDED_
+
+
+#include "ngx_http_kvgate_module.h"
+
+
+/* HTTP statuses with a label of their own; the last slot (0) is "other" */
+#define NGX_HTTP_KVGATE_N_STATUSES  14
+
+/* histogram buckets: these upper bounds, then +Inf */
+#define NGX_HTTP_KVGATE_N_HIST      15
+
+#define NGX_HTTP_KVGATE_N_CACHE     4
+
+
+typedef struct {
+    ngx_atomic_t   count[NGX_HTTP_KVGATE_N_HIST + 1];
+    ngx_atomic_t   sum_us;
+    ngx_atomic_t   n;
+} ngx_http_kvgate_hist_t;
+
+
+typedef struct {
+    ngx_atomic_t            requests[NGX_HTTP_KVGATE_EP_N]
+                                    [NGX_HTTP_KVGATE_BUCKET_N]
+                                    [NGX_HTTP_KVGATE_N_STATUSES];
+    ngx_atomic_t            prompt_tokens[NGX_HTTP_KVGATE_BUCKET_N];
+    ngx_atomic_t            cached_tokens[NGX_HTTP_KVGATE_BUCKET_N];
+    ngx_atomic_t            completion_tokens[NGX_HTTP_KVGATE_BUCKET_N];
+    ngx_atomic_t            cache_status[NGX_HTTP_KVGATE_N_CACHE];
+    ngx_http_kvgate_hist_t  ttft;
+    ngx_http_kvgate_hist_t  latency;
+    ngx_atomic_t            engine_connects;
+    ngx_atomic_t            engine_disconnects;
+    ngx_atomic_t            workers_up;
+    ngx_atomic_t            submit_waits;
+} ngx_http_kvgate_shctx_t;
+
+
+/* the labels, by slot */
+extern const ngx_uint_t  ngx_http_kvgate_statuses[NGX_HTTP_KVGATE_N_STATUSES];
+extern const ngx_uint_t  ngx_http_kvgate_hist_us[NGX_HTTP_KVGATE_N_HIST];
+extern const char *const  ngx_http_kvgate_ep_names[NGX_HTTP_KVGATE_EP_N];
+extern const char *const  ngx_http_kvgate_cache_names[NGX_HTTP_KVGATE_N_CACHE];
+
+
+/* The zone's counters, NULL when there is no zone (no kvgate_engine). */
+ngx_http_kvgate_shctx_t *ngx_http_kvgate_metrics_zone(void);
+
+
+#endif /* _NGX_HTTP_KVGATE_METRICS_H_INCLUDED_ */

@@ -1,0 +1,574 @@
+
+/*
+ * The pages: the shared counters (ngx_http_kvgate_metrics.c) and what the
+ * engine counts (KV blocks, cache hits, evictions, tenants: its statistics
+ * page, read through the worker's engine connection), served as Prometheus
+ * text (kvgate_metrics) and as JSON (kvgate_status). Reads only.
+ */
+
+
+#include "ngx_http_kvgate_metrics.h"
+
+#include <jansson.h>
+
+
+/* ---- Prometheus text ---- */
+
+typedef struct {
+    ngx_pool_t  *pool;
+    ngx_chain_t *head;
+    ngx_chain_t **last;
+    ngx_buf_t   *b;
+    size_t       total;
+    ngx_uint_t   failed;
+} ngx_http_kvgate_text_t;
+
+
+static void
+ngx_http_kvgate_printf(ngx_http_kvgate_text_t *t, const char *fmt, ...)
+{
+    va_list       args;
+    u_char       *p;
+    ngx_chain_t  *cl;
+
+    if (t->failed) {
+        return;
+    }
+
+    if (t->b == NULL || t->b->end - t->b->last < 1024) {
+        t->b = ngx_create_temp_buf(t->pool, 16384);
+        cl = ngx_alloc_chain_link(t->pool);
+
+        if (t->b == NULL || cl == NULL) {
+            t->failed = 1;
+            return;
+        }
+
+        cl->buf = t->b;
+        cl->next = NULL;
+        *t->last = cl;
+        t->last = &cl->next;
+    }
+
+    va_start(args, fmt);
+    p = ngx_vslprintf(t->b->last, t->b->end, fmt, args);
+    va_end(args);
+
+    t->total += p - t->b->last;
+    t->b->last = p;
+}
+
+
+/* A label value with '\', '"' and newlines escaped (Prometheus text format). */
+
+static u_char *
+ngx_http_kvgate_label(ngx_pool_t *pool, const char *s)
+{
+    size_t   n, i;
+    u_char  *out, *p;
+
+    n = ngx_strlen(s);
+    out = ngx_pnalloc(pool, 2 * n + 1);
+    if (out == NULL) {
+        return (u_char *) "";
+    }
+
+    for (p = out, i = 0; i < n; i++) {
+        if (s[i] == '\\' || s[i] == '"') {
+            *p++ = '\\';
+            *p++ = s[i];
+
+        } else if (s[i] == '\n') {
+            *p++ = '\\';
+            *p++ = 'n';
+
+        } else {
+            *p++ = s[i];
+        }
+    }
+
+    *p = '\0';
+
+    return out;
+}
+
+
+static void
+ngx_http_kvgate_histogram(ngx_http_kvgate_text_t *t, const char *name,
+    const char *help, ngx_http_kvgate_hist_t *h)
+{
+    ngx_uint_t  i, cum;
+
+    ngx_http_kvgate_printf(t, "# HELP %s %s\n# TYPE %s histogram\n", name,
+                           help, name);
+
+    cum = 0;
+
+    for (i = 0; i < NGX_HTTP_KVGATE_N_HIST; i++) {
+        cum += h->count[i];
+        ngx_http_kvgate_printf(t, "%s_bucket{le=\"%ui.%06ui\"} %ui\n", name,
+                               ngx_http_kvgate_hist_us[i] / 1000000,
+                               ngx_http_kvgate_hist_us[i] % 1000000, cum);
+    }
+
+    cum += h->count[i];
+    ngx_http_kvgate_printf(t, "%s_bucket{le=\"+Inf\"} %ui\n", name, cum);
+    ngx_http_kvgate_printf(t, "%s_sum %ui.%06ui\n%s_count %ui\n", name,
+                           h->sum_us / 1000000, h->sum_us % 1000000, name,
+                           h->n);
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_send_text(ngx_http_request_t *r, ngx_http_kvgate_text_t *t,
+    const char *type)
+{
+    ngx_int_t  rc;
+
+    if (t->failed || t->head == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = t->total;
+    r->headers_out.content_type.data = (u_char *) type;
+    r->headers_out.content_type.len = ngx_strlen(type);
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    t->b->last_buf = r == r->main;
+    t->b->last_in_chain = 1;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    return ngx_http_output_filter(r, t->head);
+}
+
+
+/* GET and HEAD only, body discarded, the zone there (it is whenever
+   kvgate_engine is configured). NGX_OK to go on, else what to return. */
+
+static ngx_int_t
+ngx_http_kvgate_get_only(ngx_http_request_t *r, const char *what)
+{
+    ngx_int_t  rc;
+    u_char     msg[128];
+
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
+        return NGX_HTTP_NOT_ALLOWED;
+    }
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    if (ngx_http_kvgate_metrics_zone() == NULL) {
+        ngx_snprintf(msg, sizeof(msg) - 1, "%s needs kvgate_engine%Z", what);
+        return ngx_http_kvgate_send_error(r, NGX_HTTP_NOT_FOUND, NULL, NULL,
+                                          (char *) msg, 0);
+    }
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                    rc;
+    ngx_uint_t                   e, b, s, i, any;
+    kvg_stats                    st;
+    const char                  *blabel;
+    ngx_http_kvgate_text_t       t;
+    ngx_http_kvgate_shctx_t     *sh = ngx_http_kvgate_metrics_zone();
+    ngx_http_kvgate_loc_conf_t  *klcf;
+    const kvg_engine_info       *info;
+
+    rc = ngx_http_kvgate_get_only(r, "kvgate_metrics");
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    ngx_memzero(&t, sizeof(t));
+    t.pool = r->pool;
+    t.last = &t.head;
+
+    ngx_http_kvgate_printf(&t,
+        "# HELP kvgate_requests_total Requests answered by the gateway, by "
+        "endpoint, length bucket and HTTP status.\n"
+        "# TYPE kvgate_requests_total counter\n");
+
+    any = 0;
+
+    for (e = 0; e < NGX_HTTP_KVGATE_EP_N; e++) {
+        for (b = 0; b < NGX_HTTP_KVGATE_BUCKET_N; b++) {
+            blabel = b == NGX_HTTP_KVGATE_BUCKET_NONE
+                     ? "none" : kvg_bucket_label(&klcf->buckets, b);
+
+            for (s = 0; s < NGX_HTTP_KVGATE_N_STATUSES; s++) {
+                if (sh->requests[e][b][s] == 0) {
+                    continue;
+                }
+
+                any = 1;
+
+                if (ngx_http_kvgate_statuses[s]) {
+                    ngx_http_kvgate_printf(&t,
+                        "kvgate_requests_total{endpoint=\"%s\",bucket=\"%s\","
+                        "status=\"%ui\"} %uA\n", ngx_http_kvgate_ep_names[e],
+                        blabel, ngx_http_kvgate_statuses[s],
+                        sh->requests[e][b][s]);
+
+                } else {
+                    ngx_http_kvgate_printf(&t,
+                        "kvgate_requests_total{endpoint=\"%s\",bucket=\"%s\","
+                        "status=\"other\"} %uA\n",
+                        ngx_http_kvgate_ep_names[e], blabel,
+                        sh->requests[e][b][s]);
+                }
+            }
+        }
+    }
+
+    if (!any) {
+        ngx_http_kvgate_printf(&t, "kvgate_requests_total{endpoint=\"chat\","
+                               "bucket=\"none\",status=\"200\"} 0\n");
+    }
+
+#define ngx_http_kvgate_per_bucket(field, name, help)                         \
+    ngx_http_kvgate_printf(&t, "# HELP " name " " help "\n"                   \
+                           "# TYPE " name " counter\n");                      \
+    for (b = 0; b <= kvg_buckets_count(&klcf->buckets) - 1; b++) {            \
+        ngx_http_kvgate_printf(&t, name "{bucket=\"%s\"} %uA\n",              \
+                               kvg_bucket_label(&klcf->buckets, b),           \
+                               sh->field[b]);                                 \
+    }
+
+    ngx_http_kvgate_per_bucket(prompt_tokens, "kvgate_prompt_tokens_total",
+                               "Prompt tokens of completed requests.")
+    ngx_http_kvgate_per_bucket(cached_tokens, "kvgate_cached_tokens_total",
+                               "Prompt tokens served from the caller's own "
+                               "tenant's prefix cache.")
+    ngx_http_kvgate_per_bucket(completion_tokens,
+                               "kvgate_completion_tokens_total",
+                               "Generated tokens of completed requests.")
+
+#undef ngx_http_kvgate_per_bucket
+
+    ngx_http_kvgate_printf(&t,
+        "# HELP kvgate_cache_lookups_total Requests by how much of their "
+        "prompt the cache served.\n# TYPE kvgate_cache_lookups_total counter\n");
+
+    for (i = 0; i < NGX_HTTP_KVGATE_N_CACHE; i++) {
+        ngx_http_kvgate_printf(&t, "kvgate_cache_lookups_total{result=\"%s\"} "
+                               "%uA\n", ngx_http_kvgate_cache_names[i],
+                               sh->cache_status[i]);
+    }
+
+    ngx_http_kvgate_histogram(&t, "kvgate_time_to_first_token_seconds",
+                              "Time from the request's arrival to its first "
+                              "generated token.", &sh->ttft);
+    ngx_http_kvgate_histogram(&t, "kvgate_request_duration_seconds",
+                              "Time from the request's arrival to its last "
+                              "byte.", &sh->latency);
+
+    info = ngx_http_kvgate_engine_info();
+
+    ngx_http_kvgate_printf(&t,
+        "# HELP kvgate_engine_up Whether the worker serving this scrape is "
+        "connected to the engine.\n# TYPE kvgate_engine_up gauge\n"
+        "kvgate_engine_up %ui\n"
+        "# HELP kvgate_engine_workers_connected Workers connected to the "
+        "engine.\n# TYPE kvgate_engine_workers_connected gauge\n"
+        "kvgate_engine_workers_connected %uA\n"
+        "# HELP kvgate_engine_connects_total Connections made to the engine.\n"
+        "# TYPE kvgate_engine_connects_total counter\n"
+        "kvgate_engine_connects_total %uA\n"
+        "# HELP kvgate_engine_disconnects_total Connections to the engine "
+        "lost.\n# TYPE kvgate_engine_disconnects_total counter\n"
+        "kvgate_engine_disconnects_total %uA\n"
+        "# HELP kvgate_submit_waits_total Requests that waited in a worker "
+        "for room in its submission ring.\n"
+        "# TYPE kvgate_submit_waits_total counter\n"
+        "kvgate_submit_waits_total %uA\n",
+        info ? 1 : 0, sh->workers_up, sh->engine_connects,
+        sh->engine_disconnects, sh->submit_waits);
+
+    if (info && kvg_client_stats(ngx_http_kvgate_engine_client(), &st) == 0) {
+        ngx_http_kvgate_printf(&t,
+            "# HELP kvgate_kv_blocks KV pool blocks by state.\n"
+            "# TYPE kvgate_kv_blocks gauge\n"
+            "kvgate_kv_blocks{state=\"free\"} %D\n"
+            "kvgate_kv_blocks{state=\"cached\"} %D\n"
+            "kvgate_kv_blocks{state=\"used\"} %D\n"
+            "kvgate_kv_blocks{state=\"pinned\"} %D\n"
+            "# HELP kvgate_kv_blocks_total KV pool size in blocks.\n"
+            "# TYPE kvgate_kv_blocks_total gauge\n"
+            "kvgate_kv_blocks_total %D\n",
+            st.blocks_free, st.blocks_cached, st.blocks_used, st.blocks_pinned,
+            st.blocks_total);
+
+        ngx_http_kvgate_printf(&t,
+            "# HELP kvgate_prefix_cache_query_tokens_total Prompt tokens "
+            "looked up in the prefix cache.\n"
+            "# TYPE kvgate_prefix_cache_query_tokens_total counter\n"
+            "kvgate_prefix_cache_query_tokens_total %uL\n"
+            "# HELP kvgate_prefix_cache_hit_tokens_total Of those, tokens "
+            "served from the cache.\n"
+            "# TYPE kvgate_prefix_cache_hit_tokens_total counter\n"
+            "kvgate_prefix_cache_hit_tokens_total %uL\n"
+            "# HELP kvgate_prefix_cache_hit_rate Hit tokens / query tokens "
+            "since the engine started.\n"
+            "# TYPE kvgate_prefix_cache_hit_rate gauge\n"
+            "kvgate_prefix_cache_hit_rate %.4f\n",
+            st.query_tokens, st.hit_tokens,
+            st.query_tokens ? (double) st.hit_tokens / st.query_tokens : 0.0);
+
+        ngx_http_kvgate_printf(&t,
+            "# HELP kvgate_kv_evictions_total Cached blocks evicted, by "
+            "cause.\n# TYPE kvgate_kv_evictions_total counter\n"
+            "kvgate_kv_evictions_total{cause=\"lru\"} %uL\n"
+            "kvgate_kv_evictions_total{cause=\"ttl\"} %uL\n"
+            "kvgate_kv_evictions_total{cause=\"quota\"} %uL\n",
+            st.evictions_lru, st.evictions_ttl, st.evictions_quota);
+
+        ngx_http_kvgate_printf(&t,
+            "# HELP kvgate_engine_requests Requests in the engine now.\n"
+            "# TYPE kvgate_engine_requests gauge\n"
+            "kvgate_engine_requests{state=\"waiting\"} %D\n"
+            "kvgate_engine_requests{state=\"running\"} %D\n"
+            "kvgate_engine_requests{state=\"held\"} %D\n"
+            "# HELP kvgate_engine_steps_total Forward steps run.\n"
+            "# TYPE kvgate_engine_steps_total counter\n"
+            "kvgate_engine_steps_total %uL\n"
+            "# HELP kvgate_engine_preemptions_total Requests preempted when "
+            "the pool ran out.\n"
+            "# TYPE kvgate_engine_preemptions_total counter\n"
+            "kvgate_engine_preemptions_total %uL\n"
+            "# HELP kvgate_engine_tokens_total Tokens computed, by phase.\n"
+            "# TYPE kvgate_engine_tokens_total counter\n"
+            "kvgate_engine_tokens_total{phase=\"prefill\"} %uL\n"
+            "kvgate_engine_tokens_total{phase=\"decode\"} %uL\n"
+            "# HELP kvgate_engine_clients Processes connected to the engine.\n"
+            "# TYPE kvgate_engine_clients gauge\n"
+            "kvgate_engine_clients %D\n",
+            st.waiting, st.running, st.held, st.steps, st.preemptions,
+            st.prefill_tokens, st.decode_tokens, st.clients);
+
+        ngx_http_kvgate_printf(&t,
+            "# HELP kvgate_tenant_cached_blocks Cached KV blocks of the %d "
+            "tenants holding the most (others summed below).\n"
+            "# TYPE kvgate_tenant_cached_blocks gauge\n", KVG_STATS_TENANTS);
+
+        for (i = 0; i < (ngx_uint_t) st.n_tenants && i < KVG_STATS_TENANTS;
+             i++)
+        {
+            st.tenant[i].name[KVG_PROTO_MAX_SALT] = '\0';
+            ngx_http_kvgate_printf(&t,
+                "kvgate_tenant_cached_blocks{tenant=\"%s\"} %D\n",
+                ngx_http_kvgate_label(r->pool, st.tenant[i].name),
+                st.tenant[i].cached_blocks);
+        }
+
+        ngx_http_kvgate_printf(&t,
+            "# HELP kvgate_tenant_cached_blocks_other Cached KV blocks of the "
+            "tenants not listed.\n"
+            "# TYPE kvgate_tenant_cached_blocks_other gauge\n"
+            "kvgate_tenant_cached_blocks_other %D\n"
+            "# HELP kvgate_tenants_other Tenants with cached blocks not "
+            "listed.\n# TYPE kvgate_tenants_other gauge\n"
+            "kvgate_tenants_other %D\n",
+            st.other_cached_blocks, st.other_tenants);
+    }
+
+    return ngx_http_kvgate_send_text(r, &t,
+                                     "text/plain; version=0.0.4; charset=utf-8");
+}
+
+
+/* ---- JSON status ---- */
+
+ngx_int_t
+ngx_http_kvgate_status_handler(ngx_http_request_t *r)
+{
+    char                    *s, hex[20];
+    ngx_int_t                rc;
+    ngx_uint_t               e, b, k, i;
+    uint64_t                 total, by[NGX_HTTP_KVGATE_N_STATUSES];
+    kvg_stats                st;
+    json_t                  *root, *eng, *o, *arr, *statuses, *name;
+    ngx_http_kvgate_text_t   t;
+    ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_metrics_zone();
+    const kvg_engine_info   *info;
+
+    rc = ngx_http_kvgate_get_only(r, "kvgate_status");
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    root = json_object();
+    eng = json_object();
+    json_object_set_new(root, "engine", eng);
+
+    info = ngx_http_kvgate_engine_info();
+
+    json_object_set_new(eng, "up", json_boolean(info != NULL));
+
+    if (info == NULL) {
+        json_object_set_new(eng, "reason",
+                            json_string(ngx_http_kvgate_engine_down_reason()));
+
+    } else {
+        ngx_snprintf((u_char *) hex, sizeof(hex), "%016xL%Z", info->instance);
+        json_object_set_new(eng, "model", json_string(info->model_name));
+        json_object_set_new(eng, "model_id", json_string(info->model_id_hex));
+        json_object_set_new(eng, "context_length",
+                            json_integer(info->context_length));
+        json_object_set_new(eng, "block_tokens",
+                            json_integer(info->block_tokens));
+        json_object_set_new(eng, "chat_template",
+            json_string(kvg_chat_template_name(info->chat_template)));
+        json_object_set_new(eng, "pid", json_integer(info->engine_pid));
+        json_object_set_new(eng, "instance", json_string(hex));
+    }
+
+    if (info && kvg_client_stats(ngx_http_kvgate_engine_client(), &st) == 0) {
+        json_object_set_new(eng, "clients", json_integer(st.clients));
+        json_object_set_new(eng, "started_unix_ms",
+                            json_integer((json_int_t) st.start_unix_ms));
+
+        json_object_set_new(root, "kv", json_pack(
+            "{s:i, s:i, s:i, s:i, s:i, s:i}",
+            "blocks_total", (json_int_t) st.blocks_total,
+            "free", (json_int_t) st.blocks_free,
+            "cached", (json_int_t) st.blocks_cached,
+            "used", (json_int_t) st.blocks_used,
+            "pinned", (json_int_t) st.blocks_pinned,
+            "block_tokens", (json_int_t) st.block_tokens));
+
+        json_object_set_new(root, "cache", json_pack(
+            "{s:I, s:I, s:f, s:{s:I, s:I, s:I}}",
+            "query_tokens", (json_int_t) st.query_tokens,
+            "hit_tokens", (json_int_t) st.hit_tokens,
+            "hit_rate", st.query_tokens
+                        ? (double) st.hit_tokens / st.query_tokens : 0.0,
+            "evictions", "lru", (json_int_t) st.evictions_lru,
+            "ttl", (json_int_t) st.evictions_ttl,
+            "quota", (json_int_t) st.evictions_quota));
+
+        json_object_set_new(root, "scheduler", json_pack(
+            "{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+            "waiting", (json_int_t) st.waiting,
+            "running", (json_int_t) st.running,
+            "held", (json_int_t) st.held,
+            "steps", (json_int_t) st.steps,
+            "preemptions", (json_int_t) st.preemptions,
+            "prefill_tokens", (json_int_t) st.prefill_tokens,
+            "decode_tokens", (json_int_t) st.decode_tokens,
+            "submitted", (json_int_t) st.submitted,
+            "completed", (json_int_t) st.completed,
+            "cancelled", (json_int_t) st.cancelled,
+            "client_cancels", (json_int_t) st.client_cancels));
+
+        arr = json_array();
+
+        for (i = 0; i < (ngx_uint_t) st.n_tenants && i < KVG_STATS_TENANTS;
+             i++)
+        {
+            st.tenant[i].name[KVG_PROTO_MAX_SALT] = '\0';
+            o = json_object();
+            name = json_string(st.tenant[i].name);
+            json_object_set_new(o, "tenant", name ? name : json_string("?"));
+            json_object_set_new(o, "cached_blocks",
+                json_integer((json_int_t) st.tenant[i].cached_blocks));
+            json_array_append_new(arr, o);
+        }
+
+        json_object_set_new(root, "tenants", arr);
+        json_object_set_new(root, "other_tenants", json_pack("{s:i, s:i}",
+            "tenants", (json_int_t) st.other_tenants,
+            "cached_blocks", (json_int_t) st.other_cached_blocks));
+    }
+
+    total = 0;
+    ngx_memzero(by, sizeof(by));
+
+    for (e = 0; e < NGX_HTTP_KVGATE_EP_N; e++) {
+        for (b = 0; b < NGX_HTTP_KVGATE_BUCKET_N; b++) {
+            for (k = 0; k < NGX_HTTP_KVGATE_N_STATUSES; k++) {
+                total += sh->requests[e][b][k];
+                by[k] += sh->requests[e][b][k];
+            }
+        }
+    }
+
+    statuses = json_object();
+
+    for (k = 0; k < NGX_HTTP_KVGATE_N_STATUSES; k++) {
+        if (by[k]) {
+            ngx_snprintf((u_char *) hex, sizeof(hex), "%ui%Z",
+                         ngx_http_kvgate_statuses[k]);
+            json_object_set_new(statuses, ngx_http_kvgate_statuses[k]
+                                          ? hex : "other",
+                                json_integer((json_int_t) by[k]));
+        }
+    }
+
+    o = json_object();
+    json_object_set_new(o, "requests", json_integer((json_int_t) total));
+    json_object_set_new(o, "by_status", statuses);
+    json_object_set_new(o, "workers_connected",
+                        json_integer((json_int_t) sh->workers_up));
+
+    {
+        uint64_t  pt = 0, ct = 0, gt = 0;
+
+        for (b = 0; b < NGX_HTTP_KVGATE_BUCKET_N; b++) {
+            pt += sh->prompt_tokens[b];
+            ct += sh->cached_tokens[b];
+            gt += sh->completion_tokens[b];
+        }
+
+        json_object_set_new(o, "prompt_tokens", json_integer((json_int_t) pt));
+        json_object_set_new(o, "cached_tokens", json_integer((json_int_t) ct));
+        json_object_set_new(o, "completion_tokens",
+                            json_integer((json_int_t) gt));
+    }
+
+    json_object_set_new(root, "gateway", o);
+
+    s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+
+    if (s == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ngx_memzero(&t, sizeof(t));
+    t.pool = r->pool;
+    t.last = &t.head;
+    t.total = ngx_strlen(s) + 1;
+    t.b = ngx_create_temp_buf(r->pool, t.total);
+    t.head = ngx_alloc_chain_link(r->pool);
+
+    if (t.b == NULL || t.head == NULL) {
+        free(s);
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    t.b->last = ngx_cpymem(t.b->last, s, t.total - 1);
+    *t.b->last++ = '\n';
+    t.head->buf = t.b;
+    t.head->next = NULL;
+
+    free(s);
+
+    return ngx_http_kvgate_send_text(r, &t, "application/json");
+}
