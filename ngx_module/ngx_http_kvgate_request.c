@@ -3,21 +3,20 @@
  * One completion request (/v1/completions, /v1/chat/completions) in the
  * worker, from the body to the last byte of the answer:
  *
- *   read the body (nginx may have spilled it to a temp file), parse and
- *   validate it (libkvgate), apply the engine's chat template, normalize
- *   message content, tokenize with the engine's own tokenizer, pick the
- *   length bucket, hash the prefix blocks with the tenant's salt, submit over
- *   the shared-memory channel, then park the request with a deadline timer
- *   until the engine's events arrive and answer it.
+ *   read the body (nginx may have spilled it to a temp file), have it
+ *   turned into a parsed request, tokens, block hashes and a route key
+ *   (ngx_http_kvgate_prompt.c), check it against the model and this
+ *   server's limits, submit it over the shared-memory channel, then park
+ *   the request with a deadline timer until the engine's events arrive and
+ *   answer it (ngx_http_kvgate_response.c writes the answer).
  *
- * The prompt itself (body, tokens, hashes, route key) is
- * ngx_http_kvgate_prompt.c's; this file is the request's lifecycle around it.
  * The worker never blocks: submission is a push into a ring (or a short wait
  * in the worker's queue when the ring is full), events come through the
  * engine connection (ngx_http_kvgate_engine.c), which calls this file only
- * through the handlers set in ctx->engine. A client that disconnects
- * cancels its request in the engine; a pool cleanup makes sure no request
- * leaves the engine working for a request that no longer exists.
+ * through the handlers set in ctx->engine, as upstream calls a proxy module
+ * through ngx_http_upstream_t's. A client that disconnects cancels its
+ * request in the engine; a pool cleanup makes sure no request leaves the
+ * engine working for a request that no longer exists.
  */
 
 
@@ -40,6 +39,22 @@ static void ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
     const kvg_client_event *ev);
 static ngx_int_t ngx_http_kvgate_engine_retry(
     ngx_http_kvgate_engine_req_t *er);
+
+
+#if (NGX_DEBUG)
+
+/* the engine's events by kind (kvg_client_event_kind), for debug traces */
+
+static const char  *ngx_http_kvgate_event_names[] = {
+    "?", "up", "down", "writable", "accepted", "tokens", "finished", "done",
+    "error"
+};
+
+#define ngx_http_kvgate_event_name(kind)                                      \
+    ((size_t) (kind) < sizeof(ngx_http_kvgate_event_names) / sizeof(char *)  \
+     ? ngx_http_kvgate_event_names[kind] : "?")
+
+#endif
 
 
 ngx_int_t
@@ -484,10 +499,10 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
     r = ctx->request;
 
     ngx_log_debug5(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "kvgate: engine event %d for request %uL: sample %uD, "
+                   "kvgate: engine event \"%s\" for request %uL: sample %uD, "
                    "%uD tokens%s",
-                   (int) ev->kind, ev->id, ev->sample, ev->n_tokens,
-                   ctx->done ? ", already answered" : "");
+                   ngx_http_kvgate_event_name(ev->kind), ev->id, ev->sample,
+                   ev->n_tokens, ctx->done ? ", already answered" : "");
 
     if (ctx->done) {
         return;
