@@ -1,8 +1,10 @@
 /* kvg_gemm: validates, picks the kernel once per process, packs X once into the
  * caller's workspace and splits the output columns (rows of W) across the pool; each
- * range claims a free participant's scratch from the workspace. Only N is ever split, and every kernel follows
- * the canonical order of cpu/gemm_kernels.h, so neither the ISA, nor the thread
- * count, nor M changes a single bit of any output. */
+ * range claims a free participant's scratch from the workspace. Only N is ever
+ * split, and every kernel follows the canonical order of cpu/gemm_kernels.h, so
+ * neither the ISA, nor the thread count, nor M, nor the workspace (packed or not)
+ * changes a single bit of any output. Nothing here allocates per call: the
+ * workspaces are made by kvg_gemm_ws_new / kvg_gemm_ws_reserve. */
 #include "gemm.h"
 
 #include <pthread.h>
