@@ -1,10 +1,15 @@
-/* kvg_gemm: validates, picks the kernel once per process and splits the output
- * columns (rows of W) across the pool. Only N is ever split, and every kernel follows
- * the canonical order of cpu/gemm_kernels.h, so neither the ISA, nor the thread
- * count, nor M changes a single bit of any output. */
+/* kvg_gemm: validates, picks the kernel once per process, packs X once into the
+ * caller's workspace and splits the output columns (rows of W) across the pool; each
+ * range claims a free participant's scratch from the workspace. Only N is ever
+ * split, and every kernel follows the canonical order of cpu/gemm_kernels.h, so
+ * neither the ISA, nor the thread count, nor M, nor the workspace (packed or not)
+ * changes a single bit of any output. Nothing here allocates per call: the
+ * workspaces are made by kvg_gemm_ws_new / kvg_gemm_ws_reserve. */
 #include "gemm.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,11 +103,161 @@ const char *kvg_gemm_isa(void)
     return kvg_gemm_isa_name(kvg_gemm_isa_id_active());
 }
 
+/* ---- workspaces ---- */
+
+/* One participant's scratch, claimed for one range at a time. Padded to its own cache
+ * line so that claiming it does not bounce a neighbour's. */
+typedef struct ws_part {
+    _Alignas(64) _Atomic int busy;
+    kvg_gemm_scratch s;
+} ws_part;
+
+struct kvg_gemm_ws {
+    int n;                       /* participants (the pool's threads) */
+    int k_min, k_max;            /* inner dimensions the per-thread scratch covers */
+    size_t wp_cap, slots_cap;    /* floats in each participant's wp and slots */
+    float *xp;                   /* packed X, shared by a product's participants */
+    size_t xp_cap;               /* floats */
+    ws_part *parts;              /* n */
+};
+
+/* Largest per-participant need, over the ISAs this CPU runs, of a product with inner
+ * dimension K in [k_min, k_max]. The plans depend on K only through Kp = K rounded up
+ * to 16, so one K per multiple of 16 covers the range. */
+static void ws_needs(int k_min, int k_max, size_t *wp, size_t *slots)
+{
+    *wp = *slots = 0;
+    for (int isa = 0; isa <= KVG_ISA_AVX512; isa++) {
+        if (!kvg_gemm_isa_supported((kvg_gemm_isa_id)isa))
+            continue;
+        for (int k = k_min < 16 ? 16 : (k_min + 15) / 16 * 16; k <= (k_max + 15) / 16 * 16; k += 16) {
+            kvg_gemm_job job = { .M = 1 << 20, .K = k, .N = 1, .dt = KVG_DT_F32 };
+            kvg_gemm_plan plan;
+            plans[isa](&job, &plan);
+            if (!plan.packed)
+                continue;
+            if (plan.wp_floats > *wp)
+                *wp = plan.wp_floats;
+            if (plan.slots_floats > *slots)
+                *slots = plan.slots_floats;
+        }
+    }
+}
+
+/* n floats, 64-byte aligned; NULL for 0 floats or out of memory. */
+static float *alloc_floats(size_t n)
+{
+    void *p = NULL;
+    if (n == 0 || n > SIZE_MAX / sizeof(float) || posix_memalign(&p, 64, n * sizeof(float)) != 0)
+        return NULL;
+    return p;
+}
+
+kvg_gemm_ws *kvg_gemm_ws_new(int threads, int k_min, int k_max)
+{
+    kvg_gemm_ws *ws;
+    void *parts = NULL;
+
+    if (threads < 1 || k_min < 0 || k_max < k_min)
+        return NULL;
+    ws = calloc(1, sizeof *ws);
+    if (!ws || posix_memalign(&parts, 64, (size_t)threads * sizeof(ws_part)) != 0) {
+        free(ws);
+        return NULL;
+    }
+    memset(parts, 0, (size_t)threads * sizeof(ws_part));
+    ws->parts = parts;
+    ws->n = threads;
+    ws->k_min = k_min;
+    ws->k_max = k_max;
+    ws_needs(k_min, k_max, &ws->wp_cap, &ws->slots_cap);
+    for (int i = 0; i < threads; i++) {
+        atomic_init(&ws->parts[i].busy, 0);
+        if (ws->wp_cap == 0)
+            continue;        /* no ISA here packs: nothing to hold */
+        ws->parts[i].s.wp = alloc_floats(ws->wp_cap);
+        ws->parts[i].s.slots = alloc_floats(ws->slots_cap);
+        if (!ws->parts[i].s.wp || !ws->parts[i].s.slots) {
+            ws->n = i + 1;
+            kvg_gemm_ws_free(ws);
+            return NULL;
+        }
+    }
+    return ws;
+}
+
+int kvg_gemm_ws_reserve(kvg_gemm_ws *ws, int rows)
+{
+    size_t need = 0;
+    float *p;
+
+    if (!ws || rows <= 0 || ws->wp_cap == 0)
+        return 0;
+    for (int isa = 0; isa <= KVG_ISA_AVX512; isa++) {
+        kvg_gemm_job job = { .M = rows, .K = ws->k_max, .N = 1, .dt = KVG_DT_F32 };
+        kvg_gemm_plan plan;
+        if (!kvg_gemm_isa_supported((kvg_gemm_isa_id)isa))
+            continue;
+        plans[isa](&job, &plan);
+        if (plan.packed && plan.xp_floats > need)
+            need = plan.xp_floats;
+    }
+    if (need <= ws->xp_cap)
+        return 0;
+    p = alloc_floats(need);
+    if (!p)
+        return -1;
+    free(ws->xp);
+    ws->xp = p;
+    ws->xp_cap = need;
+    return 0;
+}
+
+void kvg_gemm_ws_free(kvg_gemm_ws *ws)
+{
+    if (!ws)
+        return;
+    for (int i = 0; ws->parts && i < ws->n; i++) {
+        free(ws->parts[i].s.wp);
+        free(ws->parts[i].s.slots);
+    }
+    free(ws->parts);
+    free(ws->xp);
+    free(ws);
+}
+
+/* Whether ws holds everything the plan asks for, for a pool of `threads`. */
+static int ws_fits(const kvg_gemm_ws *ws, const kvg_gemm_plan *plan, int threads)
+{
+    return ws && plan->packed && threads <= ws->n && plan->xp_floats <= ws->xp_cap &&
+           plan->wp_floats <= ws->wp_cap && plan->slots_floats <= ws->slots_cap;
+}
+
+/* A free participant's scratch. The pool runs at most `threads` ranges at once and
+ * ws->n >= threads, so one is always free; which one a range gets does not matter
+ * (scratch is written before it is read). `hint` spreads the first tries. */
+static ws_part *ws_claim(kvg_gemm_ws *ws, size_t hint)
+{
+    for (size_t i = hint % (size_t)ws->n;; i = (i + 1) % (size_t)ws->n) {
+        ws_part *p = &ws->parts[i];
+        if (!atomic_load_explicit(&p->busy, memory_order_relaxed) &&
+            !atomic_exchange_explicit(&p->busy, 1, memory_order_acquire))
+            return p;
+    }
+}
+
+static void ws_release(ws_part *p)
+{
+    atomic_store_explicit(&p->busy, 0, memory_order_release);
+}
+
+/* ---- the product ---- */
+
 struct par_ctx {
     const kvg_gemm_job *job;
     kvg_gemm_kernel_fn fn;
     kvg_gemm_pack_x_fn pack;
-    float *xp;
+    kvg_gemm_ws *ws;             /* non-NULL: the packed path, claim scratch */
     size_t group;                /* W rows per unit of the split */
 };
 
@@ -112,42 +267,38 @@ static void par_range(void *arg, size_t begin, size_t end)
 {
     const struct par_ctx *p = arg;
     size_t n1 = end * p->group;
+    ws_part *part = p->ws ? ws_claim(p->ws, begin) : NULL;
+
     if (n1 > (size_t)p->job->N)
         n1 = (size_t)p->job->N;
-    p->fn(p->job, (int)(begin * p->group), (int)n1);
+    p->fn(p->job, (int)(begin * p->group), (int)n1, part ? &part->s : NULL);
+    if (part)
+        ws_release(part);
 }
 
 static void pack_range(void *arg, size_t begin, size_t end)
 {
     const struct par_ctx *p = arg;
-    p->pack(p->job, (int)begin, (int)end, p->xp);
+    p->pack(p->job, (int)begin, (int)end, p->ws->xp);
 }
 
-/* A call that does not match its tensor is a bug in the caller, not bad input:
- * stop loudly rather than compute garbage. */
-static void misuse(const char *what, int M, int K, const kvg_tensor *w)
-{
-    fprintf(stderr, "kvg_gemm: %s (M=%d K=%d W=[%lld][%lld] dtype=%d)\n", what, M, K,
-            w ? (long long)w->rows : -1LL, w ? (long long)w->cols : -1LL, w ? (int)w->dtype : -1);
-    abort();
-}
-
-void kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, const float *x, int M, int K,
-                       const kvg_tensor *w, const float *bias, float *y)
+int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x,
+                      int M, int K, const kvg_tensor *w, const float *bias, float *y)
 {
     kvg_gemm_job job;
-    int threads;
+    kvg_gemm_plan plan;
+    struct par_ctx p;
+    int threads, parallel;
 
-    if (!w || (w->dtype != KVG_DT_F32 && w->dtype != KVG_DT_F16 && w->dtype != KVG_DT_BF16))
-        misuse("bad weight tensor", M, K, w);
-    if (M < 0 || K < 0 || w->cols != K || w->rows < 0 || w->rows > 0x7fffffff)
-        misuse("shape mismatch", M, K, w);
+    /* The caller's bugs, refused without touching y (see gemm.h). */
+    if (!w || (w->dtype != KVG_DT_F32 && w->dtype != KVG_DT_F16 && w->dtype != KVG_DT_BF16) ||
+        M < 0 || K < 0 || w->cols != K || w->rows < 0 || w->rows > 0x7fffffff ||
+        !kvg_gemm_isa_supported(isa))
+        return -1;
     if (M == 0 || w->rows == 0)
-        return;
+        return 0;
     if (!x || !y || !w->data)
-        misuse("NULL buffer", M, K, w);
-    if (!kvg_gemm_isa_supported(isa))
-        misuse("ISA not supported by this CPU", M, K, w);
+        return -1;
 
     job.x = x;
     job.xp = NULL;
@@ -160,34 +311,38 @@ void kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, const float *x, 
     job.dt = w->dtype;
 
     threads = kvg_threadpool_size(tp);
-    if (threads > 1 && (double)M * job.N * (K > 0 ? K : 1) >= KVG_GEMM_MIN_PARALLEL_MACS) {
-        kvg_gemm_plan plan;
-        struct par_ctx p = { &job, kernels[isa], x_packers[isa], NULL, 0 };
-        size_t groups;
-
-        plans[isa](&job, &plan);
-        /* Decode keeps finer groups: its kernel has no panels to fill. */
-        p.group = plan.packed ? (size_t)plan.n_group : 16;
-        groups = ((size_t)job.N + p.group - 1) / p.group;
+    parallel = threads > 1 && (double)M * job.N * (K > 0 ? K : 1) >= KVG_GEMM_MIN_PARALLEL_MACS;
+    plans[isa](&job, &plan);
+    p.job = &job;
+    p.fn = kernels[isa];
+    p.pack = x_packers[isa];
+    p.ws = NULL;
+    /* Decode keeps finer groups: its kernel has no panels to fill. */
+    p.group = plan.packed ? (size_t)plan.n_group : 16;
+    if (ws_fits(ws, &plan, threads) && p.pack) {
+        /* Packed X is the same for every thread: pack it once (in parallel when the
+         * product is). */
+        job.xp = ws->xp;
+        p.ws = ws;
+        if (parallel && plan.x_panels > 1)
+            kvg_threadpool_run(tp, (size_t)plan.x_panels, pack_range, &p);
+        else
+            pack_range(&p, 0, (size_t)plan.x_panels);
+    }
+    if (parallel) {
+        size_t groups = ((size_t)job.N + p.group - 1) / p.group;
         if (groups > 1) {
-            /* Packed X is the same for every thread: pack it once, in parallel. */
-            if (plan.packed && p.pack && plan.x_panels > 1) {
-                p.xp = aligned_alloc(64, plan.xp_floats * sizeof(float));
-                if (p.xp) {
-                    kvg_threadpool_run(tp, (size_t)plan.x_panels, pack_range, &p);
-                    job.xp = p.xp;
-                }
-            }
             kvg_threadpool_run(tp, groups, par_range, &p);
-            free(p.xp);
-            return;
+            return 0;
         }
     }
-    kernels[isa](&job, 0, job.N);
+    /* On the calling thread alone: participant 0's scratch is free. */
+    kernels[isa](&job, 0, job.N, p.ws ? &ws->parts[0].s : NULL);
+    return 0;
 }
 
-void kvg_gemm(kvg_threadpool *tp, const float *x, int M, int K,
-              const kvg_tensor *w, const float *bias, float *y)
+int kvg_gemm(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K,
+             const kvg_tensor *w, const float *bias, float *y)
 {
-    kvg_gemm_with_isa(kvg_gemm_isa_id_active(), tp, x, M, K, w, bias, y);
+    return kvg_gemm_with_isa(kvg_gemm_isa_id_active(), tp, ws, x, M, K, w, bias, y);
 }

@@ -15,12 +15,17 @@
  *  - Alignment: none required beyond the dtype's own (4 bytes F32, 2 F16/BF16); rows
  *    that start on 64-byte boundaries make decode (M < 8) faster.
  *  - x, w and y must not overlap; bias may be NULL. A shape that does not match the
- *    tensor (w->cols != K) or an unsupported dtype is a caller bug: it aborts.
+ *    tensor (w->cols != K), an unsupported dtype or a NULL buffer is a caller bug:
+ *    kvg_gemm returns -1 and leaves y alone (it never aborts).
  *  - BF16/F16 weights cost nothing extra: decode widens them in registers (and reads
  *    half the bytes of F32), prefill widens them while packing.
  *  - Threads: pass the backend's pool; tiny products (< 64k multiply-adds) run on the
- *    calling thread. Prefill allocates packing buffers (about M*K*4 bytes plus a few
- *    hundred KiB) with malloc per call; nothing is kept between calls. */
+ *    calling thread.
+ *  - Memory: kvg_gemm never allocates. Prefill (M >= 8) packs its operands into a
+ *    workspace the caller makes once (kvg_gemm_ws: a packed copy of X, about M*K*4
+ *    bytes, plus a few hundred KiB per thread), as the activations are. A product the
+ *    workspace does not cover (ws NULL, too few rows or threads, K out of its range)
+ *    takes the unpacked path instead: the same bits, only slower. */
 #ifndef KVG_GEMM_H
 #define KVG_GEMM_H
 
@@ -28,10 +33,27 @@
 #include "model.h"
 #include "threadpool.h"
 
+/* Scratch for the packed path: one packed copy of X shared by the threads of a
+ * product, and each thread's packed W block and partial sums. One product at a time
+ * per workspace (a backend owns one, as it owns its pool). */
+typedef struct kvg_gemm_ws kvg_gemm_ws;
+
+/* Workspaces for pools of up to `threads` threads and products with inner dimension
+ * K in [k_min, k_max]; the per-thread part is allocated here, once, sized for every
+ * such K. The packed X copy starts empty (kvg_gemm_ws_reserve). NULL when out of
+ * memory. */
+kvg_gemm_ws *kvg_gemm_ws_new(int threads, int k_min, int k_max);
+/* Grows the packed X copy to hold `rows` rows of k_max (never shrinks): then every
+ * product with M <= rows runs packed. 0, or -1 when out of memory (the workspace is
+ * unchanged and stays usable). */
+int kvg_gemm_ws_reserve(kvg_gemm_ws *ws, int rows);
+void kvg_gemm_ws_free(kvg_gemm_ws *ws);
+
 /* Y = X W^T (+ bias if non-NULL, length N). x: M rows of K floats (row stride K),
- * y: M rows of N floats (row stride N). */
-void kvg_gemm(kvg_threadpool *tp, const float *x, int M, int K,
-              const kvg_tensor *w, const float *bias, float *y);
+ * y: M rows of N floats (row stride N). ws may be NULL (unpacked). 0, or -1 for a
+ * call that breaks the rules above. */
+int kvg_gemm(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K,
+             const kvg_tensor *w, const float *bias, float *y);
 
 /* "avx512", "avx2", "generic". KVG_GEMM_ISA=generic|avx2|avx512 in the environment
  * forces a lower level (for tests and benchmarks). */

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "model_formats.h"
 #include "model_internal.h"
 
 #define GGML_F32 0

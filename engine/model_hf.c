@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 
+#include "model_formats.h"
 #include "model_internal.h"
 #include "safetensors.h"
 

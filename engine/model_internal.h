@@ -1,6 +1,8 @@
-/* Shared by the model loaders (model.c, model_llama2c.c, model_gguf.c, model_hf.c,
- * model_synthetic.c): storage ownership, error formatting, tensor binding with the
- * checks every format needs, and the model identity hash. Not a public header. */
+/* Shared by the model loaders (model_llama2c.c, model_gguf.c, model_hf.c,
+ * model_synthetic.c), implemented in model_common.c: storage ownership, error
+ * formatting, tensor binding with the checks every format needs, and the model
+ * identity hash. Not a public header. The loaders' entry points are in
+ * model_formats.h, for model_load.c above them. */
 #ifndef KVG_MODEL_INTERNAL_H
 #define KVG_MODEL_INTERNAL_H
 
@@ -85,14 +87,5 @@ int kvgm_set_tokenizer_source(kvg_model *m, const char *file, const void *blob, 
  * is NULL) and records its bytes for the identity in *bytes and *len (mapped into m). */
 int kvgm_load_tokenizer_file(kvg_model *m, const char *path, const unsigned char **bytes,
                              size_t *len, char *err, size_t err_len);
-
-kvg_model *kvgm_load_llama2c(const char *path, const kvg_model_load_opts *opts,
-                             char *err, size_t err_len);
-kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts,
-                          char *err, size_t err_len);
-kvg_model *kvgm_load_hf(const char *dir, const kvg_model_load_opts *opts,
-                        char *err, size_t err_len);
-kvg_model *kvgm_load_synthetic(const char *spec, const kvg_model_load_opts *opts,
-                               char *err, size_t err_len);
 
 #endif

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model_formats.h"
 #include "model_internal.h"
 
 #define AK42_MAGIC 0x616b3432u

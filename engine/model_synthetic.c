@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model_formats.h"
 #include "model_internal.h"
 
 #define GEN_VERSION "kvgate-synthetic/1"

@@ -12,6 +12,7 @@
  *     other working memory) and dropped when the thread moves to another
  *     tokenizer or the cache fills up. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -446,6 +447,23 @@ done:
     free(out.v);
     kvg_tok_scratch_free(&sc);
     return rc;
+}
+
+/* Loading's last step: the vocabulary's derived tables (tok_vocab.c), then the word
+ * index, which runs the encoder on every piece, then the identity that encoders'
+ * per-thread caches are keyed by. */
+int kvg_tok_finish(struct kvg_tokenizer *t, char *err, size_t err_len)
+{
+    static uint64_t next_uid;
+
+    if (kvg_tok_finish_vocab(t, err, err_len) < 0)
+        return -1;
+    if (kvg_tok_build_word_index(t) < 0) {
+        snprintf(err, err_len, "out of memory building the tokenizer");
+        return -1;
+    }
+    t->uid = __atomic_add_fetch(&next_uid, 1, __ATOMIC_RELAXED);
+    return 0;
 }
 
 /* ---- SPM runs ---- */

@@ -134,7 +134,7 @@ struct kvg_tokenizer {
     int ignore_merges;           /* byte-level: a pre-token that is itself a piece is emitted
                                     without merging (HF "ignore_merges", Llama 3) */
 
-    /* Derived by kvg_tok_finish (tok_vocab.c); loaders leave these alone. */
+    /* Derived by kvg_tok_finish (tok_vocab.c, tok_encode.c); loaders leave these alone. */
     uint64_t uid;                /* unique per loaded tokenizer: tags per-thread encoder caches */
     void *bytes_arena;           /* storage of bytes[] */
     int32_t spm_space;           /* SPM: id of the space piece ("\u2581", or " " in llama2.c
@@ -176,7 +176,10 @@ void kvg_merges_free(kvg_merge_table *m);
 int kvg_tok_merges_from_scores(struct kvg_tokenizer *t);
 /* Fills bytes/bytes_len for every id from piece, type and mode, plus byte_piece[]
  * and the other derived fields above; builds the index if absent and sorts
- * `added` longest first. kvg_tokenizer_load* calls it after every loader, so
+ * `added` longest first (tok_vocab.c). */
+int kvg_tok_finish_vocab(struct kvg_tokenizer *t, char *err, size_t err_len);
+/* kvg_tok_finish_vocab, then the word index and the uid (tok_encode.c, since the
+ * word index runs the encoder). kvg_tokenizer_load* calls it after every loader, so
  * loaders need not (calling it twice is harmless). */
 int kvg_tok_finish(struct kvg_tokenizer *t, char *err, size_t err_len);
 /* Frees everything the struct owns (not the struct). */

@@ -1,6 +1,8 @@
 /* Vocabulary storage shared by every tokenizer format: per-id arrays, the piece
  * index, the merge table (and its derivation from SentencePiece scores), and the
- * derived decode bytes. */
+ * derived decode bytes. The bottom of the tokenizer: tok_bpe.c and tok_encode.c call
+ * into it, it calls neither (kvg_tok_finish, which also needs the encoder, is in
+ * tok_encode.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -508,7 +510,7 @@ static int merges_monotone(const struct kvg_tokenizer *t)
     return monotone;
 }
 
-int kvg_tok_finish(struct kvg_tokenizer *t, char *err, size_t err_len)
+int kvg_tok_finish_vocab(struct kvg_tokenizer *t, char *err, size_t err_len)
 {
     size_t total = 0;
 
@@ -572,10 +574,6 @@ int kvg_tok_finish(struct kvg_tokenizer *t, char *err, size_t err_len)
     if (merges_compact(&t->merges) < 0)
         goto oom;
     t->merge_monotone = merges_monotone(t);
-    if (kvg_tok_build_word_index(t) < 0)
-        goto oom;
-    static uint64_t next_uid;
-    t->uid = __atomic_add_fetch(&next_uid, 1, __ATOMIC_RELAXED);
     return 0;
 
 oom:

@@ -5,13 +5,12 @@
 #include "backend_cpu_internal.h"
 #include "errmsg.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "gemm.h"
 
 /* Below this many scalar operations a job runs on the calling thread: waking the
  * workers costs a few microseconds, as much as ~20k simple operations. */
@@ -105,19 +104,14 @@ static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t 
     int half = cfg->head_dim / 2;
     int64_t total_blocks = 0;
 
-    if (s->n_rows <= 0 || s->n_seqs <= 0 || s->n_out < 0 || s->n_out > s->n_rows ||
-        s->block_tokens <= 0) {
-        kvg_set_err(err, err_len, "cpu backend: bad step (%d rows, %d sequences, %d outputs, "
-               "%d tokens per block)", s->n_rows, s->n_seqs, s->n_out, s->block_tokens);
-        return -1;
-    }
+    /* The step's shape: forward.c's (a non-empty batch, at most one output per row). */
+    assert(s->n_rows > 0 && s->n_seqs > 0 && s->n_out >= 0 && s->n_out <= s->n_rows);
+    assert(s->block_tokens > 0);
     for (int i = 0; i < s->n_seqs; i++) {
-        if (s->n_blocks[i] < 0) {
-            kvg_set_err(err, err_len, "cpu backend: negative block count");
-            return -1;
-        }
+        assert(s->n_blocks[i] >= 0);
         total_blocks += s->n_blocks[i];
     }
+    /* Can happen (many long sequences in one step): the int sizes below would wrap. */
     if (total_blocks > INT32_MAX / 2) {
         kvg_set_err(err, err_len, "cpu backend: too many blocks in one step");
         return -1;
@@ -142,21 +136,17 @@ static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t 
         grow((void **)&c->blocks, &c->cap_blocks, (int)total_blocks + 1, sizeof(int32_t)) != 0)
         goto oom;
 
+    /* Preconditions, guaranteed by the forward pass (kvg_forward_step builds the step
+     * from sequences whose tokens it has checked against the vocabulary, whose blocks
+     * kvg_kv_seq_prepare has reserved for every position, and whose logits rows are
+     * its own rows): not re-checked here, asserted. */
     for (int r = 0; r < s->n_rows; r++) {
-        if (s->tokens[r] < 0 || s->tokens[r] >= cfg->vocab_size || s->pos[r] < 0 ||
-            s->row_seq[r] < 0 || s->row_seq[r] >= s->n_seqs ||
-            (int64_t)s->pos[r] >= (int64_t)s->n_blocks[s->row_seq[r]] * s->block_tokens) {
-            kvg_set_err(err, err_len, "cpu backend: bad row %d (token %d, position %d, sequence %d)",
-                   r, s->tokens[r], s->pos[r], s->row_seq[r]);
-            return -1;
-        }
+        assert(s->tokens[r] >= 0 && s->tokens[r] < cfg->vocab_size);
+        assert(s->pos[r] >= 0 && s->row_seq[r] >= 0 && s->row_seq[r] < s->n_seqs);
+        assert((int64_t)s->pos[r] < (int64_t)s->n_blocks[s->row_seq[r]] * s->block_tokens);
     }
-    for (int i = 0; i < s->n_out; i++) {
-        if (s->out_rows[i] < 0 || s->out_rows[i] >= s->n_rows) {
-            kvg_set_err(err, err_len, "cpu backend: bad output row %d", s->out_rows[i]);
-            return -1;
-        }
-    }
+    for (int i = 0; i < s->n_out; i++)
+        assert(s->out_rows[i] >= 0 && s->out_rows[i] < s->n_rows);
     memcpy(c->tokens, s->tokens, (size_t)s->n_rows * sizeof(int32_t));
     memcpy(c->pos, s->pos, (size_t)s->n_rows * sizeof(int32_t));
     memcpy(c->row_seq, s->row_seq, (size_t)s->n_rows * sizeof(int32_t));
@@ -188,6 +178,9 @@ static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t 
         }
         c->att_stride = stride;
     }
+    /* The GEMMs pack X for up to n_rows rows (every matmul of a step has M <= n_rows). */
+    if (kvg_gemm_ws_reserve(c->gemm_ws, s->n_rows) != 0)
+        goto oom;
     c->n_rows = s->n_rows;
     c->n_seqs = s->n_seqs;
     c->n_out = s->n_out;
@@ -260,7 +253,16 @@ static void cpu_rmsnorm(kvg_backend *be, const float *x, const float *w, float e
 static void cpu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
                        const float *bias, float *y)
 {
-    kvg_gemm(cpu_of(be)->tp, x, M, K, w, bias, y);
+    kvg_cpu *c = cpu_of(be);
+    int rc;
+
+    /* Shapes and dtypes are the model's (the loaders check every tensor against the
+     * config), M <= the step's rows and the buffers are forward.c's activations, so
+     * kvg_gemm cannot refuse; it cannot fail otherwise (its scratch was made by
+     * kvg_backend_cpu_new and cpu_begin_step, which report running out of memory). */
+    rc = kvg_gemm(c->tp, c->gemm_ws, x, M, K, w, bias, y);
+    assert(rc == 0);
+    (void)rc;
 }
 
 typedef struct rope_job {
@@ -401,6 +403,7 @@ static void cpu_destroy(kvg_backend *be)
     c = be->ctx;
     if (c) {
         kvg_threadpool_free(c->tp);
+        kvg_gemm_ws_free(c->gemm_ws);
         free(c->inv_freq);
         free(c->tokens);
         free(c->seq_blocks_off);
@@ -491,6 +494,25 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
     }
     c->n_threads = kvg_threadpool_size(c->tp);
     be->n_threads = c->n_threads;
+    {
+        /* Each thread's GEMM scratch, once, for every inner dimension the forward pass
+         * uses: dim (q/k/v, gate/up, logits), n_heads * head_dim (wo), hidden_dim (down). */
+        int qd = cfg->n_heads * cfg->head_dim, k_min = cfg->dim, k_max = cfg->dim;
+        if (qd < k_min)
+            k_min = qd;
+        if (cfg->hidden_dim < k_min)
+            k_min = cfg->hidden_dim;
+        if (qd > k_max)
+            k_max = qd;
+        if (cfg->hidden_dim > k_max)
+            k_max = cfg->hidden_dim;
+        c->gemm_ws = kvg_gemm_ws_new(c->n_threads, k_min, k_max);
+        if (!c->gemm_ws) {
+            kvg_set_err(err, err_len, "cpu backend: out of memory for the GEMM workspaces");
+            cpu_destroy(be);
+            return NULL;
+        }
+    }
     rope_frequencies(cfg, c->inv_freq);
     return be;
 }

@@ -7,10 +7,13 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "gemm.h"
 #include "threadpool.h"
 
 typedef struct kvg_cpu {
     kvg_threadpool *tp;
+    kvg_gemm_ws *gemm_ws;        /* the GEMMs' scratch: per thread from creation, packed
+                                    X grown by begin_step to the step's rows */
     const kvg_model *m;
     int n_threads;
     float *inv_freq;             /* [head_dim/2] RoPE frequency of each pair */

@@ -8,40 +8,28 @@
 #include "cpu/gemm_kernels.h"
 
 /* Elements [k0, k0+16) of row n of W widened to F32, zeros past K. */
-static void load_w16(const kvg_gemm_job *job, int n, int k0, float *out)
+static void generic_w16(const kvg_gemm_job *job, int n, int k0, float *out)
 {
     size_t off = (size_t)n * (size_t)job->K;
     for (int l = 0; l < 16; l++) {
         int k = k0 + l;
-        if (k >= job->K) {
-            out[l] = 0.0f;
-            continue;
-        }
-        switch (job->dt) {
-        case KVG_DT_F32:
-            out[l] = ((const float *)job->w)[off + (size_t)k];
-            break;
-        case KVG_DT_F16:
-            out[l] = kvg_gemm_f16_to_f32(((const uint16_t *)job->w)[off + (size_t)k]);
-            break;
-        default:
-            out[l] = kvg_gemm_bf16_to_f32(((const uint16_t *)job->w)[off + (size_t)k]);
-            break;
-        }
+        out[l] = k < job->K ? kvg_gemm_w_at(job->w, off + (size_t)k, job->dt) : 0.0f;
     }
 }
 
-void kvg_gemm_kernel_generic(const kvg_gemm_job *job, int n0, int n1)
+void kvg_gemm_kernel_generic(const kvg_gemm_job *job, int n0, int n1,
+                             const kvg_gemm_scratch *scratch)
 {
     int K = job->K;
 
+    (void)scratch;          /* nothing to pack */
     for (int n = n0; n < n1; n++) {
         for (int m = 0; m < job->M; m++) {
             const float *x = job->x + (size_t)m * (size_t)K;
             float acc[16] = { 0 }, wv[16], s;
 
             for (int k0 = 0; k0 < K; k0 += 16) {
-                load_w16(job, n, k0, wv);
+                generic_w16(job, n, k0, wv);
                 for (int l = 0; l < 16; l++) {
                     float xv = k0 + l < K ? x[k0 + l] : 0.0f;
                     acc[l] = fmaf(xv, wv[l], acc[l]);
@@ -60,4 +48,6 @@ void kvg_gemm_plan_generic(const kvg_gemm_job *job, kvg_gemm_plan *plan)
     plan->x_panels = 0;
     plan->n_group = 16;
     plan->xp_floats = 0;
+    plan->wp_floats = 0;
+    plan->slots_floats = 0;
 }

@@ -21,7 +21,13 @@
  * above is fixed, not the operand order.
  *
  * Kernels compute y[m][n] for every m in [0, M) and n in [n0, n1) and may be called
- * concurrently on disjoint n ranges. */
+ * concurrently on disjoint n ranges, each with its own scratch. They never allocate:
+ * kvg_gemm hands them the workspaces the caller made (kvg_gemm_ws).
+ *
+ * The units, lowest first: this header (shared types and scalar helpers) <-
+ * gemm_pack_x86.h (x86 packing) <- gemm_packed_x86.h (the packed path, a template
+ * each x86 ISA file instantiates) <- gemm_generic.c, gemm_avx2.c, gemm_avx512.c <-
+ * ../gemm.c (dispatch, threads, workspaces). */
 #ifndef KVG_GEMM_KERNELS_H
 #define KVG_GEMM_KERNELS_H
 
@@ -33,7 +39,9 @@
 
 typedef struct kvg_gemm_job {
     const float *x;              /* M rows, stride K */
-    const float *xp;             /* X already packed by the kernel's pack_x, or NULL */
+    const float *xp;             /* X packed by the kernel's pack_x: the packed path
+                                    runs iff this is set (kvg_gemm sets it only when
+                                    the plan packs and the workspace fits) */
     const void *w;               /* N rows, stride K elements of dt */
     const float *bias;           /* N or NULL */
     float *y;                    /* M rows, stride N */
@@ -41,25 +49,38 @@ typedef struct kvg_gemm_job {
     kvg_dtype dt;
 } kvg_gemm_job;
 
-typedef void (*kvg_gemm_kernel_fn)(const kvg_gemm_job *job, int n0, int n1);
+/* One participant's scratch for the packed path (64-byte aligned, contents never read
+ * before the kernel writes them, so which participant's scratch a range gets changes
+ * no result). */
+typedef struct kvg_gemm_scratch {
+    float *wp;                   /* packed W block */
+    float *slots;                /* the lane tree's partial sums */
+} kvg_gemm_scratch;
+
+/* s: scratch for the packed path (NULL when job->xp is NULL). */
+typedef void (*kvg_gemm_kernel_fn)(const kvg_gemm_job *job, int n0, int n1,
+                                   const kvg_gemm_scratch *s);
 
 /* How a kernel will run a job: with `packed`, it packs X into x_panels panels
- * (xp_floats floats in all); kvg_gemm then packs them once, in parallel, and hands
- * them to every thread through job->xp. n_group: W rows per thread share unit. */
+ * (xp_floats floats in all); kvg_gemm packs them once, in parallel, and hands them to
+ * every thread through job->xp. n_group: W rows per thread share unit. wp_floats and
+ * slots_floats: each participant's scratch, for any M and any column range (they
+ * depend on K only). */
 typedef struct kvg_gemm_plan {
     int packed;
     int x_panels;
     int n_group;
     size_t xp_floats;
+    size_t wp_floats, slots_floats;
 } kvg_gemm_plan;
 
 typedef void (*kvg_gemm_plan_fn)(const kvg_gemm_job *job, kvg_gemm_plan *plan);
 /* Packs X panels [p0, p1) into their places in xp (64-byte aligned). */
 typedef void (*kvg_gemm_pack_x_fn)(const kvg_gemm_job *job, int p0, int p1, float *xp);
 
-void kvg_gemm_kernel_generic(const kvg_gemm_job *job, int n0, int n1);
-void kvg_gemm_kernel_avx2(const kvg_gemm_job *job, int n0, int n1);
-void kvg_gemm_kernel_avx512(const kvg_gemm_job *job, int n0, int n1);
+void kvg_gemm_kernel_generic(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s);
+void kvg_gemm_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s);
+void kvg_gemm_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s);
 void kvg_gemm_plan_generic(const kvg_gemm_job *job, kvg_gemm_plan *plan);
 void kvg_gemm_plan_avx2(const kvg_gemm_job *job, kvg_gemm_plan *plan);
 void kvg_gemm_plan_avx512(const kvg_gemm_job *job, kvg_gemm_plan *plan);
@@ -77,9 +98,9 @@ int kvg_gemm_isa_supported(kvg_gemm_isa_id isa);
 /* The ISA kvg_gemm uses (the best supported, lowered by KVG_GEMM_ISA). */
 kvg_gemm_isa_id kvg_gemm_isa_id_active(void);
 const char *kvg_gemm_isa_name(kvg_gemm_isa_id isa);
-/* kvg_gemm with an explicit ISA, which must be supported. */
-void kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, const float *x, int M, int K,
-                       const kvg_tensor *w, const float *bias, float *y);
+/* kvg_gemm with an explicit ISA; -1 also when this CPU lacks it. */
+int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x,
+                      int M, int K, const kvg_tensor *w, const float *bias, float *y);
 
 /* Exact widenings, shared by the kernels' scalar tails and the generic kernel. */
 static inline float kvg_gemm_bf16_to_f32(uint16_t h)
@@ -114,6 +135,17 @@ static inline float kvg_gemm_f16_to_f32(uint16_t h)
     }
     memcpy(&f, &u, sizeof f);
     return f;
+}
+
+/* Element i of W widened exactly to F32 (scalar tails, packing edges, the generic
+ * kernel). */
+static inline float kvg_gemm_w_at(const void *w, size_t i, kvg_dtype dt)
+{
+    if (dt == KVG_DT_F32)
+        return ((const float *)w)[i];
+    if (dt == KVG_DT_F16)
+        return kvg_gemm_f16_to_f32(((const uint16_t *)w)[i]);
+    return kvg_gemm_bf16_to_f32(((const uint16_t *)w)[i]);
 }
 
 /* The fixed horizontal reduction of 16 lanes, scalar form. */

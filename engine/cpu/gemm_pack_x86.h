@@ -29,15 +29,6 @@ KVG_X86_AVX2_INLINE __m256 kvg_x86_load_w8(const void *w, size_t off, kvg_dtype 
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-KVG_X86_AVX2_INLINE float kvg_x86_w_at(const void *w, size_t i, kvg_dtype dt)
-{
-    if (dt == KVG_DT_F32)
-        return ((const float *)w)[i];
-    if (dt == KVG_DT_F16)
-        return kvg_gemm_f16_to_f32(((const uint16_t *)w)[i]);
-    return kvg_gemm_bf16_to_f32(((const uint16_t *)w)[i]);
-}
-
 /* 8x8 transpose: v[i] becomes column i of the rows v[0..7]. */
 KVG_X86_AVX2_INLINE void kvg_x86_transpose8(__m256 *v)
 {
@@ -133,7 +124,7 @@ KVG_X86_AVX2_INLINE void kvg_x86_pack_w_dt(const void *w, kvg_dtype dt, int K, i
                 for (int c = 0; c < 8; c++) {
                     int r = r0 + c;
                     o[c] = r < rows && k < K
-                               ? kvg_x86_w_at(w, (size_t)(n0 + r) * (size_t)K + (size_t)k, dt)
+                               ? kvg_gemm_w_at(w, (size_t)(n0 + r) * (size_t)K + (size_t)k, dt)
                                : 0.0f;
                 }
             }

@@ -115,6 +115,7 @@ struct call {
     int M, N, K;
     kvg_tensor w;
     kvg_threadpool *tp;
+    kvg_gemm_ws *ws;
 };
 
 static void run_openblas(void *arg)
@@ -126,7 +127,7 @@ static void run_openblas(void *arg)
 static void run_kvgate(void *arg)
 {
     struct call *c = arg;
-    kvg_gemm(c->tp, X, c->M, c->K, &c->w, NULL, Y);
+    kvg_gemm(c->tp, c->ws, X, c->M, c->K, &c->w, NULL, Y);
 }
 
 static uint16_t to_bf16(float f)
@@ -171,7 +172,7 @@ static void measure_openblas(double out[N_SHAPES][N_MS][2])
         openblas_set_num_threads(t);
         for (int s = 0; s < N_SHAPES; s++)
             for (int mi = 0; mi < N_MS; mi++) {
-                struct call c = { Ms[mi], shapes[s][0], shapes[s][1], { 0 }, NULL };
+                struct call c = { Ms[mi], shapes[s][0], shapes[s][1], { 0 }, NULL, NULL };
                 contender cs[1] = { { run_openblas, &c, 0, { 0 } } };
                 double sec;
                 time_calls(cs, 1, &sec);
@@ -231,7 +232,7 @@ static int measure_child(int native, double out[N_SHAPES][N_MS][2], char *corena
     return got == N_SHAPES * N_MS * 2 ? 0 : -1;
 }
 
-static void invariance_demo(kvg_threadpool *tp)
+static void invariance_demo(kvg_threadpool *tp, kvg_gemm_ws *ws)
 {
     enum { N = 2048, K = 768, M = 64 };
     float *alone = malloc(N * sizeof(float));
@@ -243,8 +244,8 @@ static void invariance_demo(kvg_threadpool *tp)
     cblas_sgemm(ROW_MAJOR, NO_TRANS, TRANS, M, N, K, 1.0f, X, K, W, K, 0.0f, Y, N);
     for (int n = 0; n < N; n++)
         ob += memcmp(&alone[n], &Y[n], sizeof(float)) != 0;
-    kvg_gemm(NULL, X, 1, K, &w, NULL, alone);
-    kvg_gemm(tp, X, M, K, &w, NULL, Y);
+    kvg_gemm(NULL, ws, X, 1, K, &w, NULL, alone);
+    kvg_gemm(tp, ws, X, M, K, &w, NULL, Y);
     for (int n = 0; n < N; n++)
         kv += memcmp(&alone[n], &Y[n], sizeof(float)) != 0;
     printf("\nbatch invariance, %dx%d F32: outputs of row 0 that differ between M=%d and M=1 "
@@ -256,6 +257,7 @@ static void invariance_demo(kvg_threadpool *tp)
 int main(int argc, char **argv)
 {
     kvg_threadpool *pools[2];
+    kvg_gemm_ws *ws;
     const char *ct = getenv("OPENBLAS_CORETYPE"), *l2 = getenv("OPENBLAS_L2_SIZE");
     char native_core[64] = "";
     int have_native;
@@ -298,13 +300,19 @@ int main(int argc, char **argv)
 
     pools[0] = NULL;
     pools[1] = kvg_threadpool_new(2);
+    /* Made once, as the CPU backend makes its own: every shape below fits. */
+    ws = kvg_gemm_ws_new(2, 288, MAX_DIM);
+    if (!ws || kvg_gemm_ws_reserve(ws, MAX_M) != 0) {
+        fprintf(stderr, "gemm_bench: out of memory for the GEMM workspace\n");
+        return 1;
+    }
     for (int t = 1; t <= 2; t++)
         for (int s = 0; s < N_SHAPES; s++)
             for (int mi = 0; mi < N_MS; mi++) {
                 int M = Ms[mi], N = shapes[s][0], K = shapes[s][1];
-                struct call ob = { M, N, K, { 0 }, NULL };
-                struct call f32 = { M, N, K, { W, KVG_DT_F32, N, K }, pools[t - 1] };
-                struct call bf = { M, N, K, { Wbf, KVG_DT_BF16, N, K }, pools[t - 1] };
+                struct call ob = { M, N, K, { 0 }, NULL, NULL };
+                struct call f32 = { M, N, K, { W, KVG_DT_F32, N, K }, pools[t - 1], ws };
+                struct call bf = { M, N, K, { Wbf, KVG_DT_BF16, N, K }, pools[t - 1], ws };
                 /* One thread: OpenBLAS alternates with kvgate here; two: from the child. */
                 contender cs[3] = { { run_kvgate, &f32, 0, { 0 } }, { run_kvgate, &bf, 0, { 0 } },
                                     { run_openblas, &ob, 0, { 0 } } };
@@ -328,8 +336,9 @@ int main(int argc, char **argv)
                        ob_env[s][mi][t - 1], ob_nat[s][mi][t - 1],
                        kv_f32[s][mi][t - 1] / ob_nat[s][mi][t - 1]);
 
-    invariance_demo(pools[1]);
+    invariance_demo(pools[1], ws);
     kvg_threadpool_free(pools[1]);
+    kvg_gemm_ws_free(ws);
     free(X);
     free(W);
     free(Y);

@@ -69,7 +69,8 @@ static inline simde__m512i emu_mm512_cvtepu16_epi32(__m256i h)
 #define kvg_gemm_kernel_avx512 kvg_gemm_kernel_avx512_emulated
 #define kvg_gemm_plan_avx512 kvg_gemm_plan_avx512_emulated
 #define kvg_gemm_pack_x_avx512 kvg_gemm_pack_x_avx512_emulated
-void kvg_gemm_kernel_avx512_emulated(const kvg_gemm_job *job, int n0, int n1);
+void kvg_gemm_kernel_avx512_emulated(const kvg_gemm_job *job, int n0, int n1,
+                                     const kvg_gemm_scratch *s);
 void kvg_gemm_plan_avx512_emulated(const kvg_gemm_job *job, kvg_gemm_plan *plan);
 void kvg_gemm_pack_x_avx512_emulated(const kvg_gemm_job *job, int p0, int p1, float *xp);
 #include "cpu/gemm_avx512.c"
@@ -113,6 +114,7 @@ static int compare(kvg_dtype dt, int M, int N, int K, int with_bias, int parts)
     kvg_gemm_job job = { .x = x, .xp = NULL, .w = w, .bias = with_bias ? bias : NULL, .y = y1,
                          .M = M, .N = N, .K = K, .dt = dt };
     kvg_gemm_plan plan;
+    kvg_gemm_scratch scratch = { NULL, NULL };
     float *xp = NULL;
     int same;
 
@@ -135,20 +137,26 @@ static int compare(kvg_dtype dt, int M, int N, int K, int with_bias, int parts)
             ((uint16_t *)w)[i] = h;
         }
     }
-    kvg_gemm_with_isa(KVG_ISA_GENERIC, NULL, x, M, K, &t, with_bias ? bias : NULL, y0);
-    /* Split in several parts, X is packed once, in pieces, as kvg_gemm does. */
+    kvg_gemm_with_isa(KVG_ISA_GENERIC, NULL, NULL, x, M, K, &t, with_bias ? bias : NULL, y0);
+    /* Split in several parts, X packed once, in pieces, and each part with its own
+     * scratch of the plan's size, as kvg_gemm does. */
     kvg_gemm_plan_avx512_emulated(&job, &plan);
-    if (parts > 1 && plan.packed) {
-        xp = aligned_alloc(64, plan.xp_floats * sizeof(float));
+    if (plan.packed) {
+        xp = aligned_alloc(64, (plan.xp_floats + 15) / 16 * 16 * sizeof(float));
         for (int p = 0; p < parts; p++)
             kvg_gemm_pack_x_avx512_emulated(&job, plan.x_panels * p / parts,
                                             plan.x_panels * (p + 1) / parts, xp);
         job.xp = xp;
+        scratch.wp = aligned_alloc(64, (plan.wp_floats + 15) / 16 * 16 * sizeof(float));
+        scratch.slots = aligned_alloc(64, (plan.slots_floats + 15) / 16 * 16 * sizeof(float));
     }
     for (int p = 0; p < parts; p++)
         kvg_gemm_kernel_avx512_emulated(&job, (int)((long)N * p / parts),
-                                        (int)((long)N * (p + 1) / parts));
+                                        (int)((long)N * (p + 1) / parts),
+                                        plan.packed ? &scratch : NULL);
     free(xp);
+    free(scratch.wp);
+    free(scratch.slots);
     same = memcmp(y0, y1, (size_t)M * N * sizeof(float)) == 0;
     if (!same)
         for (size_t i = 0; i < (size_t)M * N; i++)
