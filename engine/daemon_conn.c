@@ -3,7 +3,6 @@
  * reaches the scheduler), and its teardown. */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,21 +12,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon_internal.h"
+#include "daemon_conn.h"
+#include "daemon_req.h"
 #include "errmsg.h"
+#include "log.h"
 
-void kvgd_conn_fail(dconn *c, const char *fmt, ...)
-{
-    va_list ap;
-    if (c->closing)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(c->why, sizeof c->why, fmt, ap);
-    va_end(ap);
-    c->closing = 1;
-}
-
-int kvgd_accept(kvg_daemon *d)
+void kvgd_accept(kvg_daemon *d)
 {
     for (;;) {
         int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -35,13 +25,13 @@ int kvgd_accept(kvg_daemon *d)
             if (errno == EINTR)
                 continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
-                kvgd_log(d, "accept: %s", strerror(errno));
-            return 0;
+                kvg_log("accept: %s", strerror(errno));
+            return;
         }
         dconn *c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
-            kvgd_log(d, "out of memory accepting a client");
+            kvg_log("out of memory accepting a client");
             continue;
         }
         c->d = d;
@@ -52,7 +42,7 @@ int kvgd_accept(kvg_daemon *d)
         c->bell_tag = (dtag){ TAG_BELL, c };
         struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = &c->sock_tag };
         if (epoll_ctl(d->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
-            kvgd_log(d, "epoll: %s", strerror(errno));
+            kvg_log("epoll: %s", strerror(errno));
             close(fd);
             free(c);
             continue;
@@ -161,7 +151,7 @@ static void handshake(dconn *c, const kvg_hello *h)
     }
     c->up = 1;
     d->counters.clients_total++;
-    kvgd_log(d, "client %llu connected (%s, pid %u)", (unsigned long long)c->serial, c->name, c->pid);
+    kvg_log("client %llu connected (%s, pid %u)", (unsigned long long)c->serial, c->name, c->pid);
 out:
     if (memfd >= 0)
         close(memfd);            /* our mapping stays; the client got its own descriptor */
@@ -438,7 +428,7 @@ void kvgd_conn_close(dconn *c)
         }
     }
     if (c->up || c->why[0])
-        kvgd_log(d, "client %llu (%s, pid %u) %s%s", (unsigned long long)c->serial, c->name[0] ? c->name : "?",
+        kvg_log("client %llu (%s, pid %u) %s%s", (unsigned long long)c->serial, c->name[0] ? c->name : "?",
                  c->pid, c->why[0] ? c->why : "closed",
                  cancelled ? "; its running requests were cancelled" : "");
     if (c->region)
