@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "buckets.h"
 #include "daemon_conn.h"
 #include "daemon_req.h"
 #include "errmsg.h"
@@ -220,6 +221,8 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
                          v.h.n_tokens, mc->max_seq_len);
         return;
     }
+    /* The engine's one vocabulary check: the ids come from another process's memory,
+     * and an id past the vocabulary would index past the embedding table. */
     for (uint32_t i = 0; i < v.h.n_tokens; i++)
         if (v.tokens[i] >= (uint32_t)mc->vocab_size) {
             kvgd_reply_error(c, id, 400, "prompt token %u (id %u) is outside the vocabulary of %d", i,
@@ -232,7 +235,8 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
                              mc->vocab_size);
             return;
         }
-    bypass = (v.h.flags & KVG_SUBMIT_BYPASS) != 0;
+    /* The one check of the hash count (the scheduler takes it as a precondition). */
+    bypass = v.h.bucket == KVG_BUCKET_BYPASS;
     if (!bypass && v.h.n_block_hashes != v.h.n_tokens / bt) {
         kvgd_reply_error(c, id, 400, "%u block hashes for %u tokens (blocks of %u tokens need %u)",
                          v.h.n_block_hashes, v.h.n_tokens, bt, v.h.n_tokens / bt);
@@ -280,7 +284,7 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
     q.prompt = (const int32_t *)(const void *)v.tokens;
     q.n_prompt = (int32_t)v.h.n_tokens;
     q.tenant = tenant;
-    q.bucket = bypass ? 0 : (v.h.bucket ? v.h.bucket : 1);
+    q.bucket = v.h.bucket;
     q.sp.temperature = v.h.temperature;
     q.sp.top_k = (int)v.h.top_k;
     q.sp.top_p = v.h.top_p;
