@@ -1,7 +1,7 @@
-/* The engine daemon: socket, loop, stop, statistics page. See daemon.h. */
+/* The engine daemon: socket, loop, stop, statistics page; the top of the daemon's
+ * layers (daemon_internal.h). See daemon.h. */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,24 +16,16 @@
 #include <unistd.h>
 
 #include "cpu_relax.h"
-#include "daemon_internal.h"
+#include "daemon_conn.h"
+#include "daemon_output.h"
+#include "daemon_req.h"
 #include "errmsg.h"
+#include "log.h"
 #include "monoclock.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
 #define F_SEAL_FUTURE_WRITE 0x0010
 #endif
-
-void kvgd_log(kvg_daemon *d, const char *fmt, ...)
-{
-    va_list ap;
-    (void)d;
-    fprintf(stderr, "kvgate-engine: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
 
 static uint64_t next_pow2(uint64_t v)
 {
@@ -70,7 +62,6 @@ kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache
                            const kvg_daemon_config *cfg, char *err, size_t err_len)
 {
     kvg_daemon *d;
-    char local[256];
 
     if (!m || !fw || !pc || !pool || !cfg || !cfg->socket_path) {
         kvg_set_err(err, err_len, "engine daemon: model, forward pass, cache, pool and socket are required");
@@ -200,16 +191,10 @@ kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache
             goto fail;
         }
     }
-    (void)local;
     return d;
 fail:
     kvg_daemon_free(d);
     return NULL;
-}
-
-kvg_sched *kvg_daemon_sched(kvg_daemon *d)
-{
-    return d->sched;
 }
 
 static void close_listener(kvg_daemon *d)
@@ -286,7 +271,7 @@ int kvg_daemon_listen(kvg_daemon *d, char *err, size_t err_len)
         /* Nobody answers: the file was left by an engine that died. */
         if (unlink(path) != 0)
             return kvg_fail(err, err_len, path, "cannot remove the stale socket: %s", strerror(errno));
-        kvgd_log(d, "replaced the stale socket %s", path);
+        kvg_log("replaced the stale socket %s", path);
     }
     s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s < 0)
@@ -429,7 +414,7 @@ static void begin_stop(kvg_daemon *d)
         d->stopping = 1;
         d->stop_deadline_ms = d->cfg.drain_timeout_ms < 0 ? now : now + d->cfg.drain_timeout_ms;
         close_listener(d);
-        kvgd_log(d, "stopping: %d request(s) in flight, draining for up to %d ms", kvg_sched_pending(d->sched),
+        kvg_log("stopping: %d request(s) in flight, draining for up to %d ms", kvg_sched_pending(d->sched),
                  d->cfg.drain_timeout_ms < 0 ? 0 : d->cfg.drain_timeout_ms);
     } else {
         d->stop_deadline_ms = now;
@@ -546,7 +531,7 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
             last_rows = kvg_sched_step(d->sched, serr, sizeof serr);
             if (last_rows < 0) {
                 /* The batch's requests were failed with this error; the engine goes on. */
-                kvgd_log(d, "step failed: %s", serr);
+                kvg_log("step failed: %s", serr);
                 last_rows = 0;
             }
         }
@@ -586,6 +571,6 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
     write_stats(d);
     while (d->conns)
         kvgd_conn_close(d->conns);
-    kvgd_log(d, "stopped");
+    kvg_log("stopped");
     return 0;
 }

@@ -47,7 +47,6 @@ typedef struct kvg_daemon_config {
     int busy_poll_us;            /* after work, watch the rings this long before sleeping
                                     (saves a wake-up when requests come back to back);
                                     0: 50; < 0: never */
-    int verbose;                 /* log every connection to stderr */
 } kvg_daemon_config;
 
 /* Borrows the model, forward pass, cache and pool; builds the scheduler with scfg.
@@ -72,8 +71,5 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len);
 /* Asks the loop to stop (async-signal-safe, any thread). The second call skips the
  * drain and cancels what is left at once. */
 void kvg_daemon_request_stop(kvg_daemon *d);
-
-/* The scheduler (for statistics in tests and benchmarks; only while not running). */
-kvg_sched *kvg_daemon_sched(kvg_daemon *d);
 
 #endif

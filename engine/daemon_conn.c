@@ -3,7 +3,6 @@
  * reaches the scheduler), and its teardown. */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,21 +12,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon_internal.h"
+#include "buckets.h"
+#include "daemon_conn.h"
+#include "daemon_req.h"
 #include "errmsg.h"
+#include "log.h"
 
-void kvgd_conn_fail(dconn *c, const char *fmt, ...)
-{
-    va_list ap;
-    if (c->closing)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(c->why, sizeof c->why, fmt, ap);
-    va_end(ap);
-    c->closing = 1;
-}
-
-int kvgd_accept(kvg_daemon *d)
+void kvgd_accept(kvg_daemon *d)
 {
     for (;;) {
         int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -35,13 +26,13 @@ int kvgd_accept(kvg_daemon *d)
             if (errno == EINTR)
                 continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
-                kvgd_log(d, "accept: %s", strerror(errno));
-            return 0;
+                kvg_log("accept: %s", strerror(errno));
+            return;
         }
         dconn *c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
-            kvgd_log(d, "out of memory accepting a client");
+            kvg_log("out of memory accepting a client");
             continue;
         }
         c->d = d;
@@ -52,7 +43,7 @@ int kvgd_accept(kvg_daemon *d)
         c->bell_tag = (dtag){ TAG_BELL, c };
         struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = &c->sock_tag };
         if (epoll_ctl(d->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
-            kvgd_log(d, "epoll: %s", strerror(errno));
+            kvg_log("epoll: %s", strerror(errno));
             close(fd);
             free(c);
             continue;
@@ -161,7 +152,7 @@ static void handshake(dconn *c, const kvg_hello *h)
     }
     c->up = 1;
     d->counters.clients_total++;
-    kvgd_log(d, "client %llu connected (%s, pid %u)", (unsigned long long)c->serial, c->name, c->pid);
+    kvg_log("client %llu connected (%s, pid %u)", (unsigned long long)c->serial, c->name, c->pid);
 out:
     if (memfd >= 0)
         close(memfd);            /* our mapping stays; the client got its own descriptor */
@@ -230,6 +221,8 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
                          v.h.n_tokens, mc->max_seq_len);
         return;
     }
+    /* The engine's one vocabulary check: the ids come from another process's memory,
+     * and an id past the vocabulary would index past the embedding table. */
     for (uint32_t i = 0; i < v.h.n_tokens; i++)
         if (v.tokens[i] >= (uint32_t)mc->vocab_size) {
             kvgd_reply_error(c, id, 400, "prompt token %u (id %u) is outside the vocabulary of %d", i,
@@ -242,7 +235,8 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
                              mc->vocab_size);
             return;
         }
-    bypass = (v.h.flags & KVG_SUBMIT_BYPASS) != 0;
+    /* The one check of the hash count (the scheduler takes it as a precondition). */
+    bypass = v.h.bucket == KVG_BUCKET_BYPASS;
     if (!bypass && v.h.n_block_hashes != v.h.n_tokens / bt) {
         kvgd_reply_error(c, id, 400, "%u block hashes for %u tokens (blocks of %u tokens need %u)",
                          v.h.n_block_hashes, v.h.n_tokens, bt, v.h.n_tokens / bt);
@@ -290,7 +284,7 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
     q.prompt = (const int32_t *)(const void *)v.tokens;
     q.n_prompt = (int32_t)v.h.n_tokens;
     q.tenant = tenant;
-    q.bucket = bypass ? 0 : (v.h.bucket ? v.h.bucket : 1);
+    q.bucket = v.h.bucket;
     q.sp.temperature = v.h.temperature;
     q.sp.top_k = (int)v.h.top_k;
     q.sp.top_p = v.h.top_p;
@@ -438,7 +432,7 @@ void kvgd_conn_close(dconn *c)
         }
     }
     if (c->up || c->why[0])
-        kvgd_log(d, "client %llu (%s, pid %u) %s%s", (unsigned long long)c->serial, c->name[0] ? c->name : "?",
+        kvg_log("client %llu (%s, pid %u) %s%s", (unsigned long long)c->serial, c->name[0] ? c->name : "?",
                  c->pid, c->why[0] ? c->why : "closed",
                  cancelled ? "; its running requests were cancelled" : "");
     if (c->region)

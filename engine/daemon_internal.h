@@ -1,6 +1,18 @@
-/* The engine daemon's private structures, shared by daemon.c (the loop, the socket,
- * the statistics page), daemon_conn.c (clients: handshake, region, intake) and
- * daemon_output.c (scheduler events -> per-request buffers -> completion rings). */
+/* The engine daemon's private structures, and the layers of its units. Each unit
+ * calls only the units below it (and the scheduler, cache and shm channel, which know
+ * nothing of the daemon):
+ *
+ *   daemon.c         the loop, the socket, stop, the statistics page       (top)
+ *   daemon_conn.c    clients: handshake, region, intake, teardown
+ *   daemon_output.c  scheduler events -> per-request buffers -> completion rings
+ *   daemon_req.c     request records, error answers, marking a connection failed
+ *   log.c            kvg_log                                               (bottom)
+ *
+ * daemon_conn.c and daemon_output.c sit side by side: neither calls the other; what
+ * both need (a record, an ERROR answer, a connection to close) is in daemon_req.c.
+ * The one call that goes up is the scheduler's event callback (kvgd_sched_event),
+ * which daemon.c registers: kvg_sched_cancel and kvg_sched_step report through it,
+ * as nginx's upstream reports through the handlers a module registers. */
 #ifndef KVG_DAEMON_INTERNAL_H
 #define KVG_DAEMON_INTERNAL_H
 
@@ -132,27 +144,5 @@ struct kvg_daemon {
     uint8_t (*hash_scratch)[KVG_PREFIX_HASH_LEN];
     size_t hash_scratch_cap;
 };
-
-void kvgd_log(kvg_daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* daemon_conn.c */
-int kvgd_accept(kvg_daemon *d);
-void kvgd_conn_readable(dconn *c);           /* the socket: hello, or EOF */
-void kvgd_conn_intake(dconn *c);             /* drain the submission ring */
-void kvgd_conn_close(dconn *c);              /* cancel everything, free */
-void kvgd_conn_fail(dconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* daemon_output.c */
-void kvgd_sched_event(void *ctx, const kvg_sched_event *ev);
-/* Pushes what the connection's requests have buffered; frees finished records. */
-void kvgd_conn_flush(dconn *c);
-/* Answers a request that never reached the scheduler. */
-void kvgd_reply_error(dconn *c, uint64_t client_id, uint32_t status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-/* Records: new (linked into c), unlinked-and-freed. */
-dreq *kvgd_req_new(dconn *c, uint64_t client_id);
-void kvgd_req_free(dreq *r);
-/* Ends a request the scheduler still runs, with ERROR status/msg (shutdown). */
-void kvgd_req_abort(kvg_daemon *d, dreq *r, uint32_t status, const char *msg);
 
 #endif

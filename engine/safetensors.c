@@ -159,16 +159,6 @@ bad:
     return NULL;
 }
 
-size_t kvg_st_count(const kvg_safetensors *st)
-{
-    return st->n;
-}
-
-const kvg_st_tensor *kvg_st_at(const kvg_safetensors *st, size_t i)
-{
-    return i < st->n ? &st->t[i] : NULL;
-}
-
 const kvg_st_tensor *kvg_st_find(const kvg_safetensors *st, const char *name)
 {
     kvg_st_tensor key;

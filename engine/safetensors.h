@@ -28,8 +28,6 @@ typedef struct kvg_safetensors kvg_safetensors;
 kvg_safetensors *kvg_st_parse(const void *data, size_t len, const char *name, char *err, size_t err_len);
 void kvg_st_free(kvg_safetensors *st);
 
-size_t kvg_st_count(const kvg_safetensors *st);
-const kvg_st_tensor *kvg_st_at(const kvg_safetensors *st, size_t i);
 const kvg_st_tensor *kvg_st_find(const kvg_safetensors *st, const char *name);
 
 /* Bytes per element of a safetensors dtype name, 0 when unknown. */

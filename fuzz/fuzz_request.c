@@ -11,6 +11,7 @@
 
 #include "chat_template.h"
 #include "request.h"
+#include "../t/unit/request_dump.h"   /* kvg_request_to_json: test code, not the library */
 #include "utf8.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

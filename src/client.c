@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "buckets.h"
 #include "errmsg.h"
 #include "u64map.h"
 
@@ -428,10 +429,6 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
     if (r->n_tokens > c->info.context_length)
         return kvg_fail(err, err_len, "request", "the prompt has %zu tokens, more than the model's context "
                         "length of %u", r->n_tokens, c->info.context_length);
-    for (size_t i = 0; i < r->n_tokens; i++)
-        if (r->tokens[i] < 0 || (uint32_t)r->tokens[i] >= c->info.vocab_size)
-            return kvg_fail(err, err_len, "request", "prompt token %zu (id %d) is outside the vocabulary of %u",
-                            i, r->tokens[i], c->info.vocab_size);
     if (n > c->info.max_n)
         return kvg_fail(err, err_len, "request", "n is %u, the engine serves at most %u", n, c->info.max_n);
     if (r->tenant_len > KVG_PROTO_MAX_SALT)
@@ -440,17 +437,16 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
     if (r->n_stop > KVG_PROTO_MAX_STOP || r->n_stop_ids > KVG_PROTO_MAX_STOP_IDS)
         return kvg_fail(err, err_len, "request", "at most %d stop strings and %d stop ids", KVG_PROTO_MAX_STOP,
                         KVG_PROTO_MAX_STOP_IDS);
-    for (size_t i = 0; i < r->n_stop_ids; i++)
-        if (r->stop_ids[i] < 0 || (uint32_t)r->stop_ids[i] >= c->info.vocab_size)
-            return kvg_fail(err, err_len, "request", "stop id %d is outside the vocabulary", r->stop_ids[i]);
     if (!(r->temperature >= 0.0f) || !(r->top_p >= 0.0f && r->top_p <= 1.0f))
         return kvg_fail(err, err_len, "request", "bad temperature or top_p");
 
     memset(&v, 0, sizeof v);
     v.h.version = KVG_PROTO_VERSION;
-    v.h.flags = (r->bypass ? KVG_SUBMIT_BYPASS : 0) | (r->logprobs ? KVG_SUBMIT_LOGPROBS : 0);
+    v.h.flags = r->logprobs ? KVG_SUBMIT_LOGPROBS : 0;
     v.h.seed = r->seed;
-    v.h.bucket = r->bypass ? 0 : (r->bucket ? r->bucket : 1);
+    /* Bypass travels as bucket 0 and nothing else (proto.h); a cached request's
+     * bucket is at least 1 so it never reads as bypass. */
+    v.h.bucket = r->bypass ? KVG_BUCKET_BYPASS : (r->bucket ? r->bucket : 1);
     if (v.h.bucket >= KVG_STATS_BUCKETS)
         v.h.bucket = KVG_STATS_BUCKETS - 1;
     v.h.priority = r->priority;
@@ -481,9 +477,8 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
     if (!r->bypass) {
         n_blocks = r->n_tokens / c->info.block_tokens;
         if (r->hashes) {
-            if (r->n_hashes != n_blocks)
-                return kvg_fail(err, err_len, "request", "%zu block hashes for %zu tokens (%zu expected)",
-                                r->n_hashes, r->n_tokens, n_blocks);
+            /* Sent as given: the engine checks the count and every hash (proto.h). */
+            n_blocks = r->n_hashes;
             v.hashes = r->hashes;
         } else if (n_blocks) {
             own_hashes = malloc(n_blocks * sizeof *own_hashes);

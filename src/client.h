@@ -69,11 +69,13 @@ typedef struct kvg_client_req {
     size_t n_tokens;
     /* The chain over the prompt's full blocks, rooted at (model id, tenant): from
      * kvg_client_hash_prompt. NULL: computed by kvg_client_submit. Ignored (none
-     * sent) for bypass requests. */
+     * sent) for bypass requests. Sent as given: the engine refuses a count other
+     * than n_tokens / block_tokens, or a hash that does not match (ERROR 400). */
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     size_t n_hashes;
-    int bypass;                  /* too short to be worth caching */
-    unsigned bucket;             /* length bucket index for the engine's statistics */
+    int bypass;                  /* too short to be worth caching: sent as bucket 0 */
+    unsigned bucket;             /* length bucket index for the engine's statistics
+                                    (ignored with bypass; 0 otherwise: 1) */
     float temperature;           /* 0: greedy */
     float top_p;                 /* 1 (or 0): off */
     unsigned top_k;              /* 0: off */
@@ -165,8 +167,12 @@ int kvg_client_hash_root(kvg_client *c, const char *tenant, size_t tenant_len,
 
 /* Submits a request; *id gets its id. 0; KVG_CLIENT_AGAIN when the submission ring is
  * full right now (nothing was sent; retry after KVG_CEV_WRITABLE); -1 with err when
- * not connected or the request is invalid (a prompt longer than the context, token
- * ids outside the vocabulary, too large for the channel, ...). */
+ * not connected or the request is invalid (empty, a prompt longer than the context,
+ * n above the engine's max_n, more stops than the protocol carries, too large for
+ * the channel, ...). Token ids are not checked here: the gateway checks the ids a
+ * user gave, a tokenizer gives only ids of the engine's vocabulary, and the engine
+ * refuses an id outside it with ERROR 400 (docs/architecture.md, "Which layer
+ * validates what"). */
 int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64_t *id,
                       char *err, size_t err_len);
 /* Cancels a live request: the engine stops it, and no more events come for it. -1

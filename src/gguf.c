@@ -107,14 +107,6 @@ static int type_size(uint32_t t)
     }
 }
 
-const char *kvg_gguf_type_name(uint32_t t)
-{
-    static const char *const names[] = {
-        "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"
-    };
-    return t < sizeof names / sizeof names[0] ? names[t] : "?";
-}
-
 static int is_signed(uint32_t t)
 {
     return t == KVG_GGUF_I8 || t == KVG_GGUF_I16 || t == KVG_GGUF_I32 || t == KVG_GGUF_I64;
@@ -487,21 +479,9 @@ uint32_t kvg_gguf_version(const kvg_gguf *g)
     return g->version;
 }
 
-const unsigned char *kvg_gguf_bytes(const kvg_gguf *g, size_t *len)
-{
-    if (len)
-        *len = g->len;
-    return g->data;
-}
-
 uint32_t kvg_gguf_alignment(const kvg_gguf *g)
 {
     return g->alignment;
-}
-
-uint64_t kvg_gguf_data_offset(const kvg_gguf *g)
-{
-    return g->data_offset;
 }
 
 size_t kvg_gguf_n_kv(const kvg_gguf *g)

@@ -74,11 +74,7 @@ kvg_gguf *kvg_gguf_open(const char *path, char *err, size_t err_len);
 void kvg_gguf_free(kvg_gguf *g);
 
 uint32_t kvg_gguf_version(const kvg_gguf *g);
-/* The whole file. */
-const unsigned char *kvg_gguf_bytes(const kvg_gguf *g, size_t *len);
 uint32_t kvg_gguf_alignment(const kvg_gguf *g);
-/* Offset of the data section in the file (tensor offsets are relative to it). */
-uint64_t kvg_gguf_data_offset(const kvg_gguf *g);
 
 size_t kvg_gguf_n_kv(const kvg_gguf *g);
 const kvg_gguf_kv *kvg_gguf_kv_at(const kvg_gguf *g, size_t i);
@@ -105,8 +101,6 @@ size_t kvg_gguf_n_tensors(const kvg_gguf *g);
 const kvg_gguf_tensor *kvg_gguf_tensor_at(const kvg_gguf *g, size_t i);
 const kvg_gguf_tensor *kvg_gguf_find_tensor(const kvg_gguf *g, const char *name);
 
-/* "u8", "string", "array", ... ("?" for an unknown type). */
-const char *kvg_gguf_type_name(uint32_t type);
 /* "F32", "Q4_K", ... or NULL for a ggml type this reader does not know. */
 const char *kvg_gguf_ggml_type_name(uint32_t type);
 

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "buckets.h"
 #include "errmsg.h"
 
 _Static_assert(sizeof(kvg_msg_submit) <= KVG_SHM_BODY_MAX, "submit fits a slot");
@@ -295,8 +296,11 @@ int kvg_proto_decode_submit(const kvg_shm_msg *m, kvg_submit_view *v, uint64_t *
                         KVG_PROTO_MAX_STOP_IDS);
     if (h->n_stop > KVG_PROTO_MAX_STOP)
         return kvg_fail(err, err_len, "submit", "%u stop strings (at most %d)", h->n_stop, KVG_PROTO_MAX_STOP);
-    if ((h->flags & KVG_SUBMIT_BYPASS) && h->n_block_hashes)
-        return kvg_fail(err, err_len, "submit", "a bypass request carries no block hashes");
+    if ((h->flags & KVG_SUBMIT_OLD_BYPASS) && h->bucket != KVG_BUCKET_BYPASS)
+        return kvg_fail(err, err_len, "submit", "flag 0x%x (bypass) with bucket %u: bypass is bucket 0",
+                        KVG_SUBMIT_OLD_BYPASS, h->bucket);
+    if (h->bucket == KVG_BUCKET_BYPASS && h->n_block_hashes)
+        return kvg_fail(err, err_len, "submit", "a bypass request (bucket 0) carries no block hashes");
     total = submit_layout(h, off);
     if (!total || total != m->payload_len)
         return kvg_fail(err, err_len, "submit", "payload of %u bytes does not match its counts (%zu expected)",

@@ -116,9 +116,13 @@ enum kvg_msg_type {
     KVG_MSG_ERROR    = 7         /* cq */
 };
 
-#define KVG_SUBMIT_BYPASS    0x1u   /* neither look up nor fill the prefix cache */
+/* Bypass (neither look up nor fill the prefix cache) is bucket 0, and only that: it
+ * travels once. Bit 0x1 was a second bypass flag; clients leave it clear. The engine
+ * still accepts it together with bucket 0 (what earlier clients sent) and ignores it,
+ * and refuses it with any other bucket. */
+#define KVG_SUBMIT_OLD_BYPASS 0x1u
 #define KVG_SUBMIT_LOGPROBS  0x2u   /* send the chosen tokens' logprobs */
-#define KVG_SUBMIT_FLAGS     0x3u
+#define KVG_SUBMIT_FLAGS     0x3u   /* every bit a decoder accepts */
 
 #define KVG_TTL_PINNED       UINT32_MAX   /* cache_ttl_ms: pin the committed blocks */
 
@@ -126,13 +130,28 @@ enum kvg_msg_type {
  * hashes (KVG_PREFIX_HASH_LEN bytes x n_block_hashes: the chain over the full blocks
  * of the prompt, rooted at (model id, salt); none for bypass) | extra stop token ids
  * (uint32 x n_stop_ids; the engine always stops on EOS) | stop string lengths
- * (uint32 x n_stop) | stop string bytes (the strings back to back, stop_bytes). */
+ * (uint32 x n_stop) | stop string bytes (the strings back to back, stop_bytes).
+ *
+ * The block hashes are a consistency check, not cache keys. The engine recomputes
+ * the chain from the tokens under its own model id, the salt and its block size (the
+ * cache is keyed by what it computed, so no client can make one prompt's blocks
+ * serve another), and refuses the request with ERROR 400 when
+ *   - n_block_hashes != n_tokens / block_tokens ("N block hashes for M tokens"), or
+ *   - any hash differs from its recomputed value ("block i's hash does not match
+ *     its tokens").
+ * Why send them at all: the gateway routes by the same chain (its route key, and a
+ * front tier's choice of engine), so a gateway that hashes differently from the
+ * engine (another model id after a restart, another block size, a different salt)
+ * would route every prompt to the wrong cache in silence; the check turns that into
+ * an error on the first request. Bypass requests (bucket 0) carry none (a decoder
+ * refuses hashes with bucket 0). */
 typedef struct kvg_msg_submit {
     uint32_t version;
     uint32_t flags;              /* KVG_SUBMIT_* */
     uint64_t request_id;         /* chosen by the client, unique among its live requests */
     uint64_t seed;               /* sample j draws with seed and sample index j */
-    uint32_t bucket;             /* length bucket index (0 = bypass); labels the engine's stats */
+    uint32_t bucket;             /* length bucket index, < KVG_STATS_BUCKETS: labels the engine's
+                                    stats; 0 = bypass the prefix cache */
     int32_t  priority;           /* higher is admitted first */
     uint32_t cache_ttl_ms;       /* TTL of the blocks it commits: 0 = engine default, KVG_TTL_PINNED */
     uint32_t deadline_ms;        /* the engine gives up this long after receiving it; 0 = never */
@@ -245,9 +264,9 @@ size_t kvg_proto_submit_size(const kvg_msg_submit *h);
 size_t kvg_proto_encode_submit(const kvg_submit_view *v, void *buf, size_t cap);
 /* Checks a SUBMIT message whose payload is a PRIVATE copy (8-byte aligned) and points
  * v into it: version, flags, counts within the protocol limits, the layout exactly
- * matching payload_len, stop strings of 1..KVG_PROTO_MAX_STOP_LEN bytes without NUL.
- * What needs the model (vocabulary, context, block size, the hashes themselves) is
- * the engine's to check. 0, or -1 with err; *id gets the request id whenever the body
+ * matching payload_len, stop strings of 1..KVG_PROTO_MAX_STOP_LEN bytes without NUL,
+ * no block hashes with bucket 0. What needs the model (vocabulary, context, block
+ * size, the hashes themselves) is the engine's to check (daemon_conn.c). 0, or -1 with err; *id gets the request id whenever the body
  * was readable (0 otherwise) so the refusal can name the request. */
 int kvg_proto_decode_submit(const kvg_shm_msg *m, kvg_submit_view *v, uint64_t *id,
                             char *err, size_t err_len);

@@ -123,9 +123,4 @@ kvg_request *kvg_request_parse(kvg_endpoint ep, const char *body, size_t len,
 
 void kvg_request_free(kvg_request *r);
 
-/* The parsed request as canonical JSON (keys in a fixed order, defaults filled
- * in), malloc'd and NUL-terminated; for logs, debugging and tests. NULL when out
- * of memory. */
-char *kvg_request_to_json(const kvg_request *r);
-
 #endif

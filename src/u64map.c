@@ -74,13 +74,6 @@ int kvg_u64map_find(const kvg_u64map *m, uint64_t key, void **val)
     return 0;
 }
 
-void *kvg_u64map_get(const kvg_u64map *m, uint64_t key)
-{
-    void *v = NULL;
-    kvg_u64map_find(m, key, &v);
-    return v;
-}
-
 void *kvg_u64map_del(kvg_u64map *m, uint64_t key)
 {
     size_t mask = m->cap - 1, j;

@@ -21,8 +21,6 @@ void kvg_u64map_free(kvg_u64map *m);
 int kvg_u64map_put(kvg_u64map *m, uint64_t key, void *val);
 /* 1 with *val set when key is present, else 0. */
 int kvg_u64map_find(const kvg_u64map *m, uint64_t key, void **val);
-/* The value, or NULL when absent. */
-void *kvg_u64map_get(const kvg_u64map *m, uint64_t key);
 /* Removes key; returns its value, or NULL when absent. */
 void *kvg_u64map_del(kvg_u64map *m, uint64_t key);
 /* Any one entry (for draining the map): its key, or 0 when empty; *val gets the value. */

@@ -93,18 +93,3 @@ size_t kvg_utf8_invalid_at(const unsigned char *s, size_t n)
     }
     return (size_t)-1;
 }
-
-size_t kvg_utf8_incomplete_tail(const unsigned char *s, size_t n)
-{
-    /* Walk back over at most 3 continuation bytes to the lead byte. */
-    for (size_t back = 1; back <= 4 && back <= n; back++) {
-        unsigned char c = s[n - back];
-        if ((c & 0xC0) == 0x80)
-            continue;
-        int len = kvg_utf8_seq_len(c);
-        if (len > 1 && (size_t)len > back)
-            return back;
-        return 0;
-    }
-    return 0;
-}

@@ -19,8 +19,4 @@ int kvg_utf8_encode(uint32_t cp, unsigned char *out);
 /* Returns the offset of the first invalid byte, or (size_t)-1 when all of s[0..n) is valid. */
 size_t kvg_utf8_invalid_at(const unsigned char *s, size_t n);
 
-/* Number of bytes at the end of s[0..n) that form an incomplete (but so far valid)
- * UTF-8 sequence, 0..3. Used by streaming decoders to hold back half a character. */
-size_t kvg_utf8_incomplete_tail(const unsigned char *s, size_t n);
-
 #endif

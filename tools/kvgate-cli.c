@@ -227,6 +227,14 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    /* --prompt-ids are the user's: this tool is their gateway, so it checks them
+     * against the vocabulary as the nginx module does (a tokenizer's ids are). */
+    for (size_t i = 0; prompt_ids && i < n_ids; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= info->vocab_size) {
+            fprintf(stderr, "kvgate-cli: request: prompt token %zu (id %d) is outside the vocabulary of %u\n", i,
+                    ids[i], info->vocab_size);
+            goto out;
+        }
     /* the gateway's default buckets, with this bypass threshold */
     kvg_buckets buckets;
     kvg_buckets_with_min(&buckets, (uint32_t)min_tokens, NULL);

@@ -312,6 +312,30 @@ static void test_channel_limits(void)
     q = ep_req(ids, 20, 8);
     q.bypass = 1;
     ok(ep_run(c, &q, &R[0], 30) == 0, "  and a small request still works");
+    /* The client sends ids and hash counts as given; the engine's intake is the one
+     * place that checks them (the gateway checks a user's ids before). */
+    {
+        int32_t bad[3] = { 1, 512, 2 };
+        q = ep_req(bad, 3, 4);
+        q.bypass = 1;
+        ep_run(c, &q, &R[0], 30);
+        ok(R[0].error && R[0].status == 400 && strstr(R[0].message, "prompt token 1 (id 512) is outside the "
+                                                      "vocabulary of 512"),
+           "an id outside the vocabulary: the engine answers 400 (%s)", R[0].message);
+        uint8_t hs[2][KVG_PREFIX_HASH_LEN];
+        size_t nh = 0;
+        ok(kvg_client_hash_prompt(c, "t", 1, ids, 40, hs, 2, &nh, err, sizeof err) == 0 && nh == 2,
+           "hashes of a 40-token prompt: 2 blocks");
+        q = ep_req(ids, 40, 4);
+        q.bucket = 1;
+        q.hashes = (const uint8_t (*)[KVG_PREFIX_HASH_LEN])hs;
+        q.n_hashes = 1;
+        ep_run(c, &q, &R[0], 30);
+        ok(R[0].error && R[0].status == 400 && strstr(R[0].message, "1 block hashes for 40 tokens"),
+           "one hash for two blocks: the engine answers 400 (%s)", R[0].message);
+        q.n_hashes = 2;
+        ok(ep_run(c, &q, &R[0], 30) == 0, "  with both hashes it completes");
+    }
     /* The pool holds 4 blocks: a request that can never fit is refused by the engine. */
     q = ep_req(ids, n, 100);
     q.bypass = 1;

@@ -274,6 +274,31 @@ static void test_hostile(engine_proc *e)
                   me.request_id == 14;
         ok(okk, "a payload shorter than its counts: refused");
     }
+    make_good(&g, &r, 16, 40);
+    g.v.h.bucket = 0;
+    expect_refusal(&r, &g, "bypass (bucket 0) with block hashes", "carries no block hashes");
+    make_good(&g, &r, 17, 40);
+    g.v.h.flags = KVG_SUBMIT_OLD_BYPASS;
+    expect_refusal(&r, &g, "the old bypass flag with a cached bucket", "bypass is bucket 0");
+    {
+        /* Bypass as earlier clients sent it (the old flag, bucket 0, no hashes) and as
+         * clients send it now (bucket 0 alone): both complete. */
+        static unsigned char buf[1 << 16] __attribute__((aligned(8)));
+        for (int old = 0; old < 2; old++) {
+            make_good(&g, &r, 18 + (uint64_t)old, 40);
+            g.v.h.flags = old ? KVG_SUBMIT_OLD_BYPASS : 0;
+            g.v.h.bucket = 0;
+            g.v.h.n_block_hashes = 0;
+            push_submit(&r, &g);
+            kvg_shm_msg m;
+            int done = 0, error = 0;
+            while (!done && !error && raw_next(&r, &m, buf, sizeof buf, 3000) == 1) {
+                done = m.type == KVG_MSG_DONE;
+                error = m.type == KVG_MSG_ERROR;
+            }
+            ok(done, "bypass as bucket 0 %s the old flag: completes", old ? "with" : "without");
+        }
+    }
     /* A good one on the same connection works after all that. */
     make_good(&g, &r, 15, 40);
     push_submit(&r, &g);

@@ -33,6 +33,7 @@ static void fill(kvg_submit_view *v, uint32_t *toks, uint8_t (*hs)[32], uint32_t
     sl[1] = 1;
     v->h.version = KVG_PROTO_VERSION;
     v->h.request_id = 42;
+    v->h.bucket = 1;             /* cached (a correct client never sends bucket 0 with hashes) */
     v->h.n = 2;
     v->h.max_tokens = 10;
     v->h.top_p = 0.9f;
@@ -108,8 +109,24 @@ int main(void)
     v.h.bucket = 99;
     ok(refused(&v, 0, "bucket 99"), "bucket out of range");
     fill(&v, toks, hs, sl);
-    v.h.flags = KVG_SUBMIT_BYPASS;
-    ok(refused(&v, 0, "bypass request carries no block hashes"), "bypass with hashes");
+    v.h.bucket = 0;
+    ok(refused(&v, 0, "bypass request (bucket 0) carries no block hashes"), "bypass (bucket 0) with hashes");
+    fill(&v, toks, hs, sl);
+    v.h.flags = KVG_SUBMIT_OLD_BYPASS;
+    v.h.bucket = 2;
+    ok(refused(&v, 0, "bypass is bucket 0"), "the old bypass flag with a cached bucket");
+    /* What earlier clients sent for bypass (the old flag and bucket 0, no hashes)
+     * still decodes; so does the same without the flag (what clients send now). */
+    for (int old = 0; old < 2; old++) {
+        fill(&v, toks, hs, sl);
+        v.h.flags = old ? KVG_SUBMIT_OLD_BYPASS : 0;
+        v.h.bucket = 0;
+        v.h.n_block_hashes = 0;
+        size_t nb = kvg_proto_encode_submit(&v, payload, sizeof payload);
+        m = msg(KVG_MSG_SUBMIT, &v.h, sizeof v.h, payload, nb);
+        ok(kvg_proto_decode_submit(&m, &out, &id, err, sizeof err) == 0 && out.h.bucket == 0,
+           "bypass as bucket 0, %s the old flag: decodes (%s)", old ? "with" : "without", err);
+    }
     fill(&v, toks, hs, sl);
     sl[1] = 2;
     ok(refused(&v, 0, "sum to 5, not 4"), "stop lengths not summing to stop_bytes");

@@ -5,6 +5,7 @@
 
 #include "tap.h"
 #include "request.h"
+#include "request_dump.h"
 #include "utf8.h"
 
 #define CMPL KVG_ENDPOINT_COMPLETIONS

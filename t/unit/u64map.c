@@ -38,7 +38,7 @@ int main(void)
     static int present[KEYS + 1];
     int bad = 0, n = 0;
 
-    ok(kvg_u64map_get(&m, 5) == NULL && kvg_u64map_del(&m, 5) == NULL && !kvg_u64map_find(&m, 5, NULL),
+    ok(kvg_u64map_del(&m, 5) == NULL && !kvg_u64map_find(&m, 5, NULL),
        "an empty map finds nothing");
     ok(kvg_u64map_put(&m, 0, &m) == -1, "key 0 is refused");
     ok(kvg_u64map_put(&m, 7, NULL) == 0 && kvg_u64map_find(&m, 7, NULL) && m.n == 1,

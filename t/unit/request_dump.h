@@ -1,17 +1,24 @@
+/* A parsed request as canonical JSON, for the tests and the request fuzzer only
+ * (nothing shipped needs it, so it is not in the library): keys in a fixed order,
+ * defaults filled in, so two parses compare as strings. Included by t/unit/request.c
+ * and fuzz/fuzz_request.c. */
+#ifndef KVG_T_REQUEST_DUMP_H
+#define KVG_T_REQUEST_DUMP_H
+
 #include <jansson.h>
 
 #include "request.h"
 
-static const char *const ROLE_NAMES[] = { "system", "user", "assistant" };
+static const char *const dump_role_names[] = { "system", "user", "assistant" };
 
-static json_t *str_or_null(const char *s, size_t n)
+static json_t *dump_str_or_null(const char *s, size_t n)
 {
     return s ? json_stringn(s, n) : json_null();
 }
 
 /* Builds the canonical form; jansson's *_new setters take ownership even on
  * failure, so one NULL check at the end catches every allocation. */
-static json_t *build(const kvg_request *r)
+static json_t *dump_build(const kvg_request *r)
 {
     json_t *o = json_object(), *a;
     int bad = !o;
@@ -35,7 +42,7 @@ static json_t *build(const kvg_request *r)
             const kvg_chat_message *m = &r->messages[i];
             json_t *mo = json_object();
             if (mo) {
-                bad |= json_object_set_new(mo, "role", json_string(ROLE_NAMES[m->role]));
+                bad |= json_object_set_new(mo, "role", json_string(dump_role_names[m->role]));
                 bad |= json_object_set_new(mo, "content", json_stringn(m->content, m->content_len));
             }
             bad |= json_array_append_new(a, mo);
@@ -57,7 +64,7 @@ static json_t *build(const kvg_request *r)
     bad |= json_object_set_new(o, "include_usage", json_boolean(r->include_usage));
     bad |= json_object_set_new(o, "logprobs", json_boolean(r->has_logprobs));
     bad |= json_object_set_new(o, "top_logprobs", json_integer(r->top_logprobs));
-    bad |= json_object_set_new(o, "user", str_or_null(r->user, r->user_len));
+    bad |= json_object_set_new(o, "user", dump_str_or_null(r->user, r->user_len));
     if (bad) {
         json_decref(o);
         return NULL;
@@ -65,9 +72,10 @@ static json_t *build(const kvg_request *r)
     return o;
 }
 
-char *kvg_request_to_json(const kvg_request *r)
+/* malloc'd and NUL-terminated; NULL when out of memory. */
+static char *kvg_request_to_json(const kvg_request *r)
 {
-    json_t *o = build(r);
+    json_t *o = dump_build(r);
     char *s;
 
     if (!o)
@@ -76,3 +84,5 @@ char *kvg_request_to_json(const kvg_request *r)
     json_decref(o);
     return s;
 }
+
+#endif
