@@ -455,12 +455,7 @@ static void test_engine_death(engine_proc *e)
         kvg_client_submit(cs[k], &q, rs[k], &id, err, sizeof err);
     }
     memcpy(old_id, kvg_client_info(cs[0])->model_id, sizeof old_id);
-    while (!rs[0]->t_first && !rs[0]->done) {
-        kvg_client_event ev;
-        while (kvg_client_next_event(cs[0], &ev) == 1)
-            ep_record(&ev);
-        kvg_client_wait(cs[0], 50);
-    }
+    ep_wait_first(cs[0], rs[0]);
     kill(e->pid, SIGKILL);
     double t0 = ep_now();
     ep_stop(e, 0, 10);
