@@ -162,10 +162,11 @@ my $chat_text;
 
 {
     my $r = $g->completion({ prompt => 'Once upon a time', max_tokens => 5, temperature => 0 }, 'X-Tenant-Id' => 'acme');
-    my ($line) = grep { /t=acme/ } $g->log_lines;
+    # (the access log is written in the log phase, after the response: wait for the line)
+    my $line = $g->wait_log(qr/t=acme/);
     like($line // '', qr/^200 t=acme b=bypass p=5 c=0 g=5 s=bypass ttft=\d+\.\d{6} key=[0-9a-f]{64}$/,
          'access log: every $kvgate_* variable') or diag($line);
-    my ($missing) = grep { /^404 / } $g->log_lines;
+    my $missing = $g->wait_log(qr/^404 /);
     like($missing // '', qr/^404 t=- b=- p=- c=- g=- s=- ttft=- key=-$/, '  unset ones are "-" for a request that never got that far');
 }
 

@@ -23,7 +23,7 @@ my $g = Kvgate::Gateway->new(locations => <<'EOF', server => '', http => <<'EOF2
         }
         location /short-ttl/v1/ {
             kvgate_pass;
-            kvgate_cache_ttl 1s;
+            kvgate_cache_ttl 2s;
         }
 EOF
     upstream nodes {
@@ -125,38 +125,55 @@ is($sneaky->{json}{usage}{prompt_tokens_details}{cached_tokens}, 0,
     my $body = { model => 'stories260K', prompt => "$doc TTL", max_tokens => 2 };
     $g->post('/short-ttl/v1/completions', $body, 'X-Tenant-Id' => 'ttl');
     my $r = $g->post('/short-ttl/v1/completions', $body, 'X-Tenant-Id' => 'ttl');
-    is($r->{headers}{'x-kvgate-cache'}, 'hit', 'kvgate_cache_ttl 1s: a hit right away');
-    sleep 2.2;
+    # (2 s leaves a loaded machine time for the second request to be looked up within
+    # the TTL; the sleep lets the TTL pass, and every lookup first drops what expired,
+    # so it waits for nothing the server writes)
+    is($r->{headers}{'x-kvgate-cache'}, 'hit', 'kvgate_cache_ttl 2s: a hit right away');
+    sleep 3.2;
     $r = $g->post('/short-ttl/v1/completions', $body, 'X-Tenant-Id' => 'ttl');
-    is($r->{headers}{'x-kvgate-cache'}, 'miss', '  a miss 2 s later (expired)');
+    is($r->{headers}{'x-kvgate-cache'}, 'miss', '  a miss 3 s later (expired)');
 }
 
 # ---- metrics ---------------------------------------------------------------------------------
 
 {
-    my $m = $g->metrics;
-    my $hits = $g->metric($m, 'kvgate_prefix_cache_hit_tokens_total');
-    ok($hits >= $cached, "kvgate_prefix_cache_hit_tokens_total $hits");
-    ok($g->metric($m, 'kvgate_prefix_cache_query_tokens_total') > $hits, '  query tokens above hit tokens');
-    ok($g->metric($m, 'kvgate_requests_total{endpoint="completions",bucket="128",status="200"}') >= 4,
-       '  kvgate_requests_total by endpoint, bucket and status');
-    ok($g->metric($m, 'kvgate_requests_total{endpoint="completions",bucket="bypass",status="200"}') >= 2,
-       '  the bypass bucket');
-    ok($g->metric($m, 'kvgate_cached_tokens_total{bucket="128"}') >= $cached, '  cached tokens per bucket');
-    ok($g->metric($m, 'kvgate_cache_lookups_total{result="hit"}') >= 2, '  cache lookups by result');
-    ok($g->metric($m, 'kvgate_kv_blocks{state="cached"}') > 0, '  cached KV blocks');
-    ok($g->metric($m, 'kvgate_tenant_cached_blocks{tenant="acme"}') > 0, '  per-tenant cached blocks');
-    ok($g->metric($m, 'kvgate_time_to_first_token_seconds_count') >= 8, '  the TTFT histogram');
-    like($m, qr/^kvgate_request_duration_seconds_bucket\{le="\+Inf"\} \d+$/m, '  the latency histogram');
-    is($g->metric($m, 'kvgate_engine_up'), 1, '  kvgate_engine_up 1');
-    like($m, qr/^kvgate_kv_evictions_total\{cause="ttl"\} [1-9]/m, '  TTL evictions counted');
+    my $series = sub { my ($m, $name) = @_; $g->metric($m, $name) };
+    my @want = (
+        [ "kvgate_prefix_cache_hit_tokens_total >= $cached",
+          sub { $series->($_[0], 'kvgate_prefix_cache_hit_tokens_total') >= $cached } ],
+        [ '  query tokens above hit tokens',
+          sub { $series->($_[0], 'kvgate_prefix_cache_query_tokens_total')
+                    > $series->($_[0], 'kvgate_prefix_cache_hit_tokens_total') } ],
+        [ '  kvgate_requests_total by endpoint, bucket and status',
+          sub { $series->($_[0], 'kvgate_requests_total{endpoint="completions",bucket="128",status="200"}') >= 4 } ],
+        [ '  the bypass bucket',
+          sub { $series->($_[0], 'kvgate_requests_total{endpoint="completions",bucket="bypass",status="200"}') >= 2 } ],
+        [ '  cached tokens per bucket', sub { $series->($_[0], 'kvgate_cached_tokens_total{bucket="128"}') >= $cached } ],
+        [ '  cache lookups by result', sub { $series->($_[0], 'kvgate_cache_lookups_total{result="hit"}') >= 2 } ],
+        [ '  cached KV blocks', sub { $series->($_[0], 'kvgate_kv_blocks{state="cached"}') > 0 } ],
+        [ '  per-tenant cached blocks', sub { $series->($_[0], 'kvgate_tenant_cached_blocks{tenant="acme"}') > 0 } ],
+        [ '  the TTFT histogram', sub { $series->($_[0], 'kvgate_time_to_first_token_seconds_count') >= 8 } ],
+        [ '  the latency histogram', sub { $_[0] =~ /^kvgate_request_duration_seconds_bucket\{le="\+Inf"\} \d+$/m } ],
+        [ '  kvgate_engine_up 1', sub { $series->($_[0], 'kvgate_engine_up') == 1 } ],
+        [ '  TTL evictions counted', sub { $_[0] =~ /^kvgate_kv_evictions_total\{cause="ttl"\} [1-9]/m } ],
+    );
+    # The gateway counts a request in its log phase, after the response: wait until the
+    # counters have caught up with the traffic above, then check each.
+    my $m = $g->wait_metrics(sub { my $m = shift; !grep { !$_->[1]->($m) } @want },
+                             'the metrics to count the traffic above');
+    ok($_->[1]->($m), $_->[0]) for @want;
     my $s = $g->status;
     is($s->{engine}{model}, 'stories260K', 'kvgate_status: JSON with the engine');
     ok($s->{cache}{hit_rate} > 0, "  hit rate $s->{cache}{hit_rate}");
     ok((grep { $_->{tenant} eq 'acme' } @{ $s->{tenants} }), '  tenants listed');
-    my $before = $s->{gateway}{requests};
+    # Every request so far reached the engine, whose page is written before each DONE:
+    # when the gateway's count equals the engine's, its log phase has counted them all.
+    my $settled = sub { $_[0]{gateway}{requests} == $_[0]{scheduler}{completed} };
+    my $before = $g->wait_status($settled, 'gateway.requests to equal the engine\'s completed')->{gateway}{requests};
     $g->completion({ prompt => 'x', max_tokens => 1 });
-    is($g->status->{gateway}{requests}, $before + 1, '  one request counted once');
+    my $after = $g->wait_status(sub { $_[0]{gateway}{requests} > $before && $settled->($_[0]) },
+                                'the request to be counted')->{gateway}{requests};
+    is($after, $before + 1, '  one request counted once');
 }
 
 # ---- routing by $kvgate_route_key --------------------------------------------------------------
@@ -179,12 +196,9 @@ is($sneaky->{json}{usage}{prompt_tokens_details}{cached_tokens}, 0,
         $spread{ $r->{headers}{'x-node'} // 'none' }++;
     }
     is(scalar grep({ /^[12]$/ } keys %spread), 2, '16 tenants with the same prompt spread over both nodes');
-    my @keys;
-    for (1 .. 100) {        # the log line is written just after the response
-        @keys = map { /key=([0-9a-f]{64})/ ? $1 : () } split /\n/, $g->t->read_file('logs/front.log');
-        last if @keys >= 20;
-        sleep 0.02;
-    }
+    # (the front tier's log line is written after its response)
+    my @keys = map { /key=([0-9a-f]{64})/ ? $1 : () }
+               $g->t->wait_log('logs/front.log', qr/key=[0-9a-f]{64}/, count => 20);
     ok(@keys >= 20, 'the front tier logs $kvgate_route_key for every request');
     is(scalar(keys %{{ map { $_ => 1 } @keys[0 .. 3] }}), 1, '  one key for the shared prefix');
 }

@@ -147,8 +147,8 @@ err_is($g->post('/small/v1/completions', { %$ok, prompt => 'x' x 3000 }), 413, '
     } else {
         is($st, 504, 'streaming past the deadline before the first token: 504');
     }
-    sleep 0.3;
-    is($g->status->{scheduler}{running}, 0, '  and the engine stopped working on both');
+    my $st = $g->wait_status(sub { $_[0]{scheduler}{running} == 0 }, 'the engine to stop both requests');
+    is($st->{scheduler}{running}, 0, '  and the engine stopped working on both');
 }
 
 $g->stop;
@@ -159,18 +159,25 @@ $g->stop;
     my $s = Kvgate::Gateway->new(engine => [ '--max-waiting', '1', '--max-running', '1' ], workers => 1);
     my @pids;
     my $dir = $s->t->prefix;
+    # "At once" for certain: the engine is stopped (SIGSTOP) until all five are in
+    # nginx, so that it takes them together, however late a forked client starts.
+    kill 'STOP', $s->engine->pid;
     for my $i (1 .. 5) {
         my $pid = fork // die;
         if (!$pid) {
-            my $r = $s->post('/v1/completions', { %$ok, max_tokens => 480, temperature => 1.0, seed => $i });
+            my $sock = $s->send_raw('/v1/completions', { %$ok, max_tokens => 480, temperature => 1.0, seed => $i });
+            my ($status, $h, $body) = $s->parse_http($s->read_all($sock, 60));
             open my $fh, '>', "$dir/r$i.json" or POSIX::_exit(1);
-            print $fh JSON::PP->new->encode({ status => $r->{status}, body => $r->{json},
-                                              retry => $r->{headers}{'retry-after'} });
+            print $fh JSON::PP->new->encode({ status => $status, body => eval { JSON::PP->new->decode($body) },
+                                              retry => $h->{'retry-after'} });
             close $fh;
             POSIX::_exit(0);
         }
         push @pids, $pid;
     }
+    my $in = $s->wait_in_nginx(5, 20);
+    kill 'CONT', $s->engine->pid;
+    is($in, 5, 'five requests in nginx while the engine is stopped');
     waitpid $_, 0 for @pids;
     my (%by, $retry, $code);
     for my $i (1 .. 5) {

@@ -40,13 +40,8 @@ sub read_first_event {
 }
 
 sub wait_until {
-    my ($cond, $timeout) = @_;
-    my $deadline = time + ($timeout // 10);
-    while (time < $deadline) {
-        return 1 if $cond->();
-        sleep 0.02;
-    }
-    return 0;
+    my ($cond, $timeout, $what) = @_;
+    return $g->t->wait_for($cond, $what, $timeout // 10);
 }
 
 # ---- a client leaves mid-stream ---------------------------------------------------------
@@ -69,8 +64,10 @@ sub wait_until {
     is($st->{cancelled}, $before->{cancelled} + 1, '  cancelled in the scheduler, not finished');
     ok($st->{decode_tokens} - $before->{decode_tokens} < 16 * 480 - 16,
        '  long before its end (' . ($st->{decode_tokens} - $before->{decode_tokens}) . ' of 7680 tokens)');
-    ok($g->metric($g->metrics, 'kvgate_requests_total{endpoint="completions",bucket="bypass",status="499"}') == 1,
-       '  counted as status 499 in the metrics');
+    # (counted in the log phase, which need not have run when the engine shows the cancel)
+    my $series = 'kvgate_requests_total{endpoint="completions",bucket="bypass",status="499"}';
+    my $m = $g->wait_metrics(sub { $g->metric($_[0], $series) >= 1 }, "$series counted");
+    ok($g->metric($m, $series) == 1, '  counted as status 499 in the metrics');
 }
 
 # ---- nginx -s quit drains -----------------------------------------------------------------
@@ -87,7 +84,8 @@ my $quit_file = $g->t->prefix . '/drained.txt';
         close $fh;
         POSIX::_exit(0);
     }
-    wait_until(sub { (($g->status // {})->{scheduler} // {})->{running} }, 10);
+    ok(wait_until(sub { (($g->status // {})->{scheduler} // {})->{running} }, 20, 'the stream to run in the engine'),
+       'a long stream runs');
     kill 'QUIT', $g->t->{pid};
     waitpid $pid, 0;
     my ($status, $h, $body) = $g->parse_http($g->t->read_file($quit_file));
@@ -96,9 +94,8 @@ my $quit_file = $g->t->prefix . '/drained.txt';
     is($ev[-1], 'DONE', '  to its end ([DONE])');
     my @texts = $g->stream_texts(\@ev);
     is(scalar(grep { length } @texts), 16, '  with all 16 choices');
-    my $waited = 0;
-    $waited++ while waitpid($g->t->{pid}, WNOHANG) == 0 && $waited < 500 && sleep 0.02;
-    ok($waited < 500, '  then nginx exits');
+    my $pid = $g->t->{pid};
+    ok(wait_until(sub { waitpid($pid, WNOHANG) == $pid }, 20, 'nginx to exit'), '  then nginx exits');
     $g->t->{pid} = undef;
     ok(!grep({ /\[alert\]|\[emerg\]|open socket/ } split /\n/, $g->t->read_file('logs/error.log')),
        '  with no alerts (no "open socket left")');
@@ -133,13 +130,16 @@ $g->wait_up;
     is($r->{json}{error}{code}, 'engine_unavailable', '  engine_unavailable');
     is($g->t->get('/plain')->{body}, "plain\n", 'nginx keeps serving everything else');
     is($g->t->get('/v1/models')->{status}, 503, '/v1/models: 503 too');
-    like($g->metrics, qr/^kvgate_engine_up 0$/m, 'kvgate_engine_up 0');
+    # (each worker notices the lost engine on its own; the scrape may be the other one's)
+    like($g->wait_metrics(sub { $_[0] =~ /^kvgate_engine_up 0$/m }, 'kvgate_engine_up 0'),
+         qr/^kvgate_engine_up 0$/m, 'kvgate_engine_up 0');
 
     $g->engine->restart;
     ok(wait_until(sub { $g->completion({ prompt => 'Once upon a time', max_tokens => 4 })->{status} == 200 }, 15),
        'the engine restarts: requests succeed again');
     $g->wait_up;
-    like($g->metrics, qr/^kvgate_engine_up 1$/m, 'kvgate_engine_up 1');
+    like($g->wait_metrics(sub { $_[0] =~ /^kvgate_engine_up 1$/m }, 'kvgate_engine_up 1'),
+         qr/^kvgate_engine_up 1$/m, 'kvgate_engine_up 1');
 
     # Another model name on the next engine: the gateway follows it.
     $g->engine->stop;
@@ -169,15 +169,20 @@ $g->stop;
     for my $i (1 .. 12) {
         my $pid = fork // die;
         if (!$pid) {
-            my $r = $q->completion($body, 'X-Tenant-Id' => 'ring');
+            # (headers and body in one write: see wait_in_nginx)
+            my $sock = $q->send_raw('/v1/completions', { model => $Kvgate::Gateway::MODEL, %$body },
+                                    'X-Tenant-Id' => 'ring');
+            my ($status, undef, $json) = $q->parse_http($q->read_all($sock, 60));
+            my $text = eval { JSON::PP->new->decode($json)->{choices}[0]{text} };
             open my $fh, '>', "$dir/q$i.txt" or POSIX::_exit(1);
-            print $fh "$r->{status}\n", $r->{json}{choices}[0]{text} // '';
+            print $fh "$status\n", $text // '';
             close $fh;
             POSIX::_exit(0);
         }
         push @pids, $pid;
     }
-    sleep 1;
+    # Once all 12 are in the (one) worker, each was submitted or queued: the count is final.
+    is($q->wait_in_nginx(12, 20), 12, 'twelve requests in nginx while the engine is stopped');
     my $waits = $q->metric($q->metrics, 'kvgate_submit_waits_total');
     kill 'CONT', $q->engine->pid;
     waitpid $_, 0 for @pids;

@@ -11,6 +11,7 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 
 use Cwd qw(abs_path);
+use Fcntl qw(:flock);
 use JSON::PP;
 use Test::More;
 use Kvgate::Gateway;
@@ -24,19 +25,27 @@ my $build = $ENV{BUILD} || 'build';
 $build = Kvgate::Test::repo_root() . "/$build" unless $build =~ m{^/};
 my $npm_dir = "$build/npm";
 my $pkg = "$npm_dir/node_modules/openai/package.json";
+system('mkdir', '-p', $npm_dir);
+# Two runs at once (the plain and the ASan pass of two checkouts' make test, or two
+# proves) share $npm_dir: one installs while the other waits.
+open my $lock, '>>', "$npm_dir/.install.lock" or die "$npm_dir/.install.lock: $!";
+flock $lock, LOCK_EX or die "flock: $!";
 my $have = -f $pkg && do { open my $fh, '<', $pkg; local $/; <$fh> =~ /"version":\s*"\Q$sdk_version\E"/ };
 unless ($have) {
-    system('mkdir', '-p', $npm_dir);
     my $rc = system("cd '$npm_dir' && npm install --no-audit --no-fund --silent openai\@$sdk_version >npm.log 2>&1");
     plan skip_all => "cannot install the openai npm package ($npm_dir/npm.log)" if $rc != 0 || !-f $pkg;
 }
+close $lock;
 
 my $g = Kvgate::Gateway->new;
 my $script = abs_path("$FindBin::Bin/sdk/openai-sdk.mjs");
-# Node resolves 'openai' from the script's directory upwards; point it at our install.
-system('cp', $script, "$npm_dir/openai-sdk.mjs") == 0 or die 'cp';
+# Node resolves 'openai' from the script's directory upwards; point it at our install,
+# under a name of this run's own (another run may be copying its own at this moment).
+my $copy = "openai-sdk-$$.mjs";
+system('cp', $script, "$npm_dir/$copy") == 0 or die 'cp';
 my $base = $g->t->url('/v1');
-my $json = `cd '$npm_dir' && KVGATE_BASE_URL='$base' '$node' openai-sdk.mjs 2>&1`;
+my $json = `cd '$npm_dir' && KVGATE_BASE_URL='$base' '$node' '$copy' 2>&1`;
+unlink "$npm_dir/$copy";
 my $o = eval { JSON::PP->new->decode($json) };
 ok($o, 'the SDK script ran') or diag($json);
 $o //= {};

@@ -207,8 +207,8 @@ is_unavailable($t->post_json('/v1/chat/completions',
     is($r->{status}, 404, 'a location outside kvgate_pass: nginx 404');
 }
 
-like($t->read_file('logs/error.log'), qr/kvgate: module loaded, libkvgate 0\.1\.0/,
-     'the module logs the version from the linked libkvgate.a');
+ok($t->wait_log('logs/error.log', qr/kvgate: module loaded, libkvgate 0\.1\.0/),
+   'the module logs the version from the linked libkvgate.a');
 
 my @spooled = glob($t->prefix . '/client_body_temp/*');
 is(scalar @spooled, 0, 'no request body was spooled to disk');

@@ -264,7 +264,7 @@ static void test_small_rings(void)
     kvg_client_submit(c, &q, &R[40], &id, err, sizeof err);
     kvg_stats st;
     int held = 0, still_running = 0;
-    double until = ep_now() + 3;
+    double until = ep_now() + EP_WAIT_S;
     while (ep_now() < until && !held) {
         ep_sleep_ms(20);
         ep_stats(c, &st);

@@ -409,7 +409,7 @@ static void test_client_death_and_cancel(void)
     waitpid(child, NULL, 0);
     close(fd);
     int idle = 0;
-    for (double until = ep_now() + 5; ep_now() < until && !idle; ep_sleep_ms(5))
+    for (double until = ep_now() + EP_WAIT_S; ep_now() < until && !idle; ep_sleep_ms(5))
         idle = ep_stats(c, &st) == 0 && st.cancelled == base.cancelled + 1 && st.running == 0 && st.waiting == 0;
     ok(idle && st.blocks_used == base.blocks_used && st.blocks_free + st.blocks_cached == base.blocks_free + base.blocks_cached,
        "SIGKILL of the client: blocks back to the baseline (%d used, %d free + %d cached) after %.0f ms",
@@ -433,7 +433,7 @@ static void test_client_death_and_cancel(void)
     ok(kvg_client_cancel(c, id) == 0 && kvg_client_live(c) == 0, "cancel: the client forgets the request at once");
     t0 = ep_now();
     idle = 0;
-    for (double until = ep_now() + 5; ep_now() < until && !idle; ep_sleep_ms(2))
+    for (double until = ep_now() + EP_WAIT_S; ep_now() < until && !idle; ep_sleep_ms(2))
         idle = ep_stats(c, &st) == 0 && st.cancelled == b2.cancelled + 1 && st.running == 0 && st.waiting == 0;
     ok(idle && st.blocks_used == base.blocks_used && st.cancelled == b2.cancelled + 1 &&
        st.client_cancels == b2.client_cancels + 1,
@@ -480,12 +480,7 @@ static void test_engine_death(engine_proc *e)
         kvg_client_submit(cs[k], &q, rs[k], &id, err, sizeof err);
     }
     memcpy(old_id, kvg_client_info(cs[0])->model_id, sizeof old_id);
-    while (!rs[0]->t_first && !rs[0]->done) {
-        kvg_client_event ev;
-        while (kvg_client_next_event(cs[0], &ev) == 1)
-            ep_record(&ev);
-        kvg_client_wait(cs[0], 50);
-    }
+    ep_wait_first(cs[0], rs[0]);
     kill(e->pid, SIGKILL);
     double t0 = ep_now();
     ep_stop(e, 0, 10);

@@ -42,6 +42,10 @@ __attribute__((unused)) static void ep_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+/* The deadline of a wait for something the engine does in its own time (a first token,
+ * its statistics page): generous, since it only runs out when the test fails anyway. */
+#define EP_WAIT_S (ENGINE_IS_ASAN ? 60.0 : 30.0)
+
 /* The engine binary: KVGATE_ENGINE, else $BUILD/bin (or $BUILD/asan/bin for an ASan test). */
 static const char *ep_engine_bin(void)
 {
@@ -346,15 +350,22 @@ __attribute__((unused)) static int ep_run(kvg_client *c, const kvg_client_req *q
     return r->done ? 0 : -1;
 }
 
-/* Pumps one client until r has its first tokens (or failed). */
-__attribute__((unused)) static void ep_wait_first(kvg_client *c, ep_result *r)
+/* Pumps one client until r has its first tokens (or failed, or ended); 0 then, -1 when
+ * EP_WAIT_S passed first (a diag says so; the test's own assertions then fail). */
+__attribute__((unused)) static int ep_wait_first(kvg_client *c, ep_result *r)
 {
+    double deadline = ep_now() + EP_WAIT_S;
     while (!r->t_first && !r->error && !r->done) {
+        if (ep_now() > deadline) {
+            diag("no first token within %.0f s", EP_WAIT_S);
+            return -1;
+        }
         kvg_client_event ev;
         while (kvg_client_next_event(c, &ev) == 1)
             ep_record(&ev);
         kvg_client_wait(c, 50);
     }
+    return 0;
 }
 
 /* Same outputs (tokens, logprobs bit for bit, text, finish reasons) for n samples. */
@@ -382,17 +393,34 @@ __attribute__((unused)) static int ep_stats(kvg_client *c, kvg_stats *s)
     return 0;
 }
 
+/* Reads the engine's statistics page every 5 ms until want(page, arg) holds: 0, with
+ * the page in *s; -1 when timeout_s passed first (*s is the last page read). The page
+ * is the engine's to write (before each DONE, else every 20 ms while busy): a test
+ * waiting for anything else there (a cancel, an idle engine) polls it with this. */
+__attribute__((unused)) static int ep_wait_stats(kvg_client *c, double timeout_s, kvg_stats *s,
+                                                 int (*want)(const kvg_stats *, const void *), const void *arg)
+{
+    double deadline = ep_now() + timeout_s;
+    for (;;) {
+        if (ep_stats(c, s) == 0 && want(s, arg))
+            return 0;
+        if (ep_now() > deadline)
+            return -1;
+        ep_sleep_ms(5);
+    }
+}
+
+__attribute__((unused)) static int ep_is_idle(const kvg_stats *s, const void *arg)
+{
+    (void)arg;
+    return s->running == 0 && s->waiting == 0;
+}
+
 /* Waits until the engine has no request running or waiting and reports the block
  * counts; -1 on timeout. */
 __attribute__((unused)) static int ep_wait_idle(kvg_client *c, double timeout_s, kvg_stats *s)
 {
-    double deadline = ep_now() + timeout_s;
-    do {
-        if (ep_stats(c, s) == 0 && s->running == 0 && s->waiting == 0)
-            return 0;
-        ep_sleep_ms(10);
-    } while (ep_now() < deadline);
-    return -1;
+    return ep_wait_stats(c, timeout_s, s, ep_is_idle, NULL);
 }
 
 #endif

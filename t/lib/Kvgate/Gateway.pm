@@ -9,11 +9,19 @@ package Kvgate::Gateway;
 #   my $r = $g->completion({prompt => 'Once upon a time', max_tokens => 8});
 #   my ($events, $raw) = $g->stream('/v1/chat/completions', {...});
 #   my $st = $g->status;               # kvgate_status JSON
+#   my $line = $g->wait_log(qr/t=acme/);                   # the access log, when written
+#   my $m = $g->wait_metrics(sub { $g->metric($_[0], 'name') >= 1 }, 'name counted');
+#   my $s = $g->wait_status(sub { $_[0]{scheduler}{running} == 0 }, 'the engine idle');
 #   $g->stop;                          # QUIT nginx (one test: clean logs), TERM engine
 #
 # The default configuration: `kvgate_engine` on the engine's socket, the tenant from
 # X-Tenant-Id, `kvgate_pass` at /v1/, `kvgate_metrics` at /metrics, `kvgate_status` at
-# /status, an access log with every kvgate variable, and two worker processes.
+# /status, nginx's stub_status at /nginx_status, an access log with every kvgate
+# variable, and two worker processes.
+#
+# The access log and the gateway's counters (metrics, the gateway part of /status) are
+# written in nginx's log phase, after the response has been sent: read them with the
+# wait_* helpers, never once right after a request.
 
 use strict;
 use warnings;
@@ -62,6 +70,9 @@ sub new {
         location = /status {
             kvgate_status;
         }
+        location = /nginx_status {
+            stub_status;
+        }
         $locations
     }
 EOF
@@ -77,14 +88,51 @@ sub engine { return $_[0]{engine} }
 sub wait_up {
     my ($self, $timeout) = @_;
     my $want = $self->{o}{workers} // 2;
-    my $deadline = time + ($timeout // 20);
-    while (time < $deadline) {
+    $self->{t}->wait_for(sub {
         my $s = $self->status;
-        return 1 if $s && $s->{gateway} && ($s->{gateway}{workers_connected} // 0) >= $want
-                    && $s->{engine}{up};
-        sleep 0.05;
-    }
-    croak 'the nginx workers did not connect to the engine';
+        $s && $s->{gateway} && ($s->{gateway}{workers_connected} // 0) >= $want && $s->{engine}{up};
+    }, "$want workers connected to the engine", $timeout // 20)
+        or croak 'the nginx workers did not connect to the engine';
+    return 1;
+}
+
+# The first access-log line (logs/kvgate.log) matching $re once it is written (the
+# log phase runs after the response); in list context all of them, at least count => n.
+sub wait_log {
+    my ($self, $re, %o) = @_;
+    return $self->{t}->wait_log('logs/kvgate.log', $re, %o);
+}
+
+# The status page (decoded) once $cond->($status) holds; the last one read otherwise
+# (see Kvgate::Test::wait_for).
+sub wait_status {
+    my ($self, $cond, $what, $timeout) = @_;
+    my $s;
+    $self->{t}->wait_for(sub { $s = $self->status; $s && $cond->($s) }, $what, $timeout);
+    return $s // {};
+}
+
+# The metrics text once $cond->($text) holds; the last one read otherwise.
+sub wait_metrics {
+    my ($self, $cond, $what, $timeout) = @_;
+    my $m;
+    $self->{t}->wait_for(sub { $m = $self->metrics; $cond->($m) }, $what, $timeout);
+    return $m;
+}
+
+# Waits until nginx holds at least $n requests past their headers (stub_status
+# "Writing", less the scrape itself). With one worker process that also means each of
+# them has been through its content handler: the worker serves the scrape only
+# between events, and a request whose body came with its headers (send_raw) is
+# submitted, or queued for the engine, within the event that read it.
+sub wait_in_nginx {
+    my ($self, $n, $timeout) = @_;
+    my $writing;
+    $self->{t}->wait_for(sub {
+        ($writing) = $self->{t}->get('/nginx_status')->{body} =~ /Writing: (\d+)/;
+        ($writing // 0) - 1 >= $n;
+    }, "$n requests in nginx", $timeout);
+    return ($writing // 1) - 1;
 }
 
 sub status {
@@ -205,11 +253,6 @@ sub stream_texts {
         }
     }
     return map { $_ // '' } @text;
-}
-
-sub log_lines {
-    my ($self) = @_;
-    return split /\n/, $self->{t}->read_file('logs/kvgate.log');
 }
 
 sub stop {

@@ -13,6 +13,8 @@ package Kvgate::Test;
 #   EOF
 #   $t->run;                               # nginx -t, start, wait for the ports
 #   my $r = $t->get('/v1/models');         # { status, headers, body, json }
+#   my $line = $t->wait_log('logs/access.log', qr/ 200 /);   # written after the response
+#   ok($t->wait_for(sub { ... }, 'what the server must get to'));
 #   $t->stop;                              # QUIT, wait, error.log must be clean (one test)
 #   done_testing;
 #
@@ -22,6 +24,11 @@ package Kvgate::Test;
 #   KVGATE_MODULE=path  use this .so instead
 #   KVGATE_TEST_KEEP=1  keep the temporary prefix (it is also kept when a test failed)
 #   KVGATE_NGINX=path   nginx binary (default: /usr/sbin/nginx)
+#   KVGATE_WAIT_S=n     deadline of wait_for/wait_log (default 5 s, 10 s under ASan)
+#
+# What a server writes after the response (the access log and the counters of nginx's
+# log phase, which runs after the last byte is sent; the engine's statistics; a file) is
+# never read once or after a fixed sleep: wait_for polls it with a deadline.
 
 use strict;
 use warnings;
@@ -181,6 +188,8 @@ sub _write {
 
 sub write_config {
     my ($self, %c) = @_;
+    # kept: run() renders it again with fresh ports if one was taken meanwhile
+    $self->{conf} = \%c;
     _write("$self->{prefix}/conf/nginx.conf", $self->conf_text(%c));
     return $self;
 }
@@ -244,13 +253,40 @@ sub _run_nginx {
     return (($st & 127) ? 128 + ($st & 127) : $st >> 8, $text);
 }
 
-# nginx -t, then start nginx (daemon off, so the master is our child) and wait until
-# every port allocated so far accepts connections. Dies with nginx's output on failure
-# (not BAIL_OUT: the other test files still run).
+# nginx -t, then start nginx (daemon off, so the master is our child) and wait until it
+# has bound every port (it writes its pid file after that) and each accepts
+# connections. Dies with nginx's output on failure (not BAIL_OUT: the other test files
+# still run).
+#
+# port() hands out ports that were free a moment ago: another process (a concurrent
+# test run, some client's ephemeral port) may have taken one since. nginx then fails
+# to bind; the config written by write_config is rendered again with fresh ports and
+# nginx started again, the failed attempt's log lines (its [emerg]) set aside in
+# logs/*.bind-N so that they do not fail the file.
 sub run {
     my ($self) = @_;
     croak 'nginx already running' if $self->{pid};
 
+    for my $attempt (1 .. 4) {
+        my %size = map { $_ => (-s "$self->{prefix}/logs/$_" // 0) } qw(error.log stderr.log);
+        my $err = $self->_start;
+        return $self unless defined $err;
+        croak $err unless $err =~ /Address already in use/ && $self->{conf} && $attempt < 4;
+        diag("a port was taken before nginx bound it; starting again on other ports");
+        for my $log (sort keys %size) {
+            my $path = "$self->{prefix}/logs/$log";
+            my $text = $self->read_file($path);
+            _write("$path.bind-$attempt", substr($text, $size{$log})) if length $text > $size{$log};
+            truncate $path, $size{$log} if -e $path;
+        }
+        $self->{ports} = {};
+        $self->write_config(%{ $self->{conf} });
+    }
+}
+
+# One start; undef when nginx is up, else what went wrong.
+sub _start {
+    my ($self) = @_;
     my ($rc, $out) = $self->_run_nginx('-t', '-c', 'conf/nginx.conf');
     if ($rc != 0) {
         croak "nginx -t failed for $self->{prefix}/conf/nginx.conf:\n$out";
@@ -271,24 +307,26 @@ sub run {
     }
     $self->{pid} = $pid;
 
+    # A port that accepts is not proof: until our nginx has bound it, it may be
+    # someone else's. The pid file naming our master is written after the binds.
     my $deadline = time + ($self->{asan} ? 20 : 10);
-    for my $port (sort { $a <=> $b } values %{ $self->{ports} }) {
-        while (1) {
-            last if IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
-                                          Proto => 'tcp');
-            if (waitpid($pid, WNOHANG) == $pid) {
-                $self->{pid} = undef;
-                croak("nginx exited with status $? during start-up:\n"
-                    . $self->read_file('logs/error.log') . $self->read_file('logs/stderr.log'));
-            }
-            if (time > $deadline) {
-                croak("nginx did not listen on 127.0.0.1:$port:\n"
-                    . $self->read_file('logs/error.log'));
-            }
-            sleep 0.02;
+    my @ports = sort { $a <=> $b } values %{ $self->{ports} };
+    while (1) {
+        my $mine = ($self->read_file('logs/nginx.pid') =~ /^(\d+)/ ? $1 : 0) == $pid;
+        last if $mine && !grep { !IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $_,
+                                                         Proto => 'tcp') } @ports;
+        if (waitpid($pid, WNOHANG) == $pid) {
+            $self->{pid} = undef;
+            return "nginx exited with status $? during start-up:\n"
+                . $self->read_file('logs/error.log') . $self->read_file('logs/stderr.log');
         }
+        if (time > $deadline) {
+            croak("nginx did not start listening on 127.0.0.1:@ports:\n"
+                . $self->read_file('logs/error.log'));
+        }
+        sleep 0.02;
     }
-    return $self;
+    return undef;
 }
 
 sub running { return defined $_[0]{pid} }
@@ -340,6 +378,47 @@ sub check_logs {
     my $ok = ok(!@bad && ($also // 1), $name // 'error.log clean');
     diag(join "\n", "error.log of $self->{prefix}:", @bad) if @bad;
     return $ok;
+}
+
+# --- waiting for what a server writes after the response --------------------------------
+
+# The deadline of a wait: generous, since it only runs out when the test fails anyway.
+sub wait_timeout { return $ENV{KVGATE_WAIT_S} || (asan() ? 10 : 5) }
+
+# $t->wait_for(sub { ... }, 'what', timeout): calls the condition every 20 ms until it
+# returns a true value, which wait_for returns. At the deadline (wait_timeout() by
+# default) a diag says what never happened and the condition's last (false) value is
+# returned, so that the assertion that follows fails with its own message. Also
+# callable as Kvgate::Test->wait_for(...).
+sub wait_for {
+    my ($self, $cond, $what, $timeout) = @_;
+    my $limit = $timeout // wait_timeout();
+    my $deadline = time + $limit;
+    while (1) {
+        my $v = $cond->();
+        return $v if $v;
+        if (time > $deadline) {
+            diag(sprintf('waited %.1f s in vain for %s', $limit, $what // 'a condition'));
+            return $v;
+        }
+        sleep 0.02;
+    }
+}
+
+# The complete lines (nginx writes each with one write()) of a log file (a name under
+# the prefix, or a path) that match $re, once there are at least count => n (default
+# 1); in scalar context the first. An empty list when they never come (see wait_for).
+#   my $line = $t->wait_log('logs/access.log', qr/ 404 /);
+sub wait_log {
+    my ($self, $name, $re, %o) = @_;
+    my $n = $o{count} // 1;
+    my @lines;
+    $self->wait_for(sub {
+        (my $text = $self->read_file($name)) =~ s/[^\n]*\z//;   # a line still being written
+        @lines = grep { /$re/ } split /\n/, $text;
+        @lines >= $n;
+    }, $o{what} // "$n line(s) matching $re in $name", $o{timeout});
+    return wantarray ? (@lines >= $n ? @lines : ()) : (@lines >= $n ? $lines[0] : undef);
 }
 
 # Runs code in a forked process (a fake engine, a slow client...), killed and reaped
