@@ -132,8 +132,6 @@ typedef struct kvg_sched_stats {
     int32_t held;                /* of those, held (kvg_sched_hold) */
 } kvg_sched_stats;
 
-const char *kvg_finish_reason_name(kvg_finish_reason r);   /* OpenAI's word */
-
 /* Borrows everything; fw must run over pc's pool. NULL with err. */
 kvg_sched *kvg_sched_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache *pc,
                          kvg_kv_pool *pool, const kvg_sched_config *cfg,
