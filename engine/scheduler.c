@@ -2,6 +2,7 @@
 #include "scheduler.h"
 #include "monoclock.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -224,13 +225,10 @@ static int validate(kvg_sched *s, const kvg_sched_req *r, int n, char *err, size
                     "length %d", (unsigned long long)r->id, (int)r->n_prompt, c->max_seq_len);
         return -1;
     }
+    /* Precondition: the ids are in the vocabulary. The engine's intake (daemon_conn.c)
+     * checks every request's, warm-up files are checked as they are parsed (warmup.c). */
     for (int32_t i = 0; i < r->n_prompt; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab_size) {
-            kvg_set_err(err, err_len, "request %llu: prompt token %d (id %d) is out of the "
-                        "vocabulary (%d)", (unsigned long long)r->id, (int)i, (int)r->prompt[i],
-                        c->vocab_size);
-            return -1;
-        }
+        assert(r->prompt[i] >= 0 && r->prompt[i] < c->vocab_size);
     if (n < 1 || n > KVG_SCHED_MAX_N) {
         kvg_set_err(err, err_len, "request %llu: n must be 1..%d, got %d",
                     (unsigned long long)r->id, KVG_SCHED_MAX_N, n);
@@ -320,16 +318,9 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
         if (!q->hashes)
             goto oom;
         if (r->hashes) {
-            if (r->n_hashes != q->n_hashes) {
-                kvg_set_err(err, err_len, "request %llu: %d block hashes for %d tokens (blocks of "
-                            "%d need %d)", (unsigned long long)r->id, (int)r->n_hashes,
-                            (int)r->n_prompt, (int)bt, (int)q->n_hashes);
-                free(q->hashes);
-                free(q->prompt);
-                free(q);
-                s->st.rejected++;
-                return -1;
-            }
+            /* Precondition: one hash per full block. The engine's intake
+             * (daemon_conn.c) checks the count and recomputes the chain. */
+            assert(r->n_hashes == q->n_hashes);
             memcpy(q->hashes, r->hashes, (size_t)q->n_hashes * sizeof *q->hashes);
         } else {
             size_t nb;

@@ -62,11 +62,11 @@ typedef struct kvg_sched_config {
 typedef struct kvg_sched_req {
     uint64_t id;                 /* caller's id, echoed in events; unique among live requests */
     void *user;                  /* echoed in events */
-    const int32_t *prompt;       /* copied at submit */
+    const int32_t *prompt;       /* copied at submit; ids in [0, vocab_size) */
     int32_t n_prompt;
-    /* Chain hashes of the prompt's full blocks (n_prompt / block_tokens of them,
-     * from the gateway), and the chain's root (model id, tenant salt). hashes NULL:
-     * the scheduler computes them from root. Ignored for bypass requests. */
+    /* Chain hashes of the prompt's full blocks (exactly n_prompt / block_tokens of
+     * them, from the gateway), and the chain's root (model id, tenant salt). hashes
+     * NULL: the scheduler computes them from root. Ignored for bypass requests. */
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     int32_t n_hashes;
     uint8_t root[KVG_PREFIX_HASH_LEN];
@@ -140,7 +140,9 @@ kvg_sched *kvg_sched_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache *
 void kvg_sched_free(kvg_sched *s);
 
 /* Queues a request (everything is copied). 0, or -1 with err when it is invalid or
- * could never fit; nothing is queued then. */
+ * could never fit; nothing is queued then. What the engine's intake guarantees (prompt
+ * ids in the vocabulary, the hash count) is a precondition here, asserted, not an
+ * error: callers taking ids from outside check them first. */
 int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err_len);
 
 /* Cancels a live request: its samples finish with KVG_FINISH_CANCELLED and its
