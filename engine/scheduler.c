@@ -978,6 +978,8 @@ static void note_step_time(kvg_sched *s, const step_batch *b, double t0)
     }
 }
 
+/* Out of memory while the batch was built: nothing ran, nothing advanced; the next
+ * step builds it again from the requests' state. */
 static int step_oom(kvg_sched *s, char *err, size_t err_len)
 {
     kvg_set_err(err, err_len, "scheduler: out of memory");

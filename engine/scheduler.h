@@ -9,8 +9,8 @@
  * Requests wait until the blocks they need after cache hits can be had
  * (kvg_pc_blocks_needed / kvg_pc_admit), in priority order then arrival. When the
  * pool runs out during decode, the most recently admitted running request is
- * preempted: its blocks are released and it is recomputed later (recompute=1, not a
- * cache hit) with its tokens so far kept, so nobody fails. A request that could never
+ * preempted: its blocks are released and it is recomputed later (state PREEMPTED, not
+ * a cache hit) with its tokens so far kept, so nobody fails. A request that could never
  * fit (longer than the context, or than the pool) is rejected at submit.
  *
  * Bypass requests (bucket 0) are neither looked up nor inserted in the prefix cache.
