@@ -2,6 +2,7 @@
 #include "forward.h"
 #include "errmsg.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,17 +13,31 @@ struct kvg_forward {
     kvg_backend *be;
     kvg_kv_pool *kv;
 
-    /* Activations in backend memory, for cap_rows rows. */
+    /* Activations in backend memory, for up to cap_rows rows (R: this step's rows,
+     * qd = n_heads * head_dim, kvd = n_kv_heads * head_dim). In the last layer, when
+     * only n_out < R rows produce logits, the gathered rows reuse q (attention) and xb
+     * (residual), and x becomes the normed input. */
     int cap_rows;
-    float *x, *xb, *ob, *q, *k, *v, *att, *hb, *hb2;
+    float *x;                    /* [R, dim]: the residual stream */
+    float *xb;                   /* [R, dim]: rmsnorm(x), a matmul's input */
+    float *ob;                   /* [R, dim]: the wo / w_down output, added to x;
+                                    then [n_out, dim]: the final norm */
+    float *q;                    /* [R, qd]: queries (rotated) */
+    float *k, *v;                /* [R, kvd]: this step's keys and values, then in the cache */
+    float *att;                  /* [R, qd]: attention output, heads side by side */
+    float *hb, *hb2;             /* [R, hidden_dim]: FFN gate and up, swiglu into hb */
     int cap_out;
-    float *logits;
+    float *logits;               /* [n_out, vocab_size] of [cap_out, vocab_size] */
 
-    /* Host-side step description. */
+    /* Host-side step description: tokens, pos, row_seq and out_rows share one
+     * allocation of 4 * cap_host_rows. */
     int cap_host_rows, cap_host_seqs;
-    int32_t *tokens, *pos, *row_seq, *out_rows;
-    int32_t *n_blocks;
-    const int32_t **tables;
+    int32_t *tokens;             /* [R]: each row's token id */
+    int32_t *pos;                /* [R]: each row's position in its sequence */
+    int32_t *row_seq;            /* [R]: each row's sequence, 0..n_seqs */
+    int32_t *out_rows;           /* [n_out]: rows that produce logits (a sequence's last) */
+    int32_t *n_blocks;           /* [n_seqs]: each sequence's block count */
+    const int32_t **tables;      /* [n_seqs]: each sequence's block table */
 };
 
 void kvg_forward_kv_geom(const kvg_model *m, int block_tokens, kvg_kv_geom *g)
@@ -176,13 +191,11 @@ static int check_batch(const kvg_forward *f, const kvg_fwd_seq *seqs, int n, int
                   "context length %d", i, (long long)s->kv->n_tokens + s->n_tokens, c->max_seq_len);
             return -1;
         }
-        for (int t = 0; t < s->n_tokens; t++) {
-            if (s->tokens[t] < 0 || s->tokens[t] >= c->vocab_size) {
-                kvg_set_err(err, err_len, "forward: token id %d out of range [0, %d)", (int)s->tokens[t],
-                      c->vocab_size);
-                return -1;
-            }
-        }
+        /* Precondition, not a check: every id is in the vocabulary. The engine's intake
+         * (daemon_conn.c), warm-up files (warmup.c) and kvgate-generate check their
+         * prompts; the sampler only draws ids below vocab_size. */
+        for (int t = 0; t < s->n_tokens; t++)
+            assert(s->tokens[t] >= 0 && s->tokens[t] < c->vocab_size);
         for (int o = 0; o < i; o++) {
             if (seqs[o].kv == s->kv) {
                 kvg_set_err(err, err_len, "forward: sequence %d appears twice in the batch", i);

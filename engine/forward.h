@@ -37,10 +37,12 @@ kvg_forward *kvg_forward_new(const kvg_model *m, kvg_backend *be, kvg_kv_pool *k
                              char *err, size_t err_len);
 void kvg_forward_free(kvg_forward *f);
 
-/* Runs one step over seqs[0..n). Each sequence appears at most once. On success the
- * tokens' K/V are in the cache, each kv->n_tokens has advanced by its n_tokens and the
- * requested logits are filled; returns 0. On error (bad token, context full, pool
- * exhausted, out of memory) nothing has advanced and -1 is returned with err. */
+/* Runs one step over seqs[0..n). Each sequence appears at most once. Every token id
+ * must be in [0, vocab_size): a precondition (asserted), the callers' intake checks
+ * prompts. On success the tokens' K/V are in the cache, each kv->n_tokens has advanced
+ * by its n_tokens and the requested logits are filled; returns 0. On error (context
+ * full, pool exhausted, out of memory, a malformed batch) nothing has advanced and -1
+ * is returned with err. */
 int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t err_len);
 
 #endif

@@ -2,6 +2,7 @@
 #include "scheduler.h"
 #include "monoclock.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -10,7 +11,24 @@
 #include "errmsg.h"
 #include "tokenizer.h"
 
-enum { ST_WAITING = 0, ST_PREFILL = 1, ST_DECODE = 2 };
+/* A request's life. Every request moves forward along
+ *
+ *   WAITING --admit--> PREFILLING --prompt in--> DECODING --last sample done--> FINISHED
+ *                          ^                         |
+ *                          +--admit-- PREEMPTED <----+ (preempt, from PREFILLING too)
+ *
+ * and may jump to FINISHED from any state (cancel, error). PREEMPTED is WAITING again
+ * for a request that was admitted before: it is accepted already (no second ACCEPTED
+ * event) and recomputes its prompt and tokens (never a cache lookup: its own blocks
+ * were just released). A FINISHED request has sent DONE; it stays in s->live until
+ * drop_finished frees it, so that the current step's batch may still point at it. */
+typedef enum req_state {
+    RQ_WAITING = 0,              /* never admitted: no blocks, no ACCEPTED yet */
+    RQ_PREEMPTED,                /* admitted once, blocks given back: waits to recompute */
+    RQ_PREFILLING,               /* admitted: the prompt goes into smp[lead] chunk by chunk */
+    RQ_DECODING,                 /* the prompt is in: each live sample feeds its tokens */
+    RQ_FINISHED                  /* every sample is done and DONE was sent */
+} req_state;
 
 typedef struct sample {
     int32_t *gen;                /* generated tokens (all emitted ones) */
@@ -30,22 +48,36 @@ typedef struct req {
     uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     int32_t n_hashes;
     int n, lead, n_live;
-    int state, recompute, accepted, cancel, removed, bypass, held;
+    req_state state;
+    /* Not states: each can be true in any live state. */
+    int bypass;                  /* bucket 0 (fixed at submit): no cache lookup nor commit */
+    int held;                    /* kvg_sched_hold: out of batches and admission, keeps its place */
+    int cancel_pending;          /* kvg_sched_cancel during a step: finished at its end */
+    int ttft_noted;              /* the first output's time is in the stats */
     int32_t cached, max_gen;
     uint64_t arrival, admit_no;
     double t_submit;
-    int ttft_done;
     sample smp[KVG_SCHED_MAX_N];
 } req;
 
+/* One row group of a step's batch: n consecutive tokens of one slot of a request. */
 typedef struct item {
     req *q;
     int j;                       /* sample index, -1: the prompt (into smp[lead]) */
-    int n;
-    const int32_t *tokens;
-    int logits;                  /* slot in the logits scratch, -1: none */
-    int dead;
+    int n;                       /* tokens (rows of the forward pass) */
+    const int32_t *tokens;       /* [n], inside q->prompt or the sample's gen */
+    int logits;                  /* row of s->logits, -1: none */
+    int dead;                    /* its request was preempted in this step: not run */
 } item;
+
+/* A step's batch while it is built and run (the items themselves are in s->items). */
+typedef struct step_batch {
+    int64_t now;                 /* the cache's clock (TTLs) for the whole step */
+    int n_items;                 /* s->items[0..n_items) */
+    int n_decode;                /* s->items[0..n_decode) are the decode rows (n = 1) */
+    int n_out;                   /* items with logits: rows of s->logits in use */
+    int rows;                    /* tokens the forward pass computed */
+} step_batch;
 
 struct kvg_sched {
     const kvg_model *m;
@@ -61,13 +93,14 @@ struct kvg_sched {
     int n_live, cap_live;
     uint64_t arrivals, admits;
     int in_step;
-    item *items;
-    kvg_fwd_seq *fseq;
+    /* The batch scratch, grown as needed and kept between steps. */
+    item *items;                 /* [cap_items]: the step's row groups, decode rows first */
+    kvg_fwd_seq *fseq;           /* [cap_items]: the forward pass's view of the live items */
     int cap_items;
-    float *logits;
+    float *logits;               /* [n_out, vocab_size] of cap_logits floats */
     size_t cap_logits;
-    int32_t *ids;                /* one block of ids */
-    char *text;                  /* event text scratch */
+    int32_t *ids;                /* [block_tokens]: one block's ids, to hash it */
+    char *text;                  /* [cap_text]: event text scratch */
     size_t cap_text;
     kvg_sched_stats st;
 };
@@ -79,15 +112,22 @@ static int64_t now_ms(const kvg_sched *s)
     return kvg_mono_ms();
 }
 
-const char *kvg_finish_reason_name(kvg_finish_reason r)
+/* Not finished: counts as pending, its id is taken. */
+static int is_live(const req *q)
 {
-    switch (r) {
-    case KVG_FINISH_STOP: return "stop";
-    case KVG_FINISH_LENGTH: return "length";
-    case KVG_FINISH_CONTEXT: return "length";
-    case KVG_FINISH_CANCELLED: return "cancelled";
-    default: return "error";
-    }
+    return q->state != RQ_FINISHED;
+}
+
+/* Waiting for admission, first time or after preemption. */
+static int is_queued(const req *q)
+{
+    return q->state == RQ_WAITING || q->state == RQ_PREEMPTED;
+}
+
+/* Admitted and holding blocks: in batches unless held, a preemption candidate. */
+static int is_running(const req *q)
+{
+    return q->state == RQ_PREFILLING || q->state == RQ_DECODING;
 }
 
 kvg_sched *kvg_sched_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache *pc,
@@ -162,7 +202,7 @@ int kvg_sched_pending(const kvg_sched *s)
 {
     int n = 0;
     for (int i = 0; i < s->n_live; i++)
-        n += !s->live[i]->removed;
+        n += is_live(s->live[i]);
     return n;
 }
 
@@ -185,13 +225,10 @@ static int validate(kvg_sched *s, const kvg_sched_req *r, int n, char *err, size
                     "length %d", (unsigned long long)r->id, (int)r->n_prompt, c->max_seq_len);
         return -1;
     }
+    /* Precondition: the ids are in the vocabulary. The engine's intake (daemon_conn.c)
+     * checks every request's, warm-up files are checked as they are parsed (warmup.c). */
     for (int32_t i = 0; i < r->n_prompt; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab_size) {
-            kvg_set_err(err, err_len, "request %llu: prompt token %d (id %d) is out of the "
-                        "vocabulary (%d)", (unsigned long long)r->id, (int)i, (int)r->prompt[i],
-                        c->vocab_size);
-            return -1;
-        }
+        assert(r->prompt[i] >= 0 && r->prompt[i] < c->vocab_size);
     if (n < 1 || n > KVG_SCHED_MAX_N) {
         kvg_set_err(err, err_len, "request %llu: n must be 1..%d, got %d",
                     (unsigned long long)r->id, KVG_SCHED_MAX_N, n);
@@ -225,7 +262,7 @@ static int validate(kvg_sched *s, const kvg_sched_req *r, int n, char *err, size
         return -1;
     }
     for (int i = 0; i < s->n_live; i++)
-        if (!s->live[i]->removed && s->live[i]->r.id == r->id) {
+        if (is_live(s->live[i]) && s->live[i]->r.id == r->id) {
             kvg_set_err(err, err_len, "request %llu: id already in use", (unsigned long long)r->id);
             return -1;
         }
@@ -281,16 +318,9 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
         if (!q->hashes)
             goto oom;
         if (r->hashes) {
-            if (r->n_hashes != q->n_hashes) {
-                kvg_set_err(err, err_len, "request %llu: %d block hashes for %d tokens (blocks of "
-                            "%d need %d)", (unsigned long long)r->id, (int)r->n_hashes,
-                            (int)r->n_prompt, (int)bt, (int)q->n_hashes);
-                free(q->hashes);
-                free(q->prompt);
-                free(q);
-                s->st.rejected++;
-                return -1;
-            }
+            /* Precondition: one hash per full block. The engine's intake
+             * (daemon_conn.c) checks the count and recomputes the chain. */
+            assert(r->n_hashes == q->n_hashes);
             memcpy(q->hashes, r->hashes, (size_t)q->n_hashes * sizeof *q->hashes);
         } else {
             size_t nb;
@@ -346,10 +376,10 @@ static void emit(kvg_sched *s, kvg_sched_event *ev, const req *q)
 
 static void note_first_output(kvg_sched *s, req *q)
 {
-    if (q->ttft_done)
+    if (q->ttft_noted)
         return;
     double t = kvg_mono_s() - q->t_submit;
-    q->ttft_done = 1;
+    q->ttft_noted = 1;
     s->st.ttft_count++;
     s->st.ttft_sum_s += t;
     if (t > s->st.ttft_max_s)
@@ -407,16 +437,17 @@ static void finish_sample(kvg_sched *s, req *q, int j, kvg_finish_reason why, co
         ev.prompt_tokens = q->r.n_prompt;
         ev.completion_tokens = comp;
         s->st.bucket[q->r.bucket].completion_tokens += (uint64_t)comp;
-        q->removed = 1;
+        q->state = RQ_FINISHED;
         emit(s, &ev, q);
     }
 }
 
-static void drop_removed(kvg_sched *s)
+/* Frees the finished requests (outside a step's batch: it may point at them). */
+static void drop_finished(kvg_sched *s)
 {
     int k = 0;
     for (int i = 0; i < s->n_live; i++) {
-        if (s->live[i]->removed)
+        if (!is_live(s->live[i]))
             req_free(s, s->live[i]);
         else
             s->live[k++] = s->live[i];
@@ -428,7 +459,7 @@ static void do_cancels(kvg_sched *s)
 {
     for (int i = 0; i < s->n_live; i++) {
         req *q = s->live[i];
-        if (!q->cancel || q->removed)
+        if (!q->cancel_pending || !is_live(q))
             continue;
         s->st.cancelled++;
         for (int j = 0; j < q->n; j++)
@@ -436,16 +467,22 @@ static void do_cancels(kvg_sched *s)
     }
 }
 
+/* Carries out the marked cancels and frees every finished request. */
+static void settle(kvg_sched *s)
+{
+    do_cancels(s);
+    drop_finished(s);
+}
+
 int kvg_sched_cancel(kvg_sched *s, uint64_t id)
 {
     for (int i = 0; i < s->n_live; i++) {
         req *q = s->live[i];
-        if (q->removed || q->r.id != id)
+        if (!is_live(q) || q->r.id != id)
             continue;
-        q->cancel = 1;
+        q->cancel_pending = 1;
         if (!s->in_step) {
-            do_cancels(s);
-            drop_removed(s);
+            settle(s);
         }
         return 0;
     }
@@ -456,7 +493,7 @@ int kvg_sched_hold(kvg_sched *s, uint64_t id, int held)
 {
     for (int i = 0; i < s->n_live; i++) {
         req *q = s->live[i];
-        if (q->removed || q->r.id != id)
+        if (!is_live(q) || q->r.id != id)
             continue;
         q->held = held != 0;
         return 0;
@@ -556,7 +593,7 @@ static int running_samples(const kvg_sched *s)
 {
     int n = 0;
     for (int i = 0; i < s->n_live; i++)
-        if (!s->live[i]->removed && s->live[i]->state != ST_WAITING)
+        if (is_running(s->live[i]))
             n += s->live[i]->n_live;
     return n;
 }
@@ -568,7 +605,7 @@ static void admit(kvg_sched *s, int64_t now)
         req *best = NULL;
         for (int i = 0; i < s->n_live; i++) {
             req *q = s->live[i];
-            if (q->removed || q->state != ST_WAITING || q->held)
+            if (!is_queued(q) || q->held)
                 continue;
             if (!best || q->r.priority > best->r.priority ||
                 (q->r.priority == best->r.priority && q->arrival < best->arrival))
@@ -587,19 +624,19 @@ static void admit(kvg_sched *s, int64_t now)
                                    best->bypass ? NULL : (const uint8_t (*)[KVG_PREFIX_HASH_LEN])best->hashes,
                                    best->bypass ? 0 : best->n_hashes, best->r.n_prompt,
                                    best->r.ttl_ms ? best->r.ttl_ms : s->cfg.default_ttl_ms, now,
-                                   best->recompute || best->bypass, err, sizeof err);
+                                   best->state == RQ_PREEMPTED || best->bypass, err, sizeof err);
         if (got < 0)
             return;              /* waits for blocks; later arrivals wait behind it */
-        best->state = ST_PREFILL;
+        int first = best->state == RQ_WAITING;
+        best->state = RQ_PREFILLING;
         best->admit_no = ++s->admits;
         p->n_hashed = got / s->pool->geom.block_tokens;
         if (p->n_hashed > 0)
             memcpy(p->last_hash, best->hashes[p->n_hashed - 1], KVG_PREFIX_HASH_LEN);
         else
             memcpy(p->last_hash, best->r.root, KVG_PREFIX_HASH_LEN);
-        if (!best->accepted) {
+        if (first) {             /* a preempted request was accepted already */
             kvg_sched_event ev;
-            best->accepted = 1;
             best->cached = got;
             s->st.bucket[best->r.bucket].prompt_tokens += (uint64_t)best->r.n_prompt;
             s->st.bucket[best->r.bucket].cached_tokens += (uint64_t)got;
@@ -620,14 +657,14 @@ static void preempt(kvg_sched *s, req *q)
         p->n_fed = 0;
         p->n_hashed = 0;
     }
-    q->state = ST_WAITING;
-    q->recompute = 1;
+    q->state = RQ_PREEMPTED;
     s->st.preemptions++;
 }
 
-static int add_item(kvg_sched *s, int *n_items, req *q, int j, int n, const int32_t *toks)
+/* Appends a row group to the batch; -1 when out of memory. */
+static int add_item(kvg_sched *s, step_batch *b, req *q, int j, int n, const int32_t *toks)
 {
-    if (*n_items == s->cap_items) {
+    if (b->n_items == s->cap_items) {
         int nc = s->cap_items ? s->cap_items * 2 : 32;
         item *gi = realloc(s->items, (size_t)nc * sizeof *gi);
         if (!gi)
@@ -639,7 +676,7 @@ static int add_item(kvg_sched *s, int *n_items, req *q, int j, int n, const int3
         s->fseq = gf;
         s->cap_items = nc;
     }
-    item *it = &s->items[(*n_items)++];
+    item *it = &s->items[b->n_items++];
     it->q = q;
     it->j = j;
     it->n = n;
@@ -647,6 +684,12 @@ static int add_item(kvg_sched *s, int *n_items, req *q, int j, int n, const int3
     it->logits = -1;
     it->dead = 0;
     return 0;
+}
+
+/* The sample whose sequence an item's tokens go into: the prompt fills the lead's. */
+static sample *item_sample(const item *it)
+{
+    return &it->q->smp[it->j < 0 ? it->q->lead : it->j];
 }
 
 /* Prefill work left for q's slot j (-1: the prompt). */
@@ -657,215 +700,322 @@ static int32_t prefill_left(const req *q, int j)
     return q->smp[j].n_gen - q->smp[j].n_fed;
 }
 
-int kvg_sched_step(kvg_sched *s, char *err, size_t err_len)
+/* Whether slot j of a running request (-1: the prompt) takes prefill chunks: the
+ * prompt while PREFILLING; a sample with more than its one pending token to feed (the
+ * tokens it regenerated before a preemption) once DECODING. A single pending token is
+ * a decode row instead. */
+static int wants_prefill(const req *q, int j)
 {
-    int64_t now = now_ms(s);
-    double t0 = kvg_mono_s();
-    int n_items = 0, rows = 0, n_decode_rows = 0, n_out = 0, rc = 0;
-    int32_t budget;
+    if (j < 0)
+        return q->state == RQ_PREFILLING;
+    return q->state == RQ_DECODING && !q->smp[j].done && prefill_left(q, j) > 1;
+}
 
-    s->in_step = 1;
-    do_cancels(s);
-    drop_removed(s);
-    admit(s, now);
-
-    /* Decode rows: one per running sample with exactly its last token pending. */
+/* Phase 1, decode rows: one per running sample whose last token is its only unfed
+ * one. They go first and are never cut, so a stream never stalls behind prefill. */
+static int collect_decodes(kvg_sched *s, step_batch *b)
+{
     for (int i = 0; i < s->n_live; i++) {
         req *q = s->live[i];
-        if (q->removed || q->state != ST_DECODE || q->held)
+        if (q->state != RQ_DECODING || q->held)
             continue;
         for (int j = 0; j < q->n; j++) {
             sample *p = &q->smp[j];
             if (!p->done && p->n_gen - p->n_fed == 1) {
-                if (add_item(s, &n_items, q, j, 1, p->gen + p->n_fed) != 0)
-                    goto oom;
-                n_decode_rows++;
+                if (add_item(s, b, q, j, 1, p->gen + p->n_fed) != 0)
+                    return -1;
+                b->n_decode++;
             }
         }
     }
-    budget = s->cfg.max_batch_tokens - n_decode_rows;
+    return 0;
+}
 
-    /* Prefill chunks, in admission order; bypass requests have their own share. */
-    {
-        int32_t share[2];        /* [0]: cached requests, [1]: bypass */
-        int have_bypass = 0, have_other = 0;
-        for (int i = 0; i < s->n_live; i++) {
-            req *q = s->live[i];
-            if (q->removed || q->state == ST_WAITING || q->held)
-                continue;
-            int any = q->state == ST_PREFILL;
-            for (int j = 0; j < q->n && !any; j++)
-                any = q->state == ST_DECODE && !q->smp[j].done && prefill_left(q, j) > 1;
-            if (any)
-                *(q->bypass ? &have_bypass : &have_other) = 1;
+/* The prefill budget split into share[0] for cached requests and share[1] for bypass
+ * ones: bypass_share of it (at least one token) when both kinds want prefill, all of it
+ * to whichever kind is alone, so a short uncached request never waits behind long
+ * prompts. */
+static void prefill_shares(const kvg_sched *s, int32_t budget, int32_t share[2])
+{
+    int have_bypass = 0, have_other = 0;
+    for (int i = 0; i < s->n_live; i++) {
+        const req *q = s->live[i];
+        if (!is_running(q) || q->held)
+            continue;
+        int any = 0;
+        for (int j = -1; j < q->n && !any; j++)
+            any = wants_prefill(q, j);
+        if (any)
+            *(q->bypass ? &have_bypass : &have_other) = 1;
+    }
+    if (budget < 0)
+        budget = 0;
+    share[1] = have_bypass ? (have_other ? (int32_t)(budget * s->cfg.bypass_share) : budget) : 0;
+    if (have_bypass && share[1] < 1 && budget > 0)
+        share[1] = 1;
+    share[0] = budget - share[1];
+}
+
+/* This step's prefill item of q's slot j, if pass 0 made one. */
+static item *find_chunk(kvg_sched *s, const step_batch *b, const req *q, int j)
+{
+    item *ex = NULL;
+    for (int k = b->n_decode; k < b->n_items; k++)
+        if (s->items[k].q == q && s->items[k].j == j)
+            ex = &s->items[k];
+    return ex;
+}
+
+/* Phase 2, chunked prefill: prompts (and recomputed samples) in admission order,
+ * within what the decode rows left of max_batch_tokens. Pass 0 spends each kind's own
+ * share; pass 1 pools what is left, so what one kind did not use goes to the other
+ * (extending pass 0's chunks rather than adding a second item per slot). */
+static int plan_prefill(kvg_sched *s, step_batch *b)
+{
+    int32_t share[2];            /* [0]: cached requests, [1]: bypass */
+    prefill_shares(s, s->cfg.max_batch_tokens - b->n_decode, share);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            share[0] += share[1];
+            share[1] = share[0];
         }
-        if (budget < 0)
-            budget = 0;
-        share[1] = have_bypass ? (have_other ? (int32_t)(budget * s->cfg.bypass_share) : budget) : 0;
-        if (have_bypass && share[1] < 1 && budget > 0)
-            share[1] = 1;
-        share[0] = budget - share[1];
-        for (int pass = 0; pass < 2; pass++) {
-            if (pass == 1) {     /* what one side left over goes to the other */
-                share[0] += share[1];
-                share[1] = share[0];
-            }
-            for (int a = 0; a < s->n_live; a++) {
-                req *q = s->live[a];
-                if (q->removed || q->state == ST_WAITING || q->held)
+        for (int a = 0; a < s->n_live; a++) {
+            req *q = s->live[a];
+            if (!is_running(q) || q->held)
+                continue;
+            for (int j = -1; j < q->n; j++) {
+                int32_t left, take, *sh = &share[q->bypass];
+                item *ex;
+                if (!wants_prefill(q, j))
                     continue;
-                /* admission order */
-                for (int j = -1; j < q->n; j++) {
-                    int32_t left, take, *sh = &share[q->bypass];
-                    item *ex = NULL;
-                    if (j < 0 && q->state != ST_PREFILL)
-                        continue;
-                    if (j >= 0 && (q->state != ST_DECODE || q->smp[j].done || prefill_left(q, j) <= 1))
-                        continue;
-                    for (int k = n_decode_rows; k < n_items; k++)
-                        if (s->items[k].q == q && s->items[k].j == j)
-                            ex = &s->items[k];
-                    left = prefill_left(q, j) - (ex ? ex->n : 0);
-                    take = left < *sh ? left : *sh;
-                    if (take <= 0)
-                        continue;
-                    *sh -= take;
-                    if (pass == 1)
-                        share[0] = share[1] = *sh;
-                    if (ex) {
-                        ex->n += take;
-                    } else {
-                        const int32_t *toks = j < 0 ? q->prompt + q->smp[q->lead].seq.n_tokens
-                                                    : q->smp[j].gen + q->smp[j].n_fed;
-                        if (add_item(s, &n_items, q, j, take, toks) != 0)
-                            goto oom;
-                    }
+                ex = find_chunk(s, b, q, j);
+                left = prefill_left(q, j) - (ex ? ex->n : 0);
+                take = left < *sh ? left : *sh;
+                if (take <= 0)
+                    continue;
+                *sh -= take;
+                if (pass == 1)
+                    share[0] = share[1] = *sh;
+                if (ex) {
+                    ex->n += take;
+                } else {
+                    const int32_t *toks = j < 0 ? q->prompt + q->smp[q->lead].seq.n_tokens
+                                                : q->smp[j].gen + q->smp[j].n_fed;
+                    if (add_item(s, b, q, j, take, toks) != 0)
+                        return -1;
                 }
             }
         }
     }
+    return 0;
+}
 
-    /* Blocks for every row; when the pool is out, preempt the latest admitted request. */
-    for (int k = 0; k < n_items; k++) {
+/* The running request admitted last (held ones too): the one preemption costs least,
+ * and the oldest requests keep their progress. */
+static req *latest_admitted(kvg_sched *s)
+{
+    req *victim = NULL;
+    for (int i = 0; i < s->n_live; i++) {
+        req *q = s->live[i];
+        if (is_running(q) && (!victim || q->admit_no > victim->admit_no))
+            victim = q;
+    }
+    return victim;
+}
+
+/* Phase 3, blocks for every row, in batch order. While the pool cannot hold a row, the
+ * latest admitted request is preempted and its rows leave the batch, until the row fits
+ * or its own request was the one preempted. */
+static void reserve_blocks(kvg_sched *s, step_batch *b)
+{
+    for (int k = 0; k < b->n_items; k++) {
         item *it = &s->items[k];
         if (it->dead)
             continue;
-        sample *p = &it->q->smp[it->j < 0 ? it->q->lead : it->j];
-        while (kvg_pc_prepare(s->pc, &p->seq, it->n, now, NULL, 0) != 0) {
-            req *victim = NULL;
-            for (int i = 0; i < s->n_live; i++) {
-                req *q = s->live[i];
-                if (!q->removed && q->state != ST_WAITING &&
-                    (!victim || q->admit_no > victim->admit_no))
-                    victim = q;
-            }
+        sample *p = item_sample(it);
+        while (kvg_pc_prepare(s->pc, &p->seq, it->n, b->now, NULL, 0) != 0) {
+            req *victim = latest_admitted(s);
             preempt(s, victim);
-            for (int m = 0; m < n_items; m++)
+            for (int m = 0; m < b->n_items; m++)
                 if (s->items[m].q == victim)
                     s->items[m].dead = 1;
             if (victim == it->q)
                 break;
         }
     }
+}
 
-    /* The forward step. */
-    {
-        int nf = 0, V = s->m->cfg.vocab_size;
-        for (int k = 0; k < n_items; k++) {
-            item *it = &s->items[k];
-            if (it->dead)
-                continue;
-            req *q = it->q;
-            int last = it->n == prefill_left(q, it->j);
-            if (last)
-                it->logits = n_out++;
-        }
-        if ((size_t)n_out * (size_t)V > s->cap_logits) {
-            float *g = realloc(s->logits, (size_t)n_out * (size_t)V * sizeof *g);
-            if (!g)
-                goto oom;
-            s->logits = g;
-            s->cap_logits = (size_t)n_out * (size_t)V;
-        }
-        for (int k = 0; k < n_items; k++) {
-            item *it = &s->items[k];
-            if (it->dead)
-                continue;
-            kvg_fwd_seq *f = &s->fseq[nf++];
-            f->kv = &it->q->smp[it->j < 0 ? it->q->lead : it->j].seq;
-            f->tokens = it->tokens;
-            f->n_tokens = it->n;
-            f->logits = it->logits >= 0 ? s->logits + (size_t)it->logits * V : NULL;
-            rows += it->n;
-        }
-        if (nf == 0)
-            goto out;
-        if (kvg_forward_step(s->fw, s->fseq, nf, err, err_len) != 0) {
-            for (int k = 0; k < n_items; k++)
-                if (!s->items[k].dead)
-                    for (int j = 0; j < s->items[k].q->n; j++)
-                        finish_sample(s, s->items[k].q, j, KVG_FINISH_ERROR, err);
-            rc = -1;
-            goto out;
-        }
-        s->st.steps++;
-        /* Results. */
-        for (int k = 0; k < n_items; k++) {
-            item *it = &s->items[k];
-            req *q = it->q;
-            const float *lg = it->logits >= 0 ? s->logits + (size_t)it->logits * V : NULL;
-            if (it->dead || q->removed)
-                continue;
-            if (it->j < 0) {
-                commit_blocks(s, q, q->lead, now);
-                if (q->smp[q->lead].seq.n_tokens < q->r.n_prompt)
-                    continue;
-                /* The prompt is in: fork it to the other live samples. */
-                for (int j = 0; j < q->n; j++) {
-                    sample *p = &q->smp[j];
-                    if (j == q->lead || p->done)
-                        continue;
-                    if (kvg_pc_fork(s->pc, &q->smp[q->lead].seq, &p->seq, err, err_len) != 0) {
-                        finish_sample(s, q, j, KVG_FINISH_ERROR, err);
-                        continue;
-                    }
-                    p->n_hashed = q->smp[q->lead].n_hashed;
-                    memcpy(p->last_hash, q->smp[q->lead].last_hash, KVG_PREFIX_HASH_LEN);
-                }
-                q->state = ST_DECODE;
-                for (int j = 0; j < q->n && !q->removed; j++)
-                    if (!q->smp[j].done && q->smp[j].n_gen == 0)
-                        take_token(s, q, j, lg);
-            } else {
-                sample *p = &q->smp[it->j];
-                p->n_fed += it->n;
-                commit_blocks(s, q, it->j, now);
-                if (p->n_fed == p->n_gen && !p->done)
-                    take_token(s, q, it->j, lg);
-            }
-        }
+/* Phase 4, logits: a row of s->logits for each item that feeds its slot's last pending
+ * token (the next token is chosen from it); the other chunks only fill K/V. */
+static int bind_logits(kvg_sched *s, step_batch *b)
+{
+    size_t V = (size_t)s->m->cfg.vocab_size;
+    for (int k = 0; k < b->n_items; k++) {
+        item *it = &s->items[k];
+        if (!it->dead && it->n == prefill_left(it->q, it->j))
+            it->logits = b->n_out++;
     }
-    {
-        double dt = kvg_mono_s() - t0;
-        int dec = 0;
-        for (int k = 0; k < n_decode_rows; k++)
-            dec += !s->items[k].dead;
-        s->st.decode_tokens += (uint64_t)dec;
-        s->st.prefill_tokens += (uint64_t)(rows - dec);
-        if (rows > 0) {
-            s->st.decode_s += dt * dec / rows;
-            s->st.prefill_s += dt * (rows - dec) / rows;
-        }
+    if ((size_t)b->n_out * V > s->cap_logits) {
+        float *g = realloc(s->logits, (size_t)b->n_out * V * sizeof *g);
+        if (!g)
+            return -1;
+        s->logits = g;
+        s->cap_logits = (size_t)b->n_out * V;
     }
-out:
-    do_cancels(s);
-    drop_removed(s);
-    s->in_step = 0;
-    return rc < 0 ? -1 : rows;
-oom:
+    return 0;
+}
+
+static float *item_logits(const kvg_sched *s, const item *it)
+{
+    return it->logits >= 0 ? s->logits + (size_t)it->logits * (size_t)s->m->cfg.vocab_size : NULL;
+}
+
+/* Phase 5, the forward pass over the items still in the batch. 1: it ran; 0: nothing
+ * to run (every item was preempted); -1: it failed, and every sample of the batch's
+ * requests is finished with the error (the scheduler stays usable). */
+static int run_forward(kvg_sched *s, step_batch *b, char *err, size_t err_len)
+{
+    int nf = 0;
+    for (int k = 0; k < b->n_items; k++) {
+        item *it = &s->items[k];
+        if (it->dead)
+            continue;
+        kvg_fwd_seq *f = &s->fseq[nf++];
+        f->kv = &item_sample(it)->seq;
+        f->tokens = it->tokens;
+        f->n_tokens = it->n;
+        f->logits = item_logits(s, it);
+        b->rows += it->n;
+    }
+    if (nf == 0)
+        return 0;
+    if (kvg_forward_step(s->fw, s->fseq, nf, err, err_len) != 0) {
+        for (int k = 0; k < b->n_items; k++)
+            if (!s->items[k].dead)
+                for (int j = 0; j < s->items[k].q->n; j++)
+                    finish_sample(s, s->items[k].q, j, KVG_FINISH_ERROR, err);
+        return -1;
+    }
+    s->st.steps++;
+    return 1;
+}
+
+/* Gives the lead's prompt blocks to q's other live samples (n > 1: prefilled once). */
+static void fork_prompt(kvg_sched *s, req *q, char *err, size_t err_len)
+{
+    const sample *lead = &q->smp[q->lead];
+    for (int j = 0; j < q->n; j++) {
+        sample *p = &q->smp[j];
+        if (j == q->lead || p->done)
+            continue;
+        if (kvg_pc_fork(s->pc, &lead->seq, &p->seq, err, err_len) != 0) {
+            finish_sample(s, q, j, KVG_FINISH_ERROR, err);
+            continue;
+        }
+        p->n_hashed = lead->n_hashed;
+        memcpy(p->last_hash, lead->last_hash, KVG_PREFIX_HASH_LEN);
+    }
+}
+
+/* A prompt chunk is in: its full blocks are committed; after the last chunk the prompt
+ * is forked, the request decodes, and each sample without tokens yet draws its first
+ * from the prompt's logits (a recomputed sample feeds its old tokens first). */
+static void deliver_prompt(kvg_sched *s, req *q, const float *lg, int64_t now, char *err,
+                           size_t err_len)
+{
+    commit_blocks(s, q, q->lead, now);
+    if (q->smp[q->lead].seq.n_tokens < q->r.n_prompt)
+        return;
+    /* The lead is live (cancels wait for the step's end, the fork's errors spare it),
+     * so the request is not FINISHED and may move on to DECODING. */
+    fork_prompt(s, q, err, err_len);
+    q->state = RQ_DECODING;
+    for (int j = 0; j < q->n && is_live(q); j++)
+        if (!q->smp[j].done && q->smp[j].n_gen == 0)
+            take_token(s, q, j, lg);
+}
+
+/* A sample's tokens are in: blocks committed, and once all are fed the next token. */
+static void deliver_sample(kvg_sched *s, const item *it, const float *lg, int64_t now)
+{
+    req *q = it->q;
+    sample *p = &q->smp[it->j];
+    p->n_fed += it->n;
+    commit_blocks(s, q, it->j, now);
+    if (p->n_fed == p->n_gen && !p->done)
+        take_token(s, q, it->j, lg);
+}
+
+/* Phase 6, results in batch order (so events come out in the same order every run).
+ * A request finished by an earlier item's event (a stop, a cancel from the callback is
+ * only marked) is skipped. */
+static void deliver(kvg_sched *s, const step_batch *b, char *err, size_t err_len)
+{
+    for (int k = 0; k < b->n_items; k++) {
+        const item *it = &s->items[k];
+        if (it->dead || !is_live(it->q))
+            continue;
+        if (it->j < 0)
+            deliver_prompt(s, it->q, item_logits(s, it), b->now, err, err_len);
+        else
+            deliver_sample(s, it, item_logits(s, it), b->now);
+    }
+}
+
+/* Phase 7, statistics: the step's time split between decode and prefill by their
+ * shares of the rows computed. */
+static void note_step_time(kvg_sched *s, const step_batch *b, double t0)
+{
+    double dt = kvg_mono_s() - t0;
+    int dec = 0;
+    for (int k = 0; k < b->n_decode; k++)
+        dec += !s->items[k].dead;
+    s->st.decode_tokens += (uint64_t)dec;
+    s->st.prefill_tokens += (uint64_t)(b->rows - dec);
+    if (b->rows > 0) {
+        s->st.decode_s += dt * dec / b->rows;
+        s->st.prefill_s += dt * (b->rows - dec) / b->rows;
+    }
+}
+
+/* Out of memory while the batch was built: nothing ran, nothing advanced; the next
+ * step builds it again from the requests' state. */
+static int step_oom(kvg_sched *s, char *err, size_t err_len)
+{
     kvg_set_err(err, err_len, "scheduler: out of memory");
     s->in_step = 0;
     return -1;
+}
+
+int kvg_sched_step(kvg_sched *s, char *err, size_t err_len)
+{
+    step_batch b = { .now = now_ms(s) };
+    double t0 = kvg_mono_s();
+    int ran;
+
+    s->in_step = 1;              /* from here cancels from callbacks are only marked */
+    /* Cancels since the last step first, so that admission sees their blocks free. */
+    settle(s);
+    /* Waiting requests start while their blocks can be had, best priority first. */
+    admit(s, b.now);
+    /* Decode rows, then prefill chunks in what is left of the token budget. */
+    if (collect_decodes(s, &b) != 0 || plan_prefill(s, &b) != 0)
+        return step_oom(s, err, err_len);
+    /* KV blocks for all of it, preempting the latest admitted requests if need be. */
+    reserve_blocks(s, &b);
+    /* Only the rows that choose a token produce logits. */
+    if (bind_logits(s, &b) != 0)
+        return step_oom(s, err, err_len);
+    ran = run_forward(s, &b, err, err_len);
+    if (ran > 0) {
+        /* Commit blocks, fork prompts, sample, emit events. */
+        deliver(s, &b, err, err_len);
+        note_step_time(s, &b, t0);
+    }
+    /* Cancels marked during the step, then free what finished. */
+    settle(s);
+    s->in_step = 0;
+    return ran < 0 ? -1 : b.rows;
 }
 
 void kvg_sched_get_stats(const kvg_sched *s, kvg_sched_stats *out)
@@ -873,9 +1023,9 @@ void kvg_sched_get_stats(const kvg_sched *s, kvg_sched_stats *out)
     *out = s->st;
     out->waiting = out->running = out->held = 0;
     for (int i = 0; i < s->n_live; i++) {
-        if (s->live[i]->removed)
+        if (!is_live(s->live[i]))
             continue;
-        if (s->live[i]->state == ST_WAITING)
+        if (is_queued(s->live[i]))
             out->waiting++;
         else
             out->running++;

@@ -9,8 +9,8 @@
  * Requests wait until the blocks they need after cache hits can be had
  * (kvg_pc_blocks_needed / kvg_pc_admit), in priority order then arrival. When the
  * pool runs out during decode, the most recently admitted running request is
- * preempted: its blocks are released and it is recomputed later (recompute=1, not a
- * cache hit) with its tokens so far kept, so nobody fails. A request that could never
+ * preempted: its blocks are released and it is recomputed later (state PREEMPTED, not
+ * a cache hit) with its tokens so far kept, so nobody fails. A request that could never
  * fit (longer than the context, or than the pool) is rejected at submit.
  *
  * Bypass requests (bucket 0) are neither looked up nor inserted in the prefix cache.
@@ -62,11 +62,11 @@ typedef struct kvg_sched_config {
 typedef struct kvg_sched_req {
     uint64_t id;                 /* caller's id, echoed in events; unique among live requests */
     void *user;                  /* echoed in events */
-    const int32_t *prompt;       /* copied at submit */
+    const int32_t *prompt;       /* copied at submit; ids in [0, vocab_size) */
     int32_t n_prompt;
-    /* Chain hashes of the prompt's full blocks (n_prompt / block_tokens of them,
-     * from the gateway), and the chain's root (model id, tenant salt). hashes NULL:
-     * the scheduler computes them from root. Ignored for bypass requests. */
+    /* Chain hashes of the prompt's full blocks (exactly n_prompt / block_tokens of
+     * them, from the gateway), and the chain's root (model id, tenant salt). hashes
+     * NULL: the scheduler computes them from root. Ignored for bypass requests. */
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     int32_t n_hashes;
     uint8_t root[KVG_PREFIX_HASH_LEN];
@@ -132,8 +132,6 @@ typedef struct kvg_sched_stats {
     int32_t held;                /* of those, held (kvg_sched_hold) */
 } kvg_sched_stats;
 
-const char *kvg_finish_reason_name(kvg_finish_reason r);   /* OpenAI's word */
-
 /* Borrows everything; fw must run over pc's pool. NULL with err. */
 kvg_sched *kvg_sched_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache *pc,
                          kvg_kv_pool *pool, const kvg_sched_config *cfg,
@@ -142,7 +140,9 @@ kvg_sched *kvg_sched_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache *
 void kvg_sched_free(kvg_sched *s);
 
 /* Queues a request (everything is copied). 0, or -1 with err when it is invalid or
- * could never fit; nothing is queued then. */
+ * could never fit; nothing is queued then. What the engine's intake guarantees (prompt
+ * ids in the vocabulary, the hash count) is a precondition here, asserted, not an
+ * error: callers taking ids from outside check them first. */
 int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err_len);
 
 /* Cancels a live request: its samples finish with KVG_FINISH_CANCELLED and its

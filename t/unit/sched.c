@@ -9,13 +9,8 @@
 #include <string.h>
 
 #include "tap.h"
-#include "backend.h"
-#include "forward.h"
-#include "kv_cache.h"
-#include "model.h"
-#include "prefix_cache.h"
 #include "sampler.h"
-#include "scheduler.h"
+#include "sched_rig.h"
 
 #define MAXR 48
 #define MAXT 256
@@ -112,76 +107,30 @@ static int ref_run(const int32_t *prompt, int n_prompt, const kvg_sampler_params
     return n;
 }
 
-typedef struct rig {
-    kvg_kv_pool *kv;
-    kvg_forward *fw;
-    kvg_prefix_cache *pc;
-    kvg_sched *s;
-    int tenant;
-    uint8_t root[KVG_PREFIX_HASH_LEN];
-} rig;
-
-static int rig_new(rig *r, int n_blocks, int batch_tokens)
+static int rig_new(sched_rig *r, int n_blocks, int batch_tokens)
 {
-    char err[256];
-    kvg_kv_geom g;
-    kvg_pc_config pcfg;
-    kvg_sched_config sc;
-    kvg_prefix_hasher *h;
-    memset(r, 0, sizeof *r);
-    memset(&pcfg, 0, sizeof pcfg);
-    memset(&sc, 0, sizeof sc);
-    memcpy(pcfg.model_id, M->id, sizeof pcfg.model_id);
-    sc.max_batch_tokens = batch_tokens;
-    kvg_forward_kv_geom(M, 8, &g);
-    r->kv = kvg_kv_pool_new(&g, n_blocks, err, sizeof err);
-    r->fw = r->kv ? kvg_forward_new(M, BE, r->kv, err, sizeof err) : NULL;
-    r->pc = r->fw ? kvg_pc_new(r->kv, &pcfg, err, sizeof err) : NULL;
-    r->s = r->pc ? kvg_sched_new(M, r->fw, r->pc, r->kv, &sc, on_event, NULL, err, sizeof err) : NULL;
-    if (!r->s) {
-        diag("rig: %s", err);
-        return -1;
-    }
-    r->tenant = kvg_pc_tenant(r->pc, "acme", 4, 0.0);
-    h = kvg_prefix_hasher_new(err, sizeof err);
-    kvg_prefix_root(h, M->id, sizeof M->id, "acme", 4, r->root, err, sizeof err);
-    kvg_prefix_hasher_free(h);
-    return 0;
+    sched_rig_opts o;
+    memset(&o, 0, sizeof o);
+    o.m = M;
+    o.be = BE;
+    o.n_blocks = n_blocks;
+    o.sc.max_batch_tokens = batch_tokens;
+    o.cb = on_event;
+    o.tenant = "acme";
+    return sched_rig_new(r, &o);
 }
 
-static void rig_free(rig *r)
+static int run_all(sched_rig *r)
 {
-    kvg_sched_free(r->s);
-    kvg_pc_free(r->pc);
-    kvg_forward_free(r->fw);
-    kvg_kv_pool_free(r->kv);
+    return sched_rig_drain(r, 100000);
 }
 
-static int run_all(rig *r)
+static void base_req(sched_rig *r, kvg_sched_req *q, uint64_t id, const int32_t *p, int n_p)
 {
-    char err[256];
-    for (int guard = 0; kvg_sched_pending(r->s) > 0; guard++) {
-        if (guard > 100000 || kvg_sched_step(r->s, err, sizeof err) < 0) {
-            diag("step: %s", guard > 100000 ? "no progress" : err);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static void base_req(rig *r, kvg_sched_req *q, uint64_t id, const int32_t *p, int n_p)
-{
-    memset(q, 0, sizeof *q);
-    q->id = id;
-    q->prompt = p;
-    q->n_prompt = n_p;
-    memcpy(q->root, r->root, sizeof q->root);
-    q->tenant = r->tenant;
-    q->bucket = 1;
+    sched_rig_req(r, q, id, p, n_p);
     q->max_tokens = 24;
     q->stop_ids[0] = M->eos;
     q->n_stop_ids = M->eos >= 0;
-    q->n = 1;
     memset(&outs[id], 0, sizeof outs[id]);
 }
 
@@ -212,8 +161,7 @@ static int same_as_ref(uint64_t id, int j, const int32_t *p, int n_p, const kvg_
 static uint64_t rs = 2024;
 static int32_t rnd_tok(void)
 {
-    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-    return 3 + (int32_t)((rs >> 33) % (uint64_t)(M->cfg.vocab_size - 3));
+    return sched_rig_rnd_tok(&rs, M->cfg.vocab_size);
 }
 
 /* Section 1 for the current model (M, BE): shared prefixes, two waves, greedy and
@@ -221,7 +169,7 @@ static int32_t rnd_tok(void)
 static void shared_prefix_waves(const char *label, int32_t (*prompts)[200], const int *plen)
 {
     char err[512];
-    rig r;
+    sched_rig r;
     kvg_sampler_params greedy = { 0.0f, 0, 1.0f, 0 }, seeded = { 1.0f, 0, 0.9f, 4242 };
 
     for (int mode = 0; mode < 2; mode++) {
@@ -255,25 +203,21 @@ static void shared_prefix_waves(const char *label, int32_t (*prompts)[200], cons
             is_int(st.blocks_used, 0, "no block in use once all finished");
             ok(kvg_pc_check(r.pc, NULL, 0, err, sizeof err) == 0, "cache invariants hold") ? (void)0 : diag("%s", err);
         }
-        rig_free(&r);
+        sched_rig_free(&r);
     }
 
 }
 
 int main(void)
 {
-    char path[512], tokp[512], err[512];
+    char err[512];
     kvg_model_load_opts lo;
-    rig r;
+    sched_rig r;
     int32_t base[200], prompts[8][200];
     int plen[8];
     kvg_sampler_params greedy = { 0.0f, 0, 1.0f, 0 }, seeded = { 1.0f, 0, 0.9f, 4242 };
 
-    snprintf(path, sizeof path, "%s/models/stories260K/stories260K.bin", shared_dir());
-    snprintf(tokp, sizeof tokp, "%s/models/stories260K/tok512.bin", shared_dir());
-    memset(&lo, 0, sizeof lo);
-    lo.tokenizer_path = tokp;
-    M = kvg_model_load(path, &lo, err, sizeof err);
+    M = sched_rig_stories260k(err, sizeof err);
     if (!M) {
         diag("%s", err);
         ok(0, "load stories260K");
@@ -316,7 +260,7 @@ int main(void)
         ok(outs[11].cached >= want - 8 && outs[11].cached > plen[0],
            "next turn: %d cached tokens, beyond the %d-token first prompt", (int)outs[11].cached, plen[0]);
         ok(same_as_ref(11, 0, turn2, n2, &greedy, 0, 24), "next turn equals its run alone");
-        rig_free(&r);
+        sched_rig_free(&r);
     }
 
     /* 3. n = 3: one prefill, three forks; sample j == a single request with sample index j. */
@@ -342,7 +286,7 @@ int main(void)
         ok(memcmp(outs[12].tok[0], outs[12].tok[1], 5 * sizeof(int32_t)) != 0 ||
            memcmp(outs[12].tok[1], outs[12].tok[2], 5 * sizeof(int32_t)) != 0, "the samples differ");
         is_int(outs[12].completion, outs[12].n[0] + outs[12].n[1] + outs[12].n[2], "usage sums the samples");
-        rig_free(&r);
+        sched_rig_free(&r);
     }
 
     /* 4. Preemption under a tiny pool: same outputs. Each request alone needs up to
@@ -368,7 +312,7 @@ int main(void)
         kvg_sched_get_stats(r.s, &ss);
         ok(ss.preemptions > 0, "tiny pool: %llu preemptions", (unsigned long long)ss.preemptions);
         ok(good, "tiny pool: outputs identical to the runs alone");
-        rig_free(&r);
+        sched_rig_free(&r);
     }
 
     /* 5. Cancel releases the blocks; 6. rejection; 7. bypass. */
@@ -429,7 +373,7 @@ int main(void)
             ok(ss.bucket[0].requests == 2 && ss.bucket[1].requests == 1 && ss.decode_tokens > 0 &&
                ss.prefill_tokens > 0 && ss.ttft_count == 3, "metrics per bucket, tokens, ttft");
         }
-        rig_free(&r);
+        sched_rig_free(&r);
     }
 
     /* 8. Stop strings: the text stops right before the stop string. */
@@ -464,7 +408,7 @@ int main(void)
         } else {
             ok(0, "generated text too short for the stop test (%zu bytes)", fl);
         }
-        rig_free(&r);
+        sched_rig_free(&r);
     }
 
     kvg_backend_free(BE);

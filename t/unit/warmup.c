@@ -12,12 +12,7 @@
 
 #include "tap.h"
 #include "monoclock.h"
-#include "backend.h"
-#include "forward.h"
-#include "kv_cache.h"
-#include "model.h"
-#include "prefix_cache.h"
-#include "scheduler.h"
+#include "sched_rig.h"
 #include "warmup.h"
 
 #define MAXR 256
@@ -39,61 +34,30 @@ static void on_event(void *ctx, const kvg_sched_event *ev)
 static kvg_model *M;
 static kvg_backend *BE;
 
-typedef struct rig {
-    kvg_kv_pool *kv;
-    kvg_forward *fw;
-    kvg_prefix_cache *pc;
-    kvg_sched *s;
-} rig;
-
-static int rig_new(rig *r, int n_blocks, double pinned_share)
+static int rig_new(sched_rig *r, int n_blocks, double pinned_share)
 {
-    char err[256];
-    kvg_kv_geom g;
-    kvg_pc_config pcfg;
-    kvg_sched_config sc;
-    memset(r, 0, sizeof *r);
-    memset(&pcfg, 0, sizeof pcfg);
-    memset(&sc, 0, sizeof sc);
-    memcpy(pcfg.model_id, M->id, sizeof pcfg.model_id);
-    pcfg.pinned_share = pinned_share;
-    sc.max_batch_tokens = 64;
-    kvg_forward_kv_geom(M, 8, &g);
-    r->kv = kvg_kv_pool_new(&g, n_blocks, err, sizeof err);
-    r->fw = r->kv ? kvg_forward_new(M, BE, r->kv, err, sizeof err) : NULL;
-    r->pc = r->fw ? kvg_pc_new(r->kv, &pcfg, err, sizeof err) : NULL;
-    r->s = r->pc ? kvg_sched_new(M, r->fw, r->pc, r->kv, &sc, on_event, NULL, err, sizeof err) : NULL;
-    if (!r->s) {
-        diag("rig: %s", err);
-        return -1;
-    }
-    return 0;
-}
-
-static void rig_free(rig *r)
-{
-    kvg_sched_free(r->s);
-    kvg_pc_free(r->pc);
-    kvg_forward_free(r->fw);
-    kvg_kv_pool_free(r->kv);
+    sched_rig_opts o;
+    memset(&o, 0, sizeof o);
+    o.m = M;
+    o.be = BE;
+    o.n_blocks = n_blocks;
+    o.pinned_share = pinned_share;
+    o.sc.max_batch_tokens = 64;
+    o.cb = on_event;
+    return sched_rig_new(r, &o);
 }
 
 /* Submits prompt for the tenant with that salt, runs it; returns the cached tokens. */
-static int32_t ask(rig *r, uint64_t id, const char *tenant, const int32_t *p, int n)
+static int32_t ask(sched_rig *r, uint64_t id, const char *tenant, const int32_t *p, int n)
 {
     char err[256];
     kvg_sched_req q;
     kvg_prefix_hasher *h = kvg_prefix_hasher_new(err, sizeof err);
-    memset(&q, 0, sizeof q);
-    q.id = id;
-    q.prompt = p;
-    q.n_prompt = n;
+    sched_rig_req(r, &q, id, p, n);
     q.tenant = kvg_pc_tenant(r->pc, tenant, strlen(tenant), 0.0);
     kvg_pc_tenant_root(r->pc, h, q.tenant, q.root, err, sizeof err);
     kvg_prefix_hasher_free(h);
-    q.bucket = 1;
     q.max_tokens = 4;
-    q.n = 1;
     q.sp.top_p = 1.0f;
     cached[id] = -1;
     done_[id] = 0;
@@ -101,19 +65,15 @@ static int32_t ask(rig *r, uint64_t id, const char *tenant, const int32_t *p, in
         diag("submit %d: %s", (int)id, err);
         return -2;
     }
-    for (int guard = 0; kvg_sched_pending(r->s) > 0 && guard < 100000; guard++)
-        if (kvg_sched_step(r->s, err, sizeof err) < 0) {
-            diag("step: %s", err);
-            return -3;
-        }
+    if (sched_rig_drain(r, 100000) != 0)
+        return -3;
     return done_[id] == 1 ? cached[id] : -4;
 }
 
 static uint64_t rs = 77;
 static int32_t rnd_tok(void)
 {
-    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-    return 3 + (int32_t)((rs >> 33) % (uint64_t)(M->cfg.vocab_size - 3));
+    return sched_rig_rnd_tok(&rs, M->cfg.vocab_size);
 }
 
 static const char *STORY =
@@ -209,23 +169,18 @@ static void parse_errors(void)
 
 int main(void)
 {
-    char path[512], tokp[512], err[512], tmp[] = "/tmp/kvg-warmup-XXXXXX";
-    kvg_model_load_opts lo;
+    char err[512], tmp[] = "/tmp/kvg-warmup-XXXXXX";
     kvg_warmup_opts wo = { 1000, 1 };
     kvg_warmup *w;
     kvg_warmup_result res;
-    rig r;
+    sched_rig r;
     int32_t p1[256];
     int n1, nb1;
     char *file;
     size_t flen;
     int fd;
 
-    snprintf(path, sizeof path, "%s/models/stories260K/stories260K.bin", shared_dir());
-    snprintf(tokp, sizeof tokp, "%s/models/stories260K/tok512.bin", shared_dir());
-    memset(&lo, 0, sizeof lo);
-    lo.tokenizer_path = tokp;
-    M = kvg_model_load(path, &lo, err, sizeof err);
+    M = sched_rig_stories260k(err, sizeof err);
     if (!M) {
         diag("%s", err);
         ok(0, "load stories260K");
@@ -303,7 +258,7 @@ int main(void)
         is_int(ask(&r, 100, "org_1", p1, n1 + 11), nb1 * 8, "after pressure: the pinned prefix still hits");
         is_int(ask(&r, 101, "org_2", ids2, 40), 0, "after pressure: the TTL entry was evicted");
         ok(kvg_pc_check(r.pc, NULL, 0, err, sizeof err) == 0, "cache invariants (%s)", err);
-        rig_free(&r);
+        sched_rig_free(&r);
     }
 
     /* 2. Far in the future: TTL entries expire, the pinned one does not. */
@@ -322,7 +277,7 @@ int main(void)
            "10 h later the TTL entries expired (%d blocks)", (int)swept);
         is_int(kvg_pc_tenant_cached_blocks(r.pc, org1), nb1, "the pinned blocks are still there");
         is_int(ask(&r, 1, "org_1", p1, n1 + 11), nb1 * 8, "and still hit");
-        rig_free(&r);
+        sched_rig_free(&r);
     }
 
     /* 3. Over the pin cap: 2 blocks of 128 may be pinned; the rest are ordinary. */
@@ -361,7 +316,7 @@ int main(void)
             kvg_warmup_free(w2);
             free(t);
         }
-        rig_free(&r);
+        sched_rig_free(&r);
     }
 
     kvg_warmup_free(w);
