@@ -58,7 +58,9 @@ typedef struct kvg_warmup {
 } kvg_warmup;
 
 /* Parses a warm-up file. tok tokenizes "prompt" entries (NULL: they are an error);
- * vocab_size bounds "prompt_ids" (0: tok's vocabulary size). NULL with err
+ * vocab_size bounds "prompt_ids" (0: tok's vocabulary size): pass the model's, since this
+ * parse is where a warm-up file's ids are checked and the scheduler takes in-vocabulary ids
+ * as a precondition (scheduler.h). NULL with err
  * ("FILE:LINE: FIELD: ...") on the first bad line or when the file cannot be read. */
 kvg_warmup *kvg_warmup_load(const char *path, const kvg_tokenizer *tok, int32_t vocab_size,
                             char *err, size_t err_len);

@@ -257,6 +257,7 @@ int main(void)
            (unsigned long long)st.evictions[KVG_EVICT_LRU], (int)st.blocks_pinned);
         is_int(ask(&r, 100, "org_1", p1, n1 + 11), nb1 * 8, "after pressure: the pinned prefix still hits");
         is_int(ask(&r, 101, "org_2", ids2, 40), 0, "after pressure: the TTL entry was evicted");
+        err[0] = 0;
         ok(kvg_pc_check(r.pc, NULL, 0, err, sizeof err) == 0, "cache invariants (%s)", err);
         sched_rig_free(&r);
     }
