@@ -47,6 +47,17 @@ ngx_http_kvgate_prompt_cleanup(void *data)
 
 /* ---- the body ---- */
 
+/* The bytes a body buffer holds in memory; a chunked body's chain has
+   buffers with no memory at all (pos and last NULL). */
+
+static size_t
+ngx_http_kvgate_buf_mem(const ngx_buf_t *b)
+{
+    return b->pos != NULL && b->last > b->pos ? (size_t) (b->last - b->pos)
+                                              : 0;
+}
+
+
 static ngx_int_t
 ngx_http_kvgate_body_bytes(ngx_http_request_t *r, ngx_str_t *out)
 {
@@ -68,7 +79,8 @@ ngx_http_kvgate_body_bytes(ngx_http_request_t *r, ngx_str_t *out)
 
     for (cl = r->request_body->bufs; cl; cl = cl->next) {
         b = cl->buf;
-        len += b->in_file ? b->file_last - b->file_pos : b->last - b->pos;
+        len += b->in_file ? b->file_last - b->file_pos
+                          : (off_t) ngx_http_kvgate_buf_mem(b);
     }
 
     if (len == 0) {
@@ -82,11 +94,20 @@ ngx_http_kvgate_body_bytes(ngx_http_request_t *r, ngx_str_t *out)
 
     out->data = p;
 
+    /* a chunked body leaves zero-length buffers in the chain (a last_buf
+       with pos NULL, empty chunks): there is nothing to copy from them, and
+       ngx_cpymem() of a NULL source is undefined even for no bytes */
+
     for (cl = r->request_body->bufs; cl; cl = cl->next) {
         b = cl->buf;
 
         if (b->in_file) {
             n = (size_t) (b->file_last - b->file_pos);
+
+            if (n == 0) {
+                continue;
+            }
+
             got = ngx_read_file(b->file, p, n, b->file_pos);
 
             if (got != (ssize_t) n) {
@@ -98,8 +119,8 @@ ngx_http_kvgate_body_bytes(ngx_http_request_t *r, ngx_str_t *out)
 
             p += n;
 
-        } else {
-            p = ngx_cpymem(p, b->pos, b->last - b->pos);
+        } else if (ngx_http_kvgate_buf_mem(b)) {
+            p = ngx_cpymem(p, b->pos, ngx_http_kvgate_buf_mem(b));
         }
     }
 
