@@ -15,6 +15,15 @@
  * (the request answers 503) and a cancelable timer reconnects with backoff;
  * the next engine may serve another model, so the model, tokenizer and chat
  * template always come from the current connection.
+ *
+ * While a handshake is in progress (a new worker after a reload or a respawn,
+ * or a reconnect whose socket connect succeeded), requests wait for it in the
+ * queue that also holds requests waiting for ring room, for at most
+ * connect_wait (kvgate_connect_wait) from the start of that handshake: a new
+ * worker accepts connections at once, and refusing what arrives in the first
+ * milliseconds would turn every reload into a burst of 503s. An engine that
+ * refuses the connect (not running) is refused at once, as before: only a
+ * handshake that is under way is worth waiting for.
  */
 
 
@@ -27,7 +36,10 @@ typedef struct {
     ngx_connection_t          *sock;      /* the client's socket */
     ngx_connection_t          *bell;      /* the engine's doorbell */
     ngx_event_t                reconnect;
-    ngx_queue_t                waiting;   /* requests waiting for ring room */
+    ngx_event_t                handshake;  /* the end of connect_wait */
+    ngx_msec_t                 connect_wait;
+    ngx_uint_t                 handshaking;  /* requests may wait for it */
+    ngx_queue_t                waiting;   /* for ring room or the handshake */
     ngx_uint_t                 n_waiting;
     ngx_uint_t                 up;
     ngx_uint_t                 exiting;
@@ -47,6 +59,8 @@ static void ngx_http_kvgate_engine_drain(void);
 static void ngx_http_kvgate_reconnect(ngx_event_t *ev);
 static void ngx_http_kvgate_engine_dummy(ngx_event_t *ev);
 static void ngx_http_kvgate_submit_waiting(void);
+static void ngx_http_kvgate_handshake_timeout(ngx_event_t *ev);
+static void ngx_http_kvgate_handshake_over(void);
 
 
 kvg_client *
@@ -60,6 +74,13 @@ ngx_uint_t
 ngx_http_kvgate_engine_up(void)
 {
     return ngx_http_kvgate_worker.up;
+}
+
+
+ngx_uint_t
+ngx_http_kvgate_engine_available(void)
+{
+    return ngx_http_kvgate_worker.up || ngx_http_kvgate_worker.handshaking;
 }
 
 
@@ -191,6 +212,11 @@ ngx_http_kvgate_try_connect(void)
     w->sock = ngx_http_kvgate_watch(kvg_client_socket_fd(w->client));
     if (w->sock == NULL) {
         kvg_client_disconnect(w->client, "cannot watch the engine's socket");
+
+    } else if (w->connect_wait && !w->handshake.timer_set) {
+        /* the socket is connected: the engine is there and answers soon */
+        w->handshaking = 1;
+        ngx_add_timer(&w->handshake, w->connect_wait);
     }
 
     /* the engine's answer may already be there */
@@ -210,9 +236,49 @@ ngx_http_kvgate_reconnect(ngx_event_t *ev)
 }
 
 
+/* The handshake did not finish within connect_wait: the requests that
+   waited for it are answered (503) and new ones are refused until it does. */
+
+static void
+ngx_http_kvgate_handshake_timeout(ngx_event_t *ev)
+{
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    w->handshaking = 0;
+
+    if (w->up) {
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_WARN, w->log, 0,
+                  "kvgate: the engine's handshake did not finish within %M ms "
+                  "(kvgate_connect_wait), %ui requests waited for it",
+                  w->connect_wait, w->n_waiting);
+
+    *ngx_snprintf((u_char *) w->reason, sizeof(w->reason) - 1,
+                  "the handshake did not finish within %M ms",
+                  w->connect_wait) = '\0';
+
+    ngx_http_kvgate_submit_waiting();
+}
+
+
+static void
+ngx_http_kvgate_handshake_over(void)
+{
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    w->handshaking = 0;
+
+    if (w->handshake.timer_set) {
+        ngx_del_timer(&w->handshake);
+    }
+}
+
+
 ngx_int_t
 ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle, const char *path,
-    ngx_http_kvgate_engine_state_pt state)
+    ngx_msec_t connect_wait, ngx_http_kvgate_engine_state_pt state)
 {
     char                       err[320];
     kvg_client_opts            opts;
@@ -240,6 +306,14 @@ ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle, const char *path,
     w->reconnect.data = w;
     w->reconnect.cancelable = 1;
 
+    /* not cancelable: a worker told to quit while requests wait for its
+       handshake still serves them (it lingers connect_wait at most) */
+
+    w->connect_wait = connect_wait;
+    w->handshake.handler = ngx_http_kvgate_handshake_timeout;
+    w->handshake.log = cycle->log;
+    w->handshake.data = w;
+
     ngx_http_kvgate_try_connect();
 
     return NGX_OK;
@@ -260,6 +334,8 @@ ngx_http_kvgate_engine_exit_process(ngx_cycle_t *cycle)
     if (w->reconnect.timer_set) {
         ngx_del_timer(&w->reconnect);
     }
+
+    ngx_http_kvgate_handshake_over();
 
     ngx_http_kvgate_unwatch(&w->sock, 0);
     ngx_http_kvgate_unwatch(&w->bell, 0);
@@ -288,8 +364,9 @@ ngx_http_kvgate_engine_read(ngx_event_t *ev)
 }
 
 
-/* Submits the requests waiting for ring room, in order, until the ring is full
-   again (the request that found it full goes back to the head). */
+/* Submits the requests waiting for ring room or for the handshake, in order,
+   until the ring is full again (the request that found it full goes back to
+   the head). While the engine is down each of them is answered 503. */
 
 static void
 ngx_http_kvgate_submit_waiting(void)
@@ -360,6 +437,10 @@ ngx_http_kvgate_engine_drain(void)
                 w->state(1);
             }
 
+            /* the requests that waited for the handshake go now, in order */
+
+            ngx_http_kvgate_handshake_over();
+            ngx_http_kvgate_submit_waiting();
             break;
 
         case KVG_CEV_DOWN:
@@ -380,11 +461,13 @@ ngx_http_kvgate_engine_drain(void)
             }
 
             w->up = 0;
+            ngx_http_kvgate_handshake_over();
             ngx_http_kvgate_unwatch(&w->sock, 1);
             ngx_http_kvgate_unwatch(&w->bell, 1);
 
-            /* requests still waiting for ring room never reached the engine:
-               resubmitting them now answers each 503 */
+            /* requests still waiting for ring room or for a handshake that
+               failed never reached the engine: resubmitting them now answers
+               each 503 */
 
             ngx_http_kvgate_submit_waiting();
             ngx_http_kvgate_schedule_reconnect();
@@ -414,6 +497,43 @@ ngx_http_kvgate_engine_drain(void)
             return;
         }
     }
+}
+
+
+ngx_int_t
+ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
+    kvg_api_error *err)
+{
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    if (w->up) {
+        return NGX_OK;
+    }
+
+    if (!w->handshaking) {
+        kvg_api_error_set(err, 503, "engine_unavailable", NULL,
+                          "kvgate: the engine is not available (%s)",
+                          ngx_http_kvgate_engine_down_reason());
+        return NGX_ERROR;
+    }
+
+    if (w->n_waiting >= NGX_HTTP_KVGATE_MAX_WAITING) {
+        kvg_api_error_set(err, 503, "engine_overloaded", NULL,
+                          "kvgate: the engine is overloaded (%lu requests "
+                          "wait to be submitted)",
+                          (unsigned long) w->n_waiting);
+        return NGX_ERROR;
+    }
+
+    ngx_queue_insert_tail(&w->waiting, &er->queue);
+    w->n_waiting++;
+    er->queued = 1;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, er->log, 0,
+                   "kvgate: waits for the engine's handshake with %ui others",
+                   w->n_waiting - 1);
+
+    return NGX_AGAIN;
 }
 
 

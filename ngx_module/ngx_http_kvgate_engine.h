@@ -29,9 +29,12 @@ typedef struct ngx_http_kvgate_engine_req_s  ngx_http_kvgate_engine_req_t;
 typedef void (*ngx_http_kvgate_engine_event_pt)(
     ngx_http_kvgate_engine_req_t *er, const kvg_client_event *ev);
 
-/* The request waited for ring room and may go now: the handler submits it
-   again and returns what ngx_http_kvgate_engine_submit() said (NGX_AGAIN
-   stops the queue), or NGX_ERROR once it has answered the request. */
+/* The request waited (for ring room, or for the engine's handshake) and may
+   go now: the handler submits it again and returns what
+   ngx_http_kvgate_engine_submit() said (NGX_AGAIN stops the queue), or
+   NGX_ERROR once it has answered the request. After a handshake wait the
+   engine may still be down (the wait ran out, or the handshake failed):
+   the submit then fails with 503 as at any other time. */
 typedef ngx_int_t (*ngx_http_kvgate_engine_retry_pt)(
     ngx_http_kvgate_engine_req_t *er);
 
@@ -47,7 +50,7 @@ struct ngx_http_kvgate_engine_req_s {
     ngx_log_t                        *log;
 
     /* the connection's own */
-    ngx_queue_t                       queue;      /* waiting for ring room */
+    ngx_queue_t                       queue;      /* waiting: room, handshake */
     uint64_t                          id;         /* in the engine */
     uint64_t                          instance;   /* engine it went to */
     unsigned                          submitted:1;  /* live in the engine */
@@ -56,14 +59,19 @@ struct ngx_http_kvgate_engine_req_s {
 };
 
 
+/* connect_wait: how long requests may wait for a handshake in progress
+   (0: never, they are refused while the worker is not connected). */
 ngx_int_t ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle,
-    const char *path, ngx_http_kvgate_engine_state_pt state);
+    const char *path, ngx_msec_t connect_wait,
+    ngx_http_kvgate_engine_state_pt state);
 void ngx_http_kvgate_engine_exit_process(ngx_cycle_t *cycle);
 
 kvg_client *ngx_http_kvgate_engine_client(void);
 /* The engine's model, tokenizer and limits; NULL while it is down. */
 const kvg_engine_info *ngx_http_kvgate_engine_info(void);
 ngx_uint_t ngx_http_kvgate_engine_up(void);
+/* Up, or a handshake in progress that requests may wait for. */
+ngx_uint_t ngx_http_kvgate_engine_available(void);
 const char *ngx_http_kvgate_engine_down_reason(void);
 
 /* Submits er's request; NGX_OK (live), NGX_AGAIN (queued until the ring has
@@ -71,6 +79,12 @@ const char *ngx_http_kvgate_engine_down_reason(void);
    400). */
 ngx_int_t ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
     const kvg_client_req *q, kvg_api_error *err);
+/* NGX_OK when the engine is up; NGX_AGAIN when a handshake is in progress:
+   er waits (in the same queue as for ring room, in arrival order) and
+   er->retry is called when it completes, fails or runs out of
+   connect_wait; NGX_ERROR with *err set (503) when the engine is down. */
+ngx_int_t ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
+    kvg_api_error *err);
 /* Takes er out of the wait queue and the engine; no event for it follows. */
 void ngx_http_kvgate_engine_cancel(ngx_http_kvgate_engine_req_t *er);
 

@@ -193,14 +193,72 @@ ngx_http_kvgate_metrics_engine_event(ngx_uint_t up)
         return;
     }
 
+    if (ngx_process_slot < 0 || ngx_process_slot >= NGX_MAX_PROCESSES) {
+        return;
+    }
+
     if (up) {
         (void) ngx_atomic_fetch_add(&sh->engine_connects, 1);
-        (void) ngx_atomic_fetch_add(&sh->workers_up, 1);
+        sh->worker_pid[ngx_process_slot] = (ngx_atomic_uint_t) ngx_pid;
 
     } else {
         (void) ngx_atomic_fetch_add(&sh->engine_disconnects, 1);
-        (void) ngx_atomic_fetch_add(&sh->workers_up, (ngx_atomic_int_t) -1);
+        sh->worker_pid[ngx_process_slot] = 0;
     }
+}
+
+
+void
+ngx_http_kvgate_metrics_worker_clear(void)
+{
+    ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_sh;
+
+    if (sh == NULL
+        || ngx_process_slot < 0 || ngx_process_slot >= NGX_MAX_PROCESSES)
+    {
+        return;
+    }
+
+    /* at start: whatever the slot holds is a predecessor that was killed (a
+       slot is reused only once its process has been reaped); at exit: this
+       worker's connection closes with it */
+
+    sh->worker_pid[ngx_process_slot] = 0;
+}
+
+
+ngx_uint_t
+ngx_http_kvgate_metrics_workers_connected(void)
+{
+    ngx_uint_t                i, n;
+    ngx_atomic_uint_t         pid;
+    ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_sh;
+
+    if (sh == NULL) {
+        return 0;
+    }
+
+    n = 0;
+
+    for (i = 0; i < NGX_MAX_PROCESSES; i++) {
+        pid = sh->worker_pid[i];
+
+        if (pid == 0) {
+            continue;
+        }
+
+        /* an old worker killed while it exited after a reload is never
+           respawned into its slot: its pid is gone (EPERM: it exists) */
+
+        if (kill((ngx_pid_t) pid, 0) == -1 && ngx_errno == NGX_ESRCH) {
+            (void) ngx_atomic_cmp_set(&sh->worker_pid[i], pid, 0);
+            continue;
+        }
+
+        n++;
+    }
+
+    return n;
 }
 
 

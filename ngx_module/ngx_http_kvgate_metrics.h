@@ -41,8 +41,15 @@ typedef struct {
     ngx_http_kvgate_hist_t  latency;
     ngx_atomic_t            engine_connects;
     ngx_atomic_t            engine_disconnects;
-    ngx_atomic_t            workers_up;
     ngx_atomic_t            submit_waits;
+
+    /* The pid of the worker in each process slot (ngx_process_slot) while it
+       is connected to the engine, else 0. Workers connected are counted from
+       these, never kept as a running sum: a killed worker cannot take itself
+       off, but its slot is taken over by the worker respawned into it (which
+       clears it at start), and a pid that no longer exists is not counted
+       (nor kept) when the gauge is read. */
+    ngx_atomic_t            worker_pid[NGX_MAX_PROCESSES];
 } ngx_http_kvgate_shctx_t;
 
 
@@ -55,6 +62,8 @@ extern const char *const  ngx_http_kvgate_cache_names[NGX_HTTP_KVGATE_N_CACHE];
 
 /* The zone's counters, NULL when there is no zone (no kvgate_engine). */
 ngx_http_kvgate_shctx_t *ngx_http_kvgate_metrics_zone(void);
+/* Worker processes connected to the engine now. */
+ngx_uint_t ngx_http_kvgate_metrics_workers_connected(void);
 
 
 #endif /* _NGX_HTTP_KVGATE_METRICS_H_INCLUDED_ */

@@ -99,6 +99,13 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       0,
       NULL },
 
+    { ngx_string("kvgate_connect_wait"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvgate_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_main_conf_t, connect_wait),
+      NULL },
+
     { ngx_string("kvgate_pass"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_kvgate_pass,
@@ -717,6 +724,8 @@ ngx_http_kvgate_create_main_conf(ngx_conf_t *cf)
      *     kmcf->shm_zone = NULL;
      */
 
+    kmcf->connect_wait = NGX_CONF_UNSET_MSEC;
+
     return kmcf;
 }
 
@@ -733,6 +742,10 @@ ngx_http_kvgate_init_main_conf(ngx_conf_t *cf, void *conf)
                       &kmcf->pass_file, kmcf->pass_line);
         return NGX_CONF_ERROR;
     }
+
+    /* long enough for a handshake (milliseconds), short enough that a
+       client never mistakes the wait for a hang */
+    ngx_conf_init_msec_value(kmcf->connect_wait, 2000);
 
     if (kmcf->engine.data == NULL) {
         return NGX_CONF_OK;
@@ -1258,11 +1271,13 @@ ngx_http_kvgate_init_process(ngx_cycle_t *cycle)
         return NGX_OK;
     }
 
+    ngx_http_kvgate_metrics_worker_clear();
+
     /* the connection counts its connects and losses through this hook: it
        knows nothing of the layers above it */
 
     return ngx_http_kvgate_engine_init_process(cycle,
-               (char *) kmcf->engine_path.data,
+               (char *) kmcf->engine_path.data, kmcf->connect_wait,
                ngx_http_kvgate_metrics_engine_event);
 }
 
@@ -1271,4 +1286,5 @@ static void
 ngx_http_kvgate_exit_process(ngx_cycle_t *cycle)
 {
     ngx_http_kvgate_engine_exit_process(cycle);
+    ngx_http_kvgate_metrics_worker_clear();
 }

@@ -68,6 +68,8 @@ typedef struct {
     ngx_uint_t                 pass_line;
 
     ngx_shm_zone_t            *shm_zone;         /* shared counters */
+
+    ngx_msec_t                 connect_wait;     /* kvgate_connect_wait */
 } ngx_http_kvgate_main_conf_t;
 
 
@@ -138,6 +140,8 @@ struct ngx_http_kvgate_ctx_s {
     /* its place in the engine connection, with the handlers it calls */
     ngx_http_kvgate_engine_req_t  engine;
 
+    ngx_uint_t                 prepared;          /* parsed, checked */
+    ngx_http_event_handler_pt  body_reader;       /* nginx's, while reading */
     ngx_uint_t                 done;              /* answered */
     ngx_uint_t                 header_sent;
     ngx_uint_t                 front;             /* only the route key, for proxy_pass */
@@ -186,6 +190,9 @@ void ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 /* the engine connection's state hook */
 void ngx_http_kvgate_metrics_engine_event(ngx_uint_t up);
+/* this worker starts (it takes over its process slot) or exits: its slot
+   of the workers-connected gauge is cleared */
+void ngx_http_kvgate_metrics_worker_clear(void);
 /* a request starts waiting for ring room */
 void ngx_http_kvgate_metrics_submit_wait(void);
 

@@ -24,6 +24,9 @@
 
 
 static void ngx_http_kvgate_body_handler(ngx_http_request_t *r);
+static void ngx_http_kvgate_body_reading(ngx_http_request_t *r);
+static ngx_int_t ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx,
+    kvg_api_error *err);
 static ngx_int_t ngx_http_kvgate_prepare(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err);
 static ngx_int_t ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx,
@@ -64,7 +67,7 @@ ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
     ngx_int_t            rc;
     ngx_pool_cleanup_t  *cln;
 
-    if (!ngx_http_kvgate_engine_up()) {
+    if (!ngx_http_kvgate_engine_available()) {
 
         /* no need to read a body nobody can serve */
 
@@ -89,13 +92,63 @@ ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
     cln->handler = ngx_http_kvgate_cleanup;
     cln->data = ctx;
 
+    /* non-NULL until the body handler runs (it may run right away) */
+    ctx->body_reader = ngx_http_kvgate_body_reading;
+
     rc = ngx_http_read_client_request_body(r, ngx_http_kvgate_body_handler);
 
     if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
         return rc;
     }
 
+    if (rc == NGX_AGAIN && ctx->body_reader != NULL) {
+        /* the body is still coming: see ngx_http_kvgate_body_reading */
+        ctx->body_reader = r->read_event_handler;
+        r->read_event_handler = ngx_http_kvgate_body_reading;
+    }
+
     return NGX_DONE;
+}
+
+
+/*
+ * nginx's body reader, with one difference: a body that stalls past
+ * client_body_timeout. nginx finalizes the request with 408 then, and
+ * ngx_http_finalize_request() closes the connection without a response for
+ * that status (error_page never sees it); the client is answered the OpenAI
+ * 408 here instead, and the connection closes after it (the rest of the body
+ * is never read).
+ */
+
+static void
+ngx_http_kvgate_body_reading(ngx_http_request_t *r)
+{
+    ngx_int_t               rc;
+    ngx_http_kvgate_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+
+    if (!r->connection->read->timedout) {
+        ctx->body_reader(r);
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, NGX_ETIMEDOUT,
+                  "kvgate: client timed out sending the request body");
+
+    r->connection->read->timedout = 0;
+    r->read_event_handler = ngx_http_block_reading;
+    r->keepalive = 0;
+    r->lingering_close = 0;
+
+    ctx->status = NGX_HTTP_REQUEST_TIME_OUT;
+    ctx->done = 1;
+
+    rc = ngx_http_kvgate_send_error(r, NGX_HTTP_REQUEST_TIME_OUT, NULL,
+                                    "timeout", "The request body did not "
+                                    "arrive within client_body_timeout", 0);
+
+    ngx_http_finalize_request(r, rc);
 }
 
 
@@ -127,10 +180,7 @@ ngx_http_kvgate_body_handler(ngx_http_request_t *r)
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
 
-    if (ngx_http_kvgate_prepare(r, ctx, &err) != NGX_OK) {
-        ngx_http_kvgate_fail(ctx, &err);
-        return;
-    }
+    ctx->body_reader = NULL;
 
     /* what the engine connection calls back, as upstream's handlers */
 
@@ -139,15 +189,24 @@ ngx_http_kvgate_body_handler(ngx_http_request_t *r)
     ctx->engine.data = ctx;
     ctx->engine.log = r->connection->log;
 
-    rc = ngx_http_kvgate_submit(ctx, &err);
+    /* a worker whose handshake is still under way (just after a reload)
+       holds the request until it is done: the model, the tokenizer and the
+       limits the request is checked against come with it */
+
+    rc = ngx_http_kvgate_engine_wait_up(&ctx->engine, &err);
+
+    if (rc == NGX_OK) {
+        rc = ngx_http_kvgate_go(ctx, &err);
+    }
 
     if (rc == NGX_ERROR) {
         ngx_http_kvgate_fail(ctx, &err);
         return;
     }
 
-    if (rc == NGX_AGAIN) {
-        /* counted once, at the first wait (a retry is the same wait) */
+    if (rc == NGX_AGAIN && ctx->prepared) {
+        /* counted once, at the first wait for ring room (a retry is the
+           same wait) */
         ngx_http_kvgate_metrics_submit_wait();
     }
 
@@ -338,7 +397,25 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 }
 
 
-/* The engine connection's retry handler: the ring has room again. */
+/* Checks the request against the engine (once) and submits it. */
+
+static ngx_int_t
+ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
+{
+    if (!ctx->prepared) {
+        if (ngx_http_kvgate_prepare(ctx->request, ctx, err) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        ctx->prepared = 1;
+    }
+
+    return ngx_http_kvgate_submit(ctx, err);
+}
+
+
+/* The engine connection's retry handler: the ring has room again, or the
+   handshake the request waited for is over (done, failed or too slow). */
 
 static ngx_int_t
 ngx_http_kvgate_engine_retry(ngx_http_kvgate_engine_req_t *er)
@@ -347,7 +424,7 @@ ngx_http_kvgate_engine_retry(ngx_http_kvgate_engine_req_t *er)
     kvg_api_error           err;
     ngx_http_kvgate_ctx_t  *ctx = er->data;
 
-    rc = ngx_http_kvgate_submit(ctx, &err);
+    rc = ngx_http_kvgate_go(ctx, &err);
 
     if (rc == NGX_ERROR) {
         /* answered: the request (and ctx) may be gone now */

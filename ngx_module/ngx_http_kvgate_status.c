@@ -287,7 +287,7 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
         "kvgate_engine_up %ui\n"
         "# HELP kvgate_engine_workers_connected Workers connected to the "
         "engine.\n# TYPE kvgate_engine_workers_connected gauge\n"
-        "kvgate_engine_workers_connected %uA\n"
+        "kvgate_engine_workers_connected %ui\n"
         "# HELP kvgate_engine_connects_total Connections made to the engine.\n"
         "# TYPE kvgate_engine_connects_total counter\n"
         "kvgate_engine_connects_total %uA\n"
@@ -298,7 +298,8 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
         "for room in its submission ring.\n"
         "# TYPE kvgate_submit_waits_total counter\n"
         "kvgate_submit_waits_total %uA\n",
-        info ? 1 : 0, sh->workers_up, sh->engine_connects,
+        info ? 1 : 0, ngx_http_kvgate_metrics_workers_connected(),
+        sh->engine_connects,
         sh->engine_disconnects, sh->submit_waits);
 
     if (info && kvg_client_stats(ngx_http_kvgate_engine_client(), &st) == 0) {
@@ -525,7 +526,8 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
     json_object_set_new(o, "requests", json_integer((json_int_t) total));
     json_object_set_new(o, "by_status", statuses);
     json_object_set_new(o, "workers_connected",
-                        json_integer((json_int_t) sh->workers_up));
+                        json_integer((json_int_t)
+                            ngx_http_kvgate_metrics_workers_connected()));
 
     {
         uint64_t  pt = 0, ct = 0, gt = 0;
