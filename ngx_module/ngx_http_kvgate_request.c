@@ -421,10 +421,18 @@ static ngx_int_t
 ngx_http_kvgate_engine_retry(ngx_http_kvgate_engine_req_t *er)
 {
     ngx_int_t               rc;
+    ngx_uint_t              prepared;
     kvg_api_error           err;
     ngx_http_kvgate_ctx_t  *ctx = er->data;
 
+    prepared = ctx->prepared;
+
     rc = ngx_http_kvgate_go(ctx, &err);
+
+    if (rc == NGX_AGAIN && !prepared) {
+        /* it waited for the handshake; now its first wait for ring room */
+        ngx_http_kvgate_metrics_submit_wait();
+    }
 
     if (rc == NGX_ERROR) {
         /* answered: the request (and ctx) may be gone now */

@@ -11,6 +11,7 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 
 use IO::Select;
+use IO::Socket::INET;
 use JSON::PP;
 use POSIX qw(WNOHANG);
 use Test::More;
@@ -190,6 +191,40 @@ $g->stop;
     ok($waits >= 9, "the engine stopped: $waits requests wait for room in the submission ring");
     is($same, 12, '  once it goes on, all 12 are answered, each with the right text');
     $q->stop;
+}
+
+# ---- a body that stalls past client_body_timeout: the documented OpenAI 408 --------------
+
+{
+    my $b = Kvgate::Gateway->new(server => 'client_body_timeout 300ms;', workers => 1);
+    my $body = '{"model":"stories260K","prompt":"Once upon a time","max_tokens":4}';
+    my $n = 0;
+    for my $framing ('content-length', 'chunked') {
+        $n++;
+        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $b->t->port(0),
+                                      Proto => 'tcp', Timeout => 5) or die "connect: $!";
+        my $head = "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n";
+        $s->syswrite($framing eq 'chunked'
+                     ? $head . "Transfer-Encoding: chunked\r\n\r\n10\r\n" . substr($body, 0, 10)
+                     : $head . 'Content-Length: ' . length($body) . "\r\n\r\n" . substr($body, 0, 10));
+        # the rest never comes; the answer does, and then the connection closes
+        my $t0 = time;
+        my $raw = $b->read_all($s, 20);
+        my $dt = time - $t0;
+        close $s;
+        my ($status, $h, $text) = $b->parse_http($raw);
+        is($status, 408, "a stalled body ($framing): 408");
+        is($h->{'content-type'}, 'application/json', '  JSON');
+        is($h->{connection}, 'close', '  Connection: close');
+        my $e = eval { JSON::PP->new->decode($text)->{error} } // {};
+        is($e->{type}, 'invalid_request_error', '  an OpenAI error object');
+        like($e->{message} // '', qr/client_body_timeout/, "  '" . ($e->{message} // '') . "'");
+        note(sprintf('  answered and closed after %.0f ms', $dt * 1000));
+        ok($b->wait_log(qr/^408 /, count => $n), '  logged as 408');
+    }
+    is($b->completion({ prompt => 'Once upon a time', max_tokens => 4 })->{status}, 200,
+       '  the next request is served');
+    $b->stop;
 }
 
 done_testing;

@@ -171,6 +171,81 @@ is($bad, 0, 'no answer other than that (no 503 while a new worker shakes hands)'
     or diag(join "\n", @why[0 .. ($#why < 20 ? $#why : 20)]);
 note("$resent requests sent again after an old worker closed an idle connection");
 
+# ---- the workers-connected gauge cannot drift ---------------------------------------------
+#
+# It is derived from what is alive, never summed: after the reloads, after an old worker
+# that lingers on a request is killed (nobody is respawned into its slot) and after a
+# current worker is killed (its successor takes its slot), it equals the number of
+# worker processes.
+
+# The master's children (its worker processes).
+sub workers {
+    my @w;
+    for my $stat (glob '/proc/[0-9]*/stat') {
+        my $text = do { local $/; open my $fh, '<', $stat or next; <$fh> } // next;
+        push @w, $1 if $text =~ /^(\d+) \(.*\) \S+ (\d+) / && $2 == $g->t->{pid};
+    }
+    return sort { $a <=> $b } @w;
+}
+
+sub gauge_is {
+    my ($n, $what) = @_;
+    my ($gauge, $clients, $procs);
+    $g->t->wait_for(sub {
+        my $s = $g->status or return 0;
+        ($gauge, $clients, $procs) = ($s->{gateway}{workers_connected}, $s->{engine}{clients},
+                                      scalar(() = workers()));
+        $gauge == $n && $procs == $n
+            && $g->metric($g->metrics, 'kvgate_engine_workers_connected') == $n;
+    }, "$n workers connected: $what", 30);
+    # (the engine's own client count is no check: its statistics page is refreshed
+    # while it works, so an idle engine's page can lag behind)
+    is($gauge, $n, "$what: workers_connected $n ($procs worker processes; the engine's "
+                   . "page said $clients clients)");
+}
+
+gauge_is($WORKERS, "after $RELOADS reloads");
+
+# (the engine's log says so; error.log must not keep the kills' alerts)
+my @killed;
+sub forget_kills {
+    my $log = $g->t->read_file('logs/error.log');
+    my $re = join '|', @killed;
+    $log =~ s/^[^\n]*worker process (?:$re) exited on signal 9\n//mg;
+    $g->t->write_file('logs/error.log', $log);
+}
+
+{
+    # a body that never ends keeps an old worker alive through the next reload
+    my @old = workers();
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Proto => 'tcp')
+        or die "connect: $!";
+    $s->syswrite("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{");
+    $connected += $WORKERS;
+    kill 'HUP', $g->t->{pid};
+    $g->t->wait_log('logs/error.log', qr/kvgate: connected to the engine/, count => $connected,
+                    timeout => 30);
+    my %old = map { $_ => 1 } @old;
+    my @left;
+    $g->t->wait_for(sub { @left = grep { $old{$_} } workers(); @left == 1 }, 'one old worker left', 30);
+    is(scalar @left, 1, 'a reload while a body is being read: one old worker stays');
+    gauge_is($WORKERS + 1, '  with it');
+    kill 'KILL', @left;
+    push @killed, @left;
+    gauge_is($WORKERS, '  once it is killed (its slot is not reused)');
+    close $s;
+}
+
+{
+    my ($victim) = workers();
+    kill 'KILL', $victim;
+    push @killed, $victim;
+    $g->t->wait_for(sub { !grep { $_ == $victim } workers() }, 'the killed worker gone', 30);
+    gauge_is($WORKERS, 'a current worker killed and respawned');
+}
+
+forget_kills();
+
 $g->stop;
 
 # (the access log is complete once nginx has quit)
