@@ -12,11 +12,14 @@ use lib "$FindBin::Bin/lib";
 
 use IO::Select;
 use IO::Socket::INET;
+use IO::Socket::UNIX;
 use JSON::PP;
 use POSIX qw(WNOHANG);
 use Test::More;
 use Time::HiRes qw(sleep time);
 use Kvgate::Gateway;
+use Kvgate::Test;
+use Socket qw(SOCK_SEQPACKET);
 
 my $g = Kvgate::Gateway->new(locations => <<'EOF');
         location = /plain {
@@ -191,6 +194,50 @@ $g->stop;
     ok($waits >= 9, "the engine stopped: $waits requests wait for room in the submission ring");
     is($same, 12, '  once it goes on, all 12 are answered, each with the right text');
     $q->stop;
+}
+
+# ---- an engine that takes the connection but never finishes the handshake ---------------
+#
+# Requests wait for the handshake at most kvgate_connect_wait (from the worker's start: the
+# first request may come before its end or after), then get the usual 503 with
+# Retry-After, saying why; later ones get it at once.
+
+{
+    my $t = Kvgate::Test->new;
+    my $sock = $t->prefix . '/mute.sock';
+    my $listen = IO::Socket::UNIX->new(Type => SOCK_SEQPACKET(), Local => $sock, Listen => 16)
+        or die "listen: $!";
+    chmod 0777, $sock;
+    $t->spawn(sub {
+        my @held;
+        while (my $c = $listen->accept) { push @held, $c }   # accepted, never answered
+    });
+    close $listen;
+    $t->write_config(http => <<"EOF");
+    kvgate_engine unix:$sock;
+    kvgate_connect_wait 1s;
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location /v1/ { kvgate_pass; }
+    }
+EOF
+    $t->run;
+    my $req = '{"model":"m","prompt":"Once upon a time","max_tokens":4}';
+    my $t0 = time;
+    my $r = $t->post_json('/v1/completions', $req);
+    my $dt = time - $t0;
+    is($r->{status}, 503, 'a handshake that never finishes: 503');
+    is($r->{headers}{'retry-after'}, 1, '  Retry-After: 1');
+    is($r->{json}{error}{code}, 'engine_unavailable', '  engine_unavailable');
+    like($r->{json}{error}{message} // '', qr/engine is not available \(the handshake did not finish within 1000 ms\)/,
+         "  '" . ($r->{json}{error}{message} // '') . "'");
+    ok($dt < 3, sprintf('  after the rest of the wait at most (%.0f ms)', $dt * 1000));
+    $t0 = time;
+    $r = $t->post_json('/v1/completions', $req);
+    is($r->{status}, 503, '  the next request: 503');
+    ok(time - $t0 < 0.3, sprintf('  at once (%.0f ms)', (time - $t0) * 1000));
+    ok($t->wait_log('logs/error.log', qr/handshake did not finish within 1000 ms/), '  the wait is logged');
+    $t->stop;
 }
 
 # ---- a body that stalls past client_body_timeout: the documented OpenAI 408 --------------
