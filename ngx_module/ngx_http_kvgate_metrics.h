@@ -43,6 +43,10 @@ typedef struct {
     ngx_atomic_t            engine_disconnects;
     ngx_atomic_t            workers_up;
     ngx_atomic_t            submit_waits;
+    /* backpressure (NGX_HTTP_KVGATE_BP_*): counters only; the gauge of paused
+       requests is the engine's (its statistics page), which cannot drift
+       when a worker dies with paused requests */
+    ngx_atomic_t            backpressure[3];
 } ngx_http_kvgate_shctx_t;
 
 
