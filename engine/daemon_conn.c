@@ -364,6 +364,41 @@ static void on_cancel(dconn *c, const kvg_shm_msg *m)
     c->dirty = 1;
 }
 
+/* PAUSE / RESUME: the client's own backpressure (its HTTP client stopped reading).
+ * One of two reasons to hold a request in the scheduler, next to the engine's own
+ * (r->held, daemon_output.c): the request is held while either holds. */
+static void on_hold(dconn *c, const kvg_shm_msg *m)
+{
+    kvg_daemon *d = c->d;
+    kvg_msg_hold h;
+    char err[160];
+    int paused;
+    void *v;
+
+    if (kvg_proto_decode_hold(m, &h, &paused, err, sizeof err) != 0) {
+        d->counters.protocol_errors++;
+        kvgd_reply_error(c, 0, 400, "%s", err);
+        return;
+    }
+    /* Not live (ended, cancelled: the messages crossed), or no longer in the
+     * scheduler (only its last output is left to deliver): nothing to hold. */
+    if (!kvg_u64map_find(&c->by_id, h.request_id, &v))
+        return;
+    dreq *r = v;
+    if (r->silent || !r->in_sched || r->paused == paused)
+        return;
+    r->paused = paused;
+    if (paused) {
+        d->counters.pauses++;
+        d->counters.paused++;
+    } else {
+        d->counters.resumes++;
+        d->counters.paused--;
+    }
+    if (!r->held)
+        kvg_sched_hold(d->sched, r->sched_id, paused);
+}
+
 void kvgd_conn_intake(dconn *c)
 {
     char err[256];
@@ -388,6 +423,8 @@ void kvgd_conn_intake(dconn *c)
             on_submit(c, &m);
         else if (m.type == KVG_MSG_CANCEL)
             on_cancel(c, &m);
+        else if (m.type == KVG_MSG_PAUSE || m.type == KVG_MSG_RESUME)
+            on_hold(c, &m);
         else {
             c->d->counters.protocol_errors++;
             kvgd_reply_error(c, 0, 400, "unknown message type %u", m.type);

@@ -4,7 +4,9 @@
  * tokens a sample produced while its client's ring was full coalesce into the next
  * TOKENS message, and the state (accepted? finished? done?) says which message comes
  * next. So a slow reader costs at most hold_tokens tokens per sample of buffering:
- * past that its requests are held in the scheduler until it catches up. */
+ * past that its requests are held in the scheduler until it catches up. A request
+ * is also held while its client paused it (PAUSE: the client's own reader is slow);
+ * the scheduler holds it while either reason holds. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +117,10 @@ void kvgd_sched_event(void *ctx, const kvg_sched_event *ev)
             d->waiting--;        /* cancelled before it was admitted */
         r->in_sched = 0;
         r->done = 1;
+        if (r->paused) {
+            r->paused = 0;       /* out of the scheduler: no longer held (the gauge) */
+            d->counters.paused--;
+        }
         r->prompt_tokens = (uint32_t)ev->prompt_tokens;
         r->cached_tokens = (uint32_t)ev->cached_tokens;
         r->completion_tokens = (uint32_t)ev->completion_tokens;
@@ -292,7 +298,8 @@ void kvgd_conn_flush(dconn *c)
             kvg_sched_hold(d->sched, r->sched_id, 1);
         } else if (r->held && pending == 0) {
             r->held = 0;
-            kvg_sched_hold(d->sched, r->sched_id, 0);
+            /* still held while its client has it paused (PAUSE, daemon_conn.c) */
+            kvg_sched_hold(d->sched, r->sched_id, r->paused);
         }
     }
     ring_client(c);

@@ -616,6 +616,28 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
 }
 
 
+ngx_int_t
+ngx_http_kvgate_engine_hold(ngx_http_kvgate_engine_req_t *er,
+    ngx_uint_t paused)
+{
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    if (!er->submitted || w->client == NULL) {
+        return NGX_DECLINED;
+    }
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, er->log, 0,
+                   "kvgate: %s engine request %uL",
+                   paused ? "pausing" : "resuming", er->id);
+
+    if (kvg_client_hold(w->client, er->id, (int) paused) != 0) {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
 void
 ngx_http_kvgate_engine_cancel(ngx_http_kvgate_engine_req_t *er)
 {

@@ -85,6 +85,12 @@ ngx_int_t ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
    connect_wait; NGX_ERROR with *err set (503) when the engine is down. */
 ngx_int_t ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
     kvg_api_error *err);
+/* Pauses (paused = 1) or resumes er's request in the engine: a paused request
+   stops generating and keeps its blocks; events made before still come.
+   NGX_OK, or NGX_DECLINED when it is not live in the engine (waiting for ring
+   room, finished, or the engine went away). */
+ngx_int_t ngx_http_kvgate_engine_hold(ngx_http_kvgate_engine_req_t *er,
+    ngx_uint_t paused);
 /* Takes er out of the wait queue and the engine; no event for it follows. */
 void ngx_http_kvgate_engine_cancel(ngx_http_kvgate_engine_req_t *er);
 

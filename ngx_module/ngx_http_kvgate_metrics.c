@@ -269,3 +269,12 @@ ngx_http_kvgate_metrics_submit_wait(void)
         (void) ngx_atomic_fetch_add(&ngx_http_kvgate_sh->submit_waits, 1);
     }
 }
+
+
+void
+ngx_http_kvgate_metrics_backpressure(ngx_uint_t what)
+{
+    if (ngx_http_kvgate_sh && what < 3) {
+        (void) ngx_atomic_fetch_add(&ngx_http_kvgate_sh->backpressure[what], 1);
+    }
+}

@@ -50,6 +50,10 @@ typedef struct {
        clears it at start), and a pid that no longer exists is not counted
        (nor kept) when the gauge is read. */
     ngx_atomic_t            worker_pid[NGX_MAX_PROCESSES];
+    /* backpressure (NGX_HTTP_KVGATE_BP_*): counters only; the gauge of paused
+       requests is the engine's (its statistics page), which cannot drift
+       when a worker dies with paused requests */
+    ngx_atomic_t            backpressure[3];
 } ngx_http_kvgate_shctx_t;
 
 

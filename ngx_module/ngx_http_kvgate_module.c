@@ -46,6 +46,8 @@ static char *ngx_http_kvgate_set_msec_slot(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_kvgate_check_num_bounds(ngx_conf_t *cf, void *post,
     void *data);
+static char *ngx_http_kvgate_check_max_unsent(ngx_conf_t *cf, void *post,
+    void *data);
 static char *ngx_http_kvgate_check_timeout(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_http_kvgate_check_cache_ttl(ngx_conf_t *cf, void *post,
@@ -75,6 +77,10 @@ static ngx_conf_num_bounds_t  ngx_http_kvgate_max_n_bounds = {
 
 static ngx_conf_num_bounds_t  ngx_http_kvgate_route_blocks_bounds = {
     ngx_http_kvgate_check_num_bounds, 1, 65536
+};
+
+static ngx_conf_post_t  ngx_http_kvgate_max_unsent_post = {
+    ngx_http_kvgate_check_max_unsent
 };
 
 static ngx_conf_post_t  ngx_http_kvgate_timeout_post = {
@@ -196,6 +202,13 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, max_n),
       &ngx_http_kvgate_max_n_bounds },
+
+    { ngx_string("kvgate_max_unsent"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, max_unsent),
+      &ngx_http_kvgate_max_unsent_post },
 
     { ngx_string("kvgate_route_blocks"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -787,6 +800,7 @@ ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf)
     klcf->max_tokens = NGX_CONF_UNSET;
     klcf->max_n = NGX_CONF_UNSET;
     klcf->route_blocks = NGX_CONF_UNSET;
+    klcf->max_unsent = NGX_CONF_UNSET_SIZE;
 
     return klcf;
 }
@@ -894,6 +908,7 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_value(conf->max_tokens, prev->max_tokens, 0);
     ngx_conf_merge_value(conf->max_n, prev->max_n, KVG_PROTO_MAX_N);
     ngx_conf_merge_value(conf->route_blocks, prev->route_blocks, 8);
+    ngx_conf_merge_size_value(conf->max_unsent, prev->max_unsent, 32 * 1024);
 
     /* kvgate_default_tenant, kvgate_timeout and kvgate_cache_ttl were
        checked by their post handlers as they were read */
@@ -1102,6 +1117,29 @@ ngx_http_kvgate_set_msec_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* kvgate_max_unsent: below a kilobyte a stream would pause at every chunk
+   (one SSE chunk is a few hundred bytes); above 64m it bounds nothing. */
+
+static char *
+ngx_http_kvgate_check_max_unsent(ngx_conf_t *cf, void *post, void *data)
+{
+    size_t     *sp = data;
+    ngx_str_t  *value;
+
+    if (*sp >= 1024 && *sp <= 64 * 1024 * 1024) {
+        return NGX_CONF_OK;
+    }
+
+    value = cf->args->elts;
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid value \"%V\" in \"%V\" directive, "
+                       "it must be between 1k and 64m", &value[1], &value[0]);
+
+    return NGX_CONF_ERROR;
 }
 
 

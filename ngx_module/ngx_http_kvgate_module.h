@@ -92,6 +92,7 @@ typedef struct {
     ngx_int_t                  max_n;
     ngx_int_t                  route_blocks;
     off_t                      max_body;          /* client_max_body_size */
+    size_t                     max_unsent;        /* kvgate_max_unsent */
 } ngx_http_kvgate_loc_conf_t;
 
 
@@ -160,6 +161,9 @@ struct ngx_http_kvgate_ctx_s {
 
     ngx_uint_t                 n_choices;
     ngx_http_kvgate_choice_t  *choices;
+
+    ngx_uint_t                 paused;            /* in the engine: the client
+                                                     does not read */
 };
 
 
@@ -195,6 +199,12 @@ void ngx_http_kvgate_metrics_engine_event(ngx_uint_t up);
 void ngx_http_kvgate_metrics_worker_clear(void);
 /* a request starts waiting for ring room */
 void ngx_http_kvgate_metrics_submit_wait(void);
+/* backpressure: a stream paused or resumed in the engine, or closed at
+   send_timeout */
+#define NGX_HTTP_KVGATE_BP_PAUSE    0
+#define NGX_HTTP_KVGATE_BP_RESUME   1
+#define NGX_HTTP_KVGATE_BP_TIMEOUT  2
+void ngx_http_kvgate_metrics_backpressure(ngx_uint_t what);
 
 /* ngx_http_kvgate_prompt.c */
 /* Reads and parses the body, resolves the tenant, tokenizes, hashes: sets

@@ -36,6 +36,7 @@ static void ngx_http_kvgate_fail(ngx_http_kvgate_ctx_t *ctx,
     kvg_api_error *err);
 static void ngx_http_kvgate_check_broken(ngx_http_request_t *r);
 static void ngx_http_kvgate_writer(ngx_http_request_t *r);
+static void ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx);
 static void ngx_http_kvgate_deadline(ngx_event_t *ev);
 static void ngx_http_kvgate_cleanup(void *data);
 static void ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
@@ -611,7 +612,10 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
             if (rc == NGX_ERROR || rc > NGX_OK) {
                 ngx_http_kvgate_engine_cancel(&ctx->engine);
                 ngx_http_kvgate_finish(ctx, rc);
+                return;
             }
+
+            ngx_http_kvgate_backpressure(ctx);
         }
 
         return;
@@ -638,6 +642,11 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
         if (rc == NGX_ERROR) {
             ngx_http_kvgate_engine_cancel(&ctx->engine);
             ngx_http_kvgate_finish(ctx, NGX_ERROR);
+            return;
+        }
+
+        if (ctx->req->stream) {
+            ngx_http_kvgate_backpressure(ctx);
         }
 
         return;
@@ -664,7 +673,10 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
             if (rc == NGX_ERROR) {
                 ngx_http_kvgate_engine_cancel(&ctx->engine);
                 ngx_http_kvgate_finish(ctx, NGX_ERROR);
+                return;
             }
+
+            ngx_http_kvgate_backpressure(ctx);
         }
 
         return;
@@ -852,6 +864,85 @@ ngx_http_kvgate_check_broken(ngx_http_request_t *r)
 }
 
 
+/*
+ * Backpressure. A stream's output waits in the worker (the write filter's
+ * chain, r->out) while its client does not read; past kvgate_max_unsent
+ * bytes the request is paused in the engine (no more decoding, its blocks
+ * stay), and resumed once the client has taken it down to half of that, so
+ * a slow reader costs the worker a bounded amount of memory and the engine
+ * no work. All samples of the request pause together (they are one request
+ * in the engine). What the engine made before the pause reached it still
+ * comes and is kept: the bound is kvgate_max_unsent plus about one step of
+ * tokens (and at most the completion ring's worth). A client that never
+ * drains is closed at send_timeout (ngx_http_kvgate_writer), which cancels
+ * the request and frees its blocks.
+ *
+ * Non-streaming requests have nothing unsent until DONE, when the engine's
+ * work is over: their text grows in memory up to n x max_tokens, and the
+ * final object is left to nginx's writer and send_timeout.
+ */
+
+static size_t
+ngx_http_kvgate_unsent(ngx_http_request_t *r)
+{
+    size_t        size;
+    ngx_chain_t  *cl;
+
+    size = 0;
+
+    for (cl = r->out; cl; cl = cl->next) {
+        if (!ngx_buf_special(cl->buf)) {
+            size += (size_t) ngx_buf_size(cl->buf);
+        }
+    }
+
+    return size;
+}
+
+
+static void
+ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
+{
+    size_t                       unsent;
+    ngx_http_request_t          *r = ctx->request;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    if (ctx->done || !ctx->req->stream) {
+        return;
+    }
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+    unsent = ngx_http_kvgate_unsent(r);
+
+    if (!ctx->paused && unsent > klcf->max_unsent) {
+
+        if (ngx_http_kvgate_engine_hold(&ctx->engine, 1) != NGX_OK) {
+            return;
+        }
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "kvgate: %uz bytes unsent (kvgate_max_unsent %uz), "
+                       "pausing the request", unsent, klcf->max_unsent);
+
+        ctx->paused = 1;
+        ngx_http_kvgate_metrics_backpressure(NGX_HTTP_KVGATE_BP_PAUSE);
+        return;
+    }
+
+    if (ctx->paused && unsent <= klcf->max_unsent / 2) {
+        ctx->paused = 0;
+
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "kvgate: %uz bytes unsent, resuming the request",
+                       unsent);
+
+        if (ngx_http_kvgate_engine_hold(&ctx->engine, 0) == NGX_OK) {
+            ngx_http_kvgate_metrics_backpressure(NGX_HTTP_KVGATE_BP_RESUME);
+        }
+    }
+}
+
+
 /* Flushes streamed output the client could not take at once. */
 
 static void
@@ -869,10 +960,27 @@ ngx_http_kvgate_writer(ngx_http_request_t *r)
     clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
 
     if (wev->timedout) {
+
+        /* as nginx's own writer does at send_timeout: 408, and the
+           connection is closed; the engine's work is cancelled, so a paused
+           request's blocks are freed */
+
         ngx_log_error(NGX_LOG_INFO, c->log, NGX_ETIMEDOUT,
-                      "kvgate: client timed out reading the stream");
+                      "kvgate: client timed out reading the stream "
+                      "(send_timeout), cancelling its request");
         c->timedout = 1;
-        ngx_http_kvgate_abort(ctx);
+
+        ngx_http_kvgate_engine_cancel(&ctx->engine);
+
+        if (ctx->done) {
+            return;
+        }
+
+        ngx_http_kvgate_metrics_backpressure(NGX_HTTP_KVGATE_BP_TIMEOUT);
+
+        ctx->status = NGX_HTTP_REQUEST_TIME_OUT;
+        r->headers_out.status = NGX_HTTP_REQUEST_TIME_OUT;
+        ngx_http_kvgate_finish(ctx, NGX_HTTP_REQUEST_TIME_OUT);
         return;
     }
 
@@ -886,6 +994,8 @@ ngx_http_kvgate_writer(ngx_http_request_t *r)
         ngx_http_kvgate_abort(ctx);
         return;
     }
+
+    ngx_http_kvgate_backpressure(ctx);
 
     if (r->buffered || r->postponed || c->buffered) {
         if (!wev->delayed) {

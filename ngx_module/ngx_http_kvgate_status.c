@@ -302,6 +302,18 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
         sh->engine_connects,
         sh->engine_disconnects, sh->submit_waits);
 
+    ngx_http_kvgate_printf(&t,
+        "# HELP kvgate_backpressure_total Streams paused in the engine because "
+        "their client did not read (kvgate_max_unsent), resumed when it "
+        "drained, and closed at send_timeout.\n"
+        "# TYPE kvgate_backpressure_total counter\n"
+        "kvgate_backpressure_total{event=\"pause\"} %uA\n"
+        "kvgate_backpressure_total{event=\"resume\"} %uA\n"
+        "kvgate_backpressure_total{event=\"send_timeout\"} %uA\n",
+        sh->backpressure[NGX_HTTP_KVGATE_BP_PAUSE],
+        sh->backpressure[NGX_HTTP_KVGATE_BP_RESUME],
+        sh->backpressure[NGX_HTTP_KVGATE_BP_TIMEOUT]);
+
     if (info && kvg_client_stats(ngx_http_kvgate_engine_client(), &st) == 0) {
         ngx_http_kvgate_printf(&t,
             "# HELP kvgate_kv_blocks KV pool blocks by state.\n"
@@ -362,6 +374,14 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
             "kvgate_engine_clients %D\n",
             st.waiting, st.running, st.held, st.steps, st.preemptions,
             st.prefill_tokens, st.decode_tokens, st.clients);
+
+        ngx_http_kvgate_printf(&t,
+            "# HELP kvgate_engine_paused_requests Requests paused by their "
+            "gateway now (their client is not reading; counted in "
+            "state=\"held\" too).\n"
+            "# TYPE kvgate_engine_paused_requests gauge\n"
+            "kvgate_engine_paused_requests %D\n",
+            st.paused);
 
         ngx_http_kvgate_printf(&t,
             "# HELP kvgate_tenant_cached_blocks Cached KV blocks of the %d "
@@ -478,6 +498,15 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
             "cancelled", (json_int_t) st.cancelled,
             "client_cancels", (json_int_t) st.client_cancels));
 
+        o = json_object_get(root, "scheduler");
+
+        if (o) {
+            json_object_set_new(o, "paused", json_integer(st.paused));
+            json_object_set_new(o, "pauses", json_integer((json_int_t) st.pauses));
+            json_object_set_new(o, "resumes",
+                                json_integer((json_int_t) st.resumes));
+        }
+
         arr = json_array();
 
         for (i = 0; i < (ngx_uint_t) st.n_tenants && i < KVG_STATS_TENANTS;
@@ -543,6 +572,12 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
         json_object_set_new(o, "completion_tokens",
                             json_integer((json_int_t) gt));
     }
+
+    json_object_set_new(o, "backpressure", json_pack("{s:I, s:I, s:I}",
+        "pauses", (json_int_t) sh->backpressure[NGX_HTTP_KVGATE_BP_PAUSE],
+        "resumes", (json_int_t) sh->backpressure[NGX_HTTP_KVGATE_BP_RESUME],
+        "send_timeouts",
+        (json_int_t) sh->backpressure[NGX_HTTP_KVGATE_BP_TIMEOUT]));
 
     json_object_set_new(root, "gateway", o);
 

@@ -41,8 +41,10 @@ struct kvg_client {
 
     kvg_u64map live;             /* request id -> user */
     uint64_t next_id;
-    uint64_t *cancels;           /* cancel messages the full ring could not take yet */
-    size_t n_cancels, cap_cancels;
+    /* CANCEL, PAUSE and RESUME messages the full ring could not take yet, in order
+     * (a PAUSE must never overtake the CANCEL after it, nor a RESUME its PAUSE). */
+    struct kvg_client_ctl { uint64_t id; uint32_t type; } *ctl;
+    size_t n_ctl, cap_ctl;
     int want_writable;
     size_t want_payload;
     int sock_readable;           /* the caller saw the socket readable: look at it */
@@ -114,7 +116,7 @@ static void teardown(kvg_client *c)
     c->tok = NULL;
     memset(&c->shm, 0, sizeof c->shm);
     memset(&c->info, 0, sizeof c->info);
-    c->n_cancels = 0;
+    c->n_ctl = 0;
     c->want_writable = 0;
     c->state = KVG_CLIENT_DOWN;
 }
@@ -126,7 +128,7 @@ void kvg_client_free(kvg_client *c)
     teardown(c);
     kvg_u64map_free(&c->live);
     kvg_prefix_hasher_free(c->hasher);
-    free(c->cancels);
+    free(c->ctl);
     free(c->submit_buf);
     free(c->recv_buf);
     free(c);
@@ -345,22 +347,51 @@ static void ring_engine(kvg_client *c)
     }
 }
 
-static void flush_cancels(kvg_client *c)
+static void flush_ctl(kvg_client *c)
 {
     size_t k = 0;
     char err[128];
-    for (; k < c->n_cancels; k++) {
-        kvg_msg_cancel m = { KVG_PROTO_VERSION, 0, c->cancels[k] };
-        if (kvg_shm_try_push(&c->shm.sq, KVG_MSG_CANCEL, &m, sizeof m, NULL, 0, err, sizeof err) != 0)
+    for (; k < c->n_ctl; k++) {
+        int rc;
+        if (c->ctl[k].type == KVG_MSG_CANCEL) {
+            kvg_msg_cancel m = { KVG_PROTO_VERSION, 0, c->ctl[k].id };
+            rc = kvg_shm_try_push(&c->shm.sq, KVG_MSG_CANCEL, &m, sizeof m, NULL, 0, err, sizeof err);
+        } else {
+            kvg_msg_hold m = { KVG_PROTO_VERSION, 0, c->ctl[k].id };
+            rc = kvg_shm_try_push(&c->shm.sq, c->ctl[k].type, &m, sizeof m, NULL, 0, err, sizeof err);
+        }
+        if (rc != 0)
             break;
     }
     if (k) {
-        memmove(c->cancels, c->cancels + k, (c->n_cancels - k) * sizeof *c->cancels);
-        c->n_cancels -= k;
+        memmove(c->ctl, c->ctl + k, (c->n_ctl - k) * sizeof *c->ctl);
+        c->n_ctl -= k;
         ring_engine(c);
     }
-    if (c->n_cancels)
+    if (c->n_ctl)
         kvg_shm_producer_wait(&c->shm.sq);
+}
+
+/* Queues a control message for a live request and sends what the ring takes. 0, or
+ * -1 when even queueing failed (the connection was dropped: the engine then cancels
+ * everything of ours, so nothing is left generating for nobody). */
+static int queue_ctl(kvg_client *c, uint64_t id, uint32_t type)
+{
+    if (c->n_ctl == c->cap_ctl) {
+        size_t nc = c->cap_ctl ? c->cap_ctl * 2 : 16;
+        struct kvg_client_ctl *g = realloc(c->ctl, nc * sizeof *g);
+        if (!g) {
+            go_down(c, "out of memory queueing a control message");
+            return -1;
+        }
+        c->ctl = g;
+        c->cap_ctl = nc;
+    }
+    c->ctl[c->n_ctl].id = id;
+    c->ctl[c->n_ctl].type = type;
+    c->n_ctl++;
+    flush_ctl(c);
+    return 0;
 }
 
 int kvg_client_cancel(kvg_client *c, uint64_t id)
@@ -370,21 +401,17 @@ int kvg_client_cancel(kvg_client *c, uint64_t id)
     kvg_u64map_del(&c->live, id);
     if (c->state != KVG_CLIENT_UP)
         return 0;
-    if (c->n_cancels == c->cap_cancels) {
-        size_t nc = c->cap_cancels ? c->cap_cancels * 2 : 16;
-        uint64_t *g = realloc(c->cancels, nc * sizeof *g);
-        if (!g) {
-            /* Cannot even queue it: the engine would generate for nobody. Dropping
-             * the connection makes the engine cancel everything of ours. */
-            go_down(c, "out of memory queueing a cancel");
-            return 0;
-        }
-        c->cancels = g;
-        c->cap_cancels = nc;
-    }
-    c->cancels[c->n_cancels++] = id;
-    flush_cancels(c);
+    (void)queue_ctl(c, id, KVG_MSG_CANCEL);
     return 0;
+}
+
+int kvg_client_hold(kvg_client *c, uint64_t id, int paused)
+{
+    if (!kvg_u64map_find(&c->live, id, NULL))
+        return -1;
+    if (c->state != KVG_CLIENT_UP)
+        return 0;                /* the request fails with the connection anyway */
+    return queue_ctl(c, id, paused ? KVG_MSG_PAUSE : KVG_MSG_RESUME);
 }
 
 int kvg_client_hash_root(kvg_client *c, const char *tenant, size_t tenant_len,
@@ -515,14 +542,14 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
 
     if (kvg_u64map_put(&c->live, v.h.request_id, user) != 0)
         return kvg_fail(err, err_len, "engine client", "out of memory");
-    if (c->n_cancels)
-        flush_cancels(c);
-    rc = c->n_cancels ? KVG_SHM_FULL
+    if (c->n_ctl)
+        flush_ctl(c);
+    rc = c->n_ctl ? KVG_SHM_FULL
                       : kvg_shm_try_push(&c->shm.sq, KVG_MSG_SUBMIT, &v.h, sizeof v.h, c->submit_buf, need, err,
                                          err_len);
     if (rc == KVG_SHM_FULL) {
         kvg_shm_producer_wait(&c->shm.sq);
-        rc = c->n_cancels ? KVG_SHM_FULL
+        rc = c->n_ctl ? KVG_SHM_FULL
                           : kvg_shm_try_push(&c->shm.sq, KVG_MSG_SUBMIT, &v.h, sizeof v.h, c->submit_buf, need,
                                              err, err_len);
     }
@@ -723,8 +750,8 @@ int kvg_client_next_event(kvg_client *c, kvg_client_event *ev)
         return kvg_client_next_event(c, ev);   /* the failed requests, then DOWN */
     if (rc == 1)
         return 1;
-    if (c->n_cancels)
-        flush_cancels(c);
+    if (c->n_ctl)
+        flush_ctl(c);
     /* The socket only ever carries EOF (or a violation): look when the caller saw it
      * readable, and at least every 100 ms. */
     int64_t now = kvg_mono_ms();
@@ -742,7 +769,7 @@ int kvg_client_next_event(kvg_client *c, kvg_client_event *ev)
             return kvg_client_next_event(c, ev);
         }
     }
-    if (c->want_writable && !c->n_cancels && kvg_shm_can_push(&c->shm.sq, c->want_payload)) {
+    if (c->want_writable && !c->n_ctl && kvg_shm_can_push(&c->shm.sq, c->want_payload)) {
         c->want_writable = 0;
         ev->kind = KVG_CEV_WRITABLE;
         return 1;

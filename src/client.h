@@ -178,6 +178,13 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
 /* Cancels a live request: the engine stops it, and no more events come for it. -1
  * when the id is not live. A full ring delays the cancel message, never loses it. */
 int kvg_client_cancel(kvg_client *c, uint64_t id);
+/* Pauses (paused != 0) or resumes a live request in the engine: a paused request
+ * makes no progress and keeps its blocks (backpressure: the caller cannot pass its
+ * output on). Events the engine produced before the pause still come. Idempotent on
+ * the engine's side; messages go out in order with cancels, a full ring delays them.
+ * 0; -1 when the id is not live, or the connection had to be dropped (out of memory:
+ * the request then fails with it). */
+int kvg_client_hold(kvg_client *c, uint64_t id, int paused);
 /* Live requests (submitted, not yet DONE/ERROR/cancelled). */
 size_t kvg_client_live(const kvg_client *c);
 

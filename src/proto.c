@@ -16,6 +16,7 @@ _Static_assert(sizeof(kvg_msg_tokens) <= KVG_SHM_BODY_MAX, "tokens fits a slot")
 _Static_assert(sizeof(kvg_msg_finished) <= KVG_SHM_BODY_MAX, "finished fits a slot");
 _Static_assert(sizeof(kvg_msg_done) <= KVG_SHM_BODY_MAX, "done fits a slot");
 _Static_assert(sizeof(kvg_msg_error) <= KVG_SHM_BODY_MAX, "error fits a slot");
+_Static_assert(sizeof(kvg_msg_hold) <= KVG_SHM_BODY_MAX, "hold fits a slot");
 _Static_assert(sizeof(kvg_welcome) < 1024, "welcome is one small packet");
 _Static_assert(sizeof(kvg_stats_page) <= 65536, "stats page size");
 
@@ -393,6 +394,23 @@ int kvg_proto_decode_fixed(const kvg_shm_msg *m, uint32_t type, void *out, size_
     if (m->payload_len != 0)
         return kvg_fail(err, err_len, "protocol", "message type %u carries an unexpected payload", type);
     memcpy(out, m->body, size);
+    return 0;
+}
+
+int kvg_proto_decode_hold(const kvg_shm_msg *m, kvg_msg_hold *h, int *paused, char *err,
+                          size_t err_len)
+{
+    uint32_t type = m->type == KVG_MSG_RESUME ? KVG_MSG_RESUME : KVG_MSG_PAUSE;
+    const char *what = type == KVG_MSG_PAUSE ? "PAUSE" : "RESUME";
+    if (check_body(m, type, sizeof *h, what, err, err_len) != 0)
+        return -1;
+    if (m->payload_len != 0)
+        return kvg_fail(err, err_len, "protocol", "%s carries an unexpected payload", what);
+    memcpy(h, m->body, sizeof *h);
+    /* A new message: its spare field must stay free for a later meaning. */
+    if (h->reserved != 0)
+        return kvg_fail(err, err_len, "protocol", "%s with reserved field %u (must be 0)", what, h->reserved);
+    *paused = type == KVG_MSG_PAUSE;
     return 0;
 }
 

@@ -24,7 +24,8 @@
  *    notices the other dying.
  *
  * 2. Messages in the region's rings (slot body = one of the structs below, payload in
- *    the data area). Client -> engine: SUBMIT, CANCEL. Engine -> client, per request:
+ *    the data area). Client -> engine: SUBMIT, CANCEL, PAUSE, RESUME. Engine -> client,
+ *    per request:
  *    ACCEPTED once (cached tokens known), TOKENS as they are produced (streamed, not
  *    at the end), FINISHED once per sample, then DONE (usage); or ERROR at any point,
  *    which ends the request. DONE and ERROR are always the last message of a request.
@@ -113,7 +114,9 @@ enum kvg_msg_type {
     KVG_MSG_TOKENS   = 4,        /* cq */
     KVG_MSG_FINISHED = 5,        /* cq */
     KVG_MSG_DONE     = 6,        /* cq */
-    KVG_MSG_ERROR    = 7         /* cq */
+    KVG_MSG_ERROR    = 7,        /* cq */
+    KVG_MSG_PAUSE    = 8,        /* sq */
+    KVG_MSG_RESUME   = 9         /* sq */
 };
 
 /* Bypass (neither look up nor fill the prefix cache) is bucket 0, and only that: it
@@ -176,6 +179,19 @@ typedef struct kvg_msg_cancel {
     uint32_t reserved;
     uint64_t request_id;
 } kvg_msg_cancel;
+
+/* PAUSE and RESUME, no payload. The client cannot send the request's output on as
+ * fast as the engine makes it (its HTTP client stops reading): PAUSE takes the
+ * request out of the engine's batches and admission while it keeps its blocks and
+ * its place; RESUME puts it back. Both are idempotent and name a request by its id;
+ * an id that is not live (the request ended, the messages crossed) is ignored, so
+ * is RESUME without PAUSE. Output the engine made before the PAUSE still comes. A
+ * CANCEL ends a paused request as any other. reserved must be 0. */
+typedef struct kvg_msg_hold {
+    uint32_t version;
+    uint32_t reserved;
+    uint64_t request_id;
+} kvg_msg_hold;
 
 /* No payload. The request was admitted: its prompt is being computed. */
 typedef struct kvg_msg_accepted {
@@ -288,6 +304,9 @@ int kvg_proto_decode_tokens(const kvg_shm_msg *m, kvg_tokens_view *v, char *err,
 /* Fixed-size bodies without payload: type, size and version checked, *out filled. */
 int kvg_proto_decode_fixed(const kvg_shm_msg *m, uint32_t type, void *out, size_t size,
                            char *err, size_t err_len);
+/* PAUSE or RESUME: the fixed checks, reserved == 0; *paused is 1 for PAUSE. */
+int kvg_proto_decode_hold(const kvg_shm_msg *m, kvg_msg_hold *h, int *paused, char *err,
+                          size_t err_len);
 /* ERROR: *h and the message (validated UTF-8 is not required; length bounded). */
 int kvg_proto_decode_error(const kvg_shm_msg *m, kvg_msg_error *h, const char **msg,
                            char *err, size_t err_len);
@@ -338,6 +357,9 @@ typedef struct kvg_stats {
     /* the daemon */
     uint64_t submitted, completed, errors, client_cancels, deadlines;
     uint64_t clients_total, protocol_errors;
+    uint64_t pauses, resumes;    /* PAUSE / RESUME messages that changed a request */
+    int32_t paused;              /* requests paused by their client now (of "held") */
+    int32_t reserved3;
     kvg_stats_bucket bucket[KVG_STATS_BUCKETS];
     /* tenants with the most cached blocks */
     int32_t n_tenants;           /* entries used in tenant[] */

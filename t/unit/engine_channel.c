@@ -4,7 +4,8 @@
  * are identical; tenants never share blocks; many concurrent clients with interleaved
  * requests get exactly what each request gets alone; tiny rings wrap thousands of
  * times; a client that stops reading is held (bounded engine memory) and then gets
- * everything, unchanged; a request larger than the channel is refused cleanly; the
+ * everything, unchanged; a request its client pauses (PAUSE) stops generating and
+ * resumes unchanged, stray PAUSE/RESUME messages change nothing; a request larger than the channel is refused cleanly; the
  * engine's own refusals (pool too small, saturation) come back as errors. */
 #include <jansson.h>
 
@@ -287,6 +288,158 @@ static void test_small_rings(void)
     kvg_client_free(c);
 }
 
+/* Drains every event pending now into their results. */
+static void drain_events(kvg_client *c)
+{
+    kvg_client_event ev;
+    while (kvg_client_next_event(c, &ev) == 1)
+        ep_record(&ev);
+}
+
+static uint32_t received(const ep_result *r, int n)
+{
+    uint32_t t = 0;
+    for (int j = 0; j < n; j++)
+        t += r->n_tokens[j];
+    return t;
+}
+
+/* PAUSE and RESUME (the gateway's backpressure): a paused request is held with all of
+ * its samples while its client keeps reading, then completes unchanged; hostile or
+ * crossing messages (pause twice, resume without pause, an id the engine no longer
+ * knows) change nothing and break nothing. */
+static void test_pause_resume(void)
+{
+    kvg_client *c = ep_connect(sock1);
+    char err[256];
+    uint64_t id, id2;
+    kvg_stats st, st0, st2;
+    double until;
+    if (!c) {
+        ok(0, "connect for pause/resume");
+        return;
+    }
+    size_t n;
+    int32_t *ids = ep_tokens(c, "Once upon a time", &n);
+    kvg_client_req q = ep_req(ids, n, 400);
+    q.n = 3;
+    q.bypass = 1;
+    q.temperature = 0.8f;
+    q.seed = 11;
+    ep_run(c, &q, &REF[41], 60);
+    ep_stats(c, &st0);
+
+    memset(&R[41], 0, sizeof R[41]);
+    ok(kvg_client_submit(c, &q, &R[41], &id, err, sizeof err) == 0, "a 3-sample request is submitted");
+    until = ep_now() + EP_WAIT_S;
+    while (ep_now() < until && received(&R[41], 3) < 3) {
+        kvg_client_wait(c, 10);
+        drain_events(c);
+    }
+    ok(kvg_client_hold(c, id, 1) == 0, "  PAUSE after its first tokens (%u)", received(&R[41], 3));
+    ok(kvg_client_hold(c, id, 1) == 0, "  and PAUSE again (idempotent in the engine)");
+    /* Read on while paused: the engine still delivers what it made before the pause,
+     * then nothing more. */
+    int paused = 0;
+    until = ep_now() + EP_WAIT_S;
+    while (ep_now() < until && !paused) {
+        kvg_client_wait(c, 10);
+        drain_events(c);
+        ep_stats(c, &st);
+        paused = st.paused == 1 && st.held >= 1 && st.running == 1;
+    }
+    ok(paused, "  the engine shows it paused and held (paused %d, held %d, running %d)", st.paused, st.held,
+       st.running);
+    ok(st.pauses == st0.pauses + 1, "  one pause counted for two PAUSEs (%llu -> %llu)",
+       (unsigned long long)st0.pauses, (unsigned long long)st.pauses);
+    /* Whatever was in flight has arrived within a few steps; then the count stays. */
+    ep_sleep_ms(100);
+    drain_events(c);
+    uint32_t got = received(&R[41], 3);
+    ep_stats(c, &st);
+    ep_sleep_ms(300);
+    drain_events(c);
+    ep_stats(c, &st2);
+    ok(received(&R[41], 3) == got && st2.decode_tokens == st.decode_tokens && !R[41].done,
+       "  while paused no sample generates (%u tokens received, %llu -> %llu decode tokens)", got,
+       (unsigned long long)st.decode_tokens, (unsigned long long)st2.decode_tokens);
+
+    /* A second request runs meanwhile; RESUME without PAUSE on it changes nothing. */
+    kvg_client_req q2 = ep_req(ids, n, 40);
+    q2.bypass = 1;
+    memset(&R[42], 0, sizeof R[42]);
+    ok(kvg_client_submit(c, &q2, &R[42], &id2, err, sizeof err) == 0 && kvg_client_hold(c, id2, 0) == 0,
+       "another request, with a RESUME it never needed");
+    ep_result *rs[2] = { &R[42] };
+    int rc = ep_pump(&c, 1, rs, 1, 60);
+    ok(rc == 0 && R[42].done && R[42].completion_tokens == 40,
+       "  completes beside the paused one (%u tokens)", R[42].completion_tokens);
+    ep_stats(c, &st);
+    ok(st.resumes == st0.resumes && st.paused == 1, "  the stray RESUME is not counted (resumes %llu, paused %d)",
+       (unsigned long long)st.resumes, st.paused);
+    /* Its id is over in the engine once its DONE was pushed; the client forgets it
+     * when it reads the DONE: pause it in between (submit, wait for the engine to
+     * finish it, then pause before reading) and the engine gets an id it does not
+     * know any more. */
+    uint64_t id3;
+    memset(&R[43], 0, sizeof R[43]);
+    kvg_client_submit(c, &q2, &R[43], &id3, err, sizeof err);
+    until = ep_now() + EP_WAIT_S;
+    do {
+        ep_sleep_ms(5);
+        ep_stats(c, &st2);
+    } while (ep_now() < until && st2.completed < st.completed + 1);
+    ok(kvg_client_hold(c, id3, 1) == 0, "PAUSE of a request the engine already finished (messages crossing)");
+    rs[0] = &R[43];
+    rc = ep_pump(&c, 1, rs, 1, 60);
+    ok(rc == 0 && R[43].done && R[43].completion_tokens == 40, "  it is simply done");
+    ok(kvg_client_hold(c, id3, 1) == -1 && kvg_client_hold(c, 123456789, 0) == -1,
+       "  the client refuses to pause or resume ids that are not live");
+    ep_stats(c, &st2);
+    ok(st2.pauses == st0.pauses + 1 && st2.paused == 1 && st2.protocol_errors == st0.protocol_errors,
+       "  ignored by the engine: no pause counted, no protocol error (pauses %llu, errors %llu)",
+       (unsigned long long)st2.pauses, (unsigned long long)st2.protocol_errors);
+
+    ok(kvg_client_hold(c, id, 0) == 0 && kvg_client_hold(c, id, 0) == 0, "RESUME the paused request (twice)");
+    rs[0] = &R[41];
+    rc = ep_pump(&c, 1, rs, 1, 60);
+    ok(rc == 0 && R[41].done, "  it completes");
+    ok(ep_same(&REF[41], &R[41], 3), "  with exactly the output of an unpaused run (3 x %u tokens)",
+       R[41].n_tokens[0]);
+    ep_stats(c, &st2);
+    ok(st2.resumes == st0.resumes + 1 && st2.paused == 0 && st2.held == 0,
+       "  one resume counted, nothing paused or held any more (resumes %llu, paused %d, held %d)",
+       (unsigned long long)st2.resumes, st2.paused, st2.held);
+
+    /* A paused request that is cancelled is gone, blocks and all. */
+    memset(&R[44], 0, sizeof R[44]);
+    kvg_client_submit(c, &q, &R[44], &id, err, sizeof err);
+    until = ep_now() + EP_WAIT_S;
+    while (ep_now() < until && received(&R[44], 3) < 1) {
+        kvg_client_wait(c, 10);
+        drain_events(c);
+    }
+    kvg_client_hold(c, id, 1);
+    until = ep_now() + EP_WAIT_S;
+    do {
+        ep_sleep_ms(5);
+        drain_events(c);
+        ep_stats(c, &st);
+    } while (ep_now() < until && st.paused != 1);
+    ok(st.paused == 1 && st.blocks_used > 0, "a paused request holds its blocks (%d in use)", st.blocks_used);
+    kvg_client_cancel(c, id);
+    until = ep_now() + EP_WAIT_S;
+    do {
+        ep_sleep_ms(5);
+        ep_stats(c, &st);
+    } while (ep_now() < until && (st.paused != 0 || st.running != 0 || st.blocks_used != 0));
+    ok(st.paused == 0 && st.running == 0 && st.blocks_used == 0,
+       "  cancelled while paused: it is gone and its blocks are free (paused %d, running %d, used %d)", st.paused,
+       st.running, st.blocks_used);
+    free(ids);
+    kvg_client_free(c);
+}
+
 static void test_channel_limits(void)
 {
     kvg_client *c = ep_connect(sock3);
@@ -419,6 +572,7 @@ int main(void)
     kvg_client_free(c);
     test_concurrent_clients();
     test_small_rings();
+    test_pause_resume();
     test_channel_limits();
     is_int(ep_stop(&e1, SIGTERM, 30), 0, "engine 1 exits 0 on SIGTERM");
     is_int(ep_stop(&e2, SIGTERM, 30), 0, "engine 2 exits 0 on SIGTERM");
