@@ -24,6 +24,8 @@
 
 
 static void ngx_http_kvgate_body_handler(ngx_http_request_t *r);
+static void ngx_http_kvgate_prompt_done(ngx_http_request_t *r, ngx_int_t rc,
+    kvg_api_error *err);
 static ngx_int_t ngx_http_kvgate_prepare(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err);
 static ngx_int_t ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx,
@@ -57,11 +59,15 @@ static const char  *ngx_http_kvgate_event_names[] = {
 #endif
 
 
+static ngx_http_request_body_filter_pt  ngx_http_kvgate_next_body_filter;
+
+
 ngx_int_t
 ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx)
 {
     ngx_int_t            rc;
+    kvg_api_error        err;
     ngx_pool_cleanup_t  *cln;
 
     if (!ngx_http_kvgate_engine_up()) {
@@ -79,6 +85,36 @@ ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
                                           "server_error", "engine_unavailable",
                                           "kvgate: the engine is not available",
                                           1);
+    }
+
+    /*
+     * A body no prompt that fits the context needs is refused before it is
+     * read: by its Content-Length here, as it arrives (chunked) in
+     * ngx_http_kvgate_request_body_filter. client_max_body_size, when
+     * smaller, refuses first (nginx checks it itself).
+     */
+
+    ctx->body_limit = ngx_http_kvgate_prompt_body_limit(
+                          ngx_http_kvgate_engine_info());
+
+    if (ctx->body_limit
+        && r->headers_in.content_length_n > ctx->body_limit)
+    {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "kvgate: client intended to send a body of %O bytes, "
+                      "over the %O a prompt of the engine's context can "
+                      "need", r->headers_in.content_length_n,
+                      ctx->body_limit);
+
+        rc = ngx_http_discard_request_body(r);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        ngx_http_kvgate_prompt_too_large(r, &err);
+        ctx->status = NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
+
+        return ngx_http_kvgate_send_api_error(r, &err, 0);
     }
 
     cln = ngx_pool_cleanup_add(r->pool, 0);
@@ -99,6 +135,54 @@ ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
 }
 
 
+/*
+ * Every request body passes here as nginx reads it (after chunked decoding):
+ * a completion's body over its derived limit stops at the first byte past it
+ * with 413, which error_page brings back to the location as an OpenAI error
+ * (ngx_http_kvgate_prompt_too_large words it).
+ */
+
+static ngx_int_t
+ngx_http_kvgate_request_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_chain_t            *cl;
+    ngx_http_kvgate_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+
+    if (ctx == NULL || ctx->body_limit == 0) {
+        return ngx_http_kvgate_next_body_filter(r, in);
+    }
+
+    for (cl = in; cl; cl = cl->next) {
+        ctx->body_read += ngx_buf_size(cl->buf);
+    }
+
+    if (ctx->body_read > ctx->body_limit) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "kvgate: client sent a body of more than %O bytes, "
+                      "the most a prompt of the engine's context can need",
+                      ctx->body_limit);
+
+        r->lingering_close = 1;
+
+        return NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
+    }
+
+    return ngx_http_kvgate_next_body_filter(r, in);
+}
+
+
+ngx_int_t
+ngx_http_kvgate_request_init(ngx_conf_t *cf)
+{
+    ngx_http_kvgate_next_body_filter = ngx_http_top_request_body_filter;
+    ngx_http_top_request_body_filter = ngx_http_kvgate_request_body_filter;
+
+    return NGX_OK;
+}
+
+
 /* The request's memory is gone: the engine must not work for it. */
 
 static void
@@ -116,16 +200,67 @@ ngx_http_kvgate_cleanup(void *data)
 }
 
 
+/* The body is in: have it parsed and tokenized (perhaps in a thread). */
+
 static void
 ngx_http_kvgate_body_handler(ngx_http_request_t *r)
 {
     ngx_int_t                    rc;
+    kvg_api_error                err;
+    const kvg_engine_info       *info;
+    ngx_http_kvgate_ctx_t       *ctx;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    info = ngx_http_kvgate_engine_info();
+    if (info == NULL) {
+        kvg_api_error_set(&err, 503, "engine_unavailable", NULL,
+                          "kvgate: the engine is not available (%s)",
+                          ngx_http_kvgate_engine_down_reason());
+        ngx_http_kvgate_fail(ctx, &err);
+        return;
+    }
+
+    rc = ngx_http_kvgate_prompt_start(r, ctx, klcf, info,
+                                      ngx_http_kvgate_prompt_done, &err);
+
+    if (rc == NGX_AGAIN) {
+        /* ngx_http_kvgate_prompt_done follows */
+        return;
+    }
+
+    ngx_http_kvgate_prompt_done(r, rc, &err);
+}
+
+
+/* The prompt is parsed and tokenized (rc NGX_OK) or refused: check it
+   against the model and this server's limits, submit, park. */
+
+static void
+ngx_http_kvgate_prompt_done(ngx_http_request_t *r, ngx_int_t rc,
+    kvg_api_error *perr)
+{
     kvg_api_error                err;
     ngx_http_kvgate_ctx_t       *ctx;
     ngx_http_kvgate_loc_conf_t  *klcf;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    if (r->connection->error) {
+        /* the client left while its prompt was in a thread */
+        ngx_http_kvgate_engine_cancel(&ctx->engine);
+        ctx->status = NGX_HTTP_CLIENT_CLOSED_REQUEST;
+        ngx_http_kvgate_finish(ctx, NGX_HTTP_CLIENT_CLOSED_REQUEST);
+        return;
+    }
+
+    if (rc != NGX_OK) {
+        ngx_http_kvgate_fail(ctx, perr);
+        return;
+    }
 
     if (ngx_http_kvgate_prepare(r, ctx, &err) != NGX_OK) {
         ngx_http_kvgate_fail(ctx, &err);
@@ -187,9 +322,7 @@ ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    if (ngx_http_kvgate_prompt_parse(r, ctx, klcf, info, err) != NGX_OK) {
-        return NGX_ERROR;
-    }
+    /* the engine may have gone (or come back) while a thread tokenized */
 
     req = ctx->req;
     param = req->endpoint == KVG_ENDPOINT_CHAT ? "messages" : "prompt";
