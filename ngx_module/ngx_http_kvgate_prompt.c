@@ -831,11 +831,16 @@ ngx_http_kvgate_prompt_event(ngx_event_t *ev)
         t->rc = NGX_ERROR;
     }
 
+    /*
+     * The reference taken when the task was posted goes first: the body
+     * read's own still holds the request, and the handler may end it (an
+     * error, or a client that left, which nginx terminates at once).
+     */
+
+    r->main->count--;
+
     t->done(r, t->rc, &t->err);
 
-    /* the reference taken when the task was posted */
-
-    ngx_http_finalize_request(r, NGX_DONE);
     ngx_http_run_posted_requests(c);
 }
 
