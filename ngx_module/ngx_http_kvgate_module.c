@@ -34,6 +34,8 @@ static char *ngx_http_kvgate_buckets(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_kvgate_normalize(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_kvgate_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 
 static ngx_int_t ngx_http_kvgate_init_module(ngx_cycle_t *cycle);
 static ngx_int_t ngx_http_kvgate_init_process(ngx_cycle_t *cycle);
@@ -216,6 +218,13 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, route_blocks),
       &ngx_http_kvgate_route_blocks_bounds },
+
+    { ngx_string("kvgate_thread_pool"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_kvgate_thread_pool,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
 
       ngx_null_command
 };
@@ -416,8 +425,7 @@ ngx_http_kvgate_error_page(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 {
     ngx_int_t                    rc;
     const char                  *msg, *code;
-    u_char                       buf[256];
-    ngx_http_core_loc_conf_t    *clcf;
+    kvg_api_error                err;
 
     rc = ngx_http_discard_request_body(r);
     if (rc != NGX_OK && rc != NGX_AGAIN) {
@@ -429,14 +437,10 @@ ngx_http_kvgate_error_page(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
     switch (r->err_status) {
 
     case NGX_HTTP_REQUEST_ENTITY_TOO_LARGE:
-        clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
-        ngx_snprintf(buf, sizeof(buf) - 1,
-                     "The request body is larger than this server accepts "
-                     "(client_max_body_size %O bytes)%Z",
-                     clcf->client_max_body_size);
-        msg = (char *) buf;
-        code = "request_too_large";
-        break;
+        /* client_max_body_size or the limit the context implies */
+        ngx_http_kvgate_prompt_too_large(r, &err);
+        ctx->status = r->err_status;
+        return ngx_http_kvgate_send_api_error(r, &err, 0);
 
     case NGX_HTTP_REQUEST_TIME_OUT:
         msg = "The request body did not arrive in time";
@@ -711,7 +715,7 @@ ngx_http_kvgate_postconfiguration(ngx_conf_t *cf)
 
     *h = ngx_http_kvgate_log_handler;
 
-    return NGX_OK;
+    return ngx_http_kvgate_request_init(cf);
 }
 
 
@@ -801,6 +805,7 @@ ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf)
     klcf->max_n = NGX_CONF_UNSET;
     klcf->route_blocks = NGX_CONF_UNSET;
     klcf->max_unsent = NGX_CONF_UNSET_SIZE;
+    klcf->thread_min_bytes = NGX_CONF_UNSET_SIZE;
 
     return klcf;
 }
@@ -910,6 +915,37 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_value(conf->route_blocks, prev->route_blocks, 8);
     ngx_conf_merge_size_value(conf->max_unsent, prev->max_unsent, 32 * 1024);
 
+    /*
+     * kvgate_thread_pool: inherited; by default nginx's "default" pool (32
+     * threads, created on demand) for bodies of 16k and more, when nginx has
+     * thread pools at all.
+     */
+
+    if (conf->thread_pool_name.data == NULL) {
+        conf->thread_pool_name = prev->thread_pool_name;
+#if (NGX_THREADS)
+        conf->thread_pool = prev->thread_pool;
+#endif
+    }
+
+    ngx_conf_merge_size_value(conf->thread_min_bytes, prev->thread_min_bytes,
+                              16384);
+
+    if (conf->thread_pool_name.data == NULL
+        && conf->handler == NGX_HTTP_KVGATE_PASS)
+    {
+#if (NGX_THREADS)
+        ngx_str_set(&conf->thread_pool_name, "default");
+
+        conf->thread_pool = ngx_thread_pool_add(cf, &conf->thread_pool_name);
+        if (conf->thread_pool == NULL) {
+            return NGX_CONF_ERROR;
+        }
+#else
+        ngx_str_set(&conf->thread_pool_name, "off");
+#endif
+    }
+
     /* kvgate_default_tenant, kvgate_timeout and kvgate_cache_ttl were
        checked by their post handlers as they were read */
 
@@ -928,6 +964,81 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* kvgate_thread_pool off | name [min_bytes=size] */
+
+static char *
+ngx_http_kvgate_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_kvgate_loc_conf_t  *klcf = conf;
+
+    ssize_t     n;
+    ngx_str_t  *value, s;
+
+    if (klcf->thread_pool_name.data != NULL) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (cf->args->nelts == 3) {
+        if (ngx_strncmp(value[2].data, "min_bytes=", 10) != 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\" (expected "
+                               "min_bytes=size)", &value[2]);
+            return NGX_CONF_ERROR;
+        }
+
+        s.data = value[2].data + 10;
+        s.len = value[2].len - 10;
+
+        n = ngx_parse_size(&s);
+        if (n == NGX_ERROR) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid min_bytes \"%V\" (a size such as "
+                               "16k)", &s);
+            return NGX_CONF_ERROR;
+        }
+
+        klcf->thread_min_bytes = (size_t) n;
+    }
+
+    klcf->thread_pool_name = value[1];
+
+    if (value[1].len == 3 && ngx_strncmp(value[1].data, "off", 3) == 0) {
+        if (cf->args->nelts == 3) {
+            return "takes no min_bytes with \"off\"";
+        }
+
+#if (NGX_THREADS)
+        klcf->thread_pool = NULL;
+#endif
+        return NGX_CONF_OK;
+    }
+
+#if (NGX_THREADS)
+
+    /* an undeclared name other than "default" fails at the end of the
+       configuration (nginx's thread_pool module says which) */
+
+    klcf->thread_pool = ngx_thread_pool_add(cf, &value[1]);
+    if (klcf->thread_pool == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+
+#else
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"kvgate_thread_pool %V\" needs nginx built with "
+                       "thread pools (--with-threads); use \"off\"",
+                       &value[1]);
+    return NGX_CONF_ERROR;
+
+#endif
 }
 
 

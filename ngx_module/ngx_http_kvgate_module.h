@@ -93,6 +93,14 @@ typedef struct {
     ngx_int_t                  route_blocks;
     off_t                      max_body;          /* client_max_body_size */
     size_t                     max_unsent;        /* kvgate_max_unsent */
+
+    /* kvgate_thread_pool: bodies of at least thread_min_bytes are parsed
+       and tokenized there (NULL: all in the worker's event loop) */
+#if (NGX_THREADS)
+    ngx_thread_pool_t         *thread_pool;
+#endif
+    ngx_str_t                  thread_pool_name;  /* "off": none */
+    size_t                     thread_min_bytes;
 } ngx_http_kvgate_loc_conf_t;
 
 
@@ -141,11 +149,15 @@ struct ngx_http_kvgate_ctx_s {
     /* its place in the engine connection, with the handlers it calls */
     ngx_http_kvgate_engine_req_t  engine;
 
+    ngx_uint_t                 parsed;            /* tokenized, hashed */
     ngx_uint_t                 prepared;          /* parsed, checked */
     ngx_http_event_handler_pt  body_reader;       /* nginx's, while reading */
     ngx_uint_t                 done;              /* answered */
     ngx_uint_t                 header_sent;
     ngx_uint_t                 front;             /* only the route key, for proxy_pass */
+    ngx_uint_t                 prompt_timedout;   /* kvgate_timeout while in a thread */
+    off_t                      body_limit;        /* the derived body limit, 0: none */
+    off_t                      body_read;         /* bytes of it seen so far */
 
     uint32_t                   prompt_tokens;
     uint32_t                   cached_tokens;
@@ -207,6 +219,24 @@ void ngx_http_kvgate_metrics_submit_wait(void);
 void ngx_http_kvgate_metrics_backpressure(ngx_uint_t what);
 
 /* ngx_http_kvgate_prompt.c */
+/* Called in the event loop when a prompt posted to a thread pool is ready:
+   rc NGX_OK, or NGX_ERROR with *err set (ctx as prompt_parse leaves it). The
+   request is still referenced while it runs. */
+typedef void (*ngx_http_kvgate_prompt_done_pt)(ngx_http_request_t *r,
+    ngx_int_t rc, kvg_api_error *err);
+/* As ngx_http_kvgate_prompt_parse, in the location's kvgate_thread_pool when
+   the body is long enough: NGX_AGAIN, and done is called later; otherwise
+   in the event loop, NGX_OK or NGX_ERROR with *err (done is not called). */
+ngx_int_t ngx_http_kvgate_prompt_start(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
+    const kvg_engine_info *info, ngx_http_kvgate_prompt_done_pt done,
+    kvg_api_error *err);
+/* The largest body a prompt that fits the engine's context can need
+   (0: no bound); over it, the answer is 413. */
+off_t ngx_http_kvgate_prompt_body_limit(const kvg_engine_info *info);
+/* The 413 error naming the limit that refused the body. */
+void ngx_http_kvgate_prompt_too_large(ngx_http_request_t *r,
+    kvg_api_error *err);
 /* Reads and parses the body, resolves the tenant, tokenizes, hashes: sets
    ctx's req, tenant, tokens, stop ids and strings, bucket, bypass, hashes
    and route key. */
@@ -242,6 +272,9 @@ ngx_int_t ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
 /* ngx_http_kvgate_request.c */
 ngx_int_t ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
+/* Installs the request body filter that enforces the derived body limit
+   (postconfiguration). */
+ngx_int_t ngx_http_kvgate_request_init(ngx_conf_t *cf);
 
 
 extern ngx_module_t  ngx_http_kvgate_module;

@@ -15,10 +15,41 @@
 
 #include "chat_template.h"
 #include "normalize.h"
+#include "prefix_hash.h"
 #include "tokenizer.h"
 
 
+/*
+ * Where the work runs. Parsing, normalizing, tokenizing and hashing a long
+ * prompt take milliseconds per megabyte, time every other request of the
+ * worker would wait: a body of at least kvgate_thread_pool's min_bytes goes
+ * to an nginx thread pool. The work (ngx_http_kvgate_prompt_work) is the
+ * same code on either path and touches only what the task owns: ctx's prompt
+ * fields, memory from malloc (nginx pools are not thread-safe), a copy of
+ * the engine's info holding its own reference to the tokenizer (the engine
+ * connection frees its tokenizer when the engine goes away) and, off the
+ * event loop, its own prefix hasher (the connection's is not thread-safe).
+ */
+
+typedef struct {
+    ngx_http_request_t               *request;
+    ngx_http_kvgate_ctx_t            *ctx;
+    ngx_http_kvgate_loc_conf_t       *klcf;
+    ngx_http_kvgate_prompt_done_pt    done;
+    kvg_engine_info                   info;       /* tokenizer: a reference */
+    u_char                           *body;       /* malloc'd */
+    size_t                            len;
+    ngx_int_t                         tenant_rc;
+    ngx_int_t                         rc;
+    kvg_api_error                     tenant_err;
+    kvg_api_error                     err;
+} ngx_http_kvgate_prompt_task_t;
+
+
 static void ngx_http_kvgate_prompt_cleanup(void *data);
+static ngx_int_t ngx_http_kvgate_tenant(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
+    kvg_api_error *err);
 
 
 /* What parsing allocated outside the request pool. */
@@ -34,6 +65,11 @@ ngx_http_kvgate_prompt_free(ngx_http_kvgate_ctx_t *ctx)
     if (ctx->tokens) {
         free(ctx->tokens);
         ctx->tokens = NULL;
+    }
+
+    if (ctx->hashes) {
+        free(ctx->hashes);
+        ctx->hashes = NULL;
     }
 }
 
@@ -58,21 +94,17 @@ ngx_http_kvgate_buf_mem(const ngx_buf_t *b)
 }
 
 
-static ngx_int_t
-ngx_http_kvgate_body_bytes(ngx_http_request_t *r, ngx_str_t *out)
+/* Its length (it may be in memory, in a temp file, or both). */
+
+static size_t
+ngx_http_kvgate_body_size(ngx_http_request_t *r)
 {
     off_t         len;
-    size_t        n;
-    ssize_t       got;
-    u_char       *p;
     ngx_buf_t    *b;
     ngx_chain_t  *cl;
 
-    out->len = 0;
-    out->data = (u_char *) "";
-
-    if (r->request_body == NULL || r->request_body->bufs == NULL) {
-        return NGX_OK;
+    if (r->request_body == NULL) {
+        return 0;
     }
 
     len = 0;
@@ -83,16 +115,27 @@ ngx_http_kvgate_body_bytes(ngx_http_request_t *r, ngx_str_t *out)
                           : (off_t) ngx_http_kvgate_buf_mem(b);
     }
 
-    if (len == 0) {
-        return NGX_OK;
-    }
+    return (size_t) len;
+}
 
-    p = ngx_pnalloc(r->pool, (size_t) len + 1);
-    if (p == NULL) {
-        return NGX_ERROR;
-    }
 
-    out->data = p;
+/*
+ * Copies the body into p (len bytes, as ngx_http_kvgate_body_size said).
+ * Safe off the event loop: it reads the chain and the temp file (pread) of
+ * a request the event loop leaves alone meanwhile, and allocates nothing.
+ */
+
+static ngx_int_t
+ngx_http_kvgate_body_copy(ngx_http_request_t *r, u_char *p, size_t len,
+    ngx_log_t *log)
+{
+    size_t        n;
+    ssize_t       got;
+    u_char       *end;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    end = p + len;
 
     /* a chunked body leaves zero-length buffers in the chain (a last_buf
        with pos NULL, empty chunks): there is nothing to copy from them, and
@@ -103,15 +146,18 @@ ngx_http_kvgate_body_bytes(ngx_http_request_t *r, ngx_str_t *out)
 
         if (b->in_file) {
             n = (size_t) (b->file_last - b->file_pos);
-
             if (n == 0) {
                 continue;
+            }
+
+            if (n > (size_t) (end - p)) {
+                return NGX_ERROR;
             }
 
             got = ngx_read_file(b->file, p, n, b->file_pos);
 
             if (got != (ssize_t) n) {
-                ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                ngx_log_error(NGX_LOG_ERR, log, 0,
                               "kvgate: cannot read the request body from "
                               "\"%V\"", &b->file->name);
                 return NGX_ERROR;
@@ -119,15 +165,22 @@ ngx_http_kvgate_body_bytes(ngx_http_request_t *r, ngx_str_t *out)
 
             p += n;
 
-        } else if (ngx_http_kvgate_buf_mem(b)) {
-            p = ngx_cpymem(p, b->pos, ngx_http_kvgate_buf_mem(b));
+        } else {
+            /* an empty buffer (chunked bodies have them) may have no pos */
+            n = ngx_http_kvgate_buf_mem(b);
+            if (n == 0) {
+                continue;
+            }
+
+            if (n > (size_t) (end - p)) {
+                return NGX_ERROR;
+            }
+
+            p = ngx_cpymem(p, b->pos, n);
         }
     }
 
-    *p = '\0';
-    out->len = p - out->data;
-
-    return NGX_OK;
+    return p == end ? NGX_OK : NGX_ERROR;
 }
 
 
@@ -167,14 +220,15 @@ ngx_http_kvgate_append_ids(ngx_http_kvgate_ctx_t *ctx, size_t *cap,
 
 static ngx_int_t
 ngx_http_kvgate_encode(ngx_http_kvgate_ctx_t *ctx, size_t *cap,
-    const kvg_tokenizer *tok, const char *text, size_t len, unsigned flags,
-    ngx_uint_t content, unsigned normalize, kvg_api_error *err,
-    const char *param)
+    const kvg_engine_info *info, const char *text, size_t len,
+    unsigned flags, ngx_uint_t content, unsigned normalize,
+    kvg_api_error *err, const char *param)
 {
-    int       rc;
-    char      msg[256], *norm;
-    size_t    n, nlen;
-    int32_t  *ids;
+    int                   rc;
+    char                  msg[256], *norm;
+    size_t                n, nlen, least;
+    int32_t              *ids;
+    const kvg_tokenizer  *tok = info->tokenizer;
 
     norm = NULL;
 
@@ -193,6 +247,24 @@ ngx_http_kvgate_encode(ngx_http_kvgate_ctx_t *ctx, size_t *cap,
     if (len == 0 && !(flags & KVG_ENC_BOS)) {
         free(norm);
         return NGX_OK;
+    }
+
+    /*
+     * No token stands for more than kvg_tokenizer_max_token_bytes() bytes of
+     * text, so the length alone may prove that the prompt cannot fit: then
+     * the answer is the one tokenizing would give, without the time it takes.
+     */
+
+    least = ctx->n_tokens + kvg_tokenizer_min_tokens(tok, len);
+
+    if (least >= info->context_length) {
+        free(norm);
+        kvg_api_error_set(err, 400, "context_length_exceeded", param,
+                          "This model's maximum context length is %u tokens. "
+                          "However, your prompt resulted in at least %zu "
+                          "tokens, which leaves no room for a completion.",
+                          info->context_length, least);
+        return NGX_ERROR;
     }
 
     rc = kvg_tokenizer_encode(tok, text, len, flags, &ids, &n, msg,
@@ -216,37 +288,21 @@ ngx_http_kvgate_encode(ngx_http_kvgate_ctx_t *ctx, size_t *cap,
 }
 
 
+/* The rendered template's segments to tokens, and the template's stops. */
+
 static ngx_int_t
-ngx_http_kvgate_chat_tokens(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
-    const kvg_engine_info *info, unsigned normalize, kvg_api_error *err)
+ngx_http_kvgate_chat_segments(ngx_http_kvgate_ctx_t *ctx,
+    const kvg_engine_info *info, unsigned normalize,
+    const kvg_chat_segment *segs, size_t n_segs, kvg_api_error *err)
 {
-    char                 msg[256];
-    size_t               cap, n_segs, i, n, k;
+    size_t               cap, i, n, k;
     int32_t              id;
     unsigned             flags;
-    kvg_chat_segment    *segs;
     kvg_chat_template    t;
     const char *const   *pieces;
-    const kvg_request   *req = ctx->req;
 
     t = info->chat_template;
     cap = 0;
-
-    segs = ngx_palloc(r->pool, kvg_chat_max_segments(req->n_messages)
-                               * sizeof(kvg_chat_segment));
-    if (segs == NULL) {
-        kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
-        return NGX_ERROR;
-    }
-
-    if (kvg_chat_render(t, req->messages, req->n_messages, 1, segs,
-                        kvg_chat_max_segments(req->n_messages), &n_segs, msg,
-                        sizeof(msg))
-        != 0)
-    {
-        kvg_api_error_set(err, 400, "invalid_value", "messages", "%s", msg);
-        return NGX_ERROR;
-    }
 
     /* chatml and plain leave BOS to the vocabulary's policy */
 
@@ -283,9 +339,9 @@ ngx_http_kvgate_chat_tokens(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         case KVG_SEG_TEMPLATE:
             flags = KVG_ENC_PARSE_SPECIAL;
 
-            if (ngx_http_kvgate_encode(ctx, &cap, info->tokenizer,
-                                       segs[i].text, segs[i].len, flags, 0, 0,
-                                       err, "messages")
+            if (ngx_http_kvgate_encode(ctx, &cap, info, segs[i].text,
+                                       segs[i].len, flags, 0, 0, err,
+                                       "messages")
                 != NGX_OK)
             {
                 return NGX_ERROR;
@@ -297,9 +353,9 @@ ngx_http_kvgate_chat_tokens(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
             /* message content can never become a special token */
 
-            if (ngx_http_kvgate_encode(ctx, &cap, info->tokenizer,
-                                       segs[i].text, segs[i].len, 0, 1,
-                                       normalize, err, "messages")
+            if (ngx_http_kvgate_encode(ctx, &cap, info, segs[i].text,
+                                       segs[i].len, 0, 1, normalize, err,
+                                       "messages")
                 != NGX_OK)
             {
                 return NGX_ERROR;
@@ -329,6 +385,46 @@ ngx_http_kvgate_chat_tokens(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     }
 
     return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_chat_tokens(ngx_http_kvgate_ctx_t *ctx,
+    const kvg_engine_info *info, unsigned normalize, kvg_api_error *err)
+{
+    char                 msg[256];
+    size_t               n_segs;
+    ngx_int_t            rc;
+    kvg_chat_segment    *segs;
+    kvg_chat_template    t;
+    const kvg_request   *req = ctx->req;
+
+    t = info->chat_template;
+
+    /* malloc, not the request pool: this may run in a thread */
+
+    segs = malloc(kvg_chat_max_segments(req->n_messages)
+                  * sizeof(kvg_chat_segment));
+    if (segs == NULL) {
+        kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+        return NGX_ERROR;
+    }
+
+    if (kvg_chat_render(t, req->messages, req->n_messages, 1, segs,
+                        kvg_chat_max_segments(req->n_messages), &n_segs, msg,
+                        sizeof(msg))
+        != 0)
+    {
+        free(segs);
+        kvg_api_error_set(err, 400, "invalid_value", "messages", "%s", msg);
+        return NGX_ERROR;
+    }
+
+    rc = ngx_http_kvgate_chat_segments(ctx, info, normalize, segs, n_segs,
+                                       err);
+    free(segs);
+
+    return rc;
 }
 
 
@@ -382,7 +478,7 @@ ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
    the request and the template imply). */
 
 static ngx_int_t
-ngx_http_kvgate_tokens(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+ngx_http_kvgate_tokens(ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
     kvg_api_error *err)
 {
@@ -405,7 +501,7 @@ ngx_http_kvgate_tokens(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     }
 
     if (req->endpoint == KVG_ENDPOINT_CHAT) {
-        return ngx_http_kvgate_chat_tokens(r, ctx, info,
+        return ngx_http_kvgate_chat_tokens(ctx, info,
                                            (unsigned) klcf->normalize, err);
     }
 
@@ -431,27 +527,32 @@ ngx_http_kvgate_tokens(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         return NGX_OK;
     }
 
-    return ngx_http_kvgate_encode(ctx, &cap, info->tokenizer, req->prompt,
+    return ngx_http_kvgate_encode(ctx, &cap, info, req->prompt,
                                   req->prompt_len,
                                   info->add_bos ? KVG_ENC_BOS : 0, 1,
                                   (unsigned) klcf->normalize, err, "prompt");
 }
 
 
-/* Bucket, block hashes and the route key. */
+/*
+ * Bucket, block hashes and the route key. hasher NULL: the engine
+ * connection's (event loop only); a thread brings its own, and the result is
+ * the same chain.
+ */
 
 static ngx_int_t
-ngx_http_kvgate_hash(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
-    kvg_api_error *err)
+    kvg_prefix_hasher *hasher, kvg_api_error *err)
 {
+    int          rc;
     char         msg[256];
     size_t       nb, depth;
     uint8_t      root[KVG_PREFIX_HASH_LEN];
     char         hex[2 * KVG_PREFIX_HASH_LEN + 1];
     kvg_client  *c;
 
-    c = ngx_http_kvgate_engine_client();
+    c = hasher ? NULL : ngx_http_kvgate_engine_client();
 
     ctx->bucket = kvg_bucket_index(&klcf->buckets, ctx->n_tokens);
     ctx->bypass = ctx->bucket == 0;
@@ -460,18 +561,31 @@ ngx_http_kvgate_hash(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     ctx->n_hashes = 0;
 
     if (nb) {
-        ctx->hashes = ngx_palloc(r->pool, nb * KVG_PREFIX_HASH_LEN);
+        ctx->hashes = malloc(nb * KVG_PREFIX_HASH_LEN);
         if (ctx->hashes == NULL) {
             kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
             return NGX_ERROR;
         }
 
-        if (kvg_client_hash_prompt(c, (char *) ctx->tenant.data,
-                                   ctx->tenant.len, ctx->tokens,
-                                   ctx->n_tokens, ctx->hashes, nb,
-                                   &ctx->n_hashes, msg, sizeof(msg))
-            != 0)
-        {
+        if (c) {
+            rc = kvg_client_hash_prompt(c, (char *) ctx->tenant.data,
+                                        ctx->tenant.len, ctx->tokens,
+                                        ctx->n_tokens, ctx->hashes, nb,
+                                        &ctx->n_hashes, msg, sizeof(msg));
+
+        } else {
+            rc = kvg_prefix_root(hasher, info->model_id, KVG_PREFIX_HASH_LEN,
+                                 ctx->tenant.data, ctx->tenant.len, root,
+                                 msg, sizeof(msg));
+            if (rc == 0) {
+                rc = kvg_prefix_chain(hasher, root, ctx->tokens,
+                                      ctx->n_tokens, info->block_tokens,
+                                      ctx->hashes, nb, &ctx->n_hashes, msg,
+                                      sizeof(msg));
+            }
+        }
+
+        if (rc != 0) {
             kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);
             return NGX_ERROR;
         }
@@ -490,10 +604,12 @@ ngx_http_kvgate_hash(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         kvg_prefix_hex(ctx->hashes[depth - 1], hex);
 
     } else {
-        if (kvg_client_hash_root(c, (char *) ctx->tenant.data, ctx->tenant.len,
-                                 root, msg, sizeof(msg))
-            != 0)
-        {
+        rc = c ? kvg_client_hash_root(c, (char *) ctx->tenant.data,
+                                      ctx->tenant.len, root, msg, sizeof(msg))
+               : kvg_prefix_root(hasher, info->model_id, KVG_PREFIX_HASH_LEN,
+                                 ctx->tenant.data, ctx->tenant.len, root,
+                                 msg, sizeof(msg));
+        if (rc != 0) {
             kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);
             return NGX_ERROR;
         }
@@ -508,25 +624,25 @@ ngx_http_kvgate_hash(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 }
 
 
-/* Parse the body and the tenant, tokenize, hash. */
+/*
+ * The body to the request, tokens and hashes: everything after the tenant,
+ * whose outcome (tenant_rc, tenant_err) was found first in the event loop
+ * and is applied here in the order the checks have always had. Runs in the
+ * event loop or a thread (see the top of the file).
+ */
 
-ngx_int_t
-ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+static ngx_int_t
+ngx_http_kvgate_prompt_work(ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
-    kvg_api_error *err)
+    kvg_prefix_hasher *hasher, const u_char *body, size_t len,
+    ngx_int_t tenant_rc, const kvg_api_error *tenant_err, kvg_api_error *err)
 {
-    ngx_str_t     body;
     kvg_endpoint  ep;
-
-    if (ngx_http_kvgate_body_bytes(r, &body) != NGX_OK) {
-        kvg_api_error_set(err, 500, NULL, NULL, "cannot read the request body");
-        return NGX_ERROR;
-    }
 
     ep = ctx->endpoint == NGX_HTTP_KVGATE_EP_CHAT ? KVG_ENDPOINT_CHAT
                                                   : KVG_ENDPOINT_COMPLETIONS;
 
-    ctx->req = kvg_request_parse(ep, (char *) body.data, body.len, err);
+    ctx->req = kvg_request_parse(ep, (const char *) body, len, err);
     if (ctx->req == NULL) {
         return NGX_ERROR;
     }
@@ -544,14 +660,364 @@ ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    if (ngx_http_kvgate_tenant(r, ctx, klcf, err) != NGX_OK
-        || ngx_http_kvgate_tokens(r, ctx, klcf, info, err) != NGX_OK
-        || ngx_http_kvgate_hash(r, ctx, klcf, info, err) != NGX_OK)
+    if (tenant_rc != NGX_OK) {
+        *err = *tenant_err;
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_kvgate_tokens(ctx, klcf, info, err) != NGX_OK
+        || ngx_http_kvgate_hash(ctx, klcf, info, hasher, err) != NGX_OK)
     {
         return NGX_ERROR;
     }
 
     return NGX_OK;
+}
+
+
+/* Parse the body and the tenant, tokenize, hash: in the event loop. */
+
+ngx_int_t
+ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
+    kvg_api_error *err)
+{
+    size_t         len;
+    u_char        *body;
+    ngx_int_t      rc, trc;
+    kvg_api_error  terr;
+
+    len = ngx_http_kvgate_body_size(r);
+    body = malloc(len + 1);
+
+    if (body == NULL
+        || ngx_http_kvgate_body_copy(r, body, len, r->connection->log)
+           != NGX_OK)
+    {
+        free(body);
+        kvg_api_error_set(err, 500, NULL, NULL, "cannot read the request body");
+        return NGX_ERROR;
+    }
+
+    body[len] = '\0';
+
+    trc = ngx_http_kvgate_tenant(r, ctx, klcf, &terr);
+
+    rc = ngx_http_kvgate_prompt_work(ctx, klcf, info, NULL, body, len, trc,
+                                     &terr, err);
+    free(body);
+
+    return rc;
+}
+
+
+/* ---- off the event loop ---- */
+
+#if (NGX_THREADS)
+
+static void
+ngx_http_kvgate_prompt_thread(void *data, ngx_log_t *log)
+{
+    char                            msg[256];
+    kvg_prefix_hasher              *hasher;
+    ngx_http_kvgate_prompt_task_t  *t = data;
+
+    t->rc = NGX_ERROR;
+
+    if (ngx_http_kvgate_body_copy(t->request, t->body, t->len, log)
+        != NGX_OK)
+    {
+        kvg_api_error_set(&t->err, 500, NULL, NULL,
+                          "cannot read the request body");
+        goto done;
+    }
+
+    t->body[t->len] = '\0';
+
+    hasher = kvg_prefix_hasher_new(msg, sizeof(msg));
+    if (hasher == NULL) {
+        kvg_api_error_set(&t->err, 500, NULL, NULL, "%s", msg);
+        goto done;
+    }
+
+    t->rc = ngx_http_kvgate_prompt_work(t->ctx, t->klcf, &t->info, hasher,
+                                        t->body, t->len, t->tenant_rc,
+                                        &t->tenant_err, &t->err);
+
+    kvg_prefix_hasher_free(hasher);
+
+done:
+
+    free(t->body);
+    t->body = NULL;
+
+    /* the engine connection may have dropped its own reference meanwhile */
+
+    kvg_tokenizer_free((kvg_tokenizer *) t->info.tokenizer);
+    t->info.tokenizer = NULL;
+}
+
+
+/* While the task runs: note a client that leaves (the request cannot end
+   before the task does; its completion answers such a request). */
+
+static void
+ngx_http_kvgate_prompt_reading(ngx_http_request_t *r)
+{
+    int                n;
+    char               buf[1];
+    ngx_event_t       *rev;
+    ngx_connection_t  *c;
+
+    c = r->connection;
+    rev = c->read;
+
+    if (c->error) {
+        return;
+    }
+
+#if (NGX_HTTP_V2)
+    if (r->stream) {
+        return;
+    }
+#endif
+
+#if (NGX_HAVE_EPOLLRDHUP)
+    if ((ngx_event_flags & NGX_USE_EPOLL_EVENT) && ngx_use_epoll_rdhup) {
+        if (rev->pending_eof) {
+            rev->eof = 1;
+            c->error = 1;
+        }
+
+        return;
+    }
+#endif
+
+    n = recv(c->fd, buf, 1, MSG_PEEK);
+
+    if (n == 0 || (n == -1 && ngx_socket_errno != NGX_EAGAIN)) {
+        rev->eof = 1;
+        c->error = 1;
+    }
+}
+
+
+static void
+ngx_http_kvgate_prompt_timer(ngx_event_t *ev)
+{
+    ngx_http_kvgate_ctx_t  *ctx = ev->data;
+
+    ctx->prompt_timedout = 1;
+}
+
+
+/* The task is done: back in the event loop. */
+
+static void
+ngx_http_kvgate_prompt_event(ngx_event_t *ev)
+{
+    ngx_connection_t               *c;
+    ngx_http_request_t             *r;
+    ngx_http_kvgate_ctx_t          *ctx;
+    ngx_http_kvgate_prompt_task_t  *t;
+
+    t = ev->data;
+    r = t->request;
+    ctx = t->ctx;
+    c = r->connection;
+
+    ngx_http_set_log_request(c->log, r);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, c->log, 0,
+                   "kvgate: prompt task done: rc %i, %uz tokens",
+                   t->rc, ctx->n_tokens);
+
+    r->main->blocked--;
+    r->aio = 0;
+    r->read_event_handler = ngx_http_block_reading;
+
+    if (ctx->deadline.timer_set) {
+        ngx_del_timer(&ctx->deadline);
+    }
+
+    if (ctx->prompt_timedout && !c->error) {
+        kvg_api_error_set(&t->err, 504, "timeout", NULL,
+                          "The request did not complete within %lu ms "
+                          "(kvgate_timeout)", (unsigned long) t->klcf->timeout);
+        t->rc = NGX_ERROR;
+    }
+
+    /*
+     * The reference taken when the task was posted goes first: the body
+     * read's own still holds the request, and the handler may end it (an
+     * error, or a client that left, which nginx terminates at once).
+     */
+
+    r->main->count--;
+
+    t->done(r, t->rc, &t->err);
+
+    ngx_http_run_posted_requests(c);
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_prompt_post(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
+    ngx_http_kvgate_prompt_done_pt done, size_t len)
+{
+    ngx_thread_task_t              *task;
+    ngx_http_kvgate_prompt_task_t  *t;
+
+    task = ngx_thread_task_alloc(r->pool,
+                                 sizeof(ngx_http_kvgate_prompt_task_t));
+    if (task == NULL) {
+        return NGX_ERROR;
+    }
+
+    t = task->ctx;
+    t->request = r;
+    t->ctx = ctx;
+    t->klcf = klcf;
+    t->done = done;
+    t->len = len;
+
+    t->body = malloc(len + 1);
+    if (t->body == NULL) {
+        return NGX_ERROR;
+    }
+
+    /* resolved here: it evaluates variables (the request pool) */
+
+    t->tenant_rc = ngx_http_kvgate_tenant(r, ctx, klcf, &t->tenant_err);
+
+    t->info = *info;
+    t->info.tokenizer = kvg_tokenizer_ref(info->tokenizer);
+
+    task->handler = ngx_http_kvgate_prompt_thread;
+    task->event.handler = ngx_http_kvgate_prompt_event;
+    task->event.data = t;
+
+    if (ngx_thread_task_post(klcf->thread_pool, task) != NGX_OK) {
+        kvg_tokenizer_free((kvg_tokenizer *) t->info.tokenizer);
+        free(t->body);
+        return NGX_ERROR;
+    }
+
+    /*
+     * Until the task is done, the request must not go away (blocked, as
+     * nginx's own thread users do, and a reference of ours), a client that
+     * leaves is only noted, and a graceful quit waits: it waits for
+     * non-cancelable timers only.
+     */
+
+    r->main->blocked++;
+    r->main->count++;
+    r->aio = 1;
+    r->read_event_handler = ngx_http_kvgate_prompt_reading;
+
+    /* a request that was parked (it waited for the handshake) had the
+       writer: nothing may finalize the request while the task runs */
+
+    r->write_event_handler = ngx_http_request_empty_handler;
+
+    ctx->deadline.handler = ngx_http_kvgate_prompt_timer;
+    ctx->deadline.data = ctx;
+    ctx->deadline.log = r->connection->log;
+    ngx_add_timer(&ctx->deadline, klcf->timeout);
+
+    return NGX_AGAIN;
+}
+
+#endif
+
+
+ngx_int_t
+ngx_http_kvgate_prompt_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
+    ngx_http_kvgate_prompt_done_pt done, kvg_api_error *err)
+{
+#if (NGX_THREADS)
+    size_t  len;
+
+    len = ngx_http_kvgate_body_size(r);
+
+    if (klcf->thread_pool && len >= klcf->thread_min_bytes) {
+        if (ngx_http_kvgate_prompt_post(r, ctx, klcf, info, done, len)
+            == NGX_AGAIN)
+        {
+            return NGX_AGAIN;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "kvgate: cannot post the prompt to thread pool \"%V\", "
+                      "tokenizing in the worker", &klcf->thread_pool_name);
+    }
+#endif
+
+    return ngx_http_kvgate_prompt_parse(r, ctx, klcf, info, err);
+}
+
+
+/* ---- what cannot fit ---- */
+
+/*
+ * The largest body a prompt that fits the context can need: the text of
+ * context_length tokens, each at most kvg_tokenizer_max_token_bytes() bytes
+ * and each byte at most 6 in JSON (\u00XX), or 32 bytes a token (an id in a
+ * token array, a chat message's envelope), whichever is more, and 64 KiB for
+ * the rest of the request. 0: no such bound (the tokenizer may drop text).
+ */
+
+off_t
+ngx_http_kvgate_prompt_body_limit(const kvg_engine_info *info)
+{
+    size_t  piece, per_token;
+
+    if (info == NULL || info->tokenizer == NULL) {
+        return 0;
+    }
+
+    piece = kvg_tokenizer_max_token_bytes(info->tokenizer);
+    if (piece == 0) {
+        return 0;
+    }
+
+    per_token = ngx_max(6 * piece, 32);
+
+    return (off_t) info->context_length * (off_t) per_token + 65536;
+}
+
+
+/* The 413 for a body over the smaller of client_max_body_size and the
+   limit derived from the context (whichever refused it). */
+
+void
+ngx_http_kvgate_prompt_too_large(ngx_http_request_t *r, kvg_api_error *err)
+{
+    off_t                      derived;
+    const kvg_engine_info     *info;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+    info = ngx_http_kvgate_engine_info();
+    derived = ngx_http_kvgate_prompt_body_limit(info);
+
+    if (derived && (clcf->client_max_body_size == 0
+                    || derived < clcf->client_max_body_size))
+    {
+        kvg_api_error_set(err, 413, "request_too_large", NULL,
+                          "The request body is larger than this server "
+                          "accepts (%lld bytes: the most a prompt of the "
+                          "model's context of %u tokens can take)",
+                          (long long) derived, info->context_length);
+        return;
+    }
+
+    kvg_api_error_set(err, 413, "request_too_large", NULL,
+                      "The request body is larger than this server accepts "
+                      "(client_max_body_size %lld bytes)",
+                      (long long) clcf->client_max_body_size);
 }
 
 

@@ -27,6 +27,9 @@ static void ngx_http_kvgate_body_handler(ngx_http_request_t *r);
 static void ngx_http_kvgate_body_reading(ngx_http_request_t *r);
 static ngx_int_t ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx,
     kvg_api_error *err);
+static void ngx_http_kvgate_prompt_done(ngx_http_request_t *r, ngx_int_t rc,
+    kvg_api_error *err);
+static void ngx_http_kvgate_park(ngx_http_kvgate_ctx_t *ctx);
 static ngx_int_t ngx_http_kvgate_prepare(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err);
 static ngx_int_t ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx,
@@ -61,11 +64,15 @@ static const char  *ngx_http_kvgate_event_names[] = {
 #endif
 
 
+static ngx_http_request_body_filter_pt  ngx_http_kvgate_next_body_filter;
+
+
 ngx_int_t
 ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx)
 {
     ngx_int_t            rc;
+    kvg_api_error        err;
     ngx_pool_cleanup_t  *cln;
 
     if (!ngx_http_kvgate_engine_available()) {
@@ -83,6 +90,36 @@ ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
                                           "server_error", "engine_unavailable",
                                           "kvgate: the engine is not available",
                                           1);
+    }
+
+    /*
+     * A body no prompt that fits the context needs is refused before it is
+     * read: by its Content-Length here, as it arrives (chunked) in
+     * ngx_http_kvgate_request_body_filter. client_max_body_size, when
+     * smaller, refuses first (nginx checks it itself).
+     */
+
+    ctx->body_limit = ngx_http_kvgate_prompt_body_limit(
+                          ngx_http_kvgate_engine_info());
+
+    if (ctx->body_limit
+        && r->headers_in.content_length_n > ctx->body_limit)
+    {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "kvgate: client intended to send a body of %O bytes, "
+                      "over the %O a prompt of the engine's context can "
+                      "need", r->headers_in.content_length_n,
+                      ctx->body_limit);
+
+        rc = ngx_http_discard_request_body(r);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        ngx_http_kvgate_prompt_too_large(r, &err);
+        ctx->status = NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
+
+        return ngx_http_kvgate_send_api_error(r, &err, 0);
     }
 
     cln = ngx_pool_cleanup_add(r->pool, 0);
@@ -153,6 +190,54 @@ ngx_http_kvgate_body_reading(ngx_http_request_t *r)
 }
 
 
+/*
+ * Every request body passes here as nginx reads it (after chunked decoding):
+ * a completion's body over its derived limit stops at the first byte past it
+ * with 413, which error_page brings back to the location as an OpenAI error
+ * (ngx_http_kvgate_prompt_too_large words it).
+ */
+
+static ngx_int_t
+ngx_http_kvgate_request_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_chain_t            *cl;
+    ngx_http_kvgate_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+
+    if (ctx == NULL || ctx->body_limit == 0) {
+        return ngx_http_kvgate_next_body_filter(r, in);
+    }
+
+    for (cl = in; cl; cl = cl->next) {
+        ctx->body_read += ngx_buf_size(cl->buf);
+    }
+
+    if (ctx->body_read > ctx->body_limit) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "kvgate: client sent a body of more than %O bytes, "
+                      "the most a prompt of the engine's context can need",
+                      ctx->body_limit);
+
+        r->lingering_close = 1;
+
+        return NGX_HTTP_REQUEST_ENTITY_TOO_LARGE;
+    }
+
+    return ngx_http_kvgate_next_body_filter(r, in);
+}
+
+
+ngx_int_t
+ngx_http_kvgate_request_init(ngx_conf_t *cf)
+{
+    ngx_http_kvgate_next_body_filter = ngx_http_top_request_body_filter;
+    ngx_http_top_request_body_filter = ngx_http_kvgate_request_body_filter;
+
+    return NGX_OK;
+}
+
+
 /* The request's memory is gone: the engine must not work for it. */
 
 static void
@@ -170,16 +255,17 @@ ngx_http_kvgate_cleanup(void *data)
 }
 
 
+/* The body is in: once the engine is up, have the prompt parsed and
+   tokenized (perhaps in a thread), checked and submitted; then park. */
+
 static void
 ngx_http_kvgate_body_handler(ngx_http_request_t *r)
 {
-    ngx_int_t                    rc;
-    kvg_api_error                err;
-    ngx_http_kvgate_ctx_t       *ctx;
-    ngx_http_kvgate_loc_conf_t  *klcf;
+    ngx_int_t               rc;
+    kvg_api_error           err;
+    ngx_http_kvgate_ctx_t  *ctx;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
-    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
 
     ctx->body_reader = NULL;
 
@@ -192,7 +278,8 @@ ngx_http_kvgate_body_handler(ngx_http_request_t *r)
 
     /* a worker whose handshake is still under way (just after a reload)
        holds the request until it is done: the model, the tokenizer and the
-       limits the request is checked against come with it */
+       limits the request is parsed and checked against come with it; the
+       retry handler goes on then */
 
     rc = ngx_http_kvgate_engine_wait_up(&ctx->engine, &err);
 
@@ -205,13 +292,74 @@ ngx_http_kvgate_body_handler(ngx_http_request_t *r)
         return;
     }
 
+    if (rc == NGX_DONE) {
+        /* in a thread: ngx_http_kvgate_prompt_done goes on */
+        return;
+    }
+
     if (rc == NGX_AGAIN && ctx->prepared) {
         /* counted once, at the first wait for ring room (a retry is the
            same wait) */
         ngx_http_kvgate_metrics_submit_wait();
     }
 
-    /* parked until the engine answers, the client leaves or time is up */
+    ngx_http_kvgate_park(ctx);
+}
+
+
+/* The prompt task is done (rc NGX_OK) or refused the prompt: check and
+   submit it, then park. */
+
+static void
+ngx_http_kvgate_prompt_done(ngx_http_request_t *r, ngx_int_t rc,
+    kvg_api_error *perr)
+{
+    kvg_api_error           err;
+    ngx_http_kvgate_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+
+    if (r->connection->error) {
+        /* the client left while its prompt was in a thread */
+        ngx_http_kvgate_engine_cancel(&ctx->engine);
+        ctx->status = NGX_HTTP_CLIENT_CLOSED_REQUEST;
+        ngx_http_kvgate_finish(ctx, NGX_HTTP_CLIENT_CLOSED_REQUEST);
+        return;
+    }
+
+    if (rc != NGX_OK) {
+        ngx_http_kvgate_fail(ctx, perr);
+        return;
+    }
+
+    ctx->parsed = 1;
+
+    rc = ngx_http_kvgate_go(ctx, &err);
+
+    if (rc == NGX_ERROR) {
+        ngx_http_kvgate_fail(ctx, &err);
+        return;
+    }
+
+    if (rc == NGX_AGAIN) {
+        /* counted once, at the first wait for ring room */
+        ngx_http_kvgate_metrics_submit_wait();
+    }
+
+    ngx_http_kvgate_park(ctx);
+}
+
+
+/* Parked until the engine answers, the client leaves or time is up (again
+   after a prompt task, which had the handlers and the deadline meanwhile). */
+
+static void
+ngx_http_kvgate_park(ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_http_request_t          *r = ctx->request;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
 
     r->read_event_handler = ngx_http_kvgate_check_broken;
     r->write_event_handler = ngx_http_kvgate_writer;
@@ -247,9 +395,7 @@ ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    if (ngx_http_kvgate_prompt_parse(r, ctx, klcf, info, err) != NGX_OK) {
-        return NGX_ERROR;
-    }
+    /* the engine may have gone (or come back) while a thread tokenized */
 
     req = ctx->req;
     param = req->endpoint == KVG_ENDPOINT_CHAT ? "messages" : "prompt";
@@ -403,8 +549,38 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 static ngx_int_t
 ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 {
+    ngx_int_t                    rc;
+    const kvg_engine_info       *info;
+    ngx_http_request_t          *r = ctx->request;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    if (!ctx->parsed) {
+        klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+        info = ngx_http_kvgate_engine_info();
+        if (info == NULL) {
+            kvg_api_error_set(err, 503, "engine_unavailable", NULL,
+                              "kvgate: the engine is not available (%s)",
+                              ngx_http_kvgate_engine_down_reason());
+            return NGX_ERROR;
+        }
+
+        rc = ngx_http_kvgate_prompt_start(r, ctx, klcf, info,
+                                          ngx_http_kvgate_prompt_done, err);
+
+        if (rc == NGX_AGAIN) {
+            return NGX_DONE;
+        }
+
+        if (rc != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        ctx->parsed = 1;
+    }
+
     if (!ctx->prepared) {
-        if (ngx_http_kvgate_prepare(ctx->request, ctx, err) != NGX_OK) {
+        if (ngx_http_kvgate_prepare(r, ctx, err) != NGX_OK) {
             return NGX_ERROR;
         }
 
@@ -438,6 +614,12 @@ ngx_http_kvgate_engine_retry(ngx_http_kvgate_engine_req_t *er)
     if (rc == NGX_ERROR) {
         /* answered: the request (and ctx) may be gone now */
         ngx_http_kvgate_fail(ctx, &err);
+    }
+
+    if (rc == NGX_DONE) {
+        /* it waited for the handshake and its prompt went to a thread:
+           out of the queue, the others may go on */
+        return NGX_OK;
     }
 
     return rc;

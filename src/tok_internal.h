@@ -155,6 +155,9 @@ struct kvg_tokenizer {
                                     back into exactly themselves: a whole word (pre-token or
                                     SPM space run) found here is one token, no merging */
     uint8_t added_first[256];    /* 1 for bytes that start some added token */
+    uint32_t max_token_text;     /* most input bytes one token can stand for, 0 when the
+                                    encoder may drop text (see kvg_tokenizer_min_tokens) */
+    int refs;                    /* references (kvg_tokenizer_ref); atomic */
 };
 
 /* ---- tok_vocab.c: allocation, indexes, shared loader helpers ---- */

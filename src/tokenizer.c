@@ -26,6 +26,39 @@ static int looks_like_json(const unsigned char *p, size_t n)
     return i < n && p[i] == '{';
 }
 
+/* See kvg_tokenizer_max_token_bytes. Every token the encoder emits stands for
+ * a span of the text: a piece made of initial symbols (one per character, or
+ * per byte with byte fallback or byte-level pieces), an added token's text, or
+ * the unknown token for one character (at most 4 bytes of UTF-8). */
+static uint32_t max_token_text(const struct kvg_tokenizer *t)
+{
+    uint32_t most = 4;
+    int lossless = t->unk >= 0;
+
+    if (!lossless) {
+        /* every byte (or, for SPM, every character by its bytes) has a piece */
+        lossless = t->mode == KVG_TOK_BYTE_LEVEL || t->byte_fallback;
+        for (int b = 0; b < 256 && lossless; b++)
+            lossless = t->byte_piece[b] >= 0;
+    }
+    if (!lossless)
+        return 0;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        uint32_t n = t->bytes_len[id];
+        if (t->mode == KVG_TOK_SPM && t->spm_space_u2581) {
+            /* a space in the piece may have been a 3-byte U+2581 in the text */
+            for (uint32_t i = 0; i < t->bytes_len[id]; i++)
+                n += t->bytes[id][i] == ' ' ? 2 : 0;
+        }
+        if (n > most)
+            most = n;
+    }
+    for (size_t j = 0; j < t->n_added; j++)
+        if (t->added[j].len > most)
+            most = (uint32_t)t->added[j].len;
+    return most;
+}
+
 kvg_tokenizer *kvg_tokenizer_load_mem(const void *data, size_t len, const char *name,
                                       char *err, size_t err_len)
 {
@@ -69,6 +102,9 @@ kvg_tokenizer *kvg_tokenizer_load_mem(const void *data, size_t len, const char *
     }
     if (rc == 0 && !t->kind)
         t->kind = t->mode == KVG_TOK_SPM ? "spm" : "bpe";
+    if (rc == 0)
+        t->max_token_text = max_token_text(t);
+    __atomic_store_n(&t->refs, 1, __ATOMIC_RELAXED);
     if (rc < 0) {
         kvg_tok_release(t);
         free(t);
@@ -114,9 +150,30 @@ kvg_tokenizer *kvg_tokenizer_load(const char *path, char *err, size_t err_len)
     return t;
 }
 
+kvg_tokenizer *kvg_tokenizer_ref(const kvg_tokenizer *t)
+{
+    kvg_tokenizer *m = (kvg_tokenizer *)t;
+
+    __atomic_add_fetch(&m->refs, 1, __ATOMIC_RELAXED);
+    return m;
+}
+
+size_t kvg_tokenizer_max_token_bytes(const kvg_tokenizer *t)
+{
+    return t->max_token_text;
+}
+
+size_t kvg_tokenizer_min_tokens(const kvg_tokenizer *t, size_t len)
+{
+    return t->max_token_text ? len / t->max_token_text + (len % t->max_token_text != 0) : 0;
+}
+
 void kvg_tokenizer_free(kvg_tokenizer *t)
 {
     if (!t)
+        return;
+    /* the last reference frees; acquire-release so its reads happen before */
+    if (__atomic_sub_fetch(&t->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
     kvg_tok_release(t);
     free(t);

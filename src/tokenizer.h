@@ -22,7 +22,26 @@ kvg_tokenizer *kvg_tokenizer_load(const char *path, char *err, size_t err_len);
 kvg_tokenizer *kvg_tokenizer_load_mem(const void *data, size_t len, const char *name,
                                       char *err, size_t err_len);
 
+/* Drops a reference: the tokenizer is freed with its last one (a loaded tokenizer
+ * holds one). Thread-safe, as is every function here that takes a const
+ * tokenizer: encoding keeps its working memory per thread. */
 void kvg_tokenizer_free(kvg_tokenizer *t);
+
+/* Takes another reference (for a thread that encodes while the owner may drop
+ * the tokenizer); returns t. Thread-safe. */
+kvg_tokenizer *kvg_tokenizer_ref(const kvg_tokenizer *t);
+
+/* The most bytes of input text that one token of any encoding can stand for
+ * (the longest piece, counting a literal U+2581 an SPM vocabulary reads as a
+ * space as its 3 bytes, added tokens' text, an unknown character), or 0 when the
+ * encoder may drop text it has no piece for (no unknown token and no complete
+ * byte fallback), so that no such bound exists. */
+size_t kvg_tokenizer_max_token_bytes(const kvg_tokenizer *t);
+
+/* A lower bound on the tokens encoding len bytes of text gives (without BOS):
+ * ceil(len / kvg_tokenizer_max_token_bytes(t)), 0 when there is no bound. Lets
+ * a caller refuse a text too long for a context without encoding it. */
+size_t kvg_tokenizer_min_tokens(const kvg_tokenizer *t, size_t len);
 
 int32_t kvg_tokenizer_vocab_size(const kvg_tokenizer *t);
 int32_t kvg_tokenizer_bos(const kvg_tokenizer *t);   /* -1 when the vocabulary has none */
