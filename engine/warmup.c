@@ -372,13 +372,15 @@ int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
         kvg_sched_req q;
         char serr[256];
         memset(&q, 0, sizeof q);
-        q.tenant = kvg_pc_tenant(pc, e->tenant, e->tenant_len, 0.0);
-        if (q.tenant < 0) {
-            line_err(err, err_len, w->name, e->line, "tenant", "the cache's tenant table is full");
+        if (kvg_pc_salt_root(pc, h, e->tenant, e->tenant_len, q.root, serr, sizeof serr) != 0) {
+            line_err(err, err_len, w->name, e->line, "tenant", "%s", serr);
             goto out;
         }
-        if (kvg_pc_tenant_root(pc, h, q.tenant, q.root, serr, sizeof serr) != 0) {
-            line_err(err, err_len, w->name, e->line, "tenant", "%s", serr);
+        /* Held until the request is queued (it takes its own reference); the tenant
+         * then lives on through the blocks the entry caches. */
+        q.tenant = kvg_pc_tenant(pc, e->tenant, e->tenant_len, 0.0);
+        if (q.tenant < 0) {
+            line_err(err, err_len, w->name, e->line, "tenant", "out of memory for the tenant's record");
             goto out;
         }
         q.id = o.id_base + i;
@@ -391,9 +393,13 @@ int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
         q.ttl_ms = e->ttl_ms;
         q.sp.temperature = 0.0f;
         q.sp.top_p = 1.0f;
-        if (kvg_sched_submit(s, &q, serr, sizeof serr) != 0) {
-            line_err(err, err_len, w->name, e->line, "prompt", "%s", serr);
-            goto out;
+        {
+            int sub = kvg_sched_submit(s, &q, serr, sizeof serr);
+            kvg_pc_tenant_put(pc, q.tenant);
+            if (sub != 0) {
+                line_err(err, err_len, w->name, e->line, "prompt", "%s", serr);
+                goto out;
+            }
         }
         /* One at a time: a later entry sharing a prefix hits the earlier one's blocks
          * instead of racing it to commit the same hashes. */
