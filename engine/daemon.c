@@ -321,6 +321,25 @@ void kvg_daemon_request_stop(kvg_daemon *d)
 
 /* ---- statistics ---- */
 
+/* A tenant's name for the statistics page, NUL-terminated in out: a named tenant's
+ * salt as it is; a location's default tenant (its salt opens with
+ * KVG_PREFIX_DEFAULT_MARK, which no name holds) as its configured name marked
+ * " (default)", so the page stays readable and tells the two apart. */
+static void tenant_label(char *out, size_t cap, const void *salt, size_t len)
+{
+    static const char mark[] = " (default)";
+    const void *name;
+    size_t n;
+    int def = kvg_prefix_salt_is_default(salt, len, &name, &n);
+    size_t room = cap - 1 - (def ? sizeof mark - 1 : 0);
+    if (n > room)
+        n = room;
+    memcpy(out, name, n);
+    if (def)
+        memcpy(out + n, mark, sizeof mark - 1);
+    out[n + (def ? sizeof mark - 1 : 0)] = '\0';
+}
+
 static void write_stats(kvg_daemon *d)
 {
     kvg_stats s = d->counters;
@@ -375,7 +394,9 @@ static void write_stats(kvg_daemon *d)
     s.n_tenants = 0;
     s.other_tenants = 0;
     s.other_cached_blocks = 0;
-    nt = kvg_pc_tenant_count(d->pc);
+    /* Ids are slots, some free (a reclaimed tenant's): the names are copied now, so
+     * the page never holds an id that could be reused. */
+    nt = kvg_pc_tenant_slots(d->pc);
     for (int t = 0; t < nt; t++) {
         int32_t blocks = kvg_pc_tenant_cached_blocks(d->pc, t);
         size_t len;
@@ -398,7 +419,7 @@ static void write_stats(kvg_daemon *d)
         }
         memmove(&s.tenant[pos + 1], &s.tenant[pos], (size_t)(s.n_tenants - 1 - pos) * sizeof s.tenant[0]);
         memset(&s.tenant[pos], 0, sizeof s.tenant[pos]);
-        memcpy(s.tenant[pos].name, salt, len > KVG_PROTO_MAX_SALT ? KVG_PROTO_MAX_SALT : len);
+        tenant_label(s.tenant[pos].name, sizeof s.tenant[pos].name, salt, len);
         s.tenant[pos].cached_blocks = blocks;
     }
     kvg_stats_write(d->stats, &s);

@@ -242,13 +242,10 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
                          v.h.n_block_hashes, v.h.n_tokens, bt, v.h.n_tokens / bt);
         return;
     }
-    tenant = kvg_pc_tenant(d->pc, v.salt, v.h.salt_len, 0.0);
-    if (tenant < 0) {
-        kvgd_reply_error(c, id, 503, "the engine's tenant table is full (%d tenants)", KVG_PC_MAX_TENANTS);
-        return;
-    }
     memset(&q, 0, sizeof q);
-    if (kvg_pc_tenant_root(d->pc, d->hasher, tenant, q.root, err, sizeof err) != 0) {
+    /* The hashes are checked against the salt before the request gets a tenant: a
+     * refused request leaves no cache state behind. A bypass request needs no root. */
+    if (!bypass && kvg_pc_salt_root(d->pc, d->hasher, v.salt, v.h.salt_len, q.root, err, sizeof err) != 0) {
         kvgd_reply_error(c, id, 500, "%s", err);
         return;
     }
@@ -283,6 +280,19 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
     }
     q.prompt = (const int32_t *)(const void *)v.tokens;
     q.n_prompt = (int32_t)v.h.n_tokens;
+    /* A bypass request creates no cache state at all: no tenant. The others get one,
+     * held by this reference until the scheduler has taken its own. */
+    tenant = -1;
+    if (!bypass) {
+        tenant = kvg_pc_tenant(d->pc, v.salt, v.h.salt_len, 0.0);
+        if (tenant < 0) {
+            /* Only memory bounds the table, and tenants are reclaimed as their
+             * requests end and their blocks go: this clears by itself. */
+            kvgd_reply_error(c, id, 503, "the engine is out of memory for tenant records (%d tenants "
+                             "live); retry when requests finish", kvg_pc_tenant_count(d->pc));
+            return;
+        }
+    }
     q.tenant = tenant;
     q.bucket = v.h.bucket;
     q.sp.temperature = v.h.temperature;
@@ -315,6 +325,7 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
 
     dreq *r = kvgd_req_new(c, id);
     if (!r) {
+        kvg_pc_tenant_put(d->pc, tenant);
         kvgd_conn_fail(c, "out of memory");
         return;
     }
@@ -325,7 +336,9 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
     r->prompt_tokens = v.h.n_tokens;
     q.id = r->sched_id;
     q.user = r;
-    if (kvg_sched_submit(d->sched, &q, err, sizeof err) != 0) {
+    int submitted = kvg_sched_submit(d->sched, &q, err, sizeof err);
+    kvg_pc_tenant_put(d->pc, tenant);    /* a queued request holds the scheduler's own */
+    if (submitted != 0) {
         d->counters.errors++;
         r->error = 1;
         r->err_status = 400;

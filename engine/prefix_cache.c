@@ -6,6 +6,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
 #define NIL (-1)
 #define DEFAULT_TTL_MS (5 * 60 * 1000)
@@ -20,9 +22,13 @@ typedef struct pc_block {
     uint8_t hashed, pinned, in_lru;
 } pc_block;
 
+/* A tenant slot: live (salt != NULL) or on the free list. */
 typedef struct pc_tenant {
-    uint8_t *salt;
+    uint8_t *salt;               /* NULL: a free slot */
     size_t salt_len;
+    uint64_t key;                /* SipHash of the salt */
+    int32_t tnext;               /* the map's bucket chain; the free list when free */
+    int32_t refs;                /* holders of the id (requests, callers of kvg_pc_tenant) */
     double quota;                /* share of the pool, 0: none */
     int32_t charged;             /* hashed blocks of this tenant, in use or cached */
     int32_t head, tail;          /* its LRU, least recent at head */
@@ -39,7 +45,13 @@ struct kvg_prefix_cache {
     int64_t now_ms;
     int64_t next_expiry_ms;      /* no cached block expires before this */
     pc_tenant *tenants;
-    int n_tenants;
+    int n_slots, cap_slots;      /* slots ever used (ids < n_slots), allocated */
+    int n_live;                  /* live tenants */
+    int n_quota;                 /* live tenants with a quota */
+    int32_t free_tenant;         /* free slots, a list through tnext */
+    int32_t *tbuckets;           /* salt map: bucket heads */
+    uint32_t tmask;
+    uint64_t sip[2];             /* the map's random key */
     kvg_pc_stats st;
     uint64_t recompute_tokens, recompute_hit_tokens;
 };
@@ -113,6 +125,111 @@ static void lru_remove(kvg_prefix_cache *pc, int32_t id)
     pc->n_lru--;
 }
 
+/* ---- the tenant map ---- */
+
+/* SipHash-2-4 of the salt under the cache's random key: salts come from clients, and
+ * a keyed hash leaves them no way to pile their tenants into one bucket. */
+static uint64_t rotl(uint64_t x, int b)
+{
+    return (x << b) | (x >> (64 - b));
+}
+
+#define SIPROUND do { \
+        v0 += v1; v1 = rotl(v1, 13); v1 ^= v0; v0 = rotl(v0, 32); \
+        v2 += v3; v3 = rotl(v3, 16); v3 ^= v2; \
+        v0 += v3; v3 = rotl(v3, 21); v3 ^= v0; \
+        v2 += v1; v1 = rotl(v1, 17); v1 ^= v2; v2 = rotl(v2, 32); \
+    } while (0)
+
+static uint64_t siphash(const uint64_t k[2], const uint8_t *p, size_t len)
+{
+    uint64_t v0 = k[0] ^ 0x736f6d6570736575ull, v1 = k[1] ^ 0x646f72616e646f6dull;
+    uint64_t v2 = k[0] ^ 0x6c7967656e657261ull, v3 = k[1] ^ 0x7465646279746573ull;
+    uint64_t m, b = (uint64_t)len << 56;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        m = 0;
+        for (int j = 0; j < 8; j++)
+            m |= (uint64_t)p[i + j] << (8 * j);
+        v3 ^= m;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= m;
+    }
+    for (int j = 0; i + (size_t)j < len; j++)
+        b |= (uint64_t)p[i + (size_t)j] << (8 * j);
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static int32_t tenant_lookup(const kvg_prefix_cache *pc, const void *salt, size_t len, uint64_t key)
+{
+    for (int32_t t = pc->tbuckets[key & pc->tmask]; t != NIL; t = pc->tenants[t].tnext) {
+        const pc_tenant *tn = &pc->tenants[t];
+        if (tn->key == key && tn->salt_len == len && (len == 0 || memcmp(tn->salt, salt, len) == 0))
+            return t;
+    }
+    return NIL;
+}
+
+/* Doubles the bucket array when the map is full; a failed allocation only makes the
+ * chains longer, so it is not an error. */
+static void tenant_map_grow(kvg_prefix_cache *pc)
+{
+    uint32_t n = (pc->tmask + 1) * 2;
+    int32_t *nb;
+    if ((uint32_t)pc->n_live < pc->tmask + 1 || n > (1u << 28))
+        return;
+    nb = malloc((size_t)n * sizeof *nb);
+    if (!nb)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        nb[i] = NIL;
+    for (int32_t t = 0; t < pc->n_slots; t++) {
+        pc_tenant *tn = &pc->tenants[t];
+        if (!tn->salt)
+            continue;
+        tn->tnext = nb[tn->key & (n - 1)];
+        nb[tn->key & (n - 1)] = t;
+    }
+    free(pc->tbuckets);
+    pc->tbuckets = nb;
+    pc->tmask = n - 1;
+}
+
+/* Reclaims a tenant nothing holds: no reference, no hashed block. */
+static void tenant_release(kvg_prefix_cache *pc, int32_t t)
+{
+    pc_tenant *tn = &pc->tenants[t];
+    int32_t *pp;
+    if (tn->refs > 0 || tn->charged > 0)
+        return;
+    for (pp = &pc->tbuckets[tn->key & pc->tmask]; *pp != t; pp = &pc->tenants[*pp].tnext)
+        ;
+    *pp = tn->tnext;
+    if (tn->quota > 0.0)
+        pc->n_quota--;
+    free(tn->salt);
+    memset(tn, 0, sizeof *tn);
+    tn->head = tn->tail = NIL;
+    tn->tnext = pc->free_tenant;
+    pc->free_tenant = t;
+    pc->n_live--;
+}
+
+static int tenant_is_live(const kvg_prefix_cache *pc, int t)
+{
+    return t >= 0 && t < pc->n_slots && pc->tenants[t].salt != NULL;
+}
+
 static int64_t expiry_of(const pc_block *bl)
 {
     if (bl->ttl_ms > INT64_MAX - bl->touched_ms)
@@ -128,13 +245,16 @@ static void unhash(kvg_prefix_cache *pc, int32_t id)
         return;
     lru_remove(pc, id);
     table_remove(pc, id);
-    pc->tenants[bl->tenant].charged--;
     if (bl->pinned) {
         pc->n_pinned--;
         if (kvg_kv_block_refcount(pc->pool, id) == 0)
             pc->n_kept_pinned--;
     }
     bl->hashed = bl->pinned = 0;
+    /* The block's hold on its tenant ends with its hash: the tenant may go now. */
+    pc->tenants[bl->tenant].charged--;
+    tenant_release(pc, bl->tenant);
+    bl->tenant = NIL;
 }
 
 /* A cached block (refcount 0) goes back to the pool's free list. */
@@ -208,10 +328,12 @@ static int over_quota_tenant(const kvg_prefix_cache *pc)
 {
     int best = -1;
     double best_over = 0.0;
-    for (int t = 0; t < pc->n_tenants; t++) {
+    if (pc->n_quota == 0)
+        return -1;               /* no tenant has a quota: nothing to scan */
+    for (int t = 0; t < pc->n_slots; t++) {
         const pc_tenant *tn = &pc->tenants[t];
         double over;
-        if (tn->quota <= 0.0 || tn->head == NIL)
+        if (!tn->salt || tn->quota <= 0.0 || tn->head == NIL)
             continue;
         over = (double)tn->charged - tn->quota * (double)pc->pool->n_blocks;
         if (over > best_over) {
@@ -279,8 +401,9 @@ kvg_prefix_cache *kvg_pc_new(kvg_kv_pool *pool, const kvg_pc_config *cfg,
         pc->cfg.default_ttl_ms = DEFAULT_TTL_MS;
     pc->b = calloc((size_t)pool->n_blocks, sizeof *pc->b);
     pc->buckets = malloc((size_t)nb * sizeof *pc->buckets);
-    pc->tenants = calloc(KVG_PC_MAX_TENANTS, sizeof *pc->tenants);
-    if (!pc->b || !pc->buckets || !pc->tenants) {
+    pc->tmask = 63;
+    pc->tbuckets = malloc((size_t)(pc->tmask + 1) * sizeof *pc->tbuckets);
+    if (!pc->b || !pc->buckets || !pc->tbuckets) {
         kvg_set_err(err, err_len, "prefix cache: out of memory for %d blocks", (int)pool->n_blocks);
         kvg_pc_free(pc);
         return NULL;
@@ -288,6 +411,17 @@ kvg_prefix_cache *kvg_pc_new(kvg_kv_pool *pool, const kvg_pc_config *cfg,
     pc->mask = nb - 1;
     for (uint32_t i = 0; i < nb; i++)
         pc->buckets[i] = NIL;
+    for (uint32_t i = 0; i <= pc->tmask; i++)
+        pc->tbuckets[i] = NIL;
+    pc->free_tenant = NIL;
+    if (getrandom(pc->sip, sizeof pc->sip, GRND_NONBLOCK) != (ssize_t)sizeof pc->sip) {
+        /* No entropy yet (early boot): the clock and an address still keep the key
+         * unknown to a remote client. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        pc->sip[0] = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)ts.tv_sec;
+        pc->sip[1] = (uint64_t)(uintptr_t)pc * 0xc2b2ae3d27d4eb4full ^ (uint64_t)ts.tv_nsec;
+    }
     for (int32_t i = 0; i < pool->n_blocks; i++) {
         pc_block *bl = &pc->b[i];
         bl->hnext = bl->prev = bl->next = bl->tprev = bl->tnext = NIL;
@@ -315,9 +449,10 @@ void kvg_pc_free(kvg_prefix_cache *pc)
         pc->pool->reclaim = NULL;
         pc->pool->hook_ctx = NULL;
     }
-    for (int t = 0; pc->tenants && t < pc->n_tenants; t++)
+    for (int t = 0; pc->tenants && t < pc->n_slots; t++)
         free(pc->tenants[t].salt);
     free(pc->tenants);
+    free(pc->tbuckets);
     free(pc->b);
     free(pc->buckets);
     free(pc);
@@ -325,35 +460,97 @@ void kvg_pc_free(kvg_prefix_cache *pc)
 
 int kvg_pc_tenant(kvg_prefix_cache *pc, const void *salt, size_t len, double quota)
 {
-    pc_tenant *t;
+    pc_tenant *tn;
+    uint64_t key;
+    int32_t t;
     if (!(quota >= 0.0 && quota <= 1.0) || (len && !salt))
         return -1;
-    for (int i = 0; i < pc->n_tenants; i++) {
-        t = &pc->tenants[i];
-        if (t->salt_len == len && (len == 0 || memcmp(t->salt, salt, len) == 0)) {
-            if (quota > 0.0)
-                t->quota = quota;
-            return i;
+    key = siphash(pc->sip, salt, len);
+    t = tenant_lookup(pc, salt, len, key);
+    if (t != NIL) {
+        tn = &pc->tenants[t];
+        if (tn->refs == INT32_MAX)
+            return -1;
+        if (quota > 0.0) {
+            pc->n_quota += tn->quota <= 0.0;
+            tn->quota = quota;
         }
+        tn->refs++;
+        return t;
     }
-    if (pc->n_tenants == KVG_PC_MAX_TENANTS)
+    if (pc->free_tenant == NIL) {
+        if (pc->n_slots == pc->cap_slots) {
+            int nc = pc->cap_slots ? pc->cap_slots * 2 : 64;
+            pc_tenant *nt;
+            if (pc->cap_slots > INT32_MAX / 4)
+                return -1;
+            nt = realloc(pc->tenants, (size_t)nc * sizeof *nt);
+            if (!nt)
+                return -1;
+            pc->tenants = nt;
+            pc->cap_slots = nc;
+        }
+        memset(&pc->tenants[pc->n_slots], 0, sizeof pc->tenants[0]);
+        pc->tenants[pc->n_slots].tnext = NIL;
+        pc->free_tenant = pc->n_slots++;
+    }
+    t = pc->free_tenant;
+    tn = &pc->tenants[t];
+    {
+        uint8_t *copy = malloc(len ? len : 1);
+        if (!copy)
+            return -1;
+        if (len)
+            memcpy(copy, salt, len);
+        pc->free_tenant = tn->tnext;
+        tn->salt = copy;
+    }
+    tn->salt_len = len;
+    tn->key = key;
+    tn->refs = 1;
+    tn->charged = 0;
+    tn->quota = quota > 0.0 ? quota : pc->cfg.default_quota;
+    pc->n_quota += tn->quota > 0.0;
+    tn->head = tn->tail = NIL;
+    tn->tnext = pc->tbuckets[key & pc->tmask];
+    pc->tbuckets[key & pc->tmask] = t;
+    pc->n_live++;
+    tenant_map_grow(pc);
+    return t;
+}
+
+int kvg_pc_tenant_ref(kvg_prefix_cache *pc, int tenant)
+{
+    if (!tenant_is_live(pc, tenant) || pc->tenants[tenant].refs == INT32_MAX)
         return -1;
-    t = &pc->tenants[pc->n_tenants];
-    t->salt = malloc(len ? len : 1);
-    if (!t->salt)
+    pc->tenants[tenant].refs++;
+    return 0;
+}
+
+void kvg_pc_tenant_put(kvg_prefix_cache *pc, int tenant)
+{
+    if (!tenant_is_live(pc, tenant) || pc->tenants[tenant].refs <= 0)
+        return;
+    pc->tenants[tenant].refs--;
+    tenant_release(pc, tenant);
+}
+
+int kvg_pc_tenant_find(const kvg_prefix_cache *pc, const void *salt, size_t len)
+{
+    if (len && !salt)
         return -1;
-    if (len)
-        memcpy(t->salt, salt, len);
-    t->salt_len = len;
-    t->quota = quota > 0.0 ? quota : pc->cfg.default_quota;
-    t->head = t->tail = NIL;
-    return pc->n_tenants++;
+    return tenant_lookup(pc, salt, len, siphash(pc->sip, salt, len));
+}
+
+int kvg_pc_tenant_live(const kvg_prefix_cache *pc, int tenant)
+{
+    return tenant_is_live(pc, tenant);
 }
 
 int kvg_pc_tenant_root(kvg_prefix_cache *pc, kvg_prefix_hasher *h, int tenant,
                        uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len)
 {
-    if (tenant < 0 || tenant >= pc->n_tenants) {
+    if (!tenant_is_live(pc, tenant)) {
         kvg_set_err(err, err_len, "prefix cache: no tenant %d", tenant);
         return -1;
     }
@@ -361,21 +558,32 @@ int kvg_pc_tenant_root(kvg_prefix_cache *pc, kvg_prefix_hasher *h, int tenant,
                            pc->tenants[tenant].salt_len, root, err, err_len);
 }
 
+int kvg_pc_salt_root(const kvg_prefix_cache *pc, kvg_prefix_hasher *h, const void *salt,
+                     size_t len, uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len)
+{
+    return kvg_prefix_root(h, pc->cfg.model_id, KVG_PREFIX_HASH_LEN, salt, len, root, err, err_len);
+}
+
 int32_t kvg_pc_tenant_cached_blocks(const kvg_prefix_cache *pc, int tenant)
 {
-    if (tenant < 0 || tenant >= pc->n_tenants)
+    if (!tenant_is_live(pc, tenant))
         return -1;
     return pc->tenants[tenant].charged;
 }
 
 int kvg_pc_tenant_count(const kvg_prefix_cache *pc)
 {
-    return pc->n_tenants;
+    return pc->n_live;
+}
+
+int kvg_pc_tenant_slots(const kvg_prefix_cache *pc)
+{
+    return pc->n_slots;
 }
 
 const void *kvg_pc_tenant_salt(const kvg_prefix_cache *pc, int tenant, size_t *len)
 {
-    if (tenant < 0 || tenant >= pc->n_tenants)
+    if (!tenant_is_live(pc, tenant))
         return NULL;
     *len = pc->tenants[tenant].salt_len;
     return pc->tenants[tenant].salt;
@@ -467,7 +675,7 @@ int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
         kvg_set_err(err, err_len, "prefix cache: admission into a non-empty sequence");
         return -1;
     }
-    if (tenant < 0 || tenant >= pc->n_tenants) {
+    if (n_hashes > 0 ? !tenant_is_live(pc, tenant) : (tenant != -1 && !tenant_is_live(pc, tenant))) {
         kvg_set_err(err, err_len, "prefix cache: no tenant %d", tenant);
         return -1;
     }
@@ -552,7 +760,7 @@ void kvg_pc_commit(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t index,
     int32_t bt = pc->pool->geom.block_tokens, id;
     pc_block *bl;
     if (!seq || index < 0 || index >= seq->n_blocks || (int64_t)(index + 1) * bt > seq->n_tokens ||
-        tenant < 0 || tenant >= pc->n_tenants || !hash)
+        !tenant_is_live(pc, tenant) || !hash)
         return;
     set_now(pc, now_ms);
     id = seq->blocks[index];
@@ -626,7 +834,7 @@ int kvg_pc_check(const kvg_prefix_cache *pc, const kvg_kv_seq *const *seqs, size
     int32_t *refs = calloc((size_t)n, sizeof *refs), *charged = NULL;
     uint8_t *on_free = calloc((size_t)n, 1);
     int rc = -1;
-    if (!refs || !on_free || !(charged = calloc((size_t)pc->n_tenants + 1, sizeof *charged))) {
+    if (!refs || !on_free || !(charged = calloc((size_t)pc->n_slots + 1, sizeof *charged))) {
         kvg_set_err(err, err_len, "check: out of memory");
         goto out;
     }
@@ -676,7 +884,7 @@ int kvg_pc_check(const kvg_prefix_cache *pc, const kvg_kv_seq *const *seqs, size
             kept_pinned += bl->pinned;
         }
         if (bl->hashed) {
-            if (table_find(pc, bl->hash) != id || bl->tenant < 0 || bl->tenant >= pc->n_tenants) {
+            if (table_find(pc, bl->hash) != id || !tenant_is_live(pc, bl->tenant)) {
                 kvg_set_err(err, err_len, "check: hashed block %d not in the table", (int)id);
                 goto out;
             }
@@ -696,7 +904,44 @@ int kvg_pc_check(const kvg_prefix_cache *pc, const kvg_kv_seq *const *seqs, size
             goto out;
         }
     }
-    for (int t = 0; t < pc->n_tenants; t++) {
+    {
+        /* The tenant map: every free slot on the free list once, every live one found
+         * by its salt, held or holding blocks (an idle tenant is reclaimed at once). */
+        int n_free = 0, n_live = 0, n_quota = 0;
+        for (int32_t t = pc->free_tenant; t != NIL; t = pc->tenants[t].tnext)
+            if (t < 0 || t >= pc->n_slots || pc->tenants[t].salt || ++n_free > pc->n_slots) {
+                kvg_set_err(err, err_len, "check: tenant free list broken at %d", (int)t);
+                goto out;
+            }
+        for (int t = 0; t < pc->n_slots; t++) {
+            const pc_tenant *tn = &pc->tenants[t];
+            if (!tn->salt) {
+                if (tn->head != NIL || tn->charged || tn->refs || charged[t]) {
+                    kvg_set_err(err, err_len, "check: free tenant slot %d holds something", t);
+                    goto out;
+                }
+                continue;
+            }
+            n_live++;
+            n_quota += tn->quota > 0.0;
+            if (tenant_lookup(pc, tn->salt, tn->salt_len, siphash(pc->sip, tn->salt, tn->salt_len)) != t) {
+                kvg_set_err(err, err_len, "check: tenant %d is not found by its salt", t);
+                goto out;
+            }
+            if (tn->refs < 0 || (tn->refs == 0 && tn->charged == 0)) {
+                kvg_set_err(err, err_len, "check: tenant %d is idle (refs %d, %d blocks) yet kept",
+                            t, (int)tn->refs, (int)tn->charged);
+                goto out;
+            }
+        }
+        if (n_free + n_live != pc->n_slots || n_live != pc->n_live || n_quota != pc->n_quota) {
+            kvg_set_err(err, err_len, "check: tenant counts disagree (%d free + %d live of %d slots, "
+                        "%d live counted, %d/%d with quota)", n_free, n_live, pc->n_slots, pc->n_live,
+                        n_quota, pc->n_quota);
+            goto out;
+        }
+    }
+    for (int t = 0; t < pc->n_slots; t++) {
         int32_t tl = 0;
         for (int32_t id = pc->tenants[t].head; id != NIL; id = pc->b[id].tnext)
             if (pc->b[id].tenant != t || ++tl > n) {

@@ -32,7 +32,6 @@
 typedef struct kvg_prefix_cache kvg_prefix_cache;
 
 #define KVG_PC_TTL_PINNED   INT64_MAX      /* ttl value meaning "pinned, never expires" */
-#define KVG_PC_MAX_TENANTS  4096
 
 typedef struct kvg_pc_config {
     uint8_t model_id[KVG_PREFIX_HASH_LEN]; /* blocks made by another model id are never served */
@@ -57,25 +56,60 @@ kvg_prefix_cache *kvg_pc_new(kvg_kv_pool *pool, const kvg_pc_config *cfg,
                              char *err, size_t err_len);
 void kvg_pc_free(kvg_prefix_cache *pc);
 
-/* Tenants are small integers handed out per salt (the salt is what the hash root was
- * made with). quota: share of the pool (0 = the default). -1 when the table is full. */
+/* Tenants. A tenant is the cache's record of one salt (what the hash root was made
+ * with): its quota, its cached blocks, its LRU. It costs only what it holds: it lives
+ * while someone holds a reference to it or it has a hashed block (in use or cached),
+ * and is reclaimed the moment neither is true, so a client sending fresh salts costs
+ * nothing once its requests are over and their blocks evicted. The table is a hash
+ * map (keyed SipHash of the salt: a client cannot craft colliding salts) over slots
+ * on a free list; it grows with memory and has no fixed cap. Its size is bounded by
+ * what the tenants hold: live requests plus cached blocks.
+ *
+ * Ids are slot numbers and are REUSED after a reclaim: hold a reference for as long
+ * as you keep an id. Blocks hold theirs implicitly (a hashed block's tenant is never
+ * reclaimed); the scheduler takes one per queued request (kvg_pc_tenant_ref) and drops
+ * it when the request is freed. */
+
+/* The tenant of a salt, created if new, with a reference taken for the caller (drop
+ * it with kvg_pc_tenant_put). quota: share of the pool (0 = the default; a non-zero
+ * value also updates a live tenant's). -1 when the salt or quota is bad or memory for
+ * the record cannot be had (nothing is taken then). */
 int kvg_pc_tenant(kvg_prefix_cache *pc, const void *salt, size_t len, double quota);
+/* Another reference to a live tenant (0), or -1 for an id that is not live. */
+int kvg_pc_tenant_ref(kvg_prefix_cache *pc, int tenant);
+/* Drops a reference; the tenant is reclaimed if that was the last one and it holds
+ * no blocks. */
+void kvg_pc_tenant_put(kvg_prefix_cache *pc, int tenant);
+/* The live tenant of a salt without taking a reference (for tests and statistics),
+ * or -1. */
+int kvg_pc_tenant_find(const kvg_prefix_cache *pc, const void *salt, size_t len);
+/* Whether an id names a live tenant. */
+int kvg_pc_tenant_live(const kvg_prefix_cache *pc, int tenant);
+/* Hashed blocks (in use or cached) of a live tenant, -1 for an id that is not. */
 int32_t kvg_pc_tenant_cached_blocks(const kvg_prefix_cache *pc, int tenant);
-/* Tenants handed out so far (ids 0..n-1), and a tenant's salt (NULL for a bad id). */
+/* Live tenants now. */
 int kvg_pc_tenant_count(const kvg_prefix_cache *pc);
+/* Ids are below this bound (some of them free slots): for iterating. */
+int kvg_pc_tenant_slots(const kvg_prefix_cache *pc);
+/* A live tenant's salt, or NULL for an id that is not live. */
 const void *kvg_pc_tenant_salt(const kvg_prefix_cache *pc, int tenant, size_t *len);
 
-/* The chain root of a tenant under the cache's model id: hashes made from it are the
- * only ones this cache can hit, so a block of another model is never served. */
+/* The chain root of a tenant (or of a salt) under the cache's model id: hashes made
+ * from it are the only ones this cache can hit, so a block of another model is never
+ * served. The salt form needs no tenant record: a request checks its hashes before it
+ * is given one. */
 int kvg_pc_tenant_root(kvg_prefix_cache *pc, kvg_prefix_hasher *h, int tenant,
                        uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
+int kvg_pc_salt_root(const kvg_prefix_cache *pc, kvg_prefix_hasher *h, const void *salt,
+                     size_t len, uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
 
 /* Model change: every cached block is dropped (freed, not counted as an eviction) and
  * blocks in use lose their hash (freed on release); roots change with the model id. */
 void kvg_pc_set_model(kvg_prefix_cache *pc, const uint8_t model_id[KVG_PREFIX_HASH_LEN]);
 
 /* Admission of a prompt of n_tokens tokens with the chain hashes of its full blocks
- * (n_hashes = n_tokens / block_tokens). Walks the chain and takes every leading block
+ * (n_hashes = n_tokens / block_tokens; tenant may be -1, no tenant, when n_hashes is 0:
+ * a bypass request has no cache state). Walks the chain and takes every leading block
  * found (refcount +1, TTL refreshed) into the empty sequence `seq`, but never the
  * block holding the last prompt token (its logits are needed, so it is computed).
  * Then reserves fresh blocks for the rest of the prompt. Sets seq->n_tokens to the
@@ -119,7 +153,9 @@ int32_t kvg_pc_sweep(kvg_prefix_cache *pc, int64_t now_ms);
 void kvg_pc_get_stats(const kvg_prefix_cache *pc, kvg_pc_stats *out);
 
 /* Checks every invariant (free + cached + used == total, refcounts match the sequences
- * the caller passes, the hash table and LRU list agree): 0, or -1 with err. For tests. */
+ * the caller passes, the hash table and LRU list agree, every live tenant is held or
+ * holds blocks and is found by its salt, free slots are on the free list): 0, or -1
+ * with err. For tests. */
 int kvg_pc_check(const kvg_prefix_cache *pc, const kvg_kv_seq *const *seqs, size_t n_seqs,
                  char *err, size_t err_len);
 

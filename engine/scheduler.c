@@ -178,6 +178,8 @@ static void req_free(kvg_sched *s, req *q)
     }
     free(q->prompt);
     free(q->hashes);
+    /* After the blocks: a tenant whose blocks stay cached lives on through them. */
+    kvg_pc_tenant_put(s->pc, q->r.tenant);
     free(q);
 }
 
@@ -251,7 +253,9 @@ static int validate(kvg_sched *s, const kvg_sched_req *r, int n, char *err, size
     }
     if (kvg_sampler_params_check(&r->sp, err, err_len) != 0)
         return -1;
-    if (r->tenant < 0 || r->tenant >= kvg_pc_tenant_count(s->pc)) {
+    /* A bypass request has no cache state and needs no tenant; the others must name a
+     * live one (the caller holds a reference until submit has taken the request's). */
+    if (r->bucket != KVG_BUCKET_BYPASS && !kvg_pc_tenant_live(s->pc, r->tenant)) {
         kvg_set_err(err, err_len, "request %llu: tenant %d is not known to the prefix cache (kvg_pc_tenant)",
                     (unsigned long long)r->id, r->tenant);
         return -1;
@@ -352,6 +356,13 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
         s->live = g;
         s->cap_live = nc;
     }
+    /* The request's own hold on its tenant, for as long as it is live (req_free drops
+     * it): the id can never be reclaimed and reused under it. A bypass request has
+     * none. Taken last, as nothing after it can fail. */
+    if (q->bypass)
+        q->r.tenant = -1;
+    else if (kvg_pc_tenant_ref(s->pc, q->r.tenant) != 0)
+        goto oom;                /* validated live above: cannot happen */
     q->arrival = ++s->arrivals;
     q->t_submit = kvg_mono_s();
     s->live[s->n_live++] = q;

@@ -70,7 +70,8 @@ typedef struct kvg_sched_req {
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     int32_t n_hashes;
     uint8_t root[KVG_PREFIX_HASH_LEN];
-    int tenant;                  /* from kvg_pc_tenant */
+    int tenant;                  /* from kvg_pc_tenant, live (the caller holds a reference; a
+                                  * queued request takes its own); ignored for bypass */
     unsigned bucket;             /* length bucket; 0 = bypass the prefix cache */
     kvg_sampler_params sp;
     int n;                       /* completions, 1..KVG_SCHED_MAX_N (0: 1) */

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "errmsg.h"
+#include "prefix_hash.h"
+#include "proto.h"
 #include "utf8.h"
 
 /* Upper bound on a TTL: keeps ms arithmetic far from overflow (about 31 years). */
@@ -154,7 +156,7 @@ static int parse_line(const char *s, size_t len, const kvg_tokenizer *tok, int32
                       kvg_warmup_entry *e, const char *name, int line, char *err, size_t err_len)
 {
     json_error_t je;
-    json_t *o, *v, *prompt = NULL, *ids = NULL, *tenant = NULL;
+    json_t *o, *v, *prompt = NULL, *ids = NULL, *tenant = NULL, *def = NULL;
     const char *key;
     size_t bad = kvg_utf8_invalid_at((const unsigned char *)s, len);
     int rc = -1;
@@ -173,6 +175,8 @@ static int parse_line(const char *s, size_t len, const kvg_tokenizer *tok, int32
     json_object_foreach(o, key, v) {
         if (strcmp(key, "tenant") == 0)
             tenant = v;
+        else if (strcmp(key, "default_tenant") == 0)
+            def = v;
         else if (strcmp(key, "prompt") == 0)
             prompt = v;
         else if (strcmp(key, "prompt_ids") == 0)
@@ -182,21 +186,39 @@ static int parse_line(const char *s, size_t len, const kvg_tokenizer *tok, int32
                 goto out;
         } else {
             line_err(err, err_len, name, line, key,
-                     "unknown field (expected tenant, prompt or prompt_ids, ttl)");
+                     "unknown field (expected tenant or default_tenant, prompt or prompt_ids, ttl)");
             goto out;
         }
     }
-    if (!tenant) {
-        line_err(err, err_len, name, line, "tenant", "missing");
+    if (tenant && def) {
+        line_err(err, err_len, name, line, "default_tenant", "give tenant or default_tenant, not both");
         goto out;
     }
-    if (!json_is_string(tenant)) {
-        line_err(err, err_len, name, line, "tenant", "expected a string");
+    if (!tenant && !def) {
+        line_err(err, err_len, name, line, "tenant", "missing (or default_tenant)");
         goto out;
     }
-    if (json_string_length(tenant) == 0) {
-        line_err(err, err_len, name, line, "tenant", "empty");
-        goto out;
+    if (def) {
+        /* A location's default tenant (kvgate_default_tenant): salted with a mark no
+         * tenant name holds (prefix_hash.h), as the gateway does. */
+        if (!json_is_string(def)) {
+            line_err(err, err_len, name, line, "default_tenant", "expected a string");
+            goto out;
+        }
+        if (json_string_length(def) > KVG_PREFIX_DEFAULT_NAME_MAX(KVG_PROTO_MAX_SALT)) {
+            line_err(err, err_len, name, line, "default_tenant", "longer than %d bytes",
+                     KVG_PREFIX_DEFAULT_NAME_MAX(KVG_PROTO_MAX_SALT));
+            goto out;
+        }
+    } else {
+        if (!json_is_string(tenant)) {
+            line_err(err, err_len, name, line, "tenant", "expected a string");
+            goto out;
+        }
+        if (json_string_length(tenant) == 0) {
+            line_err(err, err_len, name, line, "tenant", "empty");
+            goto out;
+        }
     }
     if (prompt && ids) {
         line_err(err, err_len, name, line, "prompt_ids", "give prompt or prompt_ids, not both");
@@ -206,13 +228,22 @@ static int parse_line(const char *s, size_t len, const kvg_tokenizer *tok, int32
         line_err(err, err_len, name, line, "prompt", "missing (or prompt_ids)");
         goto out;
     }
-    e->tenant_len = json_string_length(tenant);
-    e->tenant = malloc(e->tenant_len + 1);
-    if (!e->tenant) {
-        line_err(err, err_len, name, line, "tenant", "out of memory");
-        goto out;
+    {
+        json_t *t = def ? def : tenant;
+        size_t n = json_string_length(t);
+        e->tenant = malloc(n + 2);
+        if (!e->tenant) {
+            line_err(err, err_len, name, line, def ? "default_tenant" : "tenant", "out of memory");
+            goto out;
+        }
+        if (def)
+            e->tenant_len = kvg_prefix_default_salt(json_string_value(t), n, (uint8_t *)e->tenant, n + 2);
+        else {
+            memcpy(e->tenant, json_string_value(t), n);
+            e->tenant_len = n;
+        }
+        e->tenant[e->tenant_len] = '\0';
     }
-    memcpy(e->tenant, json_string_value(tenant), e->tenant_len + 1);
     rc = ids ? parse_ids(ids, vocab, e, name, line, err, err_len)
              : parse_prompt(prompt, tok, e, name, line, err, err_len);
 out:
@@ -372,13 +403,15 @@ int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
         kvg_sched_req q;
         char serr[256];
         memset(&q, 0, sizeof q);
-        q.tenant = kvg_pc_tenant(pc, e->tenant, e->tenant_len, 0.0);
-        if (q.tenant < 0) {
-            line_err(err, err_len, w->name, e->line, "tenant", "the cache's tenant table is full");
+        if (kvg_pc_salt_root(pc, h, e->tenant, e->tenant_len, q.root, serr, sizeof serr) != 0) {
+            line_err(err, err_len, w->name, e->line, "tenant", "%s", serr);
             goto out;
         }
-        if (kvg_pc_tenant_root(pc, h, q.tenant, q.root, serr, sizeof serr) != 0) {
-            line_err(err, err_len, w->name, e->line, "tenant", "%s", serr);
+        /* Held until the request is queued (it takes its own reference); the tenant
+         * then lives on through the blocks the entry caches. */
+        q.tenant = kvg_pc_tenant(pc, e->tenant, e->tenant_len, 0.0);
+        if (q.tenant < 0) {
+            line_err(err, err_len, w->name, e->line, "tenant", "out of memory for the tenant's record");
             goto out;
         }
         q.id = o.id_base + i;
@@ -391,9 +424,13 @@ int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
         q.ttl_ms = e->ttl_ms;
         q.sp.temperature = 0.0f;
         q.sp.top_p = 1.0f;
-        if (kvg_sched_submit(s, &q, serr, sizeof serr) != 0) {
-            line_err(err, err_len, w->name, e->line, "prompt", "%s", serr);
-            goto out;
+        {
+            int sub = kvg_sched_submit(s, &q, serr, sizeof serr);
+            kvg_pc_tenant_put(pc, q.tenant);
+            if (sub != 0) {
+                line_err(err, err_len, w->name, e->line, "prompt", "%s", serr);
+                goto out;
+            }
         }
         /* One at a time: a later entry sharing a prefix hits the earlier one's blocks
          * instead of racing it to commit the same hashes. */

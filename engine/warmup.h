@@ -10,6 +10,10 @@
  *
  *   tenant      string, required, non-empty: the tenant's salt, exactly as the gateway
  *               hashes it (a prompt warmed for "org_1" is only ever served to "org_1").
+ *   default_tenant  string (0..255 bytes), in place of tenant: a location's default
+ *               tenant of that name (kvgate_default_tenant), the one requests naming no
+ *               tenant get; its salt is the name after a mark no tenant name holds
+ *               (prefix_hash.h), so "tenant": "default" does not warm it.
  *   prompt      string, non-empty: text, tokenized with the model's tokenizer (BOS
  *               prepended when the vocabulary asks for it, like a raw completion prompt;
  *               special-token text is not parsed).
@@ -43,7 +47,8 @@
 #include "tokenizer.h"
 
 typedef struct kvg_warmup_entry {
-    char *tenant;                /* NUL-terminated */
+    char *tenant;                /* the salt, NUL-terminated (a default tenant's opens
+                                  * with a NUL: use tenant_len) */
     size_t tenant_len;
     int32_t *ids;                /* the prompt's tokens */
     int32_t n_ids;
@@ -95,7 +100,7 @@ typedef struct kvg_warmup_result {
  * failure: res->pinned_over_cap says how many blocks it concerned (counted against a
  * cache where none of them was pinned before). -1 with err when an entry is rejected
  * by the scheduler ("FILE:LINE: prompt: ...", e.g. longer than the context or the
- * pool), the tenant table is full, or a step fails; nothing is left pending then. */
+ * pool), the tenant's record cannot be allocated, or a step fails; nothing is left pending then. */
 int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
                    const kvg_kv_pool *pool, const kvg_warmup_opts *opts,
                    kvg_warmup_result *res, char *err, size_t err_len);

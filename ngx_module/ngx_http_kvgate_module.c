@@ -538,8 +538,16 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
             return NGX_OK;
         }
 
-        v->data = ctx->tenant.data;
-        v->len = ctx->tenant.len;
+        {
+            /* the name, without the default tenant's salt mark */
+            const void  *name;
+            size_t       len;
+
+            (void) kvg_prefix_salt_is_default(ctx->tenant.data,
+                                              ctx->tenant.len, &name, &len);
+            v->data = (u_char *) name;
+            v->len = len;
+        }
         return NGX_OK;
 
     case NGX_HTTP_KVGATE_VAR_BUCKET:
@@ -1291,20 +1299,21 @@ ngx_http_kvgate_check_cache_ttl(ngx_conf_t *cf, void *post, void *data)
 }
 
 
-/* The tenant goes into the engine's salt field as it is. */
+/* The default tenant goes into the engine's salt field after a mark byte
+   (prefix_hash.h), so it must leave room for it. */
 
 static char *
 ngx_http_kvgate_check_tenant(ngx_conf_t *cf, void *post, void *data)
 {
     ngx_str_t  *t = data;
 
-    if (t->len <= KVG_PROTO_MAX_SALT) {
+    if (t->len <= KVG_PREFIX_DEFAULT_NAME_MAX(KVG_PROTO_MAX_SALT)) {
         return NGX_CONF_OK;
     }
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "\"kvgate_default_tenant\" is longer than %d bytes",
-                       KVG_PROTO_MAX_SALT);
+                       KVG_PREFIX_DEFAULT_NAME_MAX(KVG_PROTO_MAX_SALT));
 
     return NGX_CONF_ERROR;
 }

@@ -432,7 +432,8 @@ static ngx_int_t
 ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, kvg_api_error *err)
 {
-    ngx_str_t  t;
+    u_char     *salt;
+    ngx_str_t   t;
 
     ngx_str_null(&t);
 
@@ -452,7 +453,33 @@ ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
             return NGX_ERROR;
         }
 
-        t = klcf->default_tenant;
+        /*
+         * The location's default tenant is a namespace of its own: its salt is
+         * KVG_PREFIX_DEFAULT_MARK (a NUL, which no named tenant holds: refused
+         * below) then its name, so "X-Tenant-Id: default" never shares the
+         * anonymous tenant's cache (prefix_hash.h). ctx->tenant is the salt;
+         * $kvgate_tenant shows the name.
+         */
+
+        salt = ngx_pnalloc(r->pool, KVG_PROTO_MAX_SALT);
+        if (salt == NULL) {
+            kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+            return NGX_ERROR;
+        }
+
+        /* kvgate_default_tenant is checked to fit at configuration time */
+        ctx->tenant.len = kvg_prefix_default_salt(klcf->default_tenant.data,
+                                                  klcf->default_tenant.len,
+                                                  salt, KVG_PROTO_MAX_SALT);
+        ctx->tenant.data = salt;
+
+        if (ctx->tenant.len == 0) {
+            kvg_api_error_set(err, 500, NULL, NULL,
+                              "kvgate_default_tenant is too long");
+            return NGX_ERROR;
+        }
+
+        return NGX_OK;
     }
 
     if (t.len > KVG_PROTO_MAX_SALT) {

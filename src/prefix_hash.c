@@ -34,6 +34,27 @@ static void put_u32le(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)(v >> 24);
 }
 
+size_t kvg_prefix_default_salt(const void *name, size_t len, uint8_t *out, size_t cap)
+{
+    if (len >= cap || (len && !name))
+        return 0;
+    out[0] = KVG_PREFIX_DEFAULT_MARK;
+    if (len)
+        memcpy(out + 1, name, len);
+    return len + 1;
+}
+
+int kvg_prefix_salt_is_default(const void *salt, size_t len, const void **name, size_t *name_len)
+{
+    const uint8_t *p = salt;
+    int def = len > 0 && p[0] == KVG_PREFIX_DEFAULT_MARK;
+    if (name)
+        *name = def ? p + 1 : p;
+    if (name_len)
+        *name_len = def ? len - 1 : len;
+    return def;
+}
+
 kvg_prefix_hasher *kvg_prefix_hasher_new(char *err, size_t err_len)
 {
     kvg_prefix_hasher *h = calloc(1, sizeof(*h));

@@ -32,6 +32,24 @@
 /* The domain-separation tag that opens the root; bump on any format change. */
 #define KVG_PREFIX_TAG "kvgate-prefix-v1"
 
+/* Tenant salts. A tenant named by a request (kvgate_tenant: a header, a variable) is
+ * salted with its name's bytes, which never hold a NUL (the gateway refuses one). The
+ * tenant a location falls back to when the request names none (kvgate_default_tenant)
+ * is salted with KVG_PREFIX_DEFAULT_MARK (one 0x00 byte) and then its configured name,
+ * so it is a namespace of its own that no header value can name: "X-Tenant-Id:
+ * default" is not the anonymous tenant "default". Two locations with the same default
+ * name share it, as they did. */
+#define KVG_PREFIX_DEFAULT_MARK 0x00
+/* The longest default tenant name whose salt fits a salt of max_salt bytes. */
+#define KVG_PREFIX_DEFAULT_NAME_MAX(max_salt) ((max_salt) - 1)
+
+/* Writes the default tenant's salt for name into out (cap bytes); returns its length,
+ * or 0 when it does not fit. */
+size_t kvg_prefix_default_salt(const void *name, size_t len, uint8_t *out, size_t cap);
+/* Whether a salt is a default tenant's; *name and *name_len get the name part (the
+ * salt itself for a named tenant). */
+int kvg_prefix_salt_is_default(const void *salt, size_t len, const void **name, size_t *name_len);
+
 typedef struct kvg_prefix_hasher kvg_prefix_hasher;
 
 /* NULL with err when OpenSSL cannot provide SHA-256. */

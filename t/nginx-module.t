@@ -107,7 +107,7 @@ my @bad = (
     [ 'kvgate_route_blocks 0;', qr/invalid value "0" in "kvgate_route_blocks" directive/, 'kvgate_route_blocks 0' ],
     [ 'kvgate_tenant_required maybe;', qr/invalid value "maybe" in "kvgate_tenant_required" directive/,
       'kvgate_tenant_required maybe' ],
-    [ 'kvgate_default_tenant ' . ('t' x 300) . ';', qr/"kvgate_default_tenant" is longer than 256 bytes/,
+    [ 'kvgate_default_tenant ' . ('t' x 300) . ';', qr/"kvgate_default_tenant" is longer than 255 bytes/,
       'kvgate_default_tenant too long' ],
     [ 'kvgate_tenant $http_x_tenant $extra;', qr/invalid number of arguments in "kvgate_tenant" directive/,
       'kvgate_tenant with two values' ],

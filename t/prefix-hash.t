@@ -118,9 +118,28 @@ for my $t (@bad) {
 {
     my ($rc, $out, $err) = run_cli('1', '--tenant', 't');
     is($rc, 1, 'missing --model-id: exit 1');
-    like($err, qr/--model-id and --tenant are required/, 'missing --model-id: message');
+    like($err, qr/--model-id and one of --tenant and --default-tenant are required/, 'missing --model-id: message');
     ($rc, $out, $err) = run_cli('1', '--model-id', 'm');
     is($rc, 1, 'missing --tenant: exit 1');
+    ($rc, $out, $err) = run_cli('1', '--model-id', 'm', '--tenant', 'a', '--default-tenant', 'a');
+    is($rc, 1, 'both --tenant and --default-tenant: exit 1');
+    like($err, qr/one of --tenant and --default-tenant/, 'both: message');
+}
+
+# The location's default tenant: salted with a 0x00 mark then its name, so it is not
+# the tenant a request names with the same string (docs/prefix-hash.md).
+{
+    my @ids = 1 .. 40;
+    my ($rc, $out, $err) = run_cli(join(' ', @ids), '--model-id', 'llama-2-7b-chat', '--default-tenant', 'default');
+    is($rc, 0, 'default tenant: exit 0') or diag($err);
+    is($out, expected('llama-2-7b-chat', "\0default", 16, @ids), 'default tenant: salt is NUL . name');
+    like($out, qr/\A3ced3d920e97f2f005e04a350878f6468759b6a72cdc05f807041adad7309a0f\n/,
+         'default tenant: the root printed in the docs');
+    my (undef, $named) = run_cli(join(' ', @ids), '--model-id', 'llama-2-7b-chat', '--tenant', 'default');
+    isnt($out, $named, 'the default tenant "default" is not the tenant named "default"');
+    my (undef, $empty) = run_cli('', '--model-id', 'm', '--default-tenant', '');
+    is($empty, expected('m', "\0", 16), 'an empty default name: the mark alone');
+    isnt($empty, expected('m', '', 16), '  which is not the empty tenant');
 }
 
 done_testing();

@@ -1,7 +1,11 @@
 /* kvgate-prefix-hash: prints the prefix-hash chain of a token id sequence, so the
  * format (docs/prefix-hash.md) can be checked from outside, e.g. by a router.
  *
- *   kvgate-prefix-hash --model-id ID --tenant T [--block-size N] < ids
+ *   kvgate-prefix-hash --model-id ID (--tenant T | --default-tenant NAME) [--block-size N] < ids
+ *
+ * --tenant is a tenant named by a request (kvgate_tenant); --default-tenant the tenant
+ * a location falls back to (kvgate_default_tenant), whose salt is a 0x00 mark and then
+ * the name, a namespace no request can name (prefix_hash.h).
  *
  * stdin: decimal token ids (0..2147483647) separated by any whitespace. stdout: the
  * root, then one hash per full block, 64 lower-case hex digits a line. Any error
@@ -18,8 +22,10 @@ static const char *prog = "kvgate-prefix-hash";
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: %s --model-id ID --tenant T [--block-size N] < token-ids\n"
-               "  prints the root and one SHA-256 per full block of N token ids (default %d)\n",
+    fprintf(f, "usage: %s --model-id ID (--tenant T | --default-tenant NAME) [--block-size N] < token-ids\n"
+               "  prints the root and one SHA-256 per full block of N token ids (default %d)\n"
+               "  --tenant T: a tenant named by the request (kvgate_tenant)\n"
+               "  --default-tenant NAME: the location's default tenant (kvgate_default_tenant)\n",
             prog, KVG_PREFIX_BLOCK_DEFAULT);
 }
 
@@ -114,7 +120,9 @@ static int32_t *read_ids(size_t *n)
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *tenant = NULL, *v;
+    const char *model = NULL, *tenant = NULL, *def = NULL, *v;
+    uint8_t salt[KVG_PREFIX_BLOCK_MAX];
+    size_t salt_len = 0;
     unsigned long long bs = KVG_PREFIX_BLOCK_DEFAULT;
     char err[256], hex[2 * KVG_PREFIX_HASH_LEN + 1];
     uint8_t root[KVG_PREFIX_HASH_LEN], (*out)[KVG_PREFIX_HASH_LEN];
@@ -130,6 +138,8 @@ int main(int argc, char **argv)
             model = v;
         } else if ((v = opt_value(argc, argv, &i, "--tenant"))) {
             tenant = v;
+        } else if ((v = opt_value(argc, argv, &i, "--default-tenant"))) {
+            def = v;
         } else if ((v = opt_value(argc, argv, &i, "--block-size"))) {
             if (parse_uint(v, KVG_PREFIX_BLOCK_MAX, &bs) < 0 || bs < KVG_PREFIX_BLOCK_MIN)
                 die("bad --block-size '%s' (expected an integer in 1..65536)", v);
@@ -138,9 +148,20 @@ int main(int argc, char **argv)
             die("unknown argument '%s'", argv[i]);
         }
     }
-    if (!model || !tenant) {
+    if (!model || (!tenant == !def)) {
         usage(stderr);
-        die("%s", "--model-id and --tenant are required (the tenant may be empty: --tenant '')");
+        die("%s", "--model-id and one of --tenant and --default-tenant are required (the tenant may be "
+            "empty: --tenant '')");
+    }
+    if (tenant) {
+        salt_len = strlen(tenant);
+        if (salt_len > sizeof salt)
+            die("%s", "--tenant is too long");
+        memcpy(salt, tenant, salt_len);
+    } else {
+        salt_len = kvg_prefix_default_salt(def, strlen(def), salt, sizeof salt);
+        if (salt_len == 0)
+            die("%s", "--default-tenant is too long");
     }
     ids = read_ids(&n);
     h = kvg_prefix_hasher_new(err, sizeof(err));
@@ -149,7 +170,7 @@ int main(int argc, char **argv)
     out = malloc((n / bs + 1) * KVG_PREFIX_HASH_LEN);
     if (!out)
         die("%s", "out of memory");
-    if (kvg_prefix_root(h, model, strlen(model), tenant, strlen(tenant), root, err, sizeof(err)) < 0
+    if (kvg_prefix_root(h, model, strlen(model), salt, salt_len, root, err, sizeof(err)) < 0
         || kvg_prefix_chain(h, root, ids, n, (size_t)bs, out, n / bs + 1, &nb, err, sizeof(err)) < 0)
         die("%s", err);
     printf("%s\n", kvg_prefix_hex(root, hex));

@@ -466,6 +466,161 @@ static void test_random(void)
     kvg_kv_pool_free(p);
 }
 
+/* Tenants live while held or holding blocks: reclaimed at the last put when they hold
+ * nothing, or when their last block is evicted / expired / dropped; ids are reused,
+ * and nothing keeps a reclaimed id (a reused id starts empty, its old blocks gone). */
+static void test_tenant_lifecycle(void)
+{
+    kvg_kv_pool *p = pool_new(8);
+    kvg_prefix_cache *pc = pc_new(p, 0, 0);
+    int32_t toks[MAXT];
+    req a, b, c;
+    int ta, tb, tc, t;
+
+    ta = kvg_pc_tenant(pc, "alice", 5, 0);
+    is_int(kvg_pc_tenant_count(pc), 1, "a tenant held: 1 live");
+    is_int(kvg_pc_tenant_find(pc, "alice", 5), ta, "found by its salt");
+    is_int(kvg_pc_tenant(pc, "alice", 5, 0), ta, "same salt, same id (a second reference)");
+    kvg_pc_tenant_put(pc, ta);
+    ok(kvg_pc_tenant_live(pc, ta), "one reference left: still live");
+    kvg_pc_tenant_put(pc, ta);
+    is_int(kvg_pc_tenant_count(pc), 0, "last reference dropped, no blocks: reclaimed");
+    is_int(kvg_pc_tenant_find(pc, "alice", 5), -1, "  not found any more");
+    ok(!kvg_pc_tenant_live(pc, ta) && kvg_pc_tenant_cached_blocks(pc, ta) == -1 &&
+       kvg_pc_tenant_ref(pc, ta) == -1, "  its id is not live (no ref, no blocks count)");
+    ok(check(pc, NULL, 0, "reclaim") == 0, "invariants after a reclaim");
+
+    /* Blocks hold their tenant. */
+    ta = kvg_pc_tenant(pc, "alice", 5, 0);
+    seq_toks(toks, 13, 100);
+    req_init(pc, &a, ta, toks, 13, 0);
+    is_int(run_prompt(pc, &a, 1), 0, "alice's prompt: 3 blocks committed");
+    kvg_pc_tenant_put(pc, ta);
+    ok(kvg_pc_tenant_live(pc, ta), "no reference but blocks in use: live");
+    kvg_pc_release(pc, &a.seq, 2);
+    ok(kvg_pc_tenant_live(pc, ta) && kvg_pc_tenant_cached_blocks(pc, ta) == 3,
+       "released, 3 blocks cached: live");
+    ok(check(pc, NULL, 0, "cached") == 0, "invariants with a cached-only tenant");
+
+    /* Pool pressure evicts alice's blocks: she is reclaimed with the last one. */
+    tb = kvg_pc_tenant(pc, "bob", 3, 0);
+    seq_toks(toks, 29, 500);
+    req_init(pc, &b, tb, toks, 29, 0);     /* 8 blocks: the whole pool */
+    is_int(run_prompt(pc, &b, 3), 0, "bob takes the whole pool");
+    is_int(kvg_pc_tenant_find(pc, "alice", 5), -1, "alice's blocks evicted: alice reclaimed");
+    is_int(kvg_pc_tenant_count(pc), 1, "only bob lives");
+    {
+        const kvg_kv_seq *sq[1] = { &b.seq };
+        ok(check(pc, sq, 1, "eviction reclaim") == 0, "invariants after eviction reclaimed a tenant");
+    }
+
+    /* The id is reused, and starts empty: nothing of alice's is reachable through it. */
+    tc = kvg_pc_tenant(pc, "carol", 5, 0);
+    is_int(tc, ta, "carol gets alice's old id");
+    is_int(kvg_pc_tenant_cached_blocks(pc, tc), 0, "  with nothing charged");
+    kvg_pc_release(pc, &b.seq, 4);
+    kvg_pc_tenant_put(pc, tb);
+    seq_toks(toks, 13, 100);
+    req_init(pc, &c, tc, toks, 13, 0);
+    is_int(hits_of(pc, &c), 0, "carol's chain (alice's tokens) misses");
+    kvg_pc_admit(pc, &c.seq, tc, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])a.h, a.n_h, a.n, 0, 5, 0,
+                 err, sizeof err);
+    is_int((int)c.seq.n_tokens, 0, "alice's old hashes under the reused id: no hit");
+    kvg_pc_release(pc, &c.seq, 5);
+    free(c.seq.blocks);
+    memset(&c.seq, 0, sizeof c.seq);
+    kvg_pc_tenant_put(pc, tc);
+    is_int(kvg_pc_tenant_find(pc, "carol", 5), -1, "carol, holding nothing, reclaimed");
+
+    /* A commit under a reclaimed id is ignored (it could only come from a stale id). */
+    t = kvg_pc_tenant(pc, "dave", 4, 0);
+    seq_toks(toks, 9, 900);
+    req_init(pc, &c, t, toks, 9, 0);
+    kvg_pc_tenant_put(pc, t);              /* dave reclaimed, c keeps the stale id */
+    ok(kvg_pc_admit(pc, &c.seq, t, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])c.h, c.n_h, c.n, 0, 6, 0,
+                    err, sizeof err) < 0, "admission under a reclaimed id with hashes: refused");
+    ok(kvg_pc_admit(pc, &c.seq, -1, NULL, 0, c.n, 0, 6, 0, err, sizeof err) == 0,
+       "a bypass admission needs no tenant (-1)");
+    c.seq.n_tokens = c.n;
+    kvg_pc_commit(pc, &c.seq, 0, c.h[0], t, 0, 6);
+    is_int(kvg_pc_tenant_count(pc), 1, "a commit under a reclaimed id creates nothing");
+    {
+        const kvg_kv_seq *sq[1] = { &c.seq };
+        ok(check(pc, sq, 1, "stale commit") == 0, "  and changes nothing");
+    }
+    kvg_pc_release(pc, &c.seq, 7);
+
+    /* TTL expiry releases the tenant too. */
+    kvg_pc_sweep(pc, 7 + 10 * 60 * 1000);
+    is_int(kvg_pc_tenant_count(pc), 0, "the cached blocks expired: every tenant reclaimed");
+    ok(check(pc, NULL, 0, "expiry") == 0, "invariants after expiry");
+
+    /* A model change drops every cached block, and the tenants with them. */
+    ta = kvg_pc_tenant(pc, "alice", 5, 0.5);
+    seq_toks(toks, 13, 100);
+    req_init(pc, &a, ta, toks, 13, 0);
+    run_prompt(pc, &a, 8);
+    kvg_pc_release(pc, &a.seq, 9);
+    kvg_pc_tenant_put(pc, ta);
+    ok(kvg_pc_tenant_live(pc, ta), "alice (with a quota) lives through her cached blocks");
+    {
+        uint8_t mid[KVG_PREFIX_HASH_LEN];
+        memcpy(mid, "model-B-0123456789abcdef01234567", KVG_PREFIX_HASH_LEN);
+        kvg_pc_set_model(pc, mid);
+    }
+    is_int(kvg_pc_tenant_count(pc), 0, "model change: cached blocks dropped, tenants reclaimed");
+    t = kvg_pc_tenant(pc, "erin", 4, 0);
+    ok(check(pc, NULL, 0, "quota slot reuse") == 0, "a slot reused without a quota: quota counts agree");
+    kvg_pc_tenant_put(pc, t);
+
+    /* Many tenants: the table grows with them and the slots come back. */
+    {
+        enum { N = 5000 };
+        static int ids[N];
+        char salt[32];
+        int bad = 0, slots;
+        for (int i = 0; i < 20000; i++) {
+            int n = snprintf(salt, sizeof salt, "churn-%d", i);
+            int x = kvg_pc_tenant(pc, salt, (size_t)n, 0);
+            bad += x < 0;
+            kvg_pc_tenant_put(pc, x);
+        }
+        ok(!bad && kvg_pc_tenant_count(pc) == 0, "20000 tenants one after another: none left");
+        ok(kvg_pc_tenant_slots(pc) <= 64, "  and they reused one slot (%d slots)", kvg_pc_tenant_slots(pc));
+        for (int i = 0; i < N; i++) {
+            int n = snprintf(salt, sizeof salt, "held-%d", i);
+            ids[i] = kvg_pc_tenant(pc, salt, (size_t)n, 0);
+            bad += ids[i] < 0;
+        }
+        is_int(kvg_pc_tenant_count(pc), N, "5000 held at once: no fixed cap");
+        for (int i = 0; i < N; i++) {
+            int n = snprintf(salt, sizeof salt, "held-%d", i);
+            bad += kvg_pc_tenant_find(pc, salt, (size_t)n) != ids[i];
+        }
+        ok(!bad, "  every one found by its salt");
+        ok(check(pc, NULL, 0, "5000 tenants") == 0, "  invariants hold");
+        slots = kvg_pc_tenant_slots(pc);
+        for (int i = 0; i < N; i += 2)
+            kvg_pc_tenant_put(pc, ids[i]);
+        for (int i = 0; i < N; i += 2) {
+            int n = snprintf(salt, sizeof salt, "again-%d", i);
+            int x = kvg_pc_tenant(pc, salt, (size_t)n, 0);
+            bad += x < 0 || x >= slots;
+            ids[i] = x;
+        }
+        ok(!bad && kvg_pc_tenant_slots(pc) == slots, "freed slots are reused before the table grows");
+        for (int i = 0; i < N; i++)
+            kvg_pc_tenant_put(pc, ids[i]);
+        is_int(kvg_pc_tenant_count(pc), 0, "all put: none live");
+        ok(check(pc, NULL, 0, "all put") == 0, "  invariants hold");
+    }
+    free(a.seq.blocks);
+    free(b.seq.blocks);
+    free(c.seq.blocks);
+    kvg_pc_free(pc);
+    kvg_kv_pool_free(p);
+}
+
 int main(void)
 {
     hasher = kvg_prefix_hasher_new(err, sizeof err);
@@ -480,6 +635,7 @@ int main(void)
     test_quota();
     test_pinned();
     test_random();
+    test_tenant_lifecycle();
     kvg_prefix_hasher_free(hasher);
     return done_testing();
 }
