@@ -321,8 +321,9 @@ int kvg_proto_decode_error(const kvg_shm_msg *m, kvg_msg_error *h, const char **
 #define KVG_STATS_BUCKETS  17
 
 typedef struct kvg_stats_tenant {
-    char name[KVG_PROTO_MAX_SALT + 1];   /* the salt, NUL-terminated (salts hold no NUL
-                                            when they come from kvgate's gateway) */
+    char name[KVG_PROTO_MAX_SALT + 1];   /* the tenant's name, NUL-terminated: a named
+                                            tenant's salt as is; a location's default
+                                            tenant (salt 0x00 + name) as "NAME (default)" */
     uint8_t reserved[7];
     int32_t cached_blocks;
     int32_t reserved2;
