@@ -534,11 +534,27 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     q.deadline_ms = (uint32_t) (klcf->timeout + 1000);
     q.logprobs = req->has_logprobs;
 
-    ngx_log_debug6(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
-                   "kvgate: submit \"%V\" %uz tokens, %uz block hashes, "
+#if (NGX_DEBUG)
+    {
+    size_t       len;
+    ngx_str_t    name;
+    const void  *p;
+
+    /* the default tenant's salt starts with its 0x00 mark: log the name */
+
+    (void) kvg_prefix_salt_is_default(ctx->tenant.data, ctx->tenant.len, &p,
+                                      &len);
+    name.data = (u_char *) p;
+    name.len = len;
+
+    ngx_log_debug7(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
+                   "kvgate: submit \"%V\"%s %uz tokens, %uz block hashes, "
                    "bucket %ui, bypass %ui, max_tokens %uD",
-                   &ctx->tenant, ctx->n_tokens, ctx->n_hashes, ctx->bucket,
+                   &name, name.len != ctx->tenant.len ? " (default)" : "",
+                   ctx->n_tokens, ctx->n_hashes, ctx->bucket,
                    ctx->bypass, ctx->max_tokens);
+    }
+#endif
 
     return ngx_http_kvgate_engine_submit(&ctx->engine, &q, err);
 }
