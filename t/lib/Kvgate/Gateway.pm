@@ -13,7 +13,8 @@ package Kvgate::Gateway;
 #   my $m = $g->wait_metrics(sub { $g->metric($_[0], 'name') >= 1 }, 'name counted');
 #   my $s = $g->wait_status(sub { $_[0]{scheduler}{running} == 0 }, 'the engine idle');
 #   $g->stop;                          # QUIT nginx (one test: clean logs), TERM engine
-#   my @w = $g->worker_pids;  $g->rss_kb($pid);  my @new = $g->reload;
+#   my @w = $g->worker_pids;  $g->rss_kb($pid);  $g->worker_connections($pid);
+#   my @new = $g->reload;
 #   my ($clean, @bad) = $g->finish(qr/exited on signal 9/);   # stop, asserting nothing
 #
 # The default configuration: `kvgate_engine` on the engine's socket, the tenant from
@@ -269,11 +270,31 @@ sub worker_pids {
     return sort { $a <=> $b } grep { /^\d+$/ } split ' ', $line;
 }
 
+# How many established client connections to the main port a process (a worker) holds:
+# the sockets of /proc/net/tcp on that port, among the process's descriptors.
+sub worker_connections {
+    my ($self, $pid) = @_;
+    my $port = sprintf '%04X', $self->{t}->port(0);
+    my %inode;
+    open my $fh, '<', '/proc/net/tcp' or return 0;
+    while (my $line = <$fh>) {
+        my @f = split ' ', $line;
+        # local address 0100007F:PORT, state 01 (established), inode in field 9
+        $inode{ $f[9] } = 1 if ($f[1] // '') =~ /:$port$/ && ($f[3] // '') eq '01';
+    }
+    my $n = 0;
+    for my $fd (glob "/proc/$pid/fd/*") {
+        my $l = readlink($fd) // next;
+        $n++ if $l =~ /^socket:\[(\d+)\]$/ && $inode{$1};
+    }
+    return $n;
+}
+
 # Resident memory of a process in KiB (VmRSS), 0 when it is gone.
 sub rss_kb {
     my ($self, $pid) = @_;
     open my $fh, '<', "/proc/$pid/status" or return 0;
-    while (<$fh>) { return $1 if /^VmRSS:\s+(\d+)/ }
+    while (my $line = <$fh>) { return $1 if $line =~ /^VmRSS:\s+(\d+)/ }
     return 0;
 }
 

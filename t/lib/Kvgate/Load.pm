@@ -377,6 +377,7 @@ sub references {
 # few unexpected answers held. Returns the pid.
 sub spawn_client {
     my ($port, $specs, $refs, %o) = @_;
+    my $parent = $$;
     my $pid = fork // die "fork: $!";
     return $pid if $pid;
     srand($o{seed} // $$);
@@ -384,7 +385,8 @@ sub spawn_client {
     open my $fh, '>>', $o{out} or POSIX::_exit(2);
     my $c = conn($port);
     my ($done, $bad) = (0, 0);
-    while (!($o{stop} && -e $o{stop}) && (!$o{until} || time < $o{until})
+    # (a client whose test or soak died stops too: never an orphan spinning on a dead port)
+    while (getppid() == $parent && !($o{stop} && -e $o{stop}) && (!$o{until} || time < $o{until})
            && (!$o{count} || $done < $o{count})) {
         my $spec = $pick[ int rand @pick ];
         my $r = send_spec($c, $spec, timeout => $o{timeout} // 60);
