@@ -13,6 +13,9 @@ package Kvgate::Gateway;
 #   my $m = $g->wait_metrics(sub { $g->metric($_[0], 'name') >= 1 }, 'name counted');
 #   my $s = $g->wait_status(sub { $_[0]{scheduler}{running} == 0 }, 'the engine idle');
 #   $g->stop;                          # QUIT nginx (one test: clean logs), TERM engine
+#   my @w = $g->worker_pids;  $g->rss_kb($pid);  $g->worker_connections($pid);
+#   my @new = $g->reload;
+#   my ($clean, @bad) = $g->finish(qr/exited on signal 9/);   # stop, asserting nothing
 #
 # The default configuration: `kvgate_engine` on the engine's socket, the tenant from
 # X-Tenant-Id, `kvgate_pass` at /v1/, `kvgate_metrics` at /metrics, `kvgate_status` at
@@ -253,6 +256,74 @@ sub stream_texts {
         }
     }
     return map { $_ // '' } @text;
+}
+
+# The nginx master's pid, and its worker processes' pids (sorted): the master's
+# children, from /proc.
+sub master_pid { return $_[0]{t}{pid} }
+
+sub worker_pids {
+    my ($self) = @_;
+    my $m = $self->{t}{pid} or return ();
+    open my $fh, '<', "/proc/$m/task/$m/children" or return ();
+    my $line = <$fh> // '';
+    return sort { $a <=> $b } grep { /^\d+$/ } split ' ', $line;
+}
+
+# How many established client connections to the main port a process (a worker) holds:
+# the sockets of /proc/net/tcp on that port, among the process's descriptors.
+sub worker_connections {
+    my ($self, $pid) = @_;
+    my $port = sprintf '%04X', $self->{t}->port(0);
+    my %inode;
+    open my $fh, '<', '/proc/net/tcp' or return 0;
+    while (my $line = <$fh>) {
+        my @f = split ' ', $line;
+        # local address 0100007F:PORT, state 01 (established), inode in field 9
+        $inode{ $f[9] } = 1 if ($f[1] // '') =~ /:$port$/ && ($f[3] // '') eq '01';
+    }
+    my $n = 0;
+    for my $fd (glob "/proc/$pid/fd/*") {
+        my $l = readlink($fd) // next;
+        $n++ if $l =~ /^socket:\[(\d+)\]$/ && $inode{$1};
+    }
+    return $n;
+}
+
+# Resident memory of a process in KiB (VmRSS), 0 when it is gone.
+sub rss_kb {
+    my ($self, $pid) = @_;
+    open my $fh, '<', "/proc/$pid/status" or return 0;
+    while (my $line = <$fh>) { return $1 if $line =~ /^VmRSS:\s+(\d+)/ }
+    return 0;
+}
+
+# `nginx -s reload` (HUP to the master), then waits until every worker is a new one (no
+# pid of before is left among the master's children) and the new ones have connected to
+# the engine. Returns the new workers' pids.
+sub reload {
+    my ($self, $timeout) = @_;
+    my %old = map { $_ => 1 } $self->worker_pids;
+    my $want = $self->{o}{workers} // 2;
+    kill 'HUP', $self->{t}{pid};
+    my @new;
+    $self->{t}->wait_for(sub {
+        @new = $self->worker_pids;
+        @new == $want && !grep { $old{$_} } @new;
+    }, 'the workers replaced after a reload', $timeout // 20);
+    $self->wait_up($timeout);
+    return @new;
+}
+
+# Stops nginx (QUIT) and the engine like stop(), asserting nothing: returns (clean, bad
+# log lines) where lines matching $allow (say, the master's alert about a worker this
+# test killed) are not counted as bad.
+sub finish {
+    my ($self, $allow) = @_;
+    my $clean = $self->{t}->_stop;
+    my @bad = grep { !$allow || !/$allow/ } $self->{t}->bad_log_lines;
+    $self->{engine}->stop;
+    return ($clean, @bad);
 }
 
 sub stop {
