@@ -866,7 +866,8 @@ ngx_http_kvgate_check_broken(ngx_http_request_t *r)
 
 /*
  * Backpressure. A stream's output waits in the worker (the write filter's
- * chain, r->out) while its client does not read; past kvgate_max_unsent
+ * chain, r->out, and the open buffer, ctx->open; the sent part is recycled,
+ * ngx_http_kvgate_response.c) while its client does not read; past kvgate_max_unsent
  * bytes the request is paused in the engine (no more decoding, its blocks
  * stay), and resumed once the client has taken it down to half of that, so
  * a slow reader costs the worker a bounded amount of memory and the engine
@@ -882,24 +883,6 @@ ngx_http_kvgate_check_broken(ngx_http_request_t *r)
  * final object is left to nginx's writer and send_timeout.
  */
 
-static size_t
-ngx_http_kvgate_unsent(ngx_http_request_t *r)
-{
-    size_t        size;
-    ngx_chain_t  *cl;
-
-    size = 0;
-
-    for (cl = r->out; cl; cl = cl->next) {
-        if (!ngx_buf_special(cl->buf)) {
-            size += (size_t) ngx_buf_size(cl->buf);
-        }
-    }
-
-    return size;
-}
-
-
 static void
 ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
 {
@@ -912,7 +895,7 @@ ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
     }
 
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
-    unsent = ngx_http_kvgate_unsent(r);
+    unsent = ngx_http_kvgate_stream_unsent(r, ctx);
 
     if (!ctx->paused && unsent > klcf->max_unsent) {
 
@@ -988,7 +971,9 @@ ngx_http_kvgate_writer(ngx_http_request_t *r)
         return;
     }
 
-    rc = ngx_http_output_filter(r, NULL);
+    /* what waited for the client goes out, and its buffers are recycled */
+
+    rc = ngx_http_kvgate_stream_flush(r, ctx);
 
     if (rc == NGX_ERROR) {
         ngx_http_kvgate_abort(ctx);
