@@ -253,9 +253,9 @@ ngx_int_t ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
    still holds) and recycles the buffers the client has taken. */
 ngx_int_t ngx_http_kvgate_stream_flush(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
-/* Stream bytes in the worker not yet taken by the client (nginx's chain,
-   r->out, and ctx->open). */
-size_t ngx_http_kvgate_stream_unsent(ngx_http_request_t *r,
+/* The memory of a stream's buffers holding output its client has not taken
+   yet (ctx->busy and ctx->open). */
+size_t ngx_http_kvgate_stream_held(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 
 /* ngx_http_kvgate_request.c */

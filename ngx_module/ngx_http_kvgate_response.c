@@ -216,8 +216,11 @@ ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
  * (the write handler, ngx_http_kvgate_stream_flush) and at the end; the
  * bytes sent are the same, only the HTTP chunks are fewer and larger.
  *
- * The buffers are large pool allocations (over NGX_MAX_ALLOC_FROM_POOL), so
- * one replaced by a bigger one is freed at once.
+ * The buffers are 4 KB (less for a small kvgate_max_unsent, more for a
+ * chunk that needs it); at 4 KB and above they are large pool allocations
+ * (over NGX_MAX_ALLOC_FROM_POOL), so one replaced by a bigger one is freed
+ * at once. The memory they hold for unsent output is what backpressure
+ * compares with kvgate_max_unsent (ngx_http_kvgate_stream_held).
  */
 
 #define NGX_HTTP_KVGATE_BUF_SIZE  4096
@@ -262,10 +265,11 @@ static ngx_chain_t *
 ngx_http_kvgate_get_buf(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     size_t len)
 {
-    size_t        size;
-    u_char       *start, *end;
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl;
+    size_t                       size;
+    u_char                      *start, *end;
+    ngx_buf_t                   *b;
+    ngx_chain_t                 *cl;
+    ngx_http_kvgate_loc_conf_t  *klcf;
 
     cl = ngx_chain_get_free_buf(r->pool, &ctx->free);
     if (cl == NULL) {
@@ -277,7 +281,14 @@ ngx_http_kvgate_get_buf(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     end = b->end;
 
     if (start == NULL || (size_t) (end - start) < len) {
-        size = ngx_max(NGX_HTTP_KVGATE_BUF_SIZE, ngx_align(len, 1024));
+
+        /* a few buffers per kvgate_max_unsent, so that pausing on the memory
+           held (ngx_http_kvgate_stream_held) is not too coarse */
+
+        klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+        size = ngx_align(klcf->max_unsent / 8, 1024);
+        size = ngx_min(size, NGX_HTTP_KVGATE_BUF_SIZE);
+        size = ngx_max(size, ngx_align(len, 1024));
 
         start = ngx_pnalloc(r->pool, size);
         if (start == NULL) {
@@ -440,23 +451,25 @@ ngx_http_kvgate_stream_flush(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 }
 
 
+/* The memory a stream holds for output the client has not taken: its busy
+   buffers and the open one, whole (a partly sent or partly filled buffer is
+   held all the same); what the chunked encoding adds to them is a few bytes
+   each. */
+
 size_t
-ngx_http_kvgate_stream_unsent(ngx_http_request_t *r,
-    ngx_http_kvgate_ctx_t *ctx)
+ngx_http_kvgate_stream_held(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 {
     size_t        size;
     ngx_chain_t  *cl;
 
     size = 0;
 
-    for (cl = r->out; cl; cl = cl->next) {
-        if (!ngx_buf_special(cl->buf)) {
-            size += (size_t) ngx_buf_size(cl->buf);
-        }
+    for (cl = ctx->busy; cl; cl = cl->next) {
+        size += cl->buf->end - cl->buf->start;
     }
 
     if (ctx->open) {
-        size += ctx->open->buf->last - ctx->open->buf->pos;
+        size += ctx->open->buf->end - ctx->open->buf->start;
     }
 
     return size;
