@@ -257,6 +257,10 @@ ngx_int_t ngx_http_kvgate_stream_flush(ngx_http_request_t *r,
    yet (ctx->busy and ctx->open). */
 size_t ngx_http_kvgate_stream_held(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
+/* A paused stream gives back the memory of its idle buffers (ctx->free);
+   they are allocated again when it resumes. */
+void ngx_http_kvgate_stream_trim(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
 
 /* ngx_http_kvgate_request.c */
 ngx_int_t ngx_http_kvgate_completion_handler(ngx_http_request_t *r,

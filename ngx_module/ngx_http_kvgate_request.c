@@ -908,7 +908,11 @@ ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
                        "(kvgate_max_unsent %uz), pausing the request",
                        held, klcf->max_unsent);
 
+        /* it may stay paused up to send_timeout: what it does not use now
+           is given back */
+
         ctx->paused = 1;
+        ngx_http_kvgate_stream_trim(r, ctx);
         ngx_http_kvgate_metrics_backpressure(NGX_HTTP_KVGATE_BP_PAUSE);
         return;
     }

@@ -476,6 +476,29 @@ ngx_http_kvgate_stream_held(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 }
 
 
+void
+ngx_http_kvgate_stream_trim(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_uint_t    n;
+    ngx_chain_t  *cl;
+
+    n = 0;
+
+    for (cl = ctx->free; cl; cl = cl->next) {
+        if (cl->buf->start && ngx_pfree(r->pool, cl->buf->start) == NGX_OK) {
+            cl->buf->start = NULL;
+            cl->buf->end = NULL;
+            cl->buf->pos = NULL;
+            cl->buf->last = NULL;
+            n++;
+        }
+    }
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kvgate: %ui idle output buffers freed", n);
+}
+
+
 /* A whole answer in o, the request's last output. */
 
 static ngx_int_t
