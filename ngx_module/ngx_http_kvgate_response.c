@@ -302,8 +302,8 @@ ngx_http_kvgate_get_buf(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         end = start + size;
     }
 
-    /* a reused buffer keeps only its memory: nothing of its last use (last_buf,
-       sync, flush...) may go out with the next chunk */
+    /* a reused buffer keeps only its memory: nothing of its last use
+       (last_buf, sync, flush...) may go out with the next chunk */
 
     ngx_memzero(b, sizeof(ngx_buf_t));
     b->start = start;
