@@ -176,6 +176,17 @@ struct ngx_http_kvgate_ctx_s {
 
     ngx_uint_t                 paused;            /* in the engine: the client
                                                      does not read */
+
+    /* a stream's output buffers (ngx_http_kvgate_response.c), recycled so
+       that what the client has taken is reused, not kept in r->pool until
+       the request ends: free (sent), busy (passed to nginx, not all sent),
+       open (filled while the client is behind, not passed yet); and the
+       scratch space each chunk is first written in */
+    ngx_chain_t               *free;
+    ngx_chain_t               *busy;
+    ngx_chain_t               *open;
+    u_char                    *scratch;
+    size_t                     scratch_size;
 };
 
 
@@ -267,6 +278,18 @@ ngx_int_t ngx_http_kvgate_stream_finished(ngx_http_request_t *r,
 ngx_int_t ngx_http_kvgate_stream_end(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, kvg_api_error *error);
 ngx_int_t ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+/* The write handler's step: passes what waits in ctx->open (with what nginx
+   still holds) and recycles the buffers the client has taken. */
+ngx_int_t ngx_http_kvgate_stream_flush(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+/* The memory of a stream's buffers holding output its client has not taken
+   yet (ctx->busy and ctx->open). */
+size_t ngx_http_kvgate_stream_held(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx);
+/* A paused stream gives back the memory of its idle buffers (ctx->free);
+   they are allocated again when it resumes. */
+void ngx_http_kvgate_stream_trim(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 
 /* ngx_http_kvgate_request.c */

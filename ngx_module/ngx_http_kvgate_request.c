@@ -1063,10 +1063,11 @@ ngx_http_kvgate_check_broken(ngx_http_request_t *r)
 
 
 /*
- * Backpressure. A stream's output waits in the worker (the write filter's
- * chain, r->out) while its client does not read; past kvgate_max_unsent
- * bytes the request is paused in the engine (no more decoding, its blocks
- * stay), and resumed once the client has taken it down to half of that, so
+ * Backpressure. A stream's output waits in the worker, in buffers that are
+ * recycled once sent (ngx_http_kvgate_response.c), while its client does
+ * not read; when those buffers hold kvgate_max_unsent bytes or more the
+ * request is paused in the engine (no more decoding, its blocks stay), and
+ * resumed once the client has taken them down to half of that, so
  * a slow reader costs the worker a bounded amount of memory and the engine
  * no work. All samples of the request pause together (they are one request
  * in the engine). What the engine made before the pause reached it still
@@ -1080,28 +1081,10 @@ ngx_http_kvgate_check_broken(ngx_http_request_t *r)
  * final object is left to nginx's writer and send_timeout.
  */
 
-static size_t
-ngx_http_kvgate_unsent(ngx_http_request_t *r)
-{
-    size_t        size;
-    ngx_chain_t  *cl;
-
-    size = 0;
-
-    for (cl = r->out; cl; cl = cl->next) {
-        if (!ngx_buf_special(cl->buf)) {
-            size += (size_t) ngx_buf_size(cl->buf);
-        }
-    }
-
-    return size;
-}
-
-
 static void
 ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
 {
-    size_t                       unsent;
+    size_t                       held;
     ngx_http_request_t          *r = ctx->request;
     ngx_http_kvgate_loc_conf_t  *klcf;
 
@@ -1110,29 +1093,34 @@ ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
     }
 
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
-    unsent = ngx_http_kvgate_unsent(r);
+    held = ngx_http_kvgate_stream_held(r, ctx);
 
-    if (!ctx->paused && unsent > klcf->max_unsent) {
+    if (!ctx->paused && held >= klcf->max_unsent) {
 
         if (ngx_http_kvgate_engine_hold(&ctx->engine, 1) != NGX_OK) {
             return;
         }
 
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                       "kvgate: %uz bytes unsent (kvgate_max_unsent %uz), "
-                       "pausing the request", unsent, klcf->max_unsent);
+                       "kvgate: %uz bytes held for unsent output "
+                       "(kvgate_max_unsent %uz), pausing the request",
+                       held, klcf->max_unsent);
+
+        /* it may stay paused up to send_timeout: what it does not use now
+           is given back */
 
         ctx->paused = 1;
+        ngx_http_kvgate_stream_trim(r, ctx);
         ngx_http_kvgate_metrics_backpressure(NGX_HTTP_KVGATE_BP_PAUSE);
         return;
     }
 
-    if (ctx->paused && unsent <= klcf->max_unsent / 2) {
+    if (ctx->paused && held <= klcf->max_unsent / 2) {
         ctx->paused = 0;
 
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                       "kvgate: %uz bytes unsent, resuming the request",
-                       unsent);
+                       "kvgate: %uz bytes held for unsent output, "
+                       "resuming the request", held);
 
         if (ngx_http_kvgate_engine_hold(&ctx->engine, 0) == NGX_OK) {
             ngx_http_kvgate_metrics_backpressure(NGX_HTTP_KVGATE_BP_RESUME);
@@ -1186,7 +1174,9 @@ ngx_http_kvgate_writer(ngx_http_request_t *r)
         return;
     }
 
-    rc = ngx_http_output_filter(r, NULL);
+    /* what waited for the client goes out, and its buffers are recycled */
+
+    rc = ngx_http_kvgate_stream_flush(r, ctx);
 
     if (rc == NGX_ERROR) {
         ngx_http_kvgate_abort(ctx);

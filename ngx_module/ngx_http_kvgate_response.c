@@ -67,6 +67,12 @@ ngx_http_kvgate_out_reserve(ngx_http_kvgate_out_t *o, size_t n)
     }
 
     ngx_memcpy(p, o->start, used);
+
+    /* the old block is given back when it is a large allocation (nginx
+       frees only those before the pool goes); a small one stays, at most
+       about as much as the new block since the size doubles */
+    ngx_pfree(o->pool, o->start);
+
     o->start = p;
     o->pos = p + used;
     o->end = p + cap;
@@ -191,14 +197,315 @@ ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
 }
 
 
+/*
+ * Output. A non-streamed answer is one object, handed to nginx as it is
+ * (ngx_http_kvgate_output_whole). A stream is many small chunks over a long
+ * time, so its buffers are recycled as nginx's own modules do theirs: each
+ * chunk is written in the request's scratch space, then copied into a
+ * buffer taken from ctx->free (its memory reused when big enough), passed
+ * to nginx, and ngx_chain_update_chains() moves every buffer the client
+ * has fully taken from ctx->busy back to ctx->free. A stream then holds
+ * about what is unsent, not all it produced (pool memory is otherwise
+ * freed only with the request).
+ *
+ * While the client is behind (nginx still holds unsent output), chunks are
+ * gathered in one open buffer (ctx->open) instead of being passed one by
+ * one: every buffer passed costs nginx a few more (the chunked encoding's
+ * size line and CRLF, chain links), more than a chunk's own bytes. The
+ * open buffer is passed when it is full, when the client has caught up
+ * (the write handler, ngx_http_kvgate_stream_flush) and at the end; the
+ * bytes sent are the same, only the HTTP chunks are fewer and larger.
+ *
+ * The buffers are 4 KB (less for a small kvgate_max_unsent, more for a
+ * chunk that needs it); at 4 KB and above they are large pool allocations
+ * (over NGX_MAX_ALLOC_FROM_POOL), so one replaced by a bigger one is freed
+ * at once. The memory they hold for unsent output is what backpressure
+ * compares with kvgate_max_unsent (ngx_http_kvgate_stream_held).
+ */
+
+#define NGX_HTTP_KVGATE_BUF_SIZE  4096
+
+
+static void
+ngx_http_kvgate_out_scratch(ngx_http_kvgate_out_t *o, ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, size_t size)
+{
+    if (ctx->scratch && ctx->scratch_size >= size) {
+        o->pool = r->pool;
+        o->start = ctx->scratch;
+        o->pos = o->start;
+        o->end = o->start + ctx->scratch_size;
+        o->failed = 0;
+        return;
+    }
+
+    if (ctx->scratch) {
+        ngx_pfree(r->pool, ctx->scratch);
+        ctx->scratch = NULL;
+        ctx->scratch_size = 0;
+    }
+
+    ngx_http_kvgate_out_init(o, r->pool, ngx_align(size, 1024));
+}
+
+
+/* the scratch space after a chunk was written (it may have grown) */
+
+static void
+ngx_http_kvgate_out_keep(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx)
+{
+    ctx->scratch = o->start;
+    ctx->scratch_size = o->start ? (size_t) (o->end - o->start) : 0;
+}
+
+
+/* A buffer for at least len bytes, all its flags cleared. */
+
+static ngx_chain_t *
+ngx_http_kvgate_get_buf(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    size_t len)
+{
+    size_t                       size;
+    u_char                      *start, *end;
+    ngx_buf_t                   *b;
+    ngx_chain_t                 *cl;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    cl = ngx_chain_get_free_buf(r->pool, &ctx->free);
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    b = cl->buf;
+    start = b->start;
+    end = b->end;
+
+    if (start == NULL || (size_t) (end - start) < len) {
+
+        /* a few buffers per kvgate_max_unsent, so that pausing on the memory
+           held (ngx_http_kvgate_stream_held) is not too coarse */
+
+        klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+        size = ngx_align(klcf->max_unsent / 8, 1024);
+        size = ngx_min(size, NGX_HTTP_KVGATE_BUF_SIZE);
+        size = ngx_max(size, ngx_align(len, 1024));
+
+        start = ngx_pnalloc(r->pool, size);
+        if (start == NULL) {
+            return NULL;
+        }
+
+        if (b->start) {
+            ngx_pfree(r->pool, b->start);
+        }
+
+        end = start + size;
+    }
+
+    /* a reused buffer keeps only its memory: nothing of its last use
+       (last_buf, sync, flush...) may go out with the next chunk */
+
+    ngx_memzero(b, sizeof(ngx_buf_t));
+    b->start = start;
+    b->end = end;
+    b->pos = start;
+    b->last = start;
+    b->memory = 1;
+    b->tag = (ngx_buf_tag_t) &ngx_http_kvgate_module;
+
+    return cl;
+}
+
+
+/* Passes the open buffer (or, with none, only flushes what nginx holds),
+   then recycles the buffers the client has taken. */
+
 static ngx_int_t
-ngx_http_kvgate_output(ngx_http_request_t *r, ngx_http_kvgate_out_t *o,
+ngx_http_kvgate_send(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     ngx_uint_t last)
 {
-    ngx_int_t                  rc;
-    ngx_buf_t                 *b;
-    ngx_chain_t                out;
+    ngx_int_t     rc;
+    ngx_buf_t    *b;
+    ngx_chain_t  *out;
+
+    out = ctx->open;
+    ctx->open = NULL;
+
+    if (out == NULL && last) {
+        out = ngx_http_kvgate_get_buf(r, ctx, 0);
+        if (out == NULL) {
+            return NGX_ERROR;
+        }
+    }
+
+    if (out) {
+        b = out->buf;
+        b->flush = 1;
+        b->last_buf = last && r == r->main;
+        b->last_in_chain = last;
+
+        if (b->pos == b->last) {
+            b->memory = 0;
+            b->sync = 1;
+        }
+    }
+
+    rc = ngx_http_output_filter(r, out);
+
+    ngx_chain_update_chains(r->pool, &ctx->free, &ctx->busy, &out,
+                            (ngx_buf_tag_t) &ngx_http_kvgate_module);
+
+    return rc;
+}
+
+
+/* A slow reader: the rest goes out when it can take it (the request's write
+   handler), within send_timeout. */
+
+static ngx_int_t
+ngx_http_kvgate_wait_write(ngx_http_request_t *r)
+{
     ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (!r->connection->write->delayed && !r->connection->write->timer_set) {
+        ngx_add_timer(r->connection->write, clcf->send_timeout);
+    }
+
+    if (ngx_handle_write_event(r->connection->write, clcf->send_lowat)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_AGAIN;
+}
+
+
+/* One chunk of a stream, written in the scratch space (o); last: the end of
+   the stream. */
+
+static ngx_int_t
+ngx_http_kvgate_stream_put(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_out_t *o, ngx_uint_t last)
+{
+    size_t      len;
+    ngx_int_t   rc;
+    ngx_buf_t  *b;
+
+    ngx_http_kvgate_out_keep(o, ctx);
+
+    if (o->failed) {
+        return NGX_ERROR;
+    }
+
+    len = o->pos - o->start;
+
+    if (len == 0 && !last) {
+        return NGX_OK;
+    }
+
+    if (ctx->open
+        && (size_t) (ctx->open->buf->end - ctx->open->buf->last) < len)
+    {
+        rc = ngx_http_kvgate_send(r, ctx, 0);
+
+        if (rc == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+    }
+
+    if (ctx->open == NULL) {
+        ctx->open = ngx_http_kvgate_get_buf(r, ctx, len);
+        if (ctx->open == NULL) {
+            return NGX_ERROR;
+        }
+    }
+
+    b = ctx->open->buf;
+    b->last = ngx_cpymem(b->last, o->start, len);
+
+    if (!last && (r->out || r->connection->buffered)) {
+
+        /* the client is behind: the chunk waits in the open buffer; the
+           write handler is armed, by the send that found the client behind */
+
+        return NGX_OK;
+    }
+
+    rc = ngx_http_kvgate_send(r, ctx, last);
+
+    if (rc == NGX_AGAIN && !last) {
+        return ngx_http_kvgate_wait_write(r);
+    }
+
+    return rc;
+}
+
+
+ngx_int_t
+ngx_http_kvgate_stream_flush(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
+{
+    return ngx_http_kvgate_send(r, ctx, 0);
+}
+
+
+/* The memory a stream holds for output the client has not taken: its busy
+   buffers and the open one, whole (a partly sent or partly filled buffer is
+   held all the same); what the chunked encoding adds to them is a few bytes
+   each. */
+
+size_t
+ngx_http_kvgate_stream_held(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
+{
+    size_t        size;
+    ngx_chain_t  *cl;
+
+    size = 0;
+
+    for (cl = ctx->busy; cl; cl = cl->next) {
+        size += cl->buf->end - cl->buf->start;
+    }
+
+    if (ctx->open) {
+        size += ctx->open->buf->end - ctx->open->buf->start;
+    }
+
+    return size;
+}
+
+
+void
+ngx_http_kvgate_stream_trim(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_uint_t    n;
+    ngx_chain_t  *cl;
+
+    n = 0;
+
+    for (cl = ctx->free; cl; cl = cl->next) {
+        if (cl->buf->start && ngx_pfree(r->pool, cl->buf->start) == NGX_OK) {
+            cl->buf->start = NULL;
+            cl->buf->end = NULL;
+            cl->buf->pos = NULL;
+            cl->buf->last = NULL;
+            n++;
+        }
+    }
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kvgate: %ui idle output buffers freed", n);
+}
+
+
+/* A whole answer in o, the request's last output. */
+
+static ngx_int_t
+ngx_http_kvgate_output_whole(ngx_http_request_t *r, ngx_http_kvgate_out_t *o)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t   out;
 
     if (o->failed) {
         return NGX_ERROR;
@@ -213,12 +520,9 @@ ngx_http_kvgate_output(ngx_http_request_t *r, ngx_http_kvgate_out_t *o,
     b->last = o->pos;
     b->memory = 1;
     b->flush = 1;
-    b->last_buf = last && r == r->main;
-    b->last_in_chain = last;
-
-    if (b->pos == b->last && !last) {
-        return NGX_OK;
-    }
+    b->last_buf = r == r->main;
+    b->last_in_chain = 1;
+    b->tag = (ngx_buf_tag_t) &ngx_http_kvgate_module;
 
     if (b->pos == b->last) {
         b->memory = 0;
@@ -228,29 +532,7 @@ ngx_http_kvgate_output(ngx_http_request_t *r, ngx_http_kvgate_out_t *o,
     out.buf = b;
     out.next = NULL;
 
-    rc = ngx_http_output_filter(r, &out);
-
-    if (rc == NGX_AGAIN && !last) {
-
-        /* a slow reader: the rest goes out when it can take it (the request's
-           write handler), within send_timeout */
-
-        clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
-
-        if (!r->connection->write->delayed
-            && !r->connection->write->timer_set)
-        {
-            ngx_add_timer(r->connection->write, clcf->send_timeout);
-        }
-
-        if (ngx_handle_write_event(r->connection->write, clcf->send_lowat)
-            != NGX_OK)
-        {
-            return NGX_ERROR;
-        }
-    }
-
-    return rc;
+    return ngx_http_output_filter(r, &out);
 }
 
 
@@ -489,7 +771,7 @@ ngx_http_kvgate_send_complete(ngx_http_request_t *r,
         return rc;
     }
 
-    return ngx_http_kvgate_output(r, &o, 1);
+    return ngx_http_kvgate_output_whole(r, &o);
 }
 
 
@@ -551,7 +833,7 @@ ngx_http_kvgate_stream_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 
     /* chat streams open every choice with the assistant's role */
 
-    ngx_http_kvgate_out_init(&o, r->pool, 256 + 96 * ctx->n_choices);
+    ngx_http_kvgate_out_scratch(&o, r, ctx, 256 + 96 * ctx->n_choices);
     ngx_http_kvgate_chunk_head(&o, ctx);
 
     for (j = 0; j < ctx->n_choices; j++) {
@@ -568,7 +850,7 @@ ngx_http_kvgate_stream_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 
     ngx_http_kvgate_chunk_tail(&o, ctx);
 
-    rc = ngx_http_kvgate_output(r, &o, 0);
+    rc = ngx_http_kvgate_stream_put(r, ctx, &o, 0);
 
     return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
 }
@@ -592,8 +874,8 @@ ngx_http_kvgate_stream_tokens(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    ngx_http_kvgate_out_init(&o, r->pool,
-                             320 + 6 * ev->text_len + 96 * ev->n_tokens);
+    ngx_http_kvgate_out_scratch(&o, r, ctx,
+                                320 + 6 * ev->text_len + 96 * ev->n_tokens);
     ngx_http_kvgate_chunk_head(&o, ctx);
 
     ngx_http_kvgate_out_lit(&o, "{\"index\":");
@@ -618,7 +900,7 @@ ngx_http_kvgate_stream_tokens(ngx_http_request_t *r,
 
     ngx_http_kvgate_chunk_tail(&o, ctx);
 
-    rc = ngx_http_kvgate_output(r, &o, 0);
+    rc = ngx_http_kvgate_stream_put(r, ctx, &o, 0);
 
     return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
 }
@@ -631,7 +913,7 @@ ngx_http_kvgate_stream_finished(ngx_http_request_t *r,
     ngx_int_t              rc;
     ngx_http_kvgate_out_t  o;
 
-    ngx_http_kvgate_out_init(&o, r->pool, 384);
+    ngx_http_kvgate_out_scratch(&o, r, ctx, 384);
     ngx_http_kvgate_chunk_head(&o, ctx);
 
     ngx_http_kvgate_out_lit(&o, "{\"index\":");
@@ -651,7 +933,7 @@ ngx_http_kvgate_stream_finished(ngx_http_request_t *r,
 
     ngx_http_kvgate_chunk_tail(&o, ctx);
 
-    rc = ngx_http_kvgate_output(r, &o, 0);
+    rc = ngx_http_kvgate_stream_put(r, ctx, &o, 0);
 
     return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
 }
@@ -668,7 +950,7 @@ ngx_http_kvgate_stream_end(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     size_t                 len;
     ngx_http_kvgate_out_t  o;
 
-    ngx_http_kvgate_out_init(&o, r->pool, 512);
+    ngx_http_kvgate_out_scratch(&o, r, ctx, 512);
 
     if (error) {
         ctx->status = error->status;
@@ -679,7 +961,7 @@ ngx_http_kvgate_stream_end(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
                                 len < sizeof(json) ? len : sizeof(json) - 1);
         ngx_http_kvgate_out_lit(&o, "\n\n");
 
-        return ngx_http_kvgate_output(r, &o, 1);
+        return ngx_http_kvgate_stream_put(r, ctx, &o, 1);
     }
 
     if (ctx->req->include_usage) {
@@ -691,7 +973,7 @@ ngx_http_kvgate_stream_end(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     ngx_http_kvgate_out_lit(&o, "data: [DONE]\n\n");
 
-    return ngx_http_kvgate_output(r, &o, 1);
+    return ngx_http_kvgate_stream_put(r, ctx, &o, 1);
 }
 
 
@@ -797,5 +1079,5 @@ ngx_http_kvgate_send_models(ngx_http_request_t *r)
         return rc;
     }
 
-    return ngx_http_kvgate_output(r, &o, 1);
+    return ngx_http_kvgate_output_whole(r, &o);
 }
