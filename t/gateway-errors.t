@@ -147,8 +147,8 @@ err_is($g->post('/small/v1/completions', { %$ok, prompt => 'x' x 3000 }), 413, '
     } else {
         is($st, 504, 'streaming past the deadline before the first token: 504');
     }
-    my $st = $g->wait_status(sub { $_[0]{scheduler}{running} == 0 }, 'the engine to stop both requests');
-    is($st->{scheduler}{running}, 0, '  and the engine stopped working on both');
+    my $idle = $g->wait_status(sub { $_[0]{scheduler}{running} == 0 }, 'the engine to stop both requests');
+    is($idle->{scheduler}{running}, 0, '  and the engine stopped working on both');
 }
 
 $g->stop;

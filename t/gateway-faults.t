@@ -98,8 +98,8 @@ my $quit_file = $g->t->prefix . '/drained.txt';
     is($ev[-1], 'DONE', '  to its end ([DONE])');
     my @texts = $g->stream_texts(\@ev);
     is(scalar(grep { length } @texts), 16, '  with all 16 choices');
-    my $pid = $g->t->{pid};
-    ok(wait_until(sub { waitpid($pid, WNOHANG) == $pid }, 20, 'nginx to exit'), '  then nginx exits');
+    my $nginx_pid = $g->t->{pid};
+    ok(wait_until(sub { waitpid($nginx_pid, WNOHANG) == $nginx_pid }, 20, 'nginx to exit'), '  then nginx exits');
     $g->t->{pid} = undef;
     ok(!grep({ /\[alert\]|\[emerg\]|open socket/ } split /\n/, $g->t->read_file('logs/error.log')),
        '  with no alerts (no "open socket left")');
