@@ -18,6 +18,15 @@
 #include "prefix_hash.h"
 #include "tokenizer.h"
 
+#if (NGX_LINUX)
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#endif
+
+
+/* the nice value a prompt task runs at (see ngx_http_kvgate_prompt_thread) */
+#define NGX_HTTP_KVGATE_TASK_NICE  10
+
 
 /*
  * Where the work runs. Parsing, normalizing, tokenizing and hashing a long
@@ -748,6 +757,32 @@ ngx_http_kvgate_prompt_thread(void *data, ngx_log_t *log)
     char                            msg[256];
     kvg_prefix_hasher              *hasher;
     ngx_http_kvgate_prompt_task_t  *t = data;
+#if (NGX_LINUX)
+    int                             prio;
+    pid_t                           tid;
+
+    /*
+     * A long prompt's work yields the CPU to the event loops: on a machine
+     * with fewer cores than busy tasks, small requests would otherwise queue
+     * behind the tokenizers for the CPU. Only this thread, only for this
+     * task (the pool's threads serve other modules too); the tokens are the
+     * same whatever the priority.
+     */
+
+    tid = (pid_t) syscall(SYS_gettid);
+    errno = 0;
+    prio = getpriority(PRIO_PROCESS, (id_t) tid);
+
+    if (prio == -1 && errno != 0) {
+        tid = 0;
+
+    } else if (prio < NGX_HTTP_KVGATE_TASK_NICE) {
+        (void) setpriority(PRIO_PROCESS, (id_t) tid,
+                           NGX_HTTP_KVGATE_TASK_NICE);
+    } else {
+        tid = 0;
+    }
+#endif
 
     t->rc = NGX_ERROR;
 
@@ -782,6 +817,14 @@ done:
 
     kvg_tokenizer_free((kvg_tokenizer *) t->info.tokenizer);
     t->info.tokenizer = NULL;
+
+#if (NGX_LINUX)
+    if (tid != 0) {
+        /* back to the pool's own priority (raising it again is allowed
+           up to RLIMIT_NICE; where it is not, the thread stays lower) */
+        (void) setpriority(PRIO_PROCESS, (id_t) tid, prio);
+    }
+#endif
 }
 
 
