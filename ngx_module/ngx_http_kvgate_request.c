@@ -1071,8 +1071,9 @@ ngx_http_kvgate_check_broken(ngx_http_request_t *r)
  * a slow reader costs the worker a bounded amount of memory and the engine
  * no work. All samples of the request pause together (they are one request
  * in the engine). What the engine made before the pause reached it still
- * comes and is kept: the bound is kvgate_max_unsent plus about one step of
- * tokens (and at most the completion ring's worth). A client that never
+ * comes and is kept: the bound is kvgate_max_unsent plus what the
+ * completion ring already held for it (~20 KB measured for a stream the
+ * engine runs at full speed; at most the ring's worth). A client that never
  * drains is closed at send_timeout (ngx_http_kvgate_writer), which cancels
  * the request and frees its blocks.
  *
