@@ -394,6 +394,7 @@ static void write_stats(kvg_daemon *d)
     s.n_tenants = 0;
     s.other_tenants = 0;
     s.other_cached_blocks = 0;
+    s.live_tenants = kvg_pc_tenant_count(d->pc);
     /* Ids are slots, some free (a reclaimed tenant's): the names are copied now, so
      * the page never holds an id that could be reused. */
     nt = kvg_pc_tenant_slots(d->pc);

@@ -405,8 +405,12 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
             "kvgate_tenant_cached_blocks_other %D\n"
             "# HELP kvgate_tenants_other Tenants with cached blocks not "
             "listed.\n# TYPE kvgate_tenants_other gauge\n"
-            "kvgate_tenants_other %D\n",
-            st.other_cached_blocks, st.other_tenants);
+            "kvgate_tenants_other %D\n"
+            "# HELP kvgate_engine_tenants Tenants the engine holds state for "
+            "(queued or running requests, or cached blocks).\n"
+            "# TYPE kvgate_engine_tenants gauge\n"
+            "kvgate_engine_tenants %D\n",
+            st.other_cached_blocks, st.other_tenants, st.live_tenants);
     }
 
     return ngx_http_kvgate_send_text(r, &t,
@@ -525,6 +529,8 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
         json_object_set_new(root, "other_tenants", json_pack("{s:i, s:i}",
             "tenants", (json_int_t) st.other_tenants,
             "cached_blocks", (json_int_t) st.other_cached_blocks));
+        json_object_set_new(root, "live_tenants",
+                            json_integer((json_int_t) st.live_tenants));
     }
 
     total = 0;

@@ -366,7 +366,8 @@ typedef struct kvg_stats {
     int32_t n_tenants;           /* entries used in tenant[] */
     int32_t other_tenants;       /* tenants not listed */
     int32_t other_cached_blocks; /* their cached blocks */
-    int32_t reserved;
+    int32_t live_tenants;        /* tenants the engine holds state for: with queued or
+                                    running requests or cached blocks (bypass: none) */
     kvg_stats_tenant tenant[KVG_STATS_TENANTS];
 } kvg_stats;
 

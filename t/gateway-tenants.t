@@ -184,6 +184,12 @@ my $s1 = $g->wait_status(sub { $_[0]{scheduler}{running} == 0 && $_[0]{scheduler
                          'the engine idle');
 ok(tenants_listed($s1) <= tenants_listed($s0), 'bypass requests left no tenant state ('
    . tenants_listed($s1) . ' tenants with blocks, ' . tenants_listed($s0) . ' before)');
+# bypass requests never create a tenant: the engine holds state only for those with blocks
+my $live = $g->wait_status(sub { ($_[0]{live_tenants} // 1e9) <= tenants_listed($_[0]) },
+                           'the engine to hold no tenant without blocks');
+ok(defined $live->{live_tenants} && $live->{live_tenants} <= tenants_listed($live),
+   "the engine holds state for $live->{live_tenants} tenants (" . tenants_listed($live) . ' with blocks)')
+    or diag(JSON::PP->new->encode($live));
 my $rss1 = rss_kb();
 ok($rss1 < $rss0 + 16 * 1024, "the engine's RSS is back near its baseline ($rss1 kB, baseline $rss0 kB)");
 
@@ -219,6 +225,11 @@ ok($evicted > $pool, "the pool ($pool blocks) was under pressure: $evicted block
 my $held = tenants_listed($s2);
 ok($held >= 1 && $held <= $pool && $held < $N_CACHED / 4,
    "the tenants whose blocks were evicted are gone: $held hold blocks, at most one per block")
+    or diag(JSON::PP->new->encode($s2));
+$s2 = $g->wait_status(sub { ($_[0]{live_tenants} // 1e9) <= tenants_listed($_[0]) },
+                      'the engine to hold no tenant without blocks');
+ok(defined $s2->{live_tenants} && $s2->{live_tenants} <= tenants_listed($s2) && $s2->{live_tenants} <= $pool,
+   "and the engine holds state for $s2->{live_tenants} of the $N_CACHED tenants: only those with blocks")
     or diag(JSON::PP->new->encode($s2));
 
 # ---- the default tenant is a namespace no header can name -------------------------------
