@@ -500,22 +500,23 @@ ngx_http_kvgate_engine_drain(void)
 }
 
 
-ngx_int_t
-ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
+void
+ngx_http_kvgate_engine_unavailable(kvg_api_error *err)
+{
+    kvg_api_error_set(err, 503, "engine_unavailable", NULL,
+                      "kvgate: the engine is not available (%s)",
+                      ngx_http_kvgate_engine_down_reason());
+}
+
+
+/* Puts er at the tail of the wait queue (for the handshake or for ring room:
+   one queue, one order): NGX_AGAIN, or NGX_ERROR (503) when it is full. */
+
+static ngx_int_t
+ngx_http_kvgate_engine_enqueue(ngx_http_kvgate_engine_req_t *er,
     kvg_api_error *err)
 {
     ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-
-    if (w->up) {
-        return NGX_OK;
-    }
-
-    if (!w->handshaking) {
-        kvg_api_error_set(err, 503, "engine_unavailable", NULL,
-                          "kvgate: the engine is not available (%s)",
-                          ngx_http_kvgate_engine_down_reason());
-        return NGX_ERROR;
-    }
 
     if (w->n_waiting >= NGX_HTTP_KVGATE_MAX_WAITING) {
         kvg_api_error_set(err, 503, "engine_overloaded", NULL,
@@ -530,10 +531,31 @@ ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
     er->queued = 1;
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, er->log, 0,
-                   "kvgate: waits for the engine's handshake with %ui others",
-                   w->n_waiting - 1);
+                   "kvgate: queued behind %ui others", w->n_waiting - 1);
 
     return NGX_AGAIN;
+}
+
+
+ngx_int_t
+ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
+    kvg_api_error *err)
+{
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    if (w->up) {
+        return NGX_OK;
+    }
+
+    if (!w->handshaking) {
+        ngx_http_kvgate_engine_unavailable(err);
+        return NGX_ERROR;
+    }
+
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, er->log, 0,
+                   "kvgate: waits for the engine's handshake");
+
+    return ngx_http_kvgate_engine_enqueue(er, err);
 }
 
 
@@ -547,9 +569,7 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
     ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
 
     if (!w->up) {
-        kvg_api_error_set(err, 503, "engine_unavailable", NULL,
-                          "kvgate: the engine is not available (%s)",
-                          ngx_http_kvgate_engine_down_reason());
+        ngx_http_kvgate_engine_unavailable(err);
         return NGX_ERROR;
     }
 
@@ -557,23 +577,7 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
 
         /* keep the order: others wait for room already */
 
-        if (w->n_waiting >= NGX_HTTP_KVGATE_MAX_WAITING) {
-            kvg_api_error_set(err, 503, "engine_overloaded", NULL,
-                              "kvgate: the engine is overloaded (%lu requests "
-                              "wait to be submitted)",
-                              (unsigned long) w->n_waiting);
-            return NGX_ERROR;
-        }
-
-        ngx_queue_insert_tail(&w->waiting, &er->queue);
-        w->n_waiting++;
-        er->queued = 1;
-
-        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, er->log, 0,
-                       "kvgate: submit waits behind %ui others",
-                       w->n_waiting - 1);
-
-        return NGX_AGAIN;
+        return ngx_http_kvgate_engine_enqueue(er, err);
     }
 
     rc = kvg_client_submit(w->client, q, er, &id, msg, sizeof(msg));

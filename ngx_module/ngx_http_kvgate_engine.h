@@ -73,6 +73,8 @@ ngx_uint_t ngx_http_kvgate_engine_up(void);
 /* Up, or a handshake in progress that requests may wait for. */
 ngx_uint_t ngx_http_kvgate_engine_available(void);
 const char *ngx_http_kvgate_engine_down_reason(void);
+/* Sets the 503 engine_unavailable error, naming why. */
+void ngx_http_kvgate_engine_unavailable(kvg_api_error *err);
 
 /* Submits er's request; NGX_OK (live), NGX_AGAIN (queued until the ring has
    room: er->retry is called then), or NGX_ERROR with *err set (answer 503 /

@@ -230,6 +230,9 @@ void ngx_http_kvgate_metrics_submit_wait(void);
 void ngx_http_kvgate_metrics_backpressure(ngx_uint_t what);
 
 /* ngx_http_kvgate_prompt.c */
+/* Whether the client closed its connection (marks it; *err: the socket
+   error, 0 for an EOF), without reading what it may still send. */
+ngx_uint_t ngx_http_kvgate_client_gone(ngx_http_request_t *r, ngx_err_t *err);
 /* Called in the event loop when a prompt posted to a thread pool is ready:
    rc NGX_OK, or NGX_ERROR with *err set (ctx as prompt_parse leaves it). The
    request is still referenced while it runs. */

@@ -747,6 +747,83 @@ ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 }
 
 
+/* ---- the client, while its request waits ---- */
+
+/*
+ * Whether the client has closed its connection, told without reading what
+ * it may still send (nginx's ngx_http_test_reading does the same): an EOF
+ * or a socket error marks the connection (c->error) and returns 1, with
+ * *err the socket error (0 for a plain EOF). A pipelined request waiting
+ * to be read is not an EOF. Used while a request waits for the engine or
+ * for its prompt task.
+ */
+
+ngx_uint_t
+ngx_http_kvgate_client_gone(ngx_http_request_t *r, ngx_err_t *err)
+{
+    int                n;
+    char               buf[1];
+    ngx_event_t       *rev;
+    ngx_connection_t  *c;
+
+    c = r->connection;
+    rev = c->read;
+    *err = 0;
+
+    if (c->error) {
+        return 1;
+    }
+
+#if (NGX_HTTP_V2)
+    if (r->stream) {
+        return 0;
+    }
+#endif
+
+#if (NGX_HAVE_EPOLLRDHUP)
+
+    if ((ngx_event_flags & NGX_USE_EPOLL_EVENT) && ngx_use_epoll_rdhup) {
+        socklen_t  len;
+
+        if (!rev->pending_eof) {
+            return 0;
+        }
+
+        len = sizeof(ngx_err_t);
+        (void) getsockopt(c->fd, SOL_SOCKET, SO_ERROR, (void *) err, &len);
+
+        rev->eof = 1;
+        c->error = 1;
+
+        return 1;
+    }
+
+#endif
+
+    n = recv(c->fd, buf, 1, MSG_PEEK);
+
+    if (n > 0) {
+        return 0;
+    }
+
+    if (n == -1) {
+        *err = ngx_socket_errno;
+
+        if (*err == NGX_EAGAIN) {
+            *err = 0;
+            return 0;
+        }
+
+        rev->error = 1;
+    }
+
+    rev->eof = 1;
+    c->error = 1;
+
+    return 1;
+}
+
+
 /* ---- off the event loop ---- */
 
 #if (NGX_THREADS)
@@ -834,41 +911,9 @@ done:
 static void
 ngx_http_kvgate_prompt_reading(ngx_http_request_t *r)
 {
-    int                n;
-    char               buf[1];
-    ngx_event_t       *rev;
-    ngx_connection_t  *c;
+    ngx_err_t  err;
 
-    c = r->connection;
-    rev = c->read;
-
-    if (c->error) {
-        return;
-    }
-
-#if (NGX_HTTP_V2)
-    if (r->stream) {
-        return;
-    }
-#endif
-
-#if (NGX_HAVE_EPOLLRDHUP)
-    if ((ngx_event_flags & NGX_USE_EPOLL_EVENT) && ngx_use_epoll_rdhup) {
-        if (rev->pending_eof) {
-            rev->eof = 1;
-            c->error = 1;
-        }
-
-        return;
-    }
-#endif
-
-    n = recv(c->fd, buf, 1, MSG_PEEK);
-
-    if (n == 0 || (n == -1 && ngx_socket_errno != NGX_EAGAIN)) {
-        rev->eof = 1;
-        c->error = 1;
-    }
+    (void) ngx_http_kvgate_client_gone(r, &err);
 }
 
 

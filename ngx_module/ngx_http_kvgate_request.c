@@ -389,9 +389,7 @@ ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     info = ngx_http_kvgate_engine_info();
     if (info == NULL) {
-        kvg_api_error_set(err, 503, "engine_unavailable", NULL,
-                          "kvgate: the engine is not available (%s)",
-                          ngx_http_kvgate_engine_down_reason());
+        ngx_http_kvgate_engine_unavailable(err);
         return NGX_ERROR;
     }
 
@@ -575,9 +573,7 @@ ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 
         info = ngx_http_kvgate_engine_info();
         if (info == NULL) {
-            kvg_api_error_set(err, 503, "engine_unavailable", NULL,
-                              "kvgate: the engine is not available (%s)",
-                              ngx_http_kvgate_engine_down_reason());
+            ngx_http_kvgate_engine_unavailable(err);
             return NGX_ERROR;
         }
 
@@ -978,15 +974,11 @@ ngx_http_kvgate_abort(ngx_http_kvgate_ctx_t *ctx)
 static void
 ngx_http_kvgate_check_broken(ngx_http_request_t *r)
 {
-    int                     n;
-    char                    buf[1];
     ngx_err_t               err;
-    ngx_event_t            *ev;
     ngx_connection_t       *c;
     ngx_http_kvgate_ctx_t  *ctx;
 
     c = r->connection;
-    ev = c->read;
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
 
     if (c->error) {
@@ -994,67 +986,11 @@ ngx_http_kvgate_check_broken(ngx_http_request_t *r)
         return;
     }
 
-#if (NGX_HTTP_V2)
-    if (r->stream) {
-        return;
-    }
-#endif
-
-#if (NGX_HAVE_EPOLLRDHUP)
-
-    if ((ngx_event_flags & NGX_USE_EPOLL_EVENT) && ngx_use_epoll_rdhup) {
-        socklen_t  len;
-
-        if (!ev->pending_eof) {
-            return;
-        }
-
-        ev->eof = 1;
-        c->error = 1;
-
-        err = 0;
-        len = sizeof(ngx_err_t);
-
-        (void) getsockopt(c->fd, SOL_SOCKET, SO_ERROR, (void *) &err, &len);
-
-        ngx_log_error(NGX_LOG_INFO, ev->log, err,
-                      "kvgate: client prematurely closed connection, "
-                      "cancelling its request");
-
-        ngx_http_kvgate_abort(ctx);
+    if (!ngx_http_kvgate_client_gone(r, &err)) {
         return;
     }
 
-#endif
-
-    n = recv(c->fd, buf, 1, MSG_PEEK);
-
-    err = ngx_socket_errno;
-
-    if (ev->write) {
-        return;
-    }
-
-    if (n > 0) {
-        /* a pipelined request: not an EOF */
-        return;
-    }
-
-    if (n == -1) {
-        if (err == NGX_EAGAIN) {
-            return;
-        }
-
-        ev->error = 1;
-
-    } else {
-        err = 0;
-    }
-
-    ev->eof = 1;
-    c->error = 1;
-
-    ngx_log_error(NGX_LOG_INFO, ev->log, err,
+    ngx_log_error(NGX_LOG_INFO, c->log, err,
                   "kvgate: client prematurely closed connection, "
                   "cancelling its request");
 

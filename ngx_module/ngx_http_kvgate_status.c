@@ -489,10 +489,12 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
             "quota", (json_int_t) st.evictions_quota));
 
         json_object_set_new(root, "scheduler", json_pack(
-            "{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+            "{s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+            " s:I, s:I}",
             "waiting", (json_int_t) st.waiting,
             "running", (json_int_t) st.running,
             "held", (json_int_t) st.held,
+            "paused", (json_int_t) st.paused,
             "steps", (json_int_t) st.steps,
             "preemptions", (json_int_t) st.preemptions,
             "prefill_tokens", (json_int_t) st.prefill_tokens,
@@ -500,16 +502,9 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
             "submitted", (json_int_t) st.submitted,
             "completed", (json_int_t) st.completed,
             "cancelled", (json_int_t) st.cancelled,
-            "client_cancels", (json_int_t) st.client_cancels));
-
-        o = json_object_get(root, "scheduler");
-
-        if (o) {
-            json_object_set_new(o, "paused", json_integer(st.paused));
-            json_object_set_new(o, "pauses", json_integer((json_int_t) st.pauses));
-            json_object_set_new(o, "resumes",
-                                json_integer((json_int_t) st.resumes));
-        }
+            "client_cancels", (json_int_t) st.client_cancels,
+            "pauses", (json_int_t) st.pauses,
+            "resumes", (json_int_t) st.resumes));
 
         arr = json_array();
 

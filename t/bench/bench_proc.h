@@ -12,11 +12,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "monoclock.h"
+
 __attribute__((unused)) static double now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return kvg_mono_s();
 }
 
 static int bench_cmp_d(const void *a, const void *b)
