@@ -14,6 +14,9 @@
 #   build/asan/...                 the library and unit tests again under ASan+UBSan
 #   build/fuzz/NAME                fuzz/NAME.c (clang, -fsanitize=fuzzer)
 #   build/ngx_http_kvgate_module.so
+#   build/cuda/libkvgate-cuda.a    the CUDA backend: engine/cuda/*.c + kernels/*.cu (nvcc)
+#   build/emu/libkvgate-cuda-emu.a the same sources on the host: kernels/*.cu compiled as C++
+#                                  against kernels/emu/ (the CUDA execution model emulated)
 
 CC      ?= gcc
 BUILD   ?= build
@@ -60,10 +63,53 @@ ASAN_BINS  := $(ENGINE_CMDS:engine/cmd/%.c=$(BUILD)/asan/bin/%) $(TOOL_SRCS:tool
 FUZZERS    := $(FUZZ_SRCS:fuzz/%.c=$(BUILD)/fuzz/%)
 FUZZ_SECONDS ?= 30
 
+# The CUDA backend is built whenever nvcc is found (CUDA=0 skips it). Its emulated twin is
+# built everywhere: the unit tests t/unit/cuda_*.c run every kernel through it.
+NVCC       ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+CUDA       ?= $(if $(NVCC),1,0)
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+              -gencode arch=compute_90,code=compute_90
+CXX        ?= g++
+KERNEL_SRCS := $(wildcard kernels/*.cu)
+EMU_RT_SRCS := $(wildcard kernels/emu/*.cc)
+CUDA_HOST_SRCS := $(filter-out engine/cuda/absent.c,$(wildcard engine/cuda/*.c))
+CUDA_HDRS  := $(wildcard kernels/*.h kernels/*.cuh kernels/emu/*.h engine/cuda/*.h)
+HDRS       += $(CUDA_HDRS)
+CUDA_NVFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Iengine -Ikernels \
+              -Xcompiler -fPIC,-Wall,-Wextra,-Werror
+CUDA_LIB   := $(BUILD)/cuda/libkvgate-cuda.a
+CUDA_OBJS  := $(KERNEL_SRCS:kernels/%.cu=$(BUILD)/cuda/obj/kernels/%.o) \
+              $(CUDA_HOST_SRCS:engine/cuda/%.c=$(BUILD)/cuda/obj/engine/cuda/%.o)
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+EMU_CXXFLAGS = -std=gnu++17 -g -fPIC -D_GNU_SOURCE -DKVG_CUDA_EMU -Isrc -Iengine -Ikernels -Ikernels/emu \
+              -Wall -Wextra -Werror -Wshadow
+EMU_OBJS   = $(KERNEL_SRCS:kernels/%.cu=$(1)/obj/kernels/%.o) \
+              $(EMU_RT_SRCS:kernels/emu/%.cc=$(1)/obj/kernels/emu/%.o) \
+              $(CUDA_HOST_SRCS:engine/cuda/%.c=$(1)/obj/engine/cuda/%.o)
+EMU_LIB    := $(BUILD)/emu/libkvgate-cuda-emu.a
+ASAN_EMU_LIB := $(BUILD)/asan/emu/libkvgate-cuda-emu.a
+EMU_LDLIBS := -lstdc++
+# What an engine binary links for `--backend cuda`: the real backend, or a stub that says
+# this build has none.
+# (Until engine/cuda/ has its host side, a CUDA build links the stub too.)
+ifeq ($(CUDA)$(if $(CUDA_HOST_SRCS),y,n),1y)
+ENGINE_CUDA := $(CUDA_LIB)
+ENGINE_CUDA_LDLIBS := $(CUDA_LDLIBS)
+else
+ENGINE_CUDA := $(BUILD)/obj/engine/cuda/absent.o
+ENGINE_CUDA_LDLIBS :=
+endif
+ABSENT_OBJ := $(BUILD)/obj/engine/cuda/absent.o
+ASAN_ABSENT_OBJ := $(BUILD)/asan/obj/engine/cuda/absent.o
+# Unit tests named cuda_*.c run the CUDA backend emulated; the others get the stub.
+CUDA_UNITS := $(filter $(BUILD)/t/cuda_%,$(UNITS))
+ASAN_CUDA_UNITS := $(filter $(BUILD)/asan/t/cuda_%,$(ASAN_UNITS))
+
 MODULE     := $(BUILD)/ngx_http_kvgate_module.so
 MODULE_ASAN := $(BUILD)/asan/ngx_http_kvgate_module.so
 
-.PHONY: all lib engine tools units benches asan module module-asan deps test test-unit test-asan test-nginx fuzz run clean
+.PHONY: emu all lib engine tools units benches asan module module-asan deps test test-unit test-asan test-nginx fuzz run clean
 
 all: lib tools engine units benches module
 
@@ -91,17 +137,89 @@ $(ENGINE_LIB): $(ENGINE_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@; ar rcs $@ $^
 
-$(BUILD)/bin/%: engine/cmd/%.c $(ENGINE_LIB) $(LIB) $(HDRS) | $(BUILD)/bin
-	$(CC) $(CFLAGS) -Iengine $< -o $@ $(ENGINE_LIB) $(LIB) $(LDLIBS)
+$(BUILD)/bin/%: engine/cmd/%.c $(ENGINE_LIB) $(ENGINE_CUDA) $(LIB) $(HDRS) | $(BUILD)/bin
+	$(CC) $(CFLAGS) -Iengine $< -o $@ -Wl,--start-group $(ENGINE_LIB) $(ENGINE_CUDA) -Wl,--end-group \
+	    $(LIB) $(LDLIBS) $(ENGINE_CUDA_LDLIBS)
 
 $(BUILD)/bin/%: tools/%.c $(LIB) $(HDRS) | $(BUILD)/bin
 	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
 
-$(BUILD)/t/%: t/unit/%.c $(ENGINE_LIB) $(LIB) $(HDRS) | $(BUILD)/t
-	$(CC) $(CFLAGS) -It/unit -Iengine $< -o $@ $(ENGINE_LIB) $(LIB) $(LDLIBS)
+$(CUDA_UNITS): $(BUILD)/t/%: t/unit/%.c $(ENGINE_LIB) $(EMU_LIB) $(LIB) $(HDRS) | $(BUILD)/t
+	$(CC) $(CFLAGS) -DKVG_CUDA_EMU -It/unit -Iengine -Ikernels -Ikernels/emu $< -o $@ \
+	    -Wl,--start-group $(ENGINE_LIB) $(EMU_LIB) -Wl,--end-group $(LIB) $(LDLIBS) $(EMU_LDLIBS)
 
-$(BUILD)/bench/%: t/bench/%.c $(ENGINE_LIB) $(LIB) $(HDRS) | $(BUILD)/bench
-	$(CC) $(CFLAGS) -O3 -Iengine $< -o $@ $(ENGINE_LIB) $(LIB) $(LDLIBS) $(BENCH_LIBS)
+$(BUILD)/t/%: t/unit/%.c $(ENGINE_LIB) $(ABSENT_OBJ) $(LIB) $(HDRS) | $(BUILD)/t
+	$(CC) $(CFLAGS) -It/unit -Iengine $< -o $@ $(ENGINE_LIB) $(ABSENT_OBJ) $(LIB) $(LDLIBS)
+
+$(BUILD)/bench/%: t/bench/%.c $(ENGINE_LIB) $(ENGINE_CUDA) $(LIB) $(HDRS) | $(BUILD)/bench
+	$(CC) $(CFLAGS) -O3 -Iengine $< -o $@ -Wl,--start-group $(ENGINE_LIB) $(ENGINE_CUDA) -Wl,--end-group \
+	    $(LIB) $(LDLIBS) $(ENGINE_CUDA_LDLIBS) $(BENCH_LIBS)
+
+# The CUDA backend. Kernels through nvcc (device code for sm_80, sm_90 and PTX); the
+# host side is plain C against the CUDA runtime and cuBLASLt headers.
+$(BUILD)/cuda/obj/kernels/%.o: kernels/%.cu $(HDRS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CUDA_NVFLAGS) -c $< -o $@
+
+$(BUILD)/cuda/obj/engine/cuda/%.o: engine/cuda/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O2 -Iengine -Ikernels -I$(CUDA_HOME)/include -c $< -o $@
+
+$(CUDA_LIB): $(CUDA_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@; ar rcs $@ $^
+
+# The emulated twin: the same .cu files as host C++ (kernels/emu/cuda_emu.h supplies the
+# execution model), the same host C with -DKVG_CUDA_EMU, and the emulated runtime.
+$(BUILD)/emu/obj/kernels/%.o: kernels/%.cu $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -O2 -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
+
+$(BUILD)/emu/obj/kernels/emu/%.o: kernels/emu/%.cc $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -O2 -c $< -o $@
+
+$(BUILD)/emu/obj/engine/cuda/%.o: engine/cuda/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DKVG_CUDA_EMU -Iengine -Ikernels -Ikernels/emu -c $< -o $@
+
+$(EMU_LIB): $(call EMU_OBJS,$(BUILD)/emu)
+	@mkdir -p $(dir $@)
+	rm -f $@; ar rcs $@ $^
+
+$(BUILD)/asan/emu/obj/kernels/%.o: kernels/%.cu $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -O1 $(SAN_FLAGS) -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
+
+$(BUILD)/asan/emu/obj/kernels/emu/%.o: kernels/emu/%.cc $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -O1 $(SAN_FLAGS) -c $< -o $@
+
+$(BUILD)/asan/emu/obj/engine/cuda/%.o: engine/cuda/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -DKVG_CUDA_EMU -Iengine -Ikernels -Ikernels/emu -c $< -o $@
+
+$(ASAN_EMU_LIB): $(call EMU_OBJS,$(BUILD)/asan/emu)
+	@mkdir -p $(dir $@)
+	rm -f $@; ar rcs $@ $^
+
+# The engine's commands linked with the emulated CUDA backend: `--backend cuda` runs on the
+# host (slowly: tiny models only). t/gpu/run.sh's steps run through these where no GPU is.
+EMU_BINS   := $(ENGINE_CMDS:engine/cmd/%.c=$(BUILD)/emu/bin/%)
+emu: $(EMU_BINS) $(CUDA_UNITS)
+
+$(BUILD)/emu/bin/%: engine/cmd/%.c $(ENGINE_LIB) $(EMU_LIB) $(LIB) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DKVG_CUDA_EMU -Iengine $< -o $@ -Wl,--start-group $(ENGINE_LIB) $(EMU_LIB) -Wl,--end-group \
+	    $(LIB) $(LDLIBS) $(EMU_LDLIBS)
+
+$(BUILD)/obj/engine/cuda/absent.o: engine/cuda/absent.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iengine -c $< -o $@
+
+$(BUILD)/asan/obj/engine/cuda/absent.o: engine/cuda/absent.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -Iengine -c $< -o $@
 
 $(BUILD)/asan/obj/%.o: src/%.c $(HDRS) | $(BUILD)/asan/obj
 	$(CC) $(ASAN_CFLAGS) -c $< -o $@
@@ -119,22 +237,26 @@ $(ASAN_ENGINE_LIB): $(ASAN_ENGINE_OBJS)
 
 # The engine and the tools under ASan+UBSan too: the daemon tests run the engine as a
 # separate process, and an ASan test starts these.
-$(BUILD)/asan/bin/%: engine/cmd/%.c $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(HDRS)
+$(BUILD)/asan/bin/%: engine/cmd/%.c $(ASAN_ENGINE_LIB) $(ASAN_ABSENT_OBJ) $(ASAN_LIB) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ASAN_CFLAGS) -Iengine $< -o $@ $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(LDLIBS)
+	$(CC) $(ASAN_CFLAGS) -Iengine $< -o $@ $(ASAN_ENGINE_LIB) $(ASAN_ABSENT_OBJ) $(ASAN_LIB) $(LDLIBS)
 
 $(BUILD)/asan/bin/%: tools/%.c $(ASAN_LIB) $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) $< -o $@ $(ASAN_LIB) $(LDLIBS)
 
-$(BUILD)/asan/t/%: t/unit/%.c $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(HDRS) | $(BUILD)/asan/t
-	$(CC) $(ASAN_CFLAGS) -It/unit -Iengine $< -o $@ $(ASAN_ENGINE_LIB) $(ASAN_LIB) $(LDLIBS)
+$(ASAN_CUDA_UNITS): $(BUILD)/asan/t/%: t/unit/%.c $(ASAN_ENGINE_LIB) $(ASAN_EMU_LIB) $(ASAN_LIB) $(HDRS) | $(BUILD)/asan/t
+	$(CC) $(ASAN_CFLAGS) -DKVG_CUDA_EMU -It/unit -Iengine -Ikernels -Ikernels/emu $< -o $@ \
+	    -Wl,--start-group $(ASAN_ENGINE_LIB) $(ASAN_EMU_LIB) -Wl,--end-group $(ASAN_LIB) $(LDLIBS) $(EMU_LDLIBS)
+
+$(BUILD)/asan/t/%: t/unit/%.c $(ASAN_ENGINE_LIB) $(ASAN_ABSENT_OBJ) $(ASAN_LIB) $(HDRS) | $(BUILD)/asan/t
+	$(CC) $(ASAN_CFLAGS) -It/unit -Iengine $< -o $@ $(ASAN_ENGINE_LIB) $(ASAN_ABSENT_OBJ) $(ASAN_LIB) $(LDLIBS)
 
 # libFuzzer targets are built with clang from the library sources directly, so the
 # whole library is instrumented for coverage.
 $(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRCS) $(ENGINE_SRCS) $(HDRS) | $(BUILD)/fuzz
 	clang $(BASE_CFLAGS) -Iengine -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	    $< $(LIB_SRCS) $(ENGINE_SRCS) -o $@ $(LDLIBS)
+	    $< $(LIB_SRCS) $(ENGINE_SRCS) engine/cuda/absent.c -o $@ $(LDLIBS)
 
 $(BUILD)/obj $(BUILD)/bin $(BUILD)/t $(BUILD)/bench $(BUILD)/asan/obj $(BUILD)/asan/t $(BUILD)/fuzz:
 	mkdir -p $@

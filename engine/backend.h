@@ -84,10 +84,30 @@ struct kvg_backend {
     int n_threads;               /* host threads the backend uses */
 };
 
+/* What a backend is created with; a zeroed struct plus batch_invariant = 1 is the
+ * default. */
+typedef struct kvg_backend_opts {
+    int n_threads;               /* host threads (cpu: <= 0 uses every online CPU) */
+    int device;                  /* cuda: the device ordinal */
+    int batch_invariant;         /* cuda: 1 = pinned GEMM algorithms and fixed attention
+                                    splits (a row's values never depend on the batch);
+                                    0 = whatever is fastest for each shape */
+} kvg_backend_opts;
+
 /* The CPU backend: n_threads <= 0 uses every online CPU. NULL with err. */
 kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, size_t err_len);
 
-/* "cpu" (the only one so far). NULL with err for an unknown name. */
+/* The CUDA backend (engine/cuda/). In a build without nvcc it is a stub that fails with a
+ * message saying so (engine/cuda/absent.c). NULL with err naming the CUDA error. */
+kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
+                                  char *err, size_t err_len);
+/* 1 when this build has the CUDA backend (real or emulated), 0 for the stub. */
+int kvg_backend_cuda_built(void);
+
+/* "cpu" or "cuda". NULL with err for an unknown name. */
+kvg_backend *kvg_backend_new_opts(const char *name, const kvg_model *m, const kvg_backend_opts *o,
+                                  char *err, size_t err_len);
+/* kvg_backend_new_opts with only a thread count (device 0, batch-invariant). */
 kvg_backend *kvg_backend_new(const char *name, const kvg_model *m, int n_threads,
                              char *err, size_t err_len);
 

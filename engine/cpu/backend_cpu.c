@@ -516,12 +516,3 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
     rope_frequencies(cfg, c->inv_freq);
     return be;
 }
-
-kvg_backend *kvg_backend_new(const char *name, const kvg_model *m, int n_threads,
-                             char *err, size_t err_len)
-{
-    if (name && strcmp(name, "cpu") == 0)
-        return kvg_backend_cpu_new(m, n_threads, err, err_len);
-    kvg_set_err(err, err_len, "unknown backend '%s' (available: cpu)", name ? name : "(null)");
-    return NULL;
-}

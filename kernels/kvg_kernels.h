@@ -1,0 +1,144 @@
+/* The CUDA kernels of the engine's GPU backend, as the host side calls them: one C
+ * launcher per kernel. Each launcher enqueues its kernel(s) on `s` and returns the launch's
+ * error (cudaGetLastError), cudaSuccess when there is nothing to do (a count of 0).
+ *
+ * All pointers are device pointers. Activations are row-major F32 [rows][width], as in
+ * engine/backend.h. The same sources compile with nvcc for the GPU and, with KVG_CUDA_EMU,
+ * as host C++ against kernels/emu/ (the unit tests run every kernel that way).
+ *
+ * Batch invariance (see engine/backend.h): what a kernel computes for one row depends only
+ * on that row's inputs, never on how many rows the launch has, where the row sits or how
+ * the launch is shaped. Each kernel's README entry says how it keeps that promise. */
+#ifndef KVG_KERNELS_H
+#define KVG_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvg_cuda_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types of weights, GEMM inputs and the KV pool. */
+typedef enum kvg_kt {
+    KVG_KT_F32 = 0,
+    KVG_KT_F16 = 1,
+    KVG_KT_BF16 = 2
+} kvg_kt;
+
+/* The device KV pool: n_blocks blocks of BF16, no padding. Block b, layer l, kv head h:
+ *     base = pool + b * block_elems + l * layer_elems + h * head_elems
+ *     K of token t (0 <= t < block_tokens): base[t * head_dim + d]
+ *     V of token t:                         base[(block_tokens + t) * head_dim + d]
+ * Both token-major, so one warp reads one key's or value's head_dim in one coalesced run.
+ * Block ids are the CPU pool's (engine/kv_cache.h): the prefix cache never knows which
+ * backend holds the bytes. */
+typedef struct kvg_k_kv_geom {
+    int32_t n_layers, n_kv_heads, head_dim, block_tokens;
+    int32_t n_blocks;
+    int64_t head_elems;          /* 2 * block_tokens * head_dim */
+    int64_t layer_elems;         /* n_kv_heads * head_elems */
+    int64_t block_elems;         /* n_layers * layer_elems */
+} kvg_k_kv_geom;
+
+/* x[r][:] = row tokens[r] of the embedding table ([vocab][dim], of type dt) as F32. */
+cudaError_t kvg_k_embed(cudaStream_t s, const void *table, kvg_kt dt, int dim,
+                        const int32_t *tokens, int n_rows, float *x);
+
+/* out[r] = w * x[r] / sqrt(mean(x[r]^2) + eps): one thread block per row, the sum of
+ * squares reduced in one fixed order for every row count. */
+cudaError_t kvg_k_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
+                          int rows, int dim, float *out);
+
+/* x[i] += y[i] for i < n. */
+cudaError_t kvg_k_add(cudaStream_t s, float *x, const float *y, size_t n);
+
+/* gate[i] = silu(gate[i]) * up[i] for i < n. */
+cudaError_t kvg_k_swiglu(cudaStream_t s, float *gate, const float *up, size_t n);
+
+/* out[i] = x[i] rounded to dt (F16 or BF16, round-to-nearest-even): a GEMM's input. */
+cudaError_t kvg_k_to_lowp(cudaStream_t s, const float *x, size_t n, kvg_kt dt, void *out);
+
+/* y[r][j] += bias[j] for r < rows, j < n. */
+cudaError_t kvg_k_bias_add(cudaStream_t s, float *y, const float *bias, int rows, int n);
+
+/* Rotates q ([n_rows][n_heads*head_dim]) and k ([n_rows][n_kv_heads*head_dim]) in place.
+ * cs holds each row's cos and sin, [n_rows][head_dim/2][2] (the host computes them exactly
+ * as the CPU backend does). layout: 0 = adjacent pairs (2i, 2i+1), 1 = halves
+ * (i, i + head_dim/2). */
+cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs, int n_rows,
+                       int n_heads, int n_kv_heads, int head_dim, int layout);
+
+/* Stores row r's k and v ([n_rows][n_kv_heads*head_dim], F32) as BF16 at slot row_slot[r]
+ * (= block id * block_tokens + position % block_tokens) of `layer`. */
+cudaError_t kvg_k_kv_write(cudaStream_t s, void *pool, const kvg_k_kv_geom *g, int layer,
+                           const float *k, const float *v, const int32_t *row_slot, int n_rows);
+
+/* Copy-on-write: block pairs[2i] = block pairs[2i+1], whole blocks, for i < n. */
+cudaError_t kvg_k_copy_blocks(cudaStream_t s, void *pool, const kvg_k_kv_geom *g,
+                              const int32_t *pairs, int n);
+
+/* out[i][:] = x[rows[i]][:] (width floats) for i < n. */
+cudaError_t kvg_k_gather_rows(cudaStream_t s, const float *x, int width, const int32_t *rows,
+                              int n, float *out);
+
+/* Paged attention for a step that mixes prefill chunks and decode rows.
+ *
+ * Row r (query q[r], position pos[r], sequence row_seq[r]) attends causally to positions
+ * [0, pos[r]] of its sequence. The keys are cut into splits of split_tokens positions
+ * (a multiple of block_tokens): split j covers [j*split_tokens, (j+1)*split_tokens), so row r
+ * has pos[r] / split_tokens + 1 splits. Work is listed by the host as items: an item is
+ * up to max_tile_rows consecutive rows of ONE sequence (consecutive positions) against ONE
+ * split; the rows of an item share the split's K/V loads (a prefill chunk reads each block
+ * once per tile, not once per row). A row for which the split lies past its position does
+ * nothing in that item.
+ *
+ * Pass 1 writes, for each (row, split, head), the split's running max m, the sum of
+ * exp(score - m) l and the unnormalized output acc[head_dim] at
+ *     partials + ((row_part[r] + j) * n_heads + h) * (head_dim + 2)     {m, l, acc...}
+ * Pass 2 combines row r's splits in split order into out[r][h*head_dim ...].
+ *
+ * Invariance: the partial of (row, split, head) is computed by the same arithmetic in
+ * the same order whatever the item's other rows, its size or the launch's shape; splits
+ * are fixed positions, not "enough splits to fill the GPU", and the combine always runs
+ * (one split included). GQA: query head h reads kv head h / (n_heads / n_kv_heads). */
+typedef struct kvg_k_attn_item {
+    int32_t seq;                 /* the sequence of the item's rows */
+    int32_t row0;                /* first row of the step in the item */
+    int32_t n_rows;              /* 1 .. max_tile_rows consecutive rows */
+    int32_t split;               /* which split of the keys */
+} kvg_k_attn_item;
+
+typedef struct kvg_k_attn_args {
+    const void *pool;            /* the KV pool (BF16) */
+    kvg_k_kv_geom g;
+    int layer;
+    const float *q;              /* [n_rows][n_heads * head_dim], rotated */
+    int n_heads;
+    int n_rows;
+    const int32_t *pos;          /* [n_rows] */
+    const int32_t *row_seq;      /* [n_rows] */
+    const int32_t *tables;       /* every sequence's block table, one after another */
+    const int32_t *table_off;    /* [n_seqs] where sequence i's table starts in tables */
+    const kvg_k_attn_item *items;
+    int n_items;
+    int max_tile_rows;           /* the most rows an item has (<= KVG_K_ATTN_MAX_TILE) */
+    int split_tokens;
+    const int32_t *row_part;     /* [n_rows] the row's first entry in partials */
+    float *partials;             /* [sum of rows' splits][n_heads][head_dim + 2] */
+    float scale;                 /* 1 / sqrt(head_dim) */
+    float *out;                  /* [n_rows][n_heads * head_dim] */
+} kvg_k_attn_args;
+
+#define KVG_K_ATTN_MAX_TILE 16
+#define KVG_K_ATTN_MAX_HEAD_DIM 256
+
+cudaError_t kvg_k_attention(cudaStream_t s, const kvg_k_attn_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
