@@ -81,11 +81,11 @@ attn_pass1(kvg_k_attn_args a, int C, int SW)
 
     for (int pass0 = 0; pass0 < n_pairs; pass0 += per_pass) {
         float m[PW], l[PW], acc[PW][2 * NP];
-#pragma unroll
+KVG_UNROLL
         for (int pi = 0; pi < PW; pi++) {
             m[pi] = -INFINITY;
             l[pi] = 0.0f;
-#pragma unroll
+KVG_UNROLL
             for (int e = 0; e < 2 * NP; e++)
                 acc[pi][e] = 0.0f;
         }
@@ -109,7 +109,7 @@ attn_pass1(kvg_k_attn_args a, int C, int SW)
             }
             __syncthreads();
 
-#pragma unroll
+KVG_UNROLL
             for (int pi = 0; pi < PW; pi++) {
                 const int pair = pass0 + warp + pi * n_warps;
                 if (pair >= n_pairs)
@@ -145,14 +145,14 @@ attn_pass1(kvg_k_attn_args a, int C, int SW)
                 __syncwarp(KVG_FULL_MASK);
                 const float alpha = expf(m[pi] - m_new);   /* 0 for the first chunk */
                 l[pi] *= alpha;
-#pragma unroll
+KVG_UNROLL
                 for (int e = 0; e < 2 * NP; e++)
                     acc[pi][e] *= alpha;
                 for (int j = 0; j < nk; j++) {
                     const float p = ps[j];
                     const unsigned *vr = vw + j * SW;
                     l[pi] += p;
-#pragma unroll
+KVG_UNROLL
                     for (int i = 0; i < NP; i++) {
                         const int w = lane + KVG_WARP * i;
                         if (w < hw) {
@@ -167,7 +167,7 @@ attn_pass1(kvg_k_attn_args a, int C, int SW)
             }
         }
 
-#pragma unroll
+KVG_UNROLL
         for (int pi = 0; pi < PW; pi++) {
             const int pair = pass0 + warp + pi * n_warps;
             if (pair >= n_pairs)
@@ -182,7 +182,7 @@ attn_pass1(kvg_k_attn_args a, int C, int SW)
                 dst[0] = m[pi];
                 dst[1] = l[pi];
             }
-#pragma unroll
+KVG_UNROLL
             for (int i = 0; i < NP; i++) {
                 const int w = lane + KVG_WARP * i;
                 if (w < hw)

@@ -67,7 +67,7 @@ copy_blocks_x16(int4 *__restrict__ pool, int64_t block_vecs, int32_t n_blocks,
     const int64_t c0 = (int64_t)blockIdx.y * COPY_THREADS * COPY_VECS_PER_THREAD;
     const int4 *from = pool + (int64_t)src * block_vecs;
     int4 *to = pool + (int64_t)dst * block_vecs;
-#pragma unroll
+KVG_UNROLL
     for (int j = 0; j < COPY_VECS_PER_THREAD; j++) {
         const int64_t i = c0 + (int64_t)j * COPY_THREADS + threadIdx.x;
         if (i < block_vecs)

@@ -21,6 +21,14 @@
 #include "kvg_kernels.h"
 
 #define KVG_WARP 32
+
+/* `#pragma unroll` for nvcc; g++ (the emulated build) spells it differently and warns on
+ * the CUDA spelling. */
+#ifdef KVG_CUDA_EMU
+#define KVG_UNROLL _Pragma("GCC unroll 16")
+#else
+#define KVG_UNROLL _Pragma("unroll")
+#endif
 #define KVG_FULL_MASK 0xffffffffu
 
 /* KVG_LAUNCH(kernel, grid, block, smem, stream, args...) enqueues `kernel` (a plain
@@ -97,7 +105,7 @@ __device__ __forceinline__ float kvg_load_f16(const __half *p)
  * lanes must call it. */
 __device__ __forceinline__ float kvg_warp_sum(float v)
 {
-#pragma unroll
+KVG_UNROLL
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(KVG_FULL_MASK, v, o, KVG_WARP);
     return v;
@@ -106,7 +114,7 @@ __device__ __forceinline__ float kvg_warp_sum(float v)
 /* Max is exact in any order; the butterfly just gives every lane the result. */
 __device__ __forceinline__ float kvg_warp_max(float v)
 {
-#pragma unroll
+KVG_UNROLL
     for (int o = 16; o > 0; o >>= 1)
         v = fmaxf(v, __shfl_xor_sync(KVG_FULL_MASK, v, o, KVG_WARP));
     return v;
