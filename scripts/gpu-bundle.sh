@@ -66,7 +66,10 @@ make -s -j"$jobs" BUILD="$objb" CUDA=1 NVCC="$nvcc" \
 
 cflags=(-std=gnu11 -O2 -g -fPIC -D_GNU_SOURCE -Isrc -Iengine $(pkg-config --cflags jansson libcrypto libutf8proc 2>/dev/null)
         -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes)
-rpath='$ORIGIN/../lib:'"$cuda_home"'/lib64:/usr/local/cuda/lib64:/usr/local/cuda-13/lib64:/usr/lib/x86_64-linux-gnu'
+rpath='$ORIGIN/../lib'
+for d in "$cuda_home/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13/lib64; do
+    case ":$rpath:" in *":$d:"*) ;; *) rpath=$rpath:$d ;; esac
+done
 ldflags=(-Wl,--start-group "$objb/libkvgate-engine.a" "$cuda_part" -Wl,--end-group "$objb/libkvgate.a"
          -Wl,-Bstatic -ljansson -lutf8proc -lcrypto -Wl,-Bdynamic
          -L"$cuda_home/lib64" -Wl,--as-needed -lcublasLt -lcublas -Wl,--no-as-needed

@@ -22,7 +22,8 @@
 #
 # Overrides: KVG_BIN (folder of kvgate-gpu-check), KVG_BENCH (the gpu_bench binary),
 # KVG_MODELS (folder holding stories260K/), KVG_STEPS (e.g. "golden logits": the steps to
-# run, of info golden logits invariance sanitizer bench), KVG_DEVICE (CUDA ordinal).
+# run, of info golden logits invariance sanitizer bench), KVG_DEVICE (CUDA ordinal),
+# KVG_BACKEND (default cuda; cpu checks the script itself against the CPU backend).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,7 +46,7 @@ bench=${KVG_BENCH:-$bench}
 models=${KVG_MODELS:-$models}
 OUT=${OUT:-./out}
 steps=${KVG_STEPS:-info golden logits invariance sanitizer bench}
-dev=(--device "${KVG_DEVICE:-0}")
+dev=(--backend "${KVG_BACKEND:-cuda}" --device "${KVG_DEVICE:-0}")
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
 # Per-step logs and JSON in $OUT/steps/, packed into steps.tar.gz at the end (KVG_KEEP_STEPS=1
@@ -53,7 +54,7 @@ OUT=$(cd "$OUT" && pwd)
 W=$OUT/steps
 rm -rf "$W" "$W/steps.tar.gz"
 mkdir -p "$W" || exit 1
-exec > >(tee "$W/summary.txt") 2>&1
+exec > >(tee "$OUT/summary.txt") 2>&1
 check=$bin/kvgate-gpu-check
 stories=(--model "$models/stories260K/stories260K.bin" --tokenizer "$models/stories260K/tok512.bin")
 threads=$(nproc 2>/dev/null || echo 4)
@@ -98,7 +99,7 @@ step() {
     names+=("$name") statuses+=("$st") secs+=("$(( $(date +%s) - t0 ))")
     [ "$st" = pass ] || failed=1
     printf '%-28s %-8s %4ss\n' "$name" "$st" "$(( $(date +%s) - t0 ))"
-    case $name in bench-*) ;; *) sed 's/^/    /' "$W/$name.log" | grep -E 'first divergence|FAIL|max\|diff\||differ|error|Error|ERROR|: (pass|fail|error)|TTFT|tok/s|share|batch-invariant|CUDA|cuda' | head -40 ;; esac
+    case $name in bench-*|info) ;; *) sed 's/^/    /' "$W/$name.log" | grep -E 'first divergence|FAIL|max\|diff\||differ|error|Error|ERROR|: (pass|fail|error)|TTFT|tok/s|share|batch-invariant|CUDA|cuda' | head -40 ;; esac
     [ -z "$json" ] || [ -s "$json" ] || echo "{}" >"$json"
 }
 
@@ -179,7 +180,7 @@ if want bench; then
     i=0
     for args in "${bench_runs[@]}"; do
         # shellcheck disable=SC2086 # the words of one bench run
-        step "bench-$i" "$t_bench" "$W/bench-$i.json" "$bench" --backend cuda "${dev[@]}" $args \
+        step "bench-$i" "$t_bench" "$W/bench-$i.json" "$bench" "${dev[@]}" $args \
             --json "$W/bench-$i.json"
         i=$((i + 1))
     done
