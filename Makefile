@@ -163,7 +163,7 @@ $(BUILD)/cuda/obj/kernels/%.o: kernels/%.cu $(HDRS)
 
 $(BUILD)/cuda/obj/engine/cuda/%.o: engine/cuda/%.c $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O2 -Iengine -Ikernels -I$(CUDA_HOME)/include -c $< -o $@
+	$(CC) $(CFLAGS) -O2 -Iengine -Ikernels -isystem $(CUDA_HOME)/include -c $< -o $@
 
 $(CUDA_LIB): $(CUDA_OBJS)
 	@mkdir -p $(dir $@)
