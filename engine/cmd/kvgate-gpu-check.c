@@ -239,8 +239,7 @@ static int parse_args(int argc, char **argv, opts *o)
 static kvg_kv_pool *pool_new(kvg_backend *be, const kvg_kv_geom *g, int32_t n_blocks,
                              char *err, size_t err_len)
 {
-    (void)be;
-    return kvg_kv_pool_new(g, n_blocks, err, err_len);
+    return kvg_backend_kv_pool_new(be, g, n_blocks, err, err_len);
 }
 
 static void runner_free(runner *r)

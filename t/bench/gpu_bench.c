@@ -226,8 +226,7 @@ static double median(double *v, int n)
 static kvg_kv_pool *pool_new(kvg_backend *be, const kvg_kv_geom *g, int32_t n_blocks, char *err,
                              size_t err_len)
 {
-    (void)be;
-    return kvg_kv_pool_new(g, n_blocks, err, err_len);
+    return kvg_backend_kv_pool_new(be, g, n_blocks, err, err_len);
 }
 
 /* Prefills `n` tokens of s in chunks (o->prefill_chunk, 0 = one step); the logits of the
