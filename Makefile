@@ -145,7 +145,7 @@ $(BUILD)/bin/%: tools/%.c $(LIB) $(HDRS) | $(BUILD)/bin
 	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
 
 $(CUDA_UNITS): $(BUILD)/t/%: t/unit/%.c $(ENGINE_LIB) $(EMU_LIB) $(LIB) $(HDRS) | $(BUILD)/t
-	$(CC) $(CFLAGS) -DKVG_CUDA_EMU -It/unit -Iengine -Ikernels -Ikernels/emu $< -o $@ \
+	$(CC) $(CFLAGS) -DKVG_CUDA_EMU -It/unit -Iengine -Ikernels -Ikernels/emu $< $(filter %.o,$^) -o $@ \
 	    -Wl,--start-group $(ENGINE_LIB) $(EMU_LIB) -Wl,--end-group $(LIB) $(LDLIBS) $(EMU_LDLIBS)
 
 $(BUILD)/t/%: t/unit/%.c $(ENGINE_LIB) $(ABSENT_OBJ) $(LIB) $(HDRS) | $(BUILD)/t
@@ -203,6 +203,19 @@ $(ASAN_EMU_LIB): $(call EMU_OBJS,$(BUILD)/asan/emu)
 	@mkdir -p $(dir $@)
 	rm -f $@; ar rcs $@ $^
 
+# The emulator's self-test (t/unit/cuda_emu.c) links its own test kernels,
+# t/unit/cuda_emu_kernels.cu, built as the emulated kernels are.
+$(BUILD)/emu/obj/t/unit/%.o: t/unit/%.cu $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -O2 -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
+
+$(BUILD)/asan/emu/obj/t/unit/%.o: t/unit/%.cu $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -O1 $(SAN_FLAGS) -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
+
+$(BUILD)/t/cuda_emu: $(BUILD)/emu/obj/t/unit/cuda_emu_kernels.o
+$(BUILD)/asan/t/cuda_emu: $(BUILD)/asan/emu/obj/t/unit/cuda_emu_kernels.o
+
 # The engine's commands linked with the emulated CUDA backend: `--backend cuda` runs on the
 # host (slowly: tiny models only). t/gpu/run.sh's steps run through these where no GPU is.
 EMU_BINS   := $(ENGINE_CMDS:engine/cmd/%.c=$(BUILD)/emu/bin/%)
@@ -258,7 +271,7 @@ $(BUILD)/asan/bin/%: tools/%.c $(ASAN_LIB) $(HDRS)
 	$(CC) $(ASAN_CFLAGS) $< -o $@ $(ASAN_LIB) $(LDLIBS)
 
 $(ASAN_CUDA_UNITS): $(BUILD)/asan/t/%: t/unit/%.c $(ASAN_ENGINE_LIB) $(ASAN_EMU_LIB) $(ASAN_LIB) $(HDRS) | $(BUILD)/asan/t
-	$(CC) $(ASAN_CFLAGS) -DKVG_CUDA_EMU -It/unit -Iengine -Ikernels -Ikernels/emu $< -o $@ \
+	$(CC) $(ASAN_CFLAGS) -DKVG_CUDA_EMU -It/unit -Iengine -Ikernels -Ikernels/emu $< $(filter %.o,$^) -o $@ \
 	    -Wl,--start-group $(ASAN_ENGINE_LIB) $(ASAN_EMU_LIB) -Wl,--end-group $(ASAN_LIB) $(LDLIBS) $(EMU_LDLIBS)
 
 $(BUILD)/asan/t/%: t/unit/%.c $(ASAN_ENGINE_LIB) $(ASAN_ABSENT_OBJ) $(ASAN_LIB) $(HDRS) | $(BUILD)/asan/t

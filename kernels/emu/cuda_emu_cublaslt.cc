@@ -1,0 +1,622 @@
+/* The emulated cuBLASLt: descriptors that keep what was set, one fake algorithm from the
+ * heuristic, and cublasLtMatmul as a host reference GEMM with cuBLAS's column-major
+ * semantics:
+ *     D (m x n) = alpha op(A) (m x k) op(B) (k x n) + beta C (m x n) [+ bias[i] per row i]
+ * A and B both F32, F16 or BF16; C and D F32; the products summed in F32 over k in
+ * increasing order, whatever the algorithm: SPLITK_NUM > 1 computes the same values (a GPU
+ * would sum the k-slices in another order, so tests must not expect bit-equality with a
+ * split-K run on real hardware). Arguments are validated as cuBLAS does: inconsistent
+ * dimensions or leading dimensions and null pointers are CUBLAS_STATUS_INVALID_VALUE,
+ * unsupported types or modes CUBLAS_STATUS_NOT_SUPPORTED. Additionally every matrix must
+ * lie inside one device allocation (on a GPU a stray pointer is an illegal address later):
+ * CUBLAS_STATUS_INVALID_VALUE with a line on stderr. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <set>
+#include <vector>
+
+#include "cuda_emu_internal.h"
+
+struct cublasLtContext {
+    uint64_t magic;
+};
+
+namespace kvg_emu {
+namespace {
+
+constexpr uint64_t LAYOUT_MAGIC = 0x4b56474c41594f55ull;   /* "KVGLAYOU" */
+constexpr uint64_t DESC_MAGIC = 0x4b5647444553430aull;
+constexpr uint64_t PREF_MAGIC = 0x4b56475052454600ull;
+constexpr uint64_t ALGO_MAGIC = 0x4b5647414c474f00ull;
+constexpr uint64_t HANDLE_MAGIC = 0x4b5647484e444c00ull;
+
+/* Fields of the opaque structs (their data[] words). */
+enum { L_MAGIC, L_TYPE, L_ROWS, L_COLS, L_LD, L_ORDER, L_BATCH };
+enum { D_MAGIC, D_COMPUTE, D_SCALE, D_PMODE, D_TRANSA, D_TRANSB, D_TRANSC, D_EPILOGUE,
+       D_BIAS, D_BIAS_TYPE };
+enum { P_MAGIC, P_SEARCH, P_WORKSPACE };
+enum { A_MAGIC, A_ID, A_TILE, A_SPLITK, A_REDUCTION, A_SWIZZLE, A_CUSTOM, A_STAGES };
+
+/* The one algorithm the heuristic offers (numbers as a GPU might report them). */
+constexpr int32_t FAKE_ALGO_ID = 21;
+constexpr uint32_t FAKE_TILE_ID = 20;
+
+std::set<cublasLtHandle_t> &handles()
+{
+    static std::set<cublasLtHandle_t> h;
+    return h;
+}
+
+size_t type_size(int64_t t)
+{
+    switch (t) {
+    case CUDA_R_32F: return 4;
+    case CUDA_R_16F: return 2;
+    case CUDA_R_16BF: return 2;
+    }
+    return 0;
+}
+
+struct Problem {
+    int opa, opb;
+    uint64_t m, n, k;
+    int64_t ab_type;
+    bool bias;
+};
+
+bool layout_ok(cublasLtMatrixLayout_t l) { return l && l->data[L_MAGIC] == LAYOUT_MAGIC; }
+
+cublasStatus_t check_problem(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                             cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                             cublasLtMatrixLayout_t dd, Problem *p)
+{
+    if (!d || d->data[D_MAGIC] != DESC_MAGIC || !layout_ok(a) || !layout_ok(b) ||
+        !layout_ok(c) || !layout_ok(dd))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if ((int64_t)d->data[D_SCALE] != CUDA_R_32F || d->data[D_PMODE] != CUBLASLT_POINTER_MODE_HOST ||
+        d->data[D_TRANSC] != CUBLAS_OP_N)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    int64_t ta = (int64_t)a->data[L_TYPE], tb = (int64_t)b->data[L_TYPE];
+    if (ta != tb || !type_size(ta) || (int64_t)c->data[L_TYPE] != CUDA_R_32F ||
+        (int64_t)dd->data[L_TYPE] != CUDA_R_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    for (cublasLtMatrixLayout_t l : {a, b, c, dd})
+        if (l->data[L_ORDER] != CUBLASLT_ORDER_COL || l->data[L_BATCH] != 1)
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+    uint64_t epi = d->data[D_EPILOGUE];
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT && epi != CUBLASLT_EPILOGUE_BIAS)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    p->bias = epi == CUBLASLT_EPILOGUE_BIAS;
+    if (p->bias && (int64_t)d->data[D_BIAS_TYPE] != -1 &&
+        (int64_t)d->data[D_BIAS_TYPE] != CUDA_R_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    /* CUBLAS_OP_C is CUBLAS_OP_T for real types. */
+    p->opa = d->data[D_TRANSA] != CUBLAS_OP_N;
+    p->opb = d->data[D_TRANSB] != CUBLAS_OP_N;
+    p->m = dd->data[L_ROWS];
+    p->n = dd->data[L_COLS];
+    p->k = p->opa ? a->data[L_ROWS] : a->data[L_COLS];
+    p->ab_type = ta;
+    uint64_t am = p->opa ? a->data[L_COLS] : a->data[L_ROWS];
+    uint64_t bk = p->opb ? b->data[L_COLS] : b->data[L_ROWS];
+    uint64_t bn = p->opb ? b->data[L_ROWS] : b->data[L_COLS];
+    if (am != p->m || bk != p->k || bn != p->n || c->data[L_ROWS] != p->m ||
+        c->data[L_COLS] != p->n)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    for (cublasLtMatrixLayout_t l : {a, b, c, dd}) {
+        int64_t ld = (int64_t)l->data[L_LD];
+        uint64_t rows = l->data[L_ROWS];
+        if (ld < 1 || (uint64_t)ld < rows)
+            return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+bool handle_ok(cublasLtHandle_t h)
+{
+    std::lock_guard<std::recursive_mutex> g(lock());
+    return h && handles().count(h) && h->magic == HANDLE_MAGIC;
+}
+
+void fill_result(const Problem &p, const cublasLtMatmulAlgo_t &algo,
+                 cublasLtMatmulHeuristicResult_t *r)
+{
+    memset(r, 0, sizeof *r);
+    r->algo = algo;
+    r->workspaceSize = 0;
+    r->state = CUBLAS_STATUS_SUCCESS;
+    double tiles = ceil((double)p.m / 128.0) * ceil((double)p.n / 128.0);
+    r->wavesCount = (float)(tiles / 132.0);
+}
+
+/* The matrix's bytes as a column-major rows x cols array with leading dimension ld. */
+bool matrix_in_device(const char *what, const void *ptr, cublasLtMatrixLayout_t l)
+{
+    uint64_t rows = l->data[L_ROWS], cols = l->data[L_COLS];
+    if (!rows || !cols)
+        return true;
+    size_t bytes = (size_t)(((uint64_t)l->data[L_LD] * (cols - 1) + rows) *
+                            type_size((int64_t)l->data[L_TYPE]));
+    if (in_device(ptr, bytes))
+        return true;
+    fprintf(stderr, "kvg-emu: cublasLtMatmul: %s (%p, %zu bytes) is not inside one device "
+            "allocation\n", what, ptr, bytes);
+    return false;
+}
+
+float load(const void *base, int64_t type, size_t idx)
+{
+    switch (type) {
+    case CUDA_R_16F: return kvg_emu_f16_bits_to_f32(((const unsigned short *)base)[idx]);
+    case CUDA_R_16BF: return kvg_emu_bf16_bits_to_f32(((const unsigned short *)base)[idx]);
+    default: return ((const float *)base)[idx];
+    }
+}
+
+}  // namespace
+}  // namespace kvg_emu
+
+using namespace kvg_emu;
+
+/* Attribute sizes must match exactly, as cuBLASLt checks. */
+#define ATTR_IN(T, var)                                                         \
+    do {                                                                        \
+        if (sizeInBytes != sizeof(T))                                           \
+            return CUBLAS_STATUS_INVALID_VALUE;                                 \
+        T v_;                                                                   \
+        memcpy(&v_, buf, sizeof v_);                                            \
+        (var) = (uint64_t)(int64_t)v_;                                          \
+    } while (0)
+
+#define ATTR_OUT(T, val)                                                        \
+    do {                                                                        \
+        if (sizeWritten)                                                        \
+            *sizeWritten = sizeof(T);                                           \
+        if (!buf && !sizeInBytes && sizeWritten)                                \
+            return CUBLAS_STATUS_SUCCESS;                                       \
+        if (!buf || sizeInBytes < sizeof(T))                                    \
+            return CUBLAS_STATUS_INVALID_VALUE;                                 \
+        T v_ = (T)(val);                                                        \
+        memcpy(buf, &v_, sizeof v_);                                            \
+        return CUBLAS_STATUS_SUCCESS;                                           \
+    } while (0)
+
+extern "C" {
+
+const char *cublasLtGetStatusName(cublasStatus_t status)
+{
+    switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
+}
+
+const char *cublasLtGetStatusString(cublasStatus_t status)
+{
+    switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid value was used as an argument";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "an absent device architectural feature is required";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "an access to GPU memory space failed";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "an error was detected when checking the license";
+    }
+    return "unknown error";
+}
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle)
+{
+    std::lock_guard<std::recursive_mutex> g(lock());
+    if (int e = injected("cublasLtCreate", CUBLAS_STATUS_NOT_INITIALIZED))
+        return (cublasStatus_t)e;
+    if (!lightHandle)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (device_state() != cudaSuccess)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    cublasLtHandle_t h = new cublasLtContext{HANDLE_MAGIC};
+    handles().insert(h);
+    *lightHandle = h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle)
+{
+    std::lock_guard<std::recursive_mutex> g(lock());
+    if (int e = injected("cublasLtDestroy", CUBLAS_STATUS_NOT_INITIALIZED))
+        return (cublasStatus_t)e;
+    if (!handle_ok(lightHandle))
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    handles().erase(lightHandle);
+    delete lightHandle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *matLayout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld)
+{
+    if (int e = injected("cublasLtMatrixLayoutCreate", CUBLAS_STATUS_ALLOC_FAILED))
+        return (cublasStatus_t)e;
+    if (!matLayout)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    cublasLtMatrixLayout_t l = new cublasLtMatrixLayoutOpaque_t;
+    memset(l, 0, sizeof *l);
+    l->data[L_MAGIC] = LAYOUT_MAGIC;
+    l->data[L_TYPE] = (uint64_t)type;
+    l->data[L_ROWS] = rows;
+    l->data[L_COLS] = cols;
+    l->data[L_LD] = (uint64_t)ld;
+    l->data[L_ORDER] = CUBLASLT_ORDER_COL;
+    l->data[L_BATCH] = 1;
+    *matLayout = l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t matLayout)
+{
+    injected("cublasLtMatrixLayoutDestroy", 0);
+    if (!matLayout)
+        return CUBLAS_STATUS_SUCCESS;
+    if (!layout_ok(matLayout))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    matLayout->data[L_MAGIC] = 0;
+    delete matLayout;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t matLayout,
+                                                cublasLtMatrixLayoutAttribute_t attr,
+                                                const void *buf, size_t sizeInBytes)
+{
+    injected("cublasLtMatrixLayoutSetAttribute", 0);
+    if (!layout_ok(matLayout) || !buf)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    uint64_t *d = matLayout->data;
+    switch (attr) {
+    case CUBLASLT_MATRIX_LAYOUT_TYPE: ATTR_IN(uint32_t, d[L_TYPE]); break;
+    case CUBLASLT_MATRIX_LAYOUT_ORDER: ATTR_IN(int32_t, d[L_ORDER]); break;
+    case CUBLASLT_MATRIX_LAYOUT_ROWS: ATTR_IN(uint64_t, d[L_ROWS]); break;
+    case CUBLASLT_MATRIX_LAYOUT_COLS: ATTR_IN(uint64_t, d[L_COLS]); break;
+    case CUBLASLT_MATRIX_LAYOUT_LD: ATTR_IN(int64_t, d[L_LD]); break;
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: ATTR_IN(int32_t, d[L_BATCH]); break;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *matmulDesc,
+                                        cublasComputeType_t computeType,
+                                        cudaDataType_t scaleType)
+{
+    if (int e = injected("cublasLtMatmulDescCreate", CUBLAS_STATUS_ALLOC_FAILED))
+        return (cublasStatus_t)e;
+    if (!matmulDesc)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_FAST_16F &&
+        computeType != CUBLAS_COMPUTE_32F_FAST_16BF && computeType != CUBLAS_COMPUTE_32F_FAST_TF32)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    cublasLtMatmulDesc_t d = new cublasLtMatmulDescOpaque_t;
+    memset(d, 0, sizeof *d);
+    d->data[D_MAGIC] = DESC_MAGIC;
+    d->data[D_COMPUTE] = (uint64_t)computeType;
+    d->data[D_SCALE] = (uint64_t)scaleType;
+    d->data[D_PMODE] = CUBLASLT_POINTER_MODE_HOST;
+    d->data[D_TRANSA] = CUBLAS_OP_N;
+    d->data[D_TRANSB] = CUBLAS_OP_N;
+    d->data[D_TRANSC] = CUBLAS_OP_N;
+    d->data[D_EPILOGUE] = CUBLASLT_EPILOGUE_DEFAULT;
+    d->data[D_BIAS] = 0;
+    d->data[D_BIAS_TYPE] = (uint64_t)(int64_t)-1;
+    *matmulDesc = d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc)
+{
+    injected("cublasLtMatmulDescDestroy", 0);
+    if (!matmulDesc)
+        return CUBLAS_STATUS_SUCCESS;
+    if (matmulDesc->data[D_MAGIC] != DESC_MAGIC)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    matmulDesc->data[D_MAGIC] = 0;
+    delete matmulDesc;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
+                                              cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t sizeInBytes)
+{
+    injected("cublasLtMatmulDescSetAttribute", 0);
+    if (!matmulDesc || matmulDesc->data[D_MAGIC] != DESC_MAGIC || !buf)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    uint64_t *d = matmulDesc->data;
+    switch (attr) {
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: ATTR_IN(int32_t, d[D_COMPUTE]); break;
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE: ATTR_IN(int32_t, d[D_SCALE]); break;
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE: ATTR_IN(int32_t, d[D_PMODE]); break;
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+    case CUBLASLT_MATMUL_DESC_TRANSC: {
+        uint64_t op;
+        ATTR_IN(int32_t, op);
+        if (op > CUBLAS_OP_C)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        d[attr == CUBLASLT_MATMUL_DESC_TRANSA ? D_TRANSA
+          : attr == CUBLASLT_MATMUL_DESC_TRANSB ? D_TRANSB : D_TRANSC] = op;
+        break;
+    }
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: ATTR_IN(uint32_t, d[D_EPILOGUE]); break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: {
+        if (sizeInBytes != sizeof(void *))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        const void *p;
+        memcpy(&p, buf, sizeof p);
+        d[D_BIAS] = (uint64_t)(uintptr_t)p;
+        break;
+    }
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: ATTR_IN(int32_t, d[D_BIAS_TYPE]); break;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t matmulDesc,
+                                              cublasLtMatmulDescAttributes_t attr,
+                                              void *buf, size_t sizeInBytes, size_t *sizeWritten)
+{
+    injected("cublasLtMatmulDescGetAttribute", 0);
+    if (!matmulDesc || matmulDesc->data[D_MAGIC] != DESC_MAGIC)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const uint64_t *d = matmulDesc->data;
+    switch (attr) {
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: ATTR_OUT(int32_t, d[D_COMPUTE]);
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE: ATTR_OUT(int32_t, d[D_SCALE]);
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE: ATTR_OUT(int32_t, d[D_PMODE]);
+    case CUBLASLT_MATMUL_DESC_TRANSA: ATTR_OUT(int32_t, d[D_TRANSA]);
+    case CUBLASLT_MATMUL_DESC_TRANSB: ATTR_OUT(int32_t, d[D_TRANSB]);
+    case CUBLASLT_MATMUL_DESC_TRANSC: ATTR_OUT(int32_t, d[D_TRANSC]);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: ATTR_OUT(uint32_t, d[D_EPILOGUE]);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: ATTR_OUT(const void *, (uintptr_t)d[D_BIAS]);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: ATTR_OUT(int32_t, d[D_BIAS_TYPE]);
+    default: break;
+    }
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref)
+{
+    if (int e = injected("cublasLtMatmulPreferenceCreate", CUBLAS_STATUS_ALLOC_FAILED))
+        return (cublasStatus_t)e;
+    if (!pref)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    cublasLtMatmulPreference_t p = new cublasLtMatmulPreferenceOpaque_t;
+    memset(p, 0, sizeof *p);
+    p->data[P_MAGIC] = PREF_MAGIC;
+    *pref = p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref)
+{
+    injected("cublasLtMatmulPreferenceDestroy", 0);
+    if (!pref)
+        return CUBLAS_STATUS_SUCCESS;
+    if (pref->data[P_MAGIC] != PREF_MAGIC)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    pref->data[P_MAGIC] = 0;
+    delete pref;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void *buf, size_t sizeInBytes)
+{
+    injected("cublasLtMatmulPreferenceSetAttribute", 0);
+    if (!pref || pref->data[P_MAGIC] != PREF_MAGIC || !buf)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    switch (attr) {
+    case CUBLASLT_MATMUL_PREF_SEARCH_MODE: ATTR_IN(uint32_t, pref->data[P_SEARCH]); break;
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: ATTR_IN(uint64_t, pref->data[P_WORKSPACE]); break;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
+                                              cublasLtMatmulDesc_t operationDesc,
+                                              cublasLtMatrixLayout_t Adesc,
+                                              cublasLtMatrixLayout_t Bdesc,
+                                              cublasLtMatrixLayout_t Cdesc,
+                                              cublasLtMatrixLayout_t Ddesc,
+                                              cublasLtMatmulPreference_t preference,
+                                              int requestedAlgoCount,
+                                              cublasLtMatmulHeuristicResult_t heuristicResultsArray[],
+                                              int *returnAlgoCount)
+{
+    if (int e = injected("cublasLtMatmulAlgoGetHeuristic", CUBLAS_STATUS_NOT_SUPPORTED))
+        return (cublasStatus_t)e;
+    if (!handle_ok(lightHandle))
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (returnAlgoCount)
+        *returnAlgoCount = 0;
+    if (!preference || preference->data[P_MAGIC] != PREF_MAGIC || requestedAlgoCount < 1 ||
+        !heuristicResultsArray || !returnAlgoCount)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    Problem p;
+    if (cublasStatus_t s = check_problem(operationDesc, Adesc, Bdesc, Cdesc, Ddesc, &p))
+        return s;
+    cublasLtMatmulAlgo_t algo;
+    memset(&algo, 0, sizeof algo);
+    algo.data[A_MAGIC] = ALGO_MAGIC;
+    algo.data[A_ID] = FAKE_ALGO_ID;
+    algo.data[A_TILE] = FAKE_TILE_ID;
+    algo.data[A_SPLITK] = 1;
+    fill_result(p, algo, &heuristicResultsArray[0]);
+    *returnAlgoCount = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t lightHandle,
+                                       cublasLtMatmulDesc_t operationDesc,
+                                       cublasLtMatrixLayout_t Adesc,
+                                       cublasLtMatrixLayout_t Bdesc,
+                                       cublasLtMatrixLayout_t Cdesc,
+                                       cublasLtMatrixLayout_t Ddesc,
+                                       const cublasLtMatmulAlgo_t *algo,
+                                       cublasLtMatmulHeuristicResult_t *result)
+{
+    if (int e = injected("cublasLtMatmulAlgoCheck", CUBLAS_STATUS_INVALID_VALUE))
+        return (cublasStatus_t)e;
+    if (!handle_ok(lightHandle))
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!algo || algo->data[A_MAGIC] != ALGO_MAGIC || !result)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    Problem p;
+    if (cublasStatus_t s = check_problem(operationDesc, Adesc, Bdesc, Cdesc, Ddesc, &p))
+        return s;
+    cublasLtMatmulAlgo_t copy = *algo;   /* algo may point into *result */
+    fill_result(p, copy, result);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoConfigSetAttribute(cublasLtMatmulAlgo_t *algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr,
+                                                    const void *buf, size_t sizeInBytes)
+{
+    injected("cublasLtMatmulAlgoConfigSetAttribute", 0);
+    if (!algo || algo->data[A_MAGIC] != ALGO_MAGIC || !buf)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    uint64_t *d = algo->data;
+    switch (attr) {
+    case CUBLASLT_ALGO_CONFIG_ID: ATTR_IN(int32_t, d[A_ID]); break;
+    case CUBLASLT_ALGO_CONFIG_TILE_ID: ATTR_IN(uint32_t, d[A_TILE]); break;
+    case CUBLASLT_ALGO_CONFIG_SPLITK_NUM: {
+        if (sizeInBytes != sizeof(int32_t))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        int32_t v;
+        memcpy(&v, buf, sizeof v);
+        if (v < 1)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        d[A_SPLITK] = (uint64_t)v;
+        break;
+    }
+    case CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME: ATTR_IN(uint32_t, d[A_REDUCTION]); break;
+    case CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING: ATTR_IN(uint32_t, d[A_SWIZZLE]); break;
+    case CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION: ATTR_IN(uint32_t, d[A_CUSTOM]); break;
+    case CUBLASLT_ALGO_CONFIG_STAGES_ID: ATTR_IN(uint32_t, d[A_STAGES]); break;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t *algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr,
+                                                    void *buf, size_t sizeInBytes,
+                                                    size_t *sizeWritten)
+{
+    injected("cublasLtMatmulAlgoConfigGetAttribute", 0);
+    if (!algo || algo->data[A_MAGIC] != ALGO_MAGIC)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const uint64_t *d = algo->data;
+    switch (attr) {
+    case CUBLASLT_ALGO_CONFIG_ID: ATTR_OUT(int32_t, d[A_ID]);
+    case CUBLASLT_ALGO_CONFIG_TILE_ID: ATTR_OUT(uint32_t, d[A_TILE]);
+    case CUBLASLT_ALGO_CONFIG_SPLITK_NUM: ATTR_OUT(int32_t, d[A_SPLITK]);
+    case CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME: ATTR_OUT(uint32_t, d[A_REDUCTION]);
+    case CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING: ATTR_OUT(uint32_t, d[A_SWIZZLE]);
+    case CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION: ATTR_OUT(uint32_t, d[A_CUSTOM]);
+    case CUBLASLT_ALGO_CONFIG_STAGES_ID: ATTR_OUT(uint32_t, d[A_STAGES]);
+    default: break;
+    }
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
+                              const void *alpha, const void *A, cublasLtMatrixLayout_t Adesc,
+                              const void *B, cublasLtMatrixLayout_t Bdesc, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
+                              void *workspace, size_t workspaceSizeInBytes, cudaStream_t stream)
+{
+    std::lock_guard<std::recursive_mutex> g(lock());
+    if (int e = injected("cublasLtMatmul", CUBLAS_STATUS_EXECUTION_FAILED))
+        return (cublasStatus_t)e;
+    if (!handle_ok(lightHandle))
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    Problem p;
+    if (cublasStatus_t s = check_problem(computeDesc, Adesc, Bdesc, Cdesc, Ddesc, &p))
+        return s;
+    if (algo && (algo->data[A_MAGIC] != ALGO_MAGIC || algo->data[A_SPLITK] < 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!alpha || !beta || (workspaceSizeInBytes && !workspace) || !valid_stream(stream))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    float a_scale, b_scale;
+    memcpy(&a_scale, alpha, sizeof a_scale);
+    memcpy(&b_scale, beta, sizeof b_scale);
+    uint64_t m = p.m, n = p.n, k = p.k;
+    if (!m || !n)
+        return CUBLAS_STATUS_SUCCESS;
+    const float *bias = (const float *)(uintptr_t)computeDesc->data[D_BIAS];
+    bool read_c = b_scale != 0.0f;   /* beta == 0: C is not read, as in cuBLAS */
+    if (!D || (k && (!A || !B)) || (read_c && !C) || (p.bias && !bias))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (C == D && read_c && Cdesc->data[L_LD] != Ddesc->data[L_LD])
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if ((k && (!matrix_in_device("A", A, Adesc) || !matrix_in_device("B", B, Bdesc))) ||
+        (read_c && !matrix_in_device("C", C, Cdesc)) || !matrix_in_device("D", D, Ddesc))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (p.bias && !in_device(bias, m * sizeof(float))) {
+        fprintf(stderr, "kvg-emu: cublasLtMatmul: the bias (%p, %zu bytes) is not inside one "
+                "device allocation\n", (const void *)bias, (size_t)(m * sizeof(float)));
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (workspaceSizeInBytes && !in_device(workspace, workspaceSizeInBytes))
+        return CUBLAS_STATUS_INVALID_VALUE;
+
+    /* op(A) as rows of k floats, op(B) as columns of k floats: the inner loop runs over
+     * contiguous memory, k increasing. */
+    size_t lda = (size_t)Adesc->data[L_LD], ldb = (size_t)Bdesc->data[L_LD];
+    size_t ldc = (size_t)Cdesc->data[L_LD], ldd = (size_t)Ddesc->data[L_LD];
+    std::vector<float> a(m * k), b(n * k);
+    for (size_t i = 0; i < m; i++)
+        for (size_t q = 0; q < k; q++)
+            a[i * k + q] = load(A, p.ab_type, p.opa ? q + i * lda : i + q * lda);
+    for (size_t j = 0; j < n; j++)
+        for (size_t q = 0; q < k; q++)
+            b[j * k + q] = load(B, p.ab_type, p.opb ? j + q * ldb : q + j * ldb);
+    const float *c = (const float *)C;
+    float *d = (float *)D;
+    for (size_t j = 0; j < n; j++)
+        for (size_t i = 0; i < m; i++) {
+            const float *ar = &a[i * k], *bc = &b[j * k];
+            float acc = 0.0f;
+            for (size_t q = 0; q < k; q++)
+                acc += ar[q] * bc[q];
+            float v = a_scale * acc;
+            if (read_c)
+                v += b_scale * c[i + j * ldc];
+            if (p.bias)
+                v += bias[i];
+            d[i + j * ldd] = v;
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,586 @@
+/* Kernel launches: the blocks of a grid run one after another on the launching thread,
+ * the threads of a block are fibers, and the barriers switch between them.
+ *
+ * Scheduling: the launching thread's stack is the scheduler. It resumes every runnable
+ * fiber of the block in thread order; a fiber runs until it finishes or parks at a
+ * barrier, then switches back. __syncthreads releases its waiters when every live (not
+ * exited) thread of the block waits; a warp operation (__syncwarp, shuffle, vote)
+ * completes when every lane of its mask has arrived with the same mask, and the last
+ * lane to arrive computes every lane's result at once, so the exchange slot is never
+ * reused while a lane still needs it. When no fiber can run and no barrier can be
+ * released the kernel is deadlocked on a GPU too: the emulator aborts and says where
+ * each thread waits.
+ *
+ * Switching: on x86-64 a hand-written switch saves the callee-saved registers, MXCSR and
+ * the x87 control word and swaps stack pointers (no syscall; glibc's swapcontext makes a
+ * sigprocmask syscall per switch). Elsewhere ucontext. Each fiber has its own stack, mmap'd
+ * once with a PROT_NONE guard page below it (an overflow faults instead of corrupting the
+ * neighbour), kept and reused by later launches.
+ *
+ * ASan: every switch is announced with __sanitizer_start_switch_fiber /
+ * __sanitizer_finish_switch_fiber so ASan knows which stack is live; without that it
+ * reports false stack-buffer overflows. With the annotations, the ASan+UBSan build runs
+ * kernels clean, and an out-of-bounds access to device memory (host memory here) is a
+ * real ASan report. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_emu_internal.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KVG_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVG_EMU_ASAN 1
+#endif
+#endif
+
+#ifdef KVG_EMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+#if defined(__x86_64__)
+#define KVG_EMU_ASM_SWITCH 1
+#else
+#include <ucontext.h>
+#endif
+
+/* The index variables of the running fiber (see cuda_emu.h). */
+uint3 threadIdx;
+uint3 blockIdx;
+dim3 blockDim;
+dim3 gridDim;
+
+#ifdef KVG_EMU_ASM_SWITCH
+/* kvg_emu_ctx_switch(save, load): pushes the callee-saved registers and the FP control
+ * state, stores rsp in *save, loads `load` as rsp, pops the same and returns on the new
+ * stack. A new fiber's stack is prepared so that the first switch "returns" into
+ * kvg_emu_ctx_entry with the entry function in r13 and its argument in r12. */
+asm(R"(
+    .pushsection .text
+    .p2align 4
+    .globl kvg_emu_ctx_switch
+    .hidden kvg_emu_ctx_switch
+    .type kvg_emu_ctx_switch, @function
+kvg_emu_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size kvg_emu_ctx_switch, .-kvg_emu_ctx_switch
+
+    .p2align 4
+    .globl kvg_emu_ctx_entry
+    .hidden kvg_emu_ctx_entry
+    .type kvg_emu_ctx_entry, @function
+kvg_emu_ctx_entry:
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+    .size kvg_emu_ctx_entry, .-kvg_emu_ctx_entry
+    .popsection
+)");
+extern "C" void kvg_emu_ctx_switch(void **save, void *load);
+extern "C" void kvg_emu_ctx_entry(void);
+#endif
+
+namespace kvg_emu {
+namespace {
+
+enum FiberState { RUNNABLE, WAIT_BLOCK, WAIT_WARP, DONE };
+
+#ifdef KVG_EMU_ASAN
+constexpr size_t STACK_SIZE = 512 << 10;   /* ASan frames carry redzones */
+#else
+constexpr size_t STACK_SIZE = 128 << 10;
+#endif
+
+struct Fiber {
+#ifdef KVG_EMU_ASM_SWITCH
+    void *sp;
+#else
+    ucontext_t uc;
+#endif
+    char *stack;                 /* the usable stack, STACK_SIZE bytes above the guard */
+    int state;
+    uint3 tid;
+    const char *bar_file;        /* where it waits in __syncthreads */
+    int bar_line;
+    int wkind;                   /* its pending warp operation */
+    unsigned wmask;
+    uint64_t wvalue, wresult;
+    int warg, wwidth;
+#ifdef KVG_EMU_ASAN
+    void *fake_stack;
+#endif
+};
+
+struct Launch {
+    bool active = false;
+    const char *name = nullptr;
+    void (*fn)(void *) = nullptr;
+    void *ctx = nullptr;
+    unsigned n = 0;              /* threads per block */
+    unsigned cur = 0;            /* the running fiber */
+    unsigned done = 0;
+    unsigned block_waiters = 0;
+    char *smem = nullptr;
+    size_t smem_size = 0;
+    std::vector<Fiber> fibers;
+#ifdef KVG_EMU_ASM_SWITCH
+    void *sched_sp = nullptr;
+#else
+    ucontext_t sched_uc;
+#endif
+#ifdef KVG_EMU_ASAN
+    const void *host_bottom = nullptr;
+    size_t host_size = 0;
+#endif
+    long switches = 0;
+};
+
+Launch L;
+
+/* "kvg_k_rmsnorm" out of "void kvg_emu_launch(...) [with F = kvg_k_rmsnorm(...)::<lambda()>]". */
+std::string kernel_name()
+{
+    std::string s = L.name ? L.name : "?";
+    size_t w = s.find("[with F = ");
+    if (w == std::string::npos)
+        return s;
+    s = s.substr(w + 10);
+    size_t e = s.find("::<lambda");
+    if (e != std::string::npos)
+        s = s.substr(0, e);
+    size_t paren = s.find('(');
+    if (paren != std::string::npos)
+        s = s.substr(0, paren);
+    return s;
+}
+
+[[noreturn]] void kernel_fatal(const char *what)
+{
+    fatal("kernel %s, block (%u,%u,%u): %s", kernel_name().c_str(), blockIdx.x, blockIdx.y,
+          blockIdx.z, what);
+}
+
+void fiber_main(void *);
+#ifndef KVG_EMU_ASM_SWITCH
+void fiber_main_uc(int i) { fiber_main((void *)(uintptr_t)i); }
+#endif
+
+char *stack_for(unsigned i)
+{
+    static std::vector<char *> stacks;
+    while (stacks.size() <= i) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        void *m = mmap(nullptr, STACK_SIZE + page, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED)
+            fatal("cannot map a %zu-byte fiber stack", STACK_SIZE);
+        if (mprotect(m, page, PROT_NONE))   /* the guard page */
+            fatal("cannot protect a fiber stack's guard page");
+        stacks.push_back((char *)m + page);
+    }
+    return stacks[i];
+}
+
+/* A fresh context on fiber i's stack that starts in fiber_main. */
+void prepare(unsigned i)
+{
+    Fiber &f = L.fibers[i];
+#ifdef KVG_EMU_ASM_SWITCH
+    uint64_t *top = (uint64_t *)(f.stack + STACK_SIZE);
+    uint64_t *sp = top - 8;      /* 16-byte aligned: the entry's call sees an ABI stack */
+    uint32_t fp_ctl[2] = {0x1f80, 0x037f};   /* default MXCSR, x87 control word */
+    memcpy(&sp[0], fp_ctl, sizeof fp_ctl);
+    sp[1] = 0;                                /* r15 */
+    sp[2] = 0;                                /* r14 */
+    sp[3] = (uint64_t)(uintptr_t)&fiber_main; /* r13: the function */
+    sp[4] = (uint64_t)i;                      /* r12: its argument */
+    sp[5] = 0;                                /* rbx */
+    sp[6] = 0;                                /* rbp */
+    sp[7] = (uint64_t)(uintptr_t)&kvg_emu_ctx_entry;
+    f.sp = sp;
+#else
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = f.stack;
+    f.uc.uc_stack.ss_size = STACK_SIZE;
+    f.uc.uc_link = nullptr;
+    makecontext(&f.uc, (void (*)())fiber_main_uc, 1, (int)i);
+#endif
+}
+
+/* Scheduler -> fiber i, back when it parks or finishes. */
+void resume(unsigned i)
+{
+    Fiber &f = L.fibers[i];
+    L.cur = i;
+    threadIdx = f.tid;
+    L.switches += 2;
+#ifdef KVG_EMU_ASAN
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, f.stack, STACK_SIZE);
+#endif
+#ifdef KVG_EMU_ASM_SWITCH
+    kvg_emu_ctx_switch(&L.sched_sp, f.sp);
+#else
+    swapcontext(&L.sched_uc, &f.uc);
+#endif
+#ifdef KVG_EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+
+/* The running fiber -> the scheduler; returns when the scheduler resumes it. */
+void park()
+{
+    Fiber &f = L.fibers[L.cur];
+#ifdef KVG_EMU_ASAN
+    __sanitizer_start_switch_fiber(f.state == DONE ? nullptr : &f.fake_stack, L.host_bottom,
+                                   L.host_size);
+#endif
+#ifdef KVG_EMU_ASM_SWITCH
+    kvg_emu_ctx_switch(&f.sp, L.sched_sp);
+#else
+    swapcontext(&f.uc, &L.sched_uc);
+#endif
+#ifdef KVG_EMU_ASAN
+    __sanitizer_finish_switch_fiber(f.fake_stack, &L.host_bottom, &L.host_size);
+#endif
+}
+
+void fiber_main(void *arg)
+{
+    unsigned i = (unsigned)(uintptr_t)arg;
+#ifdef KVG_EMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &L.host_bottom, &L.host_size);
+#endif
+    L.fn(L.ctx);
+    L.fibers[i].state = DONE;
+    park();
+    fatal("a finished fiber was resumed");
+}
+
+const char *warp_kind_name(int k)
+{
+    switch (k) {
+    case KVG_EMU_WARP_SYNC: return "__syncwarp";
+    case KVG_EMU_WARP_SHFL_IDX: return "__shfl_sync";
+    case KVG_EMU_WARP_SHFL_XOR: return "__shfl_xor_sync";
+    case KVG_EMU_WARP_SHFL_DOWN: return "__shfl_down_sync";
+    case KVG_EMU_WARP_SHFL_UP: return "__shfl_up_sync";
+    case KVG_EMU_WARP_BALLOT: return "a vote (__ballot/__any/__all_sync)";
+    }
+    return "?";
+}
+
+std::string where(unsigned i)
+{
+    const Fiber &f = L.fibers[i];
+    char buf[200];
+    int len = snprintf(buf, sizeof buf, "thread (%u,%u,%u) ", f.tid.x, f.tid.y, f.tid.z);
+    switch (f.state) {
+    case WAIT_BLOCK:
+        snprintf(buf + len, sizeof buf - (size_t)len, "waits in __syncthreads at %s:%d",
+                 f.bar_file, f.bar_line);
+        break;
+    case WAIT_WARP:
+        snprintf(buf + len, sizeof buf - (size_t)len, "waits in %s (mask 0x%08x)",
+                 warp_kind_name(f.wkind), f.wmask);
+        break;
+    case DONE:
+        snprintf(buf + len, sizeof buf - (size_t)len, "has exited");
+        break;
+    default:
+        snprintf(buf + len, sizeof buf - (size_t)len, "is runnable");
+        break;
+    }
+    return buf;
+}
+
+/* All live threads wait in __syncthreads: check they wait at the same one, let them go. */
+void release_block()
+{
+    const Fiber *first = nullptr;
+    for (unsigned i = 0; i < L.n; i++) {
+        Fiber &f = L.fibers[i];
+        if (f.state != WAIT_BLOCK)
+            continue;
+        if (!first) {
+            first = &f;
+        } else if (f.bar_line != first->bar_line || strcmp(f.bar_file, first->bar_file)) {
+            std::string msg = "threads wait at different __syncthreads: " +
+                              where((unsigned)(first - L.fibers.data())) + "; " + where(i);
+            kernel_fatal(msg.c_str());
+        }
+    }
+    for (unsigned i = 0; i < L.n; i++)
+        if (L.fibers[i].state == WAIT_BLOCK)
+            L.fibers[i].state = RUNNABLE;
+    L.block_waiters = 0;
+}
+
+/* Nothing can run: release a complete __syncthreads, or report the deadlock. */
+void stall()
+{
+    if (L.block_waiters && L.block_waiters == L.n - L.done) {
+        release_block();
+        return;
+    }
+    std::string msg = "deadlock: no thread can continue (a barrier that not every thread it "
+                      "waits for reaches):";
+    int waiting = 0, exited = 0;
+    for (unsigned i = 0; i < L.n; i++) {
+        int st = L.fibers[i].state;
+        if ((st == DONE && exited++ < 2) || (st != DONE && waiting++ < 8))
+            msg += " " + where(i) + ";";
+    }
+    kernel_fatal(msg.c_str());
+}
+
+void run_block()
+{
+    unsigned bx = blockDim.x, by = blockDim.y;
+    for (unsigned i = 0; i < L.n; i++) {
+        Fiber &f = L.fibers[i];
+        f.state = RUNNABLE;
+        f.tid = uint3{i % bx, (i / bx) % by, i / (bx * by)};
+        prepare(i);
+    }
+    L.done = 0;
+    L.block_waiters = 0;
+    while (L.done < L.n) {
+        bool ran = false;
+        for (unsigned i = 0; i < L.n; i++) {
+            if (L.fibers[i].state != RUNNABLE)
+                continue;
+            resume(i);
+            ran = true;
+            if (L.fibers[i].state == DONE)
+                L.done++;
+        }
+        if (!ran)
+            stall();
+    }
+}
+
+Fiber &running(const char *what)
+{
+    if (!L.active)
+        fatal("%s called outside a kernel", what);
+    return L.fibers[L.cur];
+}
+
+}  // namespace
+}  // namespace kvg_emu
+
+using namespace kvg_emu;
+
+void kvg_emu_syncthreads(const char *file, int line)
+{
+    Fiber &f = running("__syncthreads");
+    f.state = WAIT_BLOCK;
+    f.bar_file = file;
+    f.bar_line = line;
+    L.block_waiters++;
+    if (L.block_waiters == L.n - L.done) {
+        /* the last to arrive: nobody else can run, release and go on */
+        release_block();
+        return;
+    }
+    park();
+}
+
+uint64_t kvg_emu_warp_op(int kind, unsigned mask, uint64_t value, int arg, int width)
+{
+    Fiber &f = running(warp_kind_name(kind));
+    unsigned lane = L.cur % 32, base = L.cur - lane;
+    unsigned lanes = L.n - base < 32 ? L.n - base : 32;
+    char msg[256];
+    if (!(mask >> lane & 1u)) {
+        snprintf(msg, sizeof msg, "thread %u calls %s with mask 0x%08x, which leaves out its "
+                 "own lane %u", L.cur, warp_kind_name(kind), mask, lane);
+        kernel_fatal(msg);
+    }
+    if (lanes < 32 && (mask >> lanes)) {
+        snprintf(msg, sizeof msg, "thread %u calls %s with mask 0x%08x, but its warp has only "
+                 "%u lanes", L.cur, warp_kind_name(kind), mask, lanes);
+        kernel_fatal(msg);
+    }
+    if (kind != KVG_EMU_WARP_SYNC && kind != KVG_EMU_WARP_BALLOT &&
+        (width < 1 || width > 32 || (width & (width - 1)))) {
+        snprintf(msg, sizeof msg, "thread %u calls %s with width %d (not a power of 2 <= 32)",
+                 L.cur, warp_kind_name(kind), width);
+        kernel_fatal(msg);
+    }
+    f.state = WAIT_WARP;
+    f.wkind = kind;
+    f.wmask = mask;
+    f.wvalue = value;
+    f.warg = arg;
+    f.wwidth = width;
+    bool complete = true;
+    for (unsigned l = 0; l < 32; l++) {
+        if (!(mask >> l & 1u))
+            continue;
+        const Fiber &g = L.fibers[base + l];
+        if (g.state == DONE) {
+            snprintf(msg, sizeof msg, "thread %u calls %s with mask 0x%08x, but lane %u has "
+                     "exited (its value would be undefined on a GPU)", L.cur,
+                     warp_kind_name(kind), mask, l);
+            kernel_fatal(msg);
+        }
+        if (g.state != WAIT_WARP || g.wmask != mask)
+            complete = false;
+    }
+    if (!complete) {
+        park();
+        return f.wresult;
+    }
+    /* Every lane of the mask is here: compute each one's result, let them all go. */
+    uint64_t ballot = 0;
+    for (unsigned l = 0; l < 32; l++) {
+        if (!(mask >> l & 1u))
+            continue;
+        const Fiber &g = L.fibers[base + l];
+        if (g.wkind != kind) {
+            std::string m = "lanes of one warp meet in different warp operations: " +
+                            where(base + l) + "; " + where(L.cur);
+            kernel_fatal(m.c_str());
+        }
+        if (g.wvalue)
+            ballot |= 1ull << l;
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        if (!(mask >> l & 1u))
+            continue;
+        Fiber &g = L.fibers[base + l];
+        unsigned w = (unsigned)g.wwidth, seg = l & ~(w - 1), pos = l - seg;
+        int src = (int)l;
+        switch (kind) {
+        case KVG_EMU_WARP_SYNC: g.wresult = 0; break;
+        case KVG_EMU_WARP_BALLOT: g.wresult = ballot; break;
+        case KVG_EMU_WARP_SHFL_IDX: src = (int)(seg + ((unsigned)g.warg & (w - 1))); break;
+        case KVG_EMU_WARP_SHFL_XOR: {
+            unsigned s = l ^ ((unsigned)g.warg & 31u);
+            src = s >= seg + w ? (int)l : (int)s;   /* a later group: own value */
+            break;
+        }
+        case KVG_EMU_WARP_SHFL_DOWN:
+            src = g.warg < 0 || pos + (unsigned)g.warg >= w ? (int)l : (int)(l + (unsigned)g.warg);
+            break;
+        case KVG_EMU_WARP_SHFL_UP:
+            src = g.warg < 0 || pos < (unsigned)g.warg ? (int)l : (int)(l - (unsigned)g.warg);
+            break;
+        }
+        if (kind != KVG_EMU_WARP_SYNC && kind != KVG_EMU_WARP_BALLOT) {
+            if (!(mask >> src & 1u)) {
+                snprintf(msg, sizeof msg, "lane %u of thread %u's warp reads lane %d in %s, "
+                         "which is outside the mask 0x%08x (undefined on a GPU)", l, base + l,
+                         src, warp_kind_name(kind), mask);
+                kernel_fatal(msg);
+            }
+            g.wresult = L.fibers[base + (unsigned)src].wvalue;
+        }
+    }
+    for (unsigned l = 0; l < 32; l++)
+        if (mask >> l & 1u)
+            L.fibers[base + l].state = RUNNABLE;
+    return f.wresult;
+}
+
+void *kvg_emu_dynamic_smem(void)
+{
+    running("kvg_emu_dynamic_smem");
+    return L.smem;
+}
+
+void kvg_emu_launch_raw(const char *name, dim3 grid, dim3 block, size_t dyn_smem,
+                        cudaStream_t stream, void (*fn)(void *), void *ctx)
+{
+    std::lock_guard<std::recursive_mutex> guard(lock());
+    if (L.active)
+        fatal("kernel launch from inside a kernel (%s)", name);
+    if (cudaError_t e = device_state()) {
+        injected("launch", 0);
+        record(e);
+        return;
+    }
+    if (int e = injected("launch", cudaErrorLaunchOutOfResources)) {
+        record((cudaError_t)e);
+        return;
+    }
+    unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z ||
+        block.x > 1024 || block.y > 1024 || block.z > 64 || threads > 1024 ||
+        grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) {
+        record(cudaErrorInvalidConfiguration);
+        return;
+    }
+    if (dyn_smem > (48u << 10)) {
+        record(cudaErrorInvalidValue);
+        return;
+    }
+    if (!valid_stream(stream)) {
+        record(cudaErrorInvalidResourceHandle);
+        return;
+    }
+    L.name = name;
+    L.fn = fn;
+    L.ctx = ctx;
+    L.n = (unsigned)threads;
+    if (L.fibers.size() < L.n)
+        L.fibers.resize(L.n);
+    for (unsigned i = 0; i < L.n; i++)
+        L.fibers[i].stack = stack_for(i);
+    /* Exactly dyn_smem bytes, so ASan catches a kernel running past its shared memory. */
+    void *smem = nullptr;
+    if (posix_memalign(&smem, 16, dyn_smem ? dyn_smem : 16))
+        fatal("cannot allocate %zu bytes of dynamic shared memory", dyn_smem);
+    L.smem = (char *)smem;
+    L.smem_size = dyn_smem;
+    blockDim = block;
+    gridDim = grid;
+    L.active = true;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx = uint3{x, y, z};
+                memset(L.smem, 0xA5, dyn_smem);
+                run_block();
+            }
+    L.active = false;
+    free(smem);
+    L.smem = nullptr;
+}
+
+/* Fiber switches made so far (for the self-test's switch-rate figure). */
+extern "C" long kvg_emu_switches(void);
+extern "C" long kvg_emu_switches(void)
+{
+    return L.switches;
+}
