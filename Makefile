@@ -111,7 +111,7 @@ MODULE_ASAN := $(BUILD)/asan/ngx_http_kvgate_module.so
 
 .PHONY: emu gpu-bundle all lib engine tools units benches asan module module-asan deps test test-unit test-asan test-nginx fuzz run clean
 
-all: lib tools engine units benches module
+all: lib tools engine units benches module emu
 
 lib: $(LIB)
 engine: $(ENGINE_LIB) $(ENGINE_BINS)

@@ -47,6 +47,9 @@ int kvg_cu_fail(kvg_cuda *c, const char *call, cudaError_t e, const char *detail
      * are sticky on a real GPU: the context cannot run anything any more. */
     if (e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure)
         kvg_cu_mark_dead(c, c->err);
+    /* Any failed runtime call is also the thread's "last error", which the next kernel
+     * launch reads back (cudaGetLastError) as its own: clear it here, once reported. */
+    (void)cudaGetLastError();
     return rc;
 }
 
