@@ -119,6 +119,11 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
  * message saying so (engine/cuda/absent.c). NULL with err naming the CUDA error. */
 kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
                                   char *err, size_t err_len);
+/* Checks, before anything is loaded, that CUDA device `device` is there and usable (the
+ * driver, the device count, cudaSetDevice): 0, or -1 with the same message
+ * kvg_backend_cuda_new would give, so a command fails at once instead of after loading a
+ * model of many gigabytes. */
+int kvg_backend_cuda_probe(int device, char *err, size_t err_len);
 /* 1 when this build has the CUDA backend (real or emulated), 0 for the stub. */
 int kvg_backend_cuda_built(void);
 

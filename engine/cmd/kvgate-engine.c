@@ -207,6 +207,10 @@ int main(int argc, char **argv)
         threads = n > 0 ? n : 1;
     }
 
+    if (!strcmp(backend, "cuda") && kvg_backend_cuda_probe((int)device, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgate-engine: --backend cuda: %s\n", err);
+        return 1;
+    }
     kvg_model_load_opts lo = { tok_path, progress, NULL, (int)ctx };
     kvg_model *m = kvg_model_load(model_path, &lo, err, sizeof err);
     kvg_backend *be = NULL;

@@ -344,6 +344,9 @@ static int run(gen *g, char *err, size_t err_len)
     double t0, t1, t2;
     char out[1024];
 
+    /* A missing GPU is known before a big model is read. */
+    if (!strcmp(o->backend, "cuda") && kvg_backend_cuda_probe((int)o->device, err, err_len) != 0)
+        return -1;
     memset(&lo, 0, sizeof lo);
     lo.tokenizer_path = o->tokenizer;
     lo.progress = load_progress;

@@ -13,6 +13,13 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
     return NULL;
 }
 
+int kvg_backend_cuda_probe(int device, char *err, size_t err_len)
+{
+    (void)device;
+    kvg_backend_cuda_new(NULL, NULL, err, err_len);
+    return -1;
+}
+
 int kvg_backend_cuda_built(void)
 {
     return 0;

@@ -429,30 +429,43 @@ static void rt_err(char *err, size_t err_len, const char *what, const char *call
     kvg_set_err(err, err_len, "cuda: %s: %s: %s", what, call, t);
 }
 
+int kvg_backend_cuda_probe(int dev, char *err, size_t err_len)
+{
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess) {
+        rt_err(err, err_len, e == cudaErrorInsufficientDriver ? "the NVIDIA driver is too old or missing"
+                             : "no CUDA device", "cudaGetDeviceCount", e);
+        return -1;
+    }
+    if (n_dev <= 0) {
+        kvg_set_err(err, err_len, "cuda: no CUDA device: cudaGetDeviceCount found none");
+        return -1;
+    }
+    if (dev < 0 || dev >= n_dev) {
+        kvg_set_err(err, err_len, "cuda: --device %d: this machine has %d CUDA device%s (0..%d)", dev, n_dev,
+                    n_dev == 1 ? "" : "s", n_dev - 1);
+        return -1;
+    }
+    e = cudaSetDevice(dev);
+    if (e != cudaSuccess) {
+        rt_err(err, err_len, "cannot use the device", "cudaSetDevice", e);
+        return -1;
+    }
+    return 0;
+}
+
 kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
                                   char *err, size_t err_len)
 {
     const kvg_model_config *cfg = &m->cfg;
     kvg_backend *be;
     kvg_cuda *c;
-    int n_dev = 0, dev = o ? o->device : 0;
+    int dev = o ? o->device : 0;
     cudaError_t e;
 
-    e = cudaGetDeviceCount(&n_dev);
-    if (e != cudaSuccess) {
-        rt_err(err, err_len, e == cudaErrorInsufficientDriver ? "the NVIDIA driver is too old or missing"
-                             : "no CUDA device", "cudaGetDeviceCount", e);
+    if (kvg_backend_cuda_probe(dev, err, err_len) != 0)
         return NULL;
-    }
-    if (n_dev <= 0) {
-        kvg_set_err(err, err_len, "cuda: no CUDA device: cudaGetDeviceCount found none");
-        return NULL;
-    }
-    if (dev < 0 || dev >= n_dev) {
-        kvg_set_err(err, err_len, "cuda: --device %d: this machine has %d CUDA device%s (0..%d)", dev, n_dev,
-                    n_dev == 1 ? "" : "s", n_dev - 1);
-        return NULL;
-    }
     if (cfg->head_dim <= 0 || cfg->head_dim % 2 != 0 || cfg->head_dim > KVG_K_ATTN_MAX_HEAD_DIM) {
         kvg_set_err(err, err_len, "cuda: head_dim %d must be even and at most %d", cfg->head_dim,
                     KVG_K_ATTN_MAX_HEAD_DIM);
@@ -462,11 +475,6 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
         (cfg->rope_orig_max_pos <= 0 || cfg->rope_low_freq_factor <= 0.0f ||
          cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)) {
         kvg_set_err(err, err_len, "cuda: inconsistent llama3 rope scaling parameters");
-        return NULL;
-    }
-    e = cudaSetDevice(dev);
-    if (e != cudaSuccess) {
-        rt_err(err, err_len, "cannot use the device", "cudaSetDevice", e);
         return NULL;
     }
     be = calloc(1, sizeof *be);
