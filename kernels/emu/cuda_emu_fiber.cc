@@ -5,7 +5,7 @@
  * fiber of the block in thread order; a fiber runs until it finishes or parks at a
  * barrier, then switches back. __syncthreads releases its waiters when every live (not
  * exited) thread of the block waits; a warp operation (__syncwarp, shuffle, vote)
- * completes when every lane of its mask has arrived with the same mask, and the last
+ * completes when every live lane of its mask has arrived with the same mask, and the last
  * lane to arrive computes every lane's result at once, so the exchange slot is never
  * reused while a lane still needs it. When no fiber can run and no barrier can be
  * released the kernel is deadlocked on a GPU too: the emulator aborts and says where
@@ -344,9 +344,87 @@ void release_block()
     L.block_waiters = 0;
 }
 
-/* Nothing can run: release a complete __syncthreads, or report the deadlock. */
+/* A lane of the warp starting at thread `base` that exists and has not exited. */
+bool lane_live(unsigned base, unsigned l)
+{
+    return base + l < L.n && L.fibers[base + l].state != DONE;
+}
+
+/* Completes the warp operation of `mask` in the warp at `base` if every live lane of the
+ * mask waits in it with that mask: computes each lane's result (the value of the lane it
+ * reads, or the ballot) and lets them go. Exited lanes, and the absent lanes of a partial
+ * warp, do not take part (as on a GPU); a lane reading one of them aborts, since it would
+ * read an undefined value. */
+bool try_complete(unsigned base, unsigned mask)
+{
+    const Fiber *first = nullptr;
+    for (unsigned l = 0; l < 32; l++) {
+        if (!(mask >> l & 1u) || !lane_live(base, l))
+            continue;
+        const Fiber &g = L.fibers[base + l];
+        if (g.state != WAIT_WARP || g.wmask != mask)
+            return false;
+        if (!first) {
+            first = &g;
+        } else if (g.wkind != first->wkind) {
+            std::string m = "lanes of one warp meet in different warp operations: " +
+                            where((unsigned)(first - L.fibers.data())) + "; " + where(base + l);
+            kernel_fatal(m.c_str());
+        }
+    }
+    if (!first)
+        return false;
+    int kind = first->wkind;
+    uint64_t ballot = 0;
+    for (unsigned l = 0; l < 32; l++)
+        if ((mask >> l & 1u) && lane_live(base, l) && L.fibers[base + l].wvalue)
+            ballot |= 1ull << l;
+    char msg[320];
+    for (unsigned l = 0; l < 32; l++) {
+        if (!(mask >> l & 1u) || !lane_live(base, l))
+            continue;
+        Fiber &g = L.fibers[base + l];
+        unsigned w = (unsigned)g.wwidth, seg = l & ~(w - 1), pos = l - seg;
+        unsigned src = l;
+        switch (kind) {
+        case KVG_EMU_WARP_SYNC: g.wresult = 0; continue;
+        case KVG_EMU_WARP_BALLOT: g.wresult = ballot; continue;
+        case KVG_EMU_WARP_SHFL_IDX: src = seg + ((unsigned)g.warg & (w - 1)); break;
+        case KVG_EMU_WARP_SHFL_XOR: {
+            unsigned x = l ^ ((unsigned)g.warg & 31u);
+            src = x >= seg + w ? l : x;               /* a later group: own value */
+            break;
+        }
+        case KVG_EMU_WARP_SHFL_DOWN:
+            src = g.warg < 0 || pos + (unsigned)g.warg >= w ? l : l + (unsigned)g.warg;
+            break;
+        case KVG_EMU_WARP_SHFL_UP:
+            src = g.warg < 0 || pos < (unsigned)g.warg ? l : l - (unsigned)g.warg;
+            break;
+        }
+        if (!(mask >> src & 1u) || !lane_live(base, src)) {
+            snprintf(msg, sizeof msg, "thread %u (lane %u) in %s with mask 0x%08x reads lane %u, "
+                     "but lane %u %s (the value would be undefined on a GPU)", base + l, l,
+                     warp_kind_name(kind), mask, src, src,
+                     !(mask >> src & 1u) ? "is outside the mask"
+                     : base + src >= L.n ? "does not exist (a partial warp)" : "has exited");
+            kernel_fatal(msg);
+        }
+        g.wresult = L.fibers[base + src].wvalue;
+    }
+    for (unsigned l = 0; l < 32; l++)
+        if ((mask >> l & 1u) && lane_live(base, l))
+            L.fibers[base + l].state = RUNNABLE;
+    return true;
+}
+
+/* Nothing can run: complete a warp operation whose missing lanes have exited since,
+ * release a complete __syncthreads, or report the deadlock. */
 void stall()
 {
+    for (unsigned i = 0; i < L.n; i++)
+        if (L.fibers[i].state == WAIT_WARP && try_complete(i - i % 32, L.fibers[i].wmask))
+            return;
     if (L.block_waiters && L.block_waiters == L.n - L.done) {
         release_block();
         return;
@@ -419,16 +497,10 @@ uint64_t kvg_emu_warp_op(int kind, unsigned mask, uint64_t value, int arg, int w
 {
     Fiber &f = running(warp_kind_name(kind));
     unsigned lane = L.cur % 32, base = L.cur - lane;
-    unsigned lanes = L.n - base < 32 ? L.n - base : 32;
     char msg[256];
     if (!(mask >> lane & 1u)) {
         snprintf(msg, sizeof msg, "thread %u calls %s with mask 0x%08x, which leaves out its "
                  "own lane %u", L.cur, warp_kind_name(kind), mask, lane);
-        kernel_fatal(msg);
-    }
-    if (lanes < 32 && (mask >> lanes)) {
-        snprintf(msg, sizeof msg, "thread %u calls %s with mask 0x%08x, but its warp has only "
-                 "%u lanes", L.cur, warp_kind_name(kind), mask, lanes);
         kernel_fatal(msg);
     }
     if (kind != KVG_EMU_WARP_SYNC && kind != KVG_EMU_WARP_BALLOT &&
@@ -443,73 +515,8 @@ uint64_t kvg_emu_warp_op(int kind, unsigned mask, uint64_t value, int arg, int w
     f.wvalue = value;
     f.warg = arg;
     f.wwidth = width;
-    bool complete = true;
-    for (unsigned l = 0; l < 32; l++) {
-        if (!(mask >> l & 1u))
-            continue;
-        const Fiber &g = L.fibers[base + l];
-        if (g.state == DONE) {
-            snprintf(msg, sizeof msg, "thread %u calls %s with mask 0x%08x, but lane %u has "
-                     "exited (its value would be undefined on a GPU)", L.cur,
-                     warp_kind_name(kind), mask, l);
-            kernel_fatal(msg);
-        }
-        if (g.state != WAIT_WARP || g.wmask != mask)
-            complete = false;
-    }
-    if (!complete) {
+    if (!try_complete(base, mask))
         park();
-        return f.wresult;
-    }
-    /* Every lane of the mask is here: compute each one's result, let them all go. */
-    uint64_t ballot = 0;
-    for (unsigned l = 0; l < 32; l++) {
-        if (!(mask >> l & 1u))
-            continue;
-        const Fiber &g = L.fibers[base + l];
-        if (g.wkind != kind) {
-            std::string m = "lanes of one warp meet in different warp operations: " +
-                            where(base + l) + "; " + where(L.cur);
-            kernel_fatal(m.c_str());
-        }
-        if (g.wvalue)
-            ballot |= 1ull << l;
-    }
-    for (unsigned l = 0; l < 32; l++) {
-        if (!(mask >> l & 1u))
-            continue;
-        Fiber &g = L.fibers[base + l];
-        unsigned w = (unsigned)g.wwidth, seg = l & ~(w - 1), pos = l - seg;
-        int src = (int)l;
-        switch (kind) {
-        case KVG_EMU_WARP_SYNC: g.wresult = 0; break;
-        case KVG_EMU_WARP_BALLOT: g.wresult = ballot; break;
-        case KVG_EMU_WARP_SHFL_IDX: src = (int)(seg + ((unsigned)g.warg & (w - 1))); break;
-        case KVG_EMU_WARP_SHFL_XOR: {
-            unsigned s = l ^ ((unsigned)g.warg & 31u);
-            src = s >= seg + w ? (int)l : (int)s;   /* a later group: own value */
-            break;
-        }
-        case KVG_EMU_WARP_SHFL_DOWN:
-            src = g.warg < 0 || pos + (unsigned)g.warg >= w ? (int)l : (int)(l + (unsigned)g.warg);
-            break;
-        case KVG_EMU_WARP_SHFL_UP:
-            src = g.warg < 0 || pos < (unsigned)g.warg ? (int)l : (int)(l - (unsigned)g.warg);
-            break;
-        }
-        if (kind != KVG_EMU_WARP_SYNC && kind != KVG_EMU_WARP_BALLOT) {
-            if (!(mask >> src & 1u)) {
-                snprintf(msg, sizeof msg, "lane %u of thread %u's warp reads lane %d in %s, "
-                         "which is outside the mask 0x%08x (undefined on a GPU)", l, base + l,
-                         src, warp_kind_name(kind), mask);
-                kernel_fatal(msg);
-            }
-            g.wresult = L.fibers[base + (unsigned)src].wvalue;
-        }
-    }
-    for (unsigned l = 0; l < 32; l++)
-        if (mask >> l & 1u)
-            L.fibers[base + l].state = RUNNABLE;
     return f.wresult;
 }
 
