@@ -338,6 +338,9 @@ size_t kvg_emu_bytes_in_use(void);
  * or the last kvg_emu_reset(), failed calls included. */
 long kvg_emu_calls(const char *call);
 
+/* Fiber switches made by kernel launches so far (the emulator's own cost figure). */
+long kvg_emu_switches(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -36,7 +36,6 @@ void emu_t_divergent_sync(void);
 cudaError_t emu_t_partial_warp(unsigned *out);
 void emu_t_shfl_exited_lane(float *out);
 cudaError_t emu_t_sync_loop(int blocks, int threads, int iters, int *out);
-long kvg_emu_switches(void);
 
 __attribute__((format(printf, 1, 2), noreturn))
 static void bail(const char *fmt, ...)
