@@ -431,13 +431,34 @@ void stall()
         release_block();
         return;
     }
+    /* Say where the threads are, grouped: "16 threads from (0,0,0) wait in ..." */
+    std::vector<std::pair<std::string, unsigned>> places;   /* what -> first thread */
+    std::vector<unsigned> counts;
+    for (unsigned i = 0; i < L.n; i++) {
+        std::string w = where(i);
+        w = w.substr(w.find(") ") + 2);
+        size_t k = 0;
+        while (k < places.size() && places[k].first != w)
+            k++;
+        if (k == places.size()) {
+            places.emplace_back(w, i);
+            counts.push_back(0);
+        }
+        counts[k]++;
+    }
     std::string msg = "deadlock: no thread can continue (a barrier that not every thread it "
                       "waits for reaches):";
-    int waiting = 0, exited = 0;
-    for (unsigned i = 0; i < L.n; i++) {
-        int st = L.fibers[i].state;
-        if ((st == DONE && exited++ < 2) || (st != DONE && waiting++ < 8))
-            msg += " " + where(i) + ";";
+    for (size_t k = 0; k < places.size() && k < 8; k++) {
+        const uint3 &t = L.fibers[places[k].second].tid;
+        char head[96];
+        snprintf(head, sizeof head, " %u thread%s from (%u,%u,%u) ", counts[k],
+                 counts[k] == 1 ? "" : "s", t.x, t.y, t.z);
+        std::string w = places[k].first;
+        if (counts[k] > 1 && w.compare(0, 6, "waits ") == 0)
+            w = "wait " + w.substr(6);
+        else if (counts[k] > 1 && w.compare(0, 4, "has ") == 0)
+            w = "have " + w.substr(4);
+        msg += head + w + ";";
     }
     kernel_fatal(msg.c_str());
 }

@@ -33,6 +33,7 @@ cudaError_t emu_t_convert(const float *in, int n, unsigned short *bf, unsigned s
 cudaError_t emu_t_from_bits(const unsigned short *in, int n, float *bf, float *hf);
 cudaError_t emu_t_partial_exit(int threads, int live, int *out);
 void emu_t_divergent_sync(void);
+void emu_t_deadlock(void);
 cudaError_t emu_t_partial_warp(unsigned *out);
 void emu_t_shfl_exited_lane(float *out);
 cudaError_t emu_t_sync_loop(int blocks, int threads, int iters, int *out);
@@ -330,7 +331,7 @@ static void test_config(void)
     float *fbuf;
     cudaMalloc((void **)&fbuf, 32 * sizeof *fbuf);
     /* the bugs: run in a child, which must abort with a message naming the kernel */
-    for (int which = 0; which < 2; which++) {
+    for (int which = 0; which < 3; which++) {
         int fds[2];
         if (pipe(fds))
             bail("pipe");
@@ -341,8 +342,10 @@ static void test_config(void)
             close(fds[0]);
             if (which == 0)
                 emu_t_divergent_sync();
-            else
+            else if (which == 1)
                 emu_t_shfl_exited_lane(fbuf);
+            else
+                emu_t_deadlock();
             _exit(0);
         }
         close(fds[1]);
@@ -354,11 +357,15 @@ static void test_config(void)
         msg[len] = 0;
         close(fds[0]);
         waitpid(pid, &status, 0);
-        ok(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT,
-           "%s aborts", which == 0 ? "__syncthreads at different places" :
-                                     "a shuffle with an exited lane");
-        ok(strstr(msg, which == 0 ? "emu_t_divergent_sync" : "emu_t_shfl_exited_lane") &&
-           strstr(msg, which == 0 ? "different __syncthreads" : "lane 5 has exited"),
+        static const char *const what[3] = {"__syncthreads at different places",
+                                            "a shuffle reading an exited lane",
+                                            "half a warp in __syncthreads, half in __syncwarp"};
+        static const char *const kernel[3] = {"emu_t_divergent_sync", "emu_t_shfl_exited_lane",
+                                              "emu_t_deadlock"};
+        static const char *const says[3] = {"different __syncthreads", "lane 5 has exited",
+                                            "deadlock"};
+        ok(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, "%s aborts", what[which]);
+        ok(strstr(msg, kernel[which]) && strstr(msg, says[which]),
            "the message names the kernel and the bug");
         if (!strstr(msg, "kvg-emu"))
             diag("child said: %s", msg);
@@ -580,6 +587,11 @@ static void test_memory(void)
     ok(((uintptr_t)d & 255) == 0, "device allocations are 256-byte aligned");
     is_int(cudaMallocHost((void **)&pinned, 256), cudaSuccess, "cudaMallocHost");
     is_int(kvg_emu_bytes_in_use(), base + 512, "bytes in use count both");
+    is_int(cudaMemcpy(back, d, 256, cudaMemcpyDeviceToHost), cudaSuccess, "D2H");
+    int all_ff = 1;
+    for (int i = 0; i < 256; i++)
+        all_ff &= (unsigned char)back[i] == 0xff;
+    ok(all_ff, "fresh device memory is 0xFF bytes (NaN as floats)");
     is_int(cudaMemcpy(d, host, 256, cudaMemcpyHostToDevice), cudaSuccess, "H2D");
     is_int(cudaMemcpy(d + 128, d, 128, cudaMemcpyDeviceToDevice), cudaSuccess, "D2D inside");
     is_int(cudaMemcpy(pinned, d, 256, cudaMemcpyDefault), cudaSuccess, "default kind: D2H");

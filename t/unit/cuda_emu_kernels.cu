@@ -191,6 +191,14 @@ __global__ void divergent_sync(void)
     }
 }
 
+__global__ void deadlock(void)
+{
+    if (threadIdx.x < 16)
+        __syncthreads();
+    else
+        __syncwarp();
+}
+
 __global__ void shfl_exited_lane(float *out)
 {
     if (threadIdx.x == 5)
@@ -229,6 +237,7 @@ cudaError_t emu_t_convert(const float *in, int n, unsigned short *bf, unsigned s
 cudaError_t emu_t_from_bits(const unsigned short *in, int n, float *bf, float *hf);
 cudaError_t emu_t_partial_exit(int threads, int live, int *out);
 void emu_t_divergent_sync(void);
+void emu_t_deadlock(void);
 cudaError_t emu_t_partial_warp(unsigned *out);
 void emu_t_shfl_exited_lane(float *out);
 cudaError_t emu_t_sync_loop(int blocks, int threads, int iters, int *out);
@@ -309,6 +318,11 @@ cudaError_t emu_t_partial_warp(unsigned *out)
 void emu_t_divergent_sync(void)
 {
     LAUNCH(dim3(1), dim3(32), 0, 0, divergent_sync());
+}
+
+void emu_t_deadlock(void)
+{
+    LAUNCH(dim3(1), dim3(32), 0, 0, deadlock());
 }
 
 void emu_t_shfl_exited_lane(float *out)
