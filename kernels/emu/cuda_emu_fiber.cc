@@ -587,9 +587,10 @@ void kvg_emu_launch_raw(const char *name, dim3 grid, dim3 block, size_t dyn_smem
         L.fibers.resize(L.n);
     for (unsigned i = 0; i < L.n; i++)
         L.fibers[i].stack = stack_for(i);
-    /* Exactly dyn_smem bytes, so ASan catches a kernel running past its shared memory. */
+    /* Exactly dyn_smem bytes, so ASan catches a kernel running past its shared memory
+     * (none: NULL, so a kernel that uses it without asking for it faults). */
     void *smem = nullptr;
-    if (posix_memalign(&smem, 16, dyn_smem ? dyn_smem : 16))
+    if (dyn_smem && posix_memalign(&smem, 16, dyn_smem))
         fatal("cannot allocate %zu bytes of dynamic shared memory", dyn_smem);
     L.smem = (char *)smem;
     L.smem_size = dyn_smem;
@@ -600,7 +601,8 @@ void kvg_emu_launch_raw(const char *name, dim3 grid, dim3 block, size_t dyn_smem
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
                 blockIdx = uint3{x, y, z};
-                memset(L.smem, 0xA5, dyn_smem);
+                if (dyn_smem)
+                    memset(L.smem, 0xA5, dyn_smem);
                 run_block();
             }
     L.active = false;
