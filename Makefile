@@ -83,7 +83,7 @@ CUDA_OBJS  := $(KERNEL_SRCS:kernels/%.cu=$(BUILD)/cuda/obj/kernels/%.o) \
               $(CUDA_HOST_SRCS:engine/cuda/%.c=$(BUILD)/cuda/obj/engine/cuda/%.o)
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 EMU_CXXFLAGS = -std=gnu++17 -g -fPIC -D_GNU_SOURCE -DKVG_CUDA_EMU -Isrc -Iengine -Ikernels -Ikernels/emu \
-              -Wall -Wextra -Werror -Wshadow
+              -Wall -Wextra -Werror -Wshadow -Wno-unknown-pragmas
 EMU_OBJS   = $(KERNEL_SRCS:kernels/%.cu=$(1)/obj/kernels/%.o) \
               $(EMU_RT_SRCS:kernels/emu/%.cc=$(1)/obj/kernels/emu/%.o) \
               $(CUDA_HOST_SRCS:engine/cuda/%.c=$(1)/obj/engine/cuda/%.o)
@@ -109,9 +109,9 @@ ASAN_CUDA_UNITS := $(filter $(BUILD)/asan/t/cuda_%,$(ASAN_UNITS))
 MODULE     := $(BUILD)/ngx_http_kvgate_module.so
 MODULE_ASAN := $(BUILD)/asan/ngx_http_kvgate_module.so
 
-.PHONY: emu all lib engine tools units benches asan module module-asan deps test test-unit test-asan test-nginx fuzz run clean
+.PHONY: emu gpu-bundle all lib engine tools units benches asan module module-asan deps test test-unit test-asan test-nginx fuzz run clean
 
-all: lib tools engine units benches module
+all: lib tools engine units benches module emu
 
 lib: $(LIB)
 engine: $(ENGINE_LIB) $(ENGINE_BINS)
@@ -163,7 +163,7 @@ $(BUILD)/cuda/obj/kernels/%.o: kernels/%.cu $(HDRS)
 
 $(BUILD)/cuda/obj/engine/cuda/%.o: engine/cuda/%.c $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O2 -Iengine -Ikernels -I$(CUDA_HOME)/include -c $< -o $@
+	$(CC) $(CFLAGS) -O2 -Iengine -Ikernels -isystem $(CUDA_HOME)/include -c $< -o $@
 
 $(CUDA_LIB): $(CUDA_OBJS)
 	@mkdir -p $(dir $@)
@@ -219,7 +219,19 @@ $(BUILD)/asan/t/cuda_emu: $(BUILD)/asan/emu/obj/t/unit/cuda_emu_kernels.o
 # The engine's commands linked with the emulated CUDA backend: `--backend cuda` runs on the
 # host (slowly: tiny models only). t/gpu/run.sh's steps run through these where no GPU is.
 EMU_BINS   := $(ENGINE_CMDS:engine/cmd/%.c=$(BUILD)/emu/bin/%)
-emu: $(EMU_BINS) $(CUDA_UNITS)
+# The GPU benchmark too (t/gpu/run.sh with KVG_RUN_EMU=1 runs it emulated).
+EMU_BENCHES := $(BUILD)/emu/bench/gpu_bench
+emu: $(EMU_BINS) $(EMU_BENCHES) $(CUDA_UNITS)
+
+$(BUILD)/emu/bench/%: t/bench/%.c $(ENGINE_LIB) $(EMU_LIB) $(LIB) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O3 -DKVG_CUDA_EMU -Iengine $< -o $@ -Wl,--start-group $(ENGINE_LIB) $(EMU_LIB) -Wl,--end-group \
+	    $(LIB) $(LDLIBS) $(EMU_LDLIBS)
+
+# The self-contained folder for a bare GPU machine: build/gpu-bundle/ (scripts/gpu-bundle.sh;
+# its objects in build/gpu-bundle-obj/, build/bin untouched).
+gpu-bundle:
+	BUILD=$(BUILD) scripts/gpu-bundle.sh
 
 $(BUILD)/emu/bin/%: engine/cmd/%.c $(ENGINE_LIB) $(EMU_LIB) $(LIB) $(HDRS)
 	@mkdir -p $(dir $@)

@@ -75,6 +75,24 @@ typedef struct kvg_backend_ops {
     void (*add)(kvg_backend *be, float *x, const float *y, size_t n);
     /* out[i][:] = x[out_rows[i]][:] (width floats) for the step's n_out rows. */
     void (*gather_out_rows)(kvg_backend *be, const float *x, int width, float *out);
+
+    /* Optional (NULL for the CPU backend, whose operations cannot fail) ---- */
+
+    /* After the step's last operation and read: waits for the step and reports the
+     * first failure of any of its operations (they are void: a device backend records
+     * the failure, skips the step's later operations, and tells here). 0, or -1 with
+     * err naming the call, the operation and the step. */
+    int (*end_step)(kvg_backend *be, char *err, size_t err_len);
+    /* The KV pool in the backend's memory: the bytes of one block of that geometry, and
+     * a pool of n_blocks blocks (kv_cache.h kvg_kv_pool_new_device). NULL: host pool. */
+    size_t (*kv_block_bytes)(kvg_backend *be, const kvg_kv_geom *g);
+    kvg_kv_pool *(*kv_pool_new)(kvg_backend *be, const kvg_kv_geom *g, int32_t n_blocks,
+                                char *err, size_t err_len);
+    /* The backend's memory free for a KV pool now (weights and scratch allocated);
+     * -1 when the backend has no memory of its own (the host's). */
+    int (*mem_free)(kvg_backend *be, size_t *free_bytes, size_t *total_bytes);
+    /* What the backend runs on, for a summary line ("NVIDIA H200, sm_90"); NULL: host. */
+    const char *(*describe)(kvg_backend *be);
 } kvg_backend_ops;
 
 struct kvg_backend {
@@ -110,6 +128,18 @@ kvg_backend *kvg_backend_new_opts(const char *name, const kvg_model *m, const kv
 /* kvg_backend_new_opts with only a thread count (device 0, batch-invariant). */
 kvg_backend *kvg_backend_new(const char *name, const kvg_model *m, int n_threads,
                              char *err, size_t err_len);
+
+/* The KV pool for `be`: in the backend's memory when it has its own (kv_pool_new), a
+ * host pool otherwise. */
+kvg_kv_pool *kvg_backend_kv_pool_new(kvg_backend *be, const kvg_kv_geom *g, int32_t n_blocks,
+                                     char *err, size_t err_len);
+size_t kvg_backend_kv_block_bytes(kvg_backend *be, const kvg_kv_geom *g);
+int32_t kvg_backend_kv_blocks_for_budget(kvg_backend *be, const kvg_kv_geom *g, size_t bytes);
+/* The KV budget when --kv-memory is not given: `fraction` of the backend's free memory
+ * when it has its own, else host_default. */
+size_t kvg_backend_kv_default_budget(kvg_backend *be, double fraction, size_t host_default);
+/* "cpu" or e.g. "cuda (NVIDIA H200, sm_90)" into buf. */
+const char *kvg_backend_describe(kvg_backend *be, char *buf, size_t len);
 
 static inline void kvg_backend_free(kvg_backend *be)
 {

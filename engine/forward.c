@@ -28,6 +28,8 @@ struct kvg_forward {
     float *hb, *hb2;             /* [R, hidden_dim]: FFN gate and up, swiglu into hb */
     int cap_out;
     float *logits;               /* [n_out, vocab_size] of [cap_out, vocab_size] */
+    float *host_logits;          /* host copy of logits, read in one go: a device
+                                    backend then makes one transfer per step */
 
     /* Host-side step description: tokens, pos, row_seq and out_rows share one
      * allocation of 4 * cap_host_rows. */
@@ -96,6 +98,7 @@ void kvg_forward_free(kvg_forward *f)
     free_acts(f);
     if (f->logits)
         f->be->ops->free(f->be, f->logits);
+    free(f->host_logits);
     free(f->tokens);
     free(f->n_blocks);
     free(f->tables);
@@ -134,9 +137,11 @@ static int ensure_acts(kvg_forward *f, int rows, int n_out, char *err, size_t er
             cap *= 2;
         if (f->logits)
             f->be->ops->free(f->be, f->logits);
+        free(f->host_logits);
         f->logits = f->be->ops->alloc(f->be, (size_t)cap * c->vocab_size);
-        f->cap_out = f->logits ? cap : 0;
-        if (!f->logits) {
+        f->host_logits = malloc((size_t)cap * c->vocab_size * sizeof(float));
+        f->cap_out = f->logits && f->host_logits ? cap : 0;
+        if (!f->cap_out) {
             kvg_set_err(err, err_len, "forward: out of memory for %d rows of logits", cap);
             return -1;
         }
@@ -313,12 +318,18 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
             ops->matmul(be, f->ob, n_out, dim, &m->output, NULL, f->logits);
         }
     }
+    if (n_out)
+        ops->read(be, f->logits, f->host_logits, (size_t)n_out * c->vocab_size);
+    /* A device backend reports here what failed in the step (its operations are void);
+     * then nothing has advanced: the blocks prepared for the step are given back. */
+    if (ops->end_step && ops->end_step(be, err, err_len) != 0)
+        goto fail;
     {
         int o = 0;
         for (int i = 0; i < n; i++) {
             if (seqs[i].logits) {
-                ops->read(be, f->logits + (size_t)o * c->vocab_size, seqs[i].logits,
-                          (size_t)c->vocab_size);
+                memcpy(seqs[i].logits, f->host_logits + (size_t)o * c->vocab_size,
+                       (size_t)c->vocab_size * sizeof(float));
                 o++;
             }
             seqs[i].kv->n_tokens += seqs[i].n_tokens;

@@ -126,10 +126,34 @@ kvg_kv_pool *kvg_kv_pool_new_ext(const kvg_kv_geom *g, int32_t n_blocks, void *s
     return p;
 }
 
+kvg_kv_pool *kvg_kv_pool_new_device(const kvg_kv_geom *g, int32_t n_blocks, void *storage,
+                                    size_t block_bytes, kvg_kv_copy_fn copy,
+                                    void (*release)(void *ctx, void *storage), void *ctx,
+                                    char *err, size_t err_len)
+{
+    kvg_kv_pool *p = NULL;
+    if (!storage || !copy || !block_bytes)
+        kvg_set_err(err, err_len, "kv cache: a device pool needs storage, a block size and a copy function");
+    else
+        p = pool_new(g, n_blocks, storage, err, err_len);
+    if (!p) {
+        if (release && storage)
+            release(ctx, storage);
+        return NULL;
+    }
+    p->copy = copy;
+    p->copy_ctx = ctx;
+    p->block_bytes = block_bytes;
+    p->release = release;
+    return p;
+}
+
 void kvg_kv_pool_free(kvg_kv_pool *p)
 {
     if (!p)
         return;
+    if (p->release && p->data)
+        p->release(p->copy_ctx, p->data);
     if (p->owns_data && p->data)
         munmap(p->data, (size_t)p->n_blocks * p->block_floats * sizeof(float));
     free(p->refcount);
@@ -204,7 +228,7 @@ int32_t kvg_kv_block_refcount(const kvg_kv_pool *p, int32_t id)
 
 static void copy_block(kvg_kv_pool *p, int32_t dst, int32_t src)
 {
-    size_t bytes = p->block_floats * sizeof(float);
+    size_t bytes = p->block_bytes ? p->block_bytes : p->block_floats * sizeof(float);
     if (p->copy)
         p->copy(p->copy_ctx, p->data, bytes, dst, src);
     else

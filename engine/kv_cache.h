@@ -55,6 +55,12 @@ typedef struct kvg_kv_pool {
     int owns_data;
     kvg_kv_copy_fn copy;
     void *copy_ctx;
+    /* A device pool (kvg_kv_pool_new_device): data is the device address of the
+     * storage, never dereferenced on the host; block_bytes is the device block size
+     * (what copy is given) and release frees the storage with the pool. 0 / NULL for a
+     * host pool. */
+    size_t block_bytes;
+    void (*release)(void *ctx, void *storage);
 
     /* Allocator state. The next issue adds per-block chain hashes, a hash table
      * and an LRU list of refcount-0 cached blocks beside this free list. */
@@ -94,6 +100,15 @@ kvg_kv_pool *kvg_kv_pool_new(const kvg_kv_geom *g, int32_t n_blocks, char *err, 
 kvg_kv_pool *kvg_kv_pool_new_ext(const kvg_kv_geom *g, int32_t n_blocks, void *storage,
                                  kvg_kv_copy_fn copy, void *copy_ctx,
                                  char *err, size_t err_len);
+/* A pool whose storage is a device backend's (engine/backend.h kv_pool_new): the same
+ * allocator, block ids and sequences over `storage` (n_blocks * block_bytes in the
+ * backend's own layout, e.g. device memory). Blocks are copied only through `copy`
+ * (required); `release` (may be NULL) frees storage when the pool is freed, also when
+ * this call fails. */
+kvg_kv_pool *kvg_kv_pool_new_device(const kvg_kv_geom *g, int32_t n_blocks, void *storage,
+                                    size_t block_bytes, kvg_kv_copy_fn copy,
+                                    void (*release)(void *ctx, void *storage), void *ctx,
+                                    char *err, size_t err_len);
 void kvg_kv_pool_free(kvg_kv_pool *p);
 
 int32_t kvg_kv_pool_free_blocks(const kvg_kv_pool *p);

@@ -1,6 +1,6 @@
 /* The CUDA runtime and cuBLASLt API as the engine's CUDA backend sees it: the real headers
  * in a CUDA build, the project's emulation (kernels/emu/) when built with KVG_CUDA_EMU.
- * Host code (engine/cuda/ C files, the launchers in kernels/ .cu files) includes this and nothing else of
+ * Host code (the C files of engine/cuda/, the launchers in kernels/) includes this and nothing else of
  * CUDA, so one source compiles against either. Valid C and C++. */
 #ifndef KVG_CUDA_API_H
 #define KVG_CUDA_API_H

@@ -130,6 +130,53 @@ my @req = ('--socket', $sock, '--prompt-file', $docfile, '--temperature', '0.8',
     like($out, qr/^\Q$a->{choices}[0]{text}\E\n$/, '--stream prints the same text as --json');
 }
 
+# ---- --backend cuda --------------------------------------------------------------------
+# The emulated binaries (make emu: the CUDA backend on the host) give the no-device and
+# old-driver cases deterministically; the real binary's outcome depends on the machine.
+{
+    my $build = $ENV{BUILD} || 'build';
+    $build = "$FindBin::Bin/../$build" unless $build =~ m{^/};
+    my ($emu_engine, $emu_gen) = ("$build/emu/bin/kvgate-engine", "$build/emu/bin/kvgate-generate");
+    my @gen = (Kvgate::Engine::stories_args(), '--prompt-ids', '1 403 407', '--max-tokens', '8', '--ids',
+               '--temperature', '0');
+    SKIP: {
+        skip 'no emulated binaries (make emu)', 10 unless -x $emu_engine && -x $emu_gen;
+        my ($rc, $out, $err);
+        {
+            local $ENV{KVG_EMU_DEVICES} = '0';
+            ($rc, undef, $err) = run($emu_engine, Kvgate::Engine::stories_args(), '--socket', $sock,
+                                     '--backend', 'cuda');
+            is($rc, 1, 'no GPU: kvgate-engine --backend cuda exits 1');
+            like($err, qr/cuda: no CUDA device: cudaGetDeviceCount: cudaErrorNoDevice \(.+\)/,
+                 '  naming the CUDA error and its meaning');
+        }
+        {
+            local $ENV{KVG_EMU_DRIVER} = 'old';
+            ($rc, undef, $err) = run($emu_gen, @gen, '--backend', 'cuda');
+            is($rc, 1, 'an old driver: kvgate-generate --backend cuda exits 1');
+            like($err, qr/driver.*cudaErrorInsufficientDriver/, '  says the driver is too old');
+        }
+        ($rc, undef, $err) = run($emu_gen, @gen, '--backend', 'cuda', '--device', '3');
+        is($rc, 1, '--device 3 of 1: exit 1');
+        like($err, qr/--device 3: this machine has 1 CUDA device/, '  says how many there are');
+        ($rc, undef, $err) = run($emu_gen, @gen, '--backend', 'cuda', '--batch-invariant', 'maybe');
+        is($rc, 2, '--batch-invariant maybe: exit 2');
+        my ($rc_cpu, $out_cpu) = run($emu_gen, @gen);
+        ($rc, $out, $err) = run($emu_gen, @gen, '--backend', 'cuda');
+        is($rc, 0, 'emulated kvgate-generate --backend cuda runs');
+        like($err, qr/backend cuda \(.+, sm_\d+, device 0\)/, '  the summary names the device');
+        is($out, $out_cpu, '  greedy ids equal to the CPU backend\'s');
+    }
+    my $gen_bin = Kvgate::Engine::bin('kvgate-generate');
+    SKIP: {
+        skip "$gen_bin not built", 2 unless -x $gen_bin;
+        my ($rc, undef, $err) = run($gen_bin, @gen, '--backend', 'cuda');
+        skip 'this machine runs CUDA', 2 if $rc == 0;
+        isnt($rc, 0, 'real binary --backend cuda without a usable GPU fails');
+        like($err, qr/built without CUDA|cuda: .*cuda[A-Z]\w+ \(/, '  with the CUDA error named (or: built without CUDA)');
+    }
+}
+
 is($e->stop, 0, 'SIGTERM: the engine exits 0');
 ok(!-e $sock, '  and removes its socket');
 unlike($e->log, qr/AddressSanitizer|runtime error|LeakSanitizer/, 'engine log has no sanitizer reports');

@@ -33,13 +33,18 @@ static const char USAGE[] =
     "\n"
     "  --model PATH            llama2.c .bin, GGUF file, Hugging Face directory or synthetic:NAME\n"
     "  --tokenizer PATH        tokenizer file (llama2.c models need one)\n"
-    "  --backend NAME          cpu (default)\n"
+    "  --backend NAME          cpu (default) or cuda (an NVIDIA GPU; the KV pool in its memory)\n"
+    "  --device N              cuda: the GPU to use (default 0)\n"
+    "  --batch-invariant on|off  cuda: on (default): a row's results never depend on the batch\n"
+    "                          or the chunking (pinned GEMM algorithms, fixed attention splits);\n"
+    "                          off: the fastest kernels for each shape\n"
     "  --socket PATH           the unix socket to listen on (a stale socket file is replaced)\n"
     "  --socket-mode MODE      octal file mode of the socket (default 0660)\n"
     "  --socket-group NAME     group of the socket (e.g. the nginx workers' group)\n"
     "  --served-model-name N   the model name clients use (default: the model's)\n"
     "  --chat-template NAME    plain, llama2, chatml or llama3 (default: from the model)\n"
-    "  --kv-memory SIZE        memory for the KV pool, e.g. 512M, 4G (default 256M)\n"
+    "  --kv-memory SIZE        memory for the KV pool, e.g. 512M, 4G (default: cpu 256M; cuda\n"
+    "                          90% of the GPU memory free once the weights are loaded)\n"
     "  --context N             context length (default: the model's)\n"
     "  --threads N             CPU threads (default: all online CPUs)\n"
     "  --max-batch-tokens N    tokens per forward step (default 512)\n"
@@ -84,6 +89,8 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *backend = "cpu", *socket_path = NULL;
     const char *served = NULL, *tpl_name = NULL, *warmup_path = NULL, *group = NULL;
+    int kv_given = 0;
+    long device = 0, batch_inv = 1;
     uint64_t kv_bytes = (uint64_t)256 << 20, sq_data = 0, cq_data = 0;
     long busy_poll = 50, threads = 0, ctx = 0, max_batch = 0, max_running = 0, max_waiting = 0, mode = 0660, ring_slots = 0;
     double cache_ttl = 300, pinned_share = 0.5, quota = 0, drain = 10;
@@ -106,6 +113,14 @@ int main(int argc, char **argv)
             tok_path = v;
         else if (!strcmp(a, "--backend"))
             backend = v;
+        else if (!strcmp(a, "--device")) {
+            if (kvg_arg_long(v, 0, 1024, &device) != 0)
+                return usage_error("--device: '%s' is not a device number 0..1024", v);
+        } else if (!strcmp(a, "--batch-invariant")) {
+            if (strcmp(v, "on") && strcmp(v, "off"))
+                return usage_error("--batch-invariant: '%s' is not on or off", v);
+            batch_inv = !strcmp(v, "on");
+        }
         else if (!strcmp(a, "--socket"))
             socket_path = v;
         else if (!strcmp(a, "--socket-mode")) {
@@ -122,6 +137,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--kv-memory")) {
             if (kvg_arg_size(v, &kv_bytes) != 0)
                 return usage_error("--kv-memory: '%s' is not a size like 512M or 4G", v);
+            kv_given = 1;
         } else if (!strcmp(a, "--context")) {
             if (kvg_arg_long(v, 1, INT_MAX, &ctx) != 0)
                 return usage_error("--context: '%s' is not a positive integer", v);
@@ -203,20 +219,29 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvgate-engine: %s\n", err);
         return 1;
     }
-    be = kvg_backend_new(backend, m, (int)threads, err, sizeof err);
+    kvg_backend_opts bo;
+    memset(&bo, 0, sizeof bo);
+    bo.n_threads = (int)threads;
+    bo.device = (int)device;
+    bo.batch_invariant = (int)batch_inv;
+    be = kvg_backend_new_opts(backend, m, &bo, err, sizeof err);
     if (!be) {
         fprintf(stderr, "kvgate-engine: --backend %s: %s\n", backend, err);
         goto out;
     }
     kvg_kv_geom g;
     kvg_forward_kv_geom(m, 0, &g);
-    int32_t n_blocks = kvg_kv_blocks_for_budget(&g, (size_t)kv_bytes);
+    /* A device backend's pool lives in its memory: by default most of what the weights
+     * left free. */
+    if (!kv_given)
+        kv_bytes = kvg_backend_kv_default_budget(be, 0.9, (size_t)kv_bytes);
+    int32_t n_blocks = kvg_backend_kv_blocks_for_budget(be, &g, (size_t)kv_bytes);
     if (n_blocks < 1) {
         fprintf(stderr, "kvgate-engine: --kv-memory %llu bytes holds no KV block (one block is %zu bytes)\n",
-                (unsigned long long)kv_bytes, kvg_kv_block_bytes(&g));
+                (unsigned long long)kv_bytes, kvg_backend_kv_block_bytes(be, &g));
         goto out;
     }
-    pool = kvg_kv_pool_new(&g, n_blocks, err, sizeof err);
+    pool = kvg_backend_kv_pool_new(be, &g, n_blocks, err, sizeof err);
     fw = pool ? kvg_forward_new(m, be, pool, err, sizeof err) : NULL;
     kvg_pc_config pcfg;
     memset(&pcfg, 0, sizeof pcfg);
@@ -277,12 +302,14 @@ int main(int argc, char **argv)
     {
         char pool_mb[32];
         snprintf(pool_mb, sizeof pool_mb, "%.1f MiB",
-                 (double)n_blocks * (double)kvg_kv_block_bytes(&g) / (1024.0 * 1024.0));
+                 (double)n_blocks * (double)kvg_backend_kv_block_bytes(be, &g) / (1024.0 * 1024.0));
+        char bdesc[200];
+        kvg_backend_describe(be, bdesc, sizeof bdesc);
         printf("kvgate-engine: ready on %s: model %s (%s, id %.16s, context %d, vocabulary %d), "
                "KV pool %d blocks of %d tokens (%s), backend %s, %ld threads\n",
                socket_path, served ? served : m->name, m->format, m->id_hex, m->cfg.max_seq_len,
                m->cfg.vocab_size, (int)n_blocks, g.block_tokens ? g.block_tokens : KVG_KV_BLOCK_TOKENS_DEFAULT,
-               pool_mb, backend, threads);
+               pool_mb, bdesc, threads);
         fflush(stdout);
     }
     if (kvg_daemon_run(d, err, sizeof err) != 0) {

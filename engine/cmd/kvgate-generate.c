@@ -26,7 +26,10 @@ static const char USAGE[] =
     "\n"
     "  --model PATH        llama2.c .bin, GGUF file, Hugging Face directory or synthetic:NAME\n"
     "  --tokenizer PATH    tokenizer file (llama2.c models need one)\n"
-    "  --backend NAME      cpu (default)\n"
+    "  --backend NAME      cpu (default) or cuda (an NVIDIA GPU)\n"
+    "  --device N          cuda: the GPU to use (default 0)\n"
+    "  --batch-invariant on|off  cuda: pinned GEMM algorithms and fixed attention splits\n"
+    "                      (on, default) or the fastest kernels for each shape (off)\n"
     "  --prompt TEXT       prompt text (BOS is prepended when the vocabulary asks for it)\n"
     "  --prompt-file F     prompt text read from a file\n"
     "  --prompt-ids IDS    prompt token ids, used verbatim (\"1 2 3\" or \"1,2,3\")\n"
@@ -53,7 +56,8 @@ static const char USAGE[] =
 typedef struct opts {
     const char *model, *tokenizer, *backend, *prompt, *prompt_file, *prompt_ids;
     const char *stop, *prompt_logits, *export_path;
-    long max_tokens, steps, threads, prefill_chunk, block_tokens;
+    long max_tokens, steps, threads, prefill_chunk, block_tokens, device;
+    int batch_invariant;
     kvg_sampler_params sp;
     int ids, logprobs, no_bos;
 } opts;
@@ -81,6 +85,7 @@ static int parse_args(int argc, char **argv, opts *o)
 {
     memset(o, 0, sizeof *o);
     o->backend = "cpu";
+    o->batch_invariant = 1;
     o->max_tokens = 256;
     o->steps = -1;
     o->sp.temperature = 1.0f;
@@ -113,6 +118,13 @@ static int parse_args(int argc, char **argv, opts *o)
             o->tokenizer = v;
         } else if (strcmp(a, "--backend") == 0) {
             o->backend = v;
+        } else if (strcmp(a, "--device") == 0) {
+            if (parse_long(v, 0, 1024, &o->device))
+                return usage_error("--device needs a device number in [0, 1024], got '%s'", v);
+        } else if (strcmp(a, "--batch-invariant") == 0) {
+            if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+                return usage_error("--batch-invariant is on or off, got '%s'", v);
+            o->batch_invariant = strcmp(v, "on") == 0;
         } else if (strcmp(a, "--prompt") == 0) {
             o->prompt = v;
         } else if (strcmp(a, "--prompt-file") == 0) {
@@ -375,13 +387,20 @@ static int run(gen *g, char *err, size_t err_len)
     if (max_pos > g->m->cfg.max_seq_len)
         max_pos = g->m->cfg.max_seq_len;
 
-    g->be = kvg_backend_new(o->backend, g->m, (int)o->threads, err, err_len);
+    {
+        kvg_backend_opts bo;
+        memset(&bo, 0, sizeof bo);
+        bo.n_threads = (int)o->threads;
+        bo.device = (int)o->device;
+        bo.batch_invariant = o->batch_invariant;
+        g->be = kvg_backend_new_opts(o->backend, g->m, &bo, err, err_len);
+    }
     if (!g->be)
         return -1;
     kvg_forward_kv_geom(g->m, (int)o->block_tokens, &geom);
     {
         int bt = o->block_tokens ? (int)o->block_tokens : KVG_KV_BLOCK_TOKENS_DEFAULT;
-        g->kv = kvg_kv_pool_new(&geom, (int32_t)((max_pos + bt - 1) / bt + 1), err, err_len);
+        g->kv = kvg_backend_kv_pool_new(g->be, &geom, (int32_t)((max_pos + bt - 1) / bt + 1), err, err_len);
     }
     if (!g->kv)
         return -1;
@@ -450,6 +469,7 @@ static int run(gen *g, char *err, size_t err_len)
         }
     }
     t2 = kvg_mono_s();
+    char bdesc[200];
     if (!o->ids) {
         long w = kvg_detok_flush(&dt, out, sizeof out);
         if (w > 0)
@@ -462,7 +482,7 @@ static int run(gen *g, char *err, size_t err_len)
             "decode: %.1f tok/s (%ld steps, %.3f s); backend %s, %d threads\n",
             g->n_prompt, (double)g->n_prompt / (t1 - t0 > 0 ? t1 - t0 : 1e-9), t1 - t0, n_gen,
             n_decode > 0 ? (double)n_decode / (t2 - t1) : 0.0, n_decode, t2 - t1,
-            g->be->ops->name, g->be->n_threads);
+            kvg_backend_describe(g->be, bdesc, sizeof bdesc), g->be->n_threads);
     return 0;
 }
 

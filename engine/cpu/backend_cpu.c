@@ -4,6 +4,7 @@
  * count (see backend.h). Attention is in attention_cpu.c. */
 #include "backend_cpu_internal.h"
 #include "errmsg.h"
+#include "rope.h"
 
 #include <assert.h>
 #include <math.h>
@@ -69,15 +70,8 @@ typedef struct rope_table_job {
 static void rope_table_range(void *arg, size_t b, size_t e)
 {
     rope_table_job *j = arg;
-    for (size_t r = b; r < e; r++) {
-        float *cs = j->c->rope_cs + r * (size_t)j->half * 2;
-        float pos = (float)j->c->pos[r];
-        for (int p = 0; p < j->half; p++) {
-            float val = pos * j->c->inv_freq[p];
-            cs[2 * p] = cosf(val);
-            cs[2 * p + 1] = sinf(val);
-        }
-    }
+    for (size_t r = b; r < e; r++)
+        kvg_rope_cos_sin(j->c->inv_freq, j->half, j->c->pos[r], j->c->rope_cs + r * (size_t)j->half * 2);
 }
 
 static int grow(void **p, int *cap, int need, size_t elem)
@@ -433,30 +427,6 @@ static const kvg_backend_ops cpu_ops = {
     .gather_out_rows = cpu_gather_out_rows,
 };
 
-/* RoPE frequency of pair p: theta^(-2p/head_dim) (llama2.c computes it in float the
- * same way), with Llama 3's rescaling of the long wavelengths when configured. */
-static void rope_frequencies(const kvg_model_config *cfg, float *f)
-{
-    int hd = cfg->head_dim;
-    for (int p = 0; p < hd / 2; p++) {
-        float freq = 1.0f / powf(cfg->rope_theta, (float)(2 * p) / (float)hd);
-        if (cfg->rope_scale_factor > 0.0f) {
-            float factor = cfg->rope_scale_factor;
-            float lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
-            float old = (float)cfg->rope_orig_max_pos;
-            float low_wavelen = old / lo, high_wavelen = old / hi;
-            float wavelen = 2.0f * (float)M_PI / freq;
-            if (wavelen > low_wavelen) {
-                freq = freq / factor;
-            } else if (!(wavelen < high_wavelen)) {
-                float smooth = (old / wavelen - lo) / (hi - lo);
-                freq = (1.0f - smooth) * freq / factor + smooth * freq;
-            }
-        }
-        f[p] = freq;
-    }
-}
-
 kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, size_t err_len)
 {
     const kvg_model_config *cfg = &m->cfg;
@@ -513,6 +483,6 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
             return NULL;
         }
     }
-    rope_frequencies(cfg, c->inv_freq);
+    kvg_rope_frequencies(cfg, c->inv_freq);
     return be;
 }

@@ -1,0 +1,513 @@
+/* The CUDA backend: the vtable of engine/backend.h on one device and one stream.
+ *
+ * Every operation is enqueued on the stream; a failing CUDA or cuBLAS call is recorded
+ * (cuda_check.c) and the step's later operations are skipped; end_step synchronises and
+ * reports. begin_step validates the step and sends its whole description (step_plan.h)
+ * in one copy. Weights live in one arena (cuda_weights.c), the KV pool in device memory
+ * (cuda_kv.c), GEMMs go through cuBLASLt (cuda_gemm.c). */
+#include "cuda_internal.h"
+#include "errmsg.h"
+#include "rope.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(sizeof(kvg_plan_item) == sizeof(kvg_k_attn_item), "plan item = kernel item");
+_Static_assert(offsetof(kvg_plan_item, split) == offsetof(kvg_k_attn_item, split), "plan item layout");
+_Static_assert(offsetof(kvg_plan_item, n_rows) == offsetof(kvg_k_attn_item, n_rows), "plan item layout");
+_Static_assert(offsetof(kvg_plan_item, row0) == offsetof(kvg_k_attn_item, row0), "plan item layout");
+_Static_assert((int)KVG_KT_F16 == (int)KVG_DT_F16 && (int)KVG_KT_BF16 == (int)KVG_DT_BF16, "types");
+
+int kvg_backend_cuda_built(void)
+{
+    return 1;
+}
+
+static kvg_cuda *cu(kvg_backend *be)
+{
+    return be->ctx;
+}
+
+/* An operation begins: skipped (0) when the step has failed already. */
+static int op_begin(kvg_cuda *c, const char *op)
+{
+    if (c->failed)
+        return 0;
+    c->op = op;
+    return 1;
+}
+
+#define DEV(c, T, field) ((T *)(void *)((unsigned char *)(c)->d_plan + (c)->plan.field))
+
+/* ---- memory ---- */
+
+static float *cu_alloc(kvg_backend *be, size_t n)
+{
+    void *p = NULL;
+    (void)be;
+    if (n > SIZE_MAX / sizeof(float))
+        return NULL;
+    if (cudaMalloc(&p, (n ? n : 1) * sizeof(float)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_free(kvg_backend *be, float *p)
+{
+    (void)be;
+    if (p)
+        cudaFree(p);
+}
+
+static void cu_read(kvg_backend *be, const float *src, float *host, size_t n)
+{
+    kvg_cuda *c = cu(be);
+    cudaError_t e;
+    if (!n || !op_begin(c, "read"))
+        return;
+    c->layer = -1;
+    e = cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
+    if (e != cudaSuccess)
+        kvg_cu_fail(c, "cudaMemcpyAsync", e, "%zu floats to the host", n);
+}
+
+/* ---- the step ---- */
+
+static int grow_dev(kvg_cuda *c, void **p, size_t *cap, size_t need, const char *what)
+{
+    cudaError_t e;
+    if (need <= *cap)
+        return 0;
+    need = need < 4096 ? 4096 : need + need / 2;
+    if (*p)
+        cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    e = cudaMalloc(p, need);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return kvg_cu_fail(c, "cudaMalloc", e, "%s, %zu bytes", what, need);
+    }
+    *cap = need;
+    return 0;
+}
+
+static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t err_len)
+{
+    kvg_cuda *c = cu(be);
+    const kvg_model_config *cfg = &c->m->cfg;
+    int split, half = cfg->head_dim / 2;
+    size_t partials;
+    cudaError_t e;
+
+    c->step++;
+    c->op = "begin_step";
+    c->layer = -1;
+    if (c->dead) {
+        kvg_set_err(err, err_len, "cuda: the device is unusable after an earlier failure: %s", c->dead_err);
+        return -1;
+    }
+    if (c->failed)
+        goto failed;
+    if (c->kv_pools == 0) {
+        kvg_set_err(err, err_len, "cuda: no KV pool in device memory (kvg_backend_kv_pool_new makes it)");
+        return -1;
+    }
+    split = kvg_step_plan_split_tokens(s, c->batch_invariant, 2 * c->prop.multiProcessorCount);
+    if (kvg_step_plan_layout(s, c->kv_pool_blocks, split, KVG_K_ATTN_MAX_TILE, cfg->head_dim, &c->plan,
+                             err, err_len) != 0) {
+        /* Nothing was enqueued: the step is refused, the backend is fine. */
+        char msg[400];
+        snprintf(msg, sizeof msg, "cuda: %s", err);
+        kvg_set_err(err, err_len, "%s", msg);
+        return -1;
+    }
+    if (c->plan.bytes > c->plan_cap) {
+        size_t cap = c->plan.bytes + c->plan.bytes / 2;
+        /* The previous step's upload may still be reading the old pinned buffer. */
+        e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) {
+            kvg_cu_fail(c, "cudaStreamSynchronize", e, "before growing the step buffer");
+            goto failed;
+        }
+        if (c->h_plan)
+            cudaFreeHost(c->h_plan);
+        if (c->d_plan)
+            cudaFree(c->d_plan);
+        c->h_plan = c->d_plan = NULL;
+        c->plan_cap = 0;
+        e = cudaMallocHost(&c->h_plan, cap);
+        if (e != cudaSuccess) {
+            c->h_plan = NULL;
+            kvg_cu_fail(c, "cudaMallocHost", e, "step buffer of %zu bytes", cap);
+            goto failed;
+        }
+        e = cudaMalloc(&c->d_plan, cap);
+        if (e != cudaSuccess) {
+            c->d_plan = NULL;
+            kvg_cu_fail(c, "cudaMalloc", e, "step buffer of %zu bytes", cap);
+            goto failed;
+        }
+        c->plan_cap = cap;
+    } else {
+        /* The pinned buffer is rewritten: the last step's copy out of it must be done. */
+        e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) {
+            kvg_cu_fail(c, "cudaStreamSynchronize", e, "before the step's upload");
+            goto failed;
+        }
+    }
+    kvg_step_plan_fill(s, &c->plan, c->h_plan);
+    {
+        float *cs = (float *)(void *)((unsigned char *)c->h_plan + c->plan.off_cs);
+        for (int r = 0; r < s->n_rows; r++)
+            kvg_rope_cos_sin(c->inv_freq, half, s->pos[r], cs + (size_t)r * c->plan.cs_floats);
+    }
+    partials = (size_t)c->plan.n_partials * (size_t)cfg->n_heads * (size_t)(cfg->head_dim + 2);
+    if (grow_dev(c, (void **)&c->d_partials, &c->partials_cap, partials * sizeof(float),
+                 "attention partials") != 0)
+        goto failed;
+    e = cudaMemcpyAsync(c->d_plan, c->h_plan, c->plan.bytes, cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess) {
+        kvg_cu_fail(c, "cudaMemcpyAsync", e, "the step's description, %zu bytes", c->plan.bytes);
+        goto failed;
+    }
+    return 0;
+failed:
+    /* Reported by end_step (forward.c calls it only after a successful begin_step). */
+    kvg_set_err(err, err_len, "%s", c->err);
+    c->failed = 0;
+    c->err[0] = 0;
+    return -1;
+}
+
+static int cu_end_step(kvg_backend *be, char *err, size_t err_len)
+{
+    kvg_cuda *c = cu(be);
+    cudaError_t e;
+    c->op = "end_step";
+    c->layer = -1;
+    e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess)
+        kvg_cu_fail(c, "cudaStreamSynchronize", e, "the step's work");
+    c->op = NULL;
+    if (!c->failed)
+        return 0;
+    kvg_set_err(err, err_len, "%s", c->err);
+    c->failed = 0;
+    c->err[0] = 0;
+    return -1;
+}
+
+/* ---- operations ---- */
+
+static void cu_embed(kvg_backend *be, const kvg_tensor *emb, float *x)
+{
+    kvg_cuda *c = cu(be);
+    const kvg_cu_weight *w;
+    if (!op_begin(c, "embed"))
+        return;
+    c->layer = -1;
+    w = kvg_cu_weight_of(c, emb->data);
+    if (w)
+        KVG_CU_CHECK(c, "launch kvg_k_embed", kvg_k_embed(c->stream, w->dev, w->dt, (int)emb->cols,
+                                                          DEV(c, int32_t, off_tokens), c->plan.n_rows, x),
+                     "rows=%d dim=%d", c->plan.n_rows, (int)emb->cols);
+}
+
+static void cu_rmsnorm(kvg_backend *be, const float *x, const float *w, float eps, int rows, int dim,
+                       float *out)
+{
+    kvg_cuda *c = cu(be);
+    const kvg_cu_weight *dw;
+    if (!op_begin(c, "rmsnorm"))
+        return;
+    dw = kvg_cu_weight_of(c, w);
+    if (!dw)
+        return;
+    c->layer = dw->layer;
+    c->op = dw->name;
+    KVG_CU_CHECK(c, "launch kvg_k_rmsnorm", kvg_k_rmsnorm(c->stream, x, dw->dev, eps, rows, dim, out),
+                 "rows=%d dim=%d", rows, dim);
+}
+
+static void cu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
+                      const float *bias, float *y)
+{
+    kvg_cuda *c = cu(be);
+    const kvg_cu_weight *dw;
+    if (!op_begin(c, "matmul"))
+        return;
+    dw = kvg_cu_weight_of(c, w->data);
+    if (!dw)
+        return;
+    c->layer = dw->layer;
+    c->op = dw->name;
+    kvg_cu_matmul(c, x, M, K, w, bias, y);
+}
+
+static void cu_rope(kvg_backend *be, float *q, float *k)
+{
+    kvg_cuda *c = cu(be);
+    const kvg_model_config *cfg = &c->m->cfg;
+    if (!op_begin(c, "rope"))
+        return;
+    KVG_CU_CHECK(c, "launch kvg_k_rope",
+                 kvg_k_rope(c->stream, q, k, DEV(c, const float, off_cs), c->plan.n_rows, cfg->n_heads,
+                            cfg->n_kv_heads, cfg->head_dim, cfg->rope_layout == KVG_ROPE_HALF),
+                 "rows=%d", c->plan.n_rows);
+}
+
+static void cu_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *k, const float *v)
+{
+    kvg_cuda *c = cu(be);
+    kvg_k_kv_geom g;
+    if (!op_begin(c, "kv_write"))
+        return;
+    c->layer = layer;
+    if (kvg_cu_kv_geom(c, kv, &g) != 0)
+        return;
+    KVG_CU_CHECK(c, "launch kvg_k_kv_write",
+                 kvg_k_kv_write(c->stream, kv->data, &g, layer, k, v, DEV(c, const int32_t, off_row_slot),
+                                c->plan.n_rows),
+                 "rows=%d", c->plan.n_rows);
+}
+
+static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *q, float *out)
+{
+    kvg_cuda *c = cu(be);
+    const kvg_model_config *cfg = &c->m->cfg;
+    kvg_k_attn_args a;
+    if (!op_begin(c, "attention"))
+        return;
+    c->layer = layer;
+    memset(&a, 0, sizeof a);
+    if (kvg_cu_kv_geom(c, kv, &a.g) != 0)
+        return;
+    a.pool = kv->data;
+    a.layer = layer;
+    a.q = q;
+    a.n_heads = cfg->n_heads;
+    a.n_rows = c->plan.n_rows;
+    a.pos = DEV(c, const int32_t, off_pos);
+    a.row_seq = DEV(c, const int32_t, off_row_seq);
+    a.tables = DEV(c, const int32_t, off_tables);
+    a.table_off = DEV(c, const int32_t, off_table_off);
+    a.items = DEV(c, const kvg_k_attn_item, off_items);
+    a.n_items = c->plan.n_items;
+    a.max_tile_rows = c->plan.max_tile_rows;
+    a.split_tokens = c->plan.split_tokens;
+    a.row_part = DEV(c, const int32_t, off_row_part);
+    a.partials = c->d_partials;
+    a.scale = 1.0f / sqrtf((float)cfg->head_dim);
+    a.out = out;
+    KVG_CU_CHECK(c, "launch kvg_k_attention", kvg_k_attention(c->stream, &a), "rows=%d items=%d split=%d",
+                 a.n_rows, a.n_items, a.split_tokens);
+}
+
+static void cu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
+{
+    kvg_cuda *c = cu(be);
+    if (op_begin(c, "swiglu"))
+        KVG_CU_CHECK(c, "launch kvg_k_swiglu", kvg_k_swiglu(c->stream, gate, up, n), "n=%zu", n);
+}
+
+static void cu_add(kvg_backend *be, float *x, const float *y, size_t n)
+{
+    kvg_cuda *c = cu(be);
+    if (op_begin(c, "add"))
+        KVG_CU_CHECK(c, "launch kvg_k_add", kvg_k_add(c->stream, x, y, n), "n=%zu", n);
+}
+
+static void cu_gather_out_rows(kvg_backend *be, const float *x, int width, float *out)
+{
+    kvg_cuda *c = cu(be);
+    if (op_begin(c, "gather_out_rows"))
+        KVG_CU_CHECK(c, "launch kvg_k_gather_rows",
+                     kvg_k_gather_rows(c->stream, x, width, DEV(c, const int32_t, off_out_rows), c->plan.n_out,
+                                       out),
+                     "rows=%d width=%d", c->plan.n_out, width);
+}
+
+/* ---- the KV pool, memory, description ---- */
+
+static size_t cu_kv_block_bytes(kvg_backend *be, const kvg_kv_geom *g)
+{
+    (void)be;
+    return kvg_cu_kv_block_bytes(g);
+}
+
+static kvg_kv_pool *cu_kv_pool_new(kvg_backend *be, const kvg_kv_geom *g, int32_t n_blocks,
+                                   char *err, size_t err_len)
+{
+    kvg_cuda *c = cu(be);
+    kvg_kv_pool *p;
+    if (c->kv_pools > 0) {
+        /* begin_step checks block ids against the one pool's size. */
+        kvg_set_err(err, err_len, "cuda: one KV pool per backend");
+        return NULL;
+    }
+    p = kvg_cu_kv_pool_new(c, g, n_blocks, err, err_len);
+    if (p)
+        c->kv_pool_blocks = p->n_blocks;
+    return p;
+}
+
+static int cu_mem_free(kvg_backend *be, size_t *fr, size_t *total)
+{
+    (void)be;
+    if (cudaMemGetInfo(fr, total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
+static const char *cu_describe(kvg_backend *be)
+{
+    return cu(be)->describe;
+}
+
+static void cu_destroy(kvg_backend *be)
+{
+    kvg_cuda *c;
+    if (!be)
+        return;
+    c = be->ctx;
+    if (c) {
+        if (c->stream)
+            cudaStreamSynchronize(c->stream);
+        kvg_cu_gemm_free(c);
+        kvg_cu_weights_free(c);
+        if (c->h_plan)
+            cudaFreeHost(c->h_plan);
+        if (c->d_plan)
+            cudaFree(c->d_plan);
+        if (c->d_partials)
+            cudaFree(c->d_partials);
+        if (c->stream)
+            cudaStreamDestroy(c->stream);
+        free(c->inv_freq);
+        free(c);
+    }
+    free(be);
+}
+
+static const kvg_backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cu_destroy,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .read = cu_read,
+    .begin_step = cu_begin_step,
+    .embed = cu_embed,
+    .rmsnorm = cu_rmsnorm,
+    .matmul = cu_matmul,
+    .rope = cu_rope,
+    .kv_write = cu_kv_write,
+    .attention = cu_attention,
+    .swiglu = cu_swiglu,
+    .add = cu_add,
+    .gather_out_rows = cu_gather_out_rows,
+    .end_step = cu_end_step,
+    .kv_block_bytes = cu_kv_block_bytes,
+    .kv_pool_new = cu_kv_pool_new,
+    .mem_free = cu_mem_free,
+    .describe = cu_describe,
+};
+
+/* "cuda: no CUDA device: cudaGetDeviceCount: cudaErrorNoDevice (...)". */
+static void rt_err(char *err, size_t err_len, const char *what, const char *call, cudaError_t e)
+{
+    char t[200];
+    kvg_cu_err_text(e, t, sizeof t);
+    kvg_set_err(err, err_len, "cuda: %s: %s: %s", what, call, t);
+}
+
+kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
+                                  char *err, size_t err_len)
+{
+    const kvg_model_config *cfg = &m->cfg;
+    kvg_backend *be;
+    kvg_cuda *c;
+    int n_dev = 0, dev = o ? o->device : 0;
+    cudaError_t e;
+
+    e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess) {
+        rt_err(err, err_len, e == cudaErrorInsufficientDriver ? "the NVIDIA driver is too old or missing"
+                             : "no CUDA device", "cudaGetDeviceCount", e);
+        return NULL;
+    }
+    if (n_dev <= 0) {
+        kvg_set_err(err, err_len, "cuda: no CUDA device: cudaGetDeviceCount found none");
+        return NULL;
+    }
+    if (dev < 0 || dev >= n_dev) {
+        kvg_set_err(err, err_len, "cuda: --device %d: this machine has %d CUDA device%s (0..%d)", dev, n_dev,
+                    n_dev == 1 ? "" : "s", n_dev - 1);
+        return NULL;
+    }
+    if (cfg->head_dim <= 0 || cfg->head_dim % 2 != 0 || cfg->head_dim > KVG_K_ATTN_MAX_HEAD_DIM) {
+        kvg_set_err(err, err_len, "cuda: head_dim %d must be even and at most %d", cfg->head_dim,
+                    KVG_K_ATTN_MAX_HEAD_DIM);
+        return NULL;
+    }
+    if (cfg->rope_scale_factor > 0.0f &&
+        (cfg->rope_orig_max_pos <= 0 || cfg->rope_low_freq_factor <= 0.0f ||
+         cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)) {
+        kvg_set_err(err, err_len, "cuda: inconsistent llama3 rope scaling parameters");
+        return NULL;
+    }
+    e = cudaSetDevice(dev);
+    if (e != cudaSuccess) {
+        rt_err(err, err_len, "cannot use the device", "cudaSetDevice", e);
+        return NULL;
+    }
+    be = calloc(1, sizeof *be);
+    c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        kvg_set_err(err, err_len, "cuda: out of memory");
+        return NULL;
+    }
+    be->ops = &cuda_ops;
+    be->ctx = c;
+    be->model = m;
+    be->n_threads = 1;
+    c->m = m;
+    c->device = dev;
+    c->batch_invariant = o ? o->batch_invariant : 1;
+    c->layer = -1;
+    e = cudaGetDeviceProperties(&c->prop, dev);
+    if (e != cudaSuccess) {
+        rt_err(err, err_len, "cannot query the device", "cudaGetDeviceProperties", e);
+        goto fail;
+    }
+    snprintf(c->describe, sizeof c->describe, "%s, sm_%d%d, device %d", c->prop.name, c->prop.major,
+             c->prop.minor, dev);
+    e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        c->stream = NULL;
+        rt_err(err, err_len, "cannot create a stream", "cudaStreamCreateWithFlags", e);
+        goto fail;
+    }
+    c->inv_freq = malloc((size_t)(cfg->head_dim / 2) * sizeof(float));
+    if (!c->inv_freq) {
+        kvg_set_err(err, err_len, "cuda: out of memory");
+        goto fail;
+    }
+    kvg_rope_frequencies(cfg, c->inv_freq);
+    if (kvg_cu_weights_upload(c, err, err_len) != 0 || kvg_cu_gemm_init(c, err, err_len) != 0)
+        goto fail;
+    return be;
+fail:
+    cu_destroy(be);
+    return NULL;
+}

@@ -1,0 +1,76 @@
+/* Errors of the CUDA backend: the first failure of a step is recorded with the call, the
+ * operation (layer, shape) and the step number; the step's later operations are skipped
+ * and end_step reports it (backend.h). */
+#include "cuda_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+void kvg_cu_err_text(cudaError_t e, char *buf, size_t len)
+{
+    const char *name = cudaGetErrorName(e), *what = cudaGetErrorString(e);
+    snprintf(buf, len, "%s (%s)", name ? name : "cudaError?", what ? what : "unknown error");
+}
+
+static int record(kvg_cuda *c, const char *call, const char *what, const char *fmt, va_list ap)
+{
+    char detail[256] = "";
+    if (c->failed)
+        return -1;
+    if (fmt && *fmt)
+        vsnprintf(detail, sizeof detail, fmt, ap);
+    c->failed = 1;
+    if (c->op) {
+        char where[64] = "";
+        if (c->layer >= 0)
+            snprintf(where, sizeof where, "layer %d ", c->layer);
+        snprintf(c->err, sizeof c->err, "cuda: %s (%s%s%s%s) failed: %s in step %lld", call, where,
+                 c->op, *detail ? ", " : "", detail, what, (long long)c->step);
+    } else {
+        snprintf(c->err, sizeof c->err, "cuda: %s%s%s%s failed: %s", call, *detail ? " (" : "",
+                 detail, *detail ? ")" : "", what);
+    }
+    return -1;
+}
+
+int kvg_cu_fail(kvg_cuda *c, const char *call, cudaError_t e, const char *detail_fmt, ...)
+{
+    char what[200];
+    va_list ap;
+    int rc;
+    kvg_cu_err_text(e, what, sizeof what);
+    va_start(ap, detail_fmt);
+    rc = record(c, call, what, detail_fmt, ap);
+    va_end(ap);
+    /* Errors of an earlier asynchronous kernel (an illegal address, a launch failure)
+     * are sticky on a real GPU: the context cannot run anything any more. */
+    if (e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure)
+        kvg_cu_mark_dead(c, c->err);
+    /* Any failed runtime call is also the thread's "last error", which the next kernel
+     * launch reads back (cudaGetLastError) as its own: clear it here, once reported. */
+    (void)cudaGetLastError();
+    return rc;
+}
+
+int kvg_cu_fail_blas(kvg_cuda *c, const char *call, int status, const char *detail_fmt, ...)
+{
+    char what[200];
+    const char *name = cublasLtGetStatusName((cublasStatus_t)status);
+    const char *str = cublasLtGetStatusString((cublasStatus_t)status);
+    va_list ap;
+    int rc;
+    snprintf(what, sizeof what, "%s (%s)", name ? name : "CUBLAS_STATUS_?", str ? str : "?");
+    va_start(ap, detail_fmt);
+    rc = record(c, call, what, detail_fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+void kvg_cu_mark_dead(kvg_cuda *c, const char *why)
+{
+    if (c->dead)
+        return;
+    c->dead = 1;
+    snprintf(c->dead_err, sizeof c->dead_err, "%s", why);
+}

@@ -1,0 +1,109 @@
+/* The CUDA backend's state, shared by its files (backend_cuda.c: the vtable and the step;
+ * cuda_check.c: errors; cuda_weights.c: the weight arena; cuda_gemm.c: cuBLASLt;
+ * cuda_kv.c: the device KV pool). Host C against kernels/kvg_cuda_api.h, the real CUDA
+ * runtime or its emulation. */
+#ifndef KVG_CUDA_INTERNAL_H
+#define KVG_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "kvg_kernels.h"
+#include "step_plan.h"
+
+/* One uploaded weight: host address -> device address (sorted by host address). */
+typedef struct kvg_cu_weight {
+    const void *host;
+    void *dev;
+    kvg_kt dt;                   /* device type: F16/BF16 matrices, F32 vectors */
+    int layer;                   /* for messages: the layer (-1: none) and the name */
+    const char *name;
+} kvg_cu_weight;
+
+typedef struct kvg_cu_gemm_shape kvg_cu_gemm_shape;
+
+typedef struct kvg_cuda {
+    const kvg_model *m;
+    int device;
+    int batch_invariant;
+    struct cudaDeviceProp prop;
+    char describe[160];
+    cudaStream_t stream;
+
+    /* Errors: the first failure of a step (sticky until end_step reports it); `dead`
+     * once the device or the KV pool cannot be trusted any more (every later step fails). */
+    int failed, dead;
+    char err[512];
+    char dead_err[512];
+    int64_t step;                /* steps begun */
+    const char *op;              /* the current operation, for messages */
+    int layer;                   /* ... and its layer (-1: none) */
+
+    /* Weights: one device arena, the lookup table. */
+    void *arena;
+    size_t arena_bytes;
+    kvg_cu_weight *weights;
+    int n_weights;
+
+    /* cuBLASLt. */
+    void *lt;                    /* cublasLtHandle_t */
+    kvg_cu_gemm_shape *shapes;
+    int n_shapes, cap_shapes;
+    int gemm_max_m;              /* the M the pinned algorithms are chosen for */
+    void *lowp;                  /* scratch: a GEMM's input rounded to the weight type */
+    size_t lowp_bytes;
+
+    /* The step: the packed plan on the host (pinned) and the device. */
+    kvg_step_plan plan;
+    void *h_plan, *d_plan;
+    size_t plan_cap;
+    float *d_partials;
+    size_t partials_cap;         /* floats */
+    float *inv_freq;             /* [head_dim/2] */
+    int32_t kv_pool_blocks;      /* the pool's size: block ids are checked against it */
+
+    int64_t kv_pools;            /* device pools alive (their bytes are theirs) */
+} kvg_cuda;
+
+/* ---- errors (cuda_check.c) ---- */
+/* Records the first failure of the step: "cuda: CALL (op, layer L, detail) failed:
+ * NAME (meaning) in step S". Returns -1 so callers can `return kvg_cu_fail(...)`. */
+int kvg_cu_fail(kvg_cuda *c, const char *call, cudaError_t e, const char *detail_fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int kvg_cu_fail_blas(kvg_cuda *c, const char *call, int status, const char *detail_fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The device is lost (a sticky CUDA error, a failed copy-on-write): every later step
+ * fails with this message. */
+void kvg_cu_mark_dead(kvg_cuda *c, const char *why);
+/* "cudaErrorNoDevice (no CUDA-capable device is detected)". */
+void kvg_cu_err_text(cudaError_t e, char *buf, size_t len);
+/* Checked launch/call in an operation: skips when the step has failed already. */
+#define KVG_CU_CHECK(c, call_name, expr, ...)                            \
+    do {                                                                 \
+        cudaError_t kvg_e_ = (expr);                                     \
+        if (kvg_e_ != cudaSuccess)                                       \
+            kvg_cu_fail((c), (call_name), kvg_e_, __VA_ARGS__);          \
+    } while (0)
+
+/* ---- weights (cuda_weights.c) ---- */
+int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len);
+void kvg_cu_weights_free(kvg_cuda *c);
+/* The device copy of a model weight; NULL (and a recorded failure) when unknown. */
+const kvg_cu_weight *kvg_cu_weight_of(kvg_cuda *c, const void *host);
+
+/* ---- GEMM (cuda_gemm.c) ---- */
+int kvg_cu_gemm_init(kvg_cuda *c, char *err, size_t err_len);
+void kvg_cu_gemm_free(kvg_cuda *c);
+/* y[M][N] = x[M][K] w^T (+ bias) on the device. Records a failure on error. */
+void kvg_cu_matmul(kvg_cuda *c, const float *x, int M, int K, const kvg_tensor *w,
+                   const float *bias, float *y);
+
+/* ---- KV pool (cuda_kv.c) ---- */
+size_t kvg_cu_kv_block_bytes(const kvg_kv_geom *g);
+kvg_kv_pool *kvg_cu_kv_pool_new(kvg_cuda *c, const kvg_kv_geom *g, int32_t n_blocks,
+                                char *err, size_t err_len);
+/* The kernels' view of a pool; -1 (recorded) when the pool is not this backend's. */
+int kvg_cu_kv_geom(kvg_cuda *c, const kvg_kv_pool *p, kvg_k_kv_geom *g);
+
+#endif

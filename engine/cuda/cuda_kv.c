@@ -1,0 +1,107 @@
+/* The KV pool in device memory: one cudaMalloc of n_blocks blocks of BF16 in the layout of
+ * kvg_k_kv_geom (no padding), under the same allocator, block ids and sequences as the
+ * host pool (kv_cache.c kvg_kv_pool_new_device), so the prefix cache and the scheduler
+ * never know where the bytes are.
+ *
+ * Copy-on-write: the pool's copy hook enqueues a device-to-device cudaMemcpyAsync of the
+ * whole block on the backend's stream at once. kvg_kv_seq_prepare calls it before the
+ * step is begun, so in stream order the copy lands after every earlier step's writes and
+ * before this step's kernels; it is rare (the shared last block of a fork) and one block
+ * long, so a separate kernel launch per step would buy nothing. A failed copy leaves a
+ * sequence pointing at a block without its data: the backend is then marked unusable. */
+#include "cuda_internal.h"
+#include "errmsg.h"
+
+#include <string.h>
+
+static int block_tokens_of(const kvg_kv_geom *g)
+{
+    return g->block_tokens ? g->block_tokens : KVG_KV_BLOCK_TOKENS_DEFAULT;
+}
+
+size_t kvg_cu_kv_block_bytes(const kvg_kv_geom *g)
+{
+    if (!g || g->n_layers <= 0 || g->n_kv_heads <= 0 || g->head_dim <= 0 || block_tokens_of(g) <= 0)
+        return 0;
+    return (size_t)g->n_layers * (size_t)g->n_kv_heads * 2u * (size_t)block_tokens_of(g) *
+           (size_t)g->head_dim * 2u;
+}
+
+static void kv_copy(void *ctx, void *storage, size_t block_bytes, int32_t dst, int32_t src)
+{
+    kvg_cuda *c = ctx;
+    unsigned char *base = storage;
+    cudaError_t e;
+    if (c->dead)
+        return;
+    e = cudaMemcpyAsync(base + (size_t)dst * block_bytes, base + (size_t)src * block_bytes, block_bytes,
+                        cudaMemcpyDeviceToDevice, c->stream);
+    if (e != cudaSuccess) {
+        const char *op = c->op;
+        c->op = "copy-on-write";
+        kvg_cu_fail(c, "cudaMemcpyAsync", e, "block %d <- %d", (int)dst, (int)src);
+        c->op = op;
+        kvg_cu_mark_dead(c, c->err);
+    }
+}
+
+static void kv_release(void *ctx, void *storage)
+{
+    kvg_cuda *c = ctx;
+    cudaFree(storage);
+    c->kv_pools--;
+    c->kv_pool_blocks = 0;
+}
+
+kvg_kv_pool *kvg_cu_kv_pool_new(kvg_cuda *c, const kvg_kv_geom *g, int32_t n_blocks,
+                                char *err, size_t err_len)
+{
+    size_t bb = kvg_cu_kv_block_bytes(g), bytes;
+    void *d = NULL;
+    cudaError_t e;
+    if (!bb || n_blocks <= 0) {
+        kvg_set_err(err, err_len, "cuda: invalid KV geometry or block count (%d)", (int)n_blocks);
+        return NULL;
+    }
+    if ((size_t)n_blocks > SIZE_MAX / bb) {
+        kvg_set_err(err, err_len, "cuda: %d KV blocks of %zu bytes overflow", (int)n_blocks, bb);
+        return NULL;
+    }
+    bytes = (size_t)n_blocks * bb;
+    e = cudaMalloc(&d, bytes);
+    if (e == cudaSuccess)
+        e = cudaMemset(d, 0, bytes);     /* no NaN garbage in a block's unwritten slots */
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        char what[200];
+        kvg_cu_err_text(e, what, sizeof what);
+        if (d)
+            cudaFree(d);
+        (void)cudaGetLastError();
+        cudaMemGetInfo(&fr, &tot);
+        kvg_set_err(err, err_len, "cuda: cannot allocate the KV pool: cudaMalloc of %zu bytes (%.2f GB, "
+                    "%d blocks of %zu) failed: %s; the device has %zu bytes (%.2f GB) free of %zu",
+                    bytes, (double)bytes / 1e9, (int)n_blocks, bb, what, fr, (double)fr / 1e9, tot);
+        return NULL;
+    }
+    c->kv_pools++;
+    return kvg_kv_pool_new_device(g, n_blocks, d, bb, kv_copy, kv_release, c, err, err_len);
+}
+
+int kvg_cu_kv_geom(kvg_cuda *c, const kvg_kv_pool *p, kvg_k_kv_geom *g)
+{
+    if (p->copy != kv_copy || p->copy_ctx != c) {
+        return kvg_cu_fail(c, "kv pool", cudaErrorInvalidValue,
+                           "the KV pool is not in this device's memory (create it with kvg_backend_kv_pool_new)");
+    }
+    memset(g, 0, sizeof *g);
+    g->n_layers = p->geom.n_layers;
+    g->n_kv_heads = p->geom.n_kv_heads;
+    g->head_dim = p->geom.head_dim;
+    g->block_tokens = p->geom.block_tokens;
+    g->n_blocks = p->n_blocks;
+    g->head_elems = 2 * (int64_t)g->block_tokens * g->head_dim;
+    g->layer_elems = (int64_t)g->n_kv_heads * g->head_elems;
+    g->block_elems = (int64_t)g->n_layers * g->layer_elems;
+    return 0;
+}

@@ -1,0 +1,252 @@
+/* The model's weights on the device: uploaded once at creation into ONE arena. Matrices
+ * as BF16 (F16 stays F16; F32 is rounded to nearest even on the host), norm weights and
+ * biases as F32. Conversion runs in chunks through two pinned staging halves, so the
+ * host converts one while the other is in flight. Lookup by host address. */
+#include "cuda_internal.h"
+#include "errmsg.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define STAGE_BYTES ((size_t)16 << 20)     /* each of the two halves */
+#define ALIGN 256
+#define PROGRESS_MIN ((size_t)256 << 20)    /* smaller models load silently */
+
+typedef struct src_weight {
+    const void *host;
+    kvg_dtype src;
+    size_t n;                    /* elements */
+    int vector;                  /* F32 on the device */
+    size_t off, bytes;           /* in the arena */
+    int layer;                   /* -1: not a layer's */
+    const char *name;
+} src_weight;
+
+static int cmp_host(const void *a, const void *b)
+{
+    const char *x = ((const src_weight *)a)->host, *y = ((const src_weight *)b)->host;
+    return x < y ? -1 : x > y;
+}
+
+static void add_mat(src_weight *w, int *n, const kvg_tensor *t, int layer, const char *name)
+{
+    w[*n].layer = layer;
+    w[*n].name = name;
+    w[*n].host = t->data;
+    w[*n].src = t->dtype;
+    w[*n].n = (size_t)t->rows * (size_t)t->cols;
+    w[*n].vector = 0;
+    (*n)++;
+}
+
+static void add_vec(src_weight *w, int *n, const float *v, size_t count, int layer, const char *name)
+{
+    if (!v)
+        return;
+    w[*n].layer = layer;
+    w[*n].name = name;
+    w[*n].host = v;
+    w[*n].src = KVG_DT_F32;
+    w[*n].n = count;
+    w[*n].vector = 1;
+    (*n)++;
+}
+
+static uint16_t bf16_rne(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);       /* NaN stays a (quiet) NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Converts elements [e0, e0 + n) of w into dst (device format). */
+static void convert(const src_weight *w, size_t e0, size_t n, void *dst)
+{
+    size_t es = kvg_dtype_size(w->src);
+    const unsigned char *s = (const unsigned char *)w->host + e0 * es;
+    if (w->vector || w->src != KVG_DT_F32) {
+        memcpy(dst, s, n * es);                    /* F32 vectors, F16 and BF16 matrices */
+    } else {
+        const float *f = (const float *)(const void *)s;
+        uint16_t *o = dst;
+        for (size_t i = 0; i < n; i++)
+            o[i] = bf16_rne(f[i]);
+    }
+}
+
+static void progress(size_t done, size_t total, int final)
+{
+    static int tty = -1;
+    if (total < PROGRESS_MIN)
+        return;
+    if (tty < 0)
+        tty = isatty(2);
+    if (tty || final)
+        fprintf(stderr, "%scuda: uploading weights %.1f/%.1f GB%s", tty ? "\r" : "",
+                (double)done / 1e9, (double)total / 1e9, final ? "\n" : "");
+}
+
+int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
+{
+    const kvg_model *m = c->m;
+    const kvg_model_config *cfg = &m->cfg;
+    size_t qd = (size_t)cfg->n_heads * cfg->head_dim, kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
+    int cap = cfg->n_layers * 12 + 4, n = 0, u = 0;
+    src_weight *w = calloc((size_t)cap, sizeof *w);
+    size_t total = 0, done = 0;
+    unsigned char *stage = NULL;
+    cudaEvent_t ev[2] = { NULL, NULL };
+    cudaError_t e;
+    int rc = -1, half = 0;
+
+    if (!w) {
+        kvg_set_err(err, err_len, "cuda: out of memory");
+        return -1;
+    }
+    add_mat(w, &n, &m->tok_embedding, -1, "tok_embedding");
+    add_mat(w, &n, &m->output, -1, "output");
+    add_vec(w, &n, m->final_norm, (size_t)cfg->dim, -1, "final_norm");
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const kvg_layer_weights *L = &m->layers[l];
+        add_mat(w, &n, &L->wq, l, "wq");
+        add_mat(w, &n, &L->wk, l, "wk");
+        add_mat(w, &n, &L->wv, l, "wv");
+        add_mat(w, &n, &L->wo, l, "wo");
+        add_mat(w, &n, &L->w_gate, l, "w_gate");
+        add_mat(w, &n, &L->w_up, l, "w_up");
+        add_mat(w, &n, &L->w_down, l, "w_down");
+        add_vec(w, &n, L->attn_norm, (size_t)cfg->dim, l, "attn_norm");
+        add_vec(w, &n, L->ffn_norm, (size_t)cfg->dim, l, "ffn_norm");
+        add_vec(w, &n, L->bq, qd, l, "bq");
+        add_vec(w, &n, L->bk, kvd, l, "bk");
+        add_vec(w, &n, L->bv, kvd, l, "bv");
+    }
+    /* One entry per address: tied embeddings upload once. */
+    qsort(w, (size_t)n, sizeof *w, cmp_host);
+    for (int i = 0; i < n; i++)
+        if (u == 0 || w[i].host != w[u - 1].host)
+            w[u++] = w[i];
+    n = u;
+    for (int i = 0; i < n; i++) {
+        w[i].bytes = w[i].n * (w[i].vector ? 4 : 2);
+        w[i].off = total;
+        total += (w[i].bytes + ALIGN - 1) / ALIGN * ALIGN;
+    }
+    e = cudaMalloc(&c->arena, total ? total : 1);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        char what[200];
+        kvg_cu_err_text(e, what, sizeof what);
+        (void)cudaGetLastError();
+        cudaMemGetInfo(&fr, &tot);
+        c->arena = NULL;
+        kvg_set_err(err, err_len, "cuda: out of device memory for the weights: cudaMalloc of %zu bytes "
+                    "(%.2f GB) failed: %s; the device has %zu bytes (%.2f GB) free of %zu (%.2f GB)",
+                    total, (double)total / 1e9, what, fr, (double)fr / 1e9, tot, (double)tot / 1e9);
+        goto out;
+    }
+    c->arena_bytes = total;
+    c->weights = calloc((size_t)n, sizeof *c->weights);
+    if (!c->weights) {
+        kvg_set_err(err, err_len, "cuda: out of memory");
+        goto out;
+    }
+    e = cudaMallocHost((void **)&stage, 2 * STAGE_BYTES);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&ev[0]);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&ev[1]);
+    if (e != cudaSuccess) {
+        char what[200];
+        kvg_cu_err_text(e, what, sizeof what);
+        kvg_set_err(err, err_len, "cuda: pinned staging buffer for the weights (%zu bytes): %s",
+                    2 * STAGE_BYTES, what);
+        goto out;
+    }
+    progress(0, total, 0);
+    for (int i = 0; i < n; i++) {
+        size_t per = w[i].vector ? 4 : 2;         /* device bytes per element */
+        size_t step = STAGE_BYTES / per;
+        unsigned char *dev = (unsigned char *)c->arena + w[i].off;
+        c->weights[i].host = w[i].host;
+        c->weights[i].layer = w[i].layer;
+        c->weights[i].name = w[i].name;
+        c->weights[i].dev = dev;
+        c->weights[i].dt = w[i].vector ? KVG_KT_F32 : w[i].src == KVG_DT_F16 ? KVG_KT_F16 : KVG_KT_BF16;
+        for (size_t e0 = 0; e0 < w[i].n; e0 += step) {
+            size_t cnt = w[i].n - e0 < step ? w[i].n - e0 : step;
+            unsigned char *buf = stage + (size_t)half * STAGE_BYTES;
+            /* The half's previous copy must have left before it is overwritten. */
+            e = cudaEventSynchronize(ev[half]);
+            if (e == cudaSuccess) {
+                convert(&w[i], e0, cnt, buf);
+                e = cudaMemcpyAsync(dev + e0 * per, buf, cnt * per, cudaMemcpyHostToDevice, c->stream);
+            }
+            if (e == cudaSuccess)
+                e = cudaEventRecord(ev[half], c->stream);
+            if (e != cudaSuccess) {
+                char what[200];
+                kvg_cu_err_text(e, what, sizeof what);
+                kvg_set_err(err, err_len, "cuda: uploading the weights (%zu bytes at %zu): %s",
+                            cnt * per, w[i].off + e0 * per, what);
+                goto out;
+            }
+            half ^= 1;
+            done += cnt * per;
+            progress(done, total, 0);
+        }
+    }
+    e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        char what[200];
+        kvg_cu_err_text(e, what, sizeof what);
+        kvg_set_err(err, err_len, "cuda: uploading the weights: cudaStreamSynchronize: %s", what);
+        goto out;
+    }
+    progress(total, total, 1);
+    c->n_weights = n;
+    rc = 0;
+out:
+    if (ev[0])
+        cudaEventDestroy(ev[0]);
+    if (ev[1])
+        cudaEventDestroy(ev[1]);
+    if (stage) {
+        cudaStreamSynchronize(c->stream);
+        cudaFreeHost(stage);
+    }
+    free(w);
+    return rc;
+}
+
+void kvg_cu_weights_free(kvg_cuda *c)
+{
+    if (c->arena)
+        cudaFree(c->arena);
+    c->arena = NULL;
+    free(c->weights);
+    c->weights = NULL;
+    c->n_weights = 0;
+}
+
+const kvg_cu_weight *kvg_cu_weight_of(kvg_cuda *c, const void *host)
+{
+    int lo = 0, hi = c->n_weights - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const char *h = c->weights[mid].host;
+        if (h == (const char *)host)
+            return &c->weights[mid];
+        if (h < (const char *)host)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    kvg_cu_fail(c, "weight lookup", cudaErrorInvalidValue, "a weight that was not uploaded");
+    return NULL;
+}

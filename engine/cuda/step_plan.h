@@ -1,0 +1,62 @@
+/* The CUDA backend's step plan: plain C (no CUDA), so it is tested like the rest.
+ *
+ * From a kvg_step and the pool's geometry it builds everything the step's kernels read
+ * about the step, packed into ONE host buffer that begin_step copies to the device in
+ * one transfer:
+ *
+ *     tokens[R] pos[R] row_seq[R] row_slot[R] out_rows[n_out] row_part[R]
+ *     table_off[n_seqs] tables[sum of table lengths] items[n_items] cs[R][half][2]
+ *
+ * (each region starting on a 16-byte boundary; cs, the RoPE cos/sin, is left for the
+ * caller to fill: it needs the model's frequencies).
+ *
+ * Attention work (kernels/kvg_kernels.h kvg_k_attention): the rows are cut into tiles of
+ * at most tile_rows consecutive rows of one sequence with consecutive positions; each
+ * tile becomes one item per split of split_tokens positions that its last row reaches.
+ * Row r has pos[r] / split_tokens + 1 splits; its partials start at row_part[r], the sum
+ * of the splits of the rows before it; n_partials is the total. */
+#ifndef KVG_CUDA_STEP_PLAN_H
+#define KVG_CUDA_STEP_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+/* Same layout as kvg_k_attn_item (backend_cuda.c checks it at compile time). */
+typedef struct kvg_plan_item {
+    int32_t seq, row0, n_rows, split;
+} kvg_plan_item;
+
+typedef struct kvg_step_plan {
+    int n_rows, n_seqs, n_out;
+    int n_items;
+    int64_t n_partials;          /* sum over rows of their splits */
+    int64_t n_table;             /* block ids in tables */
+    int max_tile_rows;           /* the largest item */
+    int tile_rows;               /* the most rows a tile may have */
+    int split_tokens, block_tokens;
+    int cs_floats;               /* per row: head_dim (half pairs of cos, sin) */
+    /* Byte offsets of the regions in the packed buffer, and its size. */
+    size_t off_tokens, off_pos, off_row_seq, off_row_slot, off_out_rows, off_row_part;
+    size_t off_table_off, off_tables, off_items, off_cs;
+    size_t bytes;
+} kvg_step_plan;
+
+/* Split size for a step: a multiple of block_tokens. batch_invariant: the first multiple
+ * >= 256 (a constant: a row's splits never depend on the batch). Otherwise one chosen to
+ * give about `target_items` items (e.g. 2 x the SM count) for this step's rows. */
+int kvg_step_plan_split_tokens(const kvg_step *s, int batch_invariant, int target_items);
+
+/* Checks the step against a pool of pool_blocks blocks (every block id of every table
+ * in range, every row's position inside its table, rows of a sequence in order) and lays
+ * out the buffer. 0, or -1 with err naming the sequence / row / id. */
+int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_tokens,
+                         int tile_rows, int head_dim, kvg_step_plan *p,
+                         char *err, size_t err_len);
+
+/* Fills the buffer (p->bytes, 16-byte aligned) laid out by kvg_step_plan_layout for the
+ * same step; cs is left untouched. */
+void kvg_step_plan_fill(const kvg_step *s, const kvg_step_plan *p, void *buf);
+
+#endif

@@ -1,0 +1,277 @@
+/* Paged causal attention for a step mixing prefill tiles and decode rows (flash-decoding
+ * style): pass 1 computes one partial softmax per (row, split, query head), pass 2 combines
+ * a row's splits in split order. The contract is kvg_k_attn_args in kvg_kernels.h.
+ *
+ * Pass 1: grid (item, kv head). The block loads the split's K and V for its kv head from the
+ * pool (through the sequence's block table) into shared memory, in chunks of C keys, ONCE
+ * for all the (row, query head) pairs of the item: the tile's rows times the GQA group's
+ * query heads. Each pair is owned by one warp, which keeps its running {m, l, acc} in
+ * registers across the chunks. For one pair and one chunk, with nk = the keys of the chunk
+ * at or before the row's position:
+ *   - scores: lane j computes key j's dot q.k alone, over head_dim in index order (two
+ *     fmaf chains, even and odd elements, added at the end), times scale;
+ *   - cmax = max of the nk scores (a warp max: exact in any order), m' = max(m, cmax);
+ *   - p_j = expf(s_j - m'); alpha = expf(m - m'); l *= alpha, acc *= alpha;
+ *   - then, for j = 0 .. nk-1 in key order: l += p_j, acc[d] = fmaf(p_j, v_j[d], acc[d])
+ *     (lane = element pair of head_dim).
+ * C depends only on head_dim and split_tokens, the keys visited only on the row's position:
+ * the arithmetic of a pair is the same whether the row is a decode item alone or one of 16
+ * rows of a prefill tile, and whatever the launch's other items (which warp owns the pair,
+ * how many warps the block has, how many passes the tile needs: none of it enters a value).
+ *
+ * Pass 2: one warp per (row, query head): M = max_j m_j, L = sum_j exp(m_j - M) l_j and
+ * out = sum_j exp(m_j - M) acc_j / L, the sums in split order (fmaf), for every row, one
+ * split included. */
+#include "kvg_device.cuh"
+
+#define ATT_MAX_WARPS 8
+#define ATT_SMEM_BUDGET (46 * 1024)    /* dynamic shared memory per block, < 48 KiB */
+#define ATT_COMBINE_WARPS 4
+
+/* Shared memory of pass 1 for C keys and a K/V row stride of SW 32-bit words:
+ *   int64_t key_off[C]          word offset of key j's K row in the pool
+ *   unsigned k[C][SW], v[C][SW] the chunk's K and V (BF16 pairs), SW odd so that 32 lanes
+ *                               reading word w of 32 consecutive keys hit 32 banks
+ *   float p[ATT_MAX_WARPS][C]   each warp's scores, then probabilities
+ * Sized for ATT_MAX_WARPS whatever the block, so C never depends on the launch. */
+static inline size_t attn_smem_bytes(int C, int SW)
+{
+    return (size_t)C * (sizeof(int64_t) + 2 * sizeof(unsigned) * (size_t)SW +
+                        sizeof(float) * ATT_MAX_WARPS);
+}
+
+/* NP: 32-bit words (element pairs) of head_dim per lane, 1, 2 or 4 (head_dim <= 64, 128,
+ * 256). PW = 8 / NP pairs per warp per pass keeps acc at 16 registers. */
+template <int NP>
+__global__ void __launch_bounds__(ATT_MAX_WARPS * KVG_WARP, 2)
+attn_pass1(kvg_k_attn_args a, int C, int SW)
+{
+    constexpr int PW = 8 / NP;
+    KVG_DYNAMIC_SMEM(unsigned char, smem);
+    int64_t *key_off = (int64_t *)smem;
+    unsigned *kw = (unsigned *)(key_off + C);
+    unsigned *vw = kw + (size_t)C * SW;
+    float *pbuf = (float *)(vw + (size_t)C * SW);
+
+    const kvg_k_attn_item it = a.items[blockIdx.x];
+    const int kvh = blockIdx.y;
+    const int G = a.n_heads / a.g.n_kv_heads;
+    const int hd = a.g.head_dim, hw = hd / 2, bt = a.g.block_tokens;
+    const int lane = threadIdx.x % KVG_WARP, warp = threadIdx.x / KVG_WARP;
+    const int n_warps = blockDim.x / KVG_WARP;
+    float *ps = pbuf + (size_t)warp * C;
+    const int split_start = it.split * a.split_tokens;
+    const int split_end = split_start + a.split_tokens;
+
+    /* Keys past the tile's last position are never read (a load bound, not arithmetic). */
+    int max_pos = -1;
+    for (int i = 0; i < it.n_rows; i++)
+        max_pos = max(max_pos, (int)a.pos[it.row0 + i]);
+    const int kv_end = min(split_end, max_pos + 1);
+    if (kv_end <= split_start)
+        return;                      /* no row of the item has this split (whole block) */
+
+    const int32_t *table = a.tables + a.table_off[it.seq];
+    const unsigned *pool = (const unsigned *)a.pool;
+    const int64_t head_base = (int64_t)a.layer * a.g.layer_elems + (int64_t)kvh * a.g.head_elems;
+    const int v_delta = bt * hw;     /* words from a key's K row to its V row */
+    const int n_pairs = it.n_rows * G;
+    const int per_pass = n_warps * PW;
+    const int64_t q_stride = (int64_t)a.n_heads * hd;
+
+    for (int pass0 = 0; pass0 < n_pairs; pass0 += per_pass) {
+        float m[PW], l[PW], acc[PW][2 * NP];
+KVG_UNROLL
+        for (int pi = 0; pi < PW; pi++) {
+            m[pi] = -INFINITY;
+            l[pi] = 0.0f;
+KVG_UNROLL
+            for (int e = 0; e < 2 * NP; e++)
+                acc[pi][e] = 0.0f;
+        }
+
+        for (int c0 = split_start; c0 < kv_end; c0 += C) {
+            const int clen = min(C, kv_end - c0);
+            __syncthreads();         /* the previous chunk's readers are done */
+            for (int j = threadIdx.x; j < clen; j += blockDim.x) {
+                const int p = c0 + j;
+                const int64_t b = table[p / bt];
+                key_off[j] = (b * a.g.block_elems + head_base + (int64_t)(p % bt) * hd) / 2;
+            }
+            __syncthreads();
+            /* Consecutive threads read consecutive words of a key row (and the rows of one
+             * pool block are contiguous): coalesced. */
+            for (int idx = threadIdx.x; idx < clen * hw; idx += blockDim.x) {
+                const int j = idx / hw, w = idx - j * hw;
+                const int64_t o = key_off[j] + w;
+                kw[j * SW + w] = pool[o];
+                vw[j * SW + w] = pool[o + v_delta];
+            }
+            __syncthreads();
+
+KVG_UNROLL
+            for (int pi = 0; pi < PW; pi++) {
+                const int pair = pass0 + warp + pi * n_warps;
+                if (pair >= n_pairs)
+                    continue;        /* warp-uniform */
+                const int rr = pair / G;
+                const int r = it.row0 + rr, h = kvh * G + (pair - rr * G);
+                const int nk = min(clen, (int)a.pos[r] + 1 - c0);
+                if (nk <= 0)
+                    continue;        /* the row ends before this chunk (warp-uniform) */
+                const float2 *qv = (const float2 *)(a.q + r * q_stride + (int64_t)h * hd);
+
+                float cmax = -INFINITY;
+                for (int kb = 0; kb < nk; kb += KVG_WARP) {
+                    const int j = kb + lane;
+                    if (j < nk) {
+                        const unsigned *kr = kw + j * SW;
+                        float s0 = 0.0f, s1 = 0.0f;
+                        for (int w = 0; w < hw; w++) {
+                            const float2 kk = kvg_bf16x2_word_to_f32(kr[w]);
+                            const float2 qq = qv[w];
+                            s0 = fmaf(qq.x, kk.x, s0);
+                            s1 = fmaf(qq.y, kk.y, s1);
+                        }
+                        const float sc = (s0 + s1) * a.scale;
+                        ps[j] = sc;
+                        cmax = fmaxf(cmax, sc);
+                    }
+                }
+                cmax = kvg_warp_max(cmax);
+                const float m_new = fmaxf(m[pi], cmax);
+                for (int j = lane; j < nk; j += KVG_WARP)
+                    ps[j] = expf(ps[j] - m_new);   /* the lane that wrote ps[j] */
+                __syncwarp(KVG_FULL_MASK);
+                const float alpha = expf(m[pi] - m_new);   /* 0 for the first chunk */
+                l[pi] *= alpha;
+KVG_UNROLL
+                for (int e = 0; e < 2 * NP; e++)
+                    acc[pi][e] *= alpha;
+                for (int j = 0; j < nk; j++) {
+                    const float p = ps[j];
+                    const unsigned *vr = vw + j * SW;
+                    l[pi] += p;
+KVG_UNROLL
+                    for (int i = 0; i < NP; i++) {
+                        const int w = lane + KVG_WARP * i;
+                        if (w < hw) {
+                            const float2 vv = kvg_bf16x2_word_to_f32(vr[w]);
+                            acc[pi][2 * i] = fmaf(p, vv.x, acc[pi][2 * i]);
+                            acc[pi][2 * i + 1] = fmaf(p, vv.y, acc[pi][2 * i + 1]);
+                        }
+                    }
+                }
+                m[pi] = m_new;
+                __syncwarp(KVG_FULL_MASK);   /* ps is rewritten by the next pair */
+            }
+        }
+
+KVG_UNROLL
+        for (int pi = 0; pi < PW; pi++) {
+            const int pair = pass0 + warp + pi * n_warps;
+            if (pair >= n_pairs)
+                continue;
+            const int rr = pair / G;
+            const int r = it.row0 + rr, h = kvh * G + (pair - rr * G);
+            if (a.pos[r] < split_start)
+                continue;            /* the row has no such split: it writes nothing */
+            float *dst = a.partials +
+                         ((int64_t)(a.row_part[r] + it.split) * a.n_heads + h) * (hd + 2);
+            if (lane == 0) {
+                dst[0] = m[pi];
+                dst[1] = l[pi];
+            }
+KVG_UNROLL
+            for (int i = 0; i < NP; i++) {
+                const int w = lane + KVG_WARP * i;
+                if (w < hw)
+                    ((float2 *)(dst + 2))[w] = make_float2(acc[pi][2 * i], acc[pi][2 * i + 1]);
+            }
+        }
+    }
+}
+
+/* grid (row, group of ATT_COMBINE_WARPS query heads); warp = one (row, head). */
+__global__ void __launch_bounds__(ATT_COMBINE_WARPS * KVG_WARP)
+attn_combine(kvg_k_attn_args a)
+{
+    const int lane = threadIdx.x % KVG_WARP;
+    const int r = blockIdx.x;
+    const int h = blockIdx.y * ATT_COMBINE_WARPS + threadIdx.x / KVG_WARP;
+    if (h >= a.n_heads)
+        return;                      /* no barrier in this kernel */
+    const int hd = a.g.head_dim, hw = hd / 2;
+    const int n_splits = a.pos[r] / a.split_tokens + 1;
+    const int64_t stride = (int64_t)a.n_heads * (hd + 2);
+    const float *base = a.partials + ((int64_t)a.row_part[r] * a.n_heads + h) * (hd + 2);
+
+    float M = -INFINITY;
+    for (int j = 0; j < n_splits; j++)
+        M = fmaxf(M, base[j * stride]);
+    float L = 0.0f;
+    for (int j = 0; j < n_splits; j++)
+        L = fmaf(expf(base[j * stride] - M), base[j * stride + 1], L);
+
+    float2 *o = (float2 *)(a.out + (int64_t)r * a.n_heads * hd + (int64_t)h * hd);
+    for (int w = lane; w < hw; w += KVG_WARP) {
+        float ox = 0.0f, oy = 0.0f;
+        for (int j = 0; j < n_splits; j++) {
+            const float *pj = base + j * stride;
+            const float e = expf(pj[0] - M);
+            const float2 v = ((const float2 *)(pj + 2))[w];
+            ox = fmaf(e, v.x, ox);
+            oy = fmaf(e, v.y, oy);
+        }
+        o[w] = make_float2(ox / L, oy / L);
+    }
+}
+
+extern "C" cudaError_t kvg_k_attention(cudaStream_t s, const kvg_k_attn_args *a)
+{
+    if (!a)
+        return cudaErrorInvalidValue;
+    if (a->n_rows <= 0)
+        return cudaSuccess;
+    const kvg_k_kv_geom *g = &a->g;
+    const int hd = g->head_dim;
+    if (!a->pool || !a->q || !a->pos || !a->row_part || !a->partials || !a->out ||
+        (a->n_items > 0 && (!a->items || !a->tables || !a->table_off)) || a->n_items < 0 ||
+        hd <= 0 || hd % 2 || hd > KVG_K_ATTN_MAX_HEAD_DIM || g->n_kv_heads <= 0 ||
+        a->n_heads <= 0 || a->n_heads % g->n_kv_heads || g->block_tokens <= 0 ||
+        a->split_tokens <= 0 || a->split_tokens % g->block_tokens || a->layer < 0 ||
+        a->layer >= g->n_layers || a->max_tile_rows < 1 || a->max_tile_rows > KVG_K_ATTN_MAX_TILE)
+        return cudaErrorInvalidValue;
+    /* 4-byte pool words, float2 q/partials/out accesses */
+    if (!kvg_aligned(a->pool, 4) || !kvg_aligned(a->q, 8) || !kvg_aligned(a->partials, 8) ||
+        !kvg_aligned(a->out, 8))
+        return cudaErrorInvalidValue;
+
+    if (a->n_items > 0) {
+        const int hw = hd / 2;
+        const int SW = hw | 1;
+        /* The chunk: as many keys as fit (a multiple of 32 when more than 32 fit), at most
+         * the split. A function of head_dim and split_tokens only. */
+        int C = (int)(ATT_SMEM_BUDGET / attn_smem_bytes(1, SW));
+        if (C >= KVG_WARP)
+            C = C / KVG_WARP * KVG_WARP;
+        if (C > a->split_tokens)
+            C = a->split_tokens;
+        const int G = a->n_heads / g->n_kv_heads;
+        int warps = a->max_tile_rows * G;
+        if (warps > ATT_MAX_WARPS)
+            warps = ATT_MAX_WARPS;
+        void (*k1)(kvg_k_attn_args, int, int) =
+            hw <= 32 ? attn_pass1<1> : hw <= 64 ? attn_pass1<2> : attn_pass1<4>;
+        const kvg_k_attn_args args = *a;
+        KVG_LAUNCH(k1, dim3((unsigned)a->n_items, (unsigned)g->n_kv_heads),
+                   dim3((unsigned)warps * KVG_WARP), attn_smem_bytes(C, SW), s, args, C, SW);
+    }
+    {
+        const kvg_k_attn_args args = *a;
+        const unsigned groups = (unsigned)(a->n_heads + ATT_COMBINE_WARPS - 1) / ATT_COMBINE_WARPS;
+        KVG_LAUNCH(attn_combine, dim3((unsigned)a->n_rows, groups),
+                   dim3(ATT_COMBINE_WARPS * KVG_WARP), 0, s, args);
+    }
+    return kvg_launch_result();
+}

@@ -1,0 +1,213 @@
+/* Elementwise kernels: add, swiglu, to_lowp (F32 -> F16/BF16) and bias_add. Grid-stride
+ * loops over the elements (float4 groups when every pointer is 16-byte aligned, the last
+ * n % 4 elements by a scalar tail); each output element is a function of the inputs at
+ * the same index only, so nothing depends on the launch's shape or size. */
+#include "kvg_device.cuh"
+
+#define ELT_THREADS 256
+
+/* ---- add ---------------------------------------------------------------------------- */
+
+__global__ void __launch_bounds__(ELT_THREADS)
+add_x4(float4 *__restrict__ x, const float4 *__restrict__ y, size_t n4)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float4 a = x[i], b = y[i];
+        a.x += b.x;
+        a.y += b.y;
+        a.z += b.z;
+        a.w += b.w;
+        x[i] = a;
+    }
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+add_x1(float *__restrict__ x, const float *__restrict__ y, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+extern "C" cudaError_t kvg_k_add(cudaStream_t s, float *x, const float *y, size_t n)
+{
+    if (n == 0)
+        return cudaSuccess;
+    if (!x || !y)
+        return cudaErrorInvalidValue;
+    size_t n4 = 0;
+    if (kvg_aligned(x, 16) && kvg_aligned(y, 16)) {
+        n4 = n / 4;
+        if (n4)
+            KVG_LAUNCH(add_x4, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
+                       (float4 *)x, (const float4 *)y, n4);
+    }
+    if (n > n4 * 4)
+        KVG_LAUNCH(add_x1, dim3(kvg_grid_for(n - n4 * 4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
+                   x + n4 * 4, y + n4 * 4, n - n4 * 4);
+    return kvg_launch_result();
+}
+
+/* ---- swiglu ------------------------------------------------------------------------- */
+
+/* The CPU backend's expression: g * (1 / (1 + exp(-g))), times up. expf, not __expf: the
+ * kernel is memory-bound, the accurate exp costs nothing measurable. */
+__device__ __forceinline__ float kvg_swiglu1(float g, float u)
+{
+    g *= 1.0f / (1.0f + expf(-g));
+    return g * u;
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+swiglu_x4(float4 *__restrict__ gate, const float4 *__restrict__ up, size_t n4)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float4 g = gate[i], u = up[i];
+        gate[i] = make_float4(kvg_swiglu1(g.x, u.x), kvg_swiglu1(g.y, u.y),
+                              kvg_swiglu1(g.z, u.z), kvg_swiglu1(g.w, u.w));
+    }
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+swiglu_x1(float *__restrict__ gate, const float *__restrict__ up, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        gate[i] = kvg_swiglu1(gate[i], up[i]);
+}
+
+extern "C" cudaError_t kvg_k_swiglu(cudaStream_t s, float *gate, const float *up, size_t n)
+{
+    if (n == 0)
+        return cudaSuccess;
+    if (!gate || !up)
+        return cudaErrorInvalidValue;
+    size_t n4 = 0;
+    if (kvg_aligned(gate, 16) && kvg_aligned(up, 16)) {
+        n4 = n / 4;
+        if (n4)
+            KVG_LAUNCH(swiglu_x4, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
+                       (float4 *)gate, (const float4 *)up, n4);
+    }
+    if (n > n4 * 4)
+        KVG_LAUNCH(swiglu_x1, dim3(kvg_grid_for(n - n4 * 4, ELT_THREADS)), dim3(ELT_THREADS), 0,
+                   s, gate + n4 * 4, up + n4 * 4, n - n4 * 4);
+    return kvg_launch_result();
+}
+
+/* ---- to_lowp ------------------------------------------------------------------------ */
+
+/* 4 floats -> 4 BF16 as two bf16x2 stores (out 8-byte aligned). */
+__global__ void __launch_bounds__(ELT_THREADS)
+to_bf16_x4(const float4 *__restrict__ x, size_t n4, __nv_bfloat162 *__restrict__ out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = x[i];
+        out[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+        out[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+    }
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+to_bf16_x1(const float *__restrict__ x, size_t n, __nv_bfloat16 *__restrict__ out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+to_f16_x4(const float4 *__restrict__ x, size_t n4, __half2 *__restrict__ out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = x[i];
+        out[2 * i] = __halves2half2(__float2half_rn(v.x), __float2half_rn(v.y));
+        out[2 * i + 1] = __halves2half2(__float2half_rn(v.z), __float2half_rn(v.w));
+    }
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+to_f16_x1(const float *__restrict__ x, size_t n, __half *__restrict__ out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2half_rn(x[i]);
+}
+
+extern "C" cudaError_t kvg_k_to_lowp(cudaStream_t s, const float *x, size_t n, kvg_kt dt,
+                                     void *out)
+{
+    if (dt != KVG_KT_BF16 && dt != KVG_KT_F16)
+        return cudaErrorInvalidValue;
+    if (n == 0)
+        return cudaSuccess;
+    if (!x || !out)
+        return cudaErrorInvalidValue;
+    size_t n4 = 0;
+    if (kvg_aligned(x, 16) && kvg_aligned(out, 8))
+        n4 = n / 4;
+    const size_t done = n4 * 4;
+    if (dt == KVG_KT_BF16) {
+        __nv_bfloat16 *o = (__nv_bfloat16 *)out;
+        if (n4)
+            KVG_LAUNCH(to_bf16_x4, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
+                       (const float4 *)x, n4, (__nv_bfloat162 *)o);
+        if (n > done)
+            KVG_LAUNCH(to_bf16_x1, dim3(kvg_grid_for(n - done, ELT_THREADS)), dim3(ELT_THREADS),
+                       0, s, x + done, n - done, o + done);
+    } else {
+        __half *o = (__half *)out;
+        if (n4)
+            KVG_LAUNCH(to_f16_x4, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
+                       (const float4 *)x, n4, (__half2 *)o);
+        if (n > done)
+            KVG_LAUNCH(to_f16_x1, dim3(kvg_grid_for(n - done, ELT_THREADS)), dim3(ELT_THREADS),
+                       0, s, x + done, n - done, o + done);
+    }
+    return kvg_launch_result();
+}
+
+/* ---- bias_add ----------------------------------------------------------------------- */
+
+/* n % 4 == 0 and y, bias 16-byte aligned: float4 groups, column group i % (n / 4). */
+__global__ void __launch_bounds__(ELT_THREADS)
+bias_add_x4(float4 *__restrict__ y, const float4 *__restrict__ bias, size_t total4, int n4)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float4 a = y[i], b = bias[i % (size_t)n4];
+        a.x += b.x;
+        a.y += b.y;
+        a.z += b.z;
+        a.w += b.w;
+        y[i] = a;
+    }
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+bias_add_x1(float *__restrict__ y, const float *__restrict__ bias, size_t total, int n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] += bias[i % (size_t)n];
+}
+
+extern "C" cudaError_t kvg_k_bias_add(cudaStream_t s, float *y, const float *bias, int rows, int n)
+{
+    if (rows <= 0 || n <= 0)
+        return cudaSuccess;
+    if (!y || !bias)
+        return cudaErrorInvalidValue;
+    const size_t total = (size_t)rows * (size_t)n;
+    if (n % 4 == 0 && kvg_aligned(y, 16) && kvg_aligned(bias, 16))
+        KVG_LAUNCH(bias_add_x4, dim3(kvg_grid_for(total / 4, ELT_THREADS)), dim3(ELT_THREADS), 0,
+                   s, (float4 *)y, (const float4 *)bias, total / 4, n / 4);
+    else
+        KVG_LAUNCH(bias_add_x1, dim3(kvg_grid_for(total, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
+                   y, bias, total, n);
+    return kvg_launch_result();
+}

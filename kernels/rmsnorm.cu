@@ -1,0 +1,80 @@
+/* RMSNorm: out[r] = w * (x[r] * 1 / sqrt(mean(x[r]^2) + eps)), the CPU backend's arithmetic
+ * (ss / dim, + eps, 1 / sqrtf, w * (inv * x)).
+ *
+ * One block per row; the block size depends only on dim. Thread t accumulates, in index
+ * order, the squares of the elements (or float4 groups) t, t + blockDim.x, ...; the block
+ * then sums the per-thread values with kvg_block_sum's fixed tree. So the sum of squares
+ * of a row is the same bits whatever the number of rows in the launch. */
+#include "kvg_device.cuh"
+
+#define NORM_THREADS 256
+
+/* dim % 4 == 0 and x, w, out 16-byte aligned (activation rows from cudaMalloc are). */
+__global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_x4(const float4 *__restrict__ x, const float4 *__restrict__ w, float eps, int dim,
+           float4 *__restrict__ out)
+{
+    __shared__ float red[KVG_WARP + 1];
+    const int n4 = dim / 4;
+    const float4 *xr = x + (int64_t)blockIdx.x * n4;
+    float4 *o = out + (int64_t)blockIdx.x * n4;
+    float ss = 0.0f;
+
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        float4 v = xr[i];
+        ss += v.x * v.x;
+        ss += v.y * v.y;
+        ss += v.z * v.z;
+        ss += v.w * v.w;
+    }
+    ss = kvg_block_sum(ss, red);
+    ss /= (float)dim;
+    ss += eps;
+    const float inv = 1.0f / sqrtf(ss);
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        float4 v = xr[i], g = w[i];
+        o[i] = make_float4(g.x * (inv * v.x), g.y * (inv * v.y), g.z * (inv * v.z),
+                           g.w * (inv * v.w));
+    }
+}
+
+__global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_x1(const float *__restrict__ x, const float *__restrict__ w, float eps, int dim,
+           float *__restrict__ out)
+{
+    __shared__ float red[KVG_WARP + 1];
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *o = out + (int64_t)blockIdx.x * dim;
+    float ss = 0.0f;
+
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        ss += xr[i] * xr[i];
+    ss = kvg_block_sum(ss, red);
+    ss /= (float)dim;
+    ss += eps;
+    const float inv = 1.0f / sqrtf(ss);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        o[i] = w[i] * (inv * xr[i]);
+}
+
+extern "C" cudaError_t kvg_k_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
+                                     int rows, int dim, float *out)
+{
+    if (rows <= 0 || dim <= 0)
+        return cudaSuccess;
+    if (!x || !w || !out)
+        return cudaErrorInvalidValue;
+    const int vec = dim % 4 == 0 && kvg_aligned(x, 16) && kvg_aligned(w, 16) &&
+                    kvg_aligned(out, 16);
+    const int steps = vec ? dim / 4 : dim;
+    /* A function of dim (and the alignment) alone, never of rows. */
+    unsigned threads = ((unsigned)steps + 31u) / 32u * 32u;
+    if (threads > NORM_THREADS)
+        threads = NORM_THREADS;
+    if (vec)
+        KVG_LAUNCH(rmsnorm_x4, dim3((unsigned)rows), dim3(threads), 0, s, (const float4 *)x,
+                   (const float4 *)w, eps, dim, (float4 *)out);
+    else
+        KVG_LAUNCH(rmsnorm_x1, dim3((unsigned)rows), dim3(threads), 0, s, x, w, eps, dim, out);
+    return kvg_launch_result();
+}

@@ -1,0 +1,57 @@
+/* RoPE: rotates each head of q and k in place by the row's cos/sin table
+ * (cs[r][i] = {cos, sin} of pair i, computed by the host exactly as the CPU backend does).
+ * One block per row; its threads stride over the row's (head, pair) rotations, q's heads
+ * then k's. Each rotation reads only its own two elements and the row's cos/sin, with the
+ * CPU backend's expression (v0 c - v1 s, v0 s + v1 c): a row's result cannot depend on
+ * the launch. */
+#include "kvg_device.cuh"
+
+#define ROPE_THREADS 256
+
+__global__ void __launch_bounds__(ROPE_THREADS)
+rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restrict__ cs,
+            int n_heads, int n_kv_heads, int head_dim, int layout)
+{
+    const int half = head_dim / 2;
+    const int64_t r = blockIdx.x;
+    const int n_q = n_heads * half, n_all = (n_heads + n_kv_heads) * half;
+    const float2 *c = cs + r * half;
+    float *qr = q + r * (int64_t)n_heads * head_dim;
+    float *kr = k + r * (int64_t)n_kv_heads * head_dim;
+
+    for (int p = threadIdx.x; p < n_all; p += blockDim.x) {
+        const int hp = p < n_q ? p : p - n_q;
+        const int h = hp / half, i = hp - h * half;
+        float *v = (p < n_q ? qr : kr) + (int64_t)h * head_dim;
+        const float2 t = c[i];
+        if (layout == 0) {
+            /* adjacent pairs (2i, 2i+1): one 8-byte access (head_dim is even) */
+            float2 a = *(float2 *)(v + 2 * i);
+            *(float2 *)(v + 2 * i) = make_float2(a.x * t.x - a.y * t.y, a.x * t.y + a.y * t.x);
+        } else {
+            const float v0 = v[i], v1 = v[i + half];
+            v[i] = v0 * t.x - v1 * t.y;
+            v[i + half] = v0 * t.y + v1 * t.x;
+        }
+    }
+}
+
+extern "C" cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs, int n_rows,
+                                  int n_heads, int n_kv_heads, int head_dim, int layout)
+{
+    if (n_rows <= 0)
+        return cudaSuccess;
+    if (!q || !k || !cs || head_dim <= 0 || head_dim % 2 || n_heads <= 0 || n_kv_heads < 0 ||
+        (layout != 0 && layout != 1))
+        return cudaErrorInvalidValue;
+    /* float2 accesses: q, k and cs rows are 8-byte aligned when the bases are (head_dim even) */
+    if (!kvg_aligned(q, 8) || !kvg_aligned(k, 8) || !kvg_aligned(cs, 8))
+        return cudaErrorInvalidValue;
+    const int n_all = (n_heads + n_kv_heads) * (head_dim / 2);
+    unsigned threads = ((unsigned)n_all + 31u) / 32u * 32u;
+    if (threads > ROPE_THREADS)
+        threads = ROPE_THREADS;
+    KVG_LAUNCH(rope_kernel, dim3((unsigned)n_rows), dim3(threads), 0, s, q, k,
+               (const float2 *)cs, n_heads, n_kv_heads, head_dim, layout);
+    return kvg_launch_result();
+}

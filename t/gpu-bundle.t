@@ -1,0 +1,150 @@
+#!/usr/bin/env perl
+# make gpu-bundle (scripts/gpu-bundle.sh) from outside, as far as a machine without a GPU
+# allows: the bundle builds with nvcc, is under 64 MiB, its binaries need only glibc and
+# CUDA libraries (readelf NEEDED and ldd), start and print --help, and fail at once with a
+# CUDA error message for --backend cuda on this GPU-less machine; then the bundle's run.sh
+# runs its steps emulated (KVG_RUN_EMU=1: the build/emu binaries, tiny models), when
+# `make emu` has built them.
+#
+# Skipped without nvcc. The bundle links the libraries of $BUILD (KVG_BUNDLE_OBJ=$BUILD:
+# the objects `make` built already; so only the links run here). The ASan pass skips: the
+# bundle is no ASan build, the plain pass checks it.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use File::Find;
+use File::Temp qw(tempdir);
+use JSON::PP;
+use Test::More;
+use Time::HiRes qw(time);
+use Kvgate::Engine;
+
+plan skip_all => 'the bundle is not an ASan build; the plain run checks it' if Kvgate::Engine::asan();
+my $nvcc = $ENV{NVCC} || (grep { -x } map { "$_/nvcc" } split(/:/, $ENV{PATH} // ''), '/usr/local/cuda/bin')[0];
+plan skip_all => 'nvcc not found: the GPU bundle is built with CUDA' unless $nvcc && -x $nvcc;
+
+my $root = Kvgate::Engine::repo_root();
+my $build = $ENV{BUILD} || 'build';
+$build = "$root/$build" unless $build =~ m{^/};
+my $bundle = "$build/gpu-bundle";
+my $dir = tempdir('kvgate-bundle-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+
+sub slurp { my ($f) = @_; open my $fh, '<:raw', $f or return ''; local $/; my $s = <$fh>; $s // '' }
+
+# Runs a command with a time limit; returns (exit status, stdout+stderr, seconds).
+sub run {
+    my ($limit, @cmd) = @_;
+    my $log = "$dir/out.log";
+    my $t0 = time;
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        open STDIN, '<', '/dev/null' or die;
+        open STDOUT, '>', $log or die;
+        open STDERR, '>&', \*STDOUT or die;
+        exec @cmd or exit 127;
+    }
+    my $rc;
+    eval {
+        local $SIG{ALRM} = sub { die "timeout\n" };
+        alarm $limit;
+        waitpid($pid, 0);
+        $rc = $? >> 8;
+        alarm 0;
+    };
+    if ($@) {
+        kill 'KILL', $pid;
+        waitpid($pid, 0);
+        $rc = -1;
+    }
+    return ($rc, slurp($log), time - $t0);
+}
+
+{
+    local $ENV{KVG_BUNDLE_OBJ} = $ENV{KVG_BUNDLE_OBJ} // $build;
+    local $ENV{NVCC} = $nvcc;
+    my ($rc, $out, $secs) = run(900, 'make', '-s', '-C', $root, "BUILD=$build", 'gpu-bundle');
+    is($rc, 0, sprintf('make gpu-bundle builds (%.1f s)', $secs)) or diag($out);
+    diag(sprintf('make gpu-bundle: %.1f s', $secs));
+}
+BAIL_OUT('no bundle') unless -d $bundle;
+my $info = slurp("$bundle/BUILD-INFO");
+my $real = $info =~ /^cuda backend: real/m;
+note($info);
+
+my $size = 0;
+find(sub { $size += -s $_ if -f $_ }, $bundle);
+cmp_ok($size, '<', 64 * 1024 * 1024, sprintf('the bundle is under 64 MiB (%.1f MiB)', $size / 1048576));
+
+my @bins = map { "$bundle/$_" } qw(bin/kvgate-engine bin/kvgate-generate bin/kvgate-gpu-check bench/gpu_bench);
+for my $f (@bins, map { "$bundle/models/stories260K/$_" } qw(stories260K.bin tok512.bin golden-greedy.json)) {
+    ok(-f $f, "bundle holds " . substr($f, length($bundle) + 1));
+}
+ok(-x "$bundle/run.sh" && -f "$bundle/README.md", 'bundle holds run.sh and README.md');
+
+# What the binaries may need: glibc and CUDA. ldd also lists what the CUDA libraries pull
+# in themselves (cuBLAS needs libgcc_s), which the binaries do not name.
+my $glibc = qr/^(?:libc|libm|libpthread|libdl|librt|ld-linux-x86-64|linux-vdso)\.so/;
+my $cuda = qr/^(?:libcudart|libcublas|libcublasLt)\.so/;
+for my $b (@bins) {
+    my $name = substr($b, length($bundle) + 1);
+    my @needed = slurp_cmd('readelf', '-d', $b) =~ /\(NEEDED\)\s+Shared library: \[([^\]]+)\]/g;
+    my @bad = grep { $_ !~ $glibc && $_ !~ $cuda } @needed;
+    ok(@needed && !@bad, "$name names only glibc and CUDA libraries (" . join(' ', @needed) . ")")
+        or diag("unexpected: @bad");
+    my $ldd = slurp_cmd('ldd', $b);
+    my @libs = map { (split ' ', $_)[0] } grep { /\S/ } split /\n/, $ldd;
+    my @extra = grep { $_ !~ $glibc && $_ !~ $cuda && !/^\/lib64\/ld-linux/ && !/^libgcc_s\.so/ } @libs;
+    ok(!@extra, "ldd $name: glibc and CUDA only") or diag($ldd);
+    my ($rc, $out) = run(20, $b, '--help');
+    ok($rc == 0 && $out =~ /usage/i, "$name --help") or diag($out);
+}
+
+sub slurp_cmd {
+    my (@cmd) = @_;
+    open my $fh, '-|', @cmd or return '';
+    local $/;
+    my $s = <$fh> // '';
+    close $fh;
+    return $s;
+}
+
+# --backend cuda on this machine: no GPU (or, while engine/cuda is the stub, no CUDA in the
+# build): a message naming the reason, at once.
+my @stories = ('--model', "$bundle/models/stories260K/stories260K.bin",
+               '--tokenizer', "$bundle/models/stories260K/tok512.bin");
+my $why = $real ? qr/cuda.*(?:no CUDA-capable device|driver|cudaError|device)/is : qr/built without CUDA/;
+{
+    my ($rc, $out, $secs) = run(30, "$bundle/bin/kvgate-gpu-check", @stories, '--backend', 'cuda', '--check', 'golden');
+    ok($rc == 1 && $out =~ $why, 'kvgate-gpu-check --backend cuda fails with the CUDA reason') or diag($out);
+    cmp_ok($secs, '<', 10, 'and fails fast');
+    ($rc, $out) = run(30, "$bundle/bin/kvgate-generate", @stories, '--backend', 'cuda', '--prompt', 'Once', '--max-tokens', '2');
+    ok($rc == 1 && $out =~ $why, 'kvgate-generate --backend cuda fails with the CUDA reason') or diag($out);
+    ($rc, $out) = run(30, "$bundle/bin/kvgate-gpu-check", @stories, '--backend', 'cpu', '--check', 'golden',
+                      '--golden-cases', '1');
+    ok($rc == 0 && $out =~ /golden: pass/, 'the bundle checks golden ids on the CPU backend') or diag($out);
+}
+
+# The emulated steps of the bundle's run.sh (stories260K and synthetic:260K, tiny sizes).
+SKIP: {
+    my $emu_check = "$build/emu/bin/kvgate-gpu-check";
+    my $emu_bench = "$build/emu/bench/gpu_bench";
+    skip "the emulated binaries are not built ($emu_check, $emu_bench: make emu)", 3
+        unless -x $emu_check && -x $emu_bench;
+    local $ENV{KVG_RUN_EMU} = 1;
+    local $ENV{KVG_BIN} = "$build/emu/bin";
+    local $ENV{KVG_BENCH} = $emu_bench;
+    local $ENV{OUT} = "$dir/out";
+    my ($rc, $out, $secs) = run(600, "$bundle/run.sh");
+    is($rc, 0, sprintf('run.sh, emulated, passes (%.1f s)', $secs)) or diag($out);
+    diag(sprintf('run.sh emulated: %.1f s', $secs));
+    my $res = eval { decode_json(slurp("$dir/out/results.json")) };
+    ok($res && $res->{ok} && $res->{emulated}, 'results.json says ok, emulated') or diag($@ // $out);
+    my @bad = grep { $_->{status} ne 'pass' && $_->{status} ne 'skipped' } @{ $res->{steps} // [] };
+    ok($res && @{ $res->{steps} } >= 8 && !@bad, 'every step passed or was skipped')
+        or diag(join ', ', map { "$_->{name}: $_->{status}" } @bad);
+}
+
+done_testing();

@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# The checks and figures on a real GPU, in one run of under 8 minutes on an H200:
+#
+#   0. the machine (nvidia-smi), the binaries start;
+#   1. stories260K greedy through --backend cuda equals the golden ids (a BF16 divergence
+#      is accepted only where the CPU reference itself has a near tie: kvgate-gpu-check);
+#   2. logits vs the CPU backend within the BF16 tolerance: stories260K, synthetic:1B-bf16;
+#   3. batch invariance (cache hit vs miss, batch 1/8/64, chunks 1/7/64/whole): bit-identical
+#      with --batch-invariant on (a failure otherwise), the differing counts with it off;
+#   4. compute-sanitizer memcheck and racecheck on a short run, when it is installed;
+#   5. the benchmark (bench/gpu_bench: synthetic:1B-bf16 and synthetic:110M-bf16).
+#
+#   ./run.sh                  from the bundle folder (make gpu-bundle): bin/, bench/, models/
+#   t/gpu/run.sh              from a repository checkout: build/bin, build/bench, ../shared
+#   KVG_RUN_EMU=1 t/gpu/run.sh    the same steps on a machine without a GPU: the emulated
+#                             binaries (build/emu/bin, make emu) and tiny models, seconds
+#
+# Results: $OUT/results.json (OUT default ./out) holds every step's status and its tool's
+# JSON; a summary goes to stdout. Exit status 0 when no step failed (a skipped step, e.g.
+# no compute-sanitizer, is not a failure), 1 otherwise. Every step runs under its own
+# timeout (a timeout is a failure) so the whole stays under 8 minutes.
+#
+# Overrides: KVG_BIN (folder of kvgate-gpu-check), KVG_BENCH (the gpu_bench binary),
+# KVG_MODELS (folder holding stories260K/), KVG_STEPS (e.g. "golden logits": the steps to
+# run, of info golden logits invariance sanitizer bench), KVG_DEVICE (CUDA ordinal),
+# KVG_BACKEND (default cuda; cpu checks the script itself against the CPU backend).
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+emu=${KVG_RUN_EMU:-0}
+if [ -d "$here/bin" ]; then                     # the bundle
+    bin=$here/bin bench=$here/bench/gpu_bench models=$here/models
+else                                            # t/gpu/ in a checkout
+    root=$(cd "$here/../.." && pwd)
+    b=${BUILD:-build}
+    case $b in /*) ;; *) b=$root/$b ;; esac
+    if [ "$emu" = 1 ]; then
+        bin=$b/emu/bin bench=$b/emu/bench/gpu_bench
+    else
+        bin=$b/bin bench=$b/bench/gpu_bench
+    fi
+    models=$root/../shared/models
+fi
+bin=${KVG_BIN:-$bin}
+bench=${KVG_BENCH:-$bench}
+models=${KVG_MODELS:-$models}
+OUT=${OUT:-./out}
+steps=${KVG_STEPS:-info golden logits invariance sanitizer bench}
+dev=(--backend "${KVG_BACKEND:-cuda}" --device "${KVG_DEVICE:-0}")
+mkdir -p "$OUT" || exit 1
+OUT=$(cd "$OUT" && pwd)
+# Per-step logs and JSON in $OUT/steps/, packed into steps.tar.gz at the end (KVG_KEEP_STEPS=1
+# keeps the folder): $OUT then holds three files, results.json, summary.txt, steps.tar.gz.
+W=$OUT/steps
+rm -rf "$W" "$W/steps.tar.gz"
+mkdir -p "$W" || exit 1
+exec > >(tee "$OUT/summary.txt") 2>&1
+check=$bin/kvgate-gpu-check
+stories=(--model "$models/stories260K/stories260K.bin" --tokenizer "$models/stories260K/tok512.bin")
+threads=$(nproc 2>/dev/null || echo 4)
+
+# Sizes: the real run, or tiny ones for the emulator (every kernel still runs, on the CPU).
+if [ "$emu" = 1 ]; then
+    big=synthetic:260K
+    golden_args=(--golden-cases 2)
+    logits_small=(--prompt-len 24 --decode 2)
+    logits_big=(--prompt-len 24 --decode 2)
+    inv_args=(--prompt-len 40 --decode 2 --batches 1,8 --chunks 1,7,0)
+    san_args=(--prompt-len 20 --decode 1 --batches 1,4 --chunks 7)
+    bench_runs=("--model synthetic:260K --quick --batches 1,8")
+    t_golden=120 t_logits=120 t_inv=180 t_san=60 t_bench=120
+else
+    big=synthetic:1B-bf16
+    golden_args=()
+    logits_small=(--prompt-len 300 --decode 8)
+    logits_big=(--prompt-len 64 --decode 4 --threads "$threads")
+    inv_args=(--prompt-len 300 --decode 8)
+    san_args=(--prompt-len 40 --decode 2 --batches 1,8 --chunks 7)
+    bench_runs=("--model synthetic:1B-bf16 --reps 2" "--model synthetic:110M-bf16 --reps 2")
+    t_golden=60 t_logits=150 t_inv=120 t_san=150 t_bench=150
+fi
+
+declare -a names statuses secs
+failed=0
+start_all=$(date +%s)
+
+# step NAME TIMEOUT JSONFILE CMD...: runs CMD under timeout, logs to $OUT/NAME.log.
+step() {
+    local name=$1 limit=$2 json=$3 t0 rc st
+    shift 3
+    t0=$(date +%s)
+    echo "== $name: $*" >>"$W/commands.log"
+    timeout --kill-after=10 "$limit" "$@" >"$W/$name.log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then st=pass
+    elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then st=timeout
+    else st=fail
+    fi
+    names+=("$name") statuses+=("$st") secs+=("$(( $(date +%s) - t0 ))")
+    [ "$st" = pass ] || failed=1
+    printf '%-28s %-8s %4ss\n' "$name" "$st" "$(( $(date +%s) - t0 ))"
+    case $name in bench-*|info) ;; *) sed 's/^/    /' "$W/$name.log" | grep -E 'first divergence|FAIL|max\|diff\||differ|error|Error|ERROR|: (pass|fail|error)|TTFT|tok/s|share|batch-invariant|CUDA|cuda' | head -40 ;; esac
+    [ -z "$json" ] || [ -s "$json" ] || echo "{}" >"$json"
+}
+
+skip() {                                        # skip NAME WHY
+    names+=("$1") statuses+=(skipped) secs+=(0)
+    printf '%-28s %-8s (%s)\n' "$1" skipped "$2"
+    echo "$2" >"$W/$1.log"
+}
+
+want() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
+
+echo "kvgate GPU run ($([ "$emu" = 1 ] && echo "EMULATED: $bin" || echo "$bin")), $(date -u +%Y-%m-%dT%H:%MZ), results in $OUT"
+: >"$W/commands.log"
+
+if want info; then
+    {
+        uname -a
+        [ -f "$here/BUILD-INFO" ] && cat "$here/BUILD-INFO"
+        if command -v nvidia-smi >/dev/null 2>&1; then
+            nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+            nvidia-smi
+        else
+            echo "nvidia-smi: not found"
+        fi
+        ldd "$check" 2>&1 || true
+    } >"$W/machine.txt" 2>&1
+    command -v nvidia-smi >/dev/null 2>&1 &&
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/  GPU: /'
+    step info 20 "" "$check" --help
+fi
+
+# 1. golden greedy (stories260K).
+if want golden; then
+    step golden "$t_golden" "$W/golden.json" "$check" "${stories[@]}" "${dev[@]}" --check golden \
+        "${golden_args[@]}" --json "$W/golden.json"
+fi
+
+# 2. logits vs the CPU backend.
+if want logits; then
+    step logits-stories260K "$t_logits" "$W/logits-stories260K.json" "$check" "${stories[@]}" "${dev[@]}" \
+        --check logits "${logits_small[@]}" --json "$W/logits-stories260K.json"
+    step "logits-${big#synthetic:}" "$t_logits" "$W/logits-${big#synthetic:}.json" "$check" --model "$big" "${dev[@]}" \
+        --check logits "${logits_big[@]}" --json "$W/logits-${big#synthetic:}.json"
+fi
+
+# 3. invariance, on (must be exact) and off (counts reported; not a failure).
+if want invariance; then
+    for m in stories "$big"; do
+        # tags name files: letters, digits, '.', '_' and '-' only
+        if [ "$m" = stories ]; then margs=("${stories[@]}") tag=stories260K; else margs=(--model "$m") tag=${m#synthetic:}; fi
+        step "invariance-on-$tag" "$t_inv" "$W/invariance-on-$tag.json" "$check" "${margs[@]}" "${dev[@]}" \
+            --check invariance --batch-invariant on "${inv_args[@]}" --json "$W/invariance-on-$tag.json"
+        step "invariance-off-$tag" "$t_inv" "$W/invariance-off-$tag.json" "$check" "${margs[@]}" "${dev[@]}" \
+            --check invariance --batch-invariant off "${inv_args[@]}" --json "$W/invariance-off-$tag.json"
+    done
+fi
+
+# 4. compute-sanitizer on a short run.
+if want sanitizer; then
+    san=$(command -v compute-sanitizer 2>/dev/null || true)
+    for d in /usr/local/cuda/bin /usr/local/cuda-13/bin /opt/cuda/bin; do
+        [ -n "$san" ] || { [ -x "$d/compute-sanitizer" ] && san=$d/compute-sanitizer; }
+    done
+    if [ "$emu" = 1 ]; then
+        skip sanitizer "emulated run: compute-sanitizer needs a GPU"
+    elif [ -z "$san" ]; then
+        skip sanitizer "compute-sanitizer is not installed on this machine"
+    else
+        for tool in memcheck racecheck; do
+            step "sanitizer-$tool" "$t_san" "" "$san" --tool "$tool" --error-exitcode 9 \
+                "$check" "${stories[@]}" "${dev[@]}" --check invariance "${san_args[@]}"
+        done
+    fi
+fi
+
+# 5. the benchmark, one run per model (so one slow model does not cost the other's figures).
+if want bench; then
+    i=0
+    for args in "${bench_runs[@]}"; do
+        # shellcheck disable=SC2086 # the words of one bench run
+        step "bench-$i" "$t_bench" "$W/bench-$i.json" "$bench" "${dev[@]}" $args \
+            --json "$W/bench-$i.json"
+        i=$((i + 1))
+    done
+fi
+
+total=$(( $(date +%s) - start_all ))
+
+# One JSON of everything: each step's status, seconds and the JSON its tool wrote.
+{
+    printf '{\n  "emulated": %s,\n  "seconds": %s,\n  "ok": %s,\n  "steps": [\n' \
+        "$([ "$emu" = 1 ] && echo true || echo false)" "$total" "$([ $failed = 0 ] && echo true || echo false)"
+    for k in "${!names[@]}"; do
+        n=${names[$k]}
+        f=$W/$n.json
+        [ -s "$f" ] || f=
+        printf '    {"name": "%s", "status": "%s", "seconds": %s, "result": %s}%s\n' "$n" "${statuses[$k]}" \
+            "${secs[$k]}" "$([ -n "$f" ] && cat "$f" || echo null)" "$([ $k -lt $(( ${#names[@]} - 1 )) ] && echo ,)"
+    done
+    printf '  ]\n}\n'
+} >"$OUT/results.json"
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$OUT/results.json"; then
+    echo "results.json is not valid JSON (a tool's output was cut short?)" >&2
+    failed=1
+fi
+
+if want bench; then
+    echo
+    for k in "${!names[@]}"; do
+        case ${names[$k]} in bench-*) sed -n '/^[a-z].*(.*params/,$p' "$W/${names[$k]}.log" ;; esac
+    done
+fi
+if [ "${KVG_KEEP_STEPS:-0}" != 1 ]; then
+    tar czf "$OUT/steps.tar.gz" -C "$OUT" steps && rm -rf "$W"
+fi
+echo
+echo "$([ $failed = 0 ] && echo "ALL PASSED" || echo "FAILED"): ${#names[@]} steps in ${total}s; results in $OUT/results.json"
+exit $failed

@@ -1,0 +1,191 @@
+/* The CUDA backend's step plan (engine/cuda/step_plan.c, plain C): the packed layout,
+ * row slots, block tables, attention tiles and splits, row_part and the partials count
+ * on hand-made steps, and the validation of block ids and table lengths. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tap.h"
+#include "cuda/step_plan.h"
+
+#define I32(buf, p, field) ((const int32_t *)(const void *)((const unsigned char *)(buf) + (p)->field))
+
+typedef struct mk {
+    int32_t tokens[256], pos[256], row_seq[256], out_rows[16];
+    int32_t tables[4][64];
+    const int32_t *tp[4];
+    int32_t nb[4];
+    kvg_step s;
+} mk;
+
+/* Sequence i has n_new[i] rows starting at position start[i], blocks given per table. */
+static void build(mk *k, int n_seqs, const int *start, const int *n_new, int bt)
+{
+    int r = 0;
+    memset(k, 0, sizeof *k);
+    for (int i = 0; i < n_seqs; i++) {
+        int end = start[i] + n_new[i];
+        k->nb[i] = (end + bt - 1) / bt;
+        for (int b = 0; b < k->nb[i]; b++)
+            k->tables[i][b] = 100 * i + b + 1;
+        k->tp[i] = k->tables[i];
+        for (int t = 0; t < n_new[i]; t++, r++) {
+            k->tokens[r] = 7 + r;
+            k->pos[r] = start[i] + t;
+            k->row_seq[r] = i;
+        }
+        k->out_rows[i] = r - 1;
+    }
+    k->s.n_rows = r;
+    k->s.tokens = k->tokens;
+    k->s.pos = k->pos;
+    k->s.row_seq = k->row_seq;
+    k->s.n_seqs = n_seqs;
+    k->s.block_tokens = bt;
+    k->s.block_tables = k->tp;
+    k->s.n_blocks = k->nb;
+    k->s.n_out = n_seqs;
+    k->s.out_rows = k->out_rows;
+}
+
+static void *plan(const mk *k, int pool, int split, int tile, kvg_step_plan *p, char *err, size_t len)
+{
+    void *buf;
+    if (kvg_step_plan_layout(&k->s, pool, split, tile, 8, p, err, len) != 0)
+        return NULL;
+    buf = aligned_alloc(16, (p->bytes + 15) / 16 * 16);
+    kvg_step_plan_fill(&k->s, p, buf);
+    return buf;
+}
+
+static void test_decode_and_prefill(void)
+{
+    char err[256];
+    mk k;
+    kvg_step_plan p;
+    /* seq 0: a prefill chunk of 40 rows at positions 0..39; seq 1: one decode row at 300;
+     * blocks of 16, splits of 32, tiles of 16. */
+    int start[] = { 0, 300 }, n_new[] = { 40, 1 };
+    build(&k, 2, start, n_new, 16);
+    void *buf = plan(&k, 1000, 32, 16, &p, err, sizeof err);
+    ok(buf != NULL, "plan built (%s)", buf ? "" : err);
+    if (!buf)
+        return;
+    is_int(p.n_rows, 41, "rows");
+    is_int(p.max_tile_rows, 16, "tiles of at most 16 rows");
+    /* seq 0 tiles: rows 0-15 (pos 15: 1 split), 16-31 (pos 31: 1 split), 32-39 (pos 39: 2
+     * splits); seq 1: one row at 300: 300/32 + 1 = 10 splits. */
+    is_int(p.n_items, 1 + 1 + 2 + 10, "items: each tile times the splits its last row reaches");
+    {
+        int64_t want = 0;
+        for (int r = 0; r < 40; r++)
+            want += r / 32 + 1;
+        want += 10;
+        is_int(p.n_partials, want, "partials: every row's splits");
+    }
+    const kvg_plan_item *it = (const kvg_plan_item *)(const void *)((unsigned char *)buf + p.off_items);
+    ok(it[0].seq == 0 && it[0].row0 == 0 && it[0].n_rows == 16 && it[0].split == 0, "item 0");
+    ok(it[2].row0 == 32 && it[2].n_rows == 8 && it[2].split == 0 && it[3].split == 1, "last tile of the chunk: 2 splits");
+    ok(it[4].seq == 1 && it[4].row0 == 40 && it[4].n_rows == 1 && it[4].split == 0 && it[13].split == 9,
+       "decode row: splits 0..9");
+    const int32_t *row_part = I32(buf, &p, off_row_part);
+    is_int(row_part[0], 0, "row_part[0]");
+    is_int(row_part[32], 32, "row_part: rows 0..31 have one split each");
+    is_int(row_part[34], 32 + 2 * 2, "row_part: rows 32.. have two");
+    is_int(row_part[40], 32 + 8 * 2, "row_part of the decode row");
+    const int32_t *slot = I32(buf, &p, off_row_slot);
+    is_int(slot[0], 1 * 16 + 0, "row slot: block 1, slot 0");
+    is_int(slot[17], 2 * 16 + 1, "row slot: position 17 in block 2 slot 1");
+    is_int(slot[40], (100 + 18 + 1) * 16 + 300 % 16, "decode row slot");
+    const int32_t *toff = I32(buf, &p, off_table_off), *tab = I32(buf, &p, off_tables);
+    is_int(toff[0], 0, "table_off[0]");
+    is_int(toff[1], 3, "table_off[1]: after seq 0's 3 blocks");
+    is_int(tab[4], 102, "flat tables: seq 1 block 1");
+    is_int(p.n_table, 3 + 19, "table length");
+    is_int(I32(buf, &p, off_tokens)[5], 12, "tokens copied");
+    is_int(I32(buf, &p, off_pos)[40], 300, "positions copied");
+    is_int(I32(buf, &p, off_out_rows)[1], 40, "out rows copied");
+    ok(p.off_cs % 16 == 0 && p.bytes >= p.off_cs + 41 * 8 * sizeof(float), "cos/sin region: rows x head_dim");
+    free(buf);
+}
+
+static void test_tiles_break(void)
+{
+    char err[256];
+    mk k;
+    kvg_step_plan p;
+    int start[] = { 5, 0, 9 }, n_new[] = { 3, 1, 20 };
+    build(&k, 3, start, n_new, 4);
+    void *buf = plan(&k, 1000, 8, 4, &p, err, sizeof err);
+    ok(buf != NULL, "three sequences (%s)", buf ? "" : err);
+    if (!buf)
+        return;
+    /* seq 0: one tile (rows 0-2, last pos 7: 1 split); seq 1: one (pos 0); seq 2: 5 tiles of
+     * 4 at positions 9..28. */
+    const kvg_plan_item *it = (const kvg_plan_item *)(const void *)((unsigned char *)buf + p.off_items);
+    int n0 = 0;
+    for (int i = 0; i < p.n_items; i++)
+        if (it[i].seq == 0)
+            n0++;
+    is_int(n0, 1, "a tile never spans two sequences");
+    is_int(it[1].seq, 1, "the next sequence starts a tile");
+    int ok_rows = 1;
+    for (int i = 0; i < p.n_items; i++)
+        if (it[i].n_rows > 4 || k.row_seq[it[i].row0] != it[i].seq ||
+            k.row_seq[it[i].row0 + it[i].n_rows - 1] != it[i].seq)
+            ok_rows = 0;
+    ok(ok_rows, "every item: <= tile rows of its one sequence");
+    /* A tile's splits reach its last row: rows of seq 2 at 25..28 -> 28/8 + 1 = 4 splits. */
+    is_int(it[p.n_items - 1].split, 3, "last tile reaches split 3");
+    free(buf);
+}
+
+static void test_validation(void)
+{
+    char err[256];
+    mk k;
+    kvg_step_plan p;
+    int start[] = { 0, 20 }, n_new[] = { 5, 1 };
+    build(&k, 2, start, n_new, 16);
+    k.tables[1][1] = 200;
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, &p, err, sizeof err) == -1 &&
+       strstr(err, "block id 200") && strstr(err, "sequence 1") && strstr(err, "200 blocks"),
+       "block id past the pool rejected (%s)", err);
+    k.tables[1][1] = -3;
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, &p, err, sizeof err) == -1 && strstr(err, "block id -3"),
+       "negative block id rejected (%s)", err);
+    k.tables[1][1] = 7;
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, &p, err, sizeof err) == 0, "valid again");
+    k.nb[1] = 1;
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, &p, err, sizeof err) == -1 &&
+       strstr(err, "row 5") && strstr(err, "position 20") && strstr(err, "1 blocks of 16"),
+       "position past the table rejected (%s)", err);
+    k.nb[1] = 2;
+    ok(kvg_step_plan_layout(&k.s, 200, 24, 16, 8, &p, err, sizeof err) == -1 && strstr(err, "multiple"),
+       "a split that is not whole blocks rejected (%s)", err);
+    k.out_rows[0] = 9;
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, &p, err, sizeof err) == -1 && strstr(err, "output 0"),
+       "an output row past the step rejected (%s)", err);
+}
+
+static void test_split_choice(void)
+{
+    mk k;
+    int start[] = { 1000 }, n_new[] = { 1 };
+    build(&k, 1, start, n_new, 16);
+    is_int(kvg_step_plan_split_tokens(&k.s, 1, 264), 256, "invariant: 256 positions");
+    k.s.block_tokens = 48;
+    is_int(kvg_step_plan_split_tokens(&k.s, 1, 264), 288, "invariant: rounded up to whole blocks");
+    k.s.block_tokens = 16;
+    int sp = kvg_step_plan_split_tokens(&k.s, 0, 264);
+    ok(sp % 16 == 0 && sp >= 16 && sp < 256, "off: a long decode is split finer (%d)", sp);
+}
+
+int main(void)
+{
+    test_decode_and_prefill();
+    test_tiles_break();
+    test_validation();
+    test_split_choice();
+    return done_testing();
+}
