@@ -10,9 +10,10 @@
  * threads of a block are fibers (kernels/emu/cuda_emu_fiber.cc), and every barrier
  * (__syncthreads, __syncwarp, a shuffle, a vote) is a real rendezvous: the fiber parks
  * until all the block's (or the mask's) live threads arrive. A thread that exited does
- * not count for __syncthreads; a warp operation whose mask names an exited or absent lane,
- * threads waiting at different __syncthreads, or a deadlock abort with a message naming
- * the kernel: each is a bug that would hang or read garbage on a GPU.
+ * not count for __syncthreads, nor in a warp operation's mask (as on a GPU); a shuffle
+ * reading an exited, absent (partial warp) or unmasked lane, threads waiting at different
+ * __syncthreads, or a deadlock abort with a message naming the kernel: each is a bug that
+ * would hang or read garbage on a GPU.
  *
  * Device memory is host memory (the allocations of cudaMalloc), so an out-of-bounds
  * access by a kernel is caught by AddressSanitizer in the ASan build: that is how the
@@ -140,8 +141,8 @@ inline int __any_sync(unsigned mask, int predicate)
 
 inline int __all_sync(unsigned mask, int predicate)
 {
-    /* The ballot covers only lanes of the mask, all of which took part. */
-    return __ballot_sync(mask, predicate) == mask;
+    /* exited lanes of the mask take no part: "all" means no live lane says no */
+    return __ballot_sync(mask, !predicate) == 0;
 }
 
 /* ---- atomics: the threads of a launch run one at a time, so a plain read-modify-write

@@ -7,7 +7,8 @@
  * The emulated device: one device, "kvgate emulated device (host)", sm 9.0, 132 SMs,
  * KVG_EMU_MEMORY bytes of memory (env, default 2 GiB; suffixes K, M, G). "Device" memory
  * is host memory the emulator tracks: cudaMemcpy* and cublasLtMatmul check that a device
- * range lies inside one device allocation. Kernels run synchronously at launch, so every
+ * range lies inside one device allocation; fresh cudaMalloc memory is 0xFF bytes (NaN as
+ * F32/F16/BF16). Kernels run synchronously at launch, so every
  * stream is trivially in order. Environment (read at the first call, again at
  * kvg_emu_reset()):
  *   KVG_EMU_DEVICES=0     no device: cudaGetDeviceCount and every device call fail with
@@ -337,6 +338,9 @@ size_t kvg_emu_bytes_in_use(void);
 /* How many times `call` (an API function's name, or "launch") was made since the start
  * or the last kvg_emu_reset(), failed calls included. */
 long kvg_emu_calls(const char *call);
+
+/* Fiber switches made by kernel launches so far (the emulator's own cost figure). */
+long kvg_emu_switches(void);
 
 #ifdef __cplusplus
 }

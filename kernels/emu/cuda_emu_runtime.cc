@@ -465,8 +465,10 @@ cudaError_t cudaMalloc(void **devPtr, size_t size)
      * redzone starts right after the allocation. */
     if (posix_memalign(&p, 256, size))
         return record(cudaErrorMemoryAllocation);
-    /* Fresh device memory is garbage, not zeros: kernels that read before writing show. */
-    memset(p, 0xA5, size);
+    /* Fresh device memory is not zeros on a GPU either: here it is all 0xFF bytes, a NaN
+     * as F32, F16 and BF16 (and -1 as an integer), so a kernel or GEMM that reads memory
+     * nobody wrote spoils its results loudly instead of adding a tiny garbage value. */
+    memset(p, 0xFF, size);
     s.allocs[(uintptr_t)p] = Alloc{size, true};
     s.device_bytes += size;
     *devPtr = p;

@@ -165,6 +165,22 @@ __global__ void partial_exit(int live, int *out)
     out[t] = got;
 }
 
+/* A block of 48 threads (warp 1 is partial) whose threads >= 44 exit: votes with the full
+ * mask count only the live lanes; a width-4 shuffle stays among live lanes.
+ * out[t] = ballot | all << 31 for lane 0 of each warp, else the quad's sum of t. */
+__global__ void partial_warp(unsigned *out)
+{
+    unsigned t = threadIdx.x;
+    if (t >= 44)
+        return;
+    unsigned b = __ballot_sync(0xffffffffu, t & 1);
+    int all = __all_sync(0xffffffffu, t < 44);
+    unsigned v = t;
+    v += __shfl_xor_sync(0xffffffffu, v, 1, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 2, 4);
+    out[t] = (t & 31) == 0 ? (b & 0x7fffffffu) | (unsigned)all << 31 : v;
+}
+
 /* Bugs the emulator must catch: */
 __global__ void divergent_sync(void)
 {
@@ -173,6 +189,14 @@ __global__ void divergent_sync(void)
     } else {
         __syncthreads();
     }
+}
+
+__global__ void deadlock(void)
+{
+    if (threadIdx.x < 16)
+        __syncthreads();
+    else
+        __syncwarp();
 }
 
 __global__ void shfl_exited_lane(float *out)
@@ -213,6 +237,8 @@ cudaError_t emu_t_convert(const float *in, int n, unsigned short *bf, unsigned s
 cudaError_t emu_t_from_bits(const unsigned short *in, int n, float *bf, float *hf);
 cudaError_t emu_t_partial_exit(int threads, int live, int *out);
 void emu_t_divergent_sync(void);
+void emu_t_deadlock(void);
+cudaError_t emu_t_partial_warp(unsigned *out);
 void emu_t_shfl_exited_lane(float *out);
 cudaError_t emu_t_sync_loop(int blocks, int threads, int iters, int *out);
 
@@ -283,9 +309,20 @@ cudaError_t emu_t_partial_exit(int threads, int live, int *out)
     return cudaGetLastError();
 }
 
+cudaError_t emu_t_partial_warp(unsigned *out)
+{
+    LAUNCH(dim3(1), dim3(48), 0, 0, partial_warp(out));
+    return cudaGetLastError();
+}
+
 void emu_t_divergent_sync(void)
 {
     LAUNCH(dim3(1), dim3(32), 0, 0, divergent_sync());
+}
+
+void emu_t_deadlock(void)
+{
+    LAUNCH(dim3(1), dim3(32), 0, 0, deadlock());
 }
 
 void emu_t_shfl_exited_lane(float *out)
