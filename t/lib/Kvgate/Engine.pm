@@ -48,7 +48,8 @@ sub stories_args {
     return ('--model', "$d/stories260K.bin", '--tokenizer', "$d/tok512.bin");
 }
 
-# start(socket => PATH, args => [model args...] (default stories260K), extra => [...])
+# start(socket => PATH, args => [model args...] (default stories260K), extra => [...],
+#       bin => another kvgate-engine binary (e.g. the emulated CUDA build))
 sub start {
     my ($class, %o) = @_;
     my $self = bless { %o }, ref $class || $class;
@@ -62,7 +63,7 @@ sub start {
 sub _spawn {
     my ($self) = @_;
     my $sock = $self->{socket} or croak 'socket => PATH is required';
-    my @cmd = (bin('kvgate-engine'), @{ $self->{args} }, '--socket', $sock, '--socket-mode', '0666',
+    my @cmd = ($self->{bin} // bin('kvgate-engine'), @{ $self->{args} }, '--socket', $sock, '--socket-mode', '0666',
                '--threads', '1', @{ $self->{extra} });
     pipe(my $r, my $w) or croak "pipe: $!";
     my $pid = fork // croak "fork: $!";
