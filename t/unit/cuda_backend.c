@@ -21,9 +21,10 @@
 
 /* Logits of the CUDA backend against the CPU's: the CUDA backend rounds every GEMM input
  * and the KV cache to BF16 (the CPU keeps F32 activations and an F32 cache), so a logit
- * may differ by this share of the largest logit's magnitude (measured: see diag lines;
- * the worst model stays well under it). */
-#define REL_TOL 0.05
+ * may differ by this share of the largest logit's magnitude. Measured (diag lines): at
+ * most 0.0137 (test model B, MHA with 20-unit logits), 0.0077 for model A, 0.0053 for
+ * synthetic:260K-bf16; the bound is about twice the worst. */
+#define REL_TOL 0.03
 
 typedef struct rig {
     const kvg_model *m;
