@@ -662,6 +662,91 @@ static int parse_sampling(pctx *p, const json_t *root)
     return 0;
 }
 
+/* The "kvgate" extension object. n is parsed before (min_samples <= n). */
+static int parse_kvgate(pctx *p, const json_t *root)
+{
+    static const char *const KEYS[] = { "vote", "answer_pattern", "min_samples", "agreement",
+                                        "wave" };
+    kvg_request *r = p->req;
+    json_t *obj = field(root, "kvgate"), *v, *val;
+    const char *key;
+    char param[KVG_API_ERROR_PARAM_MAX];
+    int any = 0;
+
+    if (!obj)
+        return 0;
+    if (!json_is_object(obj))
+        return type_error(p, "kvgate", "an object", obj);
+    json_object_foreach(obj, key, val) {
+        size_t i;
+        for (i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++)
+            if (!strcmp(key, KEYS[i]))
+                break;
+        if (i == sizeof KEYS / sizeof KEYS[0]) {
+            pname(param, sizeof param, "kvgate.%s", key);
+            return kvg_api_error_set(p->err, 400, "unknown_parameter", param,
+                                     "Unknown parameter: '%s'. The kvgate object accepts 'vote', "
+                                     "'answer_pattern', 'min_samples', 'agreement' and 'wave'.",
+                                     param);
+        }
+        if (!json_is_null(val))
+            any = 1;
+    }
+    if (!any)
+        return 0;
+    if (!(v = field(obj, "vote")))
+        return kvg_api_error_set(p->err, 400, "missing_required_parameter", "kvgate.vote",
+                                 "Missing required parameter: 'kvgate.vote' ('majority' or "
+                                 "'logprob') is required when the kvgate object is given.");
+    if (!json_is_string(v))
+        return type_error(p, "kvgate.vote", "a string", v);
+    if (!strcmp(json_string_value(v), "majority")) {
+        r->vote = KVG_VOTE_MAJORITY;
+    } else if (!strcmp(json_string_value(v), "logprob")) {
+        r->vote = KVG_VOTE_LOGPROB;
+    } else {
+        char q[80];
+        fmt_quoted(json_string_value(v), json_string_length(v), q, sizeof q);
+        return kvg_api_error_set(p->err, 400, "invalid_value", "kvgate.vote",
+                                 "Invalid value for 'kvgate.vote': %s. Supported values are: "
+                                 "'majority' and 'logprob'.", q);
+    }
+    r->has_vote = 1;
+    if ((v = field(obj, "answer_pattern"))) {
+        size_t n;
+        if (!json_is_string(v))
+            return type_error(p, "kvgate.answer_pattern", "a string", v);
+        n = json_string_length(v);
+        if (n == 0)
+            return kvg_api_error_set(p->err, 400, "invalid_value", "kvgate.answer_pattern",
+                                     "Invalid 'kvgate.answer_pattern': empty string. Expected a "
+                                     "regular expression with one capture group.");
+        if (n > KVG_REQ_MAX_PATTERN_LEN)
+            return kvg_api_error_set(p->err, 400, "string_above_max_length",
+                                     "kvgate.answer_pattern", "Invalid 'kvgate.answer_pattern': "
+                                     "string too long. Expected a string with maximum length %d, "
+                                     "but got a string with length %zu instead.",
+                                     KVG_REQ_MAX_PATTERN_LEN, n);
+        if (!(r->answer_pattern = copy_str(p, json_string_value(v), n)))
+            return -1;
+        r->answer_pattern_len = n;
+    }
+    if ((v = field(obj, "min_samples"))
+        && get_int32(p, v, "kvgate.min_samples", 1, r->n, &r->min_samples) < 0)
+        return -1;
+    if ((v = field(obj, "agreement"))
+        && get_number(p, v, "kvgate.agreement", 0, 1, 1, &r->agreement) < 0)
+        return -1;
+    if ((v = field(obj, "wave")) && get_int32(p, v, "kvgate.wave", 1, INT32_MAX, &r->wave) < 0)
+        return -1;
+    if (r->n > KVG_SC_MAX_N)
+        return kvg_api_error_set(p->err, 400, "integer_above_max_value", "n",
+                                 "Invalid 'n': integer above maximum value. With 'kvgate.vote', "
+                                 "expected a value <= %d, but got %d instead.", KVG_SC_MAX_N,
+                                 (int)r->n);
+    return 0;
+}
+
 static int parse_root(pctx *p, const json_t *root)
 {
     if (parse_model(p, root) < 0)
@@ -669,7 +754,8 @@ static int parse_root(pctx *p, const json_t *root)
     if (p->ep == KVG_ENDPOINT_CHAT ? parse_messages(p, root) < 0 : parse_prompt(p, root) < 0)
         return -1;
     if (parse_sampling(p, root) < 0 || parse_stop(p, root) < 0 || parse_stream(p, root) < 0
-        || parse_logprobs(p, root) < 0 || check_unsupported(p, root) < 0)
+        || parse_logprobs(p, root) < 0 || check_unsupported(p, root) < 0
+        || parse_kvgate(p, root) < 0)
         return -1;
     return 0;
 }
@@ -742,6 +828,7 @@ kvg_request *kvg_request_parse(kvg_endpoint ep, const char *body, size_t len,
         p.req->top_p = 1.0;
         p.req->top_k = -1;
         p.req->n = 1;
+        p.req->agreement = 0.5;
         if (parse_root(&p, root) < 0)
             p.req = NULL;
     }

@@ -32,6 +32,24 @@
  *                          chat: bool, with top_logprobs 0..20 allowed only when
  *                          logprobs is true. Both map to has_logprobs/top_logprobs.
  *   user                   string, kept for logs; never used for hashing
+ *   kvgate                 kvgate's extension (self-consistency), an object or null:
+ *                          {"vote": "majority"|"logprob", "answer_pattern": string,
+ *                           "min_samples": int, "agreement": number, "wave": int}
+ *                          vote             required when the object has any key;
+ *                                           {} is the same as no object (no vote)
+ *                          answer_pattern   1..1024 bytes (compiled by the gateway:
+ *                                           ngx_regex, exactly one capture group)
+ *                          min_samples      1..n (absent: all n samples at once)
+ *                          agreement        in (0, 1] (default 0.5)
+ *                          wave             >= 1 (absent: min_samples; more than
+ *                                           what remains is clamped)
+ *                          with vote, n is at most KVG_SC_MAX_N (32: the engine's
+ *                          per-sample cancel mask), else 400 param "n".
+ *                          Errors are 400 naming the key: "kvgate" (not an object),
+ *                          "kvgate.KEY" (code "unknown_parameter"), "kvgate.vote",
+ *                          "kvgate.answer_pattern", "kvgate.min_samples",
+ *                          "kvgate.agreement", "kvgate.wave". Keys may be null
+ *                          (= absent), like every other field.
  * Integer fields also accept a JSON number with no fractional part (2.0), as
  * vLLM's validation does.
  *
@@ -62,6 +80,7 @@
 
 #include "api_error.h"
 #include "chat_template.h"
+#include "vote.h"
 
 typedef enum kvg_endpoint {
     KVG_ENDPOINT_COMPLETIONS = 1,    /* POST /v1/completions */
@@ -78,6 +97,7 @@ typedef enum kvg_prompt_kind {
 #define KVG_REQ_MAX_N           128
 #define KVG_REQ_MAX_LOGPROBS    20
 #define KVG_REQ_MAX_MODEL_LEN   256
+#define KVG_REQ_MAX_PATTERN_LEN 1024    /* kvgate.answer_pattern, bytes */
 
 /* All strings are valid UTF-8, NUL-terminated, with their length alongside
  * (lengths exclude the NUL). Everything is owned by the request. */
@@ -112,6 +132,15 @@ typedef struct kvg_request {
     int32_t top_logprobs;            /* alternatives per position, 0..20 */
     const char *user;                /* NULL when absent */
     size_t user_len;
+
+    /* the "kvgate" object (self-consistency); all 0/NULL without a vote */
+    int has_vote;                    /* the kvgate object had "vote" */
+    kvg_vote_kind vote;              /* KVG_VOTE_MAJORITY | KVG_VOTE_LOGPROB */
+    const char *answer_pattern;      /* NULL: the default extractor */
+    size_t answer_pattern_len;
+    int32_t min_samples;             /* 0: all n at once */
+    double agreement;                /* default 0.5 (also without a vote) */
+    int32_t wave;                    /* 0: = min_samples */
 
     void *mem_;                      /* private: the request's memory */
 } kvg_request;

@@ -586,6 +586,134 @@ static void test_error_render(void)
     }
 }
 
+/* The "kvgate" extension object (self-consistency). */
+static void test_kvgate(void)
+{
+    kvg_request *r;
+
+#define KC "{\"model\":\"m\",\"prompt\":\"q\",\"n\":5,\"kvgate\":"
+#define KH "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"n\":5," \
+    "\"kvgate\":"
+    r = good(CMPL, "{\"model\":\"m\",\"prompt\":\"q\"}", "no kvgate object");
+    if (r)
+        ok(!r->has_vote && r->vote == 0 && r->answer_pattern == NULL && r->min_samples == 0
+           && r->agreement == 0.5 && r->wave == 0, "  kvgate defaults");
+    kvg_request_free(r);
+
+    r = good(CMPL, KC "{\"vote\":\"majority\",\"answer_pattern\":\"answer: (\\\\d+)\","
+             "\"min_samples\":3,\"agreement\":0.6,\"wave\":2}}", "completions with every kvgate key");
+    if (r) {
+        ok(r->has_vote && r->vote == KVG_VOTE_MAJORITY, "  vote majority");
+        ok(str_is(r->answer_pattern, r->answer_pattern_len, "answer: (\\d+)"), "  answer_pattern");
+        ok(r->min_samples == 3 && r->agreement == 0.6 && r->wave == 2 && r->n == 5,
+           "  min_samples, agreement, wave");
+    }
+    kvg_request_free(r);
+
+    r = good(CHAT, KH "{\"vote\":\"logprob\"}}", "chat with a logprob vote");
+    if (r)
+        ok(r->has_vote && r->vote == KVG_VOTE_LOGPROB && r->answer_pattern == NULL
+           && r->min_samples == 0 && r->agreement == 0.5 && r->wave == 0, "  logprob, defaults");
+    kvg_request_free(r);
+
+    r = good(CHAT, KH "{\"vote\":\"majority\",\"min_samples\":5,\"agreement\":1,"
+             "\"wave\":100,\"answer_pattern\":null}}", "chat: min_samples = n, agreement 1, big wave");
+    if (r)
+        ok(r->has_vote && r->min_samples == 5 && r->agreement == 1.0 && r->wave == 100
+           && r->answer_pattern == NULL, "  the bounds are inclusive; null = absent");
+    kvg_request_free(r);
+
+    r = good(CMPL, KC "null}", "kvgate null");
+    if (r)
+        ok(!r->has_vote, "  null: no vote");
+    kvg_request_free(r);
+    r = good(CMPL, KC "{}}", "kvgate {}");
+    if (r)
+        ok(!r->has_vote, "  {}: no vote");
+    kvg_request_free(r);
+    r = good(CMPL, KC "{\"vote\":null,\"wave\":null}}", "kvgate with only nulls");
+    if (r)
+        ok(!r->has_vote, "  only nulls: no vote");
+    kvg_request_free(r);
+    r = good(CMPL, "{\"model\":\"m\",\"prompt\":\"q\",\"n\":32,\"kvgate\":{\"vote\":\"majority\"}}",
+             "n = 32 with a vote");
+    kvg_request_free(r);
+    r = good(CMPL, "{\"model\":\"m\",\"prompt\":\"q\",\"n\":64}", "n = 64 without a vote");
+    kvg_request_free(r);
+    r = good(CMPL, "{\"model\":\"m\",\"prompt\":\"q\",\"kvgate\":{\"vote\":\"majority\","
+             "\"min_samples\":1,\"agreement\":1e-9,\"wave\":1.0}}", "n = 1, integral 1.0, tiny agreement");
+    if (r)
+        ok(r->n == 1 && r->min_samples == 1 && r->wave == 1, "  n 1, min_samples 1, wave 1");
+    kvg_request_free(r);
+
+    for (int ep = CMPL; ep <= CHAT; ep++) {
+        kvg_endpoint e = (kvg_endpoint)ep;
+        char body[2048];
+#define B(obj) (snprintf(body, sizeof body, "%s%s}", e == CMPL ? KC : KH, obj), body)
+        bad(e, B("[]"), 400, "kvgate", "invalid_type", "expected an object", "kvgate an array");
+        bad(e, B("\"majority\""), 400, "kvgate", "invalid_type", NULL, "kvgate a string");
+        bad(e, B("{\"vote\":\"majority\",\"votes\":1}"), 400, "kvgate.votes", "unknown_parameter",
+            "Unknown parameter", "unknown key");
+        bad(e, B("{\"Vote\":\"majority\"}"), 400, "kvgate.Vote", "unknown_parameter", NULL,
+            "keys are case-sensitive");
+        bad(e, B("{\"vote\":\"mode\"}"), 400, "kvgate.vote", "invalid_value", "'mode'", "unknown vote");
+        bad(e, B("{\"vote\":\"\"}"), 400, "kvgate.vote", "invalid_value", NULL, "empty vote");
+        bad(e, B("{\"vote\":1}"), 400, "kvgate.vote", "invalid_type", NULL, "vote a number");
+        bad(e, B("{\"min_samples\":3}"), 400, "kvgate.vote", "missing_required_parameter",
+            "required", "a key without vote");
+        bad(e, B("{\"vote\":null,\"agreement\":0.5}"), 400, "kvgate.vote",
+            "missing_required_parameter", NULL, "vote null with another key");
+        bad(e, B("{\"vote\":\"majority\",\"min_samples\":0}"), 400, "kvgate.min_samples",
+            "integer_below_min_value", NULL, "min_samples 0");
+        bad(e, B("{\"vote\":\"majority\",\"min_samples\":-1}"), 400, "kvgate.min_samples",
+            "integer_below_min_value", NULL, "min_samples < 0");
+        bad(e, B("{\"vote\":\"majority\",\"min_samples\":6}"), 400, "kvgate.min_samples",
+            "integer_above_max_value", "<= 5", "min_samples > n");
+        bad(e, B("{\"vote\":\"majority\",\"min_samples\":2.5}"), 400, "kvgate.min_samples",
+            "invalid_type", NULL, "min_samples fractional");
+        bad(e, B("{\"vote\":\"majority\",\"min_samples\":\"3\"}"), 400, "kvgate.min_samples",
+            "invalid_type", NULL, "min_samples a string");
+        bad(e, B("{\"vote\":\"majority\",\"agreement\":0}"), 400, "kvgate.agreement",
+            "decimal_below_min_value", "> 0", "agreement 0");
+        bad(e, B("{\"vote\":\"majority\",\"agreement\":-0.5}"), 400, "kvgate.agreement",
+            "decimal_below_min_value", NULL, "agreement < 0");
+        bad(e, B("{\"vote\":\"majority\",\"agreement\":1.01}"), 400, "kvgate.agreement",
+            "decimal_above_max_value", NULL, "agreement > 1");
+        bad(e, B("{\"vote\":\"majority\",\"agreement\":true}"), 400, "kvgate.agreement",
+            "invalid_type", NULL, "agreement a boolean");
+        bad(e, B("{\"vote\":\"majority\",\"wave\":0}"), 400, "kvgate.wave",
+            "integer_below_min_value", NULL, "wave 0");
+        bad(e, B("{\"vote\":\"majority\",\"wave\":{}}"), 400, "kvgate.wave", "invalid_type", NULL,
+            "wave an object");
+        bad(e, B("{\"vote\":\"majority\",\"answer_pattern\":\"\"}"), 400, "kvgate.answer_pattern",
+            "invalid_value", "empty", "answer_pattern empty");
+        bad(e, B("{\"vote\":\"majority\",\"answer_pattern\":[\"(x)\"]}"), 400,
+            "kvgate.answer_pattern", "invalid_type", NULL, "answer_pattern an array");
+        {
+            char obj[1200];
+            int o = snprintf(obj, sizeof obj, "{\"vote\":\"majority\",\"answer_pattern\":\"(");
+            memset(obj + o, 'x', 1024);
+            snprintf(obj + o + 1024, sizeof obj - (size_t)o - 1024, ")\"}");
+            bad(e, B(obj), 400, "kvgate.answer_pattern", "string_above_max_length", "1024",
+                "answer_pattern over 1024 bytes");
+            obj[o + 1022] = ')';
+            snprintf(obj + o + 1023, sizeof obj - (size_t)o - 1023, "\"}");
+            r = good(e, B(obj), "answer_pattern of exactly 1024 bytes");
+            if (r)
+                is_int(r->answer_pattern_len, 1024, "  1024 bytes kept");
+            kvg_request_free(r);
+        }
+#undef B
+        snprintf(body, sizeof body, "%s", e == CMPL
+                 ? "{\"model\":\"m\",\"prompt\":\"q\",\"n\":33,\"kvgate\":{\"vote\":\"logprob\"}}"
+                 : "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+                   "\"n\":33,\"kvgate\":{\"vote\":\"logprob\"}}");
+        bad(e, body, 400, "n", "integer_above_max_value", "<= 32", "n over 32 with a vote");
+    }
+#undef KC
+#undef KH
+}
+
 int main(void)
 {
     test_completions_shapes();
@@ -595,5 +723,6 @@ int main(void)
     test_field_errors();
     test_sampling_errors();
     test_error_render();
+    test_kvgate();
     return done_testing();
 }
