@@ -318,7 +318,7 @@ static void part_b(const char *dir, const char *threads, const char *shared)
     memset(&q, 0, sizeof q);
     q.tokens = prompt;
     q.n_tokens = np;
-    q.temperature = 0.25f;
+    q.temperature = 0.6f;
     q.top_p = 1.0f;
     q.max_tokens = 96;
     q.n = 16;
