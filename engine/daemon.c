@@ -381,6 +381,9 @@ static void write_stats(kvg_daemon *d)
     s.waiting = ss.waiting;
     s.running = ss.running;
     s.held = ss.held;
+    s.samples_started = ss.samples_started;
+    s.samples_cancelled = ss.samples_cancelled;
+    s.samples_dropped = ss.samples_dropped;
     s.clients = 0;
     for (dconn *c = d->conns; c; c = c->next)
         s.clients += c->up;

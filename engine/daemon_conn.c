@@ -242,6 +242,11 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
                          v.h.n_block_hashes, v.h.n_tokens, bt, v.h.n_tokens / bt);
         return;
     }
+    /* n_active is a count of samples to start, so at most n (0: all of them). */
+    if (v.h.n_active > v.h.n) {
+        kvgd_reply_error(c, id, 400, "n_active %u is more than n %u", v.h.n_active, v.h.n);
+        return;
+    }
     memset(&q, 0, sizeof q);
     /* The hashes are checked against the salt before the request gets a tenant: a
      * refused request leaves no cache state behind. A bypass request needs no root. */
@@ -300,6 +305,7 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
     q.sp.top_p = v.h.top_p;
     q.sp.seed = v.h.seed;
     q.n = (int)v.h.n;
+    q.n_active = (int)v.h.n_active;
     q.max_tokens = (int32_t)v.h.max_tokens;
     for (int i = 0; i < d->n_stop_ids; i++)
         q.stop_ids[q.n_stop_ids++] = d->stop_ids[i];
@@ -412,6 +418,32 @@ static void on_hold(dconn *c, const kvg_shm_msg *m)
         kvg_sched_hold(d->sched, r->sched_id, paused);
 }
 
+/* SAMPLES: draw or cancel single samples of a request (self-consistency waves). Like
+ * PAUSE, an id that is not live any more is ignored: the messages crossed. */
+static void on_samples(dconn *c, const kvg_shm_msg *m)
+{
+    kvg_daemon *d = c->d;
+    kvg_msg_samples k;
+    char err[160];
+    void *v;
+
+    if (kvg_proto_decode_samples(m, &k, err, sizeof err) != 0) {
+        d->counters.protocol_errors++;
+        kvgd_reply_error(c, 0, 400, "%s", err);
+        return;
+    }
+    if (!kvg_u64map_find(&c->by_id, k.request_id, &v))
+        return;
+    dreq *r = v;
+    if (r->silent || !r->in_sched)
+        return;
+    uint32_t mask = r->n >= 32 ? k.cancel_mask : k.cancel_mask & ((1u << r->n) - 1u);
+    int draw = k.draw > (uint32_t)r->n ? r->n : (int)k.draw;
+    if (draw || mask)
+        kvg_sched_samples(d->sched, r->sched_id, draw, mask);
+    c->dirty = 1;
+}
+
 void kvgd_conn_intake(dconn *c)
 {
     char err[256];
@@ -438,6 +470,8 @@ void kvgd_conn_intake(dconn *c)
             on_cancel(c, &m);
         else if (m.type == KVG_MSG_PAUSE || m.type == KVG_MSG_RESUME)
             on_hold(c, &m);
+        else if (m.type == KVG_MSG_SAMPLES)
+            on_samples(c, &m);
         else {
             c->d->counters.protocol_errors++;
             kvgd_reply_error(c, 0, 400, "unknown message type %u", m.type);

@@ -25,7 +25,7 @@
 typedef enum req_state {
     RQ_WAITING = 0,              /* never admitted: no blocks, no ACCEPTED yet */
     RQ_PREEMPTED,                /* admitted once, blocks given back: waits to recompute */
-    RQ_PREFILLING,               /* admitted: the prompt goes into smp[lead] chunk by chunk */
+    RQ_PREFILLING,               /* admitted: the prompt goes into pr chunk by chunk */
     RQ_DECODING,                 /* the prompt is in: each live sample feeds its tokens */
     RQ_FINISHED                  /* every sample is done and DONE was sent */
 } req_state;
@@ -40,6 +40,8 @@ typedef struct sample {
     int32_t n_hashed;            /* leading blocks of seq committed (or hits) */
     kvg_detok dt;
     kvg_stop_match sm;
+    int drawn;                   /* started at the prompt (j < n_active) or by kvg_sched_samples */
+    int started;                 /* got off the prompt once (samples_started counted) */
 } sample;
 
 typedef struct req {
@@ -47,23 +49,33 @@ typedef struct req {
     int32_t *prompt;
     uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     int32_t n_hashes;
-    int n, lead, n_live;
+    int n, n_live;               /* n_live: samples not done, the undrawn ones included */
+    int n_undrawn;               /* samples neither drawn nor done */
     req_state state;
     /* Not states: each can be true in any live state. */
     int bypass;                  /* bucket 0 (fixed at submit): no cache lookup nor commit */
     int held;                    /* kvg_sched_hold: out of batches and admission, keeps its place */
     int cancel_pending;          /* kvg_sched_cancel during a step: finished at its end */
     int ttft_noted;              /* the first output's time is in the stats */
+    int draw_pending;            /* kvg_sched_samples during a step: done at its end */
+    uint32_t cancel_mask_pending;
     int32_t cached, max_gen;
     uint64_t arrival, admit_no;
     double t_submit;
+    /* The prompt's own sequence (only seq, n_hashed and last_hash are used): the prompt
+     * is prefilled into it and every drawn sample forks it. It is released once the
+     * prompt is in and no sample is left undrawn; until then it keeps the prompt's
+     * blocks for later draws, and plogits the prompt's last logits, from which a
+     * sample drawn later takes its first token exactly as it would have at once. */
+    sample pr;
+    float *plogits;              /* [vocab_size] when n_active < n, else NULL */
     sample smp[KVG_SCHED_MAX_N];
 } req;
 
 /* One row group of a step's batch: n consecutive tokens of one slot of a request. */
 typedef struct item {
     req *q;
-    int j;                       /* sample index, -1: the prompt (into smp[lead]) */
+    int j;                       /* sample index, -1: the prompt (into pr) */
     int n;                       /* tokens (rows of the forward pass) */
     const int32_t *tokens;       /* [n], inside q->prompt or the sample's gen */
     int logits;                  /* row of s->logits, -1: none */
@@ -176,6 +188,9 @@ static void req_free(kvg_sched *s, req *q)
         free(q->smp[j].seq.blocks);
         free(q->smp[j].gen);
     }
+    kvg_pc_release(s->pc, &q->pr.seq, now_ms(s));
+    free(q->pr.seq.blocks);
+    free(q->plogits);
     free(q->prompt);
     free(q->hashes);
     /* After the blocks: a tenant whose blocks stay cached lives on through them. */
@@ -234,6 +249,11 @@ static int validate(kvg_sched *s, const kvg_sched_req *r, int n, char *err, size
     if (n < 1 || n > KVG_SCHED_MAX_N) {
         kvg_set_err(err, err_len, "request %llu: n must be 1..%d, got %d",
                     (unsigned long long)r->id, KVG_SCHED_MAX_N, n);
+        return -1;
+    }
+    if (r->n_active < 0 || r->n_active > n) {
+        kvg_set_err(err, err_len, "request %llu: n_active must be 0..n (%d), got %d",
+                    (unsigned long long)r->id, n, r->n_active);
         return -1;
     }
     if (r->max_tokens < 1) {
@@ -298,6 +318,10 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
     {
         int64_t pos = max_positions(q), per = (pos + bt - 1) / bt, shared = r->n_prompt / bt;
         int64_t need = n == 1 ? per : shared + (int64_t)n * (per - shared);
+        /* Samples drawn later: the prompt's own partial block stays next to each
+         * sample's copy of it. */
+        if (r->n_active && r->n_active < n && r->n_prompt % bt)
+            need++;
         if (need > s->pool->n_blocks) {
             kvg_set_err(err, err_len, "request %llu: needs up to %lld KV blocks (%d prompt + %d "
                         "new tokens, n=%d), more than the pool's %d", (unsigned long long)r->id,
@@ -314,6 +338,13 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
     memcpy(q->prompt, r->prompt, (size_t)r->n_prompt * sizeof *q->prompt);
     q->r.prompt = q->prompt;
     q->r.n = n;
+    q->r.n_active = r->n_active ? r->n_active : n;
+    q->n_undrawn = n - q->r.n_active;
+    if (q->n_undrawn) {
+        q->plogits = malloc((size_t)s->m->cfg.vocab_size * sizeof *q->plogits);
+        if (!q->plogits)
+            goto oom;
+    }
     for (int i = 0; i < KVG_STOP_MAX; i++)
         q->r.stop[i] = NULL;     /* the matcher holds copies */
     if (!q->bypass) {
@@ -332,6 +363,7 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
                                  q->hashes, (size_t)q->n_hashes, &nb, err, err_len) != 0) {
                 free(q->hashes);
                 free(q->prompt);
+                free(q->plogits);
                 free(q);
                 s->st.rejected++;
                 return -1;
@@ -342,6 +374,7 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
     q->r.n_hashes = q->n_hashes;
     for (int j = 0; j < n; j++) {
         sample *p = &q->smp[j];
+        p->drawn = j < q->r.n_active;
         p->sm = sm;
         if (s->m->tokenizer) {
             kvg_detok_init(&p->dt, s->m->tokenizer);
@@ -372,6 +405,7 @@ oom:
     if (q) {
         free(q->prompt);
         free(q->hashes);
+        free(q->plogits);
         free(q);
     }
     kvg_set_err(err, err_len, "scheduler: out of memory");
@@ -409,6 +443,16 @@ static int ensure_text(kvg_sched *s, size_t n)
     return 0;
 }
 
+static void take_token(kvg_sched *s, req *q, int j, const float *logits);
+
+/* The prompt's sequence is given back once the prompt is in and no sample is left to
+ * draw from it (the drawn samples hold the prompt's blocks themselves). */
+static void release_prompt_if_unneeded(kvg_sched *s, req *q)
+{
+    if (q->n_undrawn == 0 && q->state == RQ_DECODING && q->pr.seq.n_blocks > 0)
+        kvg_pc_release(s->pc, &q->pr.seq, now_ms(s));
+}
+
 static void finish_sample(kvg_sched *s, req *q, int j, kvg_finish_reason why, const char *error)
 {
     sample *p = &q->smp[j];
@@ -429,6 +473,10 @@ static void finish_sample(kvg_sched *s, req *q, int j, kvg_finish_reason why, co
     }
     p->done = 1;
     q->n_live--;
+    if (!p->drawn) {
+        q->n_undrawn--;          /* dropped: it never had blocks */
+        release_prompt_if_unneeded(s, q);
+    }
     kvg_pc_release(s->pc, &p->seq, now_ms(s));
     ev.kind = KVG_SEV_FINISHED;
     ev.sample = j;
@@ -478,10 +526,75 @@ static void do_cancels(kvg_sched *s)
     }
 }
 
-/* Carries out the marked cancels and frees every finished request. */
+/* Gives sample j the prompt's blocks (shared; the partial last block is copied on
+ * its first write) and the prompt's hash state. -1: the fork failed, the sample is
+ * finished with the error. */
+static int fork_from_prompt(kvg_sched *s, req *q, int j, char *err, size_t err_len)
+{
+    sample *p = &q->smp[j];
+    if (kvg_pc_fork(s->pc, &q->pr.seq, &p->seq, err, err_len) != 0) {
+        finish_sample(s, q, j, KVG_FINISH_ERROR, err);
+        return -1;
+    }
+    p->n_hashed = q->pr.n_hashed;
+    memcpy(p->last_hash, q->pr.last_hash, KVG_PREFIX_HASH_LEN);
+    if (!p->started) {
+        p->started = 1;
+        s->st.samples_started++;
+    }
+    return 0;
+}
+
+/* kvg_sched_samples' work: the cancel mask first (a drawn sample stops and gives its
+ * own blocks back, an undrawn one is dropped), then the draws. A sample drawn while
+ * the request decodes starts at once off the kept prompt: its first token comes from
+ * the prompt's saved logits, exactly as if it had started with the others. One drawn
+ * earlier than that (the prompt is not in yet, or is recomputed after a preemption)
+ * starts when the prompt is in (deliver_prompt). */
+static void do_sample_ops(kvg_sched *s)
+{
+    char err[256];
+    for (int i = 0; i < s->n_live; i++) {
+        req *q = s->live[i];
+        uint32_t mask = q->cancel_mask_pending;
+        int draw = q->draw_pending;
+        if (!is_live(q) || (!mask && !draw))
+            continue;
+        q->cancel_mask_pending = 0;
+        q->draw_pending = 0;
+        for (int j = 0; j < q->n && is_live(q); j++) {
+            sample *p = &q->smp[j];
+            if (!(mask >> j & 1u) || p->done)
+                continue;
+            if (p->drawn)
+                s->st.samples_cancelled++;
+            else
+                s->st.samples_dropped++;
+            finish_sample(s, q, j, KVG_FINISH_CANCELLED, NULL);
+        }
+        for (int j = 0; j < q->n && draw > 0 && is_live(q); j++) {
+            sample *p = &q->smp[j];
+            if (p->drawn || p->done)
+                continue;
+            p->drawn = 1;
+            q->n_undrawn--;
+            draw--;
+            if (q->state != RQ_DECODING)
+                continue;
+            if (fork_from_prompt(s, q, j, err, sizeof err) == 0)
+                take_token(s, q, j, q->plogits);
+        }
+        if (is_live(q))
+            release_prompt_if_unneeded(s, q);
+    }
+}
+
+/* Carries out the marked cancels and sample operations, and frees every finished
+ * request. */
 static void settle(kvg_sched *s)
 {
     do_cancels(s);
+    do_sample_ops(s);
     drop_finished(s);
 }
 
@@ -495,6 +608,24 @@ int kvg_sched_cancel(kvg_sched *s, uint64_t id)
         if (!s->in_step) {
             settle(s);
         }
+        return 0;
+    }
+    return -1;
+}
+
+int kvg_sched_samples(kvg_sched *s, uint64_t id, int draw, uint32_t cancel_mask)
+{
+    for (int i = 0; i < s->n_live; i++) {
+        req *q = s->live[i];
+        if (!is_live(q) || q->r.id != id)
+            continue;
+        if (q->n < 32)
+            cancel_mask &= (1u << q->n) - 1u;
+        q->cancel_mask_pending |= cancel_mask;
+        if (draw > 0)
+            q->draw_pending += draw > q->n ? q->n : draw;
+        if (!s->in_step)
+            settle(s);
         return 0;
     }
     return -1;
@@ -515,7 +646,7 @@ int kvg_sched_hold(kvg_sched *s, uint64_t id, int held)
 /* Commits every block of sample j's sequence that became full. */
 static void commit_blocks(kvg_sched *s, req *q, int j, int64_t now)
 {
-    sample *p = &q->smp[j];
+    sample *p = j < 0 ? &q->pr : &q->smp[j];   /* the prompt's own has no gen: positions < n_prompt */
     int32_t bt = s->pool->geom.block_tokens, full = p->seq.n_tokens / bt;
     char err[128];
     if (q->bypass) {
@@ -605,7 +736,7 @@ static int running_samples(const kvg_sched *s)
     int n = 0;
     for (int i = 0; i < s->n_live; i++)
         if (is_running(s->live[i]))
-            n += s->live[i]->n_live;
+            n += s->live[i]->n_live - s->live[i]->n_undrawn;
     return n;
 }
 
@@ -625,12 +756,9 @@ static void admit(kvg_sched *s, int64_t now)
         /* A request wider than max_running still runs, alone: it must not
          * wait forever. */
         int running = running_samples(s);
-        if (!best || (running > 0 && running + best->n_live > s->cfg.max_running))
+        if (!best || (running > 0 && running + best->n_live - best->n_undrawn > s->cfg.max_running))
             return;
-        best->lead = 0;
-        while (best->smp[best->lead].done)
-            best->lead++;
-        sample *p = &best->smp[best->lead];
+        sample *p = &best->pr;
         int32_t got = kvg_pc_admit(s->pc, &p->seq, best->r.tenant,
                                    best->bypass ? NULL : (const uint8_t (*)[KVG_PREFIX_HASH_LEN])best->hashes,
                                    best->bypass ? 0 : best->n_hashes, best->r.n_prompt,
@@ -668,6 +796,8 @@ static void preempt(kvg_sched *s, req *q)
         p->n_fed = 0;
         p->n_hashed = 0;
     }
+    kvg_pc_release(s->pc, &q->pr.seq, now);
+    q->pr.n_hashed = 0;
     q->state = RQ_PREEMPTED;
     s->st.preemptions++;
 }
@@ -697,17 +827,17 @@ static int add_item(kvg_sched *s, step_batch *b, req *q, int j, int n, const int
     return 0;
 }
 
-/* The sample whose sequence an item's tokens go into: the prompt fills the lead's. */
+/* The sample whose sequence an item's tokens go into: the prompt fills its own. */
 static sample *item_sample(const item *it)
 {
-    return &it->q->smp[it->j < 0 ? it->q->lead : it->j];
+    return it->j < 0 ? &it->q->pr : &it->q->smp[it->j];
 }
 
 /* Prefill work left for q's slot j (-1: the prompt). */
 static int32_t prefill_left(const req *q, int j)
 {
     if (j < 0)
-        return q->r.n_prompt - q->smp[q->lead].seq.n_tokens;
+        return q->r.n_prompt - q->pr.seq.n_tokens;
     return q->smp[j].n_gen - q->smp[j].n_fed;
 }
 
@@ -810,7 +940,7 @@ static int plan_prefill(kvg_sched *s, step_batch *b)
                 if (ex) {
                     ex->n += take;
                 } else {
-                    const int32_t *toks = j < 0 ? q->prompt + q->smp[q->lead].seq.n_tokens
+                    const int32_t *toks = j < 0 ? q->prompt + q->pr.seq.n_tokens
                                                 : q->smp[j].gen + q->smp[j].n_fed;
                     if (add_item(s, b, q, j, take, toks) != 0)
                         return -1;
@@ -911,38 +1041,31 @@ static int run_forward(kvg_sched *s, step_batch *b, char *err, size_t err_len)
     return 1;
 }
 
-/* Gives the lead's prompt blocks to q's other live samples (n > 1: prefilled once). */
-static void fork_prompt(kvg_sched *s, req *q, char *err, size_t err_len)
-{
-    const sample *lead = &q->smp[q->lead];
-    for (int j = 0; j < q->n; j++) {
-        sample *p = &q->smp[j];
-        if (j == q->lead || p->done)
-            continue;
-        if (kvg_pc_fork(s->pc, &lead->seq, &p->seq, err, err_len) != 0) {
-            finish_sample(s, q, j, KVG_FINISH_ERROR, err);
-            continue;
-        }
-        p->n_hashed = lead->n_hashed;
-        memcpy(p->last_hash, lead->last_hash, KVG_PREFIX_HASH_LEN);
-    }
-}
-
-/* A prompt chunk is in: its full blocks are committed; after the last chunk the prompt
- * is forked, the request decodes, and each sample without tokens yet draws its first
- * from the prompt's logits (a recomputed sample feeds its old tokens first). */
+/* A prompt chunk is in: its full blocks are committed. After the last chunk every drawn
+ * live sample forks the prompt, the request decodes, and each drawn sample without
+ * tokens yet draws its first from the prompt's logits (a recomputed sample feeds its
+ * old tokens first). While samples remain undrawn the request keeps the prompt's
+ * sequence and logits for them; otherwise the prompt's sequence goes at once, before
+ * any sample writes, so the samples alone hold the prompt's blocks. */
 static void deliver_prompt(kvg_sched *s, req *q, const float *lg, int64_t now, char *err,
                            size_t err_len)
 {
-    commit_blocks(s, q, q->lead, now);
-    if (q->smp[q->lead].seq.n_tokens < q->r.n_prompt)
+    commit_blocks(s, q, -1, now);
+    if (q->pr.seq.n_tokens < q->r.n_prompt)
         return;
-    /* The lead is live (cancels wait for the step's end, the fork's errors spare it),
-     * so the request is not FINISHED and may move on to DECODING. */
-    fork_prompt(s, q, err, err_len);
+    /* The request is live (cancels wait for the step's end), so it may move on to
+     * DECODING; a fork's error may finish it, which the loops below check. */
     q->state = RQ_DECODING;
+    if (q->n_undrawn > 0)
+        memcpy(q->plogits, lg, (size_t)s->m->cfg.vocab_size * sizeof *q->plogits);
     for (int j = 0; j < q->n && is_live(q); j++)
-        if (!q->smp[j].done && q->smp[j].n_gen == 0)
+        if (q->smp[j].drawn && !q->smp[j].done)
+            fork_from_prompt(s, q, j, err, err_len);
+    if (!is_live(q))
+        return;
+    release_prompt_if_unneeded(s, q);
+    for (int j = 0; j < q->n && is_live(q); j++)
+        if (q->smp[j].drawn && !q->smp[j].done && q->smp[j].n_gen == 0)
             take_token(s, q, j, lg);
 }
 

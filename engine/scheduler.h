@@ -26,6 +26,13 @@
  * the same seed and sample_base + j: outputs never depend on batching, caching,
  * forking or preemption.
  *
+ * Samples in waves (self-consistency): with n_active < n only samples 0..n_active-1
+ * start when the prompt is in; the request keeps the prompt's KV (its own fork of the
+ * prompt's blocks) and the prompt's last logits while samples remain undrawn, and
+ * kvg_sched_samples starts further ones off them (no recompute) or cancels single
+ * samples. A sample drawn later produces exactly the tokens it would have produced
+ * had it started at once (its sampler index and positions are the same).
+ *
  * Events are delivered through one callback, from inside kvg_sched_step / submit /
  * cancel (the callback must not call back into the scheduler except kvg_sched_cancel).
  * Not thread-safe: one engine thread owns the scheduler, cache, pool and forward pass. */
@@ -75,6 +82,8 @@ typedef struct kvg_sched_req {
     unsigned bucket;             /* length bucket; 0 = bypass the prefix cache */
     kvg_sampler_params sp;
     int n;                       /* completions, 1..KVG_SCHED_MAX_N (0: 1) */
+    int n_active;                /* started once the prompt is in, 0..n (0: all n); the rest
+                                    wait for kvg_sched_samples */
     uint64_t sample_base;        /* sampler index of completion 0 */
     int32_t max_tokens;          /* per completion; clipped to the context */
     int32_t stop_ids[KVG_SCHED_MAX_STOP_IDS];   /* e.g. EOS: ends without being emitted */
@@ -131,6 +140,9 @@ typedef struct kvg_sched_stats {
     double ttft_sum_s, ttft_max_s;
     int32_t waiting, running;    /* requests */
     int32_t held;                /* of those, held (kvg_sched_hold) */
+    uint64_t samples_started;    /* samples that began decoding (counted once each) */
+    uint64_t samples_cancelled;  /* drawn samples ended by kvg_sched_samples' cancel_mask */
+    uint64_t samples_dropped;    /* undrawn samples ended by kvg_sched_samples' cancel_mask */
 } kvg_sched_stats;
 
 /* Borrows everything; fw must run over pc's pool. NULL with err. */
@@ -157,6 +169,17 @@ int kvg_sched_cancel(kvg_sched *s, uint64_t id);
  * itself and the engine's buffers stay bounded. 0, or -1 when no live request has
  * that id. */
 int kvg_sched_hold(kvg_sched *s, uint64_t id, int held);
+
+/* Per-sample control of a live request: first the samples of cancel_mask (bit j =
+ * sample j; bits >= n and those of finished samples are ignored) finish with
+ * KVG_FINISH_CANCELLED: a drawn one with the tokens it has, its own blocks released
+ * (the prompt's shared blocks stay for the others), an undrawn one with none
+ * (dropped). Then the next `draw` undrawn samples (lowest index first; clamped to
+ * what remains) are drawn: at once, off the kept prompt, when the request is
+ * decoding, else when its prompt is in. Called from a callback, the work is done at
+ * the end of the current step (like kvg_sched_cancel). DONE comes once every sample
+ * is finished or dropped. 0, or -1 when no live request has that id. */
+int kvg_sched_samples(kvg_sched *s, uint64_t id, int draw, uint32_t cancel_mask);
 
 /* One scheduling step and forward pass. Returns the number of rows computed (0 when
  * idle), or -1 with err on an engine failure (the requests in the failed batch are

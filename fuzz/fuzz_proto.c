@@ -2,7 +2,8 @@
  * peer could place it in a slot (type, body, payload). Whatever the bytes, decoding
  * ends in success or an error, never a bad access; a decoded submission's parts lie
  * inside the payload and satisfy the documented limits, and re-encoding a decoded
- * submission gives back the same payload bytes. */
+ * submission gives back the same payload bytes; a decoded SAMPLES (or PAUSE/RESUME)
+ * has no payload and its reserved field clear. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 3)
         return 0;
     memset(&m, 0, sizeof m);
-    m.type = data[0] % 9;
+    m.type = data[0] % 11;   /* 0 (no such type) .. KVG_MSG_SAMPLES */
     m.body_len = data[1] % (KVG_SHM_BODY_MAX + 1);
     data += 2;
     size -= 2;
@@ -89,5 +90,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvg_proto_decode_fixed(&m, KVG_MSG_DONE, &d, sizeof d, err, sizeof err);
     kvg_msg_cancel c;
     kvg_proto_decode_fixed(&m, KVG_MSG_CANCEL, &c, sizeof c, err, sizeof err);
+    kvg_msg_samples sm;
+    if (kvg_proto_decode_samples(&m, &sm, err, sizeof err) == 0 &&
+        (m.type != KVG_MSG_SAMPLES || m.payload_len != 0 || sm.reserved != 0 || sm.version != KVG_PROTO_VERSION))
+        abort();
+    kvg_msg_hold h;
+    int paused;
+    if (kvg_proto_decode_hold(&m, &h, &paused, err, sizeof err) == 0 && h.reserved != 0)
+        abort();
     return 0;
 }

@@ -43,7 +43,7 @@ struct kvg_client {
     uint64_t next_id;
     /* CANCEL, PAUSE and RESUME messages the full ring could not take yet, in order
      * (a PAUSE must never overtake the CANCEL after it, nor a RESUME its PAUSE). */
-    struct kvg_client_ctl { uint64_t id; uint32_t type; } *ctl;
+    struct kvg_client_ctl { uint64_t id; uint32_t type, draw, mask; } *ctl;
     size_t n_ctl, cap_ctl;
     int want_writable;
     size_t want_payload;
@@ -356,6 +356,9 @@ static void flush_ctl(kvg_client *c)
         if (c->ctl[k].type == KVG_MSG_CANCEL) {
             kvg_msg_cancel m = { KVG_PROTO_VERSION, 0, c->ctl[k].id };
             rc = kvg_shm_try_push(&c->shm.sq, KVG_MSG_CANCEL, &m, sizeof m, NULL, 0, err, sizeof err);
+        } else if (c->ctl[k].type == KVG_MSG_SAMPLES) {
+            kvg_msg_samples m = { KVG_PROTO_VERSION, c->ctl[k].draw, c->ctl[k].id, c->ctl[k].mask, 0 };
+            rc = kvg_shm_try_push(&c->shm.sq, KVG_MSG_SAMPLES, &m, sizeof m, NULL, 0, err, sizeof err);
         } else {
             kvg_msg_hold m = { KVG_PROTO_VERSION, 0, c->ctl[k].id };
             rc = kvg_shm_try_push(&c->shm.sq, c->ctl[k].type, &m, sizeof m, NULL, 0, err, sizeof err);
@@ -375,7 +378,7 @@ static void flush_ctl(kvg_client *c)
 /* Queues a control message for a live request and sends what the ring takes. 0, or
  * -1 when even queueing failed (the connection was dropped: the engine then cancels
  * everything of ours, so nothing is left generating for nobody). */
-static int queue_ctl(kvg_client *c, uint64_t id, uint32_t type)
+static int queue_ctl(kvg_client *c, uint64_t id, uint32_t type, uint32_t draw, uint32_t mask)
 {
     if (c->n_ctl == c->cap_ctl) {
         size_t nc = c->cap_ctl ? c->cap_ctl * 2 : 16;
@@ -389,6 +392,8 @@ static int queue_ctl(kvg_client *c, uint64_t id, uint32_t type)
     }
     c->ctl[c->n_ctl].id = id;
     c->ctl[c->n_ctl].type = type;
+    c->ctl[c->n_ctl].draw = draw;
+    c->ctl[c->n_ctl].mask = mask;
     c->n_ctl++;
     flush_ctl(c);
     return 0;
@@ -401,7 +406,7 @@ int kvg_client_cancel(kvg_client *c, uint64_t id)
     kvg_u64map_del(&c->live, id);
     if (c->state != KVG_CLIENT_UP)
         return 0;
-    (void)queue_ctl(c, id, KVG_MSG_CANCEL);
+    (void)queue_ctl(c, id, KVG_MSG_CANCEL, 0, 0);
     return 0;
 }
 
@@ -411,7 +416,18 @@ int kvg_client_hold(kvg_client *c, uint64_t id, int paused)
         return -1;
     if (c->state != KVG_CLIENT_UP)
         return 0;                /* the request fails with the connection anyway */
-    return queue_ctl(c, id, paused ? KVG_MSG_PAUSE : KVG_MSG_RESUME);
+    return queue_ctl(c, id, paused ? KVG_MSG_PAUSE : KVG_MSG_RESUME, 0, 0);
+}
+
+int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cancel_mask)
+{
+    if (!kvg_u64map_find(&c->live, id, NULL))
+        return -1;
+    if (c->state != KVG_CLIENT_UP)
+        return 0;                /* the request fails with the connection anyway */
+    if (!draw && !cancel_mask)
+        return 0;                /* nothing to say */
+    return queue_ctl(c, id, KVG_MSG_SAMPLES, draw, cancel_mask);
 }
 
 int kvg_client_hash_root(kvg_client *c, const char *tenant, size_t tenant_len,
@@ -480,6 +496,7 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
     v.h.cache_ttl_ms = r->cache_ttl_ms;
     v.h.deadline_ms = r->deadline_ms;
     v.h.n = n;
+    v.h.n_active = r->n_active;
     v.h.max_tokens = r->max_tokens ? r->max_tokens : c->info.context_length;
     v.h.top_k = r->top_k;
     v.h.temperature = r->temperature;

@@ -81,6 +81,9 @@ typedef struct kvg_client_req {
     unsigned top_k;              /* 0: off */
     uint64_t seed;
     unsigned n;                  /* samples (0: 1) */
+    unsigned n_active;           /* samples started when the prompt is ready (0: all n); the
+                                    others wait for kvg_client_samples. Sent as given: the
+                                    engine answers ERROR 400 when it is more than n */
     unsigned max_tokens;         /* per sample (0: up to the context) */
     const int32_t *stop_ids;     /* extra stop ids (EOS is implied) */
     size_t n_stop_ids;
@@ -185,6 +188,16 @@ int kvg_client_cancel(kvg_client *c, uint64_t id);
  * 0; -1 when the id is not live, or the connection had to be dropped (out of memory:
  * the request then fails with it). */
 int kvg_client_hold(kvg_client *c, uint64_t id, int paused);
+/* Per-sample control of a live request (SAMPLES, proto.h): cancels the samples of
+ * cancel_mask (bit j = sample j: a running one stops with FINISHED cancelled and its
+ * tokens so far, one not started yet is dropped: FINISHED cancelled, 0 tokens), then
+ * starts the next `draw` samples not started yet off the request's prompt. The
+ * request ends with DONE once every sample finished or was dropped. 0; -1 when the id
+ * is not live, or the connection had to be dropped (out of memory). Like cancel and
+ * hold, a full ring delays the message (queued, sent in order), never loses it, so
+ * this never returns KVG_CLIENT_AGAIN today; callers treat KVG_CLIENT_AGAIN as "retry
+ * after KVG_CEV_WRITABLE" should a later version return it. */
+int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cancel_mask);
 /* Live requests (submitted, not yet DONE/ERROR/cancelled). */
 size_t kvg_client_live(const kvg_client *c);
 

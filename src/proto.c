@@ -414,6 +414,18 @@ int kvg_proto_decode_hold(const kvg_shm_msg *m, kvg_msg_hold *h, int *paused, ch
     return 0;
 }
 
+int kvg_proto_decode_samples(const kvg_shm_msg *m, kvg_msg_samples *out, char *err, size_t err_len)
+{
+    if (check_body(m, KVG_MSG_SAMPLES, sizeof *out, "SAMPLES", err, err_len) != 0)
+        return -1;
+    if (m->payload_len != 0)
+        return kvg_fail(err, err_len, "protocol", "SAMPLES carries an unexpected payload");
+    memcpy(out, m->body, sizeof *out);
+    if (out->reserved != 0)
+        return kvg_fail(err, err_len, "protocol", "SAMPLES with reserved field %u (must be 0)", out->reserved);
+    return 0;
+}
+
 int kvg_proto_decode_error(const kvg_shm_msg *m, kvg_msg_error *h, const char **msg,
                            char *err, size_t err_len)
 {

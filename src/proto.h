@@ -24,7 +24,7 @@
  *    notices the other dying.
  *
  * 2. Messages in the region's rings (slot body = one of the structs below, payload in
- *    the data area). Client -> engine: SUBMIT, CANCEL, PAUSE, RESUME. Engine -> client,
+ *    the data area). Client -> engine: SUBMIT, CANCEL, PAUSE, RESUME, SAMPLES. Engine -> client,
  *    per request:
  *    ACCEPTED once (cached tokens known), TOKENS as they are produced (streamed, not
  *    at the end), FINISHED once per sample, then DONE (usage); or ERROR at any point,
@@ -46,7 +46,7 @@
 #include "shm_channel.h"
 
 #define KVG_PROTO_MAGIC     0x6b766731u   /* "1gvk" little-endian */
-#define KVG_PROTO_VERSION   1u
+#define KVG_PROTO_VERSION   2u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics */
 #define KVG_WELCOME_FDS     5
 
 /* Limits every side enforces. */
@@ -116,7 +116,8 @@ enum kvg_msg_type {
     KVG_MSG_DONE     = 6,        /* cq */
     KVG_MSG_ERROR    = 7,        /* cq */
     KVG_MSG_PAUSE    = 8,        /* sq */
-    KVG_MSG_RESUME   = 9         /* sq */
+    KVG_MSG_RESUME   = 9,        /* sq */
+    KVG_MSG_SAMPLES  = 10        /* sq */
 };
 
 /* Bypass (neither look up nor fill the prefix cache) is bucket 0, and only that: it
@@ -152,7 +153,8 @@ typedef struct kvg_msg_submit {
     uint32_t version;
     uint32_t flags;              /* KVG_SUBMIT_* */
     uint64_t request_id;         /* chosen by the client, unique among its live requests */
-    uint64_t seed;               /* sample j draws with seed and sample index j */
+    uint64_t seed;               /* sample j draws with seed and sample index j (whenever it
+                                    starts: at once or drawn later by SAMPLES) */
     uint32_t bucket;             /* length bucket index, < KVG_STATS_BUCKETS: labels the engine's
                                     stats; 0 = bypass the prefix cache */
     int32_t  priority;           /* higher is admitted first */
@@ -169,7 +171,9 @@ typedef struct kvg_msg_submit {
     uint32_t n_stop_ids;
     uint32_t n_stop;
     uint32_t stop_bytes;
-    uint32_t reserved;
+    uint32_t n_active;           /* samples started once the prompt is ready: 0 = all n, else
+                                    1..n (the engine's intake answers 400 otherwise); the
+                                    others wait, undrawn, for SAMPLES */
 } kvg_msg_submit;
 
 /* No payload. The engine stops the request within one step and releases its blocks;
@@ -192,6 +196,31 @@ typedef struct kvg_msg_hold {
     uint32_t reserved;
     uint64_t request_id;
 } kvg_msg_hold;
+
+/* SAMPLES, no payload: per-sample control of a live request with n > 1 (self-
+ * consistency: samples drawn in waves off one prompt, stopped once the vote is
+ * decided). The engine applies cancel_mask first, then draw:
+ *   cancel_mask  bit j = sample j (bits >= n are ignored). A running sample stops
+ *                within one step, its own blocks are released at once (the prompt's
+ *                shared blocks stay for the others), and it gets FINISHED with
+ *                KVG_MSG_FINISH_CANCELLED and its completion_tokens so far. A sample
+ *                not started yet is dropped: FINISHED cancelled with 0 tokens. The bit
+ *                of a finished (or dropped) sample is ignored.
+ *   draw         starts the next `draw` samples not started yet (lowest index first;
+ *                dropped ones are skipped) off the request's prompt: the request keeps
+ *                the prompt's KV (and its last logits) while samples remain undrawn,
+ *                so nothing is recomputed. A draw beyond what remains is clamped.
+ * Sample j always draws with (seed, j), so its tokens are the same whether it started
+ * at once or in a later wave. DONE comes once every sample is finished or dropped;
+ * its completion_tokens counts the tokens really generated. An id that is not live
+ * (the request ended, the messages crossed) is ignored. reserved must be 0. */
+typedef struct kvg_msg_samples {
+    uint32_t version;
+    uint32_t draw;
+    uint64_t request_id;
+    uint32_t cancel_mask;
+    uint32_t reserved;
+} kvg_msg_samples;
 
 /* No payload. The request was admitted: its prompt is being computed. */
 typedef struct kvg_msg_accepted {
@@ -307,6 +336,9 @@ int kvg_proto_decode_fixed(const kvg_shm_msg *m, uint32_t type, void *out, size_
 /* PAUSE or RESUME: the fixed checks, reserved == 0; *paused is 1 for PAUSE. */
 int kvg_proto_decode_hold(const kvg_shm_msg *m, kvg_msg_hold *h, int *paused, char *err,
                           size_t err_len);
+/* SAMPLES: the fixed checks, reserved == 0 (draw and cancel_mask are any value: a
+ * draw beyond what remains is clamped, bits past n are ignored). */
+int kvg_proto_decode_samples(const kvg_shm_msg *m, kvg_msg_samples *out, char *err, size_t err_len);
 /* ERROR: *h and the message (validated UTF-8 is not required; length bounded). */
 int kvg_proto_decode_error(const kvg_shm_msg *m, kvg_msg_error *h, const char **msg,
                            char *err, size_t err_len);
@@ -361,6 +393,10 @@ typedef struct kvg_stats {
     uint64_t pauses, resumes;    /* PAUSE / RESUME messages that changed a request */
     int32_t paused;              /* requests paused by their client now (of "held") */
     int32_t reserved3;
+    /* samples of requests (n_active, SAMPLES) */
+    uint64_t samples_started;    /* every sample that began decoding (once, even if preempted) */
+    uint64_t samples_cancelled;  /* stopped by a SAMPLES cancel_mask after being drawn */
+    uint64_t samples_dropped;    /* ended by a SAMPLES cancel_mask before being drawn */
     kvg_stats_bucket bucket[KVG_STATS_BUCKETS];
     /* tenants with the most cached blocks */
     int32_t n_tenants;           /* entries used in tenant[] */

@@ -88,8 +88,19 @@ int main(void)
     fill(&v, toks, hs, sl);
     ok(refused(&v, 8, "does not match its counts"), "payload longer than the counts");
     ok(refused(&v, (size_t)-8, "does not match its counts"), "payload shorter than the counts");
-    v.h.version = 2;
-    ok(refused(&v, 0, "protocol version 2"), "wrong version");
+    {
+        char want[64];
+        v.h.version = KVG_PROTO_VERSION + 1;
+        snprintf(want, sizeof want, "protocol version %u", KVG_PROTO_VERSION + 1);
+        ok(refused(&v, 0, want), "wrong version");
+    }
+    /* n_active travels as given: its bound (<= n) is the engine's intake's to check. */
+    fill(&v, toks, hs, sl);
+    v.h.n_active = 1;
+    n = kvg_proto_encode_submit(&v, payload, sizeof payload);
+    m = msg(KVG_MSG_SUBMIT, &v.h, sizeof v.h, payload, n);
+    ok(kvg_proto_decode_submit(&m, &out, &id, err, sizeof err) == 0 && out.h.n_active == 1 && out.h.n == 2,
+       "n_active round-trips (1 of n=2)");
     fill(&v, toks, hs, sl);
     v.h.request_id = 0;
     ok(refused(&v, 0, "id 0 is reserved"), "request id 0");
@@ -209,7 +220,9 @@ int main(void)
            err);
         hh.version = KVG_PROTO_VERSION + 1;
         m = msg(KVG_MSG_PAUSE, &hh, sizeof hh, NULL, 0);
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, "protocol version 2"),
+        char want[64];
+        snprintf(want, sizeof want, "protocol version %u", KVG_PROTO_VERSION + 1);
+        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, want),
            "PAUSE of another protocol version: refused (%s)", err);
         hh.version = KVG_PROTO_VERSION;
         hh.reserved = 1;
@@ -222,6 +235,39 @@ int main(void)
            "a CANCEL read as PAUSE: refused (%s)", err);
     }
 
+    /* SAMPLES: a fixed body, no payload, reserved 0; draw and the mask are any value */
+    {
+        kvg_msg_samples sm = { KVG_PROTO_VERSION, 3, 55, 0x12u, 0 }, so;
+        is_int(sizeof sm, 24, "SAMPLES body: 24 bytes");
+        m = msg(KVG_MSG_SAMPLES, &sm, sizeof sm, NULL, 0);
+        ok(kvg_proto_decode_samples(&m, &so, err, sizeof err) == 0 && so.draw == 3 && so.request_id == 55 &&
+           so.cancel_mask == 0x12u, "SAMPLES round-trips (draw 3, id 55, mask 0x12)");
+        sm.draw = UINT32_MAX;
+        sm.cancel_mask = UINT32_MAX;
+        m = msg(KVG_MSG_SAMPLES, &sm, sizeof sm, NULL, 0);
+        ok(kvg_proto_decode_samples(&m, &so, err, sizeof err) == 0 && so.draw == UINT32_MAX,
+           "SAMPLES with a huge draw and a full mask decodes (the engine clamps)");
+        m = msg(KVG_MSG_SAMPLES, &sm, sizeof sm, payload, 8);
+        ok(kvg_proto_decode_samples(&m, &so, err, sizeof err) != 0 && strstr(err, "unexpected payload"),
+           "SAMPLES with a payload: refused (%s)", err);
+        m = msg(KVG_MSG_SAMPLES, &sm, sizeof sm - 8, NULL, 0);
+        ok(kvg_proto_decode_samples(&m, &so, err, sizeof err) != 0 && strstr(err, "body of 16 bytes"),
+           "SAMPLES with a short body: refused (%s)", err);
+        sm.reserved = 7;
+        m = msg(KVG_MSG_SAMPLES, &sm, sizeof sm, NULL, 0);
+        ok(kvg_proto_decode_samples(&m, &so, err, sizeof err) != 0 && strstr(err, "reserved field 7"),
+           "SAMPLES with a reserved field set: refused (%s)", err);
+        sm.reserved = 0;
+        sm.version = KVG_PROTO_VERSION + 1;
+        m = msg(KVG_MSG_SAMPLES, &sm, sizeof sm, NULL, 0);
+        ok(kvg_proto_decode_samples(&m, &so, err, sizeof err) != 0 && strstr(err, "protocol version"),
+           "SAMPLES of another protocol version: refused (%s)", err);
+        sm.version = KVG_PROTO_VERSION;
+        m = msg(KVG_MSG_PAUSE, &sm, sizeof sm, NULL, 0);
+        ok(kvg_proto_decode_samples(&m, &so, err, sizeof err) != 0 && strstr(err, "expected a SAMPLES message"),
+           "a PAUSE read as SAMPLES: refused (%s)", err);
+    }
+
     /* statistics page */
     static kvg_stats_page page;
     kvg_stats s, r;
@@ -229,9 +275,13 @@ int main(void)
     ok(kvg_stats_read(&page, &r) == -1, "an unwritten page is not a stats page");
     s.magic = KVG_STATS_MAGIC;
     s.hit_tokens = 1234;
+    s.samples_started = 5;
+    s.samples_cancelled = 2;
+    s.samples_dropped = 1;
     snprintf(s.tenant[0].name, sizeof s.tenant[0].name, "acme");
     kvg_stats_write(&page, &s);
     ok(kvg_stats_read(&page, &r) == 0 && r.hit_tokens == 1234 && strcmp(r.tenant[0].name, "acme") == 0 &&
+       r.samples_started == 5 && r.samples_cancelled == 2 && r.samples_dropped == 1 &&
        atomic_load(&page.seq) == 2, "the page reads back what was written (seq 2)");
     return done_testing();
 }
