@@ -41,6 +41,7 @@ typedef struct {
     ngx_uint_t                 handshaking;  /* requests may wait for it */
     ngx_queue_t                waiting;   /* for ring room or the handshake */
     ngx_uint_t                 n_waiting;
+    ngx_queue_t                samples;   /* samples messages for room */
     ngx_uint_t                 up;
     ngx_uint_t                 exiting;
     ngx_http_kvgate_engine_state_pt  state;  /* told of connects and losses */
@@ -59,6 +60,8 @@ static void ngx_http_kvgate_engine_drain(void);
 static void ngx_http_kvgate_reconnect(ngx_event_t *ev);
 static void ngx_http_kvgate_engine_dummy(ngx_event_t *ev);
 static void ngx_http_kvgate_submit_waiting(void);
+static void ngx_http_kvgate_samples_waiting(void);
+static void ngx_http_kvgate_samples_forget(ngx_http_kvgate_engine_req_t *er);
 static void ngx_http_kvgate_handshake_timeout(ngx_event_t *ev);
 static void ngx_http_kvgate_handshake_over(void);
 
@@ -289,6 +292,7 @@ ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle, const char *path,
     w->log = cycle->log;
     w->state = state;
     ngx_queue_init(&w->waiting);
+    ngx_queue_init(&w->samples);
 
     ngx_memzero(&opts, sizeof(kvg_client_opts));
     opts.name = "nginx worker";
@@ -394,6 +398,90 @@ ngx_http_kvgate_submit_waiting(void)
 }
 
 
+/* er's samples message that waits for ring room is no longer needed. */
+
+static void
+ngx_http_kvgate_samples_forget(ngx_http_kvgate_engine_req_t *er)
+{
+    if (er->samples_queued) {
+        ngx_queue_remove(&er->samples_queue);
+        er->samples_queued = 0;
+    }
+
+    er->pend_draw = 0;
+    er->pend_cancel = 0;
+}
+
+
+/* Sends the samples messages that found the ring full, in order, until it
+   is full again. */
+
+static void
+ngx_http_kvgate_samples_waiting(void)
+{
+    int                            rc;
+    ngx_queue_t                   *q;
+    ngx_http_kvgate_worker_t      *w = &ngx_http_kvgate_worker;
+    ngx_http_kvgate_engine_req_t  *er;
+
+    while (!ngx_queue_empty(&w->samples) && w->client != NULL) {
+        q = ngx_queue_head(&w->samples);
+        er = ngx_queue_data(q, ngx_http_kvgate_engine_req_t, samples_queue);
+
+        rc = kvg_client_samples(w->client, er->id, er->pend_draw,
+                                er->pend_cancel);
+
+        if (rc == KVG_CLIENT_AGAIN) {
+            return;
+        }
+
+        ngx_log_debug4(NGX_LOG_DEBUG_HTTP, er->log, 0,
+                       "kvgate: engine request %uL: draw %ud, cancel %08xD "
+                       "(waited for room): %d", er->id, er->pend_draw,
+                       er->pend_cancel, rc);
+
+        ngx_http_kvgate_samples_forget(er);
+    }
+}
+
+
+ngx_int_t
+ngx_http_kvgate_engine_samples(ngx_http_kvgate_engine_req_t *er,
+    unsigned draw, uint32_t cancel_mask)
+{
+    int                        rc;
+    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    if (!er->submitted || w->client == NULL) {
+        return NGX_DECLINED;
+    }
+
+    if (er->samples_queued) {
+        /* behind the message that waits: one message says both (the engine
+           draws before it cancels) */
+        er->pend_draw += draw;
+        er->pend_cancel |= cancel_mask;
+        return NGX_OK;
+    }
+
+    rc = kvg_client_samples(w->client, er->id, draw, cancel_mask);
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, er->log, 0,
+                   "kvgate: engine request %uL: draw %ud, cancel %08xD: %d",
+                   er->id, draw, cancel_mask, rc);
+
+    if (rc == KVG_CLIENT_AGAIN) {
+        er->pend_draw = draw;
+        er->pend_cancel = cancel_mask;
+        ngx_queue_insert_tail(&w->samples, &er->samples_queue);
+        er->samples_queued = 1;
+        return NGX_OK;
+    }
+
+    return rc == 0 ? NGX_OK : NGX_DECLINED;
+}
+
+
 /* Hands out every pending event of the client. */
 
 static void
@@ -474,6 +562,8 @@ ngx_http_kvgate_engine_drain(void)
             break;
 
         case KVG_CEV_WRITABLE:
+            /* what live requests asked for first: a cancel frees blocks */
+            ngx_http_kvgate_samples_waiting();
             ngx_http_kvgate_submit_waiting();
             break;
 
@@ -487,6 +577,7 @@ ngx_http_kvgate_engine_drain(void)
             if (ev.kind == KVG_CEV_DONE || ev.kind == KVG_CEV_ERROR) {
                 /* the engine is done with it: nothing left to cancel */
                 er->submitted = 0;
+                ngx_http_kvgate_samples_forget(er);
             }
 
             er->event(er, &ev);
@@ -646,6 +737,8 @@ void
 ngx_http_kvgate_engine_cancel(ngx_http_kvgate_engine_req_t *er)
 {
     ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+
+    ngx_http_kvgate_samples_forget(er);
 
     if (er->queued) {
         ngx_queue_remove(&er->queue);

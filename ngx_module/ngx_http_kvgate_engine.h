@@ -56,6 +56,13 @@ struct ngx_http_kvgate_engine_req_s {
     unsigned                          submitted:1;  /* live in the engine */
     unsigned                          queued:1;     /* in the wait queue */
     unsigned                          resubmit:1;   /* leaving the queue */
+
+    /* a samples message (draw, cancel) that found the ring full, sent at
+       the next WRITABLE before any waiting submission */
+    ngx_queue_t                       samples_queue;
+    unsigned                          pend_draw;
+    uint32_t                          pend_cancel;
+    unsigned                          samples_queued:1;
 };
 
 
@@ -93,6 +100,12 @@ ngx_int_t ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
    room, finished, or the engine went away). */
 ngx_int_t ngx_http_kvgate_engine_hold(ngx_http_kvgate_engine_req_t *er,
     ngx_uint_t paused);
+/* Self-consistency: starts the next draw undrawn samples of er's request
+   and cancels those of cancel_mask (bit j: sample j). NGX_OK (sent, or kept
+   until the ring has room: messages for one request keep their order),
+   NGX_DECLINED when it is not live in the engine. */
+ngx_int_t ngx_http_kvgate_engine_samples(ngx_http_kvgate_engine_req_t *er,
+    unsigned draw, uint32_t cancel_mask);
 /* Takes er out of the wait queue and the engine; no event for it follows. */
 void ngx_http_kvgate_engine_cancel(ngx_http_kvgate_engine_req_t *er);
 

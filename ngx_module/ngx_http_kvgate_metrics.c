@@ -159,6 +159,17 @@ ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
                                     ctx->completion_tokens);
     }
 
+    if (ctx->sc && ctx->usage_set) {
+        (void) ngx_atomic_fetch_add(&sh->sc_requests, 1);
+        (void) ngx_atomic_fetch_add(&sh->sc_samples_asked, ctx->n_choices);
+        (void) ngx_atomic_fetch_add(&sh->sc_samples_run,
+                                    kvg_sc_samples_run(ctx->sc));
+
+        if (kvg_sc_stopped_early(ctx->sc)) {
+            (void) ngx_atomic_fetch_add(&sh->sc_early_stops, 1);
+        }
+    }
+
     if (ctx->cache_status) {
         for (i = 0; i < NGX_HTTP_KVGATE_N_CACHE; i++) {
             if (ngx_strcmp(ctx->cache_status, ngx_http_kvgate_cache_names[i])

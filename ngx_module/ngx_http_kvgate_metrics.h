@@ -54,6 +54,13 @@ typedef struct {
        requests is the engine's (its statistics page), which cannot drift
        when a worker dies with paused requests */
     ngx_atomic_t            backpressure[3];
+    /* self-consistency: requests with a vote answered after their samples
+       ran, the samples they asked for (n), the samples drawn, and those
+       decided before all n ran */
+    ngx_atomic_t            sc_requests;
+    ngx_atomic_t            sc_samples_asked;
+    ngx_atomic_t            sc_samples_run;
+    ngx_atomic_t            sc_early_stops;
 } ngx_http_kvgate_shctx_t;
 
 

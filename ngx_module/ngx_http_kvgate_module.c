@@ -476,7 +476,9 @@ typedef enum {
     NGX_HTTP_KVGATE_VAR_COMPLETION_TOKENS,
     NGX_HTTP_KVGATE_VAR_CACHE_STATUS,
     NGX_HTTP_KVGATE_VAR_TTFT,
-    NGX_HTTP_KVGATE_VAR_ROUTE_KEY
+    NGX_HTTP_KVGATE_VAR_ROUTE_KEY,
+    NGX_HTTP_KVGATE_VAR_SAMPLES,
+    NGX_HTTP_KVGATE_VAR_VOTE_ANSWER
 } ngx_http_kvgate_var_e;
 
 
@@ -616,6 +618,34 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
         v->len = sizeof(ctx->route_key);
         return NGX_OK;
 
+    case NGX_HTTP_KVGATE_VAR_SAMPLES:
+        /* self-consistency: the samples drawn (empty without a vote) */
+        if (ctx->sc == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        n = kvg_sc_samples_run(ctx->sc);
+        break;
+
+    case NGX_HTTP_KVGATE_VAR_VOTE_ANSWER:
+        {
+            size_t       len;
+            const char  *a;
+
+            a = ctx->sc ? kvg_sc_answer(ctx->sc, &len) : NULL;
+
+            if (a == NULL) {
+                v->not_found = 1;
+                return NGX_OK;
+            }
+
+            /* the access log escapes it (escape=default or json) */
+            v->data = (u_char *) a;
+            v->len = len;
+        }
+        return NGX_OK;
+
     default:
         v->not_found = 1;
         return NGX_OK;
@@ -667,6 +697,12 @@ static ngx_http_variable_t  ngx_http_kvgate_vars[] = {
 
     { ngx_string("kvgate_route_key"), NULL, ngx_http_kvgate_variable,
       NGX_HTTP_KVGATE_VAR_ROUTE_KEY, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvgate_samples"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_SAMPLES, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvgate_vote_answer"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_VOTE_ANSWER, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
 };

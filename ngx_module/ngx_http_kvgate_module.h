@@ -37,6 +37,7 @@
 #include "buckets.h"
 #include "client.h"
 #include "request.h"
+#include "vote.h"
 
 #include "ngx_http_kvgate_engine.h"
 
@@ -104,6 +105,14 @@ typedef struct {
 } ngx_http_kvgate_loc_conf_t;
 
 
+/* A streamed sample's text is kept for answer extraction up to its last
+   this many bytes (a non-streamed one is kept whole for the answer): the
+   answer is looked for at the end of the text. */
+#define NGX_HTTP_KVGATE_SC_TAIL         4096
+/* The longest answer that votes (normalized); longer ones are cut. */
+#define NGX_HTTP_KVGATE_SC_ANSWER_MAX   1024
+
+
 typedef struct ngx_http_kvgate_ctx_s  ngx_http_kvgate_ctx_t;
 
 /* One choice (sample) of a completion being produced. */
@@ -116,6 +125,10 @@ typedef struct {
     size_t                     n_ids;
     size_t                     ids_cap;
     size_t                     text_offset;       /* streamed logprobs */
+    /* self-consistency: the sum and count of the sample's token logprobs
+       (its mean weighs its vote with "vote": "logprob") */
+    double                     lp_sum;
+    uint32_t                   lp_n;
     ngx_uint_t                 finished;
     uint32_t                   finish_reason;     /* enum kvg_msg_finish */
 } ngx_http_kvgate_choice_t;
@@ -176,6 +189,15 @@ struct ngx_http_kvgate_ctx_s {
 
     ngx_uint_t                 paused;            /* in the engine: the client
                                                      does not read */
+
+    /* self-consistency (the body's "kvgate" object had a "vote"): the wave
+       driver (libkvgate's kvg_sc, freed by the request's cleanup), the
+       compiled answer_pattern (NULL: the default extractor; in r->pool),
+       and how many samples have been drawn (always a prefix of the indices:
+       the engine starts samples in index order) */
+    kvg_sc                    *sc;
+    ngx_regex_t               *answer_re;
+    ngx_uint_t                 sc_drawn;
 
     /* a stream's output buffers (ngx_http_kvgate_response.c), recycled so
        that what the client has taken is reused, not kept in r->pool until
@@ -264,6 +286,18 @@ void ngx_http_kvgate_prompt_free(ngx_http_kvgate_ctx_t *ctx);
 ngx_int_t ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 
+/* The answer_pattern of a request with a vote, compiled with ngx_regex into
+   ctx->answer_re (nothing when the request has none): NGX_OK, or NGX_ERROR
+   with a 400 naming "kvgate.answer_pattern" in *err (it does not compile,
+   or it has not exactly one capture group). In the event loop. */
+ngx_int_t ngx_http_kvgate_answer_compile(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err);
+/* A finished sample's answer, extracted (capture 1 of the LAST match of
+   ctx->answer_re in its text, else the default extractor) and normalized
+   into out (NUL-terminated): its length, 0 when it has none. */
+size_t ngx_http_kvgate_answer_extract(ngx_http_kvgate_ctx_t *ctx,
+    const u_char *text, size_t len, char *out, size_t cap);
+
 /* ngx_http_kvgate_status.c */
 ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_kvgate_status_handler(ngx_http_request_t *r);
@@ -278,6 +312,10 @@ ngx_int_t ngx_http_kvgate_stream_tokens(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, const kvg_client_event *ev);
 ngx_int_t ngx_http_kvgate_stream_finished(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, ngx_uint_t choice);
+/* Self-consistency: chat streams open the samples [from, to) just drawn
+   with the assistant's role (stream_start opened the first wave). */
+ngx_int_t ngx_http_kvgate_stream_roles(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_uint_t from, ngx_uint_t to);
 ngx_int_t ngx_http_kvgate_stream_end(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, kvg_api_error *error);
 ngx_int_t ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,

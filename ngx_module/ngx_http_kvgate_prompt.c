@@ -1175,3 +1175,180 @@ ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
 
     return NGX_OK;
 }
+
+
+/* ---- self-consistency: the answer of a sample ---- */
+
+/*
+ * The answer_pattern is compiled with nginx's own regex engine (PCRE2 in
+ * this build), once per request, in the event loop: ngx_regex_compile keeps
+ * a process-wide compile context and allocates from the pool it is given,
+ * neither of which a prompt task in a thread may touch.
+ */
+
+ngx_int_t
+ngx_http_kvgate_answer_compile(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
+{
+    u_char               errstr[NGX_MAX_CONF_ERRSTR];
+    ngx_regex_compile_t  rc;
+
+    ctx->answer_re = NULL;
+
+    if (!ctx->req->has_vote || ctx->req->answer_pattern == NULL) {
+        return NGX_OK;
+    }
+
+    ngx_memzero(&rc, sizeof(ngx_regex_compile_t));
+
+    rc.pattern.data = (u_char *) ctx->req->answer_pattern;
+    rc.pattern.len = ctx->req->answer_pattern_len;
+    rc.pool = r->pool;
+    rc.err.len = NGX_MAX_CONF_ERRSTR;
+    rc.err.data = errstr;
+
+    if (ngx_regex_compile(&rc) != NGX_OK) {
+        kvg_api_error_set(err, 400, "invalid_value", "kvgate.answer_pattern",
+                          "Invalid 'kvgate.answer_pattern': %.*s",
+                          (int) rc.err.len, rc.err.data);
+        return NGX_ERROR;
+    }
+
+    if (rc.captures != 1) {
+        kvg_api_error_set(err, 400, "invalid_value", "kvgate.answer_pattern",
+                          "Invalid 'kvgate.answer_pattern': it must have "
+                          "exactly one capture group (the answer), it has "
+                          "%d.", (int) rc.captures);
+        return NGX_ERROR;
+    }
+
+    ctx->answer_re = rc.regex;
+
+    return NGX_OK;
+}
+
+
+#if (NGX_PCRE2)
+
+/*
+ * Capture 1 of the last match of re in [text, text + len): matches are
+ * looked for one after the other from the start, each from where the one
+ * before ended (one byte further after an empty match), so anchors and
+ * lookbehinds see the whole text, as in a global search. ngx_regex_exec()
+ * has no start offset, hence pcre2_match() itself (ngx_regex_t is PCRE2's
+ * code in this build). 1 with *ans set, 0 when no match has capture 1 set.
+ */
+
+static ngx_int_t
+ngx_http_kvgate_last_capture(ngx_regex_t *re, const u_char *text, size_t len,
+    const u_char **ans, size_t *ans_len)
+{
+    int                rc;
+    size_t             start, next, *ov;
+    ngx_int_t          found;
+    pcre2_match_data  *md;
+
+    md = pcre2_match_data_create_from_pattern(re, NULL);
+    if (md == NULL) {
+        return 0;
+    }
+
+    found = 0;
+    start = 0;
+
+    while (start <= len) {
+        rc = pcre2_match(re, text, len, start, 0, md, NULL);
+        if (rc < 0) {
+            break;
+        }
+
+        ov = pcre2_get_ovector_pointer(md);
+
+        if (rc >= 2 && ov[2] != PCRE2_UNSET) {
+            *ans = text + ov[2];
+            *ans_len = ov[3] - ov[2];
+            found = 1;
+        }
+
+        next = ov[1] > ov[0] ? ov[1] : ov[1] + 1;
+
+        if (next <= start) {
+            break;     /* no progress (\K can do that): the last one */
+        }
+
+        start = next;
+    }
+
+    pcre2_match_data_free(md);
+
+    return found;
+}
+
+#else
+
+/* Without PCRE2: ngx_regex_exec() over what follows each match. */
+
+static ngx_int_t
+ngx_http_kvgate_last_capture(ngx_regex_t *re, const u_char *text, size_t len,
+    const u_char **ans, size_t *ans_len)
+{
+    int        cap[6];
+    size_t     start;
+    ngx_int_t  rc, found;
+    ngx_str_t  s;
+
+    found = 0;
+    start = 0;
+
+    while (start <= len) {
+        s.data = (u_char *) text + start;
+        s.len = len - start;
+
+        rc = ngx_regex_exec(re, &s, cap, 6);
+        if (rc < 0) {
+            break;
+        }
+
+        if (rc >= 2 && cap[2] >= 0) {
+            *ans = s.data + cap[2];
+            *ans_len = (size_t) (cap[3] - cap[2]);
+            found = 1;
+        }
+
+        start += cap[1] > cap[0] ? (size_t) cap[1] : (size_t) cap[1] + 1;
+    }
+
+    return found;
+}
+
+#endif
+
+
+size_t
+ngx_http_kvgate_answer_extract(ngx_http_kvgate_ctx_t *ctx,
+    const u_char *text, size_t len, char *out, size_t cap)
+{
+    size_t         ans_len;
+    const char    *a;
+    const u_char  *ans;
+
+    ans = NULL;
+    ans_len = 0;
+
+    if (ctx->answer_re) {
+        if (!ngx_http_kvgate_last_capture(ctx->answer_re, text, len, &ans,
+                                          &ans_len))
+        {
+            return 0;
+        }
+
+    } else {
+        if (!kvg_vote_default_answer((const char *) text, len, &a, &ans_len)) {
+            return 0;
+        }
+
+        ans = (const u_char *) a;
+    }
+
+    return kvg_vote_normalize((const char *) ans, ans_len, out, cap);
+}

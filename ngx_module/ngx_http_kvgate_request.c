@@ -30,6 +30,8 @@ static ngx_int_t ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx,
 static void ngx_http_kvgate_prompt_done(ngx_http_request_t *r, ngx_int_t rc,
     kvg_api_error *err);
 static void ngx_http_kvgate_park(ngx_http_kvgate_ctx_t *ctx);
+static ngx_int_t ngx_http_kvgate_sc_prepare(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err);
 static ngx_int_t ngx_http_kvgate_prepare(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err);
 static ngx_int_t ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx,
@@ -44,6 +46,12 @@ static void ngx_http_kvgate_deadline(ngx_event_t *ev);
 static void ngx_http_kvgate_cleanup(void *data);
 static void ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
     const kvg_client_event *ev);
+static void ngx_http_kvgate_sc_tokens(ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev);
+static ngx_int_t ngx_http_kvgate_sc_tail(ngx_http_request_t *r,
+    ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev);
+static ngx_int_t ngx_http_kvgate_sc_finished(ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev);
 static ngx_int_t ngx_http_kvgate_engine_retry(
     ngx_http_kvgate_engine_req_t *er);
 
@@ -251,6 +259,11 @@ ngx_http_kvgate_cleanup(void *data)
         ngx_del_timer(&ctx->deadline);
     }
 
+    if (ctx->sc) {
+        kvg_sc_free(ctx->sc);
+        ctx->sc = NULL;
+    }
+
     ngx_http_kvgate_prompt_free(ctx);
 }
 
@@ -374,6 +387,50 @@ ngx_http_kvgate_park(ngx_http_kvgate_ctx_t *ctx)
 }
 
 
+/*
+ * Self-consistency: the answer_pattern is compiled (a bad one is a 400
+ * before anything reaches the engine) and the wave driver made; the request
+ * goes to the engine with its first wave only (kvg_sc_initial), the rest of
+ * its n samples are drawn or dropped as the votes come in
+ * (ngx_http_kvgate_sc_finished).
+ */
+
+static ngx_int_t
+ngx_http_kvgate_sc_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    kvg_api_error *err)
+{
+    kvg_sc_config       c;
+    const kvg_request  *req = ctx->req;
+
+    if (ngx_http_kvgate_answer_compile(r, ctx, err) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (ctx->sc) {
+        /* prepared again (it waited for the handshake): start afresh */
+        kvg_sc_free(ctx->sc);
+        ctx->sc = NULL;
+    }
+
+    ngx_memzero(&c, sizeof(kvg_sc_config));
+    c.vote = req->vote;
+    c.n = (unsigned) req->n;
+    c.min_samples = req->min_samples > 0 ? (unsigned) req->min_samples : 0;
+    c.wave = req->wave > 0 ? (unsigned) req->wave : 0;
+    c.agreement = req->agreement;
+
+    ctx->sc = kvg_sc_new(&c);
+    if (ctx->sc == NULL) {
+        kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+        return NGX_ERROR;
+    }
+
+    ctx->sc_drawn = kvg_sc_initial(ctx->sc);
+
+    return NGX_OK;
+}
+
+
 static ngx_int_t
 ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     kvg_api_error *err)
@@ -479,6 +536,10 @@ ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         ctx->choices[j].finish_reason = KVG_MSG_FINISH_STOP;
     }
 
+    if (req->has_vote && ngx_http_kvgate_sc_prepare(r, ctx, err) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     ctx->created = ngx_time();
     ctx->id_len = ngx_sprintf(ctx->id, "%s%08xD%08xD%08xD",
                               req->endpoint == KVG_ENDPOINT_CHAT ? "chatcmpl-"
@@ -531,6 +592,16 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 
     q.deadline_ms = (uint32_t) (klcf->timeout + 1000);
     q.logprobs = req->has_logprobs;
+
+    if (ctx->sc) {
+        /* the first wave; a logprob vote needs every token's logprob (the
+           client gets them only when it asked) */
+        q.n_active = kvg_sc_initial(ctx->sc);
+
+        if (req->vote == KVG_VOTE_LOGPROB) {
+            q.logprobs = 1;
+        }
+    }
 
 #if (NGX_DEBUG)
     {
@@ -694,7 +765,7 @@ ngx_http_kvgate_fail(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 
 static ngx_int_t
 ngx_http_kvgate_add_text(ngx_http_request_t *r, ngx_http_kvgate_choice_t *ch,
-    const kvg_client_event *ev)
+    const kvg_client_event *ev, ngx_uint_t keep_logprobs)
 {
     size_t     nc;
     u_char    *p;
@@ -726,7 +797,7 @@ ngx_http_kvgate_add_text(ngx_http_request_t *r, ngx_http_kvgate_choice_t *ch,
         ch->len += ev->text_len;
     }
 
-    if (ev->logprobs == NULL || ev->n_tokens == 0) {
+    if (ev->logprobs == NULL || ev->n_tokens == 0 || !keep_logprobs) {
         return NGX_OK;
     }
 
@@ -756,6 +827,159 @@ ngx_http_kvgate_add_text(ngx_http_request_t *r, ngx_http_kvgate_choice_t *ch,
     ngx_memcpy(ch->ids + ch->n_ids, ev->tokens, ev->n_tokens * sizeof(uint32_t));
     ngx_memcpy(ch->lps + ch->n_ids, ev->logprobs, ev->n_tokens * sizeof(float));
     ch->n_ids += ev->n_tokens;
+
+    return NGX_OK;
+}
+
+
+/* ---- self-consistency ---- */
+
+/* A sample's logprobs add up to the mean that weighs its vote. */
+
+static void
+ngx_http_kvgate_sc_tokens(ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev)
+{
+    uint32_t  i;
+
+    if (ev->logprobs == NULL) {
+        return;
+    }
+
+    for (i = 0; i < ev->n_tokens; i++) {
+        ch->lp_sum += ev->logprobs[i];
+    }
+
+    ch->lp_n += ev->n_tokens;
+}
+
+
+/*
+ * A streamed sample's text is not kept for an answer object; only its end,
+ * where the answer is looked for (the last NGX_HTTP_KVGATE_SC_TAIL bytes, in
+ * a buffer of twice that, so a cut is a copy every TAIL bytes at most):
+ * memory stays bounded however long the samples run.
+ */
+
+static ngx_int_t
+ngx_http_kvgate_sc_tail(ngx_http_request_t *r, ngx_http_kvgate_choice_t *ch,
+    const kvg_client_event *ev)
+{
+    size_t         n, keep;
+    const u_char  *text;
+
+    if (ch->text == NULL) {
+        ch->cap = 2 * NGX_HTTP_KVGATE_SC_TAIL;
+        ch->text = ngx_pnalloc(r->pool, ch->cap);
+        if (ch->text == NULL) {
+            return NGX_ERROR;
+        }
+    }
+
+    text = (const u_char *) ev->text;
+    n = ev->text_len;
+
+    if (n > NGX_HTTP_KVGATE_SC_TAIL) {
+        text += n - NGX_HTTP_KVGATE_SC_TAIL;
+        n = NGX_HTTP_KVGATE_SC_TAIL;
+    }
+
+    if (ch->len + n > ch->cap) {
+        keep = ch->len < NGX_HTTP_KVGATE_SC_TAIL ? ch->len
+                                                 : NGX_HTTP_KVGATE_SC_TAIL;
+        ngx_memmove(ch->text, ch->text + ch->len - keep, keep);
+        ch->len = keep;
+    }
+
+    if (n) {
+        ngx_memcpy(ch->text + ch->len, text, n);
+        ch->len += n;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * A sample finished: its answer votes (a cancelled one does not), and what
+ * the wave driver decides goes to the engine: the next wave when nothing
+ * runs and the vote is open, or, once it is decided, the cancel of every
+ * sample still running or not drawn yet.
+ */
+
+static ngx_int_t
+ngx_http_kvgate_sc_finished(ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev)
+{
+    char              answer[NGX_HTTP_KVGATE_SC_ANSWER_MAX];
+    size_t            len, tlen;
+    u_char           *text;
+    double            mean;
+    ngx_int_t         rc;
+    ngx_uint_t        drawn, cancelled;
+    kvg_sc_action     act;
+
+    if (ev->sample >= ctx->sc_drawn) {
+        /* dropped undrawn */
+        return NGX_OK;
+    }
+
+    cancelled = ev->finish_reason == KVG_MSG_FINISH_CANCELLED;
+    len = 0;
+
+    if (!cancelled) {
+        /* the same end of the text, streamed or not: the last
+           NGX_HTTP_KVGATE_SC_TAIL bytes, from a character's start */
+
+        text = ch->text;
+        tlen = ch->len;
+
+        if (tlen > NGX_HTTP_KVGATE_SC_TAIL) {
+            text += tlen - NGX_HTTP_KVGATE_SC_TAIL;
+            tlen = NGX_HTTP_KVGATE_SC_TAIL;
+
+            while (tlen && (*text & 0xc0) == 0x80) {
+                text++;
+                tlen--;
+            }
+        }
+
+        len = ngx_http_kvgate_answer_extract(ctx, text, tlen, answer,
+                                             sizeof(answer));
+    }
+
+    mean = ch->lp_n ? ch->lp_sum / ch->lp_n : 0.0;
+
+    ngx_memzero(&act, sizeof(kvg_sc_action));
+    kvg_sc_finished(ctx->sc, ev->sample, len ? answer : NULL, len, mean,
+                    (int) cancelled, &act);
+
+    ngx_log_debug6(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
+                   "kvgate: sample %uD answered \"%*s\"%s, mean logprob %.4f"
+                   ": draw %ud",
+                   ev->sample, len, answer, cancelled ? " (cancelled)" : "",
+                   mean, act.draw);
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
+                   "kvgate: cancel %08xD, decided %d", act.cancel_mask,
+                   act.decided);
+
+    if (act.draw == 0 && act.cancel_mask == 0) {
+        return NGX_OK;
+    }
+
+    drawn = ctx->sc_drawn;
+    ctx->sc_drawn = kvg_sc_samples_run(ctx->sc);
+
+    (void) ngx_http_kvgate_engine_samples(&ctx->engine, act.draw,
+                                          act.cancel_mask);
+
+    if (ctx->req->stream && ctx->sc_drawn > drawn) {
+        rc = ngx_http_kvgate_stream_roles(ctx->request, ctx, drawn,
+                                          ctx->sc_drawn);
+        if (rc == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+    }
 
     return NGX_OK;
 }
@@ -826,11 +1050,21 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
             return;
         }
 
+        if (ctx->sc) {
+            ngx_http_kvgate_sc_tokens(ctx, &ctx->choices[ev->sample], ev);
+        }
+
         if (ctx->req->stream) {
             rc = ngx_http_kvgate_stream_tokens(r, ctx, ev);
 
+            if (rc != NGX_ERROR && ctx->sc) {
+                rc = ngx_http_kvgate_sc_tail(r, &ctx->choices[ev->sample],
+                                             ev);
+            }
+
         } else {
-            rc = ngx_http_kvgate_add_text(r, &ctx->choices[ev->sample], ev);
+            rc = ngx_http_kvgate_add_text(r, &ctx->choices[ev->sample], ev,
+                                          (ngx_uint_t) ctx->req->has_logprobs);
         }
 
         if (rc == NGX_ERROR) {
@@ -861,7 +1095,11 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
             return;
         }
 
-        if (ctx->req->stream) {
+        /* a sample dropped before it was drawn is not part of the answer */
+
+        if (ctx->req->stream
+            && (ctx->sc == NULL || ev->sample < ctx->sc_drawn))
+        {
             rc = ngx_http_kvgate_stream_finished(r, ctx, ev->sample);
 
             if (rc == NGX_ERROR) {
@@ -869,7 +1107,15 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
                 ngx_http_kvgate_finish(ctx, NGX_ERROR);
                 return;
             }
+        }
 
+        if (ctx->sc && ngx_http_kvgate_sc_finished(ctx, ch, ev) != NGX_OK) {
+            ngx_http_kvgate_engine_cancel(&ctx->engine);
+            ngx_http_kvgate_finish(ctx, NGX_ERROR);
+            return;
+        }
+
+        if (ctx->req->stream) {
             ngx_http_kvgate_backpressure(ctx);
         }
 

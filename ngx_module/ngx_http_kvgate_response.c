@@ -541,7 +541,11 @@ ngx_http_kvgate_output_whole(ngx_http_request_t *r, ngx_http_kvgate_out_t *o)
 static const char *
 ngx_http_kvgate_finish_name(uint32_t reason)
 {
-    return reason == KVG_MSG_FINISH_LENGTH ? "length" : "stop";
+    /* "cancelled": a self-consistency sample stopped once the vote was
+       decided (other requests are never answered cancelled) */
+
+    return reason == KVG_MSG_FINISH_LENGTH ? "length"
+           : reason == KVG_MSG_FINISH_CANCELLED ? "cancelled" : "stop";
 }
 
 
@@ -596,6 +600,99 @@ ngx_http_kvgate_usage(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx)
                                "{\"cached_tokens\":");
     ngx_http_kvgate_out_uint(o, ctx->cached_tokens);
     ngx_http_kvgate_out_lit(o, "}}");
+}
+
+
+/*
+ * Self-consistency's result:
+ *   "kvgate":{"answer":"..."|null,"votes":{"<answer>":count|weight,...},
+ *             "samples":k,"stopped_early":bool}
+ * votes in the tally's order (kvg_sc_answer_at), counts for a majority vote,
+ * summed weights for a logprob vote.
+ */
+
+static void
+ngx_http_kvgate_vote_object(ngx_http_kvgate_out_t *o,
+    ngx_http_kvgate_ctx_t *ctx)
+{
+    char        num[64];
+    size_t      i, n, len;
+    double      weight;
+    unsigned    count;
+    const char *a;
+
+    ngx_http_kvgate_out_lit(o, "\"kvgate\":{\"answer\":");
+
+    a = kvg_sc_answer(ctx->sc, &len);
+
+    if (a == NULL) {
+        ngx_http_kvgate_out_lit(o, "null");
+
+    } else {
+        ngx_http_kvgate_out_json(o, a, len);
+    }
+
+    ngx_http_kvgate_out_lit(o, ",\"votes\":{");
+
+    n = kvg_sc_n_answers(ctx->sc);
+
+    for (i = 0; i < n; i++) {
+        kvg_sc_answer_at(ctx->sc, i, &a, &len, &count, &weight);
+
+        if (i) {
+            ngx_http_kvgate_out_lit(o, ",");
+        }
+
+        ngx_http_kvgate_out_json(o, a, len);
+        ngx_http_kvgate_out_lit(o, ":");
+
+        if (ctx->req->vote == KVG_VOTE_LOGPROB) {
+            /* %.17g would print noise digits; 6 significant are plenty for
+               a weight in (0, n] */
+            (void) snprintf(num, sizeof(num), "%.6g", weight);
+            ngx_http_kvgate_out_cstr(o, num);
+
+        } else {
+            ngx_http_kvgate_out_uint(o, count);
+        }
+    }
+
+    ngx_http_kvgate_out_lit(o, "},\"samples\":");
+    ngx_http_kvgate_out_uint(o, kvg_sc_samples_run(ctx->sc));
+    ngx_http_kvgate_out_lit(o, ",\"stopped_early\":");
+
+    if (kvg_sc_stopped_early(ctx->sc)) {
+        ngx_http_kvgate_out_lit(o, "true}");
+
+    } else {
+        ngx_http_kvgate_out_lit(o, "false}");
+    }
+}
+
+
+/* The room the kvgate object needs. */
+
+static size_t
+ngx_http_kvgate_vote_size(ngx_http_kvgate_ctx_t *ctx)
+{
+    size_t       i, n, len, size;
+    double       weight;
+    unsigned     count;
+    const char  *a;
+
+    if (ctx->sc == NULL) {
+        return 0;
+    }
+
+    size = 256;
+    n = kvg_sc_n_answers(ctx->sc);
+
+    for (i = 0; i < n; i++) {
+        kvg_sc_answer_at(ctx->sc, i, &a, &len, &count, &weight);
+        size += 2 * kvg_json_escape_len(a, len) + 64;
+    }
+
+    return size;
 }
 
 
@@ -697,15 +794,19 @@ ngx_http_kvgate_send_complete(ngx_http_request_t *r,
 {
     size_t                     size, off;
     ngx_int_t                  rc;
-    ngx_uint_t                 j, chat;
+    ngx_uint_t                 j, n, chat;
     ngx_http_kvgate_out_t      o;
     ngx_http_kvgate_choice_t  *ch;
 
     chat = ctx->req->endpoint == KVG_ENDPOINT_CHAT;
 
-    size = 1024;
+    /* with a vote, only the samples drawn (a prefix of the indices) */
 
-    for (j = 0; j < ctx->n_choices; j++) {
+    n = ctx->sc ? ctx->sc_drawn : ctx->n_choices;
+
+    size = 1024 + ngx_http_kvgate_vote_size(ctx);
+
+    for (j = 0; j < n; j++) {
         size += kvg_json_escape_len((char *) ctx->choices[j].text,
                                     ctx->choices[j].len)
                 + 256 + ctx->choices[j].n_ids * 96;
@@ -716,7 +817,7 @@ ngx_http_kvgate_send_complete(ngx_http_request_t *r,
     ngx_http_kvgate_object_head(&o, ctx, chat ? "chat.completion"
                                               : "text_completion");
 
-    for (j = 0; j < ctx->n_choices; j++) {
+    for (j = 0; j < n; j++) {
         ch = &ctx->choices[j];
         off = 0;
 
@@ -748,6 +849,12 @@ ngx_http_kvgate_send_complete(ngx_http_request_t *r,
 
     ngx_http_kvgate_out_lit(&o, "],");
     ngx_http_kvgate_usage(&o, ctx);
+
+    if (ctx->sc) {
+        ngx_http_kvgate_out_lit(&o, ",");
+        ngx_http_kvgate_vote_object(&o, ctx);
+    }
+
     ngx_http_kvgate_out_lit(&o, "}\n");
 
     if (o.failed) {
@@ -803,9 +910,7 @@ ngx_http_kvgate_chunk_tail(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx)
 ngx_int_t
 ngx_http_kvgate_stream_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 {
-    ngx_int_t              rc;
-    ngx_uint_t             j;
-    ngx_http_kvgate_out_t  o;
+    ngx_int_t  rc;
 
     r->headers_out.status = NGX_HTTP_OK;
     r->headers_out.content_length_n = -1;
@@ -827,17 +932,32 @@ ngx_http_kvgate_stream_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
         return rc;
     }
 
-    if (ctx->req->endpoint != KVG_ENDPOINT_CHAT) {
+    /* chat streams open every choice with the assistant's role (with a
+       vote: those of the first wave; later waves as they are drawn) */
+
+    return ngx_http_kvgate_stream_roles(r, ctx, 0,
+                                        ctx->sc ? ctx->sc_drawn
+                                                : ctx->n_choices);
+}
+
+
+ngx_int_t
+ngx_http_kvgate_stream_roles(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_uint_t from, ngx_uint_t to)
+{
+    ngx_int_t              rc;
+    ngx_uint_t             j;
+    ngx_http_kvgate_out_t  o;
+
+    if (ctx->req->endpoint != KVG_ENDPOINT_CHAT || from >= to) {
         return NGX_OK;
     }
 
-    /* chat streams open every choice with the assistant's role */
-
-    ngx_http_kvgate_out_scratch(&o, r, ctx, 256 + 96 * ctx->n_choices);
+    ngx_http_kvgate_out_scratch(&o, r, ctx, 256 + 96 * (to - from));
     ngx_http_kvgate_chunk_head(&o, ctx);
 
-    for (j = 0; j < ctx->n_choices; j++) {
-        if (j) {
+    for (j = from; j < to; j++) {
+        if (j > from) {
             ngx_http_kvgate_out_lit(&o, ",");
         }
 
@@ -950,7 +1070,8 @@ ngx_http_kvgate_stream_end(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     size_t                 len;
     ngx_http_kvgate_out_t  o;
 
-    ngx_http_kvgate_out_scratch(&o, r, ctx, 512);
+    ngx_http_kvgate_out_scratch(&o, r, ctx, 512
+                                            + ngx_http_kvgate_vote_size(ctx));
 
     if (error) {
         ctx->status = error->status;
@@ -962,6 +1083,21 @@ ngx_http_kvgate_stream_end(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         ngx_http_kvgate_out_lit(&o, "\n\n");
 
         return ngx_http_kvgate_stream_put(r, ctx, &o, 1);
+    }
+
+    /* the vote's chunk (no choices) comes before the usage chunk: OpenAI
+       clients expect usage in the last chunk before [DONE] */
+
+    if (ctx->sc) {
+        ngx_http_kvgate_chunk_head(&o, ctx);
+        ngx_http_kvgate_out_lit(&o, "],");
+
+        if (ctx->req->include_usage) {
+            ngx_http_kvgate_out_lit(&o, "\"usage\":null,");
+        }
+
+        ngx_http_kvgate_vote_object(&o, ctx);
+        ngx_http_kvgate_out_lit(&o, "}\n\n");
     }
 
     if (ctx->req->include_usage) {

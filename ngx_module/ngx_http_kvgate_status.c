@@ -314,7 +314,42 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
         sh->backpressure[NGX_HTTP_KVGATE_BP_RESUME],
         sh->backpressure[NGX_HTTP_KVGATE_BP_TIMEOUT]);
 
+    ngx_http_kvgate_printf(&t,
+        "# HELP kvgate_sc_requests_total Self-consistency requests (with a "
+        "kvgate.vote) whose samples ran to a vote.\n"
+        "# TYPE kvgate_sc_requests_total counter\n"
+        "kvgate_sc_requests_total %uA\n"
+        "# HELP kvgate_sc_samples_asked_total Samples those requests asked "
+        "for (n).\n"
+        "# TYPE kvgate_sc_samples_asked_total counter\n"
+        "kvgate_sc_samples_asked_total %uA\n"
+        "# HELP kvgate_sc_samples_run_total Samples of those requests drawn "
+        "(started in the engine).\n"
+        "# TYPE kvgate_sc_samples_run_total counter\n"
+        "kvgate_sc_samples_run_total %uA\n"
+        "# HELP kvgate_sc_early_stops_total Those requests whose vote was "
+        "decided while samples still ran or were not drawn.\n"
+        "# TYPE kvgate_sc_early_stops_total counter\n"
+        "kvgate_sc_early_stops_total %uA\n",
+        sh->sc_requests, sh->sc_samples_asked, sh->sc_samples_run,
+        sh->sc_early_stops);
+
     if (info && kvg_client_stats(ngx_http_kvgate_engine_client(), &st) == 0) {
+        ngx_http_kvgate_printf(&t,
+            "# HELP kvgate_engine_samples_started_total Samples that began "
+            "decoding in the engine.\n"
+            "# TYPE kvgate_engine_samples_started_total counter\n"
+            "kvgate_engine_samples_started_total %uL\n"
+            "# HELP kvgate_engine_samples_cancelled_total Samples cancelled "
+            "while running (a self-consistency vote was decided).\n"
+            "# TYPE kvgate_engine_samples_cancelled_total counter\n"
+            "kvgate_engine_samples_cancelled_total %uL\n"
+            "# HELP kvgate_engine_samples_dropped_total Samples dropped before "
+            "they started (never drawn).\n"
+            "# TYPE kvgate_engine_samples_dropped_total counter\n"
+            "kvgate_engine_samples_dropped_total %uL\n",
+            st.samples_started, st.samples_cancelled, st.samples_dropped);
+
         ngx_http_kvgate_printf(&t,
             "# HELP kvgate_kv_blocks KV pool blocks by state.\n"
             "# TYPE kvgate_kv_blocks gauge\n"
@@ -506,6 +541,11 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
             "pauses", (json_int_t) st.pauses,
             "resumes", (json_int_t) st.resumes));
 
+        json_object_set_new(root, "samples", json_pack("{s:I, s:I, s:I}",
+            "started", (json_int_t) st.samples_started,
+            "cancelled", (json_int_t) st.samples_cancelled,
+            "dropped", (json_int_t) st.samples_dropped));
+
         arr = json_array();
 
         for (i = 0; i < (ngx_uint_t) st.n_tenants && i < KVG_STATS_TENANTS;
@@ -579,6 +619,13 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
         "resumes", (json_int_t) sh->backpressure[NGX_HTTP_KVGATE_BP_RESUME],
         "send_timeouts",
         (json_int_t) sh->backpressure[NGX_HTTP_KVGATE_BP_TIMEOUT]));
+
+    json_object_set_new(o, "self_consistency", json_pack(
+        "{s:I, s:I, s:I, s:I}",
+        "requests", (json_int_t) sh->sc_requests,
+        "samples_asked", (json_int_t) sh->sc_samples_asked,
+        "samples_run", (json_int_t) sh->sc_samples_run,
+        "early_stops", (json_int_t) sh->sc_early_stops));
 
     json_object_set_new(root, "gateway", o);
 
