@@ -31,10 +31,13 @@
  * prompt's blocks) and the prompt's last logits while samples remain undrawn, and
  * kvg_sched_samples starts further ones off them (no recompute) or cancels single
  * samples. A sample drawn later produces exactly the tokens it would have produced
- * had it started at once (its sampler index and positions are the same).
+ * had it started at once (its sampler index and positions are the same). Draws are
+ * not held back by max_running (the request was admitted for all n). A preempted
+ * request gives back the kept prompt too and recomputes it on readmission.
  *
  * Events are delivered through one callback, from inside kvg_sched_step / submit /
- * cancel (the callback must not call back into the scheduler except kvg_sched_cancel).
+ * cancel / samples (the callback must not call back into the scheduler except
+ * kvg_sched_cancel and kvg_sched_samples, whose work then waits for the step's end).
  * Not thread-safe: one engine thread owns the scheduler, cache, pool and forward pass. */
 #ifndef KVG_SCHEDULER_H
 #define KVG_SCHEDULER_H

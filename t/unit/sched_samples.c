@@ -296,6 +296,13 @@ int main(void)
     is_int(kvg_sched_samples(r.s, 77, 1, 1), -1, "  and for an id never seen");
     baseline(&r, "cancel all");
 
+    /* 6b. Drawn before the prompt is in (the request still waits): they start with it. */
+    submit(&r, 10, 3, 1);
+    ok(kvg_sched_samples(r.s, 10, 2, 0) == 0 && outs[10].n[1] == 0, "draw 2 while the request waits: nothing yet");
+    ok(sched_rig_drain(&r, 200) == 0 && outs[10].done == 1 && same_sample(10, 1, 0, 0) && same_sample(10, 1, 1, 0) &&
+       same_sample(10, 1, 2, 0), "  all 3 start with the prompt and equal the reference");
+    baseline(&r, "early draw");
+
     /* 7. n_active out of range is refused at submit. */
     {
         kvg_sched_req q;
