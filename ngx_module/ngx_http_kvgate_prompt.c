@@ -1248,7 +1248,10 @@ ngx_http_kvgate_last_capture(ngx_regex_t *re, const u_char *text, size_t len,
     ngx_int_t          found;
     pcre2_match_data  *md;
 
-    md = pcre2_match_data_create_from_pattern(re, NULL);
+    /* Not _from_pattern: that allocates through the pattern's memory context,
+       which nginx points at a pool that exists only while compiling (it
+       returns NULL afterwards). Two pairs: the match and capture 1. */
+    md = pcre2_match_data_create(2, NULL);
     if (md == NULL) {
         return 0;
     }

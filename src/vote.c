@@ -435,19 +435,21 @@ static void vote(kvg_sc *s, unsigned sample, const char *ans, size_t len, double
 
 static int certain(const kvg_sc *s)
 {
-    unsigned remaining = s->cfg.n - s->n_done;
     double total = 0.0, lead, second;
 
-    if (remaining == 0)
+    if (s->n_done == s->cfg.n)
         return 1;
-    if (s->n_answers == 0)
+    /* no early decision before min_samples samples have finished */
+    if (s->n_done < s->cfg.min_samples || s->n_answers == 0)
         return 0;
     for (size_t i = 0; i < s->n_answers; i++)
         total += s->answers[i].weight;
     lead = s->answers[0].weight;
     second = s->n_answers > 1 ? s->answers[1].weight : 0.0;
+    /* the samples still running could not overturn the lead (undrawn ones are a
+       budget, not votes: they are never drawn once decided) */
     return total > 0.0 && lead >= s->cfg.agreement * total - 1e-9
-        && lead - second > (double)remaining;
+        && lead - second > (double)s->n_running;
 }
 
 void kvg_sc_finished(kvg_sc *s, unsigned sample, const char *answer, size_t len,

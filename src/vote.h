@@ -63,23 +63,25 @@
  * do not vote. Let W(a) = the votes of answer a (count, or sum of weights),
  * T = the sum of W over all answers, lead = the first answer in the tally order
  * below, second = the next one (W = 0 when there is none), and R = the samples
- * not finished (running + not yet drawn). A sample adds at most 1 to W in both
- * modes, so the vote is DECIDED when
+ * drawn and still running. A sample adds at most 1 to W in both modes, so the
+ * vote is DECIDED when
  *     every sample has finished, or
- *     T > 0 and W(lead) >= agreement * T (up to 1e-9 of rounding)
- *           and W(lead) - W(second) > R
- * i.e. no outcome of the samples left can change the winner. `agreement` only
- * gates early stopping: when every sample has finished, the lead wins whatever
- * its share. The winner is the lead; no sample voting = no answer.
+ *     at least min_samples samples have finished, T > 0,
+ *     W(lead) >= agreement * T (up to 1e-9 of rounding) and W(lead) - W(second) > R
+ * i.e. the lead holds the agreed share of the finished votes and no outcome of
+ * the samples in flight can change the winner. Samples not yet drawn are the
+ * budget, not votes: once decided they are never drawn (as in Adaptive- and
+ * Early-Stopping Self-Consistency, which stop on the samples seen so far). With
+ * min_samples = 0 every sample is drawn at once, so R is every sample not yet
+ * finished: no outcome at all could change the winner. `agreement` only gates
+ * early stopping: when every sample has finished, the lead wins whatever its
+ * share. The winner is the lead; no sample voting = no answer.
  * Tally order (also the tie-break at the end): larger W first, then larger
  * count, then the answer whose first vote came from the lowest sample index.
  * (Counts and sums of 1.0 are exact in double, so majority ties are exact.)
  * Once decided the decision stands: a sample that finishes normally afterwards
  * (its cancel crossed its end) still votes, which cannot change the winner (the
- * margin exceeded what remained); cancelled ones do not vote.
- * Consequence for savings: before the end, W(lead) > R needs more than half of
- * the n samples finished, so a run stops after at least floor(n/2) + 1 samples
- * finished, whatever `agreement` says.
+ * margin exceeded what was in flight); cancelled ones do not vote.
  *
  * ---- Waves ----
  * min_samples = 0: all n samples start at submit (initial = n); the vote may

@@ -188,8 +188,8 @@ my ($plain_texts, $plain_answer);
 {
     my $pattern = '(\w+)\W*$';          # the last word
     my ($found, $maj, $lpw);
-    for my $seed (1 .. 60) {
-        my $r = $g->completion({ prompt => $story, max_tokens => 12, temperature => 1.3, n => 5, seed => $seed,
+    for my $seed (1 .. 80) {
+        my $r = $g->completion({ prompt => $story, max_tokens => 4, temperature => 1.3, n => 7, seed => $seed,
                                  logprobs => 0, kvgate => { vote => 'majority', answer_pattern => $pattern } });
         my @ch = @{ $r->{json}{choices} };
         my @ans = map { answer_of($pattern, $_->{text}) } @ch;
@@ -208,7 +208,7 @@ my ($plain_texts, $plain_answer);
     ok($found, 'a seed where logprob weighting changes the winner');
     SKIP: {
     skip 'no seed found', 6 unless $found;
-    my $r = $g->completion({ prompt => $story, max_tokens => 12, temperature => 1.3, n => 5, seed => $found,
+    my $r = $g->completion({ prompt => $story, max_tokens => 4, temperature => 1.3, n => 7, seed => $found,
                              logprobs => 0, kvgate => { vote => 'logprob', answer_pattern => $pattern } });
     is($r->{json}{kvgate}{answer}, $lpw, "  the logprob vote says \"$lpw\"");
     my @ch = @{ $r->{json}{choices} };
@@ -218,7 +218,7 @@ my ($plain_texts, $plain_answer);
     is_deeply([ sort keys %$v ], [ sort keys %$w ], '  its votes name the same answers');
     ok(!grep({ !approx($v->{$_}, $w->{$_}) } keys %$w), '  with the weights the test computes')
         or diag(explain($v, $w));
-    my $nl = $g->completion({ prompt => $story, max_tokens => 12, temperature => 1.3, n => 5, seed => $found,
+    my $nl = $g->completion({ prompt => $story, max_tokens => 4, temperature => 1.3, n => 7, seed => $found,
                               kvgate => { vote => 'logprob', answer_pattern => $pattern } });
     is($nl->{json}{kvgate}{answer}, $lpw, '  the same without logprobs asked for');
     ok(!defined $nl->{json}{choices}[0]{logprobs}, '  which are then not returned');

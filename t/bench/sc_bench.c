@@ -416,9 +416,8 @@ static void part_b(const char *dir, const char *threads, const char *shared)
     printf("  engine, early-stopping runs: %llu samples started, %llu cancelled running, %llu dropped "
            "undrawn\n", (unsigned long long)eng_s[0], (unsigned long long)eng_s[1],
            (unsigned long long)eng_s[2]);
-    printf("  note: the rule stops only when no outcome of the samples left can change the winner\n"
-           "  (W(lead) - W(second) > samples not finished), so with n=16 at least 9 samples finish:\n"
-           "  >= 9/16 = 0.56x the samples whatever the agreement (vote.h).\n");
+    printf("  rule (vote.h): decided once min_samples finished, the lead holds >= agreement of the votes\n"
+           "  and W(lead) - W(second) > the samples still running; undrawn samples are never drawn then\n");
     printf("RESULT part=b tok_es=%llu tok_all=%llu t_es=%.4f t_all=%.4f\n", (unsigned long long)tok_es,
            (unsigned long long)tok_all, t_es, t_all);
     kvg_client_free(c);

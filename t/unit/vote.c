@@ -356,18 +356,31 @@ static void test_waves(void)
     is_int(kvg_sc_initial(s), 3, "waves: initial = min_samples");
     ok(kvg_sc_sample_drawn(s, 2) && !kvg_sc_sample_drawn(s, 3), "samples 0-2 drawn");
     ok(none(fin(s, 1, "a")), "others still run: no draw");
-    ok(none(fin(s, 0, "a")), "one still runs: no draw");
+    ok(none(fin(s, 0, "a")), "a 2 - 0 > R 1, but 2 finished < min_samples 3: nothing");
     a = fin(s, 2, "a");
-    ok(!a.decided && a.draw == 3 && a.cancel_mask == 0, "wave done, 3 - 0 not > 7: draw 3 (wave = min)");
-    ok(kvg_sc_sample_drawn(s, 5) && !kvg_sc_sample_drawn(s, 6), "samples 3-5 drawn");
-    ok(none(fin(s, 3, "a")) && none(fin(s, 4, "a")), "mid-wave: nothing");
-    a = fin(s, 5, "a");
-    ok(a.decided && a.draw == 0 && a.cancel_mask == 0x3C0u, "6 - 0 > 4: decided, the undrawn 6-9 dropped");
-    ok(kvg_sc_stopped_early(s) && kvg_sc_samples_run(s) == 6 && !kvg_sc_sample_drawn(s, 6),
-       "6 of 10 run");
-    for (unsigned j = 6; j < 10; j++)
+    ok(a.decided && a.draw == 0 && a.cancel_mask == 0x3F8u,
+       "first wave unanimous, 3 - 0 > R 0: decided, the undrawn 3-9 dropped");
+    ok(kvg_sc_stopped_early(s) && kvg_sc_samples_run(s) == 3 && !kvg_sc_sample_drawn(s, 3),
+       "3 of 10 run");
+    for (unsigned j = 3; j < 10; j++)
         ok(fin_cancel(s, j, NULL).decided, "dropped %u reported", j);
-    ok(!kvg_sc_sample_drawn(s, 9) && kvg_sc_samples_run(s) == 6, "dropped ones were never drawn");
+    ok(!kvg_sc_sample_drawn(s, 9) && kvg_sc_samples_run(s) == 3, "dropped ones were never drawn");
+    answer_is(s, "a", "waves, unanimous");
+    kvg_sc_free(s);
+
+    /* a split first wave draws the next one; the second decides */
+    s = mk(KVG_VOTE_MAJORITY, 10, 3, 0, 0.6);
+    fin(s, 0, "a");
+    fin(s, 1, "b");
+    a = fin(s, 2, "c");
+    ok(!a.decided && a.draw == 3 && a.cancel_mask == 0, "a b c: share 1/3 < 0.6, draw 3 (wave = min)");
+    ok(kvg_sc_sample_drawn(s, 5) && !kvg_sc_sample_drawn(s, 6), "samples 3-5 drawn");
+    ok(none(fin(s, 3, "a")), "a 2 b 1 c 1: share 0.5 < 0.6, nothing");
+    a = fin(s, 4, "a");
+    ok(a.decided && a.draw == 0 && a.cancel_mask == 0x3E0u,
+       "a 3 b 1 c 1: share 0.6, 3 - 1 > R 1: decided, running 5 cancelled, 6-9 dropped");
+    ok(fin_cancel(s, 5, NULL).decided, "the cancelled sample reported");
+    ok(kvg_sc_stopped_early(s) && kvg_sc_samples_run(s) == 6, "6 of 10 run");
     kvg_sc_free(s);
 
     /* an undrawn sample reported as finished (not cancelled) is ignored */
