@@ -63,6 +63,26 @@ const n2 = await client.completions.create({ model, prompt: 'Lily and Tom', max_
 out.n_texts = n.choices.map((x) => x.text);
 out.n_texts_again = n2.choices.map((x) => x.text);
 
+// self-consistency: the kvgate extension passes through as an extra body field, and the
+// response's (and the stream's last chunk's) kvgate object stays on what the SDK returns
+const sc = await client.completions.create({
+    model, prompt: 'Lily and Tom went to the park. They saw a big dog. The dog ran to', n: 6, seed: 7,
+    temperature: 0.8, max_tokens: 24,
+    kvgate: { vote: 'majority', answer_pattern: '(Lily|Tom|Ben|Sue|Max|Anna|Sam|Mia|Tim)', min_samples: 3,
+              agreement: 0.6 },
+});
+out.sc = sc.kvgate ?? null;
+out.sc_choices = sc.choices.map((x) => x.index);
+let scStream = null;
+let scChunks = 0;
+const scs = await client.chat.completions.create({ model, messages, max_tokens: 16, temperature: 0.8, seed: 7, n: 4,
+                                                   stream: true, kvgate: { vote: 'majority' } });
+for await (const chunk of scs) {
+    scChunks++;
+    if (chunk.kvgate) scStream = chunk.kvgate;
+}
+out.sc_stream = scStream;
+
 out.err_model = await errorOf(client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 2 }));
 out.err_param = await errorOf(client.completions.create({ model, prompt: 'x', max_tokens: 2, temperature: 5 }));
 out.err_context = await errorOf(client.completions.create({ model, prompt: 'word '.repeat(700), max_tokens: 2 }));
