@@ -1,8 +1,10 @@
 
 /*
- * The worker's connection to the engine.
+ * The worker's connection to each engine.
  *
- * Each worker process has one libkvgate client (kvg_client): its own region
+ * Each worker process has one libkvgate client (kvg_client) per configured
+ * engine (ngx_http_kvgate_engine_t; every function here takes the engine, or
+ * the request that names it in er->engine), each with its own region
  * of shared memory with the engine, a unix socket that only tells life from
  * death, and two eventfd doorbells. The socket and the engine's doorbell join
  * the worker's event loop as nginx connections; every wake-up drains the
@@ -30,78 +32,58 @@
 #include "ngx_http_kvgate_engine.h"
 
 
-typedef struct {
-    kvg_client                *client;
-    ngx_log_t                 *log;
-    ngx_connection_t          *sock;      /* the client's socket */
-    ngx_connection_t          *bell;      /* the engine's doorbell */
-    ngx_event_t                reconnect;
-    ngx_event_t                handshake;  /* the end of connect_wait */
-    ngx_msec_t                 connect_wait;
-    ngx_uint_t                 handshaking;  /* requests may wait for it */
-    ngx_queue_t                waiting;   /* for ring room or the handshake */
-    ngx_uint_t                 n_waiting;
-    ngx_queue_t                samples;   /* samples messages for room */
-    ngx_uint_t                 up;
-    ngx_uint_t                 exiting;
-    ngx_http_kvgate_engine_state_pt  state;  /* told of connects and losses */
-    char                       reason[320];
-} ngx_http_kvgate_worker_t;
-
-
-static ngx_http_kvgate_worker_t  ngx_http_kvgate_worker;
 
 
 #define NGX_HTTP_KVGATE_MAX_WAITING  4096
 
 
 static void ngx_http_kvgate_engine_read(ngx_event_t *ev);
-static void ngx_http_kvgate_engine_drain(void);
+static void ngx_http_kvgate_engine_drain(ngx_http_kvgate_engine_t *w);
 static void ngx_http_kvgate_reconnect(ngx_event_t *ev);
 static void ngx_http_kvgate_engine_dummy(ngx_event_t *ev);
-static void ngx_http_kvgate_submit_waiting(void);
-static void ngx_http_kvgate_samples_waiting(void);
+static void ngx_http_kvgate_submit_waiting(ngx_http_kvgate_engine_t *w);
+static void ngx_http_kvgate_samples_waiting(ngx_http_kvgate_engine_t *w);
 static void ngx_http_kvgate_samples_forget(ngx_http_kvgate_engine_req_t *er);
 static void ngx_http_kvgate_handshake_timeout(ngx_event_t *ev);
-static void ngx_http_kvgate_handshake_over(void);
+static void ngx_http_kvgate_handshake_over(ngx_http_kvgate_engine_t *w);
 
 
 kvg_client *
-ngx_http_kvgate_engine_client(void)
+ngx_http_kvgate_engine_client(ngx_http_kvgate_engine_t *w)
 {
-    return ngx_http_kvgate_worker.client;
+    return w->client;
 }
 
 
 ngx_uint_t
-ngx_http_kvgate_engine_up(void)
+ngx_http_kvgate_engine_up(ngx_http_kvgate_engine_t *w)
 {
-    return ngx_http_kvgate_worker.up;
+    return w->up;
 }
 
 
 ngx_uint_t
-ngx_http_kvgate_engine_available(void)
+ngx_http_kvgate_engine_available(ngx_http_kvgate_engine_t *w)
 {
-    return ngx_http_kvgate_worker.up || ngx_http_kvgate_worker.handshaking;
+    return w->up || w->handshaking;
 }
 
 
 const kvg_engine_info *
-ngx_http_kvgate_engine_info(void)
+ngx_http_kvgate_engine_info(ngx_http_kvgate_engine_t *w)
 {
-    if (!ngx_http_kvgate_worker.up) {
+    if (!w->up) {
         return NULL;
     }
 
-    return kvg_client_info(ngx_http_kvgate_worker.client);
+    return kvg_client_info(w->client);
 }
 
 
 const char *
-ngx_http_kvgate_engine_down_reason(void)
+ngx_http_kvgate_engine_down_reason(ngx_http_kvgate_engine_t *w)
 {
-    return ngx_http_kvgate_worker.reason[0] ? ngx_http_kvgate_worker.reason
+    return w->reason[0] ? w->reason
                                             : "not connected yet";
 }
 
@@ -113,17 +95,17 @@ ngx_http_kvgate_engine_down_reason(void)
  */
 
 static ngx_connection_t *
-ngx_http_kvgate_watch(int fd)
+ngx_http_kvgate_watch(ngx_http_kvgate_engine_t *w, int fd)
 {
     ngx_connection_t  *c;
 
-    c = ngx_get_connection(fd, ngx_http_kvgate_worker.log);
+    c = ngx_get_connection(fd, w->log);
     if (c == NULL) {
         return NULL;
     }
 
-    c->data = &ngx_http_kvgate_worker;
-    c->log = ngx_http_kvgate_worker.log;
+    c->data = w;
+    c->log = w->log;
     c->read->log = c->log;
     c->write->log = c->log;
     c->read->handler = ngx_http_kvgate_engine_read;
@@ -179,10 +161,9 @@ ngx_http_kvgate_engine_dummy(ngx_event_t *ev)
 
 
 static void
-ngx_http_kvgate_schedule_reconnect(void)
+ngx_http_kvgate_schedule_reconnect(ngx_http_kvgate_engine_t *w)
 {
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-    ngx_msec_t                 delay;
+        ngx_msec_t                 delay;
 
     if (w->exiting || w->reconnect.timer_set) {
         return;
@@ -195,24 +176,24 @@ ngx_http_kvgate_schedule_reconnect(void)
 
 
 static void
-ngx_http_kvgate_try_connect(void)
+ngx_http_kvgate_try_connect(ngx_http_kvgate_engine_t *w)
 {
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-    char                       err[320];
+        char                       err[320];
 
     if (kvg_client_connect(w->client, err, sizeof(err)) != 0) {
         if (ngx_strcmp(err, w->reason) != 0) {
             ngx_log_error(NGX_LOG_WARN, w->log, 0,
-                          "kvgate: cannot connect to the engine: %s", err);
+                          "kvgate: cannot connect to the engine \"%V\": %s",
+                          &w->name, err);
             ngx_cpystrn((u_char *) w->reason, (u_char *) err,
                         sizeof(w->reason));
         }
 
-        ngx_http_kvgate_schedule_reconnect();
+        ngx_http_kvgate_schedule_reconnect(w);
         return;
     }
 
-    w->sock = ngx_http_kvgate_watch(kvg_client_socket_fd(w->client));
+    w->sock = ngx_http_kvgate_watch(w, kvg_client_socket_fd(w->client));
     if (w->sock == NULL) {
         kvg_client_disconnect(w->client, "cannot watch the engine's socket");
 
@@ -224,18 +205,20 @@ ngx_http_kvgate_try_connect(void)
 
     /* the engine's answer may already be there */
 
-    ngx_http_kvgate_engine_drain();
+    ngx_http_kvgate_engine_drain(w);
 }
 
 
 static void
 ngx_http_kvgate_reconnect(ngx_event_t *ev)
 {
+    ngx_http_kvgate_engine_t  *w = ev->data;
+
     if (ngx_exiting || ngx_quit || ngx_terminate) {
         return;
     }
 
-    ngx_http_kvgate_try_connect();
+    ngx_http_kvgate_try_connect(w);
 }
 
 
@@ -245,8 +228,9 @@ ngx_http_kvgate_reconnect(ngx_event_t *ev)
 static void
 ngx_http_kvgate_handshake_timeout(ngx_event_t *ev)
 {
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+    ngx_http_kvgate_engine_t  *w = ev->data;
 
+    
     w->handshaking = 0;
 
     if (w->up) {
@@ -254,23 +238,22 @@ ngx_http_kvgate_handshake_timeout(ngx_event_t *ev)
     }
 
     ngx_log_error(NGX_LOG_WARN, w->log, 0,
-                  "kvgate: the engine's handshake did not finish within %M ms "
-                  "(kvgate_connect_wait), %ui requests waited for it",
-                  w->connect_wait, w->n_waiting);
+                  "kvgate: the engine \"%V\": the handshake did not finish "
+                  "within %M ms (kvgate_connect_wait), %ui requests waited "
+                  "for it", &w->name, w->connect_wait, w->n_waiting);
 
     *ngx_snprintf((u_char *) w->reason, sizeof(w->reason) - 1,
                   "the handshake did not finish within %M ms",
                   w->connect_wait) = '\0';
 
-    ngx_http_kvgate_submit_waiting();
+    ngx_http_kvgate_submit_waiting(w);
 }
 
 
 static void
-ngx_http_kvgate_handshake_over(void)
+ngx_http_kvgate_handshake_over(ngx_http_kvgate_engine_t *w)
 {
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-
+    
     w->handshaking = 0;
 
     if (w->handshake.timer_set) {
@@ -280,14 +263,26 @@ ngx_http_kvgate_handshake_over(void)
 
 
 ngx_int_t
-ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle, const char *path,
-    ngx_msec_t connect_wait, ngx_http_kvgate_engine_state_pt state)
+ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle,
+    ngx_http_kvgate_engine_t *w, ngx_msec_t connect_wait,
+    ngx_http_kvgate_engine_state_pt state)
 {
     char                       err[320];
     kvg_client_opts            opts;
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+    
+    /* the configuration's part stays; the connection's starts afresh */
 
-    ngx_memzero(w, sizeof(ngx_http_kvgate_worker_t));
+    w->client = NULL;
+    w->sock = NULL;
+    w->bell = NULL;
+    ngx_memzero(&w->reconnect, sizeof(ngx_event_t));
+    ngx_memzero(&w->handshake, sizeof(ngx_event_t));
+    w->handshaking = 0;
+    w->n_waiting = 0;
+    w->up = 0;
+    w->exiting = 0;
+    w->reason[0] = '\0';
+    w->seen_model[0] = '\0';
 
     w->log = cycle->log;
     w->state = state;
@@ -299,9 +294,10 @@ ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle, const char *path,
     opts.backoff_min_ms = 50;
     opts.backoff_max_ms = 2000;
 
-    w->client = kvg_client_new(path, &opts, err, sizeof(err));
+    w->client = kvg_client_new(w->path, &opts, err, sizeof(err));
     if (w->client == NULL) {
-        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0, "kvgate: %s", err);
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0, "kvgate: engine \"%V\": %s",
+                      &w->name, err);
         return NGX_ERROR;
     }
 
@@ -318,17 +314,16 @@ ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle, const char *path,
     w->handshake.log = cycle->log;
     w->handshake.data = w;
 
-    ngx_http_kvgate_try_connect();
+    ngx_http_kvgate_try_connect(w);
 
     return NGX_OK;
 }
 
 
 void
-ngx_http_kvgate_engine_exit_process(ngx_cycle_t *cycle)
+ngx_http_kvgate_engine_exit_process(ngx_http_kvgate_engine_t *w)
 {
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-
+    
     if (w->client == NULL) {
         return;
     }
@@ -339,7 +334,7 @@ ngx_http_kvgate_engine_exit_process(ngx_cycle_t *cycle)
         ngx_del_timer(&w->reconnect);
     }
 
-    ngx_http_kvgate_handshake_over();
+    ngx_http_kvgate_handshake_over(w);
 
     ngx_http_kvgate_unwatch(&w->sock, 0);
     ngx_http_kvgate_unwatch(&w->bell, 0);
@@ -356,15 +351,15 @@ static void
 ngx_http_kvgate_engine_read(ngx_event_t *ev)
 {
     ngx_connection_t          *c = ev->data;
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-
+    ngx_http_kvgate_engine_t  *w = c->data;
+    
     /* the socket only ever turns readable at the engine's death */
 
     if (c == w->sock && w->client) {
         kvg_client_socket_readable(w->client);
     }
 
-    ngx_http_kvgate_engine_drain();
+    ngx_http_kvgate_engine_drain(w);
 }
 
 
@@ -373,11 +368,10 @@ ngx_http_kvgate_engine_read(ngx_event_t *ev)
    the head). While the engine is down each of them is answered 503. */
 
 static void
-ngx_http_kvgate_submit_waiting(void)
+ngx_http_kvgate_submit_waiting(ngx_http_kvgate_engine_t *w)
 {
     ngx_queue_t                   *q;
-    ngx_http_kvgate_worker_t      *w = &ngx_http_kvgate_worker;
-    ngx_http_kvgate_engine_req_t  *er;
+        ngx_http_kvgate_engine_req_t  *er;
 
     while (!ngx_queue_empty(&w->waiting)) {
         q = ngx_queue_head(&w->waiting);
@@ -417,12 +411,11 @@ ngx_http_kvgate_samples_forget(ngx_http_kvgate_engine_req_t *er)
    is full again. */
 
 static void
-ngx_http_kvgate_samples_waiting(void)
+ngx_http_kvgate_samples_waiting(ngx_http_kvgate_engine_t *w)
 {
     int                            rc;
     ngx_queue_t                   *q;
-    ngx_http_kvgate_worker_t      *w = &ngx_http_kvgate_worker;
-    ngx_http_kvgate_engine_req_t  *er;
+        ngx_http_kvgate_engine_req_t  *er;
 
     while (!ngx_queue_empty(&w->samples) && w->client != NULL) {
         q = ngx_queue_head(&w->samples);
@@ -450,9 +443,9 @@ ngx_http_kvgate_engine_samples(ngx_http_kvgate_engine_req_t *er,
     unsigned draw, uint32_t cancel_mask)
 {
     int                        rc;
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-
-    if (!er->submitted || w->client == NULL) {
+    ngx_http_kvgate_engine_t  *w = er->engine;
+    
+    if (!er->submitted || w == NULL || w->client == NULL) {
         return NGX_DECLINED;
     }
 
@@ -485,11 +478,10 @@ ngx_http_kvgate_engine_samples(ngx_http_kvgate_engine_req_t *er,
 /* Hands out every pending event of the client. */
 
 static void
-ngx_http_kvgate_engine_drain(void)
+ngx_http_kvgate_engine_drain(ngx_http_kvgate_engine_t *w)
 {
     kvg_client_event               ev;
-    ngx_http_kvgate_worker_t      *w = &ngx_http_kvgate_worker;
-    const kvg_engine_info         *info;
+        const kvg_engine_info         *info;
     ngx_http_kvgate_engine_req_t  *er;
 
     if (w->client == NULL) {
@@ -504,7 +496,10 @@ ngx_http_kvgate_engine_drain(void)
             info = kvg_client_info(w->client);
             w->up = 1;
             w->reason[0] = '\0';
-            w->bell = ngx_http_kvgate_watch(kvg_client_doorbell_fd(w->client));
+            ngx_cpystrn((u_char *) w->seen_model, (u_char *) info->model_name,
+                        sizeof(w->seen_model));
+            w->bell = ngx_http_kvgate_watch(w,
+                                            kvg_client_doorbell_fd(w->client));
 
             if (w->bell == NULL) {
                 kvg_client_disconnect(w->client,
@@ -513,43 +508,45 @@ ngx_http_kvgate_engine_drain(void)
             }
 
             ngx_log_error(NGX_LOG_NOTICE, w->log, 0,
-                          "kvgate: connected to the engine (pid %uD): model "
-                          "\"%s\" (id %*s), context %uD, block %uD tokens, "
-                          "template %s",
-                          info->engine_pid, info->model_name, (size_t) 16,
+                          "kvgate: connected to the engine \"%V\" (pid %uD): "
+                          "model \"%s\" (id %*s), context %uD, block %uD "
+                          "tokens, template %s",
+                          &w->name, info->engine_pid, info->model_name,
+                          (size_t) 16,
                           info->model_id_hex, info->context_length,
                           info->block_tokens,
                           kvg_chat_template_name(info->chat_template));
 
             if (w->state) {
-                w->state(1);
+                w->state(w, 1);
             }
 
             /* the requests that waited for the handshake go now, in order */
 
-            ngx_http_kvgate_handshake_over();
-            ngx_http_kvgate_submit_waiting();
+            ngx_http_kvgate_handshake_over(w);
+            ngx_http_kvgate_submit_waiting(w);
             break;
 
         case KVG_CEV_DOWN:
             if (w->up) {
                 ngx_log_error(NGX_LOG_ERR, w->log, 0,
-                              "kvgate: lost the engine: %s", ev.message);
+                              "kvgate: lost the engine \"%V\": %s", &w->name,
+                              ev.message);
             } else if (ngx_strcmp(ev.message, w->reason) != 0) {
                 ngx_log_error(NGX_LOG_WARN, w->log, 0,
-                              "kvgate: cannot connect to the engine: %s",
-                              ev.message);
+                              "kvgate: cannot connect to the engine \"%V\": "
+                              "%s", &w->name, ev.message);
             }
 
             ngx_cpystrn((u_char *) w->reason, (u_char *) ev.message,
                         sizeof(w->reason));
 
             if (w->up && w->state) {
-                w->state(0);
+                w->state(w, 0);
             }
 
             w->up = 0;
-            ngx_http_kvgate_handshake_over();
+            ngx_http_kvgate_handshake_over(w);
             ngx_http_kvgate_unwatch(&w->sock, 1);
             ngx_http_kvgate_unwatch(&w->bell, 1);
 
@@ -557,14 +554,14 @@ ngx_http_kvgate_engine_drain(void)
                failed never reached the engine: resubmitting them now answers
                each 503 */
 
-            ngx_http_kvgate_submit_waiting();
-            ngx_http_kvgate_schedule_reconnect();
+            ngx_http_kvgate_submit_waiting(w);
+            ngx_http_kvgate_schedule_reconnect(w);
             break;
 
         case KVG_CEV_WRITABLE:
             /* what live requests asked for first: a cancel frees blocks */
-            ngx_http_kvgate_samples_waiting();
-            ngx_http_kvgate_submit_waiting();
+            ngx_http_kvgate_samples_waiting(w);
+            ngx_http_kvgate_submit_waiting(w);
             break;
 
         default:
@@ -592,11 +589,12 @@ ngx_http_kvgate_engine_drain(void)
 
 
 void
-ngx_http_kvgate_engine_unavailable(kvg_api_error *err)
+ngx_http_kvgate_engine_unavailable(ngx_http_kvgate_engine_t *w,
+    kvg_api_error *err)
 {
     kvg_api_error_set(err, 503, "engine_unavailable", NULL,
                       "kvgate: the engine is not available (%s)",
-                      ngx_http_kvgate_engine_down_reason());
+                      ngx_http_kvgate_engine_down_reason(w));
 }
 
 
@@ -607,8 +605,8 @@ static ngx_int_t
 ngx_http_kvgate_engine_enqueue(ngx_http_kvgate_engine_req_t *er,
     kvg_api_error *err)
 {
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-
+    ngx_http_kvgate_engine_t  *w = er->engine;
+    
     if (w->n_waiting >= NGX_HTTP_KVGATE_MAX_WAITING) {
         kvg_api_error_set(err, 503, "engine_overloaded", NULL,
                           "kvgate: the engine is overloaded (%lu requests "
@@ -632,14 +630,14 @@ ngx_int_t
 ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
     kvg_api_error *err)
 {
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-
+    ngx_http_kvgate_engine_t  *w = er->engine;
+    
     if (w->up) {
         return NGX_OK;
     }
 
     if (!w->handshaking) {
-        ngx_http_kvgate_engine_unavailable(err);
+        ngx_http_kvgate_engine_unavailable(w, err);
         return NGX_ERROR;
     }
 
@@ -657,10 +655,10 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
     int                        rc;
     char                       msg[320];
     uint64_t                   id;
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
-
+    ngx_http_kvgate_engine_t  *w = er->engine;
+    
     if (!w->up) {
-        ngx_http_kvgate_engine_unavailable(err);
+        ngx_http_kvgate_engine_unavailable(w, err);
         return NGX_ERROR;
     }
 
@@ -701,7 +699,7 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
                           "kvgate: the engine connection failed: %s", msg);
 
         /* the client reports DOWN from its next event */
-        ngx_http_kvgate_engine_drain();
+        ngx_http_kvgate_engine_drain(w);
         return NGX_ERROR;
     }
 
@@ -715,9 +713,10 @@ ngx_int_t
 ngx_http_kvgate_engine_hold(ngx_http_kvgate_engine_req_t *er,
     ngx_uint_t paused)
 {
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+    ngx_http_kvgate_engine_t  *w = er->engine;
 
-    if (!er->submitted || w->client == NULL) {
+    
+    if (!er->submitted || w == NULL || w->client == NULL) {
         return NGX_DECLINED;
     }
 
@@ -736,11 +735,12 @@ ngx_http_kvgate_engine_hold(ngx_http_kvgate_engine_req_t *er,
 void
 ngx_http_kvgate_engine_cancel(ngx_http_kvgate_engine_req_t *er)
 {
-    ngx_http_kvgate_worker_t  *w = &ngx_http_kvgate_worker;
+    ngx_http_kvgate_engine_t  *w = er->engine;
 
+    
     ngx_http_kvgate_samples_forget(er);
 
-    if (er->queued) {
+    if (er->queued && w != NULL) {
         ngx_queue_remove(&er->queue);
         w->n_waiting--;
         er->queued = 0;
@@ -752,8 +752,156 @@ ngx_http_kvgate_engine_cancel(ngx_http_kvgate_engine_req_t *er)
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, er->log, 0,
                        "kvgate: cancelling engine request %uL", er->id);
 
-        if (w->client != NULL) {
+        if (w != NULL && w->client != NULL) {
             (void) kvg_client_cancel(w->client, er->id);
         }
     }
+}
+
+
+/* ---- groups ---- */
+
+ngx_uint_t
+ngx_http_kvgate_group_available(ngx_http_kvgate_group_t *g)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < g->n; i++) {
+        if (ngx_http_kvgate_engine_available(g->engines[i])) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+static ngx_uint_t
+ngx_http_kvgate_model_is(const char *name, const char *model, size_t len)
+{
+    return ngx_strlen(name) == len && ngx_strncmp(name, model, len) == 0;
+}
+
+
+ngx_http_kvgate_engine_t *
+ngx_http_kvgate_group_up(ngx_http_kvgate_group_t *g, const char *model,
+    size_t model_len)
+{
+    ngx_uint_t                 i;
+    const kvg_engine_info     *info;
+    ngx_http_kvgate_engine_t  *e;
+
+    for (i = 0; i < g->n; i++) {
+        e = g->engines[i];
+        info = ngx_http_kvgate_engine_info(e);
+
+        if (info != NULL
+            && (model == NULL
+                || ngx_http_kvgate_model_is(info->model_name, model,
+                                            model_len)))
+        {
+            return e;
+        }
+    }
+
+    return NULL;
+}
+
+
+ngx_http_kvgate_engine_t *
+ngx_http_kvgate_group_handshaking(ngx_http_kvgate_group_t *g)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < g->n; i++) {
+        if (!g->engines[i]->up && g->engines[i]->handshaking) {
+            return g->engines[i];
+        }
+    }
+
+    return NULL;
+}
+
+
+ngx_uint_t
+ngx_http_kvgate_group_seen(ngx_http_kvgate_group_t *g, const char *model,
+    size_t model_len)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < g->n; i++) {
+        if (ngx_http_kvgate_model_is(g->engines[i]->seen_model, model,
+                                     model_len))
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+void
+ngx_http_kvgate_group_unavailable(ngx_http_kvgate_group_t *g,
+    kvg_api_error *err)
+{
+    u_char      *p, *last;
+    ngx_uint_t   i;
+    u_char       why[640];
+
+    if (g->n == 1) {
+        ngx_http_kvgate_engine_unavailable(g->engines[0], err);
+        return;
+    }
+
+    p = why;
+    last = why + sizeof(why) - 1;
+
+    for (i = 0; i < g->n && p < last; i++) {
+        p = ngx_slprintf(p, last, "%s%V: %s", i ? "; " : "",
+                         &g->engines[i]->name,
+                         g->engines[i]->up
+                         ? "up, not serving the model"
+                         : ngx_http_kvgate_engine_down_reason(g->engines[i]));
+    }
+
+    *p = '\0';
+
+    kvg_api_error_set(err, 503, "engine_unavailable", NULL,
+                      "kvgate: no engine of \"%.*s\" is available (%s)",
+                      (int) g->name.len, (char *) g->name.data, (char *) why);
+}
+
+
+/* ---- what routing asks of an engine ---- */
+
+/*
+ * STAND-IN until piece P (src/client.h: kvg_client_held_prefix,
+ * kvg_client_load) is merged: no engine is seen to hold anything or carry
+ * load, so routing falls back to its tie-break order. Replace the two
+ * bodies with the client calls then.
+ */
+
+uint64_t
+ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *w)
+{
+    if (!w->up || w->client == NULL) {
+        return 0;
+    }
+
+    return 0;
+}
+
+
+size_t
+ngx_http_kvgate_engine_held(ngx_http_kvgate_engine_t *w,
+    const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n)
+{
+    if (!w->up || w->client == NULL || hashes == NULL) {
+        return 0;
+    }
+
+    (void) n;
+
+    return 0;
 }

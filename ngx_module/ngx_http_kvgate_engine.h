@@ -23,6 +23,7 @@
 
 
 typedef struct ngx_http_kvgate_engine_req_s  ngx_http_kvgate_engine_req_t;
+typedef struct ngx_http_kvgate_engine_s      ngx_http_kvgate_engine_t;
 
 /* One event of the engine for the request (accepted, tokens, finished, done,
    error); after DONE or ERROR the request is no longer in the engine. */
@@ -38,12 +39,76 @@ typedef void (*ngx_http_kvgate_engine_event_pt)(
 typedef ngx_int_t (*ngx_http_kvgate_engine_retry_pt)(
     ngx_http_kvgate_engine_req_t *er);
 
-/* The worker connected to the engine (up = 1) or lost it (up = 0). */
-typedef void (*ngx_http_kvgate_engine_state_pt)(ngx_uint_t up);
+/* The worker connected to engine e (up = 1) or lost it (up = 0). */
+typedef void (*ngx_http_kvgate_engine_state_pt)(ngx_http_kvgate_engine_t *e,
+    ngx_uint_t up);
+
+
+/* The most engines one configuration names (all groups together): each has
+   a slot of its own in the shared metrics zone. */
+#define NGX_HTTP_KVGATE_MAX_ENGINES  32
+
+
+/*
+ * One engine: what the configuration says of it (made while the
+ * configuration is read, so every worker inherits it at fork) and the
+ * worker's own connection to it (set up in init_process: each worker's copy
+ * of this object is its own).
+ */
+
+struct ngx_http_kvgate_engine_s {
+    /* configuration */
+    ngx_str_t                  url;          /* "unix:/path" as written */
+    ngx_str_t                  name;         /* name=, else the path */
+    char                      *path;         /* the socket, NUL-terminated */
+    uint64_t                   id;           /* stable: a hash of the name */
+    ngx_uint_t                 index;        /* its metrics slot */
+
+    /* the worker's connection */
+    kvg_client                *client;
+    ngx_log_t                 *log;
+    ngx_connection_t          *sock;         /* the client's socket */
+    ngx_connection_t          *bell;         /* the engine's doorbell */
+    ngx_event_t                reconnect;
+    ngx_event_t                handshake;    /* the end of connect_wait */
+    ngx_msec_t                 connect_wait;
+    ngx_uint_t                 handshaking;  /* requests may wait for it */
+    ngx_queue_t                waiting;      /* for ring room or the handshake */
+    ngx_uint_t                 n_waiting;
+    ngx_queue_t                samples;      /* samples messages for room */
+    ngx_uint_t                 up;
+    ngx_uint_t                 exiting;
+    ngx_http_kvgate_engine_state_pt  state;  /* told of connects and losses */
+    char                       reason[320];
+    /* the model it served when last up: while it is down, a request for
+       that model is told 503 (it may come back), not 404 */
+    char                       seen_model[128];
+};
+
+
+/*
+ * A group of engines a location passes to (kvgate_engines NAME { ... }, or
+ * the http-level kvgate_engine as a group of one, named ""). Requests are
+ * routed among its engines by the layer above (kvg_route_pick).
+ */
+
+typedef struct {
+    ngx_str_t                   name;
+    ngx_http_kvgate_engine_t  **engines;
+    ngx_uint_t                  n;
+    ngx_uint_t                  policy;          /* kvg_route_policy */
+    double                      balance_factor;
+    uint64_t                    rr;              /* round robin, per worker */
+    /* where it was defined, for messages */
+    ngx_str_t                   file;
+    ngx_uint_t                  line;
+} ngx_http_kvgate_group_t;
 
 
 struct ngx_http_kvgate_engine_req_s {
-    /* set by the owner before the first submit */
+    /* set by the owner before the first submit (engine: the one it goes
+       to; the owner may change it while the request is not live there) */
+    ngx_http_kvgate_engine_t         *engine;
     ngx_http_kvgate_engine_event_pt   event;
     ngx_http_kvgate_engine_retry_pt   retry;
     void                             *data;
@@ -69,21 +134,47 @@ struct ngx_http_kvgate_engine_req_s {
 /* connect_wait: how long requests may wait for a handshake in progress
    (0: never, they are refused while the worker is not connected). */
 ngx_int_t ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle,
-    const char *path, ngx_msec_t connect_wait,
+    ngx_http_kvgate_engine_t *e, ngx_msec_t connect_wait,
     ngx_http_kvgate_engine_state_pt state);
-void ngx_http_kvgate_engine_exit_process(ngx_cycle_t *cycle);
+void ngx_http_kvgate_engine_exit_process(ngx_http_kvgate_engine_t *e);
 
-kvg_client *ngx_http_kvgate_engine_client(void);
+kvg_client *ngx_http_kvgate_engine_client(ngx_http_kvgate_engine_t *e);
 /* The engine's model, tokenizer and limits; NULL while it is down. */
-const kvg_engine_info *ngx_http_kvgate_engine_info(void);
-ngx_uint_t ngx_http_kvgate_engine_up(void);
+const kvg_engine_info *ngx_http_kvgate_engine_info(
+    ngx_http_kvgate_engine_t *e);
+ngx_uint_t ngx_http_kvgate_engine_up(ngx_http_kvgate_engine_t *e);
 /* Up, or a handshake in progress that requests may wait for. */
-ngx_uint_t ngx_http_kvgate_engine_available(void);
-const char *ngx_http_kvgate_engine_down_reason(void);
+ngx_uint_t ngx_http_kvgate_engine_available(ngx_http_kvgate_engine_t *e);
+const char *ngx_http_kvgate_engine_down_reason(ngx_http_kvgate_engine_t *e);
 /* Sets the 503 engine_unavailable error, naming why. */
-void ngx_http_kvgate_engine_unavailable(kvg_api_error *err);
+void ngx_http_kvgate_engine_unavailable(ngx_http_kvgate_engine_t *e,
+    kvg_api_error *err);
 
-/* Submits er's request; NGX_OK (live), NGX_AGAIN (queued until the ring has
+/* The engine's load (kvg_client_load: tokens to compute), 0 while down. */
+uint64_t ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *e);
+/* How many leading hashes of the chain the engine holds (its prefix cache;
+   kvg_client_held_prefix), 0 while down. */
+size_t ngx_http_kvgate_engine_held(ngx_http_kvgate_engine_t *e,
+    const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n);
+
+/* Some engine of g is up, or has a handshake in progress. */
+ngx_uint_t ngx_http_kvgate_group_available(ngx_http_kvgate_group_t *g);
+/* The first engine of g that is up (and serves model, when model is not
+   NULL), NULL when there is none. */
+ngx_http_kvgate_engine_t *ngx_http_kvgate_group_up(ngx_http_kvgate_group_t *g,
+    const char *model, size_t model_len);
+/* An engine of g whose handshake is under way, NULL when there is none. */
+ngx_http_kvgate_engine_t *ngx_http_kvgate_group_handshaking(
+    ngx_http_kvgate_group_t *g);
+/* Whether an engine of g served model when it was last up. */
+ngx_uint_t ngx_http_kvgate_group_seen(ngx_http_kvgate_group_t *g,
+    const char *model, size_t model_len);
+/* The 503 engine_unavailable error of a group none of whose engines can
+   take the request, naming why (a group of one: as the engine's). */
+void ngx_http_kvgate_group_unavailable(ngx_http_kvgate_group_t *g,
+    kvg_api_error *err);
+
+/* Submits er's request to er->engine; NGX_OK (live), NGX_AGAIN (queued until the ring has
    room: er->retry is called then), or NGX_ERROR with *err set (answer 503 /
    400). */
 ngx_int_t ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,

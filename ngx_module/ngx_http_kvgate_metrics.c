@@ -196,7 +196,8 @@ ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
 
 
 void
-ngx_http_kvgate_metrics_engine_event(ngx_uint_t up)
+ngx_http_kvgate_metrics_engine_event(ngx_http_kvgate_engine_t *e,
+    ngx_uint_t up)
 {
     ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_sh;
 
@@ -210,11 +211,14 @@ ngx_http_kvgate_metrics_engine_event(ngx_uint_t up)
 
     if (up) {
         (void) ngx_atomic_fetch_add(&sh->engine_connects, 1);
-        sh->worker_pid[ngx_process_slot] = (ngx_atomic_uint_t) ngx_pid;
+        (void) ngx_atomic_fetch_add(&sh->engine_connects_e[e->index], 1);
+        sh->worker_pid[e->index][ngx_process_slot] =
+                                                (ngx_atomic_uint_t) ngx_pid;
 
     } else {
         (void) ngx_atomic_fetch_add(&sh->engine_disconnects, 1);
-        sh->worker_pid[ngx_process_slot] = 0;
+        (void) ngx_atomic_fetch_add(&sh->engine_disconnects_e[e->index], 1);
+        sh->worker_pid[e->index][ngx_process_slot] = 0;
     }
 }
 
@@ -222,6 +226,7 @@ ngx_http_kvgate_metrics_engine_event(ngx_uint_t up)
 void
 ngx_http_kvgate_metrics_worker_clear(void)
 {
+    ngx_uint_t                i;
     ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_sh;
 
     if (sh == NULL
@@ -234,25 +239,42 @@ ngx_http_kvgate_metrics_worker_clear(void)
        slot is reused only once its process has been reaped); at exit: this
        worker's connection closes with it */
 
-    sh->worker_pid[ngx_process_slot] = 0;
+    for (i = 0; i < NGX_HTTP_KVGATE_MAX_ENGINES; i++) {
+        sh->worker_pid[i][ngx_process_slot] = 0;
+    }
+}
+
+
+void
+ngx_http_kvgate_metrics_route(ngx_uint_t engine, ngx_uint_t reason)
+{
+    ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_sh;
+
+    if (sh == NULL || engine >= NGX_HTTP_KVGATE_MAX_ENGINES
+        || reason >= NGX_HTTP_KVGATE_ROUTE_REASONS)
+    {
+        return;
+    }
+
+    (void) ngx_atomic_fetch_add(&sh->routed[engine][reason], 1);
 }
 
 
 ngx_uint_t
-ngx_http_kvgate_metrics_workers_connected(void)
+ngx_http_kvgate_metrics_workers_connected(ngx_uint_t engine)
 {
     ngx_uint_t                i, n;
     ngx_atomic_uint_t         pid;
     ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_sh;
 
-    if (sh == NULL) {
+    if (sh == NULL || engine >= NGX_HTTP_KVGATE_MAX_ENGINES) {
         return 0;
     }
 
     n = 0;
 
     for (i = 0; i < NGX_MAX_PROCESSES; i++) {
-        pid = sh->worker_pid[i];
+        pid = sh->worker_pid[engine][i];
 
         if (pid == 0) {
             continue;
@@ -262,7 +284,7 @@ ngx_http_kvgate_metrics_workers_connected(void)
            respawned into its slot: its pid is gone (EPERM: it exists) */
 
         if (kill((ngx_pid_t) pid, 0) == -1 && ngx_errno == NGX_ESRCH) {
-            (void) ngx_atomic_cmp_set(&sh->worker_pid[i], pid, 0);
+            (void) ngx_atomic_cmp_set(&sh->worker_pid[engine][i], pid, 0);
             continue;
         }
 

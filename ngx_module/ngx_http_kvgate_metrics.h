@@ -21,6 +21,9 @@
 
 #define NGX_HTTP_KVGATE_N_CACHE     4
 
+/* kvg_route_reason's count (KVG_ROUTED_N), with room */
+#define NGX_HTTP_KVGATE_ROUTE_REASONS  8
+
 
 typedef struct {
     ngx_atomic_t   count[NGX_HTTP_KVGATE_N_HIST + 1];
@@ -49,7 +52,14 @@ typedef struct {
        off, but its slot is taken over by the worker respawned into it (which
        clears it at start), and a pid that no longer exists is not counted
        (nor kept) when the gauge is read. */
-    ngx_atomic_t            worker_pid[NGX_MAX_PROCESSES];
+    ngx_atomic_t            worker_pid[NGX_HTTP_KVGATE_MAX_ENGINES]
+                                      [NGX_MAX_PROCESSES];
+    /* by engine (its index): connects and losses, and the requests routed
+       to it by reason (kvg_route_reason) */
+    ngx_atomic_t            engine_connects_e[NGX_HTTP_KVGATE_MAX_ENGINES];
+    ngx_atomic_t            engine_disconnects_e[NGX_HTTP_KVGATE_MAX_ENGINES];
+    ngx_atomic_t            routed[NGX_HTTP_KVGATE_MAX_ENGINES]
+                                  [NGX_HTTP_KVGATE_ROUTE_REASONS];
     /* backpressure (NGX_HTTP_KVGATE_BP_*): counters only; the gauge of paused
        requests is the engine's (its statistics page), which cannot drift
        when a worker dies with paused requests */
@@ -73,8 +83,8 @@ extern const char *const  ngx_http_kvgate_cache_names[NGX_HTTP_KVGATE_N_CACHE];
 
 /* The zone's counters, NULL when there is no zone (no kvgate_engine). */
 ngx_http_kvgate_shctx_t *ngx_http_kvgate_metrics_zone(void);
-/* Worker processes connected to the engine now. */
-ngx_uint_t ngx_http_kvgate_metrics_workers_connected(void);
+/* Worker processes connected to the engine of that index now. */
+ngx_uint_t ngx_http_kvgate_metrics_workers_connected(ngx_uint_t engine);
 
 
 #endif /* _NGX_HTTP_KVGATE_METRICS_H_INCLUDED_ */

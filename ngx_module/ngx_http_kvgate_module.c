@@ -28,6 +28,10 @@ static char *ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
 static char *ngx_http_kvgate_engine(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_kvgate_engines(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_kvgate_engines_body(ngx_conf_t *cf, ngx_command_t *dummy,
+    void *conf);
 static char *ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_kvgate_buckets(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -107,6 +111,13 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       0,
       NULL },
 
+    { ngx_string("kvgate_engines"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_BLOCK|NGX_CONF_TAKE1,
+      ngx_http_kvgate_engines,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("kvgate_connect_wait"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_http_kvgate_set_msec_slot,
@@ -115,7 +126,7 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       NULL },
 
     { ngx_string("kvgate_pass"),
-      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_kvgate_pass,
       NGX_HTTP_LOC_CONF_OFFSET,
       NGX_HTTP_KVGATE_PASS,
@@ -765,6 +776,27 @@ ngx_http_kvgate_postconfiguration(ngx_conf_t *cf)
 
 /* ---- configuration ---- */
 
+/* A kvgate_pass, to be given its group once the http block is read. */
+
+typedef struct {
+    ngx_str_t                    name;        /* empty: kvgate_engine's */
+    ngx_http_kvgate_loc_conf_t  *klcf;
+    ngx_str_t                    file;
+    ngx_uint_t                   line;
+} ngx_http_kvgate_ref_t;
+
+
+/* route's values, in the order of kvg_route_policy (src/route.h) */
+
+static ngx_str_t  ngx_http_kvgate_policies[] = {
+    ngx_string("prefix"),
+    ngx_string("hash"),
+    ngx_string("least_load"),
+    ngx_string("round_robin"),
+    ngx_null_string
+};
+
+
 static void *
 ngx_http_kvgate_create_main_conf(ngx_conf_t *cf)
 {
@@ -779,11 +811,21 @@ ngx_http_kvgate_create_main_conf(ngx_conf_t *cf)
      * set by ngx_pcalloc():
      *
      *     kmcf->engine = { 0, NULL };
-     *     kmcf->engine_path = { 0, NULL };
+     *     kmcf->default_group = NULL;
      *     kmcf->pass_file = { 0, NULL };
      *     kmcf->pass_line = 0;
      *     kmcf->shm_zone = NULL;
      */
+
+    if (ngx_array_init(&kmcf->engines, cf->pool, 4,
+                       sizeof(ngx_http_kvgate_engine_t *)) != NGX_OK
+        || ngx_array_init(&kmcf->groups, cf->pool, 4,
+                          sizeof(ngx_http_kvgate_group_t *)) != NGX_OK
+        || ngx_array_init(&kmcf->refs, cf->pool, 4,
+                          sizeof(ngx_http_kvgate_ref_t)) != NGX_OK)
+    {
+        return NULL;
+    }
 
     kmcf->connect_wait = NGX_CONF_UNSET_MSEC;
 
@@ -796,19 +838,58 @@ ngx_http_kvgate_init_main_conf(ngx_conf_t *cf, void *conf)
 {
     ngx_http_kvgate_main_conf_t  *kmcf = conf;
 
-    if (kmcf->pass_line && kmcf->engine.data == NULL) {
-        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
-                      "\"kvgate_pass\" in %V:%ui requires \"kvgate_engine\" "
-                      "in the http block",
-                      &kmcf->pass_file, kmcf->pass_line);
-        return NGX_CONF_ERROR;
+    ngx_uint_t                 i, j;
+    ngx_http_kvgate_ref_t     *ref;
+    ngx_http_kvgate_group_t  **groups, *g;
+
+    ref = kmcf->refs.elts;
+    groups = kmcf->groups.elts;
+
+    for (i = 0; i < kmcf->refs.nelts; i++) {
+
+        if (ref[i].name.len == 0) {
+            if (kmcf->default_group == NULL) {
+                ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                              "\"kvgate_pass\" in %V:%ui requires "
+                              "\"kvgate_engine\" in the http block (or name "
+                              "a \"kvgate_engines\" group)",
+                              &ref[i].file, ref[i].line);
+                return NGX_CONF_ERROR;
+            }
+
+            ref[i].klcf->group = kmcf->default_group;
+            continue;
+        }
+
+        g = NULL;
+
+        for (j = 0; j < kmcf->groups.nelts; j++) {
+            if (groups[j]->name.len == ref[i].name.len
+                && ngx_strncmp(groups[j]->name.data, ref[i].name.data,
+                               ref[i].name.len) == 0)
+            {
+                g = groups[j];
+                break;
+            }
+        }
+
+        if (g == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "\"kvgate_pass %V\" in %V:%ui: there is no "
+                          "\"kvgate_engines %V\" block in the http block",
+                          &ref[i].name, &ref[i].file, ref[i].line,
+                          &ref[i].name);
+            return NGX_CONF_ERROR;
+        }
+
+        ref[i].klcf->group = g;
     }
 
     /* long enough for a handshake (milliseconds), short enough that a
        client never mistakes the wait for a hang */
     ngx_conf_init_msec_value(kmcf->connect_wait, 2000);
 
-    if (kmcf->engine.data == NULL) {
+    if (kmcf->engines.nelts == 0) {
         return NGX_CONF_OK;
     }
 
@@ -1086,62 +1167,426 @@ ngx_http_kvgate_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
-static char *
-ngx_http_kvgate_engine(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+/*
+ * An engine named by kvgate_engine or an engine line of kvgate_engines: the
+ * one object of that socket (a socket named twice, in two groups, is one
+ * connection), made on first sight. name: name=, or empty (the path).
+ */
+
+static ngx_http_kvgate_engine_t *
+ngx_http_kvgate_add_engine(ngx_conf_t *cf, ngx_http_kvgate_main_conf_t *kmcf,
+    ngx_str_t *url, ngx_str_t *name, const char *directive)
 {
-    ngx_http_kvgate_main_conf_t  *kmcf = conf;
-
-    ngx_str_t  *value;
-    ngx_url_t   u;
-
-    if (kmcf->engine.data != NULL) {
-        return "is duplicate";
-    }
-
-    value = cf->args->elts;
+    u_char                     *p;
+    uint64_t                    h;
+    ngx_url_t                   u;
+    ngx_str_t                   path;
+    ngx_uint_t                  i;
+    ngx_http_kvgate_engine_t  **all, *e, **pe;
 
     /*
      * The engine is always co-located: a unix socket keeps it off the
      * network and lets the file mode decide who may submit work to it.
      */
 
-    if (value[1].len < sizeof("unix:") - 1
-        || ngx_strncmp(value[1].data, "unix:", sizeof("unix:") - 1) != 0)
+    if (url->len <= sizeof("unix:") - 1
+        || ngx_strncmp(url->data, "unix:", sizeof("unix:") - 1) != 0)
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid value \"%V\" in \"%V\" directive, "
+                           "invalid value \"%V\" in \"%s\" directive, "
                            "it must be \"unix:/path/to/socket\"",
-                           &value[1], &cmd->name);
-        return NGX_CONF_ERROR;
+                           url, directive);
+        return NULL;
     }
 
     ngx_memzero(&u, sizeof(ngx_url_t));
 
-    u.url = value[1];
+    u.url = *url;
     u.no_resolve = 1;
 
     if (ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs != 1) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid value \"%V\" in \"%V\" directive: %s",
-                           &value[1], &cmd->name,
+                           "invalid value \"%V\" in \"%s\" directive: %s",
+                           url, directive,
                            u.err ? u.err : "not a unix socket path");
+        return NULL;
+    }
+
+    path.data = url->data + sizeof("unix:") - 1;
+    path.len = url->len - (sizeof("unix:") - 1);
+
+    all = kmcf->engines.elts;
+
+    for (i = 0; i < kmcf->engines.nelts; i++) {
+        e = all[i];
+
+        if (ngx_strlen(e->path) == path.len
+            && ngx_strncmp(e->path, path.data, path.len) == 0)
+        {
+            if (name->len
+                && (name->len != e->name.len
+                    || ngx_strncmp(name->data, e->name.data, name->len) != 0))
+            {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "engine \"%V\" is named \"%V\" here and "
+                                   "\"%V\" elsewhere", url, name, &e->name);
+                return NULL;
+            }
+
+            return e;
+        }
+
+        if (name->len == e->name.len
+            && ngx_strncmp(name->data, e->name.data, name->len) == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "duplicate engine name \"%V\" (\"%V\" and "
+                               "\"unix:%s\")", name, url, e->path);
+            return NULL;
+        }
+    }
+
+    if (kmcf->engines.nelts >= NGX_HTTP_KVGATE_MAX_ENGINES) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "too many engines (at most %d in all groups)",
+                           NGX_HTTP_KVGATE_MAX_ENGINES);
+        return NULL;
+    }
+
+    e = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvgate_engine_t));
+    if (e == NULL) {
+        return NULL;
+    }
+
+    e->url = *url;
+    e->index = kmcf->engines.nelts;
+
+    /* NUL-terminated copy of the path for the client library */
+
+    e->path = ngx_pnalloc(cf->pool, path.len + 1);
+    if (e->path == NULL) {
+        return NULL;
+    }
+
+    ngx_cpystrn((u_char *) e->path, path.data, path.len + 1);
+
+    if (name->len) {
+        e->name = *name;
+
+    } else {
+        e->name.data = (u_char *) e->path;
+        e->name.len = path.len;
+    }
+
+    /* the rendezvous id: FNV-1a of the name, stable across reloads and
+       workers, so a tenant keeps its engine */
+
+    h = 14695981039346656037ULL;
+
+    for (p = e->name.data; p < e->name.data + e->name.len; p++) {
+        h = (h ^ *p) * 1099511628211ULL;
+    }
+
+    e->id = h;
+
+    pe = ngx_array_push(&kmcf->engines);
+    if (pe == NULL) {
+        return NULL;
+    }
+
+    *pe = e;
+
+    return e;
+}
+
+
+static ngx_http_kvgate_group_t *
+ngx_http_kvgate_add_group(ngx_conf_t *cf, ngx_http_kvgate_main_conf_t *kmcf,
+    ngx_str_t *name)
+{
+    ngx_uint_t                 i;
+    ngx_http_kvgate_group_t  **groups, *g, **pg;
+
+    groups = kmcf->groups.elts;
+
+    for (i = 0; i < kmcf->groups.nelts; i++) {
+        if (groups[i]->name.len == name->len
+            && ngx_strncmp(groups[i]->name.data, name->data, name->len) == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "duplicate \"kvgate_engines %V\" (first in "
+                               "%V:%ui)", name, &groups[i]->file,
+                               groups[i]->line);
+            return NULL;
+        }
+    }
+
+    g = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvgate_group_t));
+    if (g == NULL) {
+        return NULL;
+    }
+
+    g->engines = ngx_pcalloc(cf->pool, NGX_HTTP_KVGATE_MAX_ENGINES
+                                       * sizeof(ngx_http_kvgate_engine_t *));
+    if (g->engines == NULL) {
+        return NULL;
+    }
+
+    g->name = *name;
+    g->policy = 0;                   /* prefix */
+    g->balance_factor = 1.25;
+    g->file = cf->conf_file->file.name;
+    g->line = cf->conf_file->line;
+
+    pg = ngx_array_push(&kmcf->groups);
+    if (pg == NULL) {
+        return NULL;
+    }
+
+    *pg = g;
+
+    return g;
+}
+
+
+static char *
+ngx_http_kvgate_engine(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_kvgate_main_conf_t  *kmcf = conf;
+
+    ngx_str_t                 *value, none;
+    ngx_http_kvgate_engine_t  *e;
+    ngx_http_kvgate_group_t   *g;
+
+    if (kmcf->engine.data != NULL) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+    ngx_str_null(&none);
+
+    e = ngx_http_kvgate_add_engine(cf, kmcf, &value[1], &none,
+                                   "kvgate_engine");
+    if (e == NULL) {
         return NGX_CONF_ERROR;
     }
 
     kmcf->engine = value[1];
 
-    /* NUL-terminated copy of the path for the client library */
+    /* a group of one, named "" (no kvgate_engines block can be) */
 
-    kmcf->engine_path.len = value[1].len - (sizeof("unix:") - 1);
-    kmcf->engine_path.data = ngx_pnalloc(cf->pool, kmcf->engine_path.len + 1);
-    if (kmcf->engine_path.data == NULL) {
+    g = ngx_http_kvgate_add_group(cf, kmcf, &none);
+    if (g == NULL) {
         return NGX_CONF_ERROR;
     }
 
-    ngx_cpystrn(kmcf->engine_path.data, value[1].data + sizeof("unix:") - 1,
-                kmcf->engine_path.len + 1);
+    g->engines[g->n++] = e;
+    kmcf->default_group = g;
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * kvgate_engines NAME { engine unix:PATH [name=N]; route P; balance_factor F; }
+ * The block's lines are read by ngx_http_kvgate_engines_body (as map's and
+ * types' are), with the group as cf->handler_conf.
+ */
+
+static char *
+ngx_http_kvgate_engines(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_kvgate_main_conf_t  *kmcf = conf;
+
+    char                     *rv;
+    ngx_str_t                *value;
+    ngx_conf_t                save;
+    ngx_http_kvgate_group_t  *g;
+
+    value = cf->args->elts;
+
+    if (value[1].len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"kvgate_engines\" needs a name");
+        return NGX_CONF_ERROR;
+    }
+
+    g = ngx_http_kvgate_add_group(cf, kmcf, &value[1]);
+    if (g == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    save = *cf;
+    cf->handler = ngx_http_kvgate_engines_body;
+    cf->handler_conf = (char *) g;
+
+    rv = ngx_conf_parse(cf, NULL);
+
+    *cf = save;
+
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    if (g->n == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"kvgate_engines %V\" has no \"engine\"",
+                           &g->name);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_kvgate_engines_body(ngx_conf_t *cf, ngx_command_t *dummy, void *conf)
+{
+    ngx_http_kvgate_group_t  *g = (ngx_http_kvgate_group_t *) cf->handler_conf;
+
+    double                        f;
+    ngx_int_t                     n, scale;
+    ngx_str_t                    *value, name;
+    ngx_uint_t                    i, nargs, dot;
+    ngx_http_kvgate_engine_t     *e;
+    ngx_http_kvgate_main_conf_t  *kmcf;
+
+    value = cf->args->elts;
+    nargs = cf->args->nelts;
+
+    kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvgate_module);
+
+    if (value[0].len == sizeof("engine") - 1
+        && ngx_strncmp(value[0].data, "engine", value[0].len) == 0)
+    {
+        ngx_str_null(&name);
+
+        if (nargs < 2 || nargs > 3) {
+            goto nargs;
+        }
+
+        if (nargs == 3) {
+            if (value[2].len <= sizeof("name=") - 1
+                || ngx_strncmp(value[2].data, "name=", sizeof("name=") - 1)
+                   != 0)
+            {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid parameter \"%V\" of \"engine\" in "
+                                   "\"kvgate_engines %V\": only name=NAME",
+                                   &value[2], &g->name);
+                return NGX_CONF_ERROR;
+            }
+
+            name.data = value[2].data + sizeof("name=") - 1;
+            name.len = value[2].len - (sizeof("name=") - 1);
+        }
+
+        e = ngx_http_kvgate_add_engine(cf, kmcf, &value[1], &name, "engine");
+        if (e == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        for (i = 0; i < g->n; i++) {
+            if (g->engines[i] == e) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "engine \"%V\" is duplicate in "
+                                   "\"kvgate_engines %V\"", &value[1],
+                                   &g->name);
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        g->engines[g->n++] = e;
+
+        return NGX_CONF_OK;
+    }
+
+    if (value[0].len == sizeof("route") - 1
+        && ngx_strncmp(value[0].data, "route", value[0].len) == 0)
+    {
+        if (nargs != 2) {
+            goto nargs;
+        }
+
+        for (i = 0; ngx_http_kvgate_policies[i].len; i++) {
+            if (ngx_http_kvgate_policies[i].len == value[1].len
+                && ngx_strncmp(ngx_http_kvgate_policies[i].data,
+                               value[1].data, value[1].len) == 0)
+            {
+                g->policy = i;
+                return NGX_CONF_OK;
+            }
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"route\" of "
+                           "\"kvgate_engines %V\": it must be \"prefix\", "
+                           "\"hash\", \"least_load\" or \"round_robin\"",
+                           &value[1], &g->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (value[0].len == sizeof("balance_factor") - 1
+        && ngx_strncmp(value[0].data, "balance_factor", value[0].len) == 0)
+    {
+        if (nargs != 2) {
+            goto nargs;
+        }
+
+        /* a decimal: digits, at most one point, up to 3 places */
+
+        n = 0;
+        scale = 1;
+        dot = 0;
+
+        for (i = 0; i < value[1].len; i++) {
+            if (value[1].data[i] == '.' && !dot) {
+                dot = 1;
+                continue;
+            }
+
+            if (value[1].data[i] < '0' || value[1].data[i] > '9'
+                || n > 1000000 || scale >= 1000)
+            {
+                n = -1;
+                break;
+            }
+
+            n = n * 10 + (value[1].data[i] - '0');
+
+            if (dot) {
+                scale *= 10;
+            }
+        }
+
+        f = n < 0 || value[1].len == 0 ? 0.0 : (double) n / (double) scale;
+
+        if (f <= 1.0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid value \"%V\" in \"balance_factor\" of "
+                               "\"kvgate_engines %V\": it must be a number "
+                               "more than 1 (such as 1.25)", &value[1],
+                               &g->name);
+            return NGX_CONF_ERROR;
+        }
+
+        g->balance_factor = f;
+
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "unknown directive \"%V\" in \"kvgate_engines %V\" "
+                       "(engine, route, balance_factor)", &value[0],
+                       &g->name);
+    return NGX_CONF_ERROR;
+
+nargs:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid number of arguments in \"%V\" of "
+                       "\"kvgate_engines %V\"", &value[0], &g->name);
+    return NGX_CONF_ERROR;
 }
 
 
@@ -1150,6 +1595,8 @@ ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_kvgate_loc_conf_t  *klcf = conf;
 
+    ngx_str_t                    *value;
+    ngx_http_kvgate_ref_t        *ref;
     ngx_http_core_loc_conf_t     *clcf;
     ngx_http_kvgate_main_conf_t  *kmcf;
 
@@ -1176,6 +1623,30 @@ ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         kmcf->pass_file = cf->conf_file->file.name;
         kmcf->pass_line = cf->conf_file->line;
     }
+
+    if (cmd->offset != NGX_HTTP_KVGATE_PASS) {
+        return NGX_CONF_OK;
+    }
+
+    /* the group is found once the whole http block is read */
+
+    value = cf->args->elts;
+
+    ref = ngx_array_push(&kmcf->refs);
+    if (ref == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (cf->args->nelts == 2) {
+        ref->name = value[1];
+
+    } else {
+        ngx_str_null(&ref->name);
+    }
+
+    ref->klcf = klcf;
+    ref->file = cf->conf_file->file.name;
+    ref->line = cf->conf_file->line;
 
     return NGX_CONF_OK;
 }
@@ -1457,28 +1928,54 @@ ngx_http_kvgate_init_module(ngx_cycle_t *cycle)
 static ngx_int_t
 ngx_http_kvgate_init_process(ngx_cycle_t *cycle)
 {
-    ngx_http_kvgate_main_conf_t  *kmcf;
+    ngx_uint_t                     i;
+    ngx_http_kvgate_engine_t     **e;
+    ngx_http_kvgate_main_conf_t   *kmcf;
 
     kmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_kvgate_module);
 
-    if (kmcf == NULL || kmcf->engine.data == NULL) {
+    if (kmcf == NULL || kmcf->engines.nelts == 0) {
         return NGX_OK;
     }
 
     ngx_http_kvgate_metrics_worker_clear();
 
-    /* the connection counts its connects and losses through this hook: it
-       knows nothing of the layers above it */
+    /* one connection per engine; each counts its connects and losses
+       through this hook: it knows nothing of the layers above it */
 
-    return ngx_http_kvgate_engine_init_process(cycle,
-               (char *) kmcf->engine_path.data, kmcf->connect_wait,
-               ngx_http_kvgate_metrics_engine_event);
+    e = kmcf->engines.elts;
+
+    for (i = 0; i < kmcf->engines.nelts; i++) {
+        if (ngx_http_kvgate_engine_init_process(cycle, e[i],
+                kmcf->connect_wait, ngx_http_kvgate_metrics_engine_event)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
 }
 
 
 static void
 ngx_http_kvgate_exit_process(ngx_cycle_t *cycle)
 {
-    ngx_http_kvgate_engine_exit_process(cycle);
+    ngx_uint_t                     i;
+    ngx_http_kvgate_engine_t     **e;
+    ngx_http_kvgate_main_conf_t   *kmcf;
+
+    kmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_kvgate_module);
+
+    if (kmcf == NULL || kmcf->engines.nelts == 0) {
+        return;
+    }
+
+    e = kmcf->engines.elts;
+
+    for (i = 0; i < kmcf->engines.nelts; i++) {
+        ngx_http_kvgate_engine_exit_process(e[i]);
+    }
+
     ngx_http_kvgate_metrics_worker_clear();
 }

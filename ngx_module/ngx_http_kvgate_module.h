@@ -59,9 +59,19 @@
 
 
 typedef struct {
-    /* "unix:/path" as written, for messages; path is the socket file. */
+    /* "unix:/path" as written (kvgate_engine), for messages */
     ngx_str_t                  engine;
-    ngx_str_t                  engine_path;
+
+    /* every engine of the configuration (ngx_http_kvgate_engine_t *), each
+       once however many groups name it; and the groups
+       (ngx_http_kvgate_group_t *), the kvgate_engine one first when given */
+    ngx_array_t                engines;
+    ngx_array_t                groups;
+    ngx_http_kvgate_group_t   *default_group;    /* kvgate_engine's, or NULL */
+
+    /* kvgate_pass NAME references, resolved once the http block is read
+       (a group may be defined after the location naming it) */
+    ngx_array_t                refs;             /* ngx_http_kvgate_ref_t */
 
     /* First kvgate_pass seen, so a missing kvgate_engine can be reported
        where the need for it arises. */
@@ -76,6 +86,7 @@ typedef struct {
 
 typedef struct {
     ngx_uint_t                 handler;           /* NGX_HTTP_KVGATE_* or 0 */
+    ngx_http_kvgate_group_t   *group;             /* kvgate_pass's */
 
     ngx_http_complex_value_t  *tenant;
     ngx_flag_t                 tenant_required;
@@ -162,6 +173,18 @@ struct ngx_http_kvgate_ctx_s {
     /* its place in the engine connection, with the handlers it calls */
     ngx_http_kvgate_engine_req_t  engine;
 
+    /* routing: the location's group; the model id the prompt was tokenized
+       and hashed for (only engines serving it may take the request); the
+       engines (bits by position in the group) that went down under it; why
+       the engine it went to was chosen (kvg_route_reason), and whether the
+       pick is done */
+    ngx_http_kvgate_group_t   *group;
+    const kvg_engine_info     *tok_info;          /* while parsing */
+    uint8_t                    model_id[KVG_PREFIX_HASH_LEN];
+    uint32_t                   failed;
+    ngx_uint_t                 route_reason;
+    ngx_uint_t                 routed;
+
     ngx_uint_t                 parsed;            /* tokenized, hashed */
     ngx_uint_t                 prepared;          /* parsed, checked */
     ngx_http_event_handler_pt  body_reader;       /* nginx's, while reading */
@@ -237,8 +260,12 @@ ngx_int_t ngx_http_kvgate_metrics_init_zone(ngx_conf_t *cf,
 /* once per request, in the log phase */
 void ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
-/* the engine connection's state hook */
-void ngx_http_kvgate_metrics_engine_event(ngx_uint_t up);
+/* the engine connections' state hook */
+void ngx_http_kvgate_metrics_engine_event(ngx_http_kvgate_engine_t *e,
+    ngx_uint_t up);
+/* a request routed to the engine of that index, for a reason
+   (kvg_route_reason) */
+void ngx_http_kvgate_metrics_route(ngx_uint_t engine, ngx_uint_t reason);
 /* this worker starts (it takes over its process slot) or exits: its slot
    of the workers-connected gauge is cleared */
 void ngx_http_kvgate_metrics_worker_clear(void);

@@ -588,7 +588,10 @@ ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
     char         hex[2 * KVG_PREFIX_HASH_LEN + 1];
     kvg_client  *c;
 
-    c = hasher ? NULL : ngx_http_kvgate_engine_client();
+    /* the engine the prompt is tokenized for (ctx->engine.engine, set by
+       the caller with info) hashes in the event loop */
+
+    c = hasher ? NULL : ngx_http_kvgate_engine_client(ctx->engine.engine);
 
     ctx->bucket = kvg_bucket_index(&klcf->buckets, ctx->n_tokens);
     ctx->bypass = ctx->bucket == 0;
@@ -1076,6 +1079,51 @@ ngx_http_kvgate_prompt_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
 /* ---- what cannot fit ---- */
 
+/* The engine a request is (being) prepared for: the one it was tokenized
+   for or sent to, else the first up of its location's group. */
+
+static ngx_http_kvgate_engine_t *
+ngx_http_kvgate_ctx_engine(ngx_http_request_t *r)
+{
+    ngx_http_kvgate_ctx_t       *ctx;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+
+    if (ctx && ctx->engine.engine) {
+        return ctx->engine.engine;
+    }
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    return klcf->group ? ngx_http_kvgate_group_up(klcf->group, NULL, 0)
+                       : NULL;
+}
+
+
+static ngx_http_kvgate_engine_t *
+ngx_http_kvgate_front_engine(ngx_http_request_t *r)
+{
+    ngx_http_kvgate_loc_conf_t   *klcf;
+    ngx_http_kvgate_main_conf_t  *kmcf;
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    if (klcf->group) {
+        return ngx_http_kvgate_group_up(klcf->group, NULL, 0);
+    }
+
+    kmcf = ngx_http_get_module_main_conf(r, ngx_http_kvgate_module);
+
+    if (kmcf->groups.nelts == 0) {
+        return NULL;
+    }
+
+    return ngx_http_kvgate_group_up(
+               ((ngx_http_kvgate_group_t **) kmcf->groups.elts)[0], NULL, 0);
+}
+
+
 /*
  * The largest body a prompt that fits the context can need: the text of
  * context_length tokens, each at most kvg_tokenizer_max_token_bytes() bytes
@@ -1115,7 +1163,7 @@ ngx_http_kvgate_prompt_too_large(ngx_http_request_t *r, kvg_api_error *err)
     ngx_http_core_loc_conf_t  *clcf;
 
     clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
-    info = ngx_http_kvgate_engine_info();
+    info = ngx_http_kvgate_engine_info(ngx_http_kvgate_ctx_engine(r));
     derived = ngx_http_kvgate_prompt_body_limit(info);
 
     if (derived && (clcf->client_max_body_size == 0
@@ -1147,7 +1195,12 @@ ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
     const kvg_engine_info       *info;
     ngx_http_kvgate_loc_conf_t  *klcf;
 
-    info = ngx_http_kvgate_engine_info();
+    /* a front tier's route key: as the location's group would hash it, or
+       the configuration's first group's (its first engine up) */
+
+    ctx->engine.engine = ngx_http_kvgate_front_engine(r);
+    info = ctx->engine.engine ? ngx_http_kvgate_engine_info(ctx->engine.engine)
+                              : NULL;
     if (info == NULL) {
         return NGX_DECLINED;
     }

@@ -25,6 +25,10 @@
 
 static void ngx_http_kvgate_body_handler(ngx_http_request_t *r);
 static void ngx_http_kvgate_body_reading(ngx_http_request_t *r);
+static ngx_int_t ngx_http_kvgate_wait_group(ngx_http_kvgate_ctx_t *ctx,
+    kvg_api_error *err);
+static ngx_uint_t ngx_http_kvgate_model_elsewhere(ngx_http_kvgate_ctx_t *ctx,
+    kvg_api_error *err);
 static ngx_int_t ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx,
     kvg_api_error *err);
 static void ngx_http_kvgate_prompt_done(ngx_http_request_t *r, ngx_int_t rc,
@@ -83,7 +87,11 @@ ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
     kvg_api_error        err;
     ngx_pool_cleanup_t  *cln;
 
-    if (!ngx_http_kvgate_engine_available()) {
+    ctx->group = ((ngx_http_kvgate_loc_conf_t *)
+                  ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module))
+                 ->group;
+
+    if (!ngx_http_kvgate_group_available(ctx->group)) {
 
         /* no need to read a body nobody can serve */
 
@@ -108,7 +116,8 @@ ngx_http_kvgate_completion_handler(ngx_http_request_t *r,
      */
 
     ctx->body_limit = ngx_http_kvgate_prompt_body_limit(
-                          ngx_http_kvgate_engine_info());
+                          ngx_http_kvgate_engine_info(
+                              ngx_http_kvgate_group_up(ctx->group, NULL, 0)));
 
     if (ctx->body_limit
         && r->headers_in.content_length_n > ctx->body_limit)
@@ -294,7 +303,7 @@ ngx_http_kvgate_body_handler(ngx_http_request_t *r)
        limits the request is parsed and checked against come with it; the
        retry handler goes on then */
 
-    rc = ngx_http_kvgate_engine_wait_up(&ctx->engine, &err);
+    rc = ngx_http_kvgate_wait_group(ctx, &err);
 
     if (rc == NGX_OK) {
         rc = ngx_http_kvgate_go(ctx, &err);
@@ -341,13 +350,22 @@ ngx_http_kvgate_prompt_done(ngx_http_request_t *r, ngx_int_t rc,
     }
 
     if (rc != NGX_OK) {
-        ngx_http_kvgate_fail(ctx, perr);
-        return;
+        if (!ngx_http_kvgate_model_elsewhere(ctx, perr)) {
+            ngx_http_kvgate_fail(ctx, perr);
+            return;
+        }
+
+        /* tokenized again, for the engine that serves its model */
+
+    } else {
+        ctx->parsed = 1;
     }
 
-    ctx->parsed = 1;
-
     rc = ngx_http_kvgate_go(ctx, &err);
+
+    if (rc == NGX_DONE) {
+        return;
+    }
 
     if (rc == NGX_ERROR) {
         ngx_http_kvgate_fail(ctx, &err);
@@ -444,9 +462,9 @@ ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
 
-    info = ngx_http_kvgate_engine_info();
+    info = ngx_http_kvgate_engine_info(ctx->engine.engine);
     if (info == NULL) {
-        ngx_http_kvgate_engine_unavailable(err);
+        ngx_http_kvgate_group_unavailable(ctx->group, err);
         return NGX_ERROR;
     }
 
@@ -629,6 +647,226 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 }
 
 
+/*
+ * Waits for the group: NGX_OK when one of its engines is up (it becomes the
+ * one the prompt is tokenized for), NGX_AGAIN when none is but one has its
+ * handshake under way (the request waits in that engine's queue), NGX_ERROR
+ * (503) otherwise.
+ */
+
+static ngx_int_t
+ngx_http_kvgate_wait_group(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
+{
+    ngx_http_kvgate_engine_t  *e;
+
+    e = ngx_http_kvgate_group_up(ctx->group, NULL, 0);
+
+    if (e != NULL) {
+        ctx->engine.engine = e;
+        return NGX_OK;
+    }
+
+    e = ngx_http_kvgate_group_handshaking(ctx->group);
+
+    if (e == NULL) {
+        ngx_http_kvgate_group_unavailable(ctx->group, err);
+        return NGX_ERROR;
+    }
+
+    ctx->engine.engine = e;
+
+    return ngx_http_kvgate_engine_wait_up(&ctx->engine, err);
+}
+
+
+/*
+ * The prompt was refused for its model by the engine it was tokenized for:
+ * another engine of the group may serve that model (tokenize again for it:
+ * 1), or one that did is down (503), or none does (the 404 stands).
+ */
+
+static ngx_uint_t
+ngx_http_kvgate_model_elsewhere(ngx_http_kvgate_ctx_t *ctx,
+    kvg_api_error *err)
+{
+    ngx_http_kvgate_engine_t  *e;
+
+    if (err->status != 404 || ctx->req == NULL) {
+        return 0;
+    }
+
+    e = ngx_http_kvgate_group_up(ctx->group, ctx->req->model,
+                                 ctx->req->model_len);
+
+    if (e != NULL && e != ctx->engine.engine) {
+        ngx_http_kvgate_prompt_free(ctx);
+        ctx->engine.engine = e;
+        return 1;
+    }
+
+    if (ngx_http_kvgate_group_seen(ctx->group, ctx->req->model,
+                                   ctx->req->model_len))
+    {
+        ngx_http_kvgate_group_unavailable(ctx->group, err);
+    }
+
+    return 0;
+}
+
+
+/*
+ * STAND-IN for piece R's kvg_route_pick (src/route.h) until it is merged:
+ * rendezvous order of (route_key, id) among the eligible candidates, most
+ * held blocks first. Same arguments, so the call below changes in one
+ * place.
+ */
+
+typedef struct {
+    int        eligible;
+    uint64_t   id;
+    uint32_t   held_blocks;
+    uint64_t   load;
+} ngx_http_kvgate_cand_t;
+
+
+static uint64_t
+ngx_http_kvgate_mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+
+static int
+ngx_http_kvgate_route_pick(ngx_uint_t policy, const ngx_http_kvgate_cand_t *c,
+    size_t n, uint64_t key, uint64_t request_tokens, double balance_factor,
+    uint64_t *rr, ngx_uint_t *why)
+{
+    int       best;
+    size_t    i;
+    uint64_t  w, bw;
+
+    (void) policy;
+    (void) request_tokens;
+    (void) balance_factor;
+    (void) rr;
+
+    best = -1;
+    bw = 0;
+
+    for (i = 0; i < n; i++) {
+        if (!c[i].eligible) {
+            continue;
+        }
+
+        w = ngx_http_kvgate_mix(key ^ c[i].id);
+
+        if (best < 0 || c[i].held_blocks > c[best].held_blocks
+            || (c[i].held_blocks == c[best].held_blocks && w > bw))
+        {
+            best = (int) i;
+            bw = w;
+        }
+    }
+
+    *why = best >= 0 && c[best].held_blocks ? 0 : 1;   /* prefix : load */
+
+    return best;
+}
+
+
+/* Routes the parsed request: the engines of its group that are up, serve
+   the model it was tokenized for and have not failed it, by their held
+   prefix and load. NGX_OK with ctx->engine.engine set, or NGX_ERROR. */
+
+static ngx_int_t
+ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
+{
+    int                        k;
+    size_t                     held;
+    uint64_t                   key;
+    ngx_uint_t                 i, why;
+    ngx_http_kvgate_group_t   *g = ctx->group;
+    ngx_http_kvgate_engine_t  *e;
+    const kvg_engine_info     *info;
+    ngx_http_kvgate_cand_t     cands[NGX_HTTP_KVGATE_MAX_ENGINES];
+
+    for (i = 0; i < g->n; i++) {
+        e = g->engines[i];
+        info = ngx_http_kvgate_engine_info(e);
+
+        ngx_memzero(&cands[i], sizeof(ngx_http_kvgate_cand_t));
+        cands[i].id = e->id;
+
+        if (info == NULL || (ctx->failed & (1u << i))
+            || ngx_memcmp(info->model_id, ctx->model_id, KVG_PREFIX_HASH_LEN)
+               != 0)
+        {
+            continue;
+        }
+
+        cands[i].eligible = 1;
+        held = ngx_http_kvgate_engine_held(e,
+                   (const uint8_t (*)[KVG_PREFIX_HASH_LEN]) ctx->hashes,
+                   ctx->n_hashes);
+        cands[i].held_blocks = (uint32_t) held;
+        cands[i].load = ngx_http_kvgate_engine_load(e);
+    }
+
+    /* the route key's first 16 hex digits */
+
+    key = 0;
+
+    for (i = 0; i < 16 && ctx->route_key_set; i++) {
+        key = (key << 4)
+              | (uint64_t) ngx_hextoi(&ctx->route_key[i], 1);
+    }
+
+    k = ngx_http_kvgate_route_pick(g->policy, cands, g->n, key,
+                                   ctx->n_tokens, g->balance_factor, &g->rr,
+                                   &why);
+
+    if (k < 0) {
+        ngx_http_kvgate_group_unavailable(g, err);
+        return NGX_ERROR;
+    }
+
+    ctx->engine.engine = g->engines[k];
+    ctx->route_reason = why;
+    ctx->routed = 1;
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
+                   "kvgate: routed to engine \"%V\" (%ui held blocks, "
+                   "reason %ui)", &g->engines[k]->name,
+                   (ngx_uint_t) cands[k].held_blocks, why);
+
+    ngx_http_kvgate_metrics_route(g->engines[k]->index, why);
+
+    return NGX_OK;
+}
+
+
+/* The engine the request was routed to is gone: it may go to another. */
+
+static void
+ngx_http_kvgate_route_failed(ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < ctx->group->n; i++) {
+        if (ctx->group->engines[i] == ctx->engine.engine) {
+            ctx->failed |= 1u << i;
+        }
+    }
+
+    ctx->routed = 0;
+}
+
+
 /* Checks the request against the engine (once) and submits it. */
 
 static ngx_int_t
@@ -639,14 +877,24 @@ ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     ngx_http_request_t          *r = ctx->request;
     ngx_http_kvgate_loc_conf_t  *klcf;
 
-    if (!ctx->parsed) {
+    while (!ctx->parsed) {
         klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
 
-        info = ngx_http_kvgate_engine_info();
+        if (ctx->engine.engine == NULL
+            || !ngx_http_kvgate_engine_up(ctx->engine.engine))
+        {
+            ctx->engine.engine = ngx_http_kvgate_group_up(ctx->group, NULL,
+                                                          0);
+        }
+
+        info = ctx->engine.engine
+               ? ngx_http_kvgate_engine_info(ctx->engine.engine) : NULL;
         if (info == NULL) {
-            ngx_http_kvgate_engine_unavailable(err);
+            ngx_http_kvgate_group_unavailable(ctx->group, err);
             return NGX_ERROR;
         }
+
+        ngx_memcpy(ctx->model_id, info->model_id, KVG_PREFIX_HASH_LEN);
 
         rc = ngx_http_kvgate_prompt_start(r, ctx, klcf, info,
                                           ngx_http_kvgate_prompt_done, err);
@@ -656,21 +904,51 @@ ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
         }
 
         if (rc != NGX_OK) {
+            if (ngx_http_kvgate_model_elsewhere(ctx, err)) {
+                continue;
+            }
+
             return NGX_ERROR;
         }
 
         ctx->parsed = 1;
     }
 
-    if (!ctx->prepared) {
-        if (ngx_http_kvgate_prepare(r, ctx, err) != NGX_OK) {
-            return NGX_ERROR;
+    for ( ;; ) {
+
+        if (!ctx->routed
+            || !ngx_http_kvgate_engine_up(ctx->engine.engine))
+        {
+            if (ctx->routed) {
+                ngx_http_kvgate_route_failed(ctx);
+            }
+
+            if (ngx_http_kvgate_route(ctx, err) != NGX_OK) {
+                return NGX_ERROR;
+            }
         }
 
-        ctx->prepared = 1;
-    }
+        if (!ctx->prepared) {
+            if (ngx_http_kvgate_prepare(r, ctx, err) != NGX_OK) {
+                return NGX_ERROR;
+            }
 
-    return ngx_http_kvgate_submit(ctx, err);
+            ctx->prepared = 1;
+        }
+
+        rc = ngx_http_kvgate_submit(ctx, err);
+
+        if (rc == NGX_ERROR && err->status == 503
+            && !ngx_http_kvgate_engine_up(ctx->engine.engine))
+        {
+            /* it went down under the request: a miss, not an error, while
+               another engine can take it */
+            ngx_http_kvgate_route_failed(ctx);
+            continue;
+        }
+
+        return rc;
+    }
 }
 
 
@@ -1015,7 +1293,7 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
     switch (ev->kind) {
 
     case KVG_CEV_ACCEPTED:
-        info = ngx_http_kvgate_engine_info();
+        info = ngx_http_kvgate_engine_info(ctx->engine.engine);
         ctx->prompt_tokens = ev->prompt_tokens;
         ctx->cached_tokens = ev->cached_tokens;
         ctx->cache_status = kvg_cache_status((int) ctx->bypass,
@@ -1128,7 +1406,7 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
         ctx->completion_tokens = ev->completion_tokens;
 
         if (ctx->cache_status == NULL) {
-            info = ngx_http_kvgate_engine_info();
+            info = ngx_http_kvgate_engine_info(ctx->engine.engine);
             ctx->cache_status = kvg_cache_status((int) ctx->bypass,
                                                  ev->prompt_tokens,
                                                  ev->cached_tokens,

@@ -550,9 +550,12 @@ ngx_http_kvgate_finish_name(uint32_t reason)
 
 
 static void
-ngx_http_kvgate_fingerprint(ngx_http_kvgate_out_t *o)
+ngx_http_kvgate_fingerprint(ngx_http_kvgate_out_t *o,
+    ngx_http_kvgate_ctx_t *ctx)
 {
-    const kvg_engine_info  *info = ngx_http_kvgate_engine_info();
+    const kvg_engine_info  *info = ctx->engine.engine
+                             ? ngx_http_kvgate_engine_info(ctx->engine.engine)
+                             : NULL;
 
     ngx_http_kvgate_out_lit(o, ",\"system_fingerprint\":");
 
@@ -581,7 +584,7 @@ ngx_http_kvgate_object_head(ngx_http_kvgate_out_t *o,
     ngx_http_kvgate_out_uint(o, (uint64_t) ctx->created);
     ngx_http_kvgate_out_lit(o, ",\"model\":");
     ngx_http_kvgate_out_json(o, ctx->req->model, ctx->req->model_len);
-    ngx_http_kvgate_fingerprint(o);
+    ngx_http_kvgate_fingerprint(o, ctx);
     ngx_http_kvgate_out_lit(o, ",\"choices\":[");
 }
 
@@ -704,7 +707,9 @@ ngx_http_kvgate_logprobs(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx,
 {
     size_t                  i, len, k;
     const u_char           *bytes;
-    const kvg_engine_info  *info = ngx_http_kvgate_engine_info();
+    const kvg_engine_info  *info = ctx->engine.engine
+                             ? ngx_http_kvgate_engine_info(ctx->engine.engine)
+                             : NULL;
 
     if (!ctx->req->has_logprobs || info == NULL) {
         ngx_http_kvgate_out_lit(o, "null");
@@ -1118,28 +1123,29 @@ ngx_http_kvgate_stream_end(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 ngx_int_t
 ngx_http_kvgate_send_models(ngx_http_request_t *r)
 {
-    ngx_int_t                rc;
-    kvg_stats                st;
-    ngx_str_t                id;
-    u_char                  *p;
-    uint64_t                 created;
-    ngx_uint_t               one;
-    ngx_http_kvgate_out_t    o;
-    ngx_http_kvgate_ctx_t   *ctx;
-    const kvg_engine_info   *info;
-    u_char                   msg[512];
+    ngx_int_t                    rc;
+    kvg_stats                    st;
+    ngx_str_t                    id;
+    u_char                      *p;
+    uint64_t                     created;
+    ngx_uint_t                   one, i, j, n, dup;
+    ngx_http_kvgate_out_t        o;
+    ngx_http_kvgate_ctx_t       *ctx;
+    ngx_http_kvgate_group_t     *g;
+    ngx_http_kvgate_engine_t    *e;
+    const kvg_engine_info       *info, *other;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+    kvg_api_error                err;
+    u_char                       msg[512];
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
-    info = ngx_http_kvgate_engine_info();
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+    g = klcf->group;
 
-    if (info == NULL) {
+    if (ngx_http_kvgate_group_up(g, NULL, 0) == NULL) {
         ctx->status = NGX_HTTP_SERVICE_UNAVAILABLE;
-        ngx_snprintf(msg, sizeof(msg) - 1,
-                     "kvgate: the engine is not available (%s)%Z",
-                     ngx_http_kvgate_engine_down_reason());
-        return ngx_http_kvgate_send_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                          "server_error", "engine_unavailable",
-                                          (char *) msg, 1);
+        ngx_http_kvgate_group_unavailable(g, &err);
+        return ngx_http_kvgate_send_api_error(r, &err, 1);
     }
 
     /* GET .../models lists; GET .../models/{id} retrieves one */
@@ -1154,9 +1160,7 @@ ngx_http_kvgate_send_models(ngx_http_request_t *r)
         id.data = p + sizeof("/models/") - 1;
         id.len = r->uri.data + r->uri.len - id.data;
 
-        if (id.len != ngx_strlen(info->model_name)
-            || ngx_strncmp(id.data, info->model_name, id.len) != 0)
-        {
+        if (ngx_http_kvgate_group_up(g, (char *) id.data, id.len) == NULL) {
             ctx->status = NGX_HTTP_NOT_FOUND;
             ngx_snprintf(msg, sizeof(msg) - 1,
                          "The model `%V` does not exist or you do not have "
@@ -1168,28 +1172,70 @@ ngx_http_kvgate_send_models(ngx_http_request_t *r)
         }
     }
 
-    created = 0;
-
-    if (kvg_client_stats(ngx_http_kvgate_engine_client(), &st) == 0) {
-        created = st.start_unix_ms / 1000;
-    }
-
     ngx_http_kvgate_out_init(&o, r->pool, 512);
 
     if (!one) {
         ngx_http_kvgate_out_lit(&o, "{\"object\":\"list\",\"data\":[");
     }
 
-    ngx_http_kvgate_out_lit(&o, "{\"id\":");
-    ngx_http_kvgate_out_json(&o, info->model_name,
-                             ngx_strlen(info->model_name));
-    ngx_http_kvgate_out_lit(&o, ",\"object\":\"model\",\"created\":");
-    ngx_http_kvgate_out_uint(&o, created);
-    ngx_http_kvgate_out_lit(&o, ",\"owned_by\":\"kvgate\",\"root\":\"");
-    ngx_http_kvgate_out_cstr(&o, info->model_id_hex);
-    ngx_http_kvgate_out_lit(&o, "\",\"max_model_len\":");
-    ngx_http_kvgate_out_uint(&o, info->context_length);
-    ngx_http_kvgate_out_lit(&o, "}");
+    /* the union of the models the group's up engines serve, each once (in
+       the order of the group; "created": the first engine's start) */
+
+    n = 0;
+
+    for (i = 0; i < g->n; i++) {
+        e = g->engines[i];
+        info = ngx_http_kvgate_engine_info(e);
+
+        if (info == NULL
+            || (one && (id.len != ngx_strlen(info->model_name)
+                        || ngx_strncmp(id.data, info->model_name, id.len)
+                           != 0)))
+        {
+            continue;
+        }
+
+        dup = 0;
+
+        for (j = 0; j < i; j++) {
+            other = ngx_http_kvgate_engine_info(g->engines[j]);
+
+            if (other && ngx_strcmp(other->model_name, info->model_name) == 0)
+            {
+                dup = 1;
+                break;
+            }
+        }
+
+        if (dup) {
+            continue;
+        }
+
+        created = 0;
+
+        if (kvg_client_stats(ngx_http_kvgate_engine_client(e), &st) == 0) {
+            created = st.start_unix_ms / 1000;
+        }
+
+        if (n++) {
+            ngx_http_kvgate_out_lit(&o, ",");
+        }
+
+        ngx_http_kvgate_out_lit(&o, "{\"id\":");
+        ngx_http_kvgate_out_json(&o, info->model_name,
+                                 ngx_strlen(info->model_name));
+        ngx_http_kvgate_out_lit(&o, ",\"object\":\"model\",\"created\":");
+        ngx_http_kvgate_out_uint(&o, created);
+        ngx_http_kvgate_out_lit(&o, ",\"owned_by\":\"kvgate\",\"root\":\"");
+        ngx_http_kvgate_out_cstr(&o, info->model_id_hex);
+        ngx_http_kvgate_out_lit(&o, "\",\"max_model_len\":");
+        ngx_http_kvgate_out_uint(&o, info->context_length);
+        ngx_http_kvgate_out_lit(&o, "}");
+
+        if (one) {
+            break;
+        }
+    }
 
     if (!one) {
         ngx_http_kvgate_out_lit(&o, "]}");

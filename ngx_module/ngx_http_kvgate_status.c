@@ -177,6 +177,108 @@ ngx_http_kvgate_get_only(ngx_http_request_t *r, const char *what)
 }
 
 
+/*
+ * The unlabelled engine metrics and the JSON status's "engine" object are
+ * those of the configuration's first engine (with kvgate_engine alone, the
+ * engine); every engine has its labelled lines and its entry in "engines".
+ */
+
+static ngx_http_kvgate_engine_t *
+ngx_http_kvgate_engines_of(ngx_http_request_t *r, ngx_uint_t *n)
+{
+    ngx_http_kvgate_main_conf_t  *kmcf;
+
+    kmcf = ngx_http_get_module_main_conf(r, ngx_http_kvgate_module);
+    *n = kmcf->engines.nelts;
+
+    return *n ? ((ngx_http_kvgate_engine_t **) kmcf->engines.elts)[0] : NULL;
+}
+
+
+static const char *const  ngx_http_kvgate_route_names[] = {
+    "prefix", "load", "spill", "hash", "least_load", "round_robin"
+};
+
+#define NGX_HTTP_KVGATE_N_ROUTE_NAMES                                         \
+    (sizeof(ngx_http_kvgate_route_names) / sizeof(char *))
+
+
+static void
+ngx_http_kvgate_engine_lines(ngx_http_request_t *r,
+    ngx_http_kvgate_text_t *t, ngx_http_kvgate_shctx_t *sh)
+{
+    ngx_uint_t                     i, k, n;
+    ngx_http_kvgate_engine_t     **all;
+    ngx_http_kvgate_main_conf_t   *kmcf;
+
+    kmcf = ngx_http_get_module_main_conf(r, ngx_http_kvgate_module);
+    all = kmcf->engines.elts;
+    n = kmcf->engines.nelts;
+
+    ngx_http_kvgate_printf(t,
+        "# HELP kvgate_engine_connected Whether the worker serving this "
+        "scrape is connected to the engine, by engine.\n"
+        "# TYPE kvgate_engine_connected gauge\n");
+
+    for (i = 0; i < n; i++) {
+        ngx_http_kvgate_printf(t, "kvgate_engine_connected{engine=\"%V\"} "
+                               "%ui\n", &all[i]->name,
+                               ngx_http_kvgate_engine_up(all[i]));
+    }
+
+    ngx_http_kvgate_printf(t,
+        "# HELP kvgate_engine_load_tokens The engine's load in tokens (to "
+        "prefill and decode), as its statistics page says.\n"
+        "# TYPE kvgate_engine_load_tokens gauge\n");
+
+    for (i = 0; i < n; i++) {
+        ngx_http_kvgate_printf(t, "kvgate_engine_load_tokens{engine=\"%V\"} "
+                               "%uL\n", &all[i]->name,
+                               all[i]->up
+                               ? ngx_http_kvgate_engine_load(all[i]) : 0);
+    }
+
+    ngx_http_kvgate_printf(t,
+        "# HELP kvgate_engine_workers Workers connected, by engine.\n"
+        "# TYPE kvgate_engine_workers gauge\n");
+
+    for (i = 0; i < n; i++) {
+        ngx_http_kvgate_printf(t, "kvgate_engine_workers{engine=\"%V\"} "
+                               "%ui\n", &all[i]->name,
+                               ngx_http_kvgate_metrics_workers_connected(i));
+    }
+
+    ngx_http_kvgate_printf(t,
+        "# HELP kvgate_engine_connections_total Connections made to and lost "
+        "from each engine.\n"
+        "# TYPE kvgate_engine_connections_total counter\n");
+
+    for (i = 0; i < n; i++) {
+        ngx_http_kvgate_printf(t,
+            "kvgate_engine_connections_total{engine=\"%V\",event=\"connect\"}"
+            " %uA\n"
+            "kvgate_engine_connections_total{engine=\"%V\",event=\"loss\"}"
+            " %uA\n", &all[i]->name, sh->engine_connects_e[i],
+            &all[i]->name, sh->engine_disconnects_e[i]);
+    }
+
+    ngx_http_kvgate_printf(t,
+        "# HELP kvgate_route_requests_total Requests routed to each engine, "
+        "by why it was chosen.\n"
+        "# TYPE kvgate_route_requests_total counter\n");
+
+    for (i = 0; i < n; i++) {
+        for (k = 0; k < NGX_HTTP_KVGATE_N_ROUTE_NAMES; k++) {
+            ngx_http_kvgate_printf(t, "kvgate_route_requests_total{engine="
+                                   "\"%V\",reason=\"%s\"} %uA\n",
+                                   &all[i]->name,
+                                   ngx_http_kvgate_route_names[k],
+                                   sh->routed[i][k]);
+        }
+    }
+}
+
+
 ngx_int_t
 ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
 {
@@ -188,6 +290,8 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
     ngx_http_kvgate_shctx_t     *sh = ngx_http_kvgate_metrics_zone();
     ngx_http_kvgate_loc_conf_t  *klcf;
     const kvg_engine_info       *info;
+    ngx_uint_t                   n_engines;
+    ngx_http_kvgate_engine_t    *e0;
 
     rc = ngx_http_kvgate_get_only(r, "kvgate_metrics");
     if (rc != NGX_OK) {
@@ -279,7 +383,10 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
                               "Time from the request's arrival to its last "
                               "byte.", &sh->latency);
 
-    info = ngx_http_kvgate_engine_info();
+    e0 = ngx_http_kvgate_engines_of(r, &n_engines);
+    info = e0 ? ngx_http_kvgate_engine_info(e0) : NULL;
+
+    ngx_http_kvgate_engine_lines(r, &t, sh);
 
     ngx_http_kvgate_printf(&t,
         "# HELP kvgate_engine_up Whether the worker serving this scrape is "
@@ -298,7 +405,7 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
         "for room in its submission ring.\n"
         "# TYPE kvgate_submit_waits_total counter\n"
         "kvgate_submit_waits_total %uA\n",
-        info ? 1 : 0, ngx_http_kvgate_metrics_workers_connected(),
+        info ? 1 : 0, ngx_http_kvgate_metrics_workers_connected(0),
         sh->engine_connects,
         sh->engine_disconnects, sh->submit_waits);
 
@@ -334,7 +441,7 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
         sh->sc_requests, sh->sc_samples_asked, sh->sc_samples_run,
         sh->sc_early_stops);
 
-    if (info && kvg_client_stats(ngx_http_kvgate_engine_client(), &st) == 0) {
+    if (info && kvg_client_stats(ngx_http_kvgate_engine_client(e0), &st) == 0) {
         ngx_http_kvgate_printf(&t,
             "# HELP kvgate_engine_samples_started_total Samples that began "
             "decoding in the engine.\n"
@@ -455,6 +562,53 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
 
 /* ---- JSON status ---- */
 
+/* "engines": every engine of the configuration, as this worker sees it. */
+
+static void
+ngx_http_kvgate_status_engines(ngx_http_request_t *r, json_t *root)
+{
+    json_t                        *arr, *o;
+    ngx_uint_t                     i;
+    const kvg_engine_info         *info;
+    ngx_http_kvgate_engine_t     **all;
+    ngx_http_kvgate_main_conf_t   *kmcf;
+
+    kmcf = ngx_http_get_module_main_conf(r, ngx_http_kvgate_module);
+    all = kmcf->engines.elts;
+
+    arr = json_array();
+
+    for (i = 0; i < kmcf->engines.nelts; i++) {
+        info = ngx_http_kvgate_engine_info(all[i]);
+
+        o = json_object();
+        json_object_set_new(o, "name", json_stringn((char *) all[i]->name.data,
+                                                    all[i]->name.len));
+        json_object_set_new(o, "socket", json_string(all[i]->path));
+        json_object_set_new(o, "up", json_boolean(info != NULL));
+        json_object_set_new(o, "workers_connected", json_integer(
+            (json_int_t) ngx_http_kvgate_metrics_workers_connected(i)));
+
+        if (info == NULL) {
+            json_object_set_new(o, "reason", json_string(
+                ngx_http_kvgate_engine_down_reason(all[i])));
+
+        } else {
+            json_object_set_new(o, "model", json_string(info->model_name));
+            json_object_set_new(o, "model_id",
+                                json_string(info->model_id_hex));
+            json_object_set_new(o, "pid", json_integer(info->engine_pid));
+            json_object_set_new(o, "load_tokens", json_integer(
+                (json_int_t) ngx_http_kvgate_engine_load(all[i])));
+        }
+
+        json_array_append_new(arr, o);
+    }
+
+    json_object_set_new(root, "engines", arr);
+}
+
+
 ngx_int_t
 ngx_http_kvgate_status_handler(ngx_http_request_t *r)
 {
@@ -467,6 +621,8 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
     ngx_http_kvgate_text_t   t;
     ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_metrics_zone();
     const kvg_engine_info   *info;
+    ngx_uint_t               n_engines;
+    ngx_http_kvgate_engine_t *e0;
 
     rc = ngx_http_kvgate_get_only(r, "kvgate_status");
     if (rc != NGX_OK) {
@@ -477,13 +633,16 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
     eng = json_object();
     json_object_set_new(root, "engine", eng);
 
-    info = ngx_http_kvgate_engine_info();
+    e0 = ngx_http_kvgate_engines_of(r, &n_engines);
+    info = e0 ? ngx_http_kvgate_engine_info(e0) : NULL;
+
+    ngx_http_kvgate_status_engines(r, root);
 
     json_object_set_new(eng, "up", json_boolean(info != NULL));
 
     if (info == NULL) {
-        json_object_set_new(eng, "reason",
-                            json_string(ngx_http_kvgate_engine_down_reason()));
+        json_object_set_new(eng, "reason", json_string(
+            e0 ? ngx_http_kvgate_engine_down_reason(e0) : "no engine"));
 
     } else {
         ngx_snprintf((u_char *) hex, sizeof(hex), "%016xL%Z", info->instance);
@@ -499,7 +658,7 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
         json_object_set_new(eng, "instance", json_string(hex));
     }
 
-    if (info && kvg_client_stats(ngx_http_kvgate_engine_client(), &st) == 0) {
+    if (info && kvg_client_stats(ngx_http_kvgate_engine_client(e0), &st) == 0) {
         json_object_set_new(eng, "clients", json_integer(st.clients));
         json_object_set_new(eng, "started_unix_ms",
                             json_integer((json_int_t) st.start_unix_ms));
@@ -597,7 +756,7 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
     json_object_set_new(o, "by_status", statuses);
     json_object_set_new(o, "workers_connected",
                         json_integer((json_int_t)
-                            ngx_http_kvgate_metrics_workers_connected()));
+                            ngx_http_kvgate_metrics_workers_connected(0)));
 
     {
         uint64_t  pt = 0, ct = 0, gt = 0;
