@@ -51,6 +51,12 @@ static void ngx_http_kvgate_handshake_over(ngx_http_kvgate_engine_t *w);
 kvg_client *
 ngx_http_kvgate_engine_client(ngx_http_kvgate_engine_t *w)
 {
+    /* NULL: no engine (a group none of whose engines is up) */
+
+    if (w == NULL) {
+        return NULL;
+    }
+
     return w->client;
 }
 
@@ -58,6 +64,12 @@ ngx_http_kvgate_engine_client(ngx_http_kvgate_engine_t *w)
 ngx_uint_t
 ngx_http_kvgate_engine_up(ngx_http_kvgate_engine_t *w)
 {
+    /* NULL: no engine (a group none of whose engines is up) */
+
+    if (w == NULL) {
+        return 0;
+    }
+
     return w->up;
 }
 
@@ -65,6 +77,12 @@ ngx_http_kvgate_engine_up(ngx_http_kvgate_engine_t *w)
 ngx_uint_t
 ngx_http_kvgate_engine_available(ngx_http_kvgate_engine_t *w)
 {
+    /* NULL: no engine (a group none of whose engines is up) */
+
+    if (w == NULL) {
+        return 0;
+    }
+
     return w->up || w->handshaking;
 }
 
@@ -72,6 +90,12 @@ ngx_http_kvgate_engine_available(ngx_http_kvgate_engine_t *w)
 const kvg_engine_info *
 ngx_http_kvgate_engine_info(ngx_http_kvgate_engine_t *w)
 {
+    /* NULL: no engine (a group none of whose engines is up) */
+
+    if (w == NULL) {
+        return NULL;
+    }
+
     if (!w->up) {
         return NULL;
     }
