@@ -1189,7 +1189,7 @@ ngx_http_kvgate_add_engine(ngx_conf_t *cf, ngx_http_kvgate_main_conf_t *kmcf,
      * network and lets the file mode decide who may submit work to it.
      */
 
-    if (url->len <= sizeof("unix:") - 1
+    if (url->len < sizeof("unix:") - 1
         || ngx_strncmp(url->data, "unix:", sizeof("unix:") - 1) != 0)
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,

@@ -76,8 +76,23 @@ conf_fails("$engine\nkvgate_engine unix:/tmp/other.sock;\n$server",
 conf_fails("$engine\nserver { listen 127.0.0.1:%%PORT%%; location / { kvgate_pass; kvgate_pass; } }",
            qr/"kvgate_pass" directive is duplicate/, 'duplicate kvgate_pass');
 
+conf_fails("$engine\nserver { listen 127.0.0.1:%%PORT%%; location / { kvgate_pass a b; } }",
+           qr/invalid number of arguments in "kvgate_pass" directive/, 'kvgate_pass takes at most a group name');
+
 conf_fails("$engine\nserver { listen 127.0.0.1:%%PORT%%; location / { kvgate_pass on; } }",
-           qr/invalid number of arguments in "kvgate_pass" directive/, 'kvgate_pass takes no arguments');
+           qr/"kvgate_pass on" in \S+:\d+: there is no "kvgate_engines on" block/, 'kvgate_pass names an unknown group');
+
+conf_fails("kvgate_engines g { route prefix; }\n$server",
+           qr/"kvgate_engines g" has no "engine"/, 'kvgate_engines without an engine');
+
+conf_fails("kvgate_engines g { engine unix:/tmp/a.sock; engine unix:/tmp/a.sock; }\n$server",
+           qr/engine "unix:\/tmp\/a\.sock" is duplicate in "kvgate_engines g"/, 'kvgate_engines with an engine twice');
+
+conf_fails("kvgate_engines g { engine unix:/tmp/a.sock; balance_factor 1; }\n$server",
+           qr/invalid value "1" in "balance_factor" of "kvgate_engines g": it must be a number more than 1/, 'balance_factor 1');
+
+conf_fails("kvgate_engines g { engine unix:/tmp/a.sock; route nearest; }\n$server",
+           qr/invalid value "nearest" in "route" of "kvgate_engines g"/, 'unknown route policy');
 
 conf_fails("server { listen 127.0.0.1:%%PORT%%; $engine location / { kvgate_pass; } }",
            qr/"kvgate_engine" directive is not allowed here/, 'kvgate_engine only in http{}');
