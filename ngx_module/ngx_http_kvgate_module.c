@@ -489,7 +489,8 @@ typedef enum {
     NGX_HTTP_KVGATE_VAR_TTFT,
     NGX_HTTP_KVGATE_VAR_ROUTE_KEY,
     NGX_HTTP_KVGATE_VAR_SAMPLES,
-    NGX_HTTP_KVGATE_VAR_VOTE_ANSWER
+    NGX_HTTP_KVGATE_VAR_VOTE_ANSWER,
+    NGX_HTTP_KVGATE_VAR_ENGINE
 } ngx_http_kvgate_var_e;
 
 
@@ -639,6 +640,17 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
         n = kvg_sc_samples_run(ctx->sc);
         break;
 
+    case NGX_HTTP_KVGATE_VAR_ENGINE:
+        /* the engine the request was routed to (its name) */
+        if (!ctx->routed || ctx->engine.engine == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        v->data = ctx->engine.engine->name.data;
+        v->len = ctx->engine.engine->name.len;
+        return NGX_OK;
+
     case NGX_HTTP_KVGATE_VAR_VOTE_ANSWER:
         {
             size_t       len;
@@ -714,6 +726,9 @@ static ngx_http_variable_t  ngx_http_kvgate_vars[] = {
 
     { ngx_string("kvgate_vote_answer"), NULL, ngx_http_kvgate_variable,
       NGX_HTTP_KVGATE_VAR_VOTE_ANSWER, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvgate_engine"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_ENGINE, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
 };

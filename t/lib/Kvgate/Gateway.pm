@@ -45,19 +45,35 @@ sub new {
     my ($class, %o) = @_;
     my $t = Kvgate::Test->new;
     my $self = bless { t => $t, o => \%o }, $class;
-    $self->{engine} = Kvgate::Engine->start(socket => $t->prefix . '/engine.sock',
-                                            $o{engine_args} ? (args => $o{engine_args}) : (),
-                                            extra => $o{engine} // []);
+    # engines => [{name => 'a', args => [...], extra => [...]}, ...]: several engines
+    # in a `kvgate_engines pool { ... $o{group} }` block that /v1/ passes to
+    my ($upstream, $pass) = ("kvgate_engine unix:%%PREFIX%%/engine.sock;", 'kvgate_pass;');
+    if ($o{engines}) {
+        my $lines = '';
+        for my $e (@{ $o{engines} }) {
+            $self->{engines}{ $e->{name} } = Kvgate::Engine->start(
+                socket => $t->prefix . "/$e->{name}.sock",
+                $e->{args} ? (args => $e->{args}) : (), extra => $e->{extra} // []);
+            $lines .= "engine unix:%%PREFIX%%/$e->{name}.sock name=$e->{name}; ";
+        }
+        $self->{engine} = $self->{engines}{ $o{engines}[0]{name} };
+        $upstream = "kvgate_engines pool { $lines " . ($o{group} // '') . " }";
+        $pass = 'kvgate_pass pool;';
+    } else {
+        $self->{engine} = Kvgate::Engine->start(socket => $t->prefix . '/engine.sock',
+                                                $o{engine_args} ? (args => $o{engine_args}) : (),
+                                                extra => $o{engine} // []);
+    }
     my $http = $o{http} // '';
     my $server = $o{server} // '';
     my $locations = $o{locations} // '';
     my $workers = $o{workers} // 2;
     $t->write_config(workers => $workers, http => <<"EOF");
-    kvgate_engine unix:%%PREFIX%%/engine.sock;
+    $upstream
     kvgate_tenant \$http_x_tenant_id;
     log_format kvgate '\$status t=\$kvgate_tenant b=\$kvgate_bucket p=\$kvgate_prompt_tokens '
                       'c=\$kvgate_cached_tokens g=\$kvgate_completion_tokens s=\$kvgate_cache_status '
-                      'ttft=\$kvgate_ttft key=\$kvgate_route_key';
+                      'ttft=\$kvgate_ttft key=\$kvgate_route_key e=\$kvgate_engine';
     $http
     server {
         listen 127.0.0.1:%%PORT%%;
@@ -65,7 +81,7 @@ sub new {
         client_max_body_size 1m;
         $server
         location /v1/ {
-            kvgate_pass;
+            $pass
         }
         location = /metrics {
             kvgate_metrics;
@@ -86,6 +102,7 @@ EOF
 
 sub t { return $_[0]{t} }
 sub engine { return $_[0]{engine} }
+sub engine_named { return $_[0]{engines}{ $_[1] } }
 
 # Waits until every worker is connected to the engine (the status page counts them).
 sub wait_up {
@@ -93,7 +110,8 @@ sub wait_up {
     my $want = $self->{o}{workers} // 2;
     $self->{t}->wait_for(sub {
         my $s = $self->status;
-        $s && $s->{gateway} && ($s->{gateway}{workers_connected} // 0) >= $want && $s->{engine}{up};
+        $s && $s->{gateway} && ($s->{gateway}{workers_connected} // 0) >= $want && $s->{engine}{up}
+           && !grep { !$_->{up} || ($_->{workers_connected} // 0) < $want } @{ $s->{engines} // [] };
     }, "$want workers connected to the engine", $timeout // 20)
         or croak 'the nginx workers did not connect to the engine';
     return 1;
@@ -323,6 +341,7 @@ sub finish {
     my $clean = $self->{t}->_stop;
     my @bad = grep { !$allow || !/$allow/ } $self->{t}->bad_log_lines;
     $self->{engine}->stop;
+    $_ != $self->{engine} and $_->stop for values %{ $self->{engines} // {} };
     return ($clean, @bad);
 }
 
@@ -330,6 +349,7 @@ sub stop {
     my ($self) = @_;
     $self->{t}->stop;
     $self->{engine}->stop;
+    $_ != $self->{engine} and $_->stop for values %{ $self->{engines} // {} };
 }
 
 1;
