@@ -48,6 +48,7 @@ sub new {
     # engines => [{name => 'a', args => [...], extra => [...]}, ...]: several engines
     # in a `kvgate_engines pool { ... $o{group} }` block that /v1/ passes to
     my ($upstream, $pass) = ("kvgate_engine unix:%%PREFIX%%/engine.sock;", 'kvgate_pass;');
+    my $elog = $o{engines} ? ' e=$kvgate_engine' : '';
     if ($o{engines}) {
         my $lines = '';
         for my $e (@{ $o{engines} }) {
@@ -73,7 +74,7 @@ sub new {
     kvgate_tenant \$http_x_tenant_id;
     log_format kvgate '\$status t=\$kvgate_tenant b=\$kvgate_bucket p=\$kvgate_prompt_tokens '
                       'c=\$kvgate_cached_tokens g=\$kvgate_completion_tokens s=\$kvgate_cache_status '
-                      'ttft=\$kvgate_ttft key=\$kvgate_route_key e=\$kvgate_engine';
+                      'ttft=\$kvgate_ttft key=\$kvgate_route_key$elog';
     $http
     server {
         listen 127.0.0.1:%%PORT%%;
