@@ -3,6 +3,7 @@
  * it has a hash) and when its free list runs dry (evict one cached block). */
 #include "prefix_cache.h"
 #include "errmsg.h"
+#include "held_set.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,7 @@ struct kvg_prefix_cache {
     uint64_t sip[2];             /* the map's random key */
     kvg_pc_stats st;
     uint64_t recompute_tokens, recompute_hit_tokens;
+    kvg_held_writer *held;       /* the shared held set, kept equal to the table (or NULL) */
 };
 
 static uint32_t bucket_of(const kvg_prefix_cache *pc, const uint8_t *h)
@@ -76,6 +78,10 @@ static void table_insert(kvg_prefix_cache *pc, int32_t id)
     uint32_t k = bucket_of(pc, pc->b[id].hash);
     pc->b[id].hnext = pc->buckets[k];
     pc->buckets[k] = id;
+    /* Every hash that enters the table enters the held set, and leaves it with the
+     * table (table_remove): the one place each happens, so the two stay equal. */
+    if (pc->held)
+        kvg_held_add(pc->held, pc->b[id].hash);
 }
 
 static void table_remove(kvg_prefix_cache *pc, int32_t id)
@@ -83,8 +89,11 @@ static void table_remove(kvg_prefix_cache *pc, int32_t id)
     int32_t *pp = &pc->buckets[bucket_of(pc, pc->b[id].hash)];
     while (*pp != NIL && *pp != id)
         pp = &pc->b[*pp].hnext;
-    if (*pp == id)
+    if (*pp == id) {
         *pp = pc->b[id].hnext;
+        if (pc->held)
+            kvg_held_remove(pc->held, pc->b[id].hash);
+    }
     pc->b[id].hnext = NIL;
 }
 
@@ -456,6 +465,26 @@ void kvg_pc_free(kvg_prefix_cache *pc)
     free(pc->b);
     free(pc->buckets);
     free(pc);
+}
+
+int kvg_pc_set_held(kvg_prefix_cache *pc, kvg_held_writer *w)
+{
+    pc->held = NULL;
+    if (!w)
+        return 0;
+    kvg_held_clear(w);
+    for (int32_t i = 0; i < pc->pool->n_blocks; i++)
+        if (pc->b[i].hashed && kvg_held_add(w, pc->b[i].hash) != 0) {
+            kvg_held_clear(w);
+            return -1;
+        }
+    pc->held = w;
+    return 0;
+}
+
+int kvg_pc_holds(const kvg_prefix_cache *pc, const uint8_t hash[KVG_PREFIX_HASH_LEN])
+{
+    return table_find(pc, hash) != NIL;
 }
 
 int kvg_pc_tenant(kvg_prefix_cache *pc, const void *salt, size_t len, double quota)
@@ -965,6 +994,25 @@ int kvg_pc_check(const kvg_prefix_cache *pc, const kvg_kv_seq *const *seqs, size
         kvg_set_err(err, err_len, "check: free %d + cached %d + used %d != total %d",
                     (int)p->n_free, (int)kept, (int)used, (int)n);
         goto out;
+    }
+    if (pc->held) {
+        /* The held set: every hashed block's key is in, with as many holders in all
+         * as there are hashed blocks (so nothing else is). */
+        uint64_t hashed = 0;
+        for (int32_t id = 0; id < n; id++) {
+            if (!pc->b[id].hashed)
+                continue;
+            hashed++;
+            if (kvg_held_writer_refs(pc->held, pc->b[id].hash) == 0) {
+                kvg_set_err(err, err_len, "check: hashed block %d is not in the held set", (int)id);
+                goto out;
+            }
+        }
+        if (kvg_held_writer_total(pc->held) != hashed) {
+            kvg_set_err(err, err_len, "check: the held set has %llu holders for %llu hashed blocks",
+                        (unsigned long long)kvg_held_writer_total(pc->held), (unsigned long long)hashed);
+            goto out;
+        }
     }
     rc = 0;
 out:

@@ -1152,10 +1152,38 @@ int kvg_sched_step(kvg_sched *s, char *err, size_t err_len)
     return ran < 0 ? -1 : b.rows;
 }
 
+/* The forward-pass tokens q still needs before its every drawn sample has nothing
+ * but decode rows left: load_tokens in proto.h. */
+static uint64_t req_load(const req *q)
+{
+    uint64_t t = 0;
+    if (is_queued(q)) {
+        t = (uint64_t)q->r.n_prompt;
+        for (int j = 0; j < q->n; j++)
+            if (!q->smp[j].done)
+                t += (uint64_t)q->smp[j].n_gen;
+    } else if (q->state == RQ_PREFILLING) {
+        t = (uint64_t)prefill_left(q, -1);
+        for (int j = 0; j < q->n; j++)   /* after a preemption: tokens to recompute */
+            if (!q->smp[j].done && prefill_left(q, j) > 0)
+                t += (uint64_t)prefill_left(q, j);
+    } else if (q->state == RQ_DECODING) {
+        for (int j = 0; j < q->n; j++) {
+            const sample *p = &q->smp[j];
+            if (p->drawn && !p->done) {
+                int32_t left = prefill_left(q, j);
+                t += left > 1 ? (uint64_t)left : 1;
+            }
+        }
+    }
+    return t;
+}
+
 void kvg_sched_get_stats(const kvg_sched *s, kvg_sched_stats *out)
 {
     *out = s->st;
     out->waiting = out->running = out->held = 0;
+    out->load_tokens = 0;
     for (int i = 0; i < s->n_live; i++) {
         if (!is_live(s->live[i]))
             continue;
@@ -1164,5 +1192,6 @@ void kvg_sched_get_stats(const kvg_sched *s, kvg_sched_stats *out)
         else
             out->running++;
         out->held += s->live[i]->held;
+        out->load_tokens += req_load(s->live[i]);
     }
 }

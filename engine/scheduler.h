@@ -146,6 +146,8 @@ typedef struct kvg_sched_stats {
     uint64_t samples_started;    /* samples that began decoding (counted once each) */
     uint64_t samples_cancelled;  /* drawn samples ended by kvg_sched_samples' cancel_mask */
     uint64_t samples_dropped;    /* undrawn samples ended by kvg_sched_samples' cancel_mask */
+    uint64_t load_tokens;        /* forward-pass tokens of the work queued now (the
+                                    statistics page's load_tokens; proto.h defines it) */
 } kvg_sched_stats;
 
 /* Borrows everything; fw must run over pc's pool. NULL with err. */

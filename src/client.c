@@ -17,9 +17,10 @@
 
 #include "buckets.h"
 #include "errmsg.h"
+#include "held_set.h"
 #include "u64map.h"
 
-enum { FD_REGION = 0, FD_TO_ENGINE = 1, FD_TO_CLIENT = 2, FD_TOKENIZER = 3, FD_STATS = 4 };
+enum { FD_REGION = 0, FD_TO_ENGINE = 1, FD_TO_CLIENT = 2, FD_TOKENIZER = 3, FD_STATS = 4, FD_HELD = 5 };
 
 struct kvg_client {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -35,6 +36,9 @@ struct kvg_client {
     kvg_shm shm;
     kvg_stats_page *stats;
     size_t stats_size;
+    void *held;                  /* the engine's held set, mapped read-only */
+    size_t held_size;
+    kvg_held_reader held_rd;
     kvg_tokenizer *tok;
     kvg_engine_info info;
     kvg_prefix_hasher *hasher;
@@ -112,6 +116,10 @@ static void teardown(kvg_client *c)
     if (c->stats)
         munmap(c->stats, c->stats_size);
     c->stats = NULL;
+    if (c->held)
+        munmap(c->held, c->held_size);
+    c->held = NULL;
+    memset(&c->held_rd, 0, sizeof c->held_rd);
     kvg_tokenizer_free(c->tok);
     c->tok = NULL;
     memset(&c->shm, 0, sizeof c->shm);
@@ -253,7 +261,8 @@ static int setup(kvg_client *c, const kvg_welcome *w, int fds[KVG_WELCOME_FDS], 
     int rc = -1;
 
     if (w->region_bytes > ((uint64_t)1 << 34) || w->tokenizer_bytes > ((uint64_t)1 << 40) ||
-        w->stats_bytes < sizeof(kvg_stats_page) || w->stats_bytes > (1u << 20)) {
+        w->stats_bytes < sizeof(kvg_stats_page) || w->stats_bytes > (1u << 20) ||
+        w->held_bytes < sizeof(kvg_held_page) || w->held_bytes > ((uint64_t)1 << 34)) {
         kvg_set_err(err, err_len, "handshake: implausible sizes in the engine's answer");
         goto out;
     }
@@ -275,6 +284,14 @@ static int setup(kvg_client *c, const kvg_welcome *w, int fds[KVG_WELCOME_FDS], 
         goto out;
     c->stats = stats_map;
     c->stats_size = (size_t)w->stats_bytes;
+    if (map_fd(fds[FD_HELD], (size_t)w->held_bytes, PROT_READ, MAP_SHARED, &c->held, "held set", err,
+               err_len) != 0)
+        goto out;
+    c->held_size = (size_t)w->held_bytes;
+    if (kvg_held_reader_attach(&c->held_rd, c->held, c->held_size, local, sizeof local) != 0) {
+        kvg_set_err(err, err_len, "handshake: the engine's %s", local);
+        goto out;
+    }
     if (map_fd(fds[FD_TOKENIZER], (size_t)w->tokenizer_bytes, PROT_READ, MAP_PRIVATE, &tok_map, "tokenizer",
                err, err_len) != 0)
         goto out;
@@ -591,6 +608,32 @@ int kvg_client_stats(const kvg_client *c, kvg_stats *out)
     if (c->state != KVG_CLIENT_UP || !c->stats)
         return -1;
     return kvg_stats_read(c->stats, out);
+}
+
+size_t kvg_client_held_prefix(const kvg_client *c, const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n)
+{
+    if (c->state != KVG_CLIENT_UP || !c->held || !hashes)
+        return 0;
+    return kvg_held_prefix(&c->held_rd, hashes, n);
+}
+
+uint64_t kvg_client_load(const kvg_client *c)
+{
+    kvg_stats s;
+    if (c->state != KVG_CLIENT_UP || !c->stats)
+        return 0;
+    /* The seqlock's read of one field (kvg_stats_read copies the whole page, some
+     * 10 KiB, and a worker asks every candidate engine on every request). */
+    for (int attempt = 0; attempt < 100; attempt++) {
+        uint64_t seq = atomic_load_explicit(&c->stats->seq, memory_order_acquire);
+        if (seq & 1)
+            continue;
+        uint64_t v = __atomic_load_n(&c->stats->s.load_tokens, __ATOMIC_RELAXED);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&c->stats->seq, memory_order_relaxed) == seq)
+            return v;
+    }
+    return kvg_stats_read(c->stats, &s) == 0 ? s.load_tokens : 0;
 }
 
 /* ---- events ---- */

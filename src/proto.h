@@ -20,6 +20,9 @@
  *              hashes with a tokenizer that disagrees with the model
  *        fd[4] the engine's statistics page (a memfd sealed against new writable
  *              mappings; kvg_stats below): map it read-only
+ *        fd[5] the engine's held set (a memfd sealed the same way; kvg_held_page
+ *              below): the chain hashes of the blocks its prefix cache holds, for
+ *              routing. Map it read-only (src/held_set.h reads it)
  *    Afterwards the socket carries nothing; it stays open only so that each side
  *    notices the other dying.
  *
@@ -46,8 +49,9 @@
 #include "shm_channel.h"
 
 #define KVG_PROTO_MAGIC     0x6b766731u   /* "1gvk" little-endian */
-#define KVG_PROTO_VERSION   2u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics */
-#define KVG_WELCOME_FDS     5
+#define KVG_PROTO_VERSION   3u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
+                                    3: the held set (fd[5], held_bytes), load_tokens */
+#define KVG_WELCOME_FDS     6
 
 /* Limits every side enforces. */
 #define KVG_PROTO_MAX_SALT       256      /* tenant salt bytes */
@@ -81,6 +85,7 @@ typedef struct kvg_welcome {
     uint64_t region_bytes;       /* size of fd[0] */
     uint64_t tokenizer_bytes;    /* size of fd[3] */
     uint64_t stats_bytes;        /* size of fd[4] */
+    uint64_t held_bytes;         /* size of fd[5] */
     uint32_t context_length;     /* positions: prompt + completion */
     uint32_t block_tokens;       /* tokens per prefix-hash block */
     uint32_t vocab_size;
@@ -397,6 +402,17 @@ typedef struct kvg_stats {
     uint64_t samples_started;    /* every sample that began decoding (once, even if preempted) */
     uint64_t samples_cancelled;  /* stopped by a SAMPLES cancel_mask after being drawn */
     uint64_t samples_dropped;    /* ended by a SAMPLES cancel_mask before being drawn */
+    /* The work the engine has queued, in tokens of forward pass, for routing (an
+     * engine's "load"). The sum over live requests of:
+     *   waiting (never admitted, or preempted): every prompt token, plus the tokens
+     *     its samples had generated before a preemption (all recomputed; cache hits
+     *     are not known before admission, so none is subtracted);
+     *   prefilling: the prompt tokens not yet in its KV (cache hits are in), plus,
+     *     after a preemption, its samples' generated tokens to recompute;
+     *   decoding: per sample drawn and not finished, its tokens still to feed, at
+     *     least 1 (one decode row per step); undrawn samples count nothing.
+     * Paused (held) requests count as the others. */
+    uint64_t load_tokens;
     kvg_stats_bucket bucket[KVG_STATS_BUCKETS];
     /* tenants with the most cached blocks */
     int32_t n_tenants;           /* entries used in tenant[] */
@@ -419,5 +435,43 @@ void kvg_stats_write(kvg_stats_page *p, const kvg_stats *s);
  * the page does not look like a stats page or stays busy (a writer that died
  * mid-write). */
 int kvg_stats_read(const kvg_stats_page *p, kvg_stats *out);
+
+/* ---- the held set ----
+ * Which chain hashes (prefix_hash.h) the engine's prefix cache holds right now: every
+ * block committed under a hash and not yet evicted (in use or cached). The gateway
+ * routes a request to the engine holding the most leading blocks of its chain.
+ *
+ * An open-addressing hash set of 64-bit keys, two tables of `capacity` slots each:
+ *   key   = the first 8 bytes of the 32-byte chain hash, little-endian; 0 becomes 2
+ *           and 1 becomes 3 (slot value 0 = empty, 1 = tombstone);
+ *   probe = linear, from key & (capacity - 1), until the key or an empty slot.
+ * One table is `active`; the writer (the engine's scheduler thread, alone) inserts
+ * and tombstones in it with release stores. When tombstones pass capacity / 4 it
+ * rebuilds the live keys into the other table, then flips `active` (release) and
+ * bumps `generation`. capacity is a power of two >= 2 x the pool's blocks, so a
+ * table is never more than 3/4 full and every probe ends.
+ *
+ * Readers take no lock: acquire-load active, probe that table, at most capacity
+ * slots. A lookup racing a write, or a flip followed by the next rebuild, may
+ * answer wrong once; that makes one routing choice worse, never an answer wrong
+ * (the engine serves whatever its own cache really holds). Otherwise exact, but for
+ * 64-bit key collisions (~n^2 / 2^65 over n held blocks). The hashes are tenant-
+ * salted, so the page reveals no text and no tenant's chain finds another's. */
+
+#define KVG_HELD_MAGIC   0x444c484bu     /* "KHLD" */
+#define KVG_HELD_EMPTY   0u
+#define KVG_HELD_TOMB    1u
+
+typedef struct kvg_held_page {
+    uint32_t magic;              /* KVG_HELD_MAGIC */
+    uint32_t version;            /* KVG_PROTO_VERSION */
+    uint32_t capacity;           /* slots per table, a power of two */
+    _Atomic uint32_t active;     /* 0 | 1: the table readers probe */
+    _Atomic uint64_t generation; /* flips so far */
+    _Atomic uint32_t count;      /* distinct keys held (for statistics and tests) */
+    _Atomic uint32_t tombstones; /* in the active table */
+    /* table t is slot[t * capacity .. (t + 1) * capacity) */
+    _Alignas(64) _Atomic uint64_t slot[];
+} kvg_held_page;
 
 #endif

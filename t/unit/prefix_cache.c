@@ -13,6 +13,7 @@
 #include "kv_cache.h"
 #include "prefix_cache.h"
 #include "prefix_hash.h"
+#include "held_set.h"
 
 #define BT 4
 #define MAXT 96
@@ -378,11 +379,40 @@ static uint32_t rnd(uint32_t n)
     return (uint32_t)(rs >> 33) % n;
 }
 
-static void test_random(void)
+/* The held set against the cache: every hash in `seen` is in the set exactly when the
+ * cache can find it. */
+static int held_agrees(const kvg_prefix_cache *pc, const kvg_held_reader *hr,
+                       uint8_t (*seen)[KVG_PREFIX_HASH_LEN], int n_seen, const char *when)
 {
-    enum { NR = 12, OPS = 6000 };
+    for (int i = 0; i < n_seen; i++)
+        if (kvg_held_contains(hr, seen[i]) != kvg_pc_holds(pc, seen[i])) {
+            diag("%s: hash %d is %s the held set but %s the cache", when, i,
+                 kvg_held_contains(hr, seen[i]) ? "in" : "not in", kvg_pc_holds(pc, seen[i]) ? "in" : "not in");
+            return 0;
+        }
+    return 1;
+}
+
+/* with_held: the same workload with the engine's held set attached (a capacity of 128
+ * slots for 40 blocks, so tombstones force many rebuilds); kvg_pc_check then also
+ * checks it, and a reader of the page is compared with the cache after every
+ * operation on every hash the workload ever committed. */
+static void test_random(int with_held)
+{
+    enum { NR = 12, OPS = 6000, SEEN = 2048 };
     kvg_kv_pool *p = pool_new(40);
     kvg_prefix_cache *pc = pc_new(p, 0.1, 0);
+    uint32_t hcap = kvg_held_capacity_for(40);
+    size_t hbytes = kvg_held_page_bytes(hcap);
+    void *hpage = with_held ? aligned_alloc(4096, hbytes) : NULL;
+    kvg_held_writer *hw = with_held ? kvg_held_writer_new(hpage, hbytes, hcap, err, sizeof err) : NULL;
+    kvg_held_reader hr;
+    uint8_t (*seen)[KVG_PREFIX_HASH_LEN] = calloc(SEEN, KVG_PREFIX_HASH_LEN);
+    int n_seen = 0, held_bad = 0, max_held = 0;
+    if (with_held) {
+        ok(hw && kvg_held_reader_attach(&hr, hpage, hbytes, err, sizeof err) == 0, "held set attached");
+        ok(kvg_pc_set_held(pc, hw) == 0, "the cache keeps the held set");
+    }
     int tn[3];
     req *rq = calloc(NR, sizeof *rq);
     int live[NR] = { 0 };
@@ -404,6 +434,8 @@ static void test_random(void)
                 toks[j] = j < 20 ? pre * 1000 + j : (int32_t)rnd(50);
             req_init(pc, r, tn[rnd(3)], toks, n, ttls[rnd(4)]);
             int32_t got = run_prompt(pc, r, now);
+            for (int b = 0; got >= 0 && b < r->n_h && n_seen < SEEN; b++)
+                memcpy(seen[n_seen++], r->h[b], KVG_PREFIX_HASH_LEN);
             if (got >= 0) {
                 live[i] = 1;
                 admitted++;
@@ -422,6 +454,8 @@ static void test_random(void)
                         chain(pc, r);
                     r->n_h = b + 1;
                     kvg_pc_commit(pc, &r->seq, b, r->h[b], r->tenant, r->ttl, now);
+                    if (n_seen < SEEN)
+                        memcpy(seen[n_seen++], r->h[b], KVG_PREFIX_HASH_LEN);
                 }
             }
         } else if (k < 6) {
@@ -449,8 +483,22 @@ static void test_random(void)
                 fails++;
             }
         }
+        if (with_held) {
+            char when[32];
+            snprintf(when, sizeof when, "random op %d", op);
+            if (!held_agrees(pc, &hr, seen, n_seen, when) && held_bad++ == 0)
+                fails++;
+            if ((int)kvg_held_writer_count(hw) > max_held)
+                max_held = (int)kvg_held_writer_count(hw);
+        }
     }
     ok(!fails, "%d random operations: invariants after every one", OPS);
+    if (with_held) {
+        ok(!held_bad, "the held set's reader agrees with the cache on %d hashes after every operation", n_seen);
+        ok(max_held > 20 && kvg_held_writer_generation(hw) >= 1,
+           "the set held up to %d keys and was rebuilt %llu times", max_held,
+           (unsigned long long)kvg_held_writer_generation(hw));
+    }
     ok(admitted > 500 && hits > 50, "the workload admitted (%d) and hit (%d)", admitted, hits);
     for (int j = 0; j < NR; j++)
         if (live[j])
@@ -461,6 +509,18 @@ static void test_random(void)
     ok(st.evictions[KVG_EVICT_LRU] + st.evictions[KVG_EVICT_QUOTA] + st.evictions[KVG_EVICT_TTL] > 0,
        "evictions happened");
     ok(check(pc, NULL, 0, "random end") == 0, "invariants at the end");
+    if (with_held) {
+        uint8_t other[KVG_PREFIX_HASH_LEN];
+        memset(other, 0x5a, sizeof other);
+        ok(held_agrees(pc, &hr, seen, n_seen, "after release"), "released: cached blocks still held, none else");
+        kvg_pc_set_model(pc, (const uint8_t *)other);
+        is_int((int)kvg_held_writer_count(hw), 0, "a model change empties the held set");
+        ok(held_agrees(pc, &hr, seen, n_seen, "after the model change"), "no hash is found after it");
+        kvg_pc_set_held(pc, NULL);
+        kvg_held_writer_free(hw);
+        free(hpage);
+    }
+    free(seen);
     free(rq);
     kvg_pc_free(pc);
     kvg_kv_pool_free(p);
@@ -634,7 +694,8 @@ int main(void)
     test_tenants_and_model();
     test_quota();
     test_pinned();
-    test_random();
+    test_random(0);
+    test_random(1);
     test_tenant_lifecycle();
     kvg_prefix_hasher_free(hasher);
     return done_testing();
