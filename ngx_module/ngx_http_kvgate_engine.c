@@ -899,21 +899,18 @@ ngx_http_kvgate_group_unavailable(ngx_http_kvgate_group_t *g,
 
 /* ---- what routing asks of an engine ---- */
 
-/*
- * STAND-IN until piece P (src/client.h: kvg_client_held_prefix,
- * kvg_client_load) is merged: no engine is seen to hold anything or carry
- * load, so routing falls back to its tie-break order. Replace the two
- * bodies with the client calls then.
- */
+/* What the engine publishes (its held set and statistics page), read
+   without locks: a lookup racing the engine's write may be wrong once, which
+   only makes one routing choice worse (src/held_set.h). */
 
 uint64_t
 ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *w)
 {
-    if (!w->up || w->client == NULL) {
+    if (w == NULL || !w->up || w->client == NULL) {
         return 0;
     }
 
-    return 0;
+    return kvg_client_load(w->client);
 }
 
 
@@ -921,11 +918,9 @@ size_t
 ngx_http_kvgate_engine_held(ngx_http_kvgate_engine_t *w,
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n)
 {
-    if (!w->up || w->client == NULL || hashes == NULL) {
+    if (w == NULL || !w->up || w->client == NULL || hashes == NULL) {
         return 0;
     }
 
-    (void) n;
-
-    return 0;
+    return kvg_client_held_prefix(w->client, hashes, n);
 }

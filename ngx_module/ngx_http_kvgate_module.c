@@ -10,6 +10,7 @@
 #include "ngx_http_kvgate_module.h"
 
 #include "normalize.h"
+#include "route.h"
 #include "version.h"
 
 
@@ -801,15 +802,6 @@ typedef struct {
 } ngx_http_kvgate_ref_t;
 
 
-/* route's values, in the order of kvg_route_policy (src/route.h) */
-
-static ngx_str_t  ngx_http_kvgate_policies[] = {
-    ngx_string("prefix"),
-    ngx_string("hash"),
-    ngx_string("least_load"),
-    ngx_string("round_robin"),
-    ngx_null_string
-};
 
 
 static void *
@@ -1348,7 +1340,7 @@ ngx_http_kvgate_add_group(ngx_conf_t *cf, ngx_http_kvgate_main_conf_t *kmcf,
     }
 
     g->name = *name;
-    g->policy = 0;                   /* prefix */
+    g->policy = KVG_ROUTE_PREFIX;
     g->balance_factor = 1.25;
     g->file = cf->conf_file->file.name;
     g->line = cf->conf_file->line;
@@ -1461,6 +1453,7 @@ ngx_http_kvgate_engines_body(ngx_conf_t *cf, ngx_command_t *dummy, void *conf)
 
     double                        f;
     ngx_int_t                     n, scale;
+    kvg_route_policy              policy;
     ngx_str_t                    *value, name;
     ngx_uint_t                    i, nargs, dot;
     ngx_http_kvgate_engine_t     *e;
@@ -1523,14 +1516,11 @@ ngx_http_kvgate_engines_body(ngx_conf_t *cf, ngx_command_t *dummy, void *conf)
             goto nargs;
         }
 
-        for (i = 0; ngx_http_kvgate_policies[i].len; i++) {
-            if (ngx_http_kvgate_policies[i].len == value[1].len
-                && ngx_strncmp(ngx_http_kvgate_policies[i].data,
-                               value[1].data, value[1].len) == 0)
-            {
-                g->policy = i;
-                return NGX_CONF_OK;
-            }
+        if (kvg_route_policy_parse((char *) value[1].data, value[1].len,
+                                   &policy) == 0)
+        {
+            g->policy = (ngx_uint_t) policy;
+            return NGX_CONF_OK;
         }
 
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,

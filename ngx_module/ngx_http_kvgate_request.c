@@ -22,6 +22,8 @@
 
 #include "ngx_http_kvgate_module.h"
 
+#include "route.h"
+
 
 static void ngx_http_kvgate_body_handler(ngx_http_request_t *r);
 static void ngx_http_kvgate_body_reading(ngx_http_request_t *r);
@@ -714,71 +716,6 @@ ngx_http_kvgate_model_elsewhere(ngx_http_kvgate_ctx_t *ctx,
 }
 
 
-/*
- * STAND-IN for piece R's kvg_route_pick (src/route.h) until it is merged:
- * rendezvous order of (route_key, id) among the eligible candidates, most
- * held blocks first. Same arguments, so the call below changes in one
- * place.
- */
-
-typedef struct {
-    int        eligible;
-    uint64_t   id;
-    uint32_t   held_blocks;
-    uint64_t   load;
-} ngx_http_kvgate_cand_t;
-
-
-static uint64_t
-ngx_http_kvgate_mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
-
-static int
-ngx_http_kvgate_route_pick(ngx_uint_t policy, const ngx_http_kvgate_cand_t *c,
-    size_t n, uint64_t key, uint64_t request_tokens, double balance_factor,
-    uint64_t *rr, ngx_uint_t *why)
-{
-    int       best;
-    size_t    i;
-    uint64_t  w, bw;
-
-    (void) policy;
-    (void) request_tokens;
-    (void) balance_factor;
-    (void) rr;
-
-    best = -1;
-    bw = 0;
-
-    for (i = 0; i < n; i++) {
-        if (!c[i].eligible) {
-            continue;
-        }
-
-        w = ngx_http_kvgate_mix(key ^ c[i].id);
-
-        if (best < 0 || c[i].held_blocks > c[best].held_blocks
-            || (c[i].held_blocks == c[best].held_blocks && w > bw))
-        {
-            best = (int) i;
-            bw = w;
-        }
-    }
-
-    *why = best >= 0 && c[best].held_blocks ? 0 : 1;   /* prefix : load */
-
-    return best;
-}
-
-
 /* Routes the parsed request: the engines of its group that are up, serve
    the model it was tokenized for and have not failed it, by their held
    prefix and load. NGX_OK with ctx->engine.engine set, or NGX_ERROR. */
@@ -789,17 +726,18 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     int                        k;
     size_t                     held;
     uint64_t                   key;
-    ngx_uint_t                 i, why;
+    ngx_uint_t                 i;
+    kvg_route_reason           why;
     ngx_http_kvgate_group_t   *g = ctx->group;
     ngx_http_kvgate_engine_t  *e;
     const kvg_engine_info     *info;
-    ngx_http_kvgate_cand_t     cands[NGX_HTTP_KVGATE_MAX_ENGINES];
+    kvg_route_cand             cands[NGX_HTTP_KVGATE_MAX_ENGINES];
 
     for (i = 0; i < g->n; i++) {
         e = g->engines[i];
         info = ngx_http_kvgate_engine_info(e);
 
-        ngx_memzero(&cands[i], sizeof(ngx_http_kvgate_cand_t));
+        ngx_memzero(&cands[i], sizeof(kvg_route_cand));
         cands[i].id = e->id;
 
         if (info == NULL || (ctx->failed & (1u << i))
@@ -826,9 +764,8 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
               | (uint64_t) ngx_hextoi(&ctx->route_key[i], 1);
     }
 
-    k = ngx_http_kvgate_route_pick(g->policy, cands, g->n, key,
-                                   ctx->n_tokens, g->balance_factor, &g->rr,
-                                   &why);
+    k = kvg_route_pick((kvg_route_policy) g->policy, cands, g->n, key,
+                       ctx->n_tokens, g->balance_factor, &g->rr, &why);
 
     if (k < 0) {
         ngx_http_kvgate_group_unavailable(g, err);
@@ -840,11 +777,11 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     ctx->routed = 1;
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
-                   "kvgate: routed to engine \"%V\" (%ui held blocks, "
-                   "reason %ui)", &g->engines[k]->name,
-                   (ngx_uint_t) cands[k].held_blocks, why);
+                   "kvgate: routed to engine \"%V\" (%ui held blocks): %s",
+                   &g->engines[k]->name, (ngx_uint_t) cands[k].held_blocks,
+                   kvg_route_reason_name(why));
 
-    ngx_http_kvgate_metrics_route(g->engines[k]->index, why);
+    ngx_http_kvgate_metrics_route(g->engines[k]->index, (ngx_uint_t) why);
 
     return NGX_OK;
 }

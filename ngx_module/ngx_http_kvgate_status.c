@@ -8,6 +8,7 @@
 
 
 #include "ngx_http_kvgate_metrics.h"
+#include "route.h"
 
 #include <jansson.h>
 
@@ -195,12 +196,7 @@ ngx_http_kvgate_engines_of(ngx_http_request_t *r, ngx_uint_t *n)
 }
 
 
-static const char *const  ngx_http_kvgate_route_names[] = {
-    "prefix", "load", "spill", "hash", "least_load", "round_robin"
-};
-
-#define NGX_HTTP_KVGATE_N_ROUTE_NAMES                                         \
-    (sizeof(ngx_http_kvgate_route_names) / sizeof(char *))
+#define NGX_HTTP_KVGATE_N_ROUTE_NAMES  ((ngx_uint_t) KVG_ROUTED_N)
 
 
 static void
@@ -272,7 +268,8 @@ ngx_http_kvgate_engine_lines(ngx_http_request_t *r,
             ngx_http_kvgate_printf(t, "kvgate_route_requests_total{engine="
                                    "\"%V\",reason=\"%s\"} %uA\n",
                                    &all[i]->name,
-                                   ngx_http_kvgate_route_names[k],
+                                   kvg_route_reason_name(
+                                       (kvg_route_reason) k),
                                    sh->routed[i][k]);
         }
     }
