@@ -71,6 +71,33 @@ for my $tenant (qw(acme globex)) {
     is(scalar(grep { / e=$first{$tenant}$/ } @l), 2, "$tenant: both went to engine $first{$tenant}");
 }
 
+# ---- another tenant with the same text is not attracted ----------------------------------------
+# Its chain is salted with its own tenant, so no engine holds any of it: the choice is by load
+# (reason "load"), never "prefix", and it misses.
+
+sub routed {
+    my ($m, $reason) = @_;
+    my $n = 0;
+    $n += $1 while $m =~ /^kvgate_route_requests_total\{engine="\w+",reason="$reason"\} (\d+)$/mg;
+    return $n;
+}
+
+{
+    my $m0 = $g->metrics;
+    my $r = ask('acme', 'stories260K', "$system One.");
+    is($r->{status}, 200, 'acme again: 200');
+    my $m1 = $g->wait_metrics(sub { routed($_[0], 'prefix') > routed($m0, 'prefix') },
+                              'the request routed by its prefix');
+    is(routed($m1, 'prefix'), routed($m0, 'prefix') + 1, '  routed by prefix (its chain is held)');
+    $r = ask('initech', 'stories260K', "$system One.");
+    is($r->{status}, 200, 'another tenant, the same text: 200');
+    is($r->{json}{usage}{prompt_tokens_details}{cached_tokens}, 0, '  a miss: the cache is per tenant');
+    my $m2 = $g->wait_metrics(sub { routed($_[0], 'load') > routed($m1, 'load') },
+                              'the other tenant routed by load');
+    is(routed($m2, 'prefix'), routed($m1, 'prefix'), '  not routed by prefix: acme\'s blocks do not attract it');
+    is(routed($m2, 'load'), routed($m1, 'load') + 1, '  routed by load');
+}
+
 # ---- failover ----------------------------------------------------------------------------
 
 {
@@ -85,9 +112,9 @@ for my $tenant (qw(acme globex)) {
     }
     is($fails, 0, "engine $victim down: no request failed");
     $g->engine_named($victim)->restart;
-    $g->wait_status(sub { grep { $_->{name} eq $victim && $_->{up} && $_->{workers_connected} >= 2 }
-                              @{ $_[0]{engines} } }, "engine $victim rejoins");
-    ok(1, "engine $victim is up again");
+    ok($g->wait_status(sub { grep { $_->{name} eq $victim && $_->{up} && $_->{workers_connected} >= 2 }
+                                 @{ $_[0]{engines} } }, "engine $victim rejoins"),
+       "engine $victim is up again, every worker connected");
 
     $g->engine_named('s')->kill('KILL');
     $g->wait_status(sub { !grep { $_->{name} eq 's' && $_->{up} } @{ $_[0]{engines} } },
