@@ -121,7 +121,16 @@ sub routed {
                     'engine s seen down');
     my $r = ask('t1', $syn, 'hello');
     is($r->{status}, 503, "$syn while its only engine is down: 503, not 404");
-    $g->engine_named('s')->restart;
+    # It comes back serving stories260K instead: it moves to that model's set.
+    $g->engine_named('s')->restart(args => [ Kvgate::Engine::stories_args() ]);
+    ok($g->wait_status(sub { grep { $_->{name} eq 's' && $_->{up} && ($_->{model} // '') eq 'stories260K'
+                                    && $_->{workers_connected} >= 2 } @{ $_[0]{engines} } },
+                       'engine s back with stories260K'),
+       'engine s restarted with another model: up, serving stories260K');
+    my $models = $g->t->get('/v1/models');
+    is_deeply([ map { $_->{id} } @{ $models->{json}{data} } ], ['stories260K'], "  $syn is gone from /v1/models");
+    $r = ask('t1', $syn, 'hello');
+    is($r->{status}, 404, "  $syn: 404 now that no engine serves it");
 }
 
 # ---- metrics -------------------------------------------------------------------------------
