@@ -35,3 +35,12 @@ void kvg_rope_cos_sin(const float *inv_freq, int half, int32_t pos, float *cs)
         cs[2 * p + 1] = sinf(val);
     }
 }
+
+const char *kvg_rope_config_error(const kvg_model_config *cfg)
+{
+    if (cfg->rope_scale_factor > 0.0f &&
+        (cfg->rope_orig_max_pos <= 0 || cfg->rope_low_freq_factor <= 0.0f ||
+         cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor))
+        return "inconsistent llama3 rope scaling parameters";
+    return NULL;
+}

@@ -8,6 +8,10 @@
 
 #include "model.h"
 
+/* NULL when the model's Llama 3 rope scaling is consistent (or absent), else what is wrong:
+ * every backend refuses such a model at creation with this message. */
+const char *kvg_rope_config_error(const kvg_model_config *cfg);
+
 /* f[p] (p < head_dim/2) = theta^(-2p/head_dim), with Llama 3's rescaling of the long
  * wavelengths when configured. */
 void kvg_rope_frequencies(const kvg_model_config *cfg, float *f);

@@ -139,3 +139,21 @@ int kvg_usage_error(const char *prog, const char *fmt, ...)
     fprintf(stderr, "\n(see %s --help)\n", prog);
     return 2;
 }
+
+int kvg_arg_int_list(const char *s, int lo, int hi, int *out, int max, int *n)
+{
+    int32_t *ids = NULL;
+    size_t k = 0;
+    int rc = -1;
+    if (kvg_arg_ids(s, &ids, &k) == 0 && k >= 1 && k <= (size_t)max) {
+        rc = 0;
+        for (size_t i = 0; i < k; i++) {
+            if (ids[i] < lo || ids[i] > hi)
+                rc = -1;
+            out[i] = ids[i];
+        }
+        *n = (int)k;
+    }
+    free(ids);
+    return rc;
+}

@@ -16,6 +16,8 @@ int kvg_arg_size(const char *s, uint64_t *out);
 /* Non-negative ids separated by whitespace or commas ("1 2 3", "1,2,3"); *ids is
  * malloc'd (free it even on error). 0 (maybe with *n == 0), or -1 when malformed. */
 int kvg_arg_ids(const char *s, int32_t **ids, size_t *n);
+/* 1..max integers in [lo, hi] in kvg_arg_ids' syntax, into out[]; *n their count. 0, or -1. */
+int kvg_arg_int_list(const char *s, int lo, int hi, int *out, int max, int *n);
 /* A whole file, NUL-terminated (*len excludes the NUL); NULL with errno set. */
 char *kvg_read_file(const char *path, size_t *len);
 /* Prints "PROG: message\n(see PROG --help)\n" to stderr; returns 2, the usage exit status. */

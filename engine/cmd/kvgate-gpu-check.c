@@ -100,24 +100,6 @@ static int usage_error(const char *fmt, const char *a)
     return kvg_usage_error("kvgate-gpu-check", fmt, a);
 }
 
-static int parse_list(const char *s, int lo, int hi, int *out, int *n)
-{
-    int32_t *ids = NULL;
-    size_t k = 0;
-    int rc = -1;
-    if (kvg_arg_ids(s, &ids, &k) == 0 && k >= 1 && k <= MAX_LIST) {
-        rc = 0;
-        for (size_t i = 0; i < k; i++) {
-            if (ids[i] < lo || ids[i] > hi)
-                rc = -1;
-            out[i] = ids[i];
-        }
-        *n = (int)k;
-    }
-    free(ids);
-    return rc;
-}
-
 static int parse_args(int argc, char **argv, opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -209,10 +191,10 @@ static int parse_args(int argc, char **argv, opts *o)
                 return usage_error("--seed needs an integer >= 0, got '%s'", v);
             o->seed = (uint64_t)l;
         } else if (strcmp(a, "--batches") == 0) {
-            if (parse_list(v, 1, 4096, o->batches, &o->n_batches))
+            if (kvg_arg_int_list(v, 1, 4096, o->batches, MAX_LIST, &o->n_batches))
                 return usage_error("--batches needs up to 16 sizes in [1, 4096], got '%s'", v);
         } else if (strcmp(a, "--chunks") == 0) {
-            if (parse_list(v, 0, 1 << 20, o->chunks, &o->n_chunks))
+            if (kvg_arg_int_list(v, 0, 1 << 20, o->chunks, MAX_LIST, &o->n_chunks))
                 return usage_error("--chunks needs up to 16 sizes >= 0, got '%s'", v);
         } else if (strcmp(a, "--tol") == 0) {
             if (kvg_arg_double(v, 0, 1e6, &d))

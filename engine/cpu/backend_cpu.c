@@ -437,10 +437,8 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
         kvg_set_err(err, err_len, "cpu backend: head_dim %d must be even and positive", cfg->head_dim);
         return NULL;
     }
-    if (cfg->rope_scale_factor > 0.0f &&
-        (cfg->rope_orig_max_pos <= 0 || cfg->rope_low_freq_factor <= 0.0f ||
-         cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)) {
-        kvg_set_err(err, err_len, "cpu backend: inconsistent llama3 rope scaling parameters");
+    if (kvg_rope_config_error(cfg)) {
+        kvg_set_err(err, err_len, "cpu backend: %s", kvg_rope_config_error(cfg));
         return NULL;
     }
     be = calloc(1, sizeof *be);

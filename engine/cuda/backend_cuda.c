@@ -471,10 +471,8 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
                     KVG_K_ATTN_MAX_HEAD_DIM);
         return NULL;
     }
-    if (cfg->rope_scale_factor > 0.0f &&
-        (cfg->rope_orig_max_pos <= 0 || cfg->rope_low_freq_factor <= 0.0f ||
-         cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)) {
-        kvg_set_err(err, err_len, "cuda: inconsistent llama3 rope scaling parameters");
+    if (kvg_rope_config_error(cfg)) {
+        kvg_set_err(err, err_len, "cuda: %s", kvg_rope_config_error(cfg));
         return NULL;
     }
     be = calloc(1, sizeof *be);

@@ -64,24 +64,6 @@ static void die(const char *what, const char *err)
     exit(1);
 }
 
-static int parse_list(const char *s, int lo, int hi, int *out, int *n)
-{
-    int32_t *ids = NULL;
-    size_t k = 0;
-    int rc = -1;
-    if (kvg_arg_ids(s, &ids, &k) == 0 && k >= 1 && k <= MAX_LIST) {
-        rc = 0;
-        for (size_t i = 0; i < k; i++) {
-            if (ids[i] < lo || ids[i] > hi)
-                rc = -1;
-            out[i] = ids[i];
-        }
-        *n = (int)k;
-    }
-    free(ids);
-    return rc;
-}
-
 static int usage(const char *why)
 {
     fprintf(stderr, "gpu_bench: %s\n(see the comment at the top of t/bench/gpu_bench.c)\n", why);
@@ -147,10 +129,10 @@ static int parse_args(int argc, char **argv, opts *o)
             else
                 return usage("--batch-invariant needs on, off or both");
         } else if (strcmp(a, "--prefill") == 0) {
-            if (parse_list(v, 1, 1 << 22, o->prefill, &o->n_prefill))
+            if (kvg_arg_int_list(v, 1, 1 << 22, o->prefill, MAX_LIST, &o->n_prefill))
                 return usage("--prefill needs up to 8 lengths");
         } else if (strcmp(a, "--batches") == 0) {
-            if (parse_list(v, 1, 4096, o->batches, &o->n_batches))
+            if (kvg_arg_int_list(v, 1, 4096, o->batches, MAX_LIST, &o->n_batches))
                 return usage("--batches needs up to 8 sizes");
         } else if (strcmp(a, "--hbm-tbs") == 0 || strcmp(a, "--peak-tflops") == 0 ||
                    strcmp(a, "--measured-tflops") == 0) {
