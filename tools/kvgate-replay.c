@@ -28,6 +28,8 @@
  *
  *   kvgate-replay --url http://127.0.0.1:8080 [--requests N | --duration S] ...
  */
+#include "monoclock.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -183,13 +185,6 @@ static long pick_tenant(uint64_t *s)
 }
 
 /* ---- HTTP/1.1 ------------------------------------------------------------------------ */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 typedef struct conn {
     int fd;
@@ -437,7 +432,7 @@ static int sse_line(answer *a, const char *l, size_t n)
     json_t *c = json_object_get(json_object_get(ch, "delta"), "content");
     if (json_is_string(c) && json_string_length(c) > 0) {
         if (a->ttft < 0)
-            a->ttft = now_s() - a->t0;
+            a->ttft = kvg_mono_s() - a->t0;
         if (add_content(a, json_string_value(c), json_string_length(c)) < 0) {
             json_decref(j);
             return -1;
@@ -514,7 +509,7 @@ static double t_start, t_end;  /* t_end: no request starts after it (--duration)
 
 static int take_ticket(void)
 {
-    if (O.duration > 0 && now_s() >= t_end)
+    if (O.duration > 0 && kvg_mono_s() >= t_end)
         return 0;
     if (O.requests <= 0)
         return 1;
@@ -606,7 +601,7 @@ static void *client_main(void *arg)
                 int fresh = c.fd < 0;
                 if (fresh && conn_open(&c) < 0)
                     break;
-                a.t0 = now_s();
+                a.t0 = kvg_mono_s();
                 if (send_request(&c, tenant, body, strlen(body)) == 0)
                     status = read_response(&c, &a.k, &keep);
                 if (status == 0 || !keep)
@@ -615,7 +610,7 @@ static void *client_main(void *arg)
                     break;
             }
             free(body);
-            double t1 = now_s();
+            double t1 = kvg_mono_s();
             if (!O.stream && status)
                 body_parse(&a);
             r.status = status;
@@ -852,7 +847,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: out of memory\n", prog);
         return 1;
     }
-    t_start = now_s();
+    t_start = kvg_mono_s();
     t_end = t_start + O.duration;
     for (long i = 0; i < O.concurrency; i++) {
         cl[i].index = (int)i;
