@@ -11,7 +11,9 @@
 #
 # Linking: jansson, utf8proc and libcrypto statically (Debian's .a files), libgcc and
 # libstdc++ statically, cudart statically (libcudart_static.a: the bundle then needs
-# only the driver's libcuda.so, loaded by cudart itself, plus cuBLAS); cublas/cublasLt
+# only the driver's libcuda.so, loaded by cudart itself, plus cuBLAS; a toolkit installed
+# without the static runtime gets cudart dynamically, its libcudart.so copied into the
+# bundle's lib/ so that the GPU machine's own runtime is not needed); cublas/cublasLt
 # dynamically (they are large and part of every CUDA 13 install), found through
 # rpath $ORIGIN/../lib then the standard CUDA library folders. ldd shows glibc and CUDA
 # libraries only (t/gpu-bundle.t checks).
@@ -70,10 +72,21 @@ rpath='$ORIGIN/../lib'
 for d in "$cuda_home/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13/lib64; do
     case ":$rpath:" in *":$d:"*) ;; *) rpath=$rpath:$d ;; esac
 done
+# The CUDA runtime: static where the toolkit has it, else the shared one, shipped in lib/.
+cudart=(-lcudart_static)
+cudart_so=
+if [ ! -f "$cuda_home/lib64/libcudart_static.a" ]; then
+    cudart_so=$(ls "$cuda_home"/lib64/libcudart.so.[0-9]* 2>/dev/null | head -1 || true)
+    if [ -z "$cudart_so" ]; then
+        echo "gpu-bundle: neither libcudart_static.a nor libcudart.so.N in $cuda_home/lib64" >&2
+        exit 1
+    fi
+    cudart=(-lcudart)
+fi
 ldflags=(-Wl,--start-group "$objb/libkvgate-engine.a" "$cuda_part" -Wl,--end-group "$objb/libkvgate.a"
          -Wl,-Bstatic -ljansson -lutf8proc -lcrypto -Wl,-Bdynamic
          -L"$cuda_home/lib64" -Wl,--as-needed -lcublasLt -lcublas -Wl,--no-as-needed
-         -lcudart_static -static-libgcc -static-libstdc++ -lpthread -ldl -lrt -lm
+         "${cudart[@]}" -static-libgcc -static-libstdc++ -lpthread -ldl -lrt -lm
          -Wl,--gc-sections -Wl,-rpath,"$rpath")
 
 rm -rf "$out.tmp"
@@ -92,6 +105,11 @@ for c in kvgate-engine kvgate-generate kvgate-gpu-check; do
 done
 link t/bench/gpu_bench.c "$out.tmp/bench/gpu_bench"
 
+if [ -n "$cudart_so" ]; then
+    mkdir -p "$out.tmp/lib"
+    soname=$(objdump -p "$cudart_so" | awk '/SONAME/ {print $2}')
+    cp -L "$cudart_so" "$out.tmp/lib/${soname:-$(basename "$cudart_so")}"
+fi
 cp "$stories"/{stories260K.bin,tok512.bin,golden-greedy.json,README.md} "$out.tmp/models/stories260K/"
 chmod u+w "$out.tmp/models/stories260K/"*
 cp t/gpu/run.sh "$out.tmp/run.sh"
@@ -102,6 +120,7 @@ chmod +x "$out.tmp/run.sh"
     echo "source: $(git describe --always --dirty 2>/dev/null || echo unknown)"
     echo "nvcc: $("$nvcc" --version | tail -1)"
     echo "cuda backend: $backend"
+    if [ -n "$cudart_so" ]; then echo "cudart: shared, in lib/ (from $cudart_so)"; else echo "cudart: static"; fi
     echo "kernels: $(ls kernels/*.cu 2>/dev/null | tr '\n' ' ')"
 } >"$out.tmp/BUILD-INFO"
 

@@ -69,7 +69,10 @@ sub run {
     is($rc, 0, sprintf('make gpu-bundle builds (%.1f s)', $secs)) or diag($out);
     diag(sprintf('make gpu-bundle: %.1f s', $secs));
 }
-BAIL_OUT('no bundle') unless -d $bundle;
+unless (-d $bundle) {               # the other checks need it; the rest of the suite does not
+    done_testing();
+    exit 1;
+}
 my $info = slurp("$bundle/BUILD-INFO");
 my $real = $info =~ /^cuda backend: real/m;
 note($info);
