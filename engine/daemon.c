@@ -573,8 +573,14 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
             }
         }
         /* Every client's submissions (a peek per client when there are none). */
+        uint64_t submitted = d->counters.submitted;
         for (dconn *c = d->conns; c; c = c->next)
             kvgd_conn_intake(c);
+        /* New work goes on the page before the step runs (a long prefill can take
+         * many milliseconds): gateways route the next requests by this load, and a
+         * stale one sends a burst to the engine that only looks idle. */
+        if (d->counters.submitted != submitted)
+            d->stats_written_ms = 0;
 
         int64_t now = kvg_mono_ms();
         check_deadlines(d, now);
@@ -587,6 +593,8 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
             abort_all(d, "the engine shut down before the request finished");
             finishing = 1;
         }
+        if (d->stats_written_ms == 0)
+            write_stats(d);
         last_rows = 0;
         if (kvg_sched_pending(d->sched) > 0) {
             char serr[256];

@@ -60,6 +60,8 @@ typedef struct req {
     int draw_pending;            /* kvg_sched_samples during a step: done at its end */
     uint32_t cancel_mask_pending;
     int32_t cached, max_gen;
+    int32_t hint_cached;         /* prompt tokens whose blocks the cache held at submit: an
+                                    estimate of `cached` for the load while queued */
     uint64_t arrival, admit_no;
     double t_submit;
     /* The prompt's own sequence (only seq, n_hashed and last_hash are used): the prompt
@@ -372,6 +374,13 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
     }
     q->r.hashes = q->hashes;
     q->r.n_hashes = q->n_hashes;
+    /* What admission will likely find cached (blocks may still be evicted before
+     * then): routing compares engines by the work a request adds, and a hit adds
+     * little. The last prompt token is always computed. */
+    for (int32_t i = 0; i < q->n_hashes && kvg_pc_holds(s->pc, q->hashes[i]); i++)
+        q->hint_cached = (i + 1) * bt;
+    if (q->hint_cached >= r->n_prompt)
+        q->hint_cached = r->n_prompt - 1;
     for (int j = 0; j < n; j++) {
         sample *p = &q->smp[j];
         p->drawn = j < q->r.n_active;
@@ -1158,7 +1167,7 @@ static uint64_t req_load(const req *q)
 {
     uint64_t t = 0;
     if (is_queued(q)) {
-        t = (uint64_t)q->r.n_prompt;
+        t = (uint64_t)(q->r.n_prompt - q->hint_cached);
         for (int j = 0; j < q->n; j++)
             if (!q->smp[j].done)
                 t += (uint64_t)q->smp[j].n_gen;

@@ -726,12 +726,14 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     int                        k;
     size_t                     held;
     uint64_t                   key;
-    ngx_uint_t                 i;
+    ngx_uint_t                 i, short_context;
     kvg_route_reason           why;
     ngx_http_kvgate_group_t   *g = ctx->group;
     ngx_http_kvgate_engine_t  *e;
     const kvg_engine_info     *info;
     kvg_route_cand             cands[NGX_HTTP_KVGATE_MAX_ENGINES];
+
+    short_context = 0;
 
     for (i = 0; i < g->n; i++) {
         e = g->engines[i];
@@ -747,12 +749,40 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
             continue;
         }
 
+        /* engines of one model may run with different --context: only those
+           with room for the prompt and the max_tokens asked for */
+
+        if (info->context_length <= ctx->n_tokens
+            || (ctx->req->has_max_tokens
+                && info->context_length - ctx->n_tokens
+                   < (size_t) ctx->req->max_tokens))
+        {
+            cands[i].eligible = 2;
+            short_context = 1;
+            continue;
+        }
+
         cands[i].eligible = 1;
         held = ngx_http_kvgate_engine_held(e,
                    (const uint8_t (*)[KVG_PREFIX_HASH_LEN]) ctx->hashes,
                    ctx->n_hashes);
         cands[i].held_blocks = (uint32_t) held;
+        cands[i].held_tokens = (uint64_t) held * info->block_tokens;
         cands[i].load = ngx_http_kvgate_engine_load(e);
+    }
+
+    /* none has room: any of them, whose limits then answer 400
+       context_length_exceeded */
+
+    for (i = 0; short_context && i < g->n; i++) {
+        if (cands[i].eligible == 1) {
+            short_context = 0;
+        }
+    }
+
+    for (i = 0; i < g->n; i++) {
+        cands[i].eligible = cands[i].eligible == 1
+                            || (short_context && cands[i].eligible == 2);
     }
 
     /* the route key's first 16 hex digits */

@@ -404,9 +404,10 @@ typedef struct kvg_stats {
     uint64_t samples_dropped;    /* ended by a SAMPLES cancel_mask before being drawn */
     /* The work the engine has queued, in tokens of forward pass, for routing (an
      * engine's "load"). The sum over live requests of:
-     *   waiting (never admitted, or preempted): every prompt token, plus the tokens
-     *     its samples had generated before a preemption (all recomputed; cache hits
-     *     are not known before admission, so none is subtracted);
+     *   waiting (never admitted, or preempted): its prompt tokens less those whose
+     *     blocks the prefix cache held when it arrived (what admission will likely
+     *     find; at least the last token counts), plus the tokens its samples had
+     *     generated before a preemption (recomputed);
      *   prefilling: the prompt tokens not yet in its KV (cache hits are in), plus,
      *     after a preemption, its samples' generated tokens to recompute;
      *   decoding: per sample drawn and not finished, its tokens still to feed, at

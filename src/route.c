@@ -86,9 +86,19 @@ double kvg_route_cap(const kvg_route_cand *c, size_t n, uint64_t request_tokens,
     return cap;
 }
 
+/* The work the request adds to c: its tokens less those c holds, at least 1 (the
+ * last prompt token is always computed). */
+static double cost(const kvg_route_cand *c, double r)
+{
+    double left = r - (double)c->held_tokens;
+    if (left < 1)
+        left = r < 1 ? r : 1;
+    return left;
+}
+
 static int under(const kvg_route_cand *c, double r, double cap)
 {
-    return (double)c->load + r <= cap;
+    return (double)c->load + cost(c, r) <= cap;
 }
 
 /* Does candidate a beat b by (score desc, index asc)? Scores are computed by the

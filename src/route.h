@@ -14,9 +14,13 @@
  *                                         engine is always under the cap
  *
  * with f = balance_factor (values below 1, and NaN, count as 1). An engine is UNDER
- * the cap when load + r <= cap; engines over it are skipped (the third term
- * guarantees one under it always exists). The load is whatever the caller measures
- * (the engine's load_tokens: prompt tokens still to compute + running samples).
+ * the cap when load + cost <= cap, cost being the work the request would add THERE:
+ * r less the prompt tokens it already holds (held_tokens), at least 1. A hit costs an
+ * engine little, so the engine holding a long prefix keeps taking its requests until
+ * the work they really add would overload it; the bound is on work, not on request
+ * counts. Engines over the cap are skipped (the third term guarantees one under it
+ * always exists: cost <= r). The load is whatever the caller measures (the engine's
+ * load_tokens: prompt tokens still to compute + running samples).
  *
  * ---- The rendezvous score ----
  * score(route_key, id) = a 64-bit mix of both; the higher score wins a tie, a tie of
@@ -75,6 +79,8 @@ typedef struct kvg_route_cand {
     int eligible;            /* up and serving the request's model */
     uint64_t id;             /* stable per engine (e.g. a hash of its configured name/path) */
     uint32_t held_blocks;    /* leading blocks of the request it holds (prefix policy) */
+    uint64_t held_tokens;    /* the prompt tokens of those blocks (0: the request costs
+                                request_tokens there; the bound of every policy) */
     uint64_t load;           /* its load (tokens) */
 } kvg_route_cand;
 

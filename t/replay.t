@@ -84,6 +84,34 @@ $m = $g->wait_metrics(sub { chat_200($_[0]) >= 66 }, 'all 66 chat requests count
 is(prompt_total($m), $a->{prompt_tokens} + $s1->{prompt_tokens} + $s2->{prompt_tokens} + $s3->{prompt_tokens},
    'the gateway counted every prompt token');
 
+# ---- open loop: Poisson arrivals at --rate -------------------------------------------------
+
+my ($o) = replay('--requests', 12, '--concurrency', 1, '--seed', 3, '--rate', 8);
+is($o->{ok}, 12, 'open loop at 8/s: 12 answered');
+is($o->{prompt_tokens}, $s1->{prompt_tokens}, '  the same conversations as the closed loop (arrivals have their own stream)');
+is($o->{rate}, 8, '  the rate reported');
+# 11 exponential gaps of mean 1/8 s: fixed by the seed, far from 0 (and from the 60 s timeout)
+ok($o->{arrival_span_s} > 0.2 && $o->{arrival_span_s} < 20, "  the last arrival at $o->{arrival_span_s} s");
+ok($o->{elapsed_s} >= $o->{arrival_span_s}, "  no request went out before its time (ran $o->{elapsed_s} s)");
+ok($o->{late} >= 0 && $o->{late} <= 12, "  late requests counted ($o->{late})");
+my ($o2) = replay('--requests', 12, '--concurrency', 1, '--seed', 3, '--rate', 8);
+is($o2->{arrival_span_s}, $o->{arrival_span_s}, '  the same seed: the same arrival times');
+is($s1->{arrival_span_s}, 0, '  closed loop: no arrival times');
+
+# ---- warm-up: sent, left out of the figures ---------------------------------------------------
+
+my ($w) = replay('--requests', 12, '--concurrency', 1, '--seed', 3, '--warmup', 5);
+my ($s17) = replay('--requests', 17, '--concurrency', 1, '--seed', 3);
+is($w->{requests}, 12, 'warm-up 5 + 12: 12 requests in the figures');
+is($w->{ok}, 12, '  12 answered');
+is($w->{warmup}, 5, '  the warm-up reported');
+# one client: the same 17 requests in the same order; the figures are the last 12's
+ok($w->{prompt_tokens} < $s17->{prompt_tokens} && $w->{prompt_tokens} > 0,
+   "  their prompt tokens only ($w->{prompt_tokens} of $s17->{prompt_tokens})");
+
+$m = $g->wait_metrics(sub { chat_200($_[0]) >= 90 + 34 }, 'all 124 chat requests counted');
+is(chat_200($m), 124, '  the gateway answered the warm-up too');
+
 # ---- errors by status ---------------------------------------------------------------------
 
 my ($e, $erc) = replay('--requests', 3, '--concurrency', 1, '--model', 'no-such-model');

@@ -25,6 +25,18 @@
  * usage.prompt_tokens_details.cached_tokens of the 200s) and their ratio, the hit
  * rate; TTFT (request written -> first content delta) p50/p99; latency p50/p99;
  * requests/s (200s per second of the run). --json prints them as one JSON object.
+ * --warmup W sends W requests first (the same workload, going on) and leaves them out
+ * of every figure: the caches start warm, so the figures are the steady state rather
+ * than the cold start every configuration pays alike.
+ *
+ * Closed loop by default: each client sends its next turn as soon as the last one is
+ * answered, so a faster server is also sent more (compare requests/s). --rate R makes
+ * it open loop, as serving benchmarks compare latency: requests go out at the times of
+ * a Poisson process of R per second (from the seed), whichever client is free taking
+ * the next one; so every server under test gets the same offered load and TTFT
+ * compares like with like. A request that finds every client busy goes out late; the
+ * figures count those sent over 50 ms after their time ("late": the server, or the
+ * client count, did not keep up with the rate).
  *
  *   kvgate-replay --url http://127.0.0.1:8080 [--requests N | --duration S] ...
  */
@@ -56,8 +68,8 @@ static const char *const prog = "kvgate-replay";
 typedef struct opts {
     char host[256], port[16], path[512];
     const char *model, *tenant_header;
-    long tenants, sys_lo, sys_hi, user_lo, user_hi, turns, max_tokens, concurrency, requests, context;
-    double zipf, duration, timeout;
+    long tenants, sys_lo, sys_hi, user_lo, user_hi, turns, max_tokens, concurrency, requests, context, warmup;
+    double zipf, duration, timeout, rate;
     uint64_t seed;
     int stream, json;
 } opts;
@@ -493,6 +505,8 @@ typedef struct record {
     int status;
     long prompt_tokens, cached_tokens, completion_tokens;
     double ttft, latency;   /* seconds; ttft < 0 when not measured */
+    double t0, t1;          /* sent, answered (kvg_mono_s) */
+    long seq;               /* the order requests were sent in: < --warmup is warm-up */
 } record;
 
 typedef struct client {
@@ -500,20 +514,49 @@ typedef struct client {
     int index;
     record *rec;
     size_t n, cap;
-    double last_done;
 } client;
 
 static atomic_int error_shown;   /* the first error's body went to stderr */
 static atomic_long tickets;   /* requests left to send with --requests */
 static double t_start, t_end;  /* t_end: no request starts after it (--duration) */
 
-static int take_ticket(void)
+/* --rate: the arrival times, drawn in order from one seeded stream. */
+static pthread_mutex_t arrival_lock = PTHREAD_MUTEX_INITIALIZER;
+static double next_arrival, last_arrival;   /* seconds after t_start */
+static uint64_t arrival_rs;
+static atomic_long late;
+
+/* Waits for the next arrival time (none without --rate); 1 when it had already
+ * passed by more than 50 ms (the request goes out late). */
+static int wait_arrival(void)
+{
+    if (O.rate <= 0)
+        return 0;
+    pthread_mutex_lock(&arrival_lock);
+    double t = last_arrival = next_arrival;
+    /* exponential gap of mean 1/rate; unit() is in [0, 1), so 1 - u is in (0, 1] */
+    next_arrival += -log(1.0 - unit(&arrival_rs)) / O.rate;
+    pthread_mutex_unlock(&arrival_lock);
+    double now = kvg_mono_s() - t_start;
+    if (t > now) {
+        struct timespec ts = { (time_t)(t - now), (long)((t - now - (double)(time_t)(t - now)) * 1e9) };
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+        return 0;
+    }
+    return now - t > 0.05;
+}
+
+static atomic_long sent;        /* requests sent so far: the next one's seq */
+
+/* The next request's seq, or -1 when no more may start. */
+static long take_ticket(void)
 {
     if (O.duration > 0 && kvg_mono_s() >= t_end)
-        return 0;
-    if (O.requests <= 0)
-        return 1;
-    return atomic_fetch_sub(&tickets, 1) > 0;
+        return -1;
+    if (O.requests > 0 && atomic_fetch_sub(&tickets, 1) <= 0)
+        return -1;
+    return atomic_fetch_add(&sent, 1);
 }
 
 static json_t *message(const char *role, const char *content)
@@ -576,10 +619,13 @@ static void *client_main(void *arg)
             }
             json_array_append_new(msgs, message("user", user));
             free(user);
-            if (!take_ticket()) {
+            long seq = take_ticket();
+            if (seq < 0) {
                 stop = 1;
                 break;
             }
+            if (wait_arrival())
+                atomic_fetch_add(&late, 1);
             json_t *req = json_pack("{s:O, s:I, s:i, s:b}", "messages", msgs, "max_tokens",
                                     (json_int_t)O.max_tokens, "temperature", 0, "stream", O.stream);
             json_object_set_new(req, "model", json_string(O.model));
@@ -593,7 +639,7 @@ static void *client_main(void *arg)
             a.prompt_tokens = a.cached_tokens = a.completion_tokens = 0;
             a.ttft = -1;
             a.k.put = O.stream ? sse_put : body_put;
-            record r = { 0 };
+            record r = { .seq = seq };
             int keep = 0, status = 0;
             for (int attempt = 0; attempt < 2 && status == 0; attempt++) {
                 /* A kept-alive connection the server closed meanwhile fails at once:
@@ -615,6 +661,8 @@ static void *client_main(void *arg)
                 body_parse(&a);
             r.status = status;
             r.latency = t1 - a.t0;
+            r.t0 = a.t0;
+            r.t1 = t1;
             r.ttft = O.stream && status == 200 ? (a.ttft >= 0 ? a.ttft : r.latency) : -1;
             if (status == 200) {
                 r.prompt_tokens = a.prompt_tokens;
@@ -622,7 +670,6 @@ static void *client_main(void *arg)
                 r.completion_tokens = a.completion_tokens;
             }
             record_add(cl, &r);
-            cl->last_done = t1;
             if (status != 200 && !atomic_exchange(&error_shown, 1))
                 fprintf(stderr, "%s: first error: %s%d: %.*s\n", prog, status ? "HTTP " : "transport ", status,
                         (int)(a.len < 400 ? a.len : 400), a.body ? a.body : "");
@@ -691,9 +738,11 @@ static int usage(FILE *f)
             "usage: %s --url http://HOST:PORT[/PATH] [options]\n"
             "Replays a synthetic multi-tenant chat workload against an OpenAI-compatible chat endpoint\n"
             "(PATH defaults to /v1/chat/completions) and reports the cache hit rate, TTFT and requests/s.\n"
-            "  --requests N          stop after N requests (all clients together)\n"
+            "  --requests N          stop after N requests (all clients together; after the warm-up)\n"
+            "  --warmup W            first send W requests left out of every figure (default 0)\n"
             "  --duration S          stop starting requests after S seconds (default 10 without --requests)\n"
             "  --concurrency N       clients, each one chat at a time (default 8)\n"
+            "  --rate R              open loop: requests at Poisson times, R per second (default: closed loop)\n"
             "  --tenants N           tenants (default 100)\n"
             "  --zipf S              tenant popularity exponent (default 1.1; 0 = uniform)\n"
             "  --system-tokens A..B  each tenant's system prompt, in tokens' worth of text (default 300..1000)\n"
@@ -785,9 +834,15 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--requests")) {
             if (kvg_arg_long(v, 1, 1000000000, &O.requests) < 0)
                 return kvg_usage_error(prog, "--requests: '%s' is not an integer >= 1", v);
+        } else if (!strcmp(a, "--warmup")) {
+            if (kvg_arg_long(v, 0, 1000000000, &O.warmup) < 0)
+                return kvg_usage_error(prog, "--warmup: '%s' is not an integer >= 0", v);
         } else if (!strcmp(a, "--duration")) {
             if (kvg_arg_double(v, 0.001, 1e7, &O.duration) < 0)
                 return kvg_usage_error(prog, "--duration: '%s' is not a number of seconds > 0", v);
+        } else if (!strcmp(a, "--rate")) {
+            if (kvg_arg_double(v, 0.001, 1e6, &O.rate) < 0)
+                return kvg_usage_error(prog, "--rate: '%s' is not a number of requests per second > 0", v);
         } else if (!strcmp(a, "--timeout")) {
             if (kvg_arg_double(v, 0.001, 1e6, &O.timeout) < 0)
                 return kvg_usage_error(prog, "--timeout: '%s' is not a number of seconds > 0", v);
@@ -841,7 +896,7 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    atomic_store(&tickets, O.requests);
+    atomic_store(&tickets, O.requests + O.warmup);
     client *cl = calloc((size_t)O.concurrency, sizeof *cl);
     if (!cl) {
         fprintf(stderr, "%s: out of memory\n", prog);
@@ -849,6 +904,8 @@ int main(int argc, char **argv)
     }
     t_start = kvg_mono_s();
     t_end = t_start + O.duration;
+    next_arrival = 0;
+    arrival_rs = O.seed ^ 0x8cb92ba72f3d8dd7ull;
     for (long i = 0; i < O.concurrency; i++) {
         cl[i].index = (int)i;
         if (pthread_create(&cl[i].th, NULL, client_main, &cl[i]) != 0) {
@@ -856,22 +913,31 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    double last = t_start;
-    size_t total = 0;
-    for (long i = 0; i < O.concurrency; i++) {
+    size_t total = 0, all = 0;
+    for (long i = 0; i < O.concurrency; i++)
         pthread_join(cl[i].th, NULL);
-        total += cl[i].n;
-        if (cl[i].n && cl[i].last_done > last)
-            last = cl[i].last_done;
-    }
-    double elapsed = last - t_start;
+    /* The measured window: from the first measured request sent to the last answered. */
+    double first = 0, last = 0;
+    for (long i = 0; i < O.concurrency; i++)
+        for (size_t j = 0; j < cl[i].n; j++) {
+            const record *r = &cl[i].rec[j];
+            all++;
+            if (r->seq < O.warmup)
+                continue;
+            if (!total || r->t0 < first)
+                first = r->t0;
+            if (!total || r->t1 > last)
+                last = r->t1;
+            total++;
+        }
+    double elapsed = last - first;
 
     /* Aggregate. Statuses: a short list of (status, count). */
     int st[64];
     long stn[64];
     size_t nst = 0, ok = 0, nt = 0;
     long long prompt = 0, cached = 0, completion = 0;
-    double *ttft = malloc((total + 1) * sizeof *ttft), *lat = malloc((total + 1) * sizeof *lat);
+    double *ttft = malloc((all + 1) * sizeof *ttft), *lat = malloc((all + 1) * sizeof *lat);
     if (!ttft || !lat) {
         fprintf(stderr, "%s: out of memory\n", prog);
         return 1;
@@ -879,6 +945,8 @@ int main(int argc, char **argv)
     for (long i = 0; i < O.concurrency; i++)
         for (size_t j = 0; j < cl[i].n; j++) {
             const record *r = &cl[i].rec[j];
+            if (r->seq < O.warmup)
+                continue;
             if (r->status == 200) {
                 ok++;
                 prompt += r->prompt_tokens;
@@ -911,7 +979,7 @@ int main(int argc, char **argv)
             snprintf(key, sizeof key, "%d", st[k]);
             json_object_set_new(errs, key, json_integer(stn[k]));
         }
-        json_t *j = json_pack("{s:I, s:I, s:o, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:I}",
+        json_t *j = json_pack("{s:I, s:I, s:o, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:f, s:I, s:f, s:I}",
                               "requests", (json_int_t)total, "ok", (json_int_t)ok, "errors", errs,
                               "prompt_tokens", (json_int_t)prompt, "cached_tokens", (json_int_t)cached,
                               "completion_tokens", (json_int_t)completion, "hit_rate", hit,
@@ -919,7 +987,8 @@ int main(int argc, char **argv)
                               "latency_p50_s", quantile(lat, ok, 0.5), "latency_p99_s", quantile(lat, ok, 0.99),
                               "requests_per_s", rps, "elapsed_s", elapsed, "concurrency",
                               (json_int_t)O.concurrency, "tenants", (json_int_t)O.tenants, "seed",
-                              (json_int_t)O.seed);
+                              (json_int_t)O.seed, "rate", O.rate, "late", (json_int_t)atomic_load(&late),
+                              "arrival_span_s", last_arrival, "warmup", (json_int_t)O.warmup);
         char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
         puts(s);
         free(s);
@@ -937,6 +1006,9 @@ int main(int argc, char **argv)
         printf("latency         p50 %.1f ms, p99 %.1f ms\n", 1e3 * quantile(lat, ok, 0.5),
                1e3 * quantile(lat, ok, 0.99));
         printf("throughput      %.2f requests/s over %.2f s, %ld clients\n", rps, elapsed, O.concurrency);
+        if (O.rate > 0)
+            printf("offered         %.2f requests/s (Poisson), %ld sent over 50 ms late\n", O.rate,
+                   atomic_load(&late));
     }
     for (long i = 0; i < O.concurrency; i++)
         free(cl[i].rec);

@@ -162,6 +162,17 @@ static void test_load(void)
     ep_pump(&c, 1, (ep_result *[]){ &r }, 1, 30);
     ok(r.done, "it completed (%s)", r.message);
     is_int((int)wait_load(c, 1, 10), 0, "done: load back to 0");
+    /* The same prompt again: its 6 full blocks are cached, so whether the engine
+     * took it in before the pause (prefilling: the tokens left) or not (queued: the
+     * prompt less what the cache held when it arrived), it is the 4 tokens of the
+     * last partial block at most, not 100. */
+    q.max_tokens = 8;
+    ok(submit_paused(c, &q, &r, &id) == 0, "the same prompt submitted and paused");
+    l = wait_load(c, 0, 10);
+    ok(l >= 1 && l <= 4, "its load is the uncached rest: %llu tokens", (unsigned long long)l);
+    ok(kvg_client_hold(c, id, 0) == 0, "resumed");
+    ep_pump(&c, 1, (ep_result *[]){ &r }, 1, 30);
+    ok(r.done && r.cached_tokens == 96, "it completed, 96 tokens cached (%u)", r.cached_tokens);
     kvg_client_free(c);
 }
 

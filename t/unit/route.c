@@ -339,11 +339,57 @@ static void test_round_robin(void)
            "then the overloaded one: no cap");
 }
 
+/* The bound is on the work a request adds: an engine holding most of a long prompt
+ * adds only the rest, so it keeps the request where the full count would spill it;
+ * once even the rest would overload it, it spills. Every policy with a bound
+ * (prefix, hash) uses the same cost. */
+static void test_cost_aware_bound(void)
+{
+    const uint64_t r = 1000;
+    kvg_route_reason why;
+    /* loads 3000 / 1000 / 1000: mean after placing 2000, cap 2500 at f = 1.25. */
+    kvg_route_cand c[3] = { cand(101, 60, 3000), cand(202, 0, 1000), cand(303, 0, 1000) };
+    double cap = kvg_route_cap(c, 3, r, 1.25);
+    ok(cap > 2499.9 && cap < 2500.1, "cap %.1f", cap);
+    is_int(kvg_route_pick(KVG_ROUTE_PREFIX, c, 3, 9, r, 1.25, NULL, &why), 1 + (kvg_route_score(9, 303) >
+           kvg_route_score(9, 202)), "held_tokens unset: 3000 + 1000 is over the cap, it spills");
+    is_int((int)why, KVG_ROUTED_SPILL, "  reason spill");
+    c[0].load = 2000;
+    c[0].held_tokens = 960;      /* 60 blocks of 16: the request adds 40 tokens there */
+    cap = kvg_route_cap(c, 3, r, 1.25);
+    is_int(kvg_route_pick(KVG_ROUTE_PREFIX, c, 3, 9, r, 1.25, NULL, &why), 0,
+           "holding 960 of its 1000 tokens: 2000 + 40 is under the cap %.0f, it stays", cap);
+    is_int((int)why, KVG_ROUTED_PREFIX, "  reason prefix");
+    c[0].load = 2300;
+    cap = kvg_route_cap(c, 3, r, 1.25);
+    ok((double)c[0].load + 40 > cap, "  at load 2300 even 40 more is over the cap %.0f", cap);
+    is_int((int)(kvg_route_pick(KVG_ROUTE_PREFIX, c, 3, 9, r, 1.25, NULL, &why) != 0), 1, "  then it spills");
+    is_int((int)why, KVG_ROUTED_SPILL, "  reason spill");
+    /* All held: the cost is at least 1 token (the last prompt token is computed). */
+    kvg_route_cand one[2] = { cand(1, 63, 10), cand(2, 0, 0) };
+    one[0].held_tokens = 2000;
+    cap = kvg_route_cap(one, 2, r, 1.0);
+    ok(cap >= 11, "cap %.0f", cap);
+    is_int(kvg_route_pick(KVG_ROUTE_PREFIX, one, 2, 5, r, 1.0, NULL, &why), 0,
+           "held_tokens past the request: cost 1, the holder is under the cap");
+    /* hash: the same cost decides whether its rendezvous choice is under the cap. */
+    kvg_route_cand h[2] = { cand(11, 0, 0), cand(12, 0, 0) };
+    int top = kvg_route_score(3, 11) > kvg_route_score(3, 12) ? 0 : 1;
+    h[top].load = 1200;
+    h[!top].load = 0;
+    is_int(kvg_route_pick(KVG_ROUTE_HASH, h, 2, 3, r, 1.25, NULL, &why), !top,
+           "hash: the top engine at 1200 + 1000 is over the cap: spill");
+    h[top].held_tokens = 900;
+    is_int(kvg_route_pick(KVG_ROUTE_HASH, h, 2, 3, r, 1.25, NULL, &why), top,
+           "hash: holding 900 tokens it adds 100: it keeps the key");
+}
+
 int main(void)
 {
     test_names();
     test_prefix_basic();
     test_bounded_load();
+    test_cost_aware_bound();
     test_ties_and_spread();
     test_eligible();
     test_hash();
