@@ -9,6 +9,7 @@
 
 #include "ngx_http_kvgate_metrics.h"
 #include "route.h"
+#include "utf8.h"
 
 #include <jansson.h>
 
@@ -60,31 +61,48 @@ ngx_http_kvgate_printf(ngx_http_kvgate_text_t *t, const char *fmt, ...)
 }
 
 
-/* A label value with '\', '"' and newlines escaped (Prometheus text format). */
+/*
+ * A label value with '\', '"' and newlines escaped (Prometheus text format).
+ * A tenant is any bytes a client sent, but Prometheus rejects a whole scrape
+ * whose label values are not UTF-8: a byte that is not part of a valid
+ * sequence is written as the four characters \xHH (as nginx's access log
+ * writes it), so one odd tenant cannot blind the scrape.
+ */
 
 static u_char *
 ngx_http_kvgate_label(ngx_pool_t *pool, const char *s)
 {
-    size_t   n, i;
-    u_char  *out, *p;
+    int                   len;
+    size_t                n, i;
+    u_char               *out, *p;
+    uint32_t              cp;
+    const unsigned char  *u = (const unsigned char *) s;
 
     n = ngx_strlen(s);
-    out = ngx_pnalloc(pool, 2 * n + 1);
+    out = ngx_pnalloc(pool, 5 * n + 1);
     if (out == NULL) {
         return (u_char *) "";
     }
 
-    for (p = out, i = 0; i < n; i++) {
-        if (s[i] == '\\' || s[i] == '"') {
+    for (p = out, i = 0; i < n; /* void */) {
+        if (u[i] == '\\' || u[i] == '"') {
             *p++ = '\\';
-            *p++ = s[i];
+            *p++ = u[i++];
 
-        } else if (s[i] == '\n') {
+        } else if (u[i] == '\n') {
             *p++ = '\\';
             *p++ = 'n';
+            i++;
+
+        } else if (u[i] < 0x80) {
+            *p++ = u[i++];
+
+        } else if ((len = kvg_utf8_decode(u + i, n - i, &cp)) > 0) {
+            p = ngx_cpymem(p, u + i, len);
+            i += len;
 
         } else {
-            *p++ = s[i];
+            p = ngx_sprintf(p, "\\\\x%02xui", (ngx_uint_t) u[i++]);
         }
     }
 
@@ -461,9 +479,9 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
             "kvgate_kv_blocks{state=\"cached\"} %D\n"
             "kvgate_kv_blocks{state=\"used\"} %D\n"
             "kvgate_kv_blocks{state=\"pinned\"} %D\n"
-            "# HELP kvgate_kv_blocks_total KV pool size in blocks.\n"
-            "# TYPE kvgate_kv_blocks_total gauge\n"
-            "kvgate_kv_blocks_total %D\n",
+            "# HELP kvgate_kv_pool_blocks KV pool size in blocks.\n"
+            "# TYPE kvgate_kv_pool_blocks gauge\n"
+            "kvgate_kv_pool_blocks %D\n",
             st.blocks_free, st.blocks_cached, st.blocks_used, st.blocks_pinned,
             st.blocks_total);
 

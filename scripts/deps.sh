@@ -9,6 +9,7 @@ pkgs=(
     nginx nginx-dev libpcre2-dev zlib1g-dev
     clang libclang-rt-14-dev
     libopenblas-dev libsimde-dev
+    prometheus  # promtool and a real scrape for t/prometheus.t
 )
 
 missing=()
