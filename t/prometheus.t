@@ -96,6 +96,7 @@ my $g = Kvgate::Gateway->new(
                  { name => 's', args => [ '--model', 'synthetic:260K', '--tokenizer', "$d/tok512.bin" ] } ],
     group => 'route prefix;');
 my ($syn) = map { $_->{model} } grep { $_->{name} eq 's' } @{ $g->status->{engines} };
+note("engine s serves " . ($syn // "?"));
 
 # ---- Prometheus on loopback, scraping it every second -----------------------------------------
 
@@ -189,7 +190,7 @@ sub count_status { $status{ $_[0] }++; return $_[0] }
 sub done {
     my ($what, $st, $want) = @_;
     count_status($st);
-    is($st, $want, "$what: $want");
+    return is($st, $want, "$what: $want");
 }
 
 my $r;
@@ -225,7 +226,8 @@ for my $tenant (sort keys %odd) {
     close $s;
     done("tenant $odd{$tenant}", $st, 200);
 }
-done("the other engine's model", $g->completion({ model => $syn, prompt => "$system Five.", max_tokens => 4 })->{status}, 200);
+$r = $g->completion({ model => $syn, prompt => "$system Five.", max_tokens => 4 });
+done("the other engine's model", $r->{status}, 200) or diag($r->{body});
 done('bad JSON', $g->post('/v1/completions', '{"model": ')->{status}, 400);
 done('an unknown model', $g->completion({ model => 'gpt-4', prompt => 'x' })->{status}, 404);
 
@@ -241,7 +243,7 @@ my $m = $g->wait_metrics(sub {
 }, "all $n requests counted");
 
 # What the gateway logged per request: the prompt, cached tokens and TTFT of those answered.
-my @log = grep { / p=\d+ / } $g->wait_log(qr/^\d{3} t=/, count => $n);
+my @log = grep { /^200 .* p=\d+ / } $g->wait_log(qr/^\d{3} t=/, count => $n);
 my $prompt = sum(map { / p=(\d+) / } @log);
 my $cached = sum(map { / c=(\d+) / } @log);
 my @ttft = sort { $a <=> $b } map { / ttft=([\d.]+) / ? $1 : () } @log;
