@@ -9,6 +9,8 @@ pkgs=(
     nginx nginx-dev libpcre2-dev zlib1g-dev
     clang libclang-rt-14-dev
     libopenblas-dev libsimde-dev
+    # t/gateway-dashboard.t loads the status page in a real browser (headless)
+    chromium
 )
 
 missing=()
