@@ -7,7 +7,7 @@
 # data points, the page updates by itself after more traffic, and it fits a phone's
 # width. Screenshots: $BUILD/dashboard.png (laptop) and $BUILD/dashboard-phone.png.
 # Skips the browser part with a message when chromium is not installed (make deps
-# installs it).
+# installs it; KVGATE_CHROMIUM=path names another binary).
 use strict;
 use warnings;
 
@@ -103,12 +103,23 @@ traffic(1);
 
 # ---- the browser -------------------------------------------------------------------------
 
-my ($chromium) = grep { -x } map { ("/usr/bin/$_", "/usr/local/bin/$_") } qw(chromium chromium-browser google-chrome);
+# KVGATE_CHROMIUM=path: another browser binary (a path that does not exist: the skip).
+my ($chromium) = grep { -x } ($ENV{KVGATE_CHROMIUM} // map { ("/usr/bin/$_", "/usr/local/bin/$_") }
+                                                     qw(chromium chromium-browser google-chrome));
 unless ($chromium) {
-    diag('chromium is not installed (make deps installs it): the browser checks are skipped');
+    SKIP: { skip 'chromium is not installed (make deps installs it): no browser checks', 1 }
     $g->stop;
     done_testing;
     exit 0;
+}
+
+# Ends the file after a failed step the others depend on (the failure is already counted).
+sub give_up {
+    my ($why) = @_;
+    diag($why);
+    $g->stop;
+    done_testing;
+    exit 1;
 }
 
 my $profile = tempdir('kvgate-chromium-XXXXXX', TMPDIR => 1, CLEANUP => 1);
@@ -142,8 +153,7 @@ my $dt_port = $t->wait_for(sub {
     return $p && $p =~ /^(\d+)\s*$/ ? $1 : undef;
 }, 'chromium listening for DevTools', 60);
 ok($dt_port, 'chromium started with DevTools') or do {
-    diag(`cat $profile/chromium.out 2>/dev/null`);
-    BAIL_OUT('chromium did not start');
+    give_up("chromium did not start:\n" . (`cat $profile/chromium.out 2>/dev/null` // ''));
 };
 
 my $target = $t->wait_for(sub {
@@ -153,7 +163,7 @@ my $target = $t->wait_for(sub {
     my ($p) = grep { $_->{type} eq 'page' && $_->{url} =~ m{/status} } @$list;
     return $p;
 }, 'the page target in chromium', 30);
-ok($target, 'the page is open in chromium') or BAIL_OUT('no page target');
+ok($target, 'the page is open in chromium') or give_up('chromium lists no page for the status page');
 
 my $cdp = Cdp->open_ws($dt_port, $target->{webSocketDebuggerUrl});
 ok($t->wait_for(sub {
