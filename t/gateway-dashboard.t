@@ -256,10 +256,16 @@ sub check_against_metrics {
         ok(same(val($d, $k), $e->{$k}), "$what: $k on the page is " . ($e->{$k} // 'none') . ' as in /metrics')
             or diag("the page shows " . ($d->{values}{$k}{v} // 'nothing') . " ('" . ($d->{values}{$k}{text} // '') . "')");
     }
-    return $d;
+    return wantarray ? ($d, $e) : $d;
 }
 
-my $d = check_against_metrics('after the first traffic', sub { ($_[0]{values}{polls}{v} // 0) >= 3 });
+my ($d, $e) = check_against_metrics('after the first traffic', sub { ($_[0]{values}{polls}{v} // 0) >= 3 });
+# Every family compared was found in /metrics (a renamed metric fails here rather than
+# silently leaving its values unchecked).
+for my $k (qw(hit_rate_total ttft_p50_total kv_free kv_cached evict_lru tenant:acme status:200 status:404)) {
+    ok(defined $e->{$k}, "/metrics has what the page's $k is compared with");
+}
+ok(grep(/^engine:.*:up$/, keys %$e), "/metrics has the engines' up/down the page shows");
 is($d->{conn}, 'live', 'the page says it is live');
 ok(val($d, 'req_total') == $sent, "the page counts the $sent requests sent");
 ok(val($d, 'tenant:acme') > 0 && val($d, 'tenant:beta') > 0, 'both tenants hold cached blocks on the page');
