@@ -10,6 +10,8 @@ pkgs=(
     clang libclang-rt-14-dev
     libopenblas-dev libsimde-dev
     prometheus  # promtool and a real scrape for t/prometheus.t
+    # t/gateway-dashboard.t loads the status page in a real browser (headless)
+    chromium
 )
 
 missing=()
