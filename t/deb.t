@@ -343,6 +343,8 @@ my $c = $r->{status} == 200 ? eval { decode_json($r->{content}) } : {};
 ok(length($c->{choices}[0]{text} // '') > 0 && ($c->{usage}{completion_tokens} // 0) >= 1, 'it generated text')
     or diag($r->{content});
 like($http->get("$base/metrics")->{content} // '', qr/^kvgate_/m, '/metrics answers');
+my $st = $http->get("$base/status", { headers => { Accept => 'application/json' } });
+ok($st->{status} == 200 && eval { decode_json($st->{content}) }, '/status answers JSON');
 
 # ---- Stop, purge, and the machine as it was ---------------------------------------
 kill 'QUIT', $nginx_pid if $nginx_pid;
