@@ -33,6 +33,7 @@ my $root = abs_path(dirname(abs_path(__FILE__)) . '/..');
 my $build = $ENV{BUILD} || 'build';
 $build = "$root/$build" unless $build =~ m{^/};
 my $force = ($ENV{KVGATE_DEB_TEST} // '') eq '1';
+my $parent = $$;
 
 sub skip_or_fail {
     my ($why) = @_;
@@ -63,7 +64,6 @@ for my $p (qw(libnginx-mod-http-kvgate kvgate-engine)) {
 }
 
 my $t0 = time;
-my $parent = $$;
 
 # ---- The machine as found ---------------------------------------------------------
 my $menabled = '/etc/nginx/modules-enabled';
