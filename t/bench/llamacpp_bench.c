@@ -4,12 +4,12 @@
  *
  *   - prefill tokens/s for a P-token prompt (default 1000) in one llama_decode call
  *     (n_batch = n_ubatch = P, like kvgate's single step), median of R after a warm-up;
- *   - decode tokens/s at batch 1 with T threads and with 1 thread, and at batch 8 and
+ *   - decode tokens/s at batch 1 with T threads (and with 1 thread: --t1), at batch 8 and
  *     32 (aggregate; one sequence each, in one context with n_seq_max = B), each
  *     sequence after a 32-token prompt, greedy (argmax of the logits, as engine_bench).
  *
  *   build/bench/llamacpp_bench --model F.gguf --lib DIR|libllama.so [--prompt 1000]
- *       [--threads 2] [--decode-steps 32] [--reps 3] [--batches 1,8,32] [--verbose]
+ *       [--threads 2] [--decode-steps 32] [--reps 3] [--batches 1,8,32] [--t1] [--verbose]
  *
  * The library is dlopened (node-llama-cpp's prebuilt build, npm package
  * @node-llama-cpp/linux-x64): nothing here needs llama.cpp headers. The structs passed
@@ -75,7 +75,7 @@ typedef struct lc_api {
     void (*set_n_threads)(void *ctx, int32_t n, int32_t n_batch);
 } lc_api;
 
-static int verbose;
+static int verbose, single_thread_row;
 
 static void quiet_log(int level, const char *text, void *ud)
 {
@@ -265,13 +265,13 @@ int main(int argc, char **argv)
 
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(argv[i], "--verbose") == 0) {
-            verbose = 1;
+        if (strcmp(argv[i], "--verbose") == 0 || strcmp(argv[i], "--t1") == 0) {
+            *(argv[i][2] == 'v' ? &verbose : &single_thread_row) = 1;
             continue;
         }
         if (!v) {
             fprintf(stderr, "usage: llamacpp_bench --model F.gguf --lib DIR|libllama.so [--prompt N] [--threads N] "
-                            "[--decode-steps N] [--reps N] [--batches 1,8,32] [--verbose]\n");
+                            "[--decode-steps N] [--reps N] [--batches 1,8,32] [--t1] [--verbose]\n");
             return 2;
         }
         if (strcmp(argv[i], "--model") == 0)
@@ -350,7 +350,7 @@ int main(int argc, char **argv)
     }
 
     /* ---- decode ---- */
-    double dec[8], dec1_t1 = 0;
+    double dec[8], dec1_t1 = -1;
     int32_t first[8] = { 0 };
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
@@ -362,13 +362,13 @@ int main(int argc, char **argv)
         for (int r = 0; r < reps; r++)
             t[r] = decode_run(&api, ctx, toks, B, dec_prompt, steps, V, B == 1 ? first : NULL);
         dec[bi] = (double)B * steps / median(t, reps);
-        if (B == 1 && threads > 1) {
+        if (B == 1 && threads > 1 && single_thread_row) {
             api.set_n_threads(ctx, 1, 1);
             decode_run(&api, ctx, toks, 1, dec_prompt, 2, V, NULL);
             for (int r = 0; r < reps; r++)
                 t[r] = decode_run(&api, ctx, toks, 1, dec_prompt, steps, V, NULL);
             dec1_t1 = steps / median(t, reps);
-        } else if (B == 1) {
+        } else if (B == 1 && threads == 1) {
             dec1_t1 = dec[bi];
         }
         api.free_ctx(ctx);
@@ -379,7 +379,7 @@ int main(int argc, char **argv)
         char label[64];
         snprintf(label, sizeof label, "decode batch %d (aggregate tok/s)", batches[bi]);
         printf("%-34s %10.1f t/s\n", label, dec[bi]);
-        if (batches[bi] == 1)
+        if (batches[bi] == 1 && dec1_t1 >= 0)
             printf("%-34s %10.1f t/s\n", "decode batch 1, 1 thread", dec1_t1);
     }
     printf("prefill: %d-token prompt in one llama_decode, median of %d; decode: %d steps after a %d-token prompt, "
@@ -389,7 +389,9 @@ int main(int argc, char **argv)
     printf("\nRESULT llamacpp=1 prefill=%.1f", prompt / t_prefill);
     for (int bi = 0; bi < nb; bi++)
         printf(" dec%d=%.1f", batches[bi], dec[bi]);
-    printf(" dec1_t1=%.1f threads=%d\n", dec1_t1, threads);
+    if (dec1_t1 >= 0)
+        printf(" dec1_t1=%.1f", dec1_t1);
+    printf(" threads=%d\n", threads);
 
     free(toks);
     api.model_free(model);

@@ -2,7 +2,7 @@
  * vocabulary, so that kvgate and llama.cpp can be timed on identical weights.
  *
  *   build/bench/synth_gguf --shape 15M|110M|tiny --dtype f32|f16|bf16|q8_0|q4_0|q4_k|q6_k
- *                          --vocab VOCAB.gguf --out FILE.gguf [--seed N]
+ *                          --vocab VOCAB.gguf --out FILE.gguf [--seed N] [--ctx N]
  *
  * Weights: the generator of engine/model_synthetic.c, reproduced here (a counter-based
  * Weyl sequence through the murmur3 finalizer, uniform in +-1/sqrt(fan_in), tensor k
@@ -13,8 +13,12 @@
  * src/quant.h. Norm weights are 1 and stay F32 in every file (as llama.cpp's own
  * converters keep them). Embeddings are tied (no output.weight), as in the presets.
  *
- * "tiny" (dim 64, hidden 172, 2 layers, 8/4 heads, context 256) keeps the 32,000-piece
- * vocabulary: a few MiB, for the test that keeps this writer from rotting.
+ * --ctx N overrides the context length written (the 110M preset's 1,024 is too short for
+ * a 1,000-token prompt plus the bench's headroom; RoPE models have no learned positions,
+ * so only the limit changes).
+ *
+ * "tiny" (dim 256, hidden 512, 2 layers, 8/4 heads, context 256) keeps the 32,000-piece
+ * vocabulary: ~40 MiB in F32, for the test that keeps this writer from rotting.
  *
  * The tokenizer: every tokenizer.* key of VOCAB.gguf (a vocabulary-only GGUF, e.g.
  * ../shared/tokenizers/vectors/ggml-vocab-llama-spm.gguf), copied value for value.
@@ -51,7 +55,7 @@ typedef struct shape {
 
 /* 15M and 110M: engine/model_synthetic.c's presets (vocab 32000, tied). */
 static const shape shapes[] = {
-    { "tiny", 64, 172, 2, 8, 4, 256 },
+    { "tiny", 256, 512, 2, 8, 4, 256 },   /* K dims multiples of 256: every block type */
     { "15M", 288, 768, 6, 6, 6, 256 },
     { "110M", 768, 2048, 12, 12, 12, 1024 },
 };
@@ -237,7 +241,7 @@ static int convert_row(const dtype_info *d, const float *src, void *dst, int64_t
 static int usage(void)
 {
     fprintf(stderr, "usage: synth_gguf --shape 15M|110M|tiny --dtype f32|f16|bf16|q8_0|q4_0|q4_k|q6_k "
-                    "--vocab VOCAB.gguf --out FILE.gguf [--seed N]\n");
+                    "--vocab VOCAB.gguf --out FILE.gguf [--seed N] [--ctx N]\n");
     return 2;
 }
 
@@ -245,6 +249,7 @@ int main(int argc, char **argv)
 {
     const char *shape_name = "15M", *dtype_name = "f32", *vocab_path = NULL, *out_path = NULL;
     uint32_t seed = DEFAULT_SEED;
+    int ctx_len = 0;
     const shape *sh = NULL;
     const dtype_info *dt = NULL;
     char err[512];
@@ -263,6 +268,8 @@ int main(int argc, char **argv)
             out_path = v;
         else if (strcmp(argv[i], "--seed") == 0)
             seed = (uint32_t)strtoul(v, NULL, 0);
+        else if (strcmp(argv[i], "--ctx") == 0)
+            ctx_len = atoi(v);
         else
             return usage();
     }
@@ -274,8 +281,10 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
         if (strcasecmp(dtypes[i].name, dtype_name) == 0)
             dt = &dtypes[i];
-    if (!sh || !dt)
+    if (!sh || !dt || ctx_len < 0)
         return usage();
+    if (!ctx_len)
+        ctx_len = sh->ctx;
     if (dt->quant >= 0 && !HAVE_QUANT) {
         fprintf(stderr, "synth_gguf: %s needs src/quant.h (not in this build)\n", dt->name);
         return 3;
@@ -365,7 +374,7 @@ int main(int argc, char **argv)
     kv_str("general.name", gname);
     kv_u32("general.alignment", ALIGN);
     kv_u32("general.file_type", file_type[dt - dtypes]);
-    kv_u32("llama.context_length", (uint32_t)sh->ctx);
+    kv_u32("llama.context_length", (uint32_t)ctx_len);
     kv_u32("llama.embedding_length", (uint32_t)D);
     kv_u32("llama.feed_forward_length", (uint32_t)H);
     kv_u32("llama.block_count", (uint32_t)sh->layers);
