@@ -289,6 +289,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "synth_gguf: %s needs src/quant.h (not in this build)\n", dt->name);
         return 3;
     }
+#if HAVE_QUANT
+    if (dt->quant >= 0) {
+        /* This table and src/quant.h describe the same formats. */
+        static const kvg_qtype q[] = { KVG_Q8_0, KVG_Q4_0, KVG_Q4_K, KVG_Q6_K };
+        kvg_qtype t = q[dt->quant];
+        if (kvg_quant_ggml_type(t) != dt->ggml || kvg_quant_block_bytes(t) != dt->block_bytes
+            || kvg_quant_block_elems(t) != dt->block) {
+            fprintf(stderr, "synth_gguf: %s: src/quant.h disagrees on the block format\n", dt->name);
+            return 1;
+        }
+    }
+#endif
 
     kvg_gguf *vg = kvg_gguf_open(vocab_path, err, sizeof err);
     if (!vg) {
