@@ -286,6 +286,12 @@ $(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRCS) $(ENGINE_SRCS) $(HDRS) | $(BUILD)/fuzz
 $(BUILD)/obj $(BUILD)/bin $(BUILD)/t $(BUILD)/bench $(BUILD)/asan/obj $(BUILD)/asan/t $(BUILD)/fuzz:
 	mkdir -p $@
 
+# The status page kvgate_status serves to browsers: ngx_module/dashboard/index.html as a C
+# string. The generated file is committed (a build needs nothing but a C compiler) and
+# remade here when the page changes; t/gateway-dashboard.t checks it is up to date.
+ngx_module/ngx_http_kvgate_dashboard.c: ngx_module/dashboard/index.html ngx_module/dashboard/embed.pl
+	perl ngx_module/dashboard/embed.pl $< > $@.tmp && mv -f $@.tmp $@
+
 module: $(MODULE)
 module-asan: $(MODULE_ASAN)
 

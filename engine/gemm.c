@@ -18,6 +18,7 @@
 #endif
 
 #include "cpu/gemm_kernels.h"
+#include "cpu/gemm_quant.h"
 
 /* Below this many multiply-adds a job costs less than waking a worker. */
 #define KVG_GEMM_MIN_PARALLEL_MACS 65536.0
@@ -26,6 +27,14 @@ static const kvg_gemm_kernel_fn kernels[] = {
     [KVG_ISA_GENERIC] = kvg_gemm_kernel_generic,
     [KVG_ISA_AVX2] = kvg_gemm_kernel_avx2,
     [KVG_ISA_AVX512] = kvg_gemm_kernel_avx512,
+};
+
+/* Quantized W (gemm_quant.h): their own small-M kernels; prefill runs the F32 packed
+ * path above, which dequantizes W while packing it. */
+static const kvg_gemm_kernel_fn qkernels[] = {
+    [KVG_ISA_GENERIC] = kvg_gemm_qkernel_generic,
+    [KVG_ISA_AVX2] = kvg_gemm_qkernel_avx2,
+    [KVG_ISA_AVX512] = kvg_gemm_qkernel_avx512,
 };
 
 static const kvg_gemm_plan_fn plans[] = {
@@ -289,8 +298,9 @@ static int setup(kvg_gemm_isa_id isa, const float *x, int M, int K, const kvg_te
                  struct par_ctx *p)
 {
     /* The caller's bugs, refused without touching y (see gemm.h). */
-    if (!w || (w->dtype != KVG_DT_F32 && w->dtype != KVG_DT_F16 && w->dtype != KVG_DT_BF16) ||
-        M < 0 || K < 0 || w->cols != K || w->rows < 0 || w->rows > 0x7fffffff ||
+    if (!w || (w->dtype != KVG_DT_F32 && w->dtype != KVG_DT_F16 && w->dtype != KVG_DT_BF16 &&
+               !kvg_gemm_dt_quant(w->dtype)) ||
+        (kvg_gemm_dt_quant(w->dtype) && K % kvg_gemm_q_block(w->dtype) != 0) || M < 0 || K < 0 || w->cols != K || w->rows < 0 || w->rows > 0x7fffffff ||
         !kvg_gemm_isa_supported(isa))
         return -1;
     if (M == 0 || w->rows == 0)
@@ -310,7 +320,7 @@ static int setup(kvg_gemm_isa_id isa, const float *x, int M, int K, const kvg_te
 
     plans[isa](job, plan);
     p->job = job;
-    p->fn = kernels[isa];
+    p->fn = kvg_gemm_dt_quant(job->dt) ? qkernels[isa] : kernels[isa];
     p->pack = x_packers[isa];
     p->ws = NULL;
     /* Decode keeps finer groups: its kernel has no panels to fill. */
@@ -356,7 +366,7 @@ int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, 
         }
     }
     /* On the calling thread alone: participant 0's scratch is free. */
-    kernels[isa](&job, 0, job.N, p.ws ? &ws->parts[0].s : NULL);
+    p.fn(&job, 0, job.N, p.ws ? &ws->parts[0].s : NULL);
     return 0;
 }
 
@@ -437,7 +447,7 @@ int kvg_gemm_multi_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws
         return 0;
     }
     for (int i = 0; i < mc.n; i++)
-        kernels[isa](&jobs[i], 0, jobs[i].N, mc.p[i].ws ? &ws->parts[0].s : NULL);
+        mc.p[i].fn(&jobs[i], 0, jobs[i].N, mc.p[i].ws ? &ws->parts[0].s : NULL);
     return 0;
 }
 

@@ -16,7 +16,13 @@
 typedef enum kvg_dtype {
     KVG_DT_F32 = 0,
     KVG_DT_F16 = 1,
-    KVG_DT_BF16 = 2
+    KVG_DT_BF16 = 2,
+    /* GGUF block formats (src/quant.h): `data` points at the raw blocks, rows
+     * contiguous, cols a multiple of the block. */
+    KVG_DT_Q8_0 = 3,
+    KVG_DT_Q4_0 = 4,
+    KVG_DT_Q4_K = 5,
+    KVG_DT_Q6_K = 6
 } kvg_dtype;
 
 /* A row-major matrix [rows][cols] (a vector has rows == 1). Linear layers are stored
@@ -116,10 +122,16 @@ void kvg_model_free(kvg_model *m);
  * F32), so other implementations can run identical weights. 0 or -1 with err. */
 int kvg_model_export_llama2c(const kvg_model *m, const char *path, char *err, size_t err_len);
 
-/* Bytes per element and row conversion helpers shared by loaders and kernels. */
+/* Bytes per element (F32, F16, BF16; 0 for the block formats) and row conversion
+ * helpers shared by loaders and kernels. */
 size_t kvg_dtype_size(kvg_dtype t);
 const char *kvg_dtype_name(kvg_dtype t);
-/* Converts row r of t to F32 (cols floats). */
+int kvg_dtype_is_quant(kvg_dtype t);                     /* Q8_0 .. Q6_K */
+int kvg_dtype_block(kvg_dtype t);                        /* elements per block: 1, 32 or 256 */
+size_t kvg_dtype_block_bytes(kvg_dtype t);               /* 4, 2, 2, 34, 18, 144, 210 */
+size_t kvg_dtype_row_bytes(kvg_dtype t, int64_t cols);   /* cols / block * block bytes */
+/* Converts row r of t to F32 (cols floats); block formats to their defined values
+ * (src/quant.h). */
 void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out);
 
 #endif

@@ -18,6 +18,7 @@
 
 #include "gguf.h"
 #include "model_internal.h"
+#include "quant.h"
 
 /* Allocations at least this big get their own anonymous mapping. */
 #define BIG_ALLOC (1u << 20)
@@ -171,8 +172,34 @@ size_t kvg_dtype_size(kvg_dtype t)
     case KVG_DT_F32: return 4;
     case KVG_DT_F16: return 2;
     case KVG_DT_BF16: return 2;
+    default: return 0;
     }
-    return 0;
+}
+
+int kvg_dtype_is_quant(kvg_dtype t)
+{
+    return t >= KVG_DT_Q8_0 && t <= KVG_DT_Q6_K;
+}
+
+/* The block format of a quantized dtype (the enums list them in the same order). */
+static kvg_qtype qtype_of(kvg_dtype t)
+{
+    return (kvg_qtype)(t - KVG_DT_Q8_0);
+}
+
+int kvg_dtype_block(kvg_dtype t)
+{
+    return kvg_dtype_is_quant(t) ? kvg_quant_block_elems(qtype_of(t)) : 1;
+}
+
+size_t kvg_dtype_block_bytes(kvg_dtype t)
+{
+    return kvg_dtype_is_quant(t) ? kvg_quant_block_bytes(qtype_of(t)) : kvg_dtype_size(t);
+}
+
+size_t kvg_dtype_row_bytes(kvg_dtype t, int64_t cols)
+{
+    return (size_t)(cols / kvg_dtype_block(t)) * kvg_dtype_block_bytes(t);
 }
 
 const char *kvg_dtype_name(kvg_dtype t)
@@ -181,6 +208,10 @@ const char *kvg_dtype_name(kvg_dtype t)
     case KVG_DT_F32: return "F32";
     case KVG_DT_F16: return "F16";
     case KVG_DT_BF16: return "BF16";
+    case KVG_DT_Q8_0: return "Q8_0";
+    case KVG_DT_Q4_0: return "Q4_0";
+    case KVG_DT_Q4_K: return "Q4_K";
+    case KVG_DT_Q6_K: return "Q6_K";
     }
     return "?";
 }
@@ -251,7 +282,11 @@ uint16_t kvgm_f32_to_f16(float f)
 void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out)
 {
     size_t cols = (size_t)t->cols;
-    const unsigned char *base = (const unsigned char *)t->data + (size_t)r * cols * kvg_dtype_size(t->dtype);
+    const unsigned char *base = (const unsigned char *)t->data + (size_t)r * kvg_dtype_row_bytes(t->dtype, t->cols);
+    if (kvg_dtype_is_quant(t->dtype)) {
+        kvg_dequant_row(qtype_of(t->dtype), base, out, t->cols);
+        return;
+    }
     switch (t->dtype) {
     case KVG_DT_F32:
         memcpy(out, base, cols * 4);
@@ -269,6 +304,8 @@ void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out)
             memcpy(&h, base + 2 * i, 2);
             out[i] = kvgm_bf16_to_f32(h);
         }
+        break;
+    default:
         break;
     }
 }
@@ -288,7 +325,8 @@ const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n)
 int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t rows, int64_t cols,
               char *err, size_t err_len)
 {
-    size_t es = kvg_dtype_size(dt);
+    /* Block formats are read bytewise (their f16 scales sit at odd offsets anyway). */
+    size_t es = kvg_dtype_is_quant(dt) ? 1 : kvg_dtype_size(dt);
     t->dtype = dt;
     t->rows = rows;
     t->cols = cols;
@@ -298,7 +336,7 @@ int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t 
     }
     /* Kernels load whole elements; a misaligned tensor (possible in safetensors) is
      * the one case where an unchanged layout still needs a copy. */
-    size_t n = (size_t)rows * (size_t)cols * es;
+    size_t n = (size_t)rows * kvg_dtype_row_bytes(dt, cols);
     void *c = kvgm_alloc(m, n);
     if (!c) {
         kvg_set_err(err, err_len, "out of memory copying a %zu-byte tensor", n);

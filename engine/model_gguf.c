@@ -15,6 +15,7 @@
 #include "gguf.h"
 #include "model_formats.h"
 #include "model_internal.h"
+#include "quant.h"
 
 #define GGML_F32 0
 #define GGML_F16 1
@@ -72,6 +73,7 @@ static int get_float(ctx *c, const char *key, float dflt, float *out)
 static int find(ctx *c, const char *name, int64_t rows, int64_t cols, int optional, const void **data,
                 kvg_dtype *dt)
 {
+    kvg_qtype qt;
     const kvg_gguf_tensor *t = kvg_gguf_find_tensor(c->g, name);
     *data = NULL;
     if (!t) {
@@ -84,14 +86,22 @@ static int find(ctx *c, const char *name, int64_t rows, int64_t cols, int option
     case GGML_F32: *dt = KVG_DT_F32; break;
     case GGML_F16: *dt = KVG_DT_F16; break;
     case GGML_BF16: *dt = KVG_DT_BF16; break;
-    default: {
+    default:
+        /* The block formats, for matrices only (norm vectors are F32 in every
+         * converter's output). */
+        if (rows && kvg_quant_from_ggml(t->type, &qt) == 0) {
+            *dt = (kvg_dtype)(KVG_DT_Q8_0 + (int)qt);
+            break;
+        }
+        {
         const char *tn = kvg_gguf_ggml_type_name(t->type);
         char num[16];
         snprintf(num, sizeof num, "type %u", t->type);
-        kvg_set_err(c->err, c->err_len, "%s: unsupported dtype %s for tensor %s (supported: F32, F16, BF16)",
-                 c->path, tn ? tn : num, name);
+        kvg_set_err(c->err, c->err_len,
+                    "%s: unsupported dtype %s for tensor %s (supported: F32, F16, BF16%s)", c->path,
+                    tn ? tn : num, name, rows ? ", Q8_0, Q4_0, Q4_K, Q6_K" : "");
         return -1;
-    }
+        }
     }
     uint64_t want_rows = rows ? (uint64_t)rows : 1;
     int bad = t->ne[0] != (uint64_t)cols || t->ne[1] != want_rows || t->ne[2] != 1 || t->ne[3] != 1;
@@ -108,6 +118,12 @@ static int find(ctx *c, const char *name, int64_t rows, int64_t cols, int option
             snprintf(want, sizeof want, "[%lld]", (long long)cols);
         kvg_set_err(c->err, c->err_len, "%s: tensor %s has shape %s (rows, cols), the hyperparameters need %s",
                  c->path, name, got, want);
+        return -1;
+    }
+    if (cols % kvg_dtype_block(*dt) != 0) {
+        /* (the GGUF reader refuses such a tensor already; kept for other callers) */
+        kvg_set_err(c->err, c->err_len, "%s: tensor %s of type %s has %lld columns, not a multiple of its "
+                    "block of %d", c->path, name, kvg_dtype_name(*dt), (long long)cols, kvg_dtype_block(*dt));
         return -1;
     }
     if (!t->data) {

@@ -9,6 +9,7 @@
 
 #include "ngx_http_kvgate_metrics.h"
 #include "route.h"
+#include "utf8.h"
 
 #include <jansson.h>
 
@@ -60,31 +61,48 @@ ngx_http_kvgate_printf(ngx_http_kvgate_text_t *t, const char *fmt, ...)
 }
 
 
-/* A label value with '\', '"' and newlines escaped (Prometheus text format). */
+/*
+ * A label value with '\', '"' and newlines escaped (Prometheus text format).
+ * A tenant is any bytes a client sent, but Prometheus rejects a whole scrape
+ * whose label values are not UTF-8: a byte that is not part of a valid
+ * sequence is written as the four characters \xHH (as nginx's access log
+ * writes it), so one odd tenant cannot blind the scrape.
+ */
 
 static u_char *
 ngx_http_kvgate_label(ngx_pool_t *pool, const char *s)
 {
-    size_t   n, i;
-    u_char  *out, *p;
+    int                   len;
+    size_t                n, i;
+    u_char               *out, *p;
+    uint32_t              cp;
+    const unsigned char  *u = (const unsigned char *) s;
 
     n = ngx_strlen(s);
-    out = ngx_pnalloc(pool, 2 * n + 1);
+    out = ngx_pnalloc(pool, 5 * n + 1);
     if (out == NULL) {
         return (u_char *) "";
     }
 
-    for (p = out, i = 0; i < n; i++) {
-        if (s[i] == '\\' || s[i] == '"') {
+    for (p = out, i = 0; i < n; /* void */) {
+        if (u[i] == '\\' || u[i] == '"') {
             *p++ = '\\';
-            *p++ = s[i];
+            *p++ = u[i++];
 
-        } else if (s[i] == '\n') {
+        } else if (u[i] == '\n') {
             *p++ = '\\';
             *p++ = 'n';
+            i++;
+
+        } else if (u[i] < 0x80) {
+            *p++ = u[i++];
+
+        } else if ((len = kvg_utf8_decode(u + i, n - i, &cp)) > 0) {
+            p = ngx_cpymem(p, u + i, len);
+            i += len;
 
         } else {
-            *p++ = s[i];
+            p = ngx_sprintf(p, "\\\\x%02xui", (ngx_uint_t) u[i++]);
         }
     }
 
@@ -461,9 +479,9 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
             "kvgate_kv_blocks{state=\"cached\"} %D\n"
             "kvgate_kv_blocks{state=\"used\"} %D\n"
             "kvgate_kv_blocks{state=\"pinned\"} %D\n"
-            "# HELP kvgate_kv_blocks_total KV pool size in blocks.\n"
-            "# TYPE kvgate_kv_blocks_total gauge\n"
-            "kvgate_kv_blocks_total %D\n",
+            "# HELP kvgate_kv_pool_blocks KV pool size in blocks.\n"
+            "# TYPE kvgate_kv_pool_blocks gauge\n"
+            "kvgate_kv_pool_blocks %D\n",
             st.blocks_free, st.blocks_cached, st.blocks_used, st.blocks_pinned,
             st.blocks_total);
 
@@ -559,16 +577,50 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
 
 /* ---- JSON status ---- */
 
-/* "engines": every engine of the configuration, as this worker sees it. */
+/* The engine's KV pool and prefix cache, as "kv" and "cache" say them (the
+   top-level ones for the first engine, and each entry of "engines"). */
+
+static json_t *
+ngx_http_kvgate_status_kv(const kvg_stats *st)
+{
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}",
+                     "blocks_total", (json_int_t) st->blocks_total,
+                     "free", (json_int_t) st->blocks_free,
+                     "cached", (json_int_t) st->blocks_cached,
+                     "used", (json_int_t) st->blocks_used,
+                     "pinned", (json_int_t) st->blocks_pinned,
+                     "block_tokens", (json_int_t) st->block_tokens);
+}
+
+
+static json_t *
+ngx_http_kvgate_status_cache(const kvg_stats *st)
+{
+    return json_pack("{s:I, s:I, s:f, s:{s:I, s:I, s:I}}",
+                     "query_tokens", (json_int_t) st->query_tokens,
+                     "hit_tokens", (json_int_t) st->hit_tokens,
+                     "hit_rate", st->query_tokens
+                         ? (double) st->hit_tokens / st->query_tokens : 0.0,
+                     "evictions", "lru", (json_int_t) st->evictions_lru,
+                     "ttl", (json_int_t) st->evictions_ttl,
+                     "quota", (json_int_t) st->evictions_quota);
+}
+
+
+/* "engines": every engine of the configuration, as this worker sees it;
+   with its statistics page readable, its pool, cache, queue and tokens too
+   (the status page draws one panel per engine from these). */
 
 static void
 ngx_http_kvgate_status_engines(ngx_http_request_t *r, json_t *root)
 {
-    json_t                        *arr, *o;
-    ngx_uint_t                     i;
+    json_t                        *arr, *o, *routed;
+    ngx_uint_t                     i, k;
+    kvg_stats                      st;
     const kvg_engine_info         *info;
     ngx_http_kvgate_engine_t     **all;
     ngx_http_kvgate_main_conf_t   *kmcf;
+    ngx_http_kvgate_shctx_t       *sh = ngx_http_kvgate_metrics_zone();
 
     kmcf = ngx_http_get_module_main_conf(r, ngx_http_kvgate_module);
     all = kmcf->engines.elts;
@@ -594,15 +646,279 @@ ngx_http_kvgate_status_engines(ngx_http_request_t *r, json_t *root)
             json_object_set_new(o, "model", json_string(info->model_name));
             json_object_set_new(o, "model_id",
                                 json_string(info->model_id_hex));
+            json_object_set_new(o, "context_length",
+                                json_integer(info->context_length));
             json_object_set_new(o, "pid", json_integer(info->engine_pid));
             json_object_set_new(o, "load_tokens", json_integer(
                 (json_int_t) ngx_http_kvgate_engine_load(all[i])));
+
+            if (kvg_client_stats(ngx_http_kvgate_engine_client(all[i]), &st)
+                == 0)
+            {
+                json_object_set_new(o, "kv", ngx_http_kvgate_status_kv(&st));
+                json_object_set_new(o, "cache",
+                                    ngx_http_kvgate_status_cache(&st));
+                json_object_set_new(o, "scheduler", json_pack(
+                    "{s:i, s:i, s:i, s:I, s:I}",
+                    "waiting", (json_int_t) st.waiting,
+                    "running", (json_int_t) st.running,
+                    "held", (json_int_t) st.held,
+                    "prefill_tokens", (json_int_t) st.prefill_tokens,
+                    "decode_tokens", (json_int_t) st.decode_tokens));
+            }
+        }
+
+        /* kvgate_route_requests_total{engine=...}, by reason */
+        if (i < NGX_HTTP_KVGATE_MAX_ENGINES) {
+            routed = json_object();
+
+            for (k = 0; k < NGX_HTTP_KVGATE_N_ROUTE_NAMES; k++) {
+                json_object_set_new(routed,
+                    kvg_route_reason_name((kvg_route_reason) k),
+                    json_integer((json_int_t) sh->routed[i][k]));
+            }
+
+            json_object_set_new(o, "routed", routed);
         }
 
         json_array_append_new(arr, o);
     }
 
     json_object_set_new(root, "engines", arr);
+}
+
+
+/* "by_bucket": kvgate_requests_total summed over endpoints, by length bucket
+   and status ({"none": {"200": 3}, "128-1024": {...}}: buckets with no
+   request left out), and "buckets": the token counters of each bucket. */
+
+static void
+ngx_http_kvgate_status_buckets(ngx_http_request_t *r, json_t *gw,
+    ngx_http_kvgate_shctx_t *sh)
+{
+    char                         num[NGX_INT_T_LEN + 1];
+    json_t                      *by, *st, *arr;
+    uint64_t                     n;
+    ngx_uint_t                   e, b, k;
+    const char                  *label;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+    by = json_object();
+
+    for (b = 0; b < NGX_HTTP_KVGATE_BUCKET_N; b++) {
+        label = b == NGX_HTTP_KVGATE_BUCKET_NONE
+                ? "none" : kvg_bucket_label(&klcf->buckets, b);
+        st = NULL;
+
+        for (k = 0; k < NGX_HTTP_KVGATE_N_STATUSES; k++) {
+            n = 0;
+
+            for (e = 0; e < NGX_HTTP_KVGATE_EP_N; e++) {
+                n += sh->requests[e][b][k];
+            }
+
+            if (n == 0) {
+                continue;
+            }
+
+            if (st == NULL) {
+                st = json_object();
+            }
+
+            ngx_snprintf((u_char *) num, sizeof(num), "%ui%Z",
+                         ngx_http_kvgate_statuses[k]);
+            json_object_set_new(st, ngx_http_kvgate_statuses[k]
+                                    ? num : "other",
+                                json_integer((json_int_t) n));
+        }
+
+        if (st) {
+            /* a bucket the configuration has no label for adds to "?" */
+            if (json_object_get(by, label)) {
+                json_decref(st);
+                continue;
+            }
+
+            json_object_set_new(by, label, st);
+        }
+    }
+
+    json_object_set_new(gw, "by_bucket", by);
+
+    arr = json_array();
+
+    for (b = 0; b < kvg_buckets_count(&klcf->buckets); b++) {
+        json_array_append_new(arr, json_pack("{s:s, s:I, s:I, s:I}",
+            "bucket", kvg_bucket_label(&klcf->buckets, b),
+            "prompt_tokens", (json_int_t) sh->prompt_tokens[b],
+            "cached_tokens", (json_int_t) sh->cached_tokens[b],
+            "completion_tokens", (json_int_t) sh->completion_tokens[b]));
+    }
+
+    json_object_set_new(gw, "buckets", arr);
+}
+
+
+/* A histogram as /metrics prints it: "le" the finite upper bounds in
+   seconds, "cumulative" the counts at or under each, then the +Inf one. */
+
+static json_t *
+ngx_http_kvgate_status_hist(ngx_http_kvgate_hist_t *h)
+{
+    json_t      *le, *cum, *o;
+    uint64_t     c;
+    ngx_uint_t   i;
+
+    le = json_array();
+    cum = json_array();
+    c = 0;
+
+    for (i = 0; i < NGX_HTTP_KVGATE_N_HIST; i++) {
+        c += h->count[i];
+        json_array_append_new(le, json_real(ngx_http_kvgate_hist_us[i]
+                                            / 1e6));
+        json_array_append_new(cum, json_integer((json_int_t) c));
+    }
+
+    c += h->count[i];
+    json_array_append_new(cum, json_integer((json_int_t) c));
+
+    o = json_object();
+    json_object_set_new(o, "le", le);
+    json_object_set_new(o, "cumulative", cum);
+    json_object_set_new(o, "sum_seconds", json_real(h->sum_us / 1e6));
+    json_object_set_new(o, "count", json_integer((json_int_t) h->n));
+
+    return o;
+}
+
+
+/*
+ * The status page (ngx_http_kvgate_dashboard.c, made from
+ * ngx_module/dashboard/index.html) for a browser: "?format=html", or an
+ * Accept header naming text/html without "?format=json". Everything else
+ * gets the JSON, as before the page existed; the page itself asks for
+ * "?format=json".
+ */
+
+extern const char    ngx_http_kvgate_dashboard_html[];
+extern const size_t  ngx_http_kvgate_dashboard_html_len;
+
+
+static ngx_uint_t
+ngx_http_kvgate_status_wants_html(ngx_http_request_t *r)
+{
+    ngx_str_t         v;
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    if (ngx_http_arg(r, (u_char *) "format", 6, &v) == NGX_OK) {
+        return v.len == 4 && ngx_strncasecmp(v.data, (u_char *) "html", 4)
+                             == 0;
+    }
+
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len == 6
+            && ngx_strncasecmp(h[i].key.data, (u_char *) "Accept", 6) == 0
+            && ngx_strlcasestrn(h[i].value.data,
+                                h[i].value.data + h[i].value.len,
+                                (u_char *) "text/html", 9 - 1)
+               != NULL)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_status_header(ngx_http_request_t *r, const char *name,
+    const char *value)
+{
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+    h->key.data = (u_char *) name;
+    h->key.len = ngx_strlen(name);
+    h->value.data = (u_char *) value;
+    h->value.len = ngx_strlen(value);
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_status_page(ngx_http_request_t *r)
+{
+    ngx_buf_t    *b;
+    ngx_int_t     rc;
+    ngx_chain_t   out;
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b->pos = (u_char *) ngx_http_kvgate_dashboard_html;
+    b->last = b->pos + ngx_http_kvgate_dashboard_html_len;
+    b->memory = 1;
+    b->last_buf = r == r->main;
+    b->last_in_chain = 1;
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = ngx_http_kvgate_dashboard_html_len;
+    ngx_str_set(&r->headers_out.content_type, "text/html; charset=utf-8");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    /* The page loads nothing but itself and the JSON from here; the policy
+       makes the browser hold it to that. */
+    if (ngx_http_kvgate_status_header(r, "Content-Security-Policy",
+            "default-src 'none'; script-src 'unsafe-inline'; "
+            "style-src 'unsafe-inline'; img-src data:; connect-src 'self'; "
+            "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+            != NGX_OK
+        || ngx_http_kvgate_status_header(r, "X-Content-Type-Options",
+                                         "nosniff") != NGX_OK
+        || ngx_http_kvgate_status_header(r, "Cache-Control", "no-cache")
+           != NGX_OK
+        || ngx_http_kvgate_status_header(r, "Vary", "Accept") != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
 }
 
 
@@ -620,10 +936,15 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
     const kvg_engine_info   *info;
     ngx_uint_t               n_engines;
     ngx_http_kvgate_engine_t *e0;
+    ngx_time_t              *tp;
 
     rc = ngx_http_kvgate_get_only(r, "kvgate_status");
     if (rc != NGX_OK) {
         return rc;
+    }
+
+    if (ngx_http_kvgate_status_wants_html(r)) {
+        return ngx_http_kvgate_status_page(r);
     }
 
     root = json_object();
@@ -660,24 +981,8 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
         json_object_set_new(eng, "started_unix_ms",
                             json_integer((json_int_t) st.start_unix_ms));
 
-        json_object_set_new(root, "kv", json_pack(
-            "{s:i, s:i, s:i, s:i, s:i, s:i}",
-            "blocks_total", (json_int_t) st.blocks_total,
-            "free", (json_int_t) st.blocks_free,
-            "cached", (json_int_t) st.blocks_cached,
-            "used", (json_int_t) st.blocks_used,
-            "pinned", (json_int_t) st.blocks_pinned,
-            "block_tokens", (json_int_t) st.block_tokens));
-
-        json_object_set_new(root, "cache", json_pack(
-            "{s:I, s:I, s:f, s:{s:I, s:I, s:I}}",
-            "query_tokens", (json_int_t) st.query_tokens,
-            "hit_tokens", (json_int_t) st.hit_tokens,
-            "hit_rate", st.query_tokens
-                        ? (double) st.hit_tokens / st.query_tokens : 0.0,
-            "evictions", "lru", (json_int_t) st.evictions_lru,
-            "ttl", (json_int_t) st.evictions_ttl,
-            "quota", (json_int_t) st.evictions_quota));
+        json_object_set_new(root, "kv", ngx_http_kvgate_status_kv(&st));
+        json_object_set_new(root, "cache", ngx_http_kvgate_status_cache(&st));
 
         json_object_set_new(root, "scheduler", json_pack(
             "{s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
@@ -770,6 +1075,9 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
                             json_integer((json_int_t) gt));
     }
 
+    ngx_http_kvgate_status_buckets(r, o, sh);
+    json_object_set_new(o, "ttft", ngx_http_kvgate_status_hist(&sh->ttft));
+
     json_object_set_new(o, "backpressure", json_pack("{s:I, s:I, s:I}",
         "pauses", (json_int_t) sh->backpressure[NGX_HTTP_KVGATE_BP_PAUSE],
         "resumes", (json_int_t) sh->backpressure[NGX_HTTP_KVGATE_BP_RESUME],
@@ -784,6 +1092,10 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
         "early_stops", (json_int_t) sh->sc_early_stops));
 
     json_object_set_new(root, "gateway", o);
+
+    tp = ngx_timeofday();
+    json_object_set_new(root, "now_unix_ms", json_integer(
+        (json_int_t) tp->sec * 1000 + (json_int_t) tp->msec));
 
     s = json_dumps(root, JSON_COMPACT);
     json_decref(root);

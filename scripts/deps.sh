@@ -9,6 +9,9 @@ pkgs=(
     nginx nginx-dev libpcre2-dev zlib1g-dev
     clang libclang-rt-14-dev
     libopenblas-dev libsimde-dev
+    prometheus  # promtool and a real scrape for t/prometheus.t
+    # t/gateway-dashboard.t loads the status page in a real browser (headless)
+    chromium
 )
 
 missing=()
@@ -24,7 +27,15 @@ sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-# The Debian nginx package starts a service on :80 when installed; policy-rc.d keeps
-# it from starting where we can (containers without systemd ignore it anyway).
+# Debian's nginx and prometheus packages start their services when installed (nginx on
+# :80, prometheus on :9090); the tests start their own. A policy-rc.d that denies every
+# start keeps invoke-rc.d from starting them, for the install only (one already there is
+# the machine's own and is left alone).
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# kvgate deps.sh: no service starts during the install\nexit 101\n' | $sudo tee "$policy" >/dev/null
+    $sudo chmod 755 "$policy"
+    trap '$sudo rm -f "$policy"' EXIT
+fi
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "deps: done"

@@ -101,6 +101,7 @@ trap stop INT TERM
 
 cat <<MSG
 kvgate: nginx on http://127.0.0.1:$port, engine on $sock  (logs: $prefix/logs/)
+  Status page: http://127.0.0.1:$port/  (live in a browser; the JSON: curl -s http://127.0.0.1:$port/status)
   Try:
     curl -s http://127.0.0.1:$port/v1/completions -H 'Content-Type: application/json' \\
          -H 'X-Tenant-Id: demo' -d '{"model": "$name", "prompt": "Once upon a time", "max_tokens": 48}'

@@ -13,7 +13,7 @@ use Kvgate::Engine;
 use Kvgate::Gateway;
 
 my $g = Kvgate::Gateway->new(
-    engines => [ { name => 'short', args => [ '--context', '160' ] }, { name => 'long' } ],
+    engines => [ { name => 'short', extra => [ '--context', '160' ] }, { name => 'long' } ],
     group => 'route prefix;');
 
 my %ctx = map { $_->{name} => $_->{context_length} } @{ $g->status->{engines} };

@@ -1,11 +1,13 @@
 #!/usr/bin/perl
 # Bounded load through the gateway: a tenant's hot prefix is cached on one engine, but
-# once that engine's load would pass balance_factor x the mean, the next request with the
-# same prefix goes to another engine (reason "spill") instead of piling up.
+# once that engine's load plus the work a request would add there would pass
+# balance_factor x the mean, the next request with the same prefix goes to another
+# engine (reason "spill") instead of piling up.
 # Load is made deterministic with the engines' own admission: --max-running 2 and a
 # stream of n=2 whose client does not read (kvgate_max_unsent: paused in the engine,
-# keeping its two running slots), so a second request of the prefix waits on that
-# engine with all its prompt tokens counted in the engine's load.
+# keeping its two running slots), so a second request of the prefix, with a long tail
+# of its own, waits on that engine with its uncached tokens counted in the engine's
+# load (its cached prefix costs nothing, so it does not count).
 use strict;
 use warnings;
 
@@ -78,17 +80,20 @@ my ($x) = map { $_->{name} } grep { ($_->{load_tokens} // 0) > 0 } @{ $g->status
 ok($x, 'the engine X holding it: ' . ($x // '?'));
 $x //= 'none';
 
-# 2. The same prefix again: X holds it and is under the bound, so it goes there (prefix)
-#    and waits behind the paused stream, its prompt counted in X's load.
-my $b = $g->send_raw('/v1/completions', { model => 'stories260K', prompt => "$system B.", max_tokens => 4,
+# 2. The same prefix with a long tail (some 220 tokens): X holds the prefix and the tail
+#    keeps it under the bound (the bound is at least 1.25 x the request's tokens), so it
+#    goes there (prefix) and waits behind the paused stream, its tail counted in X's load.
+my $tail = join ' ', ('The dog ran to the park and played with a red ball.') x 11;
+my $b = $g->send_raw('/v1/completions', { model => 'stories260K', prompt => "$system $tail", max_tokens => 4,
                                           temperature => 0 }, 'X-Tenant-Id' => 'hot');
 my $st = $g->wait_status(sub { load_of($_[0], $x) > 100 }, "engine ${x}'s load counts the waiting request");
 ok(load_of($st, $x) > 100, "engine ${x}'s load: " . load_of($st, $x) . ' tokens (one request waiting)');
 my $m1 = $g->metrics;
 is(routed_to($m1, $x, 'prefix'), 1, "  it was routed to $x by its prefix");
 
-# 3. And again: X would now pass 1.25 x the mean, so another engine takes it (spill) and
-#    answers at once; the prefix becomes cached there too.
+# 3. The prefix again with a short tail: it adds only that tail to X, but X's load already
+#    passes 1.25 x the mean (and 1.25 x this request), so another engine takes it (spill)
+#    and answers at once; the prefix becomes cached there too.
 my $r = $g->post('/v1/completions', { model => 'stories260K', prompt => "$system C.", max_tokens => 4,
                                       temperature => 0 }, 'X-Tenant-Id' => 'hot');
 is($r->{status}, 200, 'the third request of the prefix: 200 while X is busy');

@@ -46,7 +46,9 @@
 
 TGT static void pack_w(const kvg_gemm_job *job, int n0, int rows, int panels, int J, float *wp)
 {
-    if (job->dt == KVG_DT_F32)
+    if (kvg_gemm_dt_quant(job->dt))      /* issue 15: dequantized while packed (gemm_quant.h) */
+        kvg_gemm_quant_pack_w(job->w, job->dt, job->K, n0, rows, panels, J, wp, PNR);
+    else if (job->dt == KVG_DT_F32)
         kvg_x86_pack_w_dt(job->w, KVG_DT_F32, job->K, n0, rows, panels, J, wp, PNR);
     else if (job->dt == KVG_DT_F16)
         kvg_x86_pack_w_dt(job->w, KVG_DT_F16, job->K, n0, rows, panels, J, wp, PNR);
@@ -167,7 +169,7 @@ static void packed_path(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_
     int x_panels = (M + PMR - 1) / PMR;
     size_t xpanel = (size_t)16 * (size_t)J * PMR;
     size_t wpanel = (size_t)16 * (size_t)J * PNR;
-    size_t wsz = job->dt == KVG_DT_F32 ? 4 : 2;
+    size_t rowb = kvg_gemm_row_bytes(job->dt, K);
     int nb = packed_nb(Kp), mb = packed_mb(J);
     const float *xp = job->xp;
     float *wp = s->wp, *slots = s->slots;
@@ -181,9 +183,9 @@ static void packed_path(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_
         int panels = (rows + PNR - 1) / PNR;
         /* The next block's raw rows are prefetched while this one computes, so that
          * packing it does not wait for memory. */
-        const char *next = (const char *)job->w + (size_t)(b0 + rows) * (size_t)K * wsz;
+        const char *next = (const char *)job->w + (size_t)(b0 + rows) * rowb;
         size_t next_bytes = b0 + rows < n1 ? (size_t)(n1 - b0 - rows < nb ? n1 - b0 - rows : nb) *
-                                                 (size_t)K * wsz : 0;
+                                                 rowb : 0;
         size_t calls = (size_t)panels * 16 * (size_t)mb;
         size_t per_call = (next_bytes / 64 + calls - 1) / calls, pf = 0;
 

@@ -18,6 +18,7 @@ typedef struct src_weight {
     const void *host;
     kvg_dtype src;
     size_t n;                    /* elements */
+    int64_t cols;                /* row length (quantized matrices convert by rows) */
     int vector;                  /* F32 on the device */
     size_t off, bytes;           /* in the arena */
     int layer;                   /* -1: not a layer's */
@@ -37,6 +38,7 @@ static void add_mat(src_weight *w, int *n, const kvg_tensor *t, int layer, const
     w[*n].host = t->data;
     w[*n].src = t->dtype;
     w[*n].n = (size_t)t->rows * (size_t)t->cols;
+    w[*n].cols = t->cols;
     w[*n].vector = 0;
     (*n)++;
 }
@@ -64,9 +66,32 @@ static uint16_t bf16_rne(float f)
     return (uint16_t)(u >> 16);
 }
 
-/* Converts elements [e0, e0 + n) of w into dst (device format). */
-static void convert(const src_weight *w, size_t e0, size_t n, void *dst)
+/* Elements [e0, e0 + n) of a quantized matrix (GGUF Q8_0, Q4_0, Q4_K, Q6_K) as BF16:
+ * the GPU has no quantized kernels yet, so it gets the dequantized values (exactly
+ * the CPU's, see src/quant.h) rounded to BF16. 0, or -1 out of memory. */
+static int convert_quant(const src_weight *w, size_t e0, size_t n, uint16_t *o)
 {
+    size_t cols = (size_t)w->cols;
+    kvg_tensor t = { w->host, w->src, (int64_t)(w->n / cols), w->cols };
+    float *row = malloc(cols * sizeof *row);
+    if (!row)
+        return -1;
+    for (size_t i = 0; i < n;) {
+        size_t e = e0 + i, c = e % cols, take = cols - c < n - i ? cols - c : n - i;
+        kvg_tensor_row_f32(&t, (int64_t)(e / cols), row);
+        for (size_t j = 0; j < take; j++)
+            o[i + j] = bf16_rne(row[c + j]);
+        i += take;
+    }
+    free(row);
+    return 0;
+}
+
+/* Converts elements [e0, e0 + n) of w into dst (device format). */
+static int convert(const src_weight *w, size_t e0, size_t n, void *dst)
+{
+    if (kvg_dtype_is_quant(w->src))
+        return convert_quant(w, e0, n, dst);
     size_t es = kvg_dtype_size(w->src);
     const unsigned char *s = (const unsigned char *)w->host + e0 * es;
     if (w->vector || w->src != KVG_DT_F32) {
@@ -77,6 +102,7 @@ static void convert(const src_weight *w, size_t e0, size_t n, void *dst)
         for (size_t i = 0; i < n; i++)
             o[i] = bf16_rne(f[i]);
     }
+    return 0;
 }
 
 static void progress(size_t done, size_t total, int final)
@@ -183,8 +209,11 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
             unsigned char *buf = stage + (size_t)half * STAGE_BYTES;
             /* The half's previous copy must have left before it is overwritten. */
             e = cudaEventSynchronize(ev[half]);
+            if (e == cudaSuccess && convert(&w[i], e0, cnt, buf) < 0) {
+                kvg_set_err(err, err_len, "cuda: out of memory converting %s", w[i].name);
+                goto out;
+            }
             if (e == cudaSuccess) {
-                convert(&w[i], e0, cnt, buf);
                 e = cudaMemcpyAsync(dev + e0 * per, buf, cnt * per, cudaMemcpyHostToDevice, c->stream);
             }
             if (e == cudaSuccess)

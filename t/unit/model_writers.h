@@ -28,6 +28,7 @@
 #include <jansson.h>
 
 #include "gguf_builder.h"
+#include "quant.h"
 #include "model.h"
 
 typedef struct mw_opts {
@@ -37,6 +38,15 @@ typedef struct mw_opts {
     int n_shards;                /* HF: > 1 writes model-0000i-of-0000n.safetensors + index */
     int misalign;                /* HF: pad the safetensors header so tensor data is misaligned */
     int rope_half_override;      /* HF: 1 writes Q/K unpermuted (for negative tests) */
+    /* GGUF, quantized dtypes (quantized with kvg_quant_row): matrices whose name
+     * contains mix_match get mix_dtype instead (a Q4_K_M file's Q6_K tensors); a
+     * quantized dtype whose block does not divide a matrix's columns falls back to
+     * Q8_0 (as llama.cpp's quantizer falls back). bad_match: that tensor's header
+     * names GGML type bad_type (its data unchanged), for negative tests. */
+    kvg_dtype mix_dtype;
+    const char *mix_match;
+    const char *bad_match;
+    uint32_t bad_type;
 } mw_opts;
 
 /* ---- numbers ---- */
@@ -188,6 +198,18 @@ __attribute__((unused)) static unsigned char *mw_encode(const kvg_model *m, cons
                                                         int to_half, size_t *n_bytes)
 {
     int64_t rows = e->t ? e->t->rows : 1, cols = e->t ? e->t->cols : e->n;
+    if (kvg_dtype_is_quant(dt)) {
+        size_t rb = kvg_dtype_row_bytes(dt, cols);
+        unsigned char *q = malloc((size_t)rows * rb);
+        float *rw = malloc((size_t)cols * sizeof(float));
+        for (int64_t r = 0; r < rows; r++) {
+            mw_row_adjacent(m, e->t, e->is_qk, r, rw);
+            kvg_quant_row((kvg_qtype)(dt - KVG_DT_Q8_0), rw, q + (size_t)r * rb, cols);
+        }
+        free(rw);
+        *n_bytes = (size_t)rows * rb;
+        return q;
+    }
     size_t es = dt == KVG_DT_F32 ? 4 : 2;
     unsigned char *b = malloc((size_t)(rows * cols) * es);
     float *row = malloc((size_t)cols * sizeof(float));
@@ -343,6 +365,10 @@ __attribute__((unused)) static int mw_write_gguf(const kvg_model *m, const char 
     uint64_t off = 0;
     for (int i = 0; i < nt; i++) {
         kvg_dtype dt = list[i].t ? o->dtype : KVG_DT_F32;
+        if (list[i].t && o->mix_match && strstr(list[i].gguf, o->mix_match))
+            dt = o->mix_dtype;
+        if (list[i].t && list[i].t->cols % kvg_dtype_block(dt) != 0)
+            dt = KVG_DT_Q8_0;
         data[i] = mw_encode(m, &list[i], dt, c->has_qkv_bias, &len[i]);
         gb_str(&b, list[i].gguf);
         if (list[i].t) {
@@ -353,7 +379,12 @@ __attribute__((unused)) static int mw_write_gguf(const kvg_model *m, const char 
             gb_u32(&b, 1);
             gb_u64(&b, (uint64_t)list[i].n);
         }
-        gb_u32(&b, dt == KVG_DT_F32 ? 0 : dt == KVG_DT_F16 ? 1 : 30);
+        if (o->bad_match && strstr(list[i].gguf, o->bad_match))
+            gb_u32(&b, o->bad_type);
+        else if (kvg_dtype_is_quant(dt))
+            gb_u32(&b, kvg_quant_ggml_type((kvg_qtype)(dt - KVG_DT_Q8_0)));
+        else
+            gb_u32(&b, dt == KVG_DT_F32 ? 0 : dt == KVG_DT_F16 ? 1 : 30);
         gb_u64(&b, off);
         off += (len[i] + 31) / 32 * 32;
     }

@@ -1,0 +1,71 @@
+/* Block formats of GGUF (ggml) quantized tensors: Q8_0, Q4_0, Q4_K and Q6_K.
+ *
+ * kvg_dequant_row defines THE F32 value of every quantized element (the engine's
+ * kernels dequantize in registers to exactly these values, then follow the canonical
+ * F32 order, so a quantized model computes bit for bit what the F32 model over its
+ * dequantized weights computes). In F32 arithmetic, in this order (f16 -> f32 is exact):
+ *   Q8_0  block 32:  { f16 d; int8 qs[32]; }                      w = d * q
+ *   Q4_0  block 32:  { f16 d; uint8 qs[16]; }  j < 16: low nibble of qs[j],
+ *                    j >= 16: high nibble of qs[j-16]              w = d * (nibble - 8)
+ *   Q4_K  block 256: { f16 d, dmin; uint8 scales[12]; uint8 qs[128]; }
+ *                    8 sub-blocks of 32 with 6-bit scale sc and min m (packed in
+ *                    scales[12]); chunk c of 64: the first 32 elements are the low
+ *                    nibbles of qs[32c..32c+31], the next 32 the high nibbles
+ *                                                    w = (d * sc) * q - (dmin * m)
+ *   Q6_K  block 256: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d; }
+ *                    q = (4 bits of ql | 2 bits of qh) - 32, 16 sub-blocks of 16
+ *                                                    w = (d * scale) * q
+ * Plain C, no engine dependency (tools and benchmarks use it too). */
+#ifndef KVG_QUANT_H
+#define KVG_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kvg_qtype { KVG_Q8_0, KVG_Q4_0, KVG_Q4_K, KVG_Q6_K } kvg_qtype;
+
+#define KVG_QK8_0 32
+#define KVG_QK4_0 32
+#define KVG_QK_K 256
+#define KVG_Q8_0_BYTES 34
+#define KVG_Q4_0_BYTES 18
+#define KVG_Q4_K_BYTES 144
+#define KVG_Q6_K_BYTES 210
+
+/* Elements per block (32 or 256) and bytes per block (34, 18, 144, 210); 0 for a
+ * value outside the enum. */
+int kvg_quant_block_elems(kvg_qtype t);
+size_t kvg_quant_block_bytes(kvg_qtype t);
+const char *kvg_quant_name(kvg_qtype t);
+
+/* n elements (n % block == 0) of blocks at src to F32: the defined values above. */
+void kvg_dequant_row(kvg_qtype t, const void *src, float *dst, int64_t n);
+
+/* Reference quantizers (deterministic, round to nearest; for tests, tools and the
+ * synthetic model writers, not tuned for quality): n % block == 0, dst holds n / block
+ * blocks. 0, or -1 for a bad n or type. Q4_K and Q6_K pick their sub-block scales with
+ * a simple rule (see quant.c), not llama.cpp's search. */
+int kvg_quant_row(kvg_qtype t, const float *src, void *dst, int64_t n);
+
+/* The GGML tensor type id (Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q6_K = 14), and back (0, or -1
+ * for a type that is none of these). */
+uint32_t kvg_quant_ggml_type(kvg_qtype t);
+int kvg_quant_from_ggml(uint32_t ggml_type, kvg_qtype *t);
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K block's scales[12]. */
+static inline void kvg_q4k_scale_min(const uint8_t *s, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* IEEE half <-> float (exact widening; narrowing rounds to nearest even). */
+float kvg_quant_f16_to_f32(uint16_t h);
+uint16_t kvg_quant_f32_to_f16(float f);
+
+#endif

@@ -1,0 +1,478 @@
+/* GGUF quantized weights (Q8_0, Q4_0, Q4_K, Q6_K):
+ *   - src/quant.c's dequantization against a reference written here, independently,
+ *     from the block layouts (random blocks, edge values);
+ *   - quantize -> dequantize error bounds of the reference quantizers;
+ *   - kvg_gemm on quantized W equals kvg_gemm on the F32 dequantized W bit for bit, at
+ *     every M, thread count and ISA;
+ *   - a small quantized GGUF model (Q4_K with Q6_K tensors, as a Q4_K_M file; and
+ *     Q8_0 with Q4_0) loads, and its logits equal bit for bit those of the F32 model
+ *     written from its dequantized weights; chunking and batching change no bit; its
+ *     id differs from the F32 file's; an unsupported type is refused by name. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tap.h"
+#include "backend.h"
+#include "engine_testmodel.h"
+#include "forward.h"
+#include "gemm.h"
+#include "kv_cache.h"
+#include "model.h"
+#include "model_writers.h"
+#include "quant.h"
+#include "threadpool.h"
+#include "cpu/gemm_kernels.h"
+
+static uint64_t rs = 0x1234567;
+static uint32_t rnd32(void)
+{
+    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rs >> 32);
+}
+
+/* ---- the independent reference (from the ggml block layouts) ---- */
+
+static float ref_half(const uint8_t *p)
+{
+    int h = p[0] | p[1] << 8, e = h >> 10 & 31, man = h & 1023;
+    double v = e == 0 ? ldexp(man, -24) : ldexp(man + 1024, e - 25);
+    return (float)(h & 0x8000 ? -v : v);
+}
+
+static void ref_q8_0(const uint8_t *b, float *y)
+{
+    float d = ref_half(b);
+    for (int i = 0; i < 32; i++)
+        y[i] = d * (float)(int8_t)b[2 + i];
+}
+
+static void ref_q4_0(const uint8_t *b, float *y)
+{
+    float d = ref_half(b);
+    for (int i = 0; i < 32; i++) {
+        int nib = i < 16 ? (b[2 + i] & 15) : (b[2 + i - 16] >> 4);
+        y[i] = d * (float)(nib - 8);
+    }
+}
+
+/* scales[12]: bytes 0-3 hold sc0-3 (low 6 bits) and the top 2 bits of sc4-7; bytes
+ * 4-7 mins 0-3 and the top bits of mins 4-7; bytes 8-11 the low nibbles of sc4-7 (low)
+ * and mins 4-7 (high). */
+static void ref_q4_k(const uint8_t *b, float *y)
+{
+    float d = ref_half(b), dmin = ref_half(b + 2);
+    const uint8_t *s = b + 4, *q = b + 16;
+    for (int sb = 0; sb < 8; sb++) {
+        int sc, mn;
+        if (sb < 4) {
+            sc = s[sb] % 64;
+            mn = s[sb + 4] % 64;
+        } else {
+            sc = s[sb + 4] % 16 + 16 * (s[sb - 4] / 64);
+            mn = s[sb + 4] / 16 + 16 * (s[sb] / 64);
+        }
+        float a = d * (float)sc, c = dmin * (float)mn;
+        for (int i = 0; i < 32; i++) {
+            int byte = q[32 * (sb / 2) + i];
+            int v = sb % 2 ? byte / 16 : byte % 16;
+            float t = a * (float)v;
+            y[32 * sb + i] = t - c;
+        }
+    }
+}
+
+/* ggml's loop: two halves of 128; ql advances 64, qh 32, scales 8 per half. */
+static void ref_q6_k(const uint8_t *b, float *y)
+{
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = ref_half(b + 208);
+    for (int half = 0; half < 2; half++) {
+        for (int l = 0; l < 32; l++) {
+            int is = l / 16;
+            int q1 = ((ql[l] & 15) | ((qh[l] >> 0) & 3) << 4) - 32;
+            int q2 = ((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32;
+            int q3 = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32;
+            int q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32;
+            y[l] = (d * (float)sc[is]) * (float)q1;
+            y[l + 32] = (d * (float)sc[is + 2]) * (float)q2;
+            y[l + 64] = (d * (float)sc[is + 4]) * (float)q3;
+            y[l + 96] = (d * (float)sc[is + 6]) * (float)q4;
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+}
+
+/* A random finite half: edge values now and then (zero, -0, subnormal, large, negative). */
+static void rand_half(uint8_t *p)
+{
+    uint16_t h;
+    switch (rnd32() % 8) {
+    case 0: h = 0; break;
+    case 1: h = 0x8000; break;
+    case 2: h = (uint16_t)(rnd32() % 1024 | (rnd32() & 0x8000)); break;            /* subnormal */
+    case 3: h = (uint16_t)(0x7bff | (rnd32() & 0x8000)); break;                     /* +-65504 */
+    default: h = (uint16_t)(rnd32() % 0x7c00 | (rnd32() & 0x8000)); break;
+    }
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+static void rand_block(kvg_qtype t, uint8_t *b)
+{
+    size_t n = kvg_quant_block_bytes(t);
+    int mode = (int)(rnd32() % 4);
+    for (size_t i = 0; i < n; i++)
+        /* 0: random; 1: all bits set (max nibbles/scales); 2: zeros; 3: random */
+        b[i] = mode == 1 ? 0xff : mode == 2 ? 0 : (uint8_t)rnd32();
+    switch (t) {
+    case KVG_Q8_0: case KVG_Q4_0: rand_half(b); break;
+    case KVG_Q4_K: rand_half(b); rand_half(b + 2); break;
+    case KVG_Q6_K: rand_half(b + 208); break;
+    }
+}
+
+static void test_dequant(void)
+{
+    static void (*const refs[4])(const uint8_t *, float *) = { ref_q8_0, ref_q4_0, ref_q4_k, ref_q6_k };
+    for (int t = 0; t < 4; t++) {
+        int be = kvg_quant_block_elems((kvg_qtype)t), bad = 0;
+        size_t bb = kvg_quant_block_bytes((kvg_qtype)t);
+        uint8_t blk[4][256];
+        float a[4 * 256], r[4 * 256];
+        for (int it = 0; it < 2000 && !bad; it++) {
+            for (int i = 0; i < 4; i++)
+                rand_block((kvg_qtype)t, blk[0] + i * bb);
+            /* blocks are contiguous: blk is used as one row of 4 blocks */
+            kvg_dequant_row((kvg_qtype)t, blk, a, 4 * be);
+            for (int i = 0; i < 4; i++)
+                refs[t](blk[0] + i * bb, r + i * be);
+            if (memcmp(a, r, (size_t)(4 * be) * sizeof(float)) != 0)
+                bad = 1;
+        }
+        ok(!bad, "%s: dequantization equals the reference on 8000 random blocks (edge values included)",
+           kvg_quant_name((kvg_qtype)t));
+    }
+    ok(kvg_quant_block_bytes(KVG_Q8_0) == 34 && kvg_quant_block_bytes(KVG_Q4_0) == 18 &&
+       kvg_quant_block_bytes(KVG_Q4_K) == 144 && kvg_quant_block_bytes(KVG_Q6_K) == 210 &&
+       kvg_dtype_block_bytes(KVG_DT_Q4_K) == 144 && kvg_dtype_row_bytes(KVG_DT_Q6_K, 512) == 420 &&
+       kvg_dtype_row_bytes(KVG_DT_F16, 10) == 20 && kvg_dtype_size(KVG_DT_Q8_0) == 0 &&
+       kvg_dtype_is_quant(KVG_DT_Q4_0) && !kvg_dtype_is_quant(KVG_DT_BF16), "block sizes");
+    kvg_qtype q;
+    ok(kvg_quant_ggml_type(KVG_Q4_0) == 2 && kvg_quant_ggml_type(KVG_Q8_0) == 8 &&
+       kvg_quant_ggml_type(KVG_Q4_K) == 12 && kvg_quant_ggml_type(KVG_Q6_K) == 14 &&
+       kvg_quant_from_ggml(14, &q) == 0 && q == KVG_Q6_K && kvg_quant_from_ggml(7, &q) == -1,
+       "GGML type ids");
+}
+
+static float gauss(void)
+{
+    double u = ((double)rnd32() + 1) / 4294967297.0, v = (double)rnd32() / 4294967296.0;
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* Round trip: per block of 32 (Q8_0, Q4_0) or 256 (Q4_K, Q6_K) with A = max |x| of the
+ * block, |dequant(quant(x)) - x| <= A/254 (Q8_0: half a step of A/127), A/8 (Q4_0: one
+ * step, the side opposite the largest element clips at +7), 0.09 A (Q4_K: half a step
+ * of its sub-block's range/15 rounded up to a multiple of d, plus dmin), 0.021 A (Q6_K).
+ * Each with 1% slack for the f16 scales. */
+static void test_roundtrip(void)
+{
+    static const double bound[4] = { 1.0 / 254, 1.0 / 8, 0.09, 0.021 };
+    enum { N = 4096 };
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+    uint8_t *q = malloc(N * 2);
+    for (int t = 0; t < 4; t++) {
+        int be = kvg_quant_block_elems((kvg_qtype)t), okk = 1;
+        double worst = 0, se = 0, sx = 0;
+        for (int it = 0; it < 8; it++) {
+            for (int i = 0; i < N; i++) {
+                float g = gauss() * (it % 2 ? 0.02f : 1.0f);
+                x[i] = i % 97 == 0 ? g * 8 : it == 7 && i % 512 < 32 ? 0.0f : g;   /* outliers, zero runs */
+                if (it == 6)
+                    x[i] = fabsf(x[i]) + 0.5f;                                      /* all positive */
+            }
+            okk &= kvg_quant_row((kvg_qtype)t, x, q, N) == 0;
+            kvg_dequant_row((kvg_qtype)t, q, y, N);
+            for (int b0 = 0; b0 < N; b0 += be) {
+                double A = 0, e = 0;
+                for (int i = b0; i < b0 + be; i++) {
+                    A = fmax(A, fabs(x[i]));
+                    e = fmax(e, fabs((double)y[i] - x[i]));
+                    se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+                    sx += (double)x[i] * x[i];
+                }
+                if (A > 0 && e / A > worst)
+                    worst = e / A;
+                if (e > bound[t] * 1.01 * A)
+                    okk = 0;
+            }
+        }
+        ok(okk, "%s: round trip within %.3g of each block's max |x| (worst %.3g, relative RMS error %.3g)",
+           kvg_quant_name((kvg_qtype)t), bound[t], worst, sqrt(se / sx));
+    }
+    ok(kvg_quant_row(KVG_Q4_K, x, q, 100) == -1, "a row that is not whole blocks is refused");
+    free(x);
+    free(y);
+    free(q);
+}
+
+/* ---- GEMM ---- */
+
+static kvg_dtype dt_of(kvg_qtype t)
+{
+    return (kvg_dtype)(KVG_DT_Q8_0 + (int)t);
+}
+
+static void test_gemm(void)
+{
+    static const int Ms[] = { 1, 2, 3, 7, 8, 9, 31, 64 };
+    const int N = 37;
+    int n_isa = 0;
+    for (int isa = 0; isa <= KVG_ISA_AVX512; isa++)
+        n_isa += kvg_gemm_isa_supported((kvg_gemm_isa_id)isa);
+    diag("ISAs on this CPU: %d (up to %s)", n_isa, kvg_gemm_isa_name((kvg_gemm_isa_id)(n_isa - 1)));
+    for (int t = 0; t < 4; t++) {
+        int K = kvg_quant_block_elems((kvg_qtype)t) == 32 ? 160 : 512;
+        kvg_dtype dt = dt_of((kvg_qtype)t);
+        size_t rb = kvg_dtype_row_bytes(dt, K);
+        float *wf = malloc((size_t)N * K * sizeof *wf), *x = malloc((size_t)64 * K * sizeof *x);
+        float *bias = malloc((size_t)N * sizeof *bias);
+        float *y0 = malloc((size_t)64 * N * sizeof *y0), *y1 = malloc((size_t)64 * N * sizeof *y1);
+        uint8_t *wq = malloc((size_t)N * rb);
+        for (int i = 0; i < N * K; i++)
+            wf[i] = gauss();
+        for (int n = 0; n < N; n++)
+            kvg_quant_row((kvg_qtype)t, wf + (size_t)n * K, wq + (size_t)n * rb, K);
+        /* Some raw blocks too: extreme nibbles and scales the quantizer never makes. */
+        for (int n = 0; n < N; n += 5)
+            rand_block((kvg_qtype)t, wq + (size_t)n * rb);
+        for (int n = 0; n < N; n++)
+            kvg_dequant_row((kvg_qtype)t, wq + (size_t)n * rb, wf + (size_t)n * K, K);
+        for (int i = 0; i < 64 * K; i++)
+            x[i] = gauss();
+        for (int n = 0; n < N; n++)
+            bias[n] = gauss();
+        /* Keep the products finite (random scales reach 65504). */
+        for (int i = 0; i < N * K; i++)
+            if (!isfinite(wf[i]))
+                wf[i] = 0;
+        kvg_tensor tq = { wq, dt, N, K }, tf = { wf, KVG_DT_F32, N, K };
+        int same = 1, calls = 0, rc = 0;
+        for (int th = 1; th <= 3; th++) {
+            kvg_threadpool *tp = kvg_threadpool_new(th);
+            kvg_gemm_ws *ws = kvg_gemm_ws_new(th, K, K);
+            rc |= kvg_gemm_ws_reserve(ws, 64);
+            for (int isa = 0; isa <= KVG_ISA_AVX512; isa++) {
+                if (!kvg_gemm_isa_supported((kvg_gemm_isa_id)isa))
+                    continue;
+                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                    int M = Ms[mi];
+                    const float *b = mi % 2 ? bias : NULL;
+                    /* The reference: F32 W, generic kernel, one thread. */
+                    rc |= kvg_gemm_with_isa(KVG_ISA_GENERIC, NULL, NULL, x, M, K, &tf, b, y0);
+                    rc |= kvg_gemm_with_isa((kvg_gemm_isa_id)isa, tp, ws, x, M, K, &tq, b, y1);
+                    same &= memcmp(y0, y1, (size_t)M * N * sizeof(float)) == 0;
+                    /* Unpacked too (no workspace: small-M kernels at every M). */
+                    rc |= kvg_gemm_with_isa((kvg_gemm_isa_id)isa, tp, NULL, x, M, K, &tq, b, y1);
+                    same &= memcmp(y0, y1, (size_t)M * N * sizeof(float)) == 0;
+                    calls += 2;
+                }
+            }
+            kvg_gemm_ws_free(ws);
+            kvg_threadpool_free(tp);
+        }
+        ok(!rc && same, "%s: kvg_gemm on quantized W == F32 GEMM on the dequantized W, bit for bit "
+           "(%d products: M 1..64, threads 1-3, every ISA, packed and not)", kvg_quant_name((kvg_qtype)t), calls);
+        kvg_tensor bad = { wq, dt, N, K - 16 };
+        ok(kvg_gemm(NULL, NULL, x, 1, K - 16, &bad, NULL, y1) == -1, "%s: K not a multiple of the block: -1",
+           kvg_quant_name((kvg_qtype)t));
+        free(wf);
+        free(x);
+        free(bias);
+        free(y0);
+        free(y1);
+        free(wq);
+    }
+}
+
+/* ---- a quantized model ---- */
+
+typedef struct rig {
+    kvg_backend *be;
+    kvg_kv_pool *kv;
+    kvg_forward *fw;
+} rig;
+
+static int rig_new(rig *r, const kvg_model *m, int threads)
+{
+    char err[256];
+    kvg_kv_geom g;
+    memset(r, 0, sizeof *r);
+    r->be = kvg_backend_cpu_new(m, threads, err, sizeof err);
+    kvg_forward_kv_geom(m, 16, &g);
+    r->kv = r->be ? kvg_kv_pool_new(&g, 64, err, sizeof err) : NULL;
+    r->fw = r->kv ? kvg_forward_new(m, r->be, r->kv, err, sizeof err) : NULL;
+    if (!r->fw)
+        diag("rig: %s", err);
+    return r->fw ? 0 : -1;
+}
+
+static void rig_free(rig *r)
+{
+    kvg_forward_free(r->fw);
+    kvg_kv_pool_free(r->kv);
+    kvg_backend_free(r->be);
+}
+
+enum { NP = 21, NC = 4 };
+
+/* The prompt in chunks of `chunk` (0: whole), then NC tokens one at a time; logits
+ * after the prompt and each continuation token into out[(NC + 1) * V]. With `other`,
+ * every step also runs a second sequence (other tokens) in the same batch. */
+static int run(const kvg_model *m, int threads, const int32_t *toks, int chunk, int other, float *out)
+{
+    rig r;
+    char err[256];
+    int V = m->cfg.vocab_size, rc = 0;
+    kvg_kv_seq s = { 0 }, s2 = { 0 };
+    float *scratch = malloc((size_t)V * sizeof(float));
+    int32_t t2[NP + NC];
+    for (int i = 0; i < NP + NC; i++)
+        t2[i] = (toks[i] * 7 + 3) % V;
+    if (rig_new(&r, m, threads) < 0) {
+        free(scratch);
+        return -1;
+    }
+    int fed = 0;
+    while (fed < NP + NC && rc == 0) {
+        int n = fed < NP ? (chunk == 0 ? NP : chunk) : 1;
+        if (fed < NP && n > NP - fed)
+            n = NP - fed;
+        int end = fed + n;
+        kvg_fwd_seq b[2] = { { &s, toks + fed, n, end >= NP ? out + (size_t)(end - NP) * V : NULL },
+                             { &s2, t2 + fed, n, scratch } };
+        rc = kvg_forward_step(r.fw, b, other ? 2 : 1, err, sizeof err);
+        if (rc)
+            diag("step: %s", err);
+        fed = end;
+    }
+    kvg_kv_seq_release(r.kv, &s);
+    kvg_kv_seq_release(r.kv, &s2);
+    rig_free(&r);
+    free(scratch);
+    return rc;
+}
+
+static void test_model_one(const char *label, kvg_dtype main_dt, kvg_dtype mix_dt, const char *mix, int tied,
+                           const char *tok)
+{
+    tm_spec sp = { .dim = 256, .hidden = 512, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 64,
+                   .vocab = 512, .ctx = 64, .tied = tied, .seed = 7 };
+    tm_model tm;
+    char err[512], qpath[64], fpath[64];
+    kvg_model_load_opts lo = { 0 };
+    snprintf(qpath, sizeof qpath, "/tmp/kvg_quant_%d_q.gguf", (int)getpid());
+    snprintf(fpath, sizeof fpath, "/tmp/kvg_quant_%d_f.gguf", (int)getpid());
+    if (tm_build(&tm, &sp) != 0) {
+        ok(0, "%s: build the test model", label);
+        return;
+    }
+    mw_opts oq = { .dtype = main_dt, .tok_path = tok, .mix_dtype = mix_dt, .mix_match = mix };
+    int wr = mw_write_gguf(&tm.m, qpath, &oq, err, sizeof err);
+    tm_free(&tm);
+    kvg_model *mq = wr == 0 ? kvg_model_load(qpath, &lo, err, sizeof err) : NULL;
+    ok(mq != NULL, "%s: the quantized GGUF loads%s%s", label, mq ? "" : ": ", mq ? "" : err);
+    if (!mq)
+        goto out;
+    kvg_dtype want_down = strstr("blk.1.ffn_down.weight", mix) ? mix_dt : main_dt;
+    ok(mq->layers[0].wq.dtype == main_dt && mq->layers[1].w_down.dtype == want_down &&
+       mq->tok_embedding.dtype == main_dt && mq->cfg.tied_embeddings == tied,
+       "%s: dtypes as written (wq %s, ffn_down %s)", label, kvg_dtype_name(mq->layers[0].wq.dtype),
+       kvg_dtype_name(mq->layers[1].w_down.dtype));
+    /* The F32 file of the dequantized weights (the writer reads rows through
+     * kvg_tensor_row_f32, which dequantizes). */
+    mw_opts of = { .dtype = KVG_DT_F32, .tok_path = tok };
+    kvg_model *mf = mw_write_gguf(mq, fpath, &of, err, sizeof err) == 0 ? kvg_model_load(fpath, &lo, err, sizeof err)
+                                                                         : NULL;
+    ok(mf && mw_max_diff(mq, mf) == 0, "%s: the F32 model holds exactly the dequantized weights", label);
+    if (!mf)
+        goto out_q;
+    ok(strcmp(mq->id_hex, mf->id_hex) != 0, "%s: model ids differ (%.12s vs %.12s)", label, mq->id_hex,
+       mf->id_hex);
+
+    int V = mq->cfg.vocab_size;
+    size_t nb = (size_t)(NC + 1) * V * sizeof(float);
+    float *ref = malloc(nb), *got = malloc(nb);
+    int32_t toks[NP + NC];
+    for (int i = 0; i < NP + NC; i++)
+        toks[i] = i == 0 ? 1 : (int32_t)(3 + rnd32() % (uint32_t)(V - 3));
+    int rc = run(mf, 1, toks, 0, 0, ref);
+    int finite = 1;
+    for (size_t i = 0; i < (size_t)(NC + 1) * V; i++)
+        finite &= isfinite(ref[i]);
+    ok(rc == 0 && finite, "%s: F32 model runs (finite logits)", label);
+    rc = run(mq, 1, toks, 0, 0, got);
+    ok(rc == 0 && memcmp(ref, got, nb) == 0, "%s: quantized logits == F32 logits of the dequantized weights, "
+       "bit for bit (prompt %d + %d tokens)", label, NP, NC);
+    int all = 1;
+    static const int chunks[] = { 1, 5, 8, 13 };
+    for (int th = 1; th <= 3; th++)
+        for (int ci = 0; ci < 4; ci++) {
+            memset(got, 0, nb);
+            all &= run(mq, th, toks, chunks[ci], (th + ci) % 2, got) == 0 && memcmp(ref, got, nb) == 0;
+        }
+    ok(all, "%s: batch invariance: prompt chunked 1/5/8/13, batched with another sequence or not, 1-3 threads: "
+       "the same bits", label);
+    free(ref);
+    free(got);
+    kvg_model_free(mf);
+out_q:
+    kvg_model_free(mq);
+out:
+    unlink(qpath);
+    unlink(fpath);
+}
+
+static void test_unsupported(const char *tok)
+{
+    tm_spec sp = { .dim = 64, .hidden = 128, .layers = 1, .heads = 2, .kv_heads = 2, .head_dim = 32,
+                   .vocab = 512, .ctx = 32, .tied = 1, .seed = 3 };
+    tm_model tm;
+    char err[512], path[64];
+    kvg_model_load_opts lo = { 0 };
+    snprintf(path, sizeof path, "/tmp/kvg_quant_%d_bad.gguf", (int)getpid());
+    tm_build(&tm, &sp);
+    /* Q5_1 (type 7) blocks are 24 bytes per 32: the Q8_0 data written is larger, so
+     * the file is well-formed and only the type is refused. */
+    mw_opts o = { .dtype = KVG_DT_Q8_0, .tok_path = tok, .bad_match = "blk.0.ffn_up", .bad_type = 7 };
+    int wr = mw_write_gguf(&tm.m, path, &o, err, sizeof err);
+    tm_free(&tm);
+    kvg_model *m = wr == 0 ? kvg_model_load(path, &lo, err, sizeof err) : NULL;
+    ok(!m && strstr(err, "Q5_1") && strstr(err, "blk.0.ffn_up.weight"), "Q5_1 is refused naming type and tensor (%s)",
+       err);
+    kvg_model_free(m);
+    unlink(path);
+}
+
+int main(void)
+{
+    const char *tok = "../shared/models/stories260K/tok512.bin";
+    test_dequant();
+    test_roundtrip();
+    test_gemm();
+    if (access(tok, R_OK) != 0) {
+        ok(1, "# SKIP no %s", tok);
+    } else {
+        test_model_one("Q4_K_M-like (Q4_K, Q6_K ffn_down), tied", KVG_DT_Q4_K, KVG_DT_Q6_K, "ffn_down", 1, tok);
+        test_model_one("Q8_0 with Q4_0 attn_v, untied", KVG_DT_Q8_0, KVG_DT_Q4_0, "attn_v", 0, tok);
+        test_unsupported(tok);
+    }
+    return done_testing();
+}
