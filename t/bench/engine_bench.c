@@ -188,6 +188,9 @@ static const char *const p_names[P_N] = { "embed", "rmsnorm", "matmul q,k,v", "m
                                           "rope", "kv_write", "attention", "swiglu", "add",
                                           "begin/gather/read" };
 static double p_time[P_N];
+static int p_reset;              /* time_decode zeroes p_time when its timed steps start */
+static unsigned long long p_jobs0;
+static kvg_threadpool *p_tp;
 static const kvg_backend_ops *p_inner;
 static const kvg_model *p_model;
 
@@ -355,6 +358,10 @@ static double time_decode(ctx *c, int B)
         }
         if (kvg_forward_step(c->fw, s, B, err, sizeof err) != 0)
             die("decode prompt", err);
+        if (p_reset) {
+            memset(p_time, 0, sizeof p_time);
+            p_jobs0 = kvg_threadpool_jobs(p_tp);
+        }
         t0 = now_s();
         for (int st = 0; st < c->steps; st++) {
             for (int b = 0; b < B; b++) {
@@ -424,7 +431,7 @@ static void profile_decode(ctx *c)
     const kvg_backend_ops *saved = c->be->ops;
     kvg_threadpool *tp = ((kvg_cpu *)c->be->ctx)->tp;
     unsigned long long jobs0;
-    double total = 0, t0, wall, hot, cold;
+    double total = 0, wall, hot, cold;
 
     p_inner = saved;
     p_model = c->m;
@@ -445,40 +452,17 @@ static void profile_decode(ctx *c)
         int reps = c->reps;
         c->reps = 1;
         time_decode(c, 1);             /* warm */
-        memset(p_time, 0, sizeof p_time);
         c->be->ops = &ops;
-        jobs0 = kvg_threadpool_jobs(tp);
-        t0 = now_s();
-        time_decode(c, 1);
-        wall = wall_since(t0);
+        p_tp = tp;
+        p_reset = 1;
+        wall = time_decode(c, 1);      /* the decode steps alone: p_time restarts there */
+        jobs0 = p_jobs0;
+        p_reset = 0;
         c->be->ops = saved;
         c->reps = reps;
     }
-    /* time_decode also ran the prompt step: take it out of the per-token figures by
-     * timing it alone. */
     {
-        double pre[P_N];
-        unsigned long long j1 = kvg_threadpool_jobs(tp), jp;
-        char err[1024];
-        kvg_kv_seq seq;
-        kvg_fwd_seq s;
-        memcpy(pre, p_time, sizeof pre);
-        memset(p_time, 0, sizeof p_time);
-        kvg_kv_seq_init(&seq);
-        s.kv = &seq;
-        s.tokens = c->toks;
-        s.n_tokens = c->dec_prompt;
-        s.logits = c->logits;
-        c->be->ops = &ops;
-        t0 = now_s();
-        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
-            die("profile", err);
-        wall -= wall_since(t0);
-        c->be->ops = saved;
-        kvg_kv_seq_release(c->kv, &seq);
-        jp = kvg_threadpool_jobs(tp) - j1;
-        for (int i = 0; i < P_N; i++)
-            p_time[i] = pre[i] - p_time[i];
+        unsigned long long jobs = kvg_threadpool_jobs(tp) - jobs0;
         printf("profile, decode batch 1 (ms per token, %d steps):\n", c->steps);
         for (int i = 0; i < P_N; i++) {
             total += p_time[i];
@@ -486,14 +470,43 @@ static void profile_decode(ctx *c)
                    100.0 * p_time[i] / (wall > 0 ? wall : 1));
         }
         printf("  %-20s %8.3f ms (wall %.3f ms)\n", "sum", total * 1e3 / c->steps, wall * 1e3 / c->steps);
-        printf("  thread-pool jobs per token: %.1f\n",
-               (double)(j1 - jobs0 - jp) / c->steps);
+        printf("  thread-pool jobs per token: %.1f\n", (double)jobs / c->steps);
         pool_job_cost(c->be->n_threads, &hot, &cold);
         printf("  one empty pool job (%d threads): %.2f us back to back, %.2f us after a 2 ms pause\n",
                c->be->n_threads, hot, cold);
         printf("RESULT-PROFILE jobs_per_token=%.1f job_hot_us=%.2f job_cold_us=%.2f\n",
-               (double)(j1 - jobs0 - jp) / c->steps, hot, cold);
+               (double)jobs / c->steps, hot, cold);
     }
+}
+
+/* The fused products (matmul_n: q/k/v and gate/up as one pool job each) against one
+ * job per product, in one process, reps interleaved: batch-1 decode tok/s of each and
+ * the median of the pairwise ratios (shared machines drift; pairs cancel most of it). */
+static void ab_fused(ctx *c)
+{
+    kvg_backend_ops sep = *c->be->ops;
+    const kvg_backend_ops *saved = c->be->ops;
+    double tf[15], ts[15], r[15];
+    enum { N = 9 };
+    int reps = c->reps;
+
+    if (!saved->matmul_n)
+        return;
+    sep.matmul_n = NULL;
+    c->reps = 1;
+    for (int i = 0; i < N; i++) {
+        c->be->ops = &sep;
+        ts[i] = time_decode(c, 1);
+        c->be->ops = saved;
+        tf[i] = time_decode(c, 1);
+        r[i] = ts[i] / tf[i];
+    }
+    c->reps = reps;
+    printf("  fused q/k/v, gate/up vs one job per product (decode batch 1, %d interleaved pairs): "
+           "%.1f vs %.1f tok/s, median ratio %.3f\n", N, c->steps / median(tf, N), c->steps / median(ts, N),
+           median(r, N));
+    printf("RESULT-AB fused_dec1=%.1f separate_dec1=%.1f fused_ratio=%.3f\n", c->steps / median(tf, N),
+           c->steps / median(ts, N), median(r, N));
 }
 
 static int parse_dtype(const char *s, kvg_dtype *dt)
@@ -650,8 +663,10 @@ int main(int argc, char **argv)
             t_dec[d][bi] = time_decode(&c, batches[bi]);
         if (d == 0) {
             time_cached(&c, prompt, recompute, &ms_cached, &ms_dec, &ms_fresh);
-            if (profile)
+            if (profile) {
                 profile_decode(&c);
+                ab_fused(&c);
+            }
         }
     }
     wset_use(ws, dts[0]);
