@@ -34,9 +34,7 @@
  *   PK_ISA                  the suffix of the exported names (avx2, avx512) */
 
 #define PNR (2 * PK_VL)
-#ifndef PACKED_MIN_M
 #define PACKED_MIN_M 8
-#endif
 #define TILE (PMR * PNR)
 
 #define PK_CAT2(a, b) a##b
