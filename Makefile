@@ -5,6 +5,7 @@
 #   make test       deps + build + the whole test suite through prove (+ ASan/UBSan unit tests)
 #   make fuzz       build the libFuzzer targets and run each for FUZZ_SECONDS
 #   make run        build and start what exists (see README)
+#   make deb        the Debian packages, in build/deb/ (scripts/deb.sh)
 #
 # Layout of the outputs (all under build/, ignored by git):
 #   build/libkvgate.a              src/*.c (the shared library: no nginx, no CUDA)
@@ -109,7 +110,7 @@ ASAN_CUDA_UNITS := $(filter $(BUILD)/asan/t/cuda_%,$(ASAN_UNITS))
 MODULE     := $(BUILD)/ngx_http_kvgate_module.so
 MODULE_ASAN := $(BUILD)/asan/ngx_http_kvgate_module.so
 
-.PHONY: emu gpu-bundle all lib engine tools units benches asan module module-asan deps test test-unit test-asan test-nginx fuzz run clean
+.PHONY: emu gpu-bundle all lib engine tools units benches asan module module-asan deps deb test test-unit test-asan test-nginx fuzz run clean
 
 all: lib tools engine units benches module emu
 
@@ -319,6 +320,11 @@ fuzz: $(FUZZERS)
 
 run: deps all
 	@scripts/run.sh
+
+# The Debian packages (dpkg-buildpackage on a copy of the sources, CUDA=0), into
+# $(BUILD)/deb/; lintian's report in $(BUILD)/deb/lintian.txt.
+deb:
+	@BUILD=$(BUILD) scripts/deb.sh
 
 clean:
 	rm -rf $(BUILD)

@@ -14,6 +14,14 @@ pkgs=(
     chromium
 )
 
+# t/deb.t builds the Debian packages (make deb) and installs them on this machine, which it
+# does only as root on Debian (or with KVGATE_DEB_TEST=1; KVGATE_DEB_TEST=0 turns it off):
+# only then does it need the packaging tools.
+if [ "${KVGATE_DEB_TEST:-}" = 1 ] || { [ "${KVGATE_DEB_TEST:-}" != 0 ] && [ "$(id -u)" -eq 0 ] \
+        && [ -f /etc/debian_version ]; }; then
+    pkgs+=(debhelper dpkg-dev fakeroot lintian help2man adduser)
+fi
+
 missing=()
 for p in "${pkgs[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
