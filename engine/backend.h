@@ -76,6 +76,15 @@ typedef struct kvg_backend_ops {
     /* out[i][:] = x[out_rows[i]][:] (width floats) for the step's n_out rows. */
     void (*gather_out_rows)(kvg_backend *be, const float *x, int width, float *out);
 
+    /* Optional ---- */
+
+    /* y[i] = matmul(x, w[i], bias[i]) for i < n (n <= 4), exactly as n matmul calls;
+     * a backend that can run them as one unit of work (the CPU backend: one
+     * synchronisation point instead of n) sets it. NULL: forward.c calls matmul n
+     * times. bias NULL or any entry NULL: no bias. */
+    void (*matmul_n)(kvg_backend *be, const float *x, int M, int K, int n,
+                     const kvg_tensor *const *w, const float *const *bias, float *const *y);
+
     /* Optional (NULL for the CPU backend, whose operations cannot fail) ---- */
 
     /* After the step's last operation and read: waits for the step and reports the

@@ -216,6 +216,19 @@ static int check_batch(const kvg_forward *f, const kvg_fwd_seq *seqs, int n, int
     return 0;
 }
 
+/* Products of one input: in one backend call when the backend has matmul_n (one
+ * synchronisation point on the CPU), else one by one; the same values either way. */
+static void matmuls(kvg_backend *be, const float *x, int M, int K, int n, const kvg_tensor *const *w,
+                    const float *const *bias, float *const *y)
+{
+    if (be->ops->matmul_n) {
+        be->ops->matmul_n(be, x, M, K, n, w, bias, y);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        be->ops->matmul(be, x, M, K, w[i], bias[i], y[i]);
+}
+
 int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t err_len)
 {
     const kvg_model *m = f->m;
@@ -280,9 +293,12 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
         int rows = R;
 
         ops->rmsnorm(be, x, w->attn_norm, c->norm_eps, R, dim, f->xb);
-        ops->matmul(be, f->xb, R, dim, &w->wq, w->bq, f->q);
-        ops->matmul(be, f->xb, R, dim, &w->wk, w->bk, f->k);
-        ops->matmul(be, f->xb, R, dim, &w->wv, w->bv, f->v);
+        {
+            const kvg_tensor *wt[3] = { &w->wq, &w->wk, &w->wv };
+            const float *bt[3] = { w->bq, w->bk, w->bv };
+            float *yt[3] = { f->q, f->k, f->v };
+            matmuls(be, f->xb, R, dim, 3, wt, bt, yt);
+        }
         ops->rope(be, f->q, f->k);
         ops->kv_write(be, f->kv, l, f->k, f->v);
         if (last && n_out == 0)
@@ -302,8 +318,12 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
         ops->matmul(be, att, rows, qd, &w->wo, NULL, f->ob);
         ops->add(be, x, f->ob, (size_t)rows * dim);
         ops->rmsnorm(be, x, w->ffn_norm, c->norm_eps, rows, dim, xn);
-        ops->matmul(be, xn, rows, dim, &w->w_gate, NULL, f->hb);
-        ops->matmul(be, xn, rows, dim, &w->w_up, NULL, f->hb2);
+        {
+            const kvg_tensor *wt[2] = { &w->w_gate, &w->w_up };
+            const float *bt[2] = { NULL, NULL };
+            float *yt[2] = { f->hb, f->hb2 };
+            matmuls(be, xn, rows, dim, 2, wt, bt, yt);
+        }
         ops->swiglu(be, f->hb, f->hb2, (size_t)rows * hid);
         ops->matmul(be, f->hb, rows, hid, &w->w_down, NULL, f->ob);
         ops->add(be, x, f->ob, (size_t)rows * dim);

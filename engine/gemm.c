@@ -291,14 +291,12 @@ static void pack_range(void *arg, size_t begin, size_t end)
     p->pack(p->job, (int)begin, (int)end, p->ws->xp);
 }
 
-int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x,
-                      int M, int K, const kvg_tensor *w, const float *bias, float *y)
+/* Validates one product and fills its job, plan and context (X not packed yet).
+ * -1: the caller's bug; 1: nothing to compute; 0: ready. */
+static int setup(kvg_gemm_isa_id isa, const float *x, int M, int K, const kvg_tensor *w,
+                 const float *bias, float *y, kvg_gemm_job *job, kvg_gemm_plan *plan,
+                 struct par_ctx *p)
 {
-    kvg_gemm_job job;
-    kvg_gemm_plan plan;
-    struct par_ctx p;
-    int threads, parallel;
-
     /* The caller's bugs, refused without touching y (see gemm.h). */
     if (!w || (w->dtype != KVG_DT_F32 && w->dtype != KVG_DT_F16 && w->dtype != KVG_DT_BF16 &&
                !kvg_gemm_dt_quant(w->dtype)) ||
@@ -306,39 +304,60 @@ int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, 
         !kvg_gemm_isa_supported(isa))
         return -1;
     if (M == 0 || w->rows == 0)
-        return 0;
+        return 1;
     if (!x || !y || !w->data)
         return -1;
 
-    job.x = x;
-    job.xp = NULL;
-    job.w = w->data;
-    job.bias = bias;
-    job.y = y;
-    job.M = M;
-    job.N = (int)w->rows;
-    job.K = K;
-    job.dt = w->dtype;
+    job->x = x;
+    job->xp = NULL;
+    job->w = w->data;
+    job->bias = bias;
+    job->y = y;
+    job->M = M;
+    job->N = (int)w->rows;
+    job->K = K;
+    job->dt = w->dtype;
 
+    plans[isa](job, plan);
+    p->job = job;
+    p->fn = kvg_gemm_dt_quant(job->dt) ? qkernels[isa] : kernels[isa];
+    p->pack = x_packers[isa];
+    p->ws = NULL;
+    /* Decode keeps finer groups: its kernel has no panels to fill. */
+    p->group = plan->packed ? (size_t)plan->n_group : 16;
+    return 0;
+}
+
+/* Packs X once into ws when the plan packs and ws fits (in parallel when the product
+ * is), and points job->xp at it. */
+static void pack_once(kvg_threadpool *tp, kvg_gemm_ws *ws, const kvg_gemm_plan *plan, int threads,
+                      int parallel, kvg_gemm_job *job, struct par_ctx *p)
+{
+    if (!ws_fits(ws, plan, threads) || !p->pack)
+        return;
+    /* Packed X is the same for every thread: pack it once. */
+    job->xp = ws->xp;
+    p->ws = ws;
+    if (parallel && plan->x_panels > 1)
+        kvg_threadpool_run(tp, (size_t)plan->x_panels, pack_range, p);
+    else
+        pack_range(p, 0, (size_t)plan->x_panels);
+}
+
+int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x,
+                      int M, int K, const kvg_tensor *w, const float *bias, float *y)
+{
+    kvg_gemm_job job;
+    kvg_gemm_plan plan;
+    struct par_ctx p;
+    int threads, parallel, rc;
+
+    rc = setup(isa, x, M, K, w, bias, y, &job, &plan, &p);
+    if (rc != 0)
+        return rc < 0 ? -1 : 0;
     threads = kvg_threadpool_size(tp);
     parallel = threads > 1 && (double)M * job.N * (K > 0 ? K : 1) >= KVG_GEMM_MIN_PARALLEL_MACS;
-    plans[isa](&job, &plan);
-    p.job = &job;
-    p.fn = kvg_gemm_dt_quant(job.dt) ? qkernels[isa] : kernels[isa];
-    p.pack = x_packers[isa];
-    p.ws = NULL;
-    /* Decode keeps finer groups: its kernel has no panels to fill. */
-    p.group = plan.packed ? (size_t)plan.n_group : 16;
-    if (ws_fits(ws, &plan, threads) && p.pack) {
-        /* Packed X is the same for every thread: pack it once (in parallel when the
-         * product is). */
-        job.xp = ws->xp;
-        p.ws = ws;
-        if (parallel && plan.x_panels > 1)
-            kvg_threadpool_run(tp, (size_t)plan.x_panels, pack_range, &p);
-        else
-            pack_range(&p, 0, (size_t)plan.x_panels);
-    }
+    pack_once(tp, ws, &plan, threads, parallel, &job, &p);
     if (parallel) {
         size_t groups = ((size_t)job.N + p.group - 1) / p.group;
         if (groups > 1) {
@@ -349,6 +368,93 @@ int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, 
     /* On the calling thread alone: participant 0's scratch is free. */
     p.fn(&job, 0, job.N, p.ws ? &ws->parts[0].s : NULL);
     return 0;
+}
+
+/* ---- several products of one X in one job ---- */
+
+struct multi_ctx {
+    int n;
+    struct par_ctx p[KVG_GEMM_MULTI_MAX];
+    size_t start[KVG_GEMM_MULTI_MAX + 1];   /* each product's first group in the
+                                                concatenation of their groups */
+};
+
+/* Groups [begin, end) of the concatenation: each product's share of it, as par_range
+ * would run it alone. */
+static void multi_range(void *arg, size_t begin, size_t end)
+{
+    struct multi_ctx *mc = arg;
+    for (int i = 0; i < mc->n; i++) {
+        size_t b = begin > mc->start[i] ? begin : mc->start[i];
+        size_t e = end < mc->start[i + 1] ? end : mc->start[i + 1];
+        if (b < e)
+            par_range(&mc->p[i], b - mc->start[i], e - mc->start[i]);
+    }
+}
+
+int kvg_gemm_multi_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x,
+                             int M, int K, int n, const kvg_tensor *const *w,
+                             const float *const *bias, float *const *y)
+{
+    kvg_gemm_job jobs[KVG_GEMM_MULTI_MAX];
+    kvg_gemm_plan plans_[KVG_GEMM_MULTI_MAX];
+    struct multi_ctx mc;
+    double macs = 0;
+    int threads = kvg_threadpool_size(tp), parallel, same = 1;
+
+    if (n < 0 || n > KVG_GEMM_MULTI_MAX || (n > 0 && (!w || !y)))
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (!w[i] || w[i]->dtype != w[0]->dtype || (w[i]->dtype != KVG_DT_F32 &&
+                                                     w[i]->dtype != KVG_DT_F16 &&
+                                                     w[i]->dtype != KVG_DT_BF16))
+            same = 0;
+    if (!same) {
+        /* Other weight types have their own paths: one product at a time. */
+        for (int i = 0; i < n; i++)
+            if (kvg_gemm_with_isa(isa, tp, ws, x, M, K, w[i], bias ? bias[i] : NULL, y[i]) != 0)
+                return -1;
+        return 0;
+    }
+    mc.n = 0;
+    mc.start[0] = 0;
+    for (int i = 0; i < n; i++) {
+        int rc = setup(isa, x, M, K, w[i], bias ? bias[i] : NULL, y[i], &jobs[mc.n], &plans_[mc.n],
+                       &mc.p[mc.n]);
+        if (rc < 0)
+            return -1;
+        if (rc > 0)
+            continue;
+        macs += (double)M * jobs[mc.n].N * (K > 0 ? K : 1);
+        mc.start[mc.n + 1] = mc.start[mc.n] + ((size_t)jobs[mc.n].N + mc.p[mc.n].group - 1) /
+                                                  mc.p[mc.n].group;
+        mc.n++;
+    }
+    if (mc.n == 0)
+        return 0;
+    parallel = threads > 1 && macs >= KVG_GEMM_MIN_PARALLEL_MACS;
+    /* X and K are the same for all, and so is the plan's packing of X (it depends on M
+     * and K only): pack it once for all of them. */
+    pack_once(tp, ws, &plans_[0], threads, parallel, &jobs[0], &mc.p[0]);
+    for (int i = 1; i < mc.n; i++) {
+        if (!jobs[0].xp || !plans_[i].packed)
+            break;
+        jobs[i].xp = jobs[0].xp;
+        mc.p[i].ws = ws;
+    }
+    if (parallel && mc.start[mc.n] > 1) {
+        kvg_threadpool_run(tp, mc.start[mc.n], multi_range, &mc);
+        return 0;
+    }
+    for (int i = 0; i < mc.n; i++)
+        mc.p[i].fn(&jobs[i], 0, jobs[i].N, mc.p[i].ws ? &ws->parts[0].s : NULL);
+    return 0;
+}
+
+int kvg_gemm_multi(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K, int n,
+                   const kvg_tensor *const *w, const float *const *bias, float *const *y)
+{
+    return kvg_gemm_multi_with_isa(kvg_gemm_isa_id_active(), tp, ws, x, M, K, n, w, bias, y);
 }
 
 int kvg_gemm(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K,

@@ -55,6 +55,18 @@ void kvg_gemm_ws_free(kvg_gemm_ws *ws);
 int kvg_gemm(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K,
              const kvg_tensor *w, const float *bias, float *y);
 
+/* Up to KVG_GEMM_MULTI_MAX products of the same X, y[i] = X w[i]^T (+ bias[i]; bias
+ * may be NULL, or any entry of it), in ONE pool job: the output rows of all of them
+ * are split together, so a layer's q, k, v (or gate, up) cost one synchronisation
+ * point instead of three (two), and X is packed once. Every output is bit-identical
+ * to kvg_gemm's for that product (the same kernels, the same canonical order; only
+ * which thread computes a row changes). Weights of another type than F32, F16 or BF16,
+ * or of mixed types, run as n kvg_gemm calls. 0, or -1 as kvg_gemm (then some y[i]
+ * may have been written). */
+#define KVG_GEMM_MULTI_MAX 4
+int kvg_gemm_multi(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K, int n,
+                   const kvg_tensor *const *w, const float *const *bias, float *const *y);
+
 /* "avx512", "avx2", "generic". KVG_GEMM_ISA=generic|avx2|avx512 in the environment
  * forces a lower level (for tests and benchmarks). */
 const char *kvg_gemm_isa(void);

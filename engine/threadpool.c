@@ -6,7 +6,7 @@
  * holds the core) costs some parallelism, never a stall: the caller runs its share.
  *
  * Workers sleep on a condition variable between jobs. Before sleeping, a worker (and
- * the caller waiting for the last range) polls for about ten microseconds, because a
+ * the caller waiting for the last range) polls for about 25 microseconds, because a
  * forward pass issues dozens of short jobs back to back and a futex wake-up costs as
  * much as a small GEMM; the poll is bounded in time, so a busy machine loses at most
  * that per job. */
@@ -24,7 +24,12 @@
 #include "cpu_relax.h"
 
 #define KVG_TP_MAX_THREADS 256
-#define KVG_TP_SPIN_NS 10000
+/* How long a waiting thread polls before it sleeps: about what a futex wake-up costs
+ * on these VMs (t/bench/engine_bench --profile measured ~21 us after a pause against
+ * ~0.1 us back to back). Polling as long as a sleep would cost bounds the loss to 2x
+ * either way (a busy machine loses at most this per job), and it covers the gaps
+ * between the ~60 short jobs of a decode step, which are shorter. */
+#define KVG_TP_SPIN_NS 25000
 /* Ranges per thread: a thread slowed by another process holds back at most a small
  * range while the others share out the rest. */
 #define KVG_TP_RANGES_PER_THREAD 4
@@ -46,6 +51,7 @@ struct kvg_threadpool {
     _Atomic uint64_t gen;         /* bumped under mu; polled without it */
     _Atomic size_t remaining;     /* ranges of the current job not finished */
     int stop;
+    unsigned long long jobs;      /* dispatched jobs: the caller's counter */
     /* The current job, written under mu before gen is bumped. */
     size_t job_n;
     kvg_range_fn job_fn;
@@ -263,6 +269,11 @@ int kvg_threadpool_size(const kvg_threadpool *tp)
     return tp ? tp->n : 1;
 }
 
+unsigned long long kvg_threadpool_jobs(const kvg_threadpool *tp)
+{
+    return tp ? tp->jobs : 0;
+}
+
 void kvg_threadpool_run(kvg_threadpool *tp, size_t n, kvg_range_fn fn, void *ctx)
 {
     uint64_t g;
@@ -274,6 +285,7 @@ void kvg_threadpool_run(kvg_threadpool *tp, size_t n, kvg_range_fn fn, void *ctx
         return;
     }
 
+    tp->jobs++;
     pthread_mutex_lock(&tp->mu);
     tp->job_n = n;
     tp->job_fn = fn;

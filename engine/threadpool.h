@@ -1,6 +1,6 @@
 /* A small thread pool for the CPU backend.
  *
- * Workers wait passively (condition variables; at most ~10 us of polling after a job):
+ * Workers wait passively (condition variables; at most ~25 us of polling after a job):
  * these machines are shared, and spin-waiting barriers collapse 10-30x when another
  * process takes a core. A job is a function called on ranges of [0, n): the pool splits
  * [0, n) into min(n, 4 * threads) contiguous non-empty ranges in a FIXED way that
@@ -27,5 +27,10 @@ int kvg_threadpool_size(const kvg_threadpool *tp);
  * one job at a time per pool, and fn must not call kvg_threadpool_run on the same pool. */
 typedef void (*kvg_range_fn)(void *ctx, size_t begin, size_t end);
 void kvg_threadpool_run(kvg_threadpool *tp, size_t n, kvg_range_fn fn, void *ctx);
+
+/* Jobs handed to the workers so far (runs done inline are not counted): each is one
+ * synchronisation point, which is what a benchmark's profile counts per token. Read
+ * by the thread that calls kvg_threadpool_run. */
+unsigned long long kvg_threadpool_jobs(const kvg_threadpool *tp);
 
 #endif

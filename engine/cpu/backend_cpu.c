@@ -259,6 +259,18 @@ static void cpu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_
     (void)rc;
 }
 
+static void cpu_matmul_n(kvg_backend *be, const float *x, int M, int K, int n,
+                         const kvg_tensor *const *w, const float *const *bias, float *const *y)
+{
+    kvg_cpu *c = cpu_of(be);
+    int rc;
+
+    /* As cpu_matmul: the model's shapes, n <= KVG_GEMM_MULTI_MAX (forward.c's 2 or 3). */
+    rc = kvg_gemm_multi(c->tp, c->gemm_ws, x, M, K, n, w, bias, y);
+    assert(rc == 0);
+    (void)rc;
+}
+
 typedef struct rope_job {
     kvg_cpu *c;
     float *q, *k;
@@ -419,6 +431,7 @@ static const kvg_backend_ops cpu_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
+    .matmul_n = cpu_matmul_n,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

@@ -48,6 +48,12 @@ TGT_INLINE void block(const float *x, const void *w, size_t w0, kvg_dtype dt, in
             acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
 
     for (; k + 16 <= K; k += 16) {
+        /* The next block's rows, one line per row and step, as in gemm_avx512.c. */
+        if (dt == KVG_DT_F32 || (k & 31) == 0)
+            for (int c = 0; c < NR; c++)
+                _mm_prefetch((const char *)w + (w0 + (size_t)(NR + c) * (size_t)K + (size_t)k) *
+                                                   (dt == KVG_DT_F32 ? 4 : 2),
+                             _MM_HINT_T0);
         for (int h = 0; h < 2; h++) {
             __m256 xv[MR_MAX];
             for (int r = 0; r < MR; r++)

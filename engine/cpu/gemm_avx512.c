@@ -63,6 +63,15 @@ TGT_INLINE void block(const float *x, const void *w, size_t w0, kvg_dtype dt, in
         __m512 xv[MR_MAX];
         for (int r = 0; r < MR; r++)
             xv[r] = _mm512_loadu_ps(x + (size_t)r * (size_t)K + (size_t)k);
+        /* W is read once: ask for the next block's rows (the same offsets NR rows on,
+         * one cache line per row and step) while this one computes. The hardware
+         * prefetcher alone sees NR short interleaved streams and falls behind; a
+         * prefetch never faults, so running past the matrix is harmless. */
+        if (dt == KVG_DT_F32 || (k & 31) == 0)
+            for (int c = 0; c < NR; c++)
+                _mm_prefetch((const char *)w + (w0 + (size_t)(NR + c) * (size_t)K + (size_t)k) *
+                                                   (dt == KVG_DT_F32 ? 4 : 2),
+                             _MM_HINT_T0);
         for (int c = 0; c < NR; c++) {
             __m512 wv = load_w16(w, w0 + (size_t)c * (size_t)K + (size_t)k, dt, 0xffff, 1);
             for (int r = 0; r < MR; r++)

@@ -101,6 +101,10 @@ const char *kvg_gemm_isa_name(kvg_gemm_isa_id isa);
 /* kvg_gemm with an explicit ISA; -1 also when this CPU lacks it. */
 int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x,
                       int M, int K, const kvg_tensor *w, const float *bias, float *y);
+/* kvg_gemm_multi with an explicit ISA. */
+int kvg_gemm_multi_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws,
+                            const float *x, int M, int K, int n, const kvg_tensor *const *w,
+                            const float *const *bias, float *const *y);
 
 /* Exact widenings, shared by the kernels' scalar tails and the generic kernel. */
 static inline float kvg_gemm_bf16_to_f32(uint16_t h)

@@ -12,6 +12,19 @@
  *
  *   build/bench/engine_bench [--model synthetic:110M] [--prompt 1000] [--threads N]
  *                            [--decode-steps 32] [--reps 3] [--ref-prompt N]
+ *                            [--dtypes f32,f16,bf16] [--no-ref] [--profile] [--recompute 8]
+ *
+ * --dtypes: the weight types measured, each in turn on the same weights (the model's
+ * F32 values converted to F16 / BF16 in the bench, round to nearest even); the first
+ * one also gives the unsuffixed figures. Default: the model's own type, then f16 and
+ * bf16 when it is F32.
+ * Cached prefix: a sequence holds P - R positions (computed, untimed), then one step
+ * feeds the last R tokens with logits -- the forward-pass part of the time to first
+ * token of a cached prompt -- against a decode step at the same position and a step of
+ * R rows of a fresh sequence.
+ * --profile: batch-1 decode broken down by operation (ms per token), thread-pool jobs
+ * (synchronisation points) per token, and the cost of one pool job with the workers
+ * hot (back to back) and asleep (after a pause).
  *
  * --ref-prompt N times the reference on the first N prompt positions only (its speed
  * only falls with position, so its tokens/s is then an upper bound and the ratio a
@@ -22,11 +35,13 @@
 #include <time.h>
 
 #include "backend.h"
+#include "cpu/backend_cpu_internal.h"
 #include "forward.h"
 #include "gemm.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "sampler.h"
+#include "threadpool.h"
 #include "../unit/ref_forward.h"
 
 static double now_s(void)
@@ -69,12 +84,456 @@ static void die(const char *what, const char *err)
     exit(1);
 }
 
+static double wall_since(double t0)
+{
+    return now_s() - t0;
+}
+
+/* ---- weights converted to another type (the bench's own copies) ---- */
+
+static uint16_t to_f16(float f)
+{
+    _Float16 h = (_Float16)f;    /* round to nearest even, like F16C */
+    uint16_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);   /* finite values: round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+typedef struct wset {
+    kvg_tensor *t[16 * 64 + 1];  /* the matmul weights of the model, as loaded */
+    kvg_tensor orig[16 * 64 + 1];
+    void *conv[16 * 64 + 1];
+    int n;
+} wset;
+
+static void wset_init(wset *ws, kvg_model *m)
+{
+    ws->n = 0;
+    for (int l = 0; l < m->cfg.n_layers && ws->n + 8 < (int)(sizeof ws->t / sizeof ws->t[0]); l++) {
+        kvg_layer_weights *w = &m->layers[l];
+        kvg_tensor *ts[] = { &w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down };
+        for (int i = 0; i < 7; i++)
+            ws->t[ws->n++] = ts[i];
+    }
+    ws->t[ws->n++] = &m->output;
+    for (int i = 0; i < ws->n; i++) {
+        ws->orig[i] = *ws->t[i];
+        ws->conv[i] = NULL;
+    }
+}
+
+/* Every matmul weight as dt: the loaded tensors when dt is theirs, else converted
+ * copies of their F32 values. */
+static void wset_use(wset *ws, kvg_dtype dt)
+{
+    for (int i = 0; i < ws->n; i++) {
+        const kvg_tensor *o = &ws->orig[i];
+        size_t n = (size_t)o->rows * (size_t)o->cols;
+        float *row;
+        uint16_t *dst;
+        free(ws->conv[i]);
+        ws->conv[i] = NULL;
+        *ws->t[i] = *o;
+        if (o->dtype == dt)
+            continue;
+        row = malloc((size_t)o->cols * sizeof *row);
+        if (dt == KVG_DT_F32) {
+            float *d = malloc(n * sizeof *d);
+            if (!row || !d)
+                die("convert", "out of memory");
+            for (int64_t r = 0; r < o->rows; r++)
+                kvg_tensor_row_f32(o, r, d + (size_t)r * (size_t)o->cols);
+            ws->conv[i] = d;
+        } else {
+            dst = malloc(n * sizeof *dst);
+            if (!row || !dst)
+                die("convert", "out of memory");
+            for (int64_t r = 0; r < o->rows; r++) {
+                kvg_tensor_row_f32(o, r, row);
+                for (int64_t c = 0; c < o->cols; c++)
+                    dst[(size_t)r * (size_t)o->cols + (size_t)c] =
+                        dt == KVG_DT_F16 ? to_f16(row[c]) : to_bf16(row[c]);
+            }
+            ws->conv[i] = dst;
+        }
+        free(row);
+        ws->t[i]->data = ws->conv[i];
+        ws->t[i]->dtype = dt;
+    }
+}
+
+static double weight_mib(const wset *ws)
+{
+    double b = 0;
+    for (int i = 0; i < ws->n; i++)
+        if (i == ws->n - 1 || ws->t[i] != ws->t[ws->n - 1])
+            b += (double)ws->t[i]->rows * (double)ws->t[i]->cols * (double)kvg_dtype_size(ws->t[i]->dtype);
+    return b / 1048576.0;
+}
+
+/* ---- the profile: every backend operation timed ---- */
+
+enum { P_EMBED, P_NORM, P_QKV, P_WO, P_GATEUP, P_DOWN, P_LOGITS, P_ROPE, P_KVW, P_ATT, P_SWIGLU,
+       P_ADD, P_OTHER, P_N };
+static const char *const p_names[P_N] = { "embed", "rmsnorm", "matmul q,k,v", "matmul wo",
+                                          "matmul gate,up", "matmul down", "matmul logits",
+                                          "rope", "kv_write", "attention", "swiglu", "add",
+                                          "begin/gather/read" };
+static double p_time[P_N];
+static int p_reset;              /* time_decode zeroes p_time when its timed steps start */
+static unsigned long long p_jobs0;
+static kvg_threadpool *p_tp;
+static const kvg_backend_ops *p_inner;
+static const kvg_model *p_model;
+
+#define PROF(slot, call)                  \
+    do {                                  \
+        double t0_ = now_s();             \
+        call;                             \
+        p_time[slot] += wall_since(t0_);  \
+    } while (0)
+
+static int prof_begin(kvg_backend *be, const kvg_step *st, char *e, size_t el)
+{
+    int rc;
+    PROF(P_OTHER, rc = p_inner->begin_step(be, st, e, el));
+    return rc;
+}
+static void prof_embed(kvg_backend *be, const kvg_tensor *emb, float *x)
+{
+    PROF(P_EMBED, p_inner->embed(be, emb, x));
+}
+static void prof_rmsnorm(kvg_backend *be, const float *x, const float *w, float eps, int rows, int dim,
+                         float *out)
+{
+    PROF(P_NORM, p_inner->rmsnorm(be, x, w, eps, rows, dim, out));
+}
+static void prof_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
+                        const float *bias, float *y)
+{
+    int slot = P_LOGITS;
+    for (int l = 0; l < p_model->cfg.n_layers; l++) {
+        const kvg_layer_weights *lw = &p_model->layers[l];
+        if (w == &lw->wq || w == &lw->wk || w == &lw->wv)
+            slot = P_QKV;
+        else if (w == &lw->wo)
+            slot = P_WO;
+        else if (w == &lw->w_gate || w == &lw->w_up)
+            slot = P_GATEUP;
+        else if (w == &lw->w_down)
+            slot = P_DOWN;
+    }
+    PROF(slot, p_inner->matmul(be, x, M, K, w, bias, y));
+}
+static void prof_matmul_n(kvg_backend *be, const float *x, int M, int K, int n, const kvg_tensor *const *w,
+                          const float *const *bias, float *const *y)
+{
+    int slot = P_LOGITS;
+    for (int l = 0; l < p_model->cfg.n_layers; l++) {
+        const kvg_layer_weights *lw = &p_model->layers[l];
+        if (w[0] == &lw->wq)
+            slot = P_QKV;
+        else if (w[0] == &lw->w_gate)
+            slot = P_GATEUP;
+    }
+    PROF(slot, p_inner->matmul_n(be, x, M, K, n, w, bias, y));
+}
+static void prof_rope(kvg_backend *be, float *q, float *k)
+{
+    PROF(P_ROPE, p_inner->rope(be, q, k));
+}
+static void prof_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *k, const float *v)
+{
+    PROF(P_KVW, p_inner->kv_write(be, kv, layer, k, v));
+}
+static void prof_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *q, float *out)
+{
+    PROF(P_ATT, p_inner->attention(be, kv, layer, q, out));
+}
+static void prof_swiglu(kvg_backend *be, float *g, const float *u, size_t n)
+{
+    PROF(P_SWIGLU, p_inner->swiglu(be, g, u, n));
+}
+static void prof_add(kvg_backend *be, float *x, const float *y, size_t n)
+{
+    PROF(P_ADD, p_inner->add(be, x, y, n));
+}
+static void prof_gather(kvg_backend *be, const float *x, int width, float *out)
+{
+    PROF(P_OTHER, p_inner->gather_out_rows(be, x, width, out));
+}
+static void prof_read(kvg_backend *be, const float *src, float *host, size_t n)
+{
+    PROF(P_OTHER, p_inner->read(be, src, host, n));
+}
+
+static void noop_range(void *ctx, size_t b, size_t e)
+{
+    (void)ctx, (void)b, (void)e;
+}
+
+/* One pool job's round trip with nothing to do: back to back (the workers poll) and
+ * after a 2 ms pause (they sleep: a wake-up). Microseconds, medians of 9 batches. */
+static void pool_job_cost(int threads, double *hot_us, double *cold_us)
+{
+    kvg_threadpool *tp = kvg_threadpool_new(threads);
+    double hot[9], cold[9];
+    if (!tp)
+        die("pool", "cannot start threads");
+    for (int r = 0; r < 9; r++) {
+        double t0 = now_s(), sum = 0;
+        for (int i = 0; i < 2000; i++)
+            kvg_threadpool_run(tp, 8, noop_range, NULL);
+        hot[r] = wall_since(t0) / 2000 * 1e6;
+        for (int i = 0; i < 20; i++) {
+            struct timespec ts = { 0, 2000000 };
+            nanosleep(&ts, NULL);
+            t0 = now_s();
+            kvg_threadpool_run(tp, 8, noop_range, NULL);
+            sum += wall_since(t0);
+        }
+        cold[r] = sum / 20 * 1e6;
+    }
+    *hot_us = median(hot, 9);
+    *cold_us = median(cold, 9);
+    kvg_threadpool_free(tp);
+}
+
+typedef struct ctx {
+    kvg_model *m;
+    kvg_backend *be;
+    kvg_kv_pool *kv;
+    kvg_forward *fw;
+    const int32_t *toks;
+    float *logits;
+    int V, steps, reps, dec_prompt;
+} ctx;
+
+static double time_prefill(ctx *c, int prompt)
+{
+    double t[99];
+    char err[1024];
+    for (int r = 0; r < c->reps; r++) {
+        kvg_kv_seq seq;
+        kvg_fwd_seq s;
+        double t0;
+        kvg_kv_seq_init(&seq);
+        s.kv = &seq;
+        s.tokens = c->toks;
+        s.n_tokens = prompt;
+        s.logits = c->logits;
+        t0 = now_s();
+        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
+            die("prefill", err);
+        t[r] = wall_since(t0);
+        kvg_kv_seq_release(c->kv, &seq);
+    }
+    return median(t, c->reps);
+}
+
+/* Seconds for `steps` decode steps of B sequences (median over reps). */
+static double time_decode(ctx *c, int B)
+{
+    double t[99];
+    char err[1024];
+    for (int r = 0; r < c->reps; r++) {
+        kvg_kv_seq seqs[32];
+        kvg_fwd_seq s[32];
+        int32_t next[32];
+        double t0;
+        for (int b = 0; b < B; b++) {
+            kvg_kv_seq_init(&seqs[b]);
+            s[b].kv = &seqs[b];
+            s[b].tokens = c->toks + b;     /* a different prompt per sequence */
+            s[b].n_tokens = c->dec_prompt;
+            s[b].logits = c->logits + (size_t)b * c->V;
+        }
+        if (kvg_forward_step(c->fw, s, B, err, sizeof err) != 0)
+            die("decode prompt", err);
+        if (p_reset) {
+            memset(p_time, 0, sizeof p_time);
+            p_jobs0 = kvg_threadpool_jobs(p_tp);
+        }
+        t0 = now_s();
+        for (int st = 0; st < c->steps; st++) {
+            for (int b = 0; b < B; b++) {
+                next[b] = kvg_argmax(c->logits + (size_t)b * c->V, c->V);
+                s[b].tokens = &next[b];
+                s[b].n_tokens = 1;
+            }
+            if (kvg_forward_step(c->fw, s, B, err, sizeof err) != 0)
+                die("decode", err);
+        }
+        t[r] = wall_since(t0);
+        for (int b = 0; b < B; b++)
+            kvg_kv_seq_release(c->kv, &seqs[b]);
+    }
+    return median(t, c->reps);
+}
+
+/* The cached-prefix step: P - R positions held, the last R fed with logits. Also a
+ * decode step at position P - 1 and R rows of a fresh sequence. Milliseconds. */
+static void time_cached(ctx *c, int P, int R, double *ms_cached, double *ms_dec, double *ms_fresh)
+{
+    double tc[99], td[99], tf[99];
+    char err[1024];
+    for (int r = 0; r < c->reps; r++) {
+        kvg_kv_seq seq;
+        kvg_fwd_seq s;
+        double t0;
+        kvg_kv_seq_init(&seq);
+        s.kv = &seq;
+        s.tokens = c->toks;
+        s.n_tokens = P - R;
+        s.logits = NULL;
+        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
+            die("cached prefix", err);
+        s.tokens = c->toks + P - R;
+        s.n_tokens = R;
+        s.logits = c->logits;
+        t0 = now_s();
+        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
+            die("cached step", err);
+        tc[r] = wall_since(t0) * 1e3;
+        kvg_kv_seq_truncate(c->kv, &seq, P - 1);
+        s.tokens = c->toks + P - 1;
+        s.n_tokens = 1;
+        t0 = now_s();
+        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
+            die("cached decode", err);
+        td[r] = wall_since(t0) * 1e3;
+        kvg_kv_seq_release(c->kv, &seq);
+        kvg_kv_seq_init(&seq);
+        s.tokens = c->toks + P - R;
+        s.n_tokens = R;
+        t0 = now_s();
+        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
+            die("fresh step", err);
+        tf[r] = wall_since(t0) * 1e3;
+        kvg_kv_seq_release(c->kv, &seq);
+    }
+    *ms_cached = median(tc, c->reps);
+    *ms_dec = median(td, c->reps);
+    *ms_fresh = median(tf, c->reps);
+}
+
+static void profile_decode(ctx *c)
+{
+    kvg_backend_ops ops = *c->be->ops;
+    const kvg_backend_ops *saved = c->be->ops;
+    kvg_threadpool *tp = ((kvg_cpu *)c->be->ctx)->tp;
+    unsigned long long jobs0;
+    double total = 0, wall, hot, cold;
+
+    p_inner = saved;
+    p_model = c->m;
+    ops.begin_step = prof_begin;
+    ops.embed = prof_embed;
+    ops.rmsnorm = prof_rmsnorm;
+    ops.matmul = prof_matmul;
+    if (ops.matmul_n)
+        ops.matmul_n = prof_matmul_n;
+    ops.rope = prof_rope;
+    ops.kv_write = prof_kv_write;
+    ops.attention = prof_attention;
+    ops.swiglu = prof_swiglu;
+    ops.add = prof_add;
+    ops.gather_out_rows = prof_gather;
+    ops.read = prof_read;
+    {
+        int reps = c->reps;
+        c->reps = 1;
+        time_decode(c, 1);             /* warm */
+        c->be->ops = &ops;
+        p_tp = tp;
+        p_reset = 1;
+        wall = time_decode(c, 1);      /* the decode steps alone: p_time restarts there */
+        jobs0 = p_jobs0;
+        p_reset = 0;
+        c->be->ops = saved;
+        c->reps = reps;
+    }
+    {
+        unsigned long long jobs = kvg_threadpool_jobs(tp) - jobs0;
+        printf("profile, decode batch 1 (ms per token, %d steps):\n", c->steps);
+        for (int i = 0; i < P_N; i++) {
+            total += p_time[i];
+            printf("  %-20s %8.3f ms  %5.1f%%\n", p_names[i], p_time[i] * 1e3 / c->steps,
+                   100.0 * p_time[i] / (wall > 0 ? wall : 1));
+        }
+        printf("  %-20s %8.3f ms (wall %.3f ms)\n", "sum", total * 1e3 / c->steps, wall * 1e3 / c->steps);
+        printf("  thread-pool jobs per token: %.1f\n", (double)jobs / c->steps);
+        pool_job_cost(c->be->n_threads, &hot, &cold);
+        printf("  one empty pool job (%d threads): %.2f us back to back, %.2f us after a 2 ms pause\n",
+               c->be->n_threads, hot, cold);
+        printf("RESULT-PROFILE jobs_per_token=%.1f job_hot_us=%.2f job_cold_us=%.2f\n",
+               (double)jobs / c->steps, hot, cold);
+    }
+}
+
+/* The fused products (matmul_n: q/k/v and gate/up as one pool job each) against one
+ * job per product, in one process, reps interleaved: batch-1 decode tok/s of each and
+ * the median of the pairwise ratios (shared machines drift; pairs cancel most of it). */
+static void ab_fused(ctx *c)
+{
+    kvg_backend_ops sep = *c->be->ops;
+    const kvg_backend_ops *saved = c->be->ops;
+    double tf[15], ts[15], r[15];
+    enum { N = 9 };
+    int reps = c->reps;
+
+    if (!saved->matmul_n)
+        return;
+    sep.matmul_n = NULL;
+    c->reps = 1;
+    for (int i = 0; i < N; i++) {
+        c->be->ops = &sep;
+        ts[i] = time_decode(c, 1);
+        c->be->ops = saved;
+        tf[i] = time_decode(c, 1);
+        r[i] = ts[i] / tf[i];
+    }
+    c->reps = reps;
+    printf("  fused q/k/v, gate/up vs one job per product (decode batch 1, %d interleaved pairs): "
+           "%.1f vs %.1f tok/s, median ratio %.3f\n", N, c->steps / median(tf, N), c->steps / median(ts, N),
+           median(r, N));
+    printf("RESULT-AB fused_dec1=%.1f separate_dec1=%.1f fused_ratio=%.3f\n", c->steps / median(tf, N),
+           c->steps / median(ts, N), median(r, N));
+}
+
+static int parse_dtype(const char *s, kvg_dtype *dt)
+{
+    if (strcmp(s, "f32") == 0)
+        *dt = KVG_DT_F32;
+    else if (strcmp(s, "f16") == 0)
+        *dt = KVG_DT_F16;
+    else if (strcmp(s, "bf16") == 0)
+        *dt = KVG_DT_BF16;
+    else
+        return -1;
+    return 0;
+}
+
+static const char *dt_key(kvg_dtype dt)
+{
+    return dt == KVG_DT_F16 ? "f16" : dt == KVG_DT_BF16 ? "bf16" : "f32";
+}
+
 int main(int argc, char **argv)
 {
-    const char *model = "synthetic:110M";
+    const char *model = "synthetic:110M", *dtypes_arg = NULL;
     int prompt = 1000, threads = 0, steps = 32, reps = 3, ref_prompt = -1, dec_prompt = 32;
+    int no_ref = 0, profile = 0, recompute = 8;
     static const int batches[] = { 1, 8, 32 };
-    enum { NB = 3 };
+    enum { NB = 3, ND = 3 };
     char err[1024];
     kvg_model_load_opts lo;
     kvg_model *m;
@@ -84,15 +543,29 @@ int main(int argc, char **argv)
     kvg_kv_geom geom;
     int32_t *toks;
     float *logits;
-    double t_prefill, t_dec[NB], ref_prefill_tps, ref_decode_tps;
+    double t_prefill[ND], t_dec[ND][NB], ref_prefill_tps = 0, ref_decode_tps = 0, wmib[ND];
+    double ms_cached = 0, ms_dec = 0, ms_fresh = 0;
+    kvg_dtype dts[ND];
+    int n_dt = 0;
     long rss_kb, hwm_kb;
-    int V, ref_n;
+    int V, ref_n = 0;
+    wset *ws;
+    ctx c;
 
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--no-ref") == 0) {
+            no_ref = 1;
+            continue;
+        }
+        if (strcmp(argv[i], "--profile") == 0) {
+            profile = 1;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "usage: engine_bench [--model M] [--prompt N] [--threads N] "
-                            "[--decode-steps N] [--reps N] [--ref-prompt N]\n");
+                            "[--decode-steps N] [--reps N] [--ref-prompt N] [--dtypes f32,f16,bf16] "
+                            "[--no-ref] [--profile] [--recompute N]\n");
             return 2;
         }
         if (strcmp(argv[i], "--model") == 0)
@@ -107,13 +580,17 @@ int main(int argc, char **argv)
             reps = atoi(v);
         else if (strcmp(argv[i], "--ref-prompt") == 0)
             ref_prompt = atoi(v);
+        else if (strcmp(argv[i], "--dtypes") == 0)
+            dtypes_arg = v;
+        else if (strcmp(argv[i], "--recompute") == 0)
+            recompute = atoi(v);
         else {
             fprintf(stderr, "engine_bench: unknown option %s\n", argv[i]);
             return 2;
         }
         i++;
     }
-    if (prompt < 1 || steps < 1 || reps < 1 || reps > 99) {
+    if (prompt < 1 || steps < 1 || reps < 1 || reps > 99 || recompute < 1 || recompute >= prompt) {
         fprintf(stderr, "engine_bench: bad numbers\n");
         return 2;
     }
@@ -128,12 +605,27 @@ int main(int argc, char **argv)
     if (lo.max_seq_len > m->cfg.max_seq_len)
         m->cfg.max_seq_len = lo.max_seq_len;
     V = m->cfg.vocab_size;
+    if (dtypes_arg) {
+        char buf[64], *save = NULL;
+        snprintf(buf, sizeof buf, "%s", dtypes_arg);
+        for (char *t = strtok_r(buf, ",", &save); t && n_dt < ND; t = strtok_r(NULL, ",", &save))
+            if (parse_dtype(t, &dts[n_dt++]) != 0) {
+                fprintf(stderr, "engine_bench: unknown dtype %s (f32, f16, bf16)\n", t);
+                return 2;
+            }
+    } else {
+        dts[n_dt++] = m->layers[0].wq.dtype;
+        if (dts[0] == KVG_DT_F32) {
+            dts[n_dt++] = KVG_DT_F16;
+            dts[n_dt++] = KVG_DT_BF16;
+        }
+    }
     be = kvg_backend_cpu_new(m, threads, err, sizeof err);
     if (!be)
         die("backend", err);
     kvg_forward_kv_geom(m, 0, &geom);
     {
-        int need_prefill = (prompt + 15) / 16 + 1;
+        int need_prefill = 2 * ((prompt + 15) / 16 + 1);
         int need_decode = batches[NB - 1] * ((dec_prompt + steps + 15) / 16 + 1);
         kv = kvg_kv_pool_new(&geom, need_prefill > need_decode ? need_prefill : need_decode, err, sizeof err);
     }
@@ -145,6 +637,9 @@ int main(int argc, char **argv)
 
     toks = malloc((size_t)(prompt + 64) * sizeof *toks);
     logits = malloc((size_t)batches[NB - 1] * V * sizeof *logits);
+    ws = malloc(sizeof *ws);
+    if (!toks || !logits || !ws)
+        die("bench", "out of memory");
     {
         uint64_t s = 2024;
         for (int i = 0; i < prompt + 64; i++) {
@@ -152,71 +647,34 @@ int main(int argc, char **argv)
             toks[i] = i == 0 ? (m->bos >= 0 ? m->bos : 1) : 3 + (int32_t)((s >> 33) % (uint64_t)(V - 3));
         }
     }
+    wset_init(ws, m);
+    c = (ctx){ m, be, kv, fw, toks, logits, V, steps, reps, dec_prompt };
     printf("model %s: %s, %d layers, dim %d, hidden %d, heads %d/%d, vocab %d; %d threads, gemm %s\n",
            m->name, kvg_dtype_name(m->layers[0].wq.dtype), m->cfg.n_layers, m->cfg.dim,
            m->cfg.hidden_dim, m->cfg.n_heads, m->cfg.n_kv_heads, V, be->n_threads, kvg_gemm_isa());
     fflush(stdout);
 
-    /* ---- engine prefill ---- */
-    {
-        double t[99];
-        for (int r = 0; r < reps; r++) {
-            kvg_kv_seq seq;
-            kvg_fwd_seq s;
-            double t0;
-            kvg_kv_seq_init(&seq);
-            s.kv = &seq;
-            s.tokens = toks;
-            s.n_tokens = prompt;
-            s.logits = logits;
-            t0 = now_s();
-            if (kvg_forward_step(fw, &s, 1, err, sizeof err) != 0)
-                die("prefill", err);
-            t[r] = now_s() - t0;
-            kvg_kv_seq_release(kv, &seq);
-        }
-        t_prefill = median(t, reps);
-    }
-
-    /* ---- engine decode at each batch size ---- */
-    for (int bi = 0; bi < NB; bi++) {
-        int B = batches[bi];
-        double t[99];
-        for (int r = 0; r < reps; r++) {
-            kvg_kv_seq seqs[32];
-            kvg_fwd_seq s[32];
-            int32_t next[32];
-            double t0;
-            for (int b = 0; b < B; b++) {
-                kvg_kv_seq_init(&seqs[b]);
-                s[b].kv = &seqs[b];
-                s[b].tokens = toks + b;     /* a different prompt per sequence */
-                s[b].n_tokens = dec_prompt;
-                s[b].logits = logits + (size_t)b * V;
+    /* ---- the engine, each weight type in turn on the same values ---- */
+    for (int d = 0; d < n_dt; d++) {
+        wset_use(ws, dts[d]);
+        wmib[d] = weight_mib(ws);
+        t_prefill[d] = time_prefill(&c, prompt);
+        for (int bi = 0; bi < NB; bi++)
+            t_dec[d][bi] = time_decode(&c, batches[bi]);
+        if (d == 0) {
+            time_cached(&c, prompt, recompute, &ms_cached, &ms_dec, &ms_fresh);
+            if (profile) {
+                profile_decode(&c);
+                ab_fused(&c);
             }
-            if (kvg_forward_step(fw, s, B, err, sizeof err) != 0)
-                die("decode prompt", err);
-            t0 = now_s();
-            for (int st = 0; st < steps; st++) {
-                for (int b = 0; b < B; b++) {
-                    next[b] = kvg_argmax(logits + (size_t)b * V, V);
-                    s[b].tokens = &next[b];
-                    s[b].n_tokens = 1;
-                }
-                if (kvg_forward_step(fw, s, B, err, sizeof err) != 0)
-                    die("decode", err);
-            }
-            t[r] = now_s() - t0;
-            for (int b = 0; b < B; b++)
-                kvg_kv_seq_release(kv, &seqs[b]);
         }
-        t_dec[bi] = median(t, reps);
     }
+    wset_use(ws, dts[0]);
     rss_kb = status_kb("VmRSS");
     hwm_kb = status_kb("VmHWM");
 
     /* ---- reference ---- */
-    {
+    if (!no_ref) {
         ref_model ref;
         double t0;
         if (ref_init(&ref, m, prompt + 64) != 0)
@@ -224,7 +682,7 @@ int main(int argc, char **argv)
         t0 = now_s();
         for (int p = 0; p < ref_prompt; p++)
             ref_forward(&ref, toks[p], p);
-        ref_prefill_tps = ref_prompt / (now_s() - t0);
+        ref_prefill_tps = ref_prompt / wall_since(t0);
         ref_n = ref_prompt;
         /* Decode: one stream after a dec_prompt-token prompt, like the engine's. */
         for (int p = 0; p < dec_prompt; p++)
@@ -237,40 +695,58 @@ int main(int argc, char **argv)
                 tok = kvg_argmax(l, V);
             }
         }
-        ref_decode_tps = steps / (now_s() - t0);
+        ref_decode_tps = steps / wall_since(t0);
         ref_free(&ref);
     }
 
     {
-        double e_pre = prompt / t_prefill;
+        double e_pre = prompt / t_prefill[0];
+        double rp = ref_prefill_tps > 0 ? ref_prefill_tps : 1, rd = ref_decode_tps > 0 ? ref_decode_tps : 1;
         printf("%-34s %14s %14s %9s\n", "", "engine", "reference", "ratio");
         printf("%-34s %10.1f t/s %10.1f t/s %8.1fx\n", "prefill (tokens/s)", e_pre, ref_prefill_tps,
-               e_pre / ref_prefill_tps);
+               e_pre / rp);
         for (int bi = 0; bi < NB; bi++) {
             char label[64];
-            double e = (double)batches[bi] * steps / t_dec[bi];
+            double e = (double)batches[bi] * steps / t_dec[0][bi];
             snprintf(label, sizeof label, "decode batch %d (aggregate tok/s)", batches[bi]);
-            printf("%-34s %10.1f t/s %10.1f t/s %8.1fx\n", label, e, ref_decode_tps, e / ref_decode_tps);
+            printf("%-34s %10.1f t/s %10.1f t/s %8.1fx\n", label, e, ref_decode_tps, e / rd);
         }
         printf("prefill: %d-token prompt in one step, median of %d: %.3f s; reference fed %d positions "
-               "one by one%s\n", prompt, reps, t_prefill, ref_n,
+               "one by one%s\n", prompt, reps, t_prefill[0], ref_n,
                ref_n < prompt ? " (a partial run: its tok/s is an upper bound, the ratio a lower bound)" : "");
         printf("decode: %d steps after a %d-token prompt per sequence, greedy, median of %d\n", steps,
                dec_prompt, reps);
+        printf("\nby weight type (engine only; decode batch 1 also as GB/s of weights read per token):\n");
+        printf("  %-5s %9s %12s %12s %12s %12s %9s\n", "type", "weights", "prefill t/s", "dec1 t/s",
+               "dec8 t/s", "dec32 t/s", "dec1 GB/s");
+        for (int d = 0; d < n_dt; d++) {
+            double d1 = (double)steps / t_dec[d][0];
+            printf("  %-5s %5.1f MiB %12.1f %12.1f %12.1f %12.1f %9.2f\n", dt_key(dts[d]), wmib[d],
+                   prompt / t_prefill[d], d1, 8.0 * steps / t_dec[d][1], 32.0 * steps / t_dec[d][2],
+                   d1 * wmib[d] * 1048576.0 / 1e9);
+        }
+        printf("\ncached prefix of %d tokens, the last %d recomputed with logits: %.2f ms; a decode step "
+               "at position %d: %.2f ms; %d rows of a fresh sequence: %.2f ms\n", prompt, recompute,
+               ms_cached, prompt - 1, ms_dec, recompute, ms_fresh);
         printf("RSS after the engine runs: %.1f MiB (peak %.1f MiB); weights %.1f MiB\n", rss_kb / 1024.0,
-               hwm_kb / 1024.0,
-               (double)((size_t)m->cfg.n_layers *
-                            ((size_t)m->layers[0].wq.rows * m->cfg.dim * 2 +
-                             (size_t)m->layers[0].wk.rows * m->cfg.dim * 2 +
-                             (size_t)m->cfg.hidden_dim * m->cfg.dim * 3) +
-                        (size_t)V * m->cfg.dim * (m->cfg.tied_embeddings ? 1 : 2)) *
-                   kvg_dtype_size(m->layers[0].wq.dtype) / 1048576.0);
+               hwm_kb / 1024.0, wmib[0]);
         printf("RESULT model=%s prefill=%.1f ref_prefill=%.2f dec1=%.1f dec8=%.1f dec32=%.1f ref_decode=%.2f "
-               "rss_mib=%.1f hwm_mib=%.1f\n", m->name, e_pre, ref_prefill_tps,
-               (double)batches[0] * steps / t_dec[0], (double)batches[1] * steps / t_dec[1],
-               (double)batches[2] * steps / t_dec[2], ref_decode_tps, rss_kb / 1024.0, hwm_kb / 1024.0);
+               "rss_mib=%.1f hwm_mib=%.1f", m->name, e_pre, ref_prefill_tps,
+               (double)batches[0] * steps / t_dec[0][0], (double)batches[1] * steps / t_dec[0][1],
+               (double)batches[2] * steps / t_dec[0][2], ref_decode_tps, rss_kb / 1024.0, hwm_kb / 1024.0);
+        for (int d = 0; d < n_dt; d++)
+            printf(" prefill_%s=%.1f dec1_%s=%.1f dec8_%s=%.1f dec32_%s=%.1f weights_mib_%s=%.1f",
+                   dt_key(dts[d]), prompt / t_prefill[d], dt_key(dts[d]), (double)steps / t_dec[d][0],
+                   dt_key(dts[d]), 8.0 * steps / t_dec[d][1], dt_key(dts[d]), 32.0 * steps / t_dec[d][2],
+                   dt_key(dts[d]), wmib[d]);
+        printf(" cached_ms=%.2f cached_recompute=%d cached_prompt=%d step_dec_ms=%.2f step_fresh_ms=%.2f\n",
+               ms_cached, recompute, prompt, ms_dec, ms_fresh);
     }
 
+    wset_use(ws, KVG_DT_F32 == ws->orig[0].dtype ? KVG_DT_F32 : ws->orig[0].dtype);
+    for (int i = 0; i < ws->n; i++)
+        free(ws->conv[i]);
+    free(ws);
     free(toks);
     free(logits);
     kvg_forward_free(fw);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tap.h"
@@ -234,6 +235,47 @@ static void test_threadpool_slow(void)
     }
     ok(tp && good, "pool of 3: a slow range (the caller's or a worker's) still runs exactly once");
     kvg_threadpool_free(tp);
+}
+
+/* Jobs issued back to back (the workers are still polling), after pauses shorter and
+ * longer than the poll (a worker catches the next job while polling, or sleeps and is
+ * woken), and the job counter: every index exactly once in each. */
+static void test_threadpool_poll_sleep(void)
+{
+    static const long pauses_ns[] = { 0, 5000, 60000, 2000000 };
+    for (int T = 2; T <= 3; T++) {
+        kvg_threadpool *tp = kvg_threadpool_new(T);
+        unsigned long long j0 = kvg_threadpool_jobs(tp);
+        int good = tp != NULL, jobs = 0;
+        for (size_t pi = 0; pi < sizeof pauses_ns / sizeof pauses_ns[0] && tp; pi++)
+            for (int j = 0; j < 12; j++) {
+                struct counter c = { 0 };
+                struct timespec ts = { 0, pauses_ns[pi] };
+                if (pauses_ns[pi])
+                    nanosleep(&ts, NULL);
+                kvg_threadpool_run(tp, (size_t)(17 + j), count_fn, &c);
+                jobs++;
+                if (c.sum != 17 + j)
+                    good = 0;
+            }
+        ok(good, "pool of %d: jobs back to back and after pauses of 5 us, 60 us, 2 ms each cover "
+           "their range once", T);
+        {
+            struct counter c = { 0 };
+            kvg_threadpool_run(tp, 1, count_fn, &c);     /* inline: not a pool job */
+            is_int((int)(kvg_threadpool_jobs(tp) - j0), jobs,
+                   "pool of %d counts the %d jobs it handed out (not the inline one)", T, jobs);
+        }
+        kvg_threadpool_free(tp);
+    }
+    {
+        kvg_threadpool *one = kvg_threadpool_new(1);
+        struct counter c = { 0 };
+        kvg_threadpool_run(one, 40, count_fn, &c);
+        ok(c.sum == 40 && kvg_threadpool_jobs(one) == 0 && kvg_threadpool_jobs(NULL) == 0,
+           "a pool of one thread (or none) runs inline and counts no jobs");
+        kvg_threadpool_free(one);
+    }
 }
 
 static void test_threadpool(void)
@@ -567,6 +609,99 @@ static void test_isa_agreement(kvg_threadpool *tp)
     }
 }
 
+/* kvg_gemm_multi: several products of one X in one job give, for every ISA, thread
+ * count, M (decode and packed sizes) and dtype, exactly the bits of one kvg_gemm per
+ * product; mixed dtypes fall back to one at a time; bad calls are refused. */
+static void test_multi(kvg_threadpool **pools, int n_pools)
+{
+    static const int Ms[] = { 1, 3, 8, 13, 40 };
+    /* Big enough that M = 1 already runs on the pool (the decode kernel's groups). */
+    static const int Ns[3] = { 140, 47, 93 };
+    enum { K = 300 };
+    for (int ii = 0; ii < n_isas; ii++)
+        for (int d = 0; d < 3; d++) {
+            wmat w[3];
+            const kvg_tensor *wt[3];
+            float *x = rnd_vec((size_t)40 * K), *b0 = rnd_vec(140), *b2 = rnd_vec(93);
+            const float *bias[3] = { b0, NULL, b2 };
+            float *ya[3], *yb[3];
+            int good = 1, n_ms = isas[ii] == KVG_ISA_GENERIC ? 3 : 5;
+            for (int i = 0; i < 3; i++) {
+                wmat_make(&w[i], dtypes[d], Ns[i], K);
+                wt[i] = &w[i].t;
+                ya[i] = malloc((size_t)40 * Ns[i] * sizeof(float));
+                yb[i] = malloc((size_t)40 * Ns[i] * sizeof(float));
+            }
+            for (int p = 0; p < n_pools; p++)
+                for (int mi = 0; mi < n_ms; mi++) {
+                    int M = Ms[mi];
+                    for (int n = 1; n <= 3; n++) {
+                        for (int i = 0; i < n; i++) {
+                            kvg_gemm_with_isa(isas[ii], pools[p], tws, x, M, K, wt[i], bias[i], ya[i]);
+                            memset(yb[i], 0xff, (size_t)M * Ns[i] * sizeof(float));
+                        }
+                        if (kvg_gemm_multi_with_isa(isas[ii], pools[p], tws, x, M, K, n, wt, bias, yb) != 0)
+                            good = 0;
+                        for (int i = 0; i < n; i++)
+                            if (memcmp(ya[i], yb[i], (size_t)M * Ns[i] * sizeof(float)) != 0) {
+                                diag("%s %s threads=%d M=%d n=%d: product %d differs",
+                                     kvg_gemm_isa_name(isas[ii]), dt_names[d],
+                                     kvg_threadpool_size(pools[p]), M, n, i);
+                                good = 0;
+                            }
+                    }
+                }
+            ok(good, "%s, %s: 1-3 products in one job bit-identical to one call each (threads 1-3, "
+               "M 1..40)", kvg_gemm_isa_name(isas[ii]), dt_names[d]);
+            for (int i = 0; i < 3; i++) {
+                wmat_free(&w[i]);
+                free(ya[i]);
+                free(yb[i]);
+            }
+            free(x);
+            free(b0);
+            free(b2);
+        }
+    {
+        /* Mixed dtypes, a product with no rows, and the refusals. */
+        wmat a, b;
+        kvg_tensor empty = { NULL, KVG_DT_F32, 0, 64 };
+        float *x = rnd_vec((size_t)5 * 64), *ya = malloc(5 * 30 * sizeof(float));
+        float *yb = malloc(5 * 20 * sizeof(float)), *r0 = malloc(5 * 30 * sizeof(float));
+        float *r1 = malloc(5 * 20 * sizeof(float));
+        const kvg_tensor *wt[3];
+        float *ys[3] = { ya, yb, NULL };
+        kvg_tensor bad;
+        wmat_make(&a, KVG_DT_F32, 30, 64);
+        wmat_make(&b, KVG_DT_BF16, 20, 64);
+        wt[0] = &a.t;
+        wt[1] = &b.t;
+        kvg_gemm(pools[n_pools - 1], tws, x, 5, 64, &a.t, NULL, r0);
+        kvg_gemm(pools[n_pools - 1], tws, x, 5, 64, &b.t, NULL, r1);
+        ok(kvg_gemm_multi(pools[n_pools - 1], tws, x, 5, 64, 2, wt, NULL, ys) == 0 &&
+               memcmp(ya, r0, 5 * 30 * sizeof(float)) == 0 && memcmp(yb, r1, 5 * 20 * sizeof(float)) == 0,
+           "F32 and BF16 weights in one call: each as kvg_gemm (one at a time)");
+        wt[1] = &empty;
+        ok(kvg_gemm_multi(pools[n_pools - 1], tws, x, 5, 64, 2, wt, NULL, ys) == 0 &&
+               memcmp(ya, r0, 5 * 30 * sizeof(float)) == 0,
+           "a product with no rows is skipped, the others computed");
+        ok(kvg_gemm_multi(pools[0], tws, x, 5, 64, 0, NULL, NULL, NULL) == 0, "no products: nothing to do");
+        bad = a.t;
+        bad.cols = 63;
+        wt[1] = &bad;
+        ok(kvg_gemm_multi(pools[0], tws, x, 5, 64, 2, wt, NULL, ys) == -1, "a product of the wrong K is refused");
+        ok(kvg_gemm_multi(pools[0], tws, x, 5, 64, KVG_GEMM_MULTI_MAX + 1, wt, NULL, ys) == -1,
+           "more than KVG_GEMM_MULTI_MAX products are refused");
+        wmat_free(&a);
+        wmat_free(&b);
+        free(x);
+        free(ya);
+        free(yb);
+        free(r0);
+        free(r1);
+    }
+}
+
 /* KVG_GEMM_ISA lowers the level (checked in a child: the choice is made once). */
 static void test_env_override(void)
 {
@@ -608,6 +743,7 @@ int main(void)
 
     test_threadpool();
     test_threadpool_slow();
+    test_threadpool_poll_sleep();
     for (int i = 0; i < 3; i++)
         pools[i] = kvg_threadpool_new(i + 1);
     tws = kvg_gemm_ws_new(3, 1, 1000);
@@ -619,6 +755,7 @@ int main(void)
     test_reference(pools[1]);
     test_invariance(pools, 3);
     test_isa_agreement(pools[2]);
+    test_multi(pools, 3);
     for (int i = 0; i < 3; i++)
         kvg_threadpool_free(pools[i]);
     kvg_gemm_ws_free(tws);
