@@ -31,7 +31,14 @@
 
 /* Software prefetch distance, bytes ahead in each W row: the rows are read as NR
  * concurrent streams, more than the hardware prefetchers follow early enough. */
+#ifdef QNOPF
+#define QPREFETCH(p) ((void)(p))
+#else
+#define QPREFETCH(p) __builtin_prefetch(p)
+#endif
+#ifndef QPF_AHEAD
 #define QPF_AHEAD 512
+#endif
 
 /* acc[r][c] += x[r][k0 .. k0+16) * wv, lane by lane. */
 #define QFMA_ROWS(c, k0, wv)                                                       \
@@ -56,7 +63,8 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
             const uint8_t *b = w + (size_t)(kb / 32) * 34;
             QV d[NR_MAX];
             QUNROLL for (int c = 0; c < NR; c++) {
-                __builtin_prefetch(b + (size_t)c * rowb + QPF_AHEAD);
+                if ((kb & 63) == 0)
+                    QPREFETCH(b + (size_t)c * rowb + QPF_AHEAD);
                 d[c] = qv_set1(q_f16(b + (size_t)c * rowb));
             }
             QUNROLL for (int g = 0; g < 2; g++)
@@ -69,7 +77,7 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
             QT t[NR_MAX];
             QUNROLL for (int c = 0; c < NR; c++) {
                 if ((kb & 63) == 0)
-                    __builtin_prefetch(b + (size_t)c * rowb + QPF_AHEAD);
+                    QPREFETCH(b + (size_t)c * rowb + QPF_AHEAD);
                 t[c] = q40_tab(q_f16(b + (size_t)c * rowb));
             }
             QUNROLL for (int g = 0; g < 2; g++)
@@ -79,19 +87,24 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
     } else if (dt == KVG_DT_Q4_K) {
         for (int kb = 0; kb < K; kb += 256) {
             const uint8_t *b = w + (size_t)(kb / 256) * 144;
-            float dd[NR_MAX], dmin[NR_MAX];
+            /* Per row, once per super-block: the 8 sub-block scales d * (float)sc in
+             * sdm[c][0..7] and mins dmin * (float)m in sdm[c][24..31] (lanes 8-15 of
+             * the second product), the same two products as the definition. */
+            float sdm[NR_MAX][32] __attribute__((aligned(64)));
             QUNROLL for (int c = 0; c < NR; c++) {
-                dd[c] = q_f16(b + (size_t)c * rowb);
-                dmin[c] = q_f16(b + (size_t)c * rowb + 2);
+                const uint8_t *bc = b + (size_t)c * rowb;
+                uint8_t sm[16];
+                kvg_x86_q4k_scales(bc + 4, sm);
+                QV v = qi_cvt(qi_u8(sm));
+                qv_store(sdm[c], qv_mul(qv_set1(q_f16(bc)), v));
+                qv_store(sdm[c] + 16, qv_mul(qv_set1(q_f16(bc + 2)), v));
             }
             for (int j = 0; j < 8; j++) {
                 QT t[NR_MAX];
                 QUNROLL for (int c = 0; c < NR; c++) {
-                    int sc, mn;
                     if ((j & 1) == 0)
-                        __builtin_prefetch(b + (size_t)c * rowb + 32 * j + QPF_AHEAD);
-                    kvg_q4k_scale_min(b + (size_t)c * rowb + 4, j, &sc, &mn);
-                    t[c] = q4k_tab(dd[c] * (float)sc, dmin[c] * (float)mn);
+                        QPREFETCH(b + (size_t)c * rowb + 32 * j + QPF_AHEAD);
+                    t[c] = q4k_tab(sdm[c][j], sdm[c][24 + j]);
                 }
                 QUNROLL for (int hf = 0; hf < 2; hf++)
                     QUNROLL for (int c = 0; c < NR; c++)
@@ -109,7 +122,7 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
             QUNROLL for (int c = 0; c < NR; c++) {
                 const uint8_t *bc = b + (size_t)c * rowb;
                 for (int p = 0; p < 210; p += 64)
-                    __builtin_prefetch(bc + p + QPF_AHEAD);
+                    QPREFETCH(bc + p + QPF_AHEAD);
                 kvg_x86_q6k_bytes(bc, q[c]);
                 qv_store(ds[c], qv_mul(qv_set1(q_f16(bc + 208)), qi_cvt(qi_s8(bc + 192))));
             }

@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cpu/gemm_quant.h"
 #include "quant.h"
@@ -39,6 +40,21 @@ KVG_QX_INLINE void kvg_x86_q6k_bytes(const uint8_t *b, int8_t *out)
         for (int g = 0; g < 4; g++)
             _mm256_storeu_si256((__m256i *)(out + 128 * n + 32 * g), _mm256_sub_epi8(v[g], k32));
     }
+}
+
+/* A Q4_K super-block's 12 scale bytes unpacked (as kvg_q4k_scale_min) to the 8
+ * 6-bit scales in out[0..7] and the 8 6-bit mins in out[8..15], four at a time. */
+KVG_QX_INLINE void kvg_x86_q4k_scales(const uint8_t *s, uint8_t *out)
+{
+    uint32_t u0, u1, u2, v[4];
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    v[0] = u0 & 0x3f3f3f3fu;
+    v[1] = (u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4;
+    v[2] = u1 & 0x3f3f3f3fu;
+    v[3] = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4;
+    memcpy(out, v, 16);
 }
 
 /* (a * b) - c with two roundings, as defined: never fused into an FMA. */

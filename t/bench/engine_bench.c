@@ -264,7 +264,7 @@ int main(int argc, char **argv)
                              (size_t)m->layers[0].wk.rows * m->cfg.dim * 2 +
                              (size_t)m->cfg.hidden_dim * m->cfg.dim * 3) +
                         (size_t)V * m->cfg.dim * (m->cfg.tied_embeddings ? 1 : 2)) *
-                   kvg_dtype_size(m->layers[0].wq.dtype) / 1048576.0);
+                   kvg_dtype_row_bytes(m->layers[0].wq.dtype, 256) / 256.0 / 1048576.0);
         printf("RESULT model=%s prefill=%.1f ref_prefill=%.2f dec1=%.1f dec8=%.1f dec32=%.1f ref_decode=%.2f "
                "rss_mib=%.1f hwm_mib=%.1f\n", m->name, e_pre, ref_prefill_tps,
                (double)batches[0] * steps / t_dec[0], (double)batches[1] * steps / t_dec[1],
