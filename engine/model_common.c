@@ -216,25 +216,6 @@ const char *kvg_dtype_name(kvg_dtype t)
     return "?";
 }
 
-float kvgm_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1f, man = h & 0x3ffu, bits;
-    float f;
-    if (e == 0) {
-        /* Zero or subnormal: man * 2^-24 is exact in F32. */
-        f = (float)man * 0x1p-24f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else if (e == 31) {
-        bits = sign | 0x7f800000u | man << 13;
-    } else {
-        bits = sign | (e + 112) << 23 | man << 13;
-    }
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 float kvgm_bf16_to_f32(uint16_t h)
 {
     uint32_t bits = (uint32_t)h << 16;
@@ -253,32 +234,6 @@ uint16_t kvgm_f32_to_bf16(float f)
     return (uint16_t)(b >> 16);
 }
 
-uint16_t kvgm_f32_to_f16(float f)
-{
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    uint16_t sign = (uint16_t)(b >> 16 & 0x8000u);
-    uint32_t a = b & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return sign | 0x7e00;
-    if (a >= 0x477ff000u)                           /* rounds to >= 65520: infinity */
-        return sign | 0x7c00;
-    if (a < 0x38800000u) {
-        /* Subnormal F16 (or zero): the value in units of 2^-24, rounded to even. */
-        float v;
-        memcpy(&v, &a, 4);
-        float q = v * 0x1p24f;                      /* exact: power-of-two scaling */
-        float r = nearbyintf(q);                    /* default mode: ties to even */
-        return sign | (uint16_t)r;
-    }
-    uint32_t e = (a >> 23) - 112, man = a & 0x7fffffu;
-    uint32_t h = e << 10 | man >> 13;
-    uint32_t rest = man & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1)))
-        h++;                                        /* may carry into the exponent: correct */
-    return sign | (uint16_t)h;
-}
-
 void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out)
 {
     size_t cols = (size_t)t->cols;
@@ -295,7 +250,7 @@ void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out)
         for (size_t i = 0; i < cols; i++) {
             uint16_t h;
             memcpy(&h, base + 2 * i, 2);
-            out[i] = kvgm_f16_to_f32(h);
+            out[i] = kvg_quant_f16_to_f32(h);
         }
         break;
     case KVG_DT_BF16:

@@ -53,10 +53,9 @@ const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n);
 int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t rows, int64_t cols,
               char *err, size_t err_len);
 
-/* Exact conversions and round-to-nearest-even narrowing. */
-float kvgm_f16_to_f32(uint16_t h);
+/* Exact conversions and round-to-nearest-even narrowing (F16: kvg_quant_f16_to_f32 and
+ * kvg_quant_f32_to_f16 of src/quant.h, which the block formats share). */
 float kvgm_bf16_to_f32(uint16_t h);
-uint16_t kvgm_f32_to_f16(float f);
 uint16_t kvgm_f32_to_bf16(float f);
 
 /* One piece of the identity: a label and bytes. */

@@ -330,6 +330,8 @@ ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_kvgate_status_handler(ngx_http_request_t *r);
 
 /* ngx_http_kvgate_response.c */
+ngx_int_t ngx_http_kvgate_add_header(ngx_http_request_t *r, const char *key,
+    const char *value);
 ngx_int_t ngx_http_kvgate_send_models(ngx_http_request_t *r);
 ngx_int_t ngx_http_kvgate_send_complete(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);

@@ -149,7 +149,9 @@ ngx_http_kvgate_out_float(ngx_http_kvgate_out_t *o, float v)
 }
 
 
-static ngx_int_t
+/* An output header with static key and value (both live as long as the request). */
+
+ngx_int_t
 ngx_http_kvgate_add_header(ngx_http_request_t *r, const char *key,
     const char *value)
 {

@@ -849,27 +849,6 @@ ngx_http_kvgate_status_wants_html(ngx_http_request_t *r)
 
 
 static ngx_int_t
-ngx_http_kvgate_status_header(ngx_http_request_t *r, const char *name,
-    const char *value)
-{
-    ngx_table_elt_t  *h;
-
-    h = ngx_list_push(&r->headers_out.headers);
-    if (h == NULL) {
-        return NGX_ERROR;
-    }
-
-    h->hash = 1;
-    h->key.data = (u_char *) name;
-    h->key.len = ngx_strlen(name);
-    h->value.data = (u_char *) value;
-    h->value.len = ngx_strlen(value);
-
-    return NGX_OK;
-}
-
-
-static ngx_int_t
 ngx_http_kvgate_status_page(ngx_http_request_t *r)
 {
     ngx_buf_t    *b;
@@ -895,16 +874,16 @@ ngx_http_kvgate_status_page(ngx_http_request_t *r)
 
     /* The page loads nothing but itself and the JSON from here; the policy
        makes the browser hold it to that. */
-    if (ngx_http_kvgate_status_header(r, "Content-Security-Policy",
+    if (ngx_http_kvgate_add_header(r, "Content-Security-Policy",
             "default-src 'none'; script-src 'unsafe-inline'; "
             "style-src 'unsafe-inline'; img-src data:; connect-src 'self'; "
             "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
             != NGX_OK
-        || ngx_http_kvgate_status_header(r, "X-Content-Type-Options",
+        || ngx_http_kvgate_add_header(r, "X-Content-Type-Options",
                                          "nosniff") != NGX_OK
-        || ngx_http_kvgate_status_header(r, "Cache-Control", "no-cache")
+        || ngx_http_kvgate_add_header(r, "Cache-Control", "no-cache")
            != NGX_OK
-        || ngx_http_kvgate_status_header(r, "Vary", "Accept") != NGX_OK)
+        || ngx_http_kvgate_add_header(r, "Vary", "Accept") != NGX_OK)
     {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }

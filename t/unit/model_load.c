@@ -17,6 +17,7 @@
 #include "model.h"
 #include "model_internal.h"
 #include "model_writers.h"
+#include "quant.h"
 #include "tap.h"
 
 static char tmpdir[256];
@@ -955,18 +956,18 @@ static void test_conversions(void)
                                   1.00146484375f, -3.14159f };
     bad = 0;
     for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
-        bad += kvgm_f32_to_f16(edge[i]) != mw_f32_to_f16(edge[i]);
+        bad += kvg_quant_f32_to_f16(edge[i]) != mw_f32_to_f16(edge[i]);
     uint32_t x = 12345;
     for (int i = 0; i < 200000; i++) {
         x = x * 1664525u + 1013904223u;
         float v;
         uint32_t bits = (x & 0x8fffffffu) | 0x30000000u;      /* magnitudes around 2^-31 .. 2^+32 */
         memcpy(&v, &bits, 4);
-        bad += kvgm_f32_to_f16(v) != mw_f32_to_f16(v);
+        bad += kvg_quant_f32_to_f16(v) != mw_f32_to_f16(v);
         bad += kvgm_f32_to_bf16(v) != mw_f32_to_bf16(v);
-        uint16_t r = kvgm_f32_to_f16(v);
+        uint16_t r = kvg_quant_f32_to_f16(v);
         if ((r & 0x7c00) != 0x7c00)
-            bad += fabsf(kvgm_f16_to_f32(r) - v) > fmaxf(fabsf(v) * 0x1p-11f, 0x1p-25f);
+            bad += fabsf(kvg_quant_f16_to_f32(r) - v) > fmaxf(fabsf(v) * 0x1p-11f, 0x1p-25f);
     }
     is_int(bad, 0, "F32 -> F16/BF16 round to nearest even (edge cases, 200000 random values)");
     free(h);
