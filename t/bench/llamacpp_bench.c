@@ -1,0 +1,399 @@
+/* llama.cpp timed through its C API on a GGUF file, with the workload of engine_bench
+ * (the same prompt tokens, the same decode protocol), for t/bench/engine's side-by-side
+ * table:
+ *
+ *   - prefill tokens/s for a P-token prompt (default 1000) in one llama_decode call
+ *     (n_batch = n_ubatch = P, like kvgate's single step), median of R after a warm-up;
+ *   - decode tokens/s at batch 1 with T threads (and with 1 thread: --t1), at batch 8 and
+ *     32 (aggregate; one sequence each, in one context with n_seq_max = B), each
+ *     sequence after a 32-token prompt, greedy (argmax of the logits, as engine_bench).
+ *
+ *   build/bench/llamacpp_bench --model F.gguf --lib DIR|libllama.so [--prompt 1000]
+ *       [--threads 2] [--decode-steps 32] [--reps 3] [--batches 1,8,32] [--t1] [--verbose]
+ *
+ * The library is dlopened (node-llama-cpp's prebuilt build, npm package
+ * @node-llama-cpp/linux-x64): nothing here needs llama.cpp headers. The structs passed
+ * or returned by value (llama_model_params, llama_context_params, llama_batch) are
+ * declared below for the one llama.cpp version whose llama.h was checked
+ * (llama_version() "0.5.0-dev", node-llama-cpp 3.22.1, ggml 0.25.1): the two params
+ * structs are opaque byte arrays of their exact size (80 and 160 bytes, 8-aligned;
+ * over 16 bytes they travel in memory in the x86-64 SysV ABI whatever their fields),
+ * obtained from the *_default_params functions, and only the fields whose offsets were
+ * checked against that llama.h are written. Another version is refused (exit 3) unless
+ * KVG_LLAMA_ABI_FORCE=1. Exit 3 also when the library is absent: the caller skips.
+ *
+ * Figures only: nothing asserts a speed. Prints "RESULT llamacpp=1 ..." for the script. */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <dirent.h>
+
+/* ---- the ABI of llama.cpp 0.5.0-dev (llama.h as shipped by node-llama-cpp 3.22.1) ---- */
+typedef struct { _Alignas(8) unsigned char b[80]; } lc_model_params;
+typedef struct { _Alignas(8) unsigned char b[160]; } lc_context_params;
+enum {
+    CP_N_CTX = 0, CP_N_BATCH = 4, CP_N_UBATCH = 8, CP_N_SEQ_MAX = 12, CP_N_THREADS = 28,
+    CP_N_THREADS_BATCH = 32, CP_NO_PERF = 130
+};
+_Static_assert(sizeof(lc_model_params) == 80 && sizeof(lc_context_params) == 160, "llama.h 0.5.0 sizes");
+
+typedef struct lc_batch {
+    int32_t n_tokens;
+    int32_t *token;
+    float *embd;
+    int32_t *pos;
+    int32_t *n_seq_id;
+    int32_t **seq_id;
+    int8_t *logits;
+} lc_batch;
+_Static_assert(sizeof(lc_batch) == 56, "llama_batch");
+
+typedef struct lc_api {
+    const char *(*version)(void);
+    void (*backend_init)(void);
+    void (*log_set)(void (*cb)(int, const char *, void *), void *ud);
+    void (*load_all_from_path)(const char *dir);
+    lc_model_params (*model_default_params)(void);
+    lc_context_params (*context_default_params)(void);
+    void *(*model_load_from_file)(const char *path, lc_model_params p);
+    void (*model_free)(void *model);
+    void *(*init_from_model)(void *model, lc_context_params p);
+    void (*free_ctx)(void *ctx);
+    const void *(*model_get_vocab)(const void *model);
+    int32_t (*vocab_n_tokens)(const void *vocab);
+    void *(*get_memory)(const void *ctx);
+    void (*memory_clear)(void *mem, _Bool data);
+    lc_batch (*batch_get_one)(int32_t *tokens, int32_t n);
+    lc_batch (*batch_init)(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
+    void (*batch_free)(lc_batch b);
+    int32_t (*decode)(void *ctx, lc_batch b);
+    void (*synchronize)(void *ctx);
+    float *(*get_logits_ith)(void *ctx, int32_t i);
+    void (*set_n_threads)(void *ctx, int32_t n, int32_t n_batch);
+} lc_api;
+
+static int verbose, single_thread_row;
+
+static void quiet_log(int level, const char *text, void *ud)
+{
+    (void)ud;
+    if (verbose || level == 4 /* GGML_LOG_LEVEL_ERROR */)
+        fputs(text, stderr);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int32_t argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "llamacpp_bench: %s\n", what);
+    exit(1);
+}
+
+static void skip(const char *why, const char *detail)
+{
+    fprintf(stderr, "llamacpp_bench: skipped: %s%s%s\n", why, detail ? ": " : "", detail ? detail : "");
+    exit(3);
+}
+
+/* The library file: the path itself, or libllama*.so in a directory (not libllama-common). */
+static void find_lib(const char *arg, char *path, size_t n, char *dir, size_t dn)
+{
+    DIR *d = opendir(arg);
+    if (!d) {
+        const char *slash = strrchr(arg, '/');
+        snprintf(path, n, "%s", arg);
+        snprintf(dir, dn, "%.*s", slash ? (int)(slash - arg) : 1, slash ? arg : ".");
+        return;
+    }
+    struct dirent *e;
+    path[0] = '\0';
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, "libllama", 8) == 0 && strncmp(e->d_name, "libllama-", 9) != 0
+            && strstr(e->d_name, ".so"))
+            snprintf(path, n, "%s/%s", arg, e->d_name);
+    closedir(d);
+    snprintf(dir, dn, "%s", arg);
+}
+
+#define SYM(field, name) do {                                                       \
+        *(void **)&api->field = dlsym(h, name);                                     \
+        if (!api->field)                                                            \
+            skip("symbol missing in the library", name);                            \
+    } while (0)
+
+static void load_api(lc_api *api, const char *lib_arg)
+{
+    char path[4096], dir[4096];
+    find_lib(lib_arg, path, sizeof path, dir, sizeof dir);
+    if (!path[0])
+        skip("no libllama*.so in", lib_arg);
+    /* RUNPATH $ORIGIN finds libggml*.so next to it. */
+    void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!h)
+        skip("cannot load libllama", dlerror());
+    SYM(version, "llama_version");
+    const char *v = api->version();
+    if (strncmp(v, "0.5.0", 5) != 0 && !getenv("KVG_LLAMA_ABI_FORCE")) {
+        fprintf(stderr, "llamacpp_bench: llama.cpp %s: its structs were checked for 0.5.0 only "
+                        "(KVG_LLAMA_ABI_FORCE=1 to try anyway)\n", v);
+        exit(3);
+    }
+    SYM(backend_init, "llama_backend_init");
+    SYM(log_set, "llama_log_set");
+    SYM(load_all_from_path, "ggml_backend_load_all_from_path");
+    SYM(model_default_params, "llama_model_default_params");
+    SYM(context_default_params, "llama_context_default_params");
+    SYM(model_load_from_file, "llama_model_load_from_file");
+    SYM(model_free, "llama_model_free");
+    SYM(init_from_model, "llama_init_from_model");
+    SYM(free_ctx, "llama_free");
+    SYM(model_get_vocab, "llama_model_get_vocab");
+    SYM(vocab_n_tokens, "llama_vocab_n_tokens");
+    SYM(get_memory, "llama_get_memory");
+    SYM(memory_clear, "llama_memory_clear");
+    SYM(batch_get_one, "llama_batch_get_one");
+    SYM(batch_init, "llama_batch_init");
+    SYM(batch_free, "llama_batch_free");
+    SYM(decode, "llama_decode");
+    SYM(synchronize, "llama_synchronize");
+    SYM(get_logits_ith, "llama_get_logits_ith");
+    SYM(set_n_threads, "llama_set_n_threads");
+    api->log_set(quiet_log, NULL);
+    /* The CPU backends are separate libraries (one per ISA level): the best one loads. */
+    api->load_all_from_path(dir);
+    api->backend_init();
+}
+
+static void *new_ctx(const lc_api *api, void *model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+                     int32_t threads)
+{
+    lc_context_params cp = api->context_default_params();
+    _Bool no_perf = 1;
+    memcpy(cp.b + CP_N_CTX, &n_ctx, 4);
+    memcpy(cp.b + CP_N_BATCH, &n_batch, 4);
+    memcpy(cp.b + CP_N_UBATCH, &n_batch, 4);
+    memcpy(cp.b + CP_N_SEQ_MAX, &n_seq, 4);
+    memcpy(cp.b + CP_N_THREADS, &threads, 4);
+    memcpy(cp.b + CP_N_THREADS_BATCH, &threads, 4);
+    memcpy(cp.b + CP_NO_PERF, &no_perf, 1);
+    void *ctx = api->init_from_model(model, cp);
+    if (!ctx)
+        die("llama_init_from_model failed");
+    return ctx;
+}
+
+/* Batch-B decode: B sequences after a dec_prompt-token prompt each (sequence b starts at
+ * toks + b, as engine_bench), then `steps` greedy steps of B tokens. Seconds for the steps. */
+static double decode_run(const lc_api *api, void *ctx, const int32_t *toks, int B, int dec_prompt, int steps,
+                         int V, int32_t *first)
+{
+    lc_batch bt = api->batch_init(B * dec_prompt, 0, 1);
+    int32_t next[64];
+    api->memory_clear(api->get_memory(ctx), 1);
+    bt.n_tokens = 0;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < dec_prompt; i++) {
+            int k = bt.n_tokens++;
+            bt.token[k] = toks[b + i];
+            bt.pos[k] = i;
+            bt.n_seq_id[k] = 1;
+            bt.seq_id[k][0] = b;
+            bt.logits[k] = i == dec_prompt - 1;
+        }
+    if (api->decode(ctx, bt) != 0)
+        die("llama_decode (decode prompt) failed");
+    for (int b = 0; b < B; b++)
+        next[b] = argmax(api->get_logits_ith(ctx, (b + 1) * dec_prompt - 1), V);
+    double t0 = now_s();
+    for (int st = 0; st < steps; st++) {
+        bt.n_tokens = B;
+        for (int b = 0; b < B; b++) {
+            bt.token[b] = next[b];
+            bt.pos[b] = dec_prompt + st;
+            bt.n_seq_id[b] = 1;
+            bt.seq_id[b][0] = b;
+            bt.logits[b] = 1;
+        }
+        if (first && st < 8)
+            first[st] = next[0];
+        if (api->decode(ctx, bt) != 0)
+            die("llama_decode (decode step) failed");
+        for (int b = 0; b < B; b++)
+            next[b] = argmax(api->get_logits_ith(ctx, b), V);
+    }
+    api->synchronize(ctx);
+    double t = now_s() - t0;
+    api->batch_free(bt);
+    return t;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *lib = NULL;
+    int prompt = 1000, threads = 2, steps = 32, reps = 3, dec_prompt = 32;
+    int batches[8] = { 1, 8, 32 }, nb = 3;
+    lc_api api;
+
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--verbose") == 0 || strcmp(argv[i], "--t1") == 0) {
+            *(argv[i][2] == 'v' ? &verbose : &single_thread_row) = 1;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "usage: llamacpp_bench --model F.gguf --lib DIR|libllama.so [--prompt N] [--threads N] "
+                            "[--decode-steps N] [--reps N] [--batches 1,8,32] [--t1] [--verbose]\n");
+            return 2;
+        }
+        if (strcmp(argv[i], "--model") == 0)
+            model_path = v;
+        else if (strcmp(argv[i], "--lib") == 0)
+            lib = v;
+        else if (strcmp(argv[i], "--prompt") == 0)
+            prompt = atoi(v);
+        else if (strcmp(argv[i], "--threads") == 0)
+            threads = atoi(v);
+        else if (strcmp(argv[i], "--decode-steps") == 0)
+            steps = atoi(v);
+        else if (strcmp(argv[i], "--reps") == 0)
+            reps = atoi(v);
+        else if (strcmp(argv[i], "--batches") == 0) {
+            char *e;
+            const char *p = v;
+            nb = 0;
+            while (*p && nb < 8) {
+                batches[nb] = (int)strtol(p, &e, 10);
+                if (e == p || batches[nb] < 1 || batches[nb] > 64) {
+                    fprintf(stderr, "llamacpp_bench: bad --batches\n");
+                    return 2;
+                }
+                nb++;
+                p = *e == ',' ? e + 1 : e;
+            }
+        } else {
+            fprintf(stderr, "llamacpp_bench: unknown option %s\n", argv[i]);
+            return 2;
+        }
+        i++;
+    }
+    if (!model_path || prompt < 1 || steps < 1 || reps < 1 || reps > 99 || threads < 1 || nb < 1) {
+        fprintf(stderr, "llamacpp_bench: --model and sane numbers are needed\n");
+        return 2;
+    }
+    if (!lib)
+        skip("no --lib given", NULL);
+    load_api(&api, lib);
+
+    lc_model_params mp = api.model_default_params();
+    void *model = api.model_load_from_file(model_path, mp);
+    if (!model)
+        die("llama_model_load_from_file failed (--verbose shows why)");
+    const int V = api.vocab_n_tokens(api.model_get_vocab(model));
+
+    int32_t *toks = malloc((size_t)(prompt + 64) * sizeof *toks);
+    {
+        uint64_t s = 2024;       /* engine_bench's prompt tokens */
+        for (int i = 0; i < prompt + 64; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            toks[i] = i == 0 ? 1 : 3 + (int32_t)((s >> 33) % (uint64_t)(V - 3));
+        }
+    }
+    printf("llama.cpp %s: %s, vocab %d; %d threads\n", api.version(), model_path, V, threads);
+    fflush(stdout);
+
+    /* ---- prefill ---- */
+    double t_prefill;
+    {
+        uint32_t n_ctx = (uint32_t)(prompt + 64 + 255) / 256 * 256;
+        void *ctx = new_ctx(&api, model, n_ctx, (uint32_t)prompt, 1, threads);
+        double t[99];
+        for (int r = -1; r < reps; r++) {       /* r = -1: warm-up (graph allocation) */
+            api.memory_clear(api.get_memory(ctx), 1);
+            double t0 = now_s();
+            if (api.decode(ctx, api.batch_get_one(toks, prompt)) != 0)
+                die("llama_decode (prefill) failed");
+            api.synchronize(ctx);
+            if (r >= 0)
+                t[r] = now_s() - t0;
+        }
+        t_prefill = median(t, reps);
+        api.free_ctx(ctx);
+    }
+
+    /* ---- decode ---- */
+    double dec[8], dec1_t1 = -1;
+    int32_t first[8] = { 0 };
+    for (int bi = 0; bi < nb; bi++) {
+        int B = batches[bi];
+        uint32_t per_seq = (uint32_t)(dec_prompt + steps + 8);
+        uint32_t n_ctx = ((uint32_t)B * per_seq + 255) / 256 * 256;
+        void *ctx = new_ctx(&api, model, n_ctx, (uint32_t)(B * dec_prompt), (uint32_t)B, threads);
+        double t[99];
+        decode_run(&api, ctx, toks, B, dec_prompt, 2, V, NULL);   /* warm-up */
+        for (int r = 0; r < reps; r++)
+            t[r] = decode_run(&api, ctx, toks, B, dec_prompt, steps, V, B == 1 ? first : NULL);
+        dec[bi] = (double)B * steps / median(t, reps);
+        if (B == 1 && threads > 1 && single_thread_row) {
+            api.set_n_threads(ctx, 1, 1);
+            decode_run(&api, ctx, toks, 1, dec_prompt, 2, V, NULL);
+            for (int r = 0; r < reps; r++)
+                t[r] = decode_run(&api, ctx, toks, 1, dec_prompt, steps, V, NULL);
+            dec1_t1 = steps / median(t, reps);
+        } else if (B == 1 && threads == 1) {
+            dec1_t1 = dec[bi];
+        }
+        api.free_ctx(ctx);
+    }
+
+    printf("%-34s %10.1f t/s\n", "prefill (tokens/s)", prompt / t_prefill);
+    for (int bi = 0; bi < nb; bi++) {
+        char label[64];
+        snprintf(label, sizeof label, "decode batch %d (aggregate tok/s)", batches[bi]);
+        printf("%-34s %10.1f t/s\n", label, dec[bi]);
+        if (batches[bi] == 1 && dec1_t1 >= 0)
+            printf("%-34s %10.1f t/s\n", "decode batch 1, 1 thread", dec1_t1);
+    }
+    printf("prefill: %d-token prompt in one llama_decode, median of %d; decode: %d steps after a %d-token prompt, "
+           "greedy; first tokens:", prompt, reps, steps, dec_prompt);
+    for (int i = 0; i < 8 && i < steps; i++)
+        printf(" %d", first[i]);
+    printf("\nRESULT llamacpp=1 prefill=%.1f", prompt / t_prefill);
+    for (int bi = 0; bi < nb; bi++)
+        printf(" dec%d=%.1f", batches[bi], dec[bi]);
+    if (dec1_t1 >= 0)
+        printf(" dec1_t1=%.1f", dec1_t1);
+    printf(" threads=%d\n", threads);
+
+    free(toks);
+    api.model_free(model);
+    return 0;
+}
