@@ -1,6 +1,7 @@
-/* The quantized GEMM's portable parts (see gemm_quant.h): the generic-ISA kernel and
- * the W packing of the x86 packed path. Both dequantize through kvg_dequant_row, the
- * definition itself, so their values are the defined ones by construction. */
+/* The quantized GEMM's portable part (see gemm_quant.h): the generic-ISA kernel. It
+ * dequantizes through kvg_dequant_row, the definition itself, so its values are the
+ * defined ones by construction. (The x86 packed path's W packing is in
+ * gemm_quant_avx2.c.) */
 #include <math.h>
 
 #include "cpu/gemm_kernels.h"
@@ -44,42 +45,6 @@ void kvg_gemm_qkernel_generic(const kvg_gemm_job *job, int n0, int n1, const kvg
             for (int r = 0; r < mr; r++) {
                 float s = kvg_gemm_reduce16(acc[r]);
                 job->y[(size_t)(m0 + r) * (size_t)job->N + (size_t)n] = job->bias ? s + job->bias[n] : s;
-            }
-        }
-    }
-}
-
-void kvg_gemm_quant_pack_w(const void *w, kvg_dtype dt, int K, int n0, int rows, int panels, int J,
-                           float *wp, int PN)
-{
-    size_t lane_stride = (size_t)J * (size_t)PN;
-    size_t rowb = kvg_gemm_row_bytes(dt, K), bb = kvg_gemm_q_block_bytes(dt);
-    int be = kvg_gemm_q_block(dt);
-    float t[8][256];
-
-    for (int p = 0; p < panels; p++) {
-        float *dst = wp + (size_t)p * 16 * lane_stride;
-        for (int g = 0; g < PN; g += 8) {
-            int r0 = p * PN + g;
-            /* Eight rows, one block at a time: for each k the 8 rows are adjacent in
-             * the packed layout. Rows past `rows` and k past K are zeros. */
-            for (int k0 = 0; k0 < 16 * J; k0 += be) {
-                int kn = 16 * J - k0 < be ? 16 * J - k0 : be;
-                for (int c = 0; c < 8; c++) {
-                    if (r0 + c < rows && k0 < K)
-                        kvg_dequant_row(qtype(dt),
-                                        (const unsigned char *)w + (size_t)(n0 + r0 + c) * rowb +
-                                            (size_t)(k0 / be) * bb,
-                                        t[c], be);
-                    else
-                        memset(t[c], 0, sizeof t[c]);
-                }
-                for (int i = 0; i < kn; i++) {
-                    int k = k0 + i;
-                    float *o = dst + (size_t)(k & 15) * lane_stride + (size_t)(k >> 4) * (size_t)PN + g;
-                    for (int c = 0; c < 8; c++)
-                        o[c] = t[c][i];
-                }
             }
         }
     }

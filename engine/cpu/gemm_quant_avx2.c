@@ -8,6 +8,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
+#include <string.h>
+
+#include "cpu/gemm_quant_x86_deq.h"
 
 #define QTGT __attribute__((target("avx2,fma,f16c")))
 #define QTGT_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
@@ -24,13 +27,6 @@ QTGT_INLINE QV qv_fma(QV x, QV w, QV c)
     return v;
 }
 QTGT_INLINE QV qv_mul(QV x, QV y) { QV v = { _mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b) }; return v; }
-QTGT_INLINE QV qv_mulsub(QV x, QV y, QV c)
-{
-    __m256 ta = _mm256_mul_ps(x.a, y.a), tb = _mm256_mul_ps(x.b, y.b);
-    __asm__("" : "+x"(ta), "+x"(tb));   /* two roundings, as defined: never fused */
-    QV v = { _mm256_sub_ps(ta, c.a), _mm256_sub_ps(tb, c.b) };
-    return v;
-}
 QTGT_INLINE QI qi_u8(const uint8_t *p)
 {
     __m128i b = _mm_loadu_si128((const __m128i *)p);
@@ -43,22 +39,40 @@ QTGT_INLINE QI qi_s8(const uint8_t *p)
     QI v = { _mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)) };
     return v;
 }
-QTGT_INLINE QI qi_and(QI x, int m)
-{
-    __m256i k = _mm256_set1_epi32(m);
-    QI v = { _mm256_and_si256(x.a, k), _mm256_and_si256(x.b, k) };
-    return v;
-}
-QTGT_INLINE QI qi_srl(QI x, int n) { QI v = { _mm256_srli_epi32(x.a, n), _mm256_srli_epi32(x.b, n) }; return v; }
-QTGT_INLINE QI qi_sll(QI x, int n) { QI v = { _mm256_slli_epi32(x.a, n), _mm256_slli_epi32(x.b, n) }; return v; }
-QTGT_INLINE QI qi_or(QI x, QI y) { QI v = { _mm256_or_si256(x.a, y.a), _mm256_or_si256(x.b, y.b) }; return v; }
-QTGT_INLINE QI qi_sub(QI x, int s)
-{
-    __m256i k = _mm256_set1_epi32(s);
-    QI v = { _mm256_sub_epi32(x.a, k), _mm256_sub_epi32(x.b, k) };
-    return v;
-}
 QTGT_INLINE QV qi_cvt(QI x) { QV v = { _mm256_cvtepi32_ps(x.a), _mm256_cvtepi32_ps(x.b) }; return v; }
+QTGT_INLINE void qv_store(float *p, QV v)
+{
+    _mm256_storeu_ps(p, v.a);
+    _mm256_storeu_ps(p + 8, v.b);
+}
+
+/* The 4-bit formats: no 16-entry float permute in AVX2, so the defining arithmetic
+ * itself. For Q4_0, a = d; for Q4_K, a = ds and b = dm. */
+typedef struct { __m256 a, b; } QT;
+QTGT_INLINE QT q40_tab(float d) { QT t = { _mm256_set1_ps(d), _mm256_setzero_ps() }; return t; }
+QTGT_INLINE QT q4k_tab(float ds, float dm) { QT t = { _mm256_set1_ps(ds), _mm256_set1_ps(dm) }; return t; }
+QTGT_INLINE QI q4_nib(QI b, int hi)
+{
+    __m256i m = _mm256_set1_epi32(15);
+    QI v = { hi ? _mm256_srli_epi32(b.a, 4) : _mm256_and_si256(b.a, m),
+             hi ? _mm256_srli_epi32(b.b, 4) : _mm256_and_si256(b.b, m) };
+    return v;
+}
+QTGT_INLINE QV q40_look(QT t, QI b, int hi)
+{
+    __m256i k8 = _mm256_set1_epi32(8);
+    QI n = q4_nib(b, hi);
+    QV v = { _mm256_mul_ps(t.a, _mm256_cvtepi32_ps(_mm256_sub_epi32(n.a, k8))),
+             _mm256_mul_ps(t.a, _mm256_cvtepi32_ps(_mm256_sub_epi32(n.b, k8))) };
+    return v;
+}
+QTGT_INLINE QV q4k_look(QT t, QI b, int hi)
+{
+    QI n = q4_nib(b, hi);
+    QV v = { kvg_x86_mulsub8(t.a, _mm256_cvtepi32_ps(n.a), t.b),
+             kvg_x86_mulsub8(t.a, _mm256_cvtepi32_ps(n.b), t.b) };
+    return v;
+}
 QTGT_INLINE float q_f16(const uint8_t *p) { return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8)); }
 
 QTGT_INLINE float qv_reduce(QV v)
@@ -75,6 +89,53 @@ QTGT_INLINE float qv_reduce(QV v)
 #define QW_BLOCK_BYTES (96 * 1024)
 #define QISA avx2
 #include "cpu/gemm_quant_x86.h"
+
+#include "cpu/gemm_pack_x86.h"
+
+/* The prefill path's W packing (both x86 ISAs call it; AVX2 code): eight rows at a
+ * time, one block each dequantized in vector registers to a buffer, then 8 x 8
+ * transposed into the packed layout exactly as the F32 packing does. K is a multiple
+ * of the block and so of 16: no k padding. */
+__attribute__((target("avx2,fma,f16c")))
+void kvg_gemm_quant_pack_w(const void *w, kvg_dtype dt, int K, int n0, int rows, int panels, int J,
+                           float *wp, int PN)
+{
+    size_t lane_stride = (size_t)J * (size_t)PN;
+    size_t rowb = kvg_gemm_row_bytes(dt, K), bb = kvg_gemm_q_block_bytes(dt);
+    int be = kvg_gemm_q_block(dt);
+    float t[8][256] __attribute__((aligned(32)));
+
+    for (int p = 0; p < panels; p++) {
+        float *dst = wp + (size_t)p * 16 * lane_stride;
+        for (int g = 0; g < PN; g += 8) {
+            int r0 = p * PN + g, n = rows - r0 < 8 ? rows - r0 : 8;
+            /* Rows past `rows` are zeros. */
+            for (int c = n < 0 ? 0 : n; c < 8; c++)
+                memset(t[c], 0, sizeof t[c]);
+            for (int k0 = 0; k0 < K; k0 += be) {
+                for (int c = 0; c < n; c++) {
+                    const uint8_t *b = (const uint8_t *)w + (size_t)(n0 + r0 + c) * rowb + (size_t)(k0 / be) * bb;
+                    switch (dt) {
+                    case KVG_DT_Q8_0: kvg_x86_deq_block(KVG_DT_Q8_0, b, t[c]); break;
+                    case KVG_DT_Q4_0: kvg_x86_deq_block(KVG_DT_Q4_0, b, t[c]); break;
+                    case KVG_DT_Q4_K: kvg_x86_deq_block(KVG_DT_Q4_K, b, t[c]); break;
+                    default: kvg_x86_deq_block(KVG_DT_Q6_K, b, t[c]); break;
+                    }
+                }
+                for (int i = 0; i < be; i += 8) {
+                    int k = k0 + i;
+                    __m256 v[8];
+                    float *o = dst + (size_t)(k & 15) * lane_stride + (size_t)(k >> 4) * (size_t)PN + g;
+                    for (int c = 0; c < 8; c++)
+                        v[c] = _mm256_load_ps(t[c] + i);
+                    kvg_x86_transpose8(v);
+                    for (int c = 0; c < 8; c++)
+                        _mm256_store_ps(o + (size_t)c * lane_stride, v[c]);
+                }
+            }
+        }
+    }
+}
 
 #else
 

@@ -8,6 +8,8 @@
 
 #include <immintrin.h>
 
+#include "cpu/gemm_quant_x86_deq.h"
+
 #define QTGT __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define QTGT_INLINE static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"), always_inline))
 
@@ -19,20 +21,33 @@ QTGT_INLINE QV qv_loadx(const float *p) { return _mm512_loadu_ps(p); }
 QTGT_INLINE QV qv_set1(float f) { return _mm512_set1_ps(f); }
 QTGT_INLINE QV qv_fma(QV a, QV b, QV c) { return _mm512_fmadd_ps(a, b, c); }
 QTGT_INLINE QV qv_mul(QV a, QV b) { return _mm512_mul_ps(a, b); }
-QTGT_INLINE QV qv_mulsub(QV a, QV b, QV c)
-{
-    QV t = _mm512_mul_ps(a, b);
-    __asm__("" : "+v"(t));       /* two roundings, as defined: never fused into an FMA */
-    return _mm512_sub_ps(t, c);
-}
 QTGT_INLINE QI qi_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 QTGT_INLINE QI qi_s8(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
-QTGT_INLINE QI qi_and(QI a, int m) { return _mm512_and_si512(a, _mm512_set1_epi32(m)); }
-QTGT_INLINE QI qi_srl(QI a, int n) { return _mm512_srli_epi32(a, (unsigned)n); }
-QTGT_INLINE QI qi_sll(QI a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
-QTGT_INLINE QI qi_or(QI a, QI b) { return _mm512_or_si512(a, b); }
-QTGT_INLINE QI qi_sub(QI a, int v) { return _mm512_sub_epi32(a, _mm512_set1_epi32(v)); }
 QTGT_INLINE QV qi_cvt(QI a) { return _mm512_cvtepi32_ps(a); }
+QTGT_INLINE void qv_store(float *p, QV v) { _mm512_storeu_ps(p, v); }
+
+/* The 4-bit formats through a 16-entry table in one register: vpermps reads only the
+ * low 4 bits of each index, so the low nibble needs no mask. The entries are computed
+ * by the defining formula itself, so a looked-up weight has the defined bits. */
+typedef __m512 QT;
+QTGT_INLINE QT q40_tab(float d)
+{
+    const __m512 i8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm512_mul_ps(_mm512_set1_ps(d), i8);
+}
+QTGT_INLINE QT q4k_tab(float ds, float dm)
+{
+    const __m512 i0 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 t = _mm512_mul_ps(_mm512_set1_ps(ds), i0);
+    __asm__("" : "+v"(t));       /* two roundings, as defined: never fused into an FMA */
+    return _mm512_sub_ps(t, _mm512_set1_ps(dm));
+}
+QTGT_INLINE QV q4_look(QT t, QI b, int hi)
+{
+    return _mm512_permutexvar_ps(hi ? _mm512_srli_epi32(b, 4) : b, t);
+}
+#define q40_look q4_look
+#define q4k_look q4_look
 QTGT_INLINE float q_f16(const uint8_t *p) { return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8)); }
 
 /* The canonical tree: lanes i + i+8, then i + i+4, i + i+2, 0 + 1. */

@@ -1,90 +1,142 @@
 /* The small-M (decode) kernel over a quantized W, written once for the x86 ISAs:
  * gemm_quant_avx2.c and gemm_quant_avx512.c define a 16-lane float vector QV (one
- * register, or two halves for AVX2), a 16-lane int32 vector QI and these operations,
- * then include this file (no include guard: one instantiation per ISA):
+ * register, or two halves for AVX2), a 16-lane int32 vector QI, a 4-bit lookup QT and
+ * these operations, then include this file (no include guard: one instantiation per
+ * ISA):
  *   QTGT, QTGT_INLINE               target attributes
- *   QV qv_zero(void)  qv_loadx(const float *p)  qv_set1(float)
+ *   QV qv_zero(void)  qv_loadx(const float *p)  qv_set1(float)  qv_store(float *, QV)
  *   QV qv_fma(QV a, QV b, QV c)     a * b + c, one rounding
- *   QV qv_mul(QV, QV)  qv_mulsub(QV a, QV b, QV c)  (a * b) - c, two roundings
+ *   QV qv_mul(QV, QV)
  *   float qv_reduce(QV)             the canonical tree over the 16 lanes
  *   QI qi_u8(const uint8_t *p)  qi_s8(p)   16 bytes widened (zero / sign)
- *   QI qi_and(QI, int)  qi_srl(QI, int)  qi_sll(QI, int)  qi_or(QI, QI)  qi_sub(QI, int)
  *   QV qi_cvt(QI)                   exact int -> float
+ *   QT q40_tab(float d)             Q4_0's 16 values d * (float)(i - 8)
+ *   QT q4k_tab(float ds, float dm)  Q4_K's 16 values (ds * (float)i) - dm, two roundings
+ *   QV q40_look(QT t, QI b, int hi), q4k_look(...)
+ *                                   t[low (hi: high) nibble of each lane's byte]
  *   float q_f16(const uint8_t *p)   a little-endian half at p, exactly
  *   MR_MAX, NR_MAX, QBLOCKS(F)      register blocking: F(MR, NR) for each full block
  *   QW_BLOCK_BYTES, QISA            W bytes per L2 block; the name suffix
  * Lane l of each accumulator gets k = k0 + l (16 consecutive weights dequantized into
- * one QV), in increasing k: the canonical order. */
+ * one QV), in increasing k: the canonical order. Each weight vector is produced by the
+ * same F32 operations, in the same order, as kvg_dequant_row's (a 16-entry lookup
+ * table holds values computed by exactly that formula), so it has the same bits.
+ *
+ * The loops over the MR x NR block are fully unrolled (constant trip counts) so that
+ * the accumulators and per-row block state live in registers. */
+
+#include "cpu/gemm_quant_x86_deq.h"
+
+#define QUNROLL _Pragma("GCC unroll 16")
+
+/* Software prefetch, QPF_AHEAD bytes ahead in each W row, about once per 64 bytes of
+ * it: the rows are read as NR concurrent streams, which the hardware prefetchers did
+ * not follow early enough (decode ran 2-4x slower without it on the 110M shapes; one
+ * prefetch per 34-byte Q8_0 block was slower than one per two). */
+#define QPREFETCH(p) __builtin_prefetch(p)
+#ifndef QPF_AHEAD
+#define QPF_AHEAD 512
+#endif
+
+/* acc[r][c] += x[r][k0 .. k0+16) * wv, lane by lane. */
+#define QFMA_ROWS(c, k0, wv)                                                       \
+    do {                                                                           \
+        QV wv_ = (wv);                                                             \
+        QUNROLL for (int r = 0; r < MR; r++)                                       \
+            acc[r][c] = qv_fma(qv_loadx(x + (size_t)r * (size_t)K + (size_t)(k0)), wv_, acc[r][c]); \
+    } while (0)
 
 /* One MR x NR block over all of K; w: NR rows of rowb bytes. */
 QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype dt, int K,
                         const float *bias, float *y, size_t ldy, const int MR, const int NR)
 {
     QV acc[MR_MAX][NR_MAX];
-    const int be = dt == KVG_DT_Q8_0 || dt == KVG_DT_Q4_0 ? 32 : 256;
-    const size_t bb = dt == KVG_DT_Q8_0 ? 34 : dt == KVG_DT_Q4_0 ? 18 : dt == KVG_DT_Q4_K ? 144 : 210;
 
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < NR; c++)
+    QUNROLL for (int r = 0; r < MR; r++)
+        QUNROLL for (int c = 0; c < NR; c++)
             acc[r][c] = qv_zero();
 
-    for (int kb = 0; kb < K; kb += be) {
-        const uint8_t *blk = w + (size_t)(kb / be) * bb;
-        const float *xk = x + kb;
-        for (int c = 0; c < NR; c++) {
-            const uint8_t *b = blk + (size_t)c * rowb;
-#define FMA16(off, wexpr)                                                               \
-            do {                                                                        \
-                QV wv_ = (wexpr);                                                       \
-                for (int r = 0; r < MR; r++)                                            \
-                    acc[r][c] = qv_fma(qv_loadx(xk + (size_t)r * (size_t)K + (off)), wv_, acc[r][c]); \
-            } while (0)
-            if (dt == KVG_DT_Q8_0) {
-                QV d = qv_set1(q_f16(b));
-                FMA16(0, qv_mul(d, qi_cvt(qi_s8(b + 2))));
-                FMA16(16, qv_mul(d, qi_cvt(qi_s8(b + 18))));
-            } else if (dt == KVG_DT_Q4_0) {
-                QV d = qv_set1(q_f16(b));
-                QI q = qi_u8(b + 2);
-                FMA16(0, qv_mul(d, qi_cvt(qi_sub(qi_and(q, 15), 8))));
-                FMA16(16, qv_mul(d, qi_cvt(qi_sub(qi_srl(q, 4), 8))));
-            } else if (dt == KVG_DT_Q4_K) {
-                float dd = q_f16(b), dmin = q_f16(b + 2);
-                for (int ch = 0; ch < 4; ch++)
-                    for (int h = 0; h < 2; h++) {
-                        int sc, mn;
-                        kvg_q4k_scale_min(b + 4, 2 * ch + h, &sc, &mn);
-                        QV ds = qv_set1(dd * (float)sc), dm = qv_set1(dmin * (float)mn);
-                        for (int hf = 0; hf < 2; hf++) {
-                            QI q = qi_u8(b + 16 + 32 * ch + 16 * hf);
-                            q = h ? qi_srl(q, 4) : qi_and(q, 15);
-                            FMA16(64 * ch + 32 * h + 16 * hf, qv_mulsub(ds, qi_cvt(q), dm));
-                        }
-                    }
-            } else {
-                float d = q_f16(b + 208);
-                for (int n = 0; n < 2; n++)
-                    for (int g = 0; g < 4; g++)
-                        for (int hh = 0; hh < 2; hh++) {
-                            QI lo = qi_u8(b + 64 * n + 16 * hh + 32 * (g & 1));
-                            lo = g >= 2 ? qi_srl(lo, 4) : qi_and(lo, 15);
-                            QI hi = qi_and(qi_srl(qi_u8(b + 128 + 32 * n + 16 * hh), 2 * g), 3);
-                            QI q = qi_sub(qi_or(lo, qi_sll(hi, 4)), 32);
-                            QV ds = qv_set1(d * (float)(int8_t)b[192 + 8 * n + 2 * g + hh]);
-                            FMA16(128 * n + 32 * g + 16 * hh, qv_mul(ds, qi_cvt(q)));
-                        }
+    if (dt == KVG_DT_Q8_0) {
+        for (int kb = 0; kb < K; kb += 32) {
+            const uint8_t *b = w + (size_t)(kb / 32) * 34;
+            QV d[NR_MAX];
+            QUNROLL for (int c = 0; c < NR; c++) {
+                if ((kb & 63) == 0)
+                    QPREFETCH(b + (size_t)c * rowb + QPF_AHEAD);
+                d[c] = qv_set1(q_f16(b + (size_t)c * rowb));
             }
-#undef FMA16
+            QUNROLL for (int g = 0; g < 2; g++)
+                QUNROLL for (int c = 0; c < NR; c++)
+                    QFMA_ROWS(c, kb + 16 * g, qv_mul(d[c], qi_cvt(qi_s8(b + (size_t)c * rowb + 2 + 16 * g))));
+        }
+    } else if (dt == KVG_DT_Q4_0) {
+        for (int kb = 0; kb < K; kb += 32) {
+            const uint8_t *b = w + (size_t)(kb / 32) * 18;
+            QT t[NR_MAX];
+            QUNROLL for (int c = 0; c < NR; c++) {
+                if ((kb & 63) == 0)
+                    QPREFETCH(b + (size_t)c * rowb + QPF_AHEAD);
+                t[c] = q40_tab(q_f16(b + (size_t)c * rowb));
+            }
+            QUNROLL for (int g = 0; g < 2; g++)
+                QUNROLL for (int c = 0; c < NR; c++)
+                    QFMA_ROWS(c, kb + 16 * g, q40_look(t[c], qi_u8(b + (size_t)c * rowb + 2), g));
+        }
+    } else if (dt == KVG_DT_Q4_K) {
+        for (int kb = 0; kb < K; kb += 256) {
+            const uint8_t *b = w + (size_t)(kb / 256) * 144;
+            /* Per row, once per super-block: the 8 sub-block scales d * (float)sc in
+             * sdm[c][0..7] and mins dmin * (float)m in sdm[c][24..31] (lanes 8-15 of
+             * the second product), the same two products as the definition. */
+            float sdm[NR_MAX][32] __attribute__((aligned(64)));
+            QUNROLL for (int c = 0; c < NR; c++) {
+                const uint8_t *bc = b + (size_t)c * rowb;
+                uint8_t sm[16];
+                kvg_x86_q4k_scales(bc + 4, sm);
+                QV v = qi_cvt(qi_u8(sm));
+                qv_store(sdm[c], qv_mul(qv_set1(q_f16(bc)), v));
+                qv_store(sdm[c] + 16, qv_mul(qv_set1(q_f16(bc + 2)), v));
+            }
+            for (int j = 0; j < 8; j++) {
+                QT t[NR_MAX];
+                QUNROLL for (int c = 0; c < NR; c++) {
+                    if ((j & 1) == 0)
+                        QPREFETCH(b + (size_t)c * rowb + 32 * j + QPF_AHEAD);
+                    t[c] = q4k_tab(sdm[c][j], sdm[c][24 + j]);
+                }
+                QUNROLL for (int hf = 0; hf < 2; hf++)
+                    QUNROLL for (int c = 0; c < NR; c++)
+                        QFMA_ROWS(c, kb + 32 * j + 16 * hf,
+                                  q4k_look(t[c], qi_u8(b + (size_t)c * rowb + 16 + 32 * (j / 2) + 16 * hf), j & 1));
+            }
+        }
+    } else {
+        for (int kb = 0; kb < K; kb += 256) {
+            const uint8_t *b = w + (size_t)(kb / 256) * 210;
+            /* Per row: the 256 six-bit values minus 32 as bytes, and the 16 sub-block
+             * scales d * (float)scale, each computed once per super-block. */
+            int8_t q[NR_MAX][256] __attribute__((aligned(32)));
+            float ds[NR_MAX][16] __attribute__((aligned(64)));
+            QUNROLL for (int c = 0; c < NR; c++) {
+                const uint8_t *bc = b + (size_t)c * rowb;
+                for (int p = 0; p < 210; p += 64)
+                    QPREFETCH(bc + p + QPF_AHEAD);
+                kvg_x86_q6k_bytes(bc, q[c]);
+                qv_store(ds[c], qv_mul(qv_set1(q_f16(bc + 208)), qi_cvt(qi_s8(bc + 192))));
+            }
+            for (int s = 0; s < 16; s++)
+                QUNROLL for (int c = 0; c < NR; c++)
+                    QFMA_ROWS(c, kb + 16 * s, qv_mul(qv_set1(ds[c][s]), qi_cvt(qi_s8((const uint8_t *)q[c] + 16 * s))));
         }
     }
 
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < NR; c++) {
+    QUNROLL for (int r = 0; r < MR; r++)
+        QUNROLL for (int c = 0; c < NR; c++) {
             float s = qv_reduce(acc[r][c]);
             y[(size_t)r * ldy + (size_t)c] = bias ? s + bias[c] : s;
         }
 }
-
+#undef QFMA_ROWS
 typedef void (*qblock_fn)(const float *x, const uint8_t *w, size_t rowb, kvg_dtype dt, int K,
                           const float *bias, float *y, size_t ldy);
 

@@ -175,7 +175,7 @@ static double weight_mib(const wset *ws)
     double b = 0;
     for (int i = 0; i < ws->n; i++)
         if (i == ws->n - 1 || ws->t[i] != ws->t[ws->n - 1])
-            b += (double)ws->t[i]->rows * (double)ws->t[i]->cols * (double)kvg_dtype_size(ws->t[i]->dtype);
+            b += (double)ws->t[i]->rows * (double)kvg_dtype_row_bytes(ws->t[i]->dtype, ws->t[i]->cols);
     return b / 1048576.0;
 }
 

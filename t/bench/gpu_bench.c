@@ -234,7 +234,8 @@ typedef struct sizes {
     double logit_params;         /* the output projection */
     double weight_bytes;         /* bytes read per decode step: GEMM weights + output */
     double kv_token_bytes;       /* K+V bytes of one position, all layers */
-    int wbytes, kvbytes;         /* bytes per weight element / per KV element */
+    double wbytes;               /* bytes per weight element (a quantized block's share) */
+    int kvbytes;                 /* bytes per KV element */
 } sizes;
 
 static void model_sizes(const kvg_model *m, const char *backend, sizes *z)
@@ -244,7 +245,7 @@ static void model_sizes(const kvg_model *m, const char *backend, sizes *z)
     int dev = strcmp(backend, "cpu") != 0;
     /* The CUDA backend keeps weights and KV as BF16 (F16 stays F16): 2 bytes; the CPU one
      * keeps the file's dtype and an F32 pool. */
-    z->wbytes = dev ? 2 : (int)kvg_dtype_size(m->layers[0].wq.dtype);
+    z->wbytes = dev ? 2 : (double)kvg_dtype_row_bytes(m->layers[0].wq.dtype, 256) / 256;
     z->kvbytes = dev ? 2 : 4;
     z->gemm_params = (double)c->n_layers * (c->dim * (qd + 2 * kvd) + qd * c->dim + 3.0 * c->dim * c->hidden_dim);
     z->logit_params = (double)c->vocab_size * c->dim;
