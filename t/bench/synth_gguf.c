@@ -224,7 +224,7 @@ static int convert_row(const dtype_info *d, const float *src, void *dst, int64_t
     } else if (d->ggml == 1 || d->ggml == 30) {
         uint16_t *h = dst;
         for (int64_t i = 0; i < n; i++)
-            h[i] = d->ggml == 1 ? kvgm_f32_to_f16(src[i]) : kvgm_f32_to_bf16(src[i]);
+            h[i] = d->ggml == 1 ? kvg_quant_f32_to_f16(src[i]) : kvgm_f32_to_bf16(src[i]);
     } else {
 #if HAVE_QUANT
         static const kvg_qtype q[] = { KVG_Q8_0, KVG_Q4_0, KVG_Q4_K, KVG_Q6_K };
