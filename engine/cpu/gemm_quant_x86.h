@@ -32,8 +32,17 @@
 /* Software prefetch, QPF_AHEAD bytes ahead in each W row, about once per 64 bytes of
  * it: the rows are read as NR concurrent streams, which the hardware prefetchers did
  * not follow early enough (decode ran 2-4x slower without it on the 110M shapes; one
- * prefetch per 34-byte Q8_0 block was slower than one per two). */
+ * prefetch per 34-byte Q8_0 block was slower than one per two). Near a row's end the
+ * target moves on to the same row of the NEXT block of NR rows (NR - 1 rows further):
+ * QPF_AHEAD past the end of row c is row c + 1, which this block is already reading,
+ * so those prefetches were wasted and every block began with NR cold streams (all of
+ * them for Q4_0 at K = 768, whose 432-byte rows are shorter than QPF_AHEAD). Past the
+ * range, or past W, a prefetch is only a hint: it never faults. */
 #define QPREFETCH(p) __builtin_prefetch(p)
+/* The prefetch address for row c when the block's rows are read at byte `off`. */
+#define QPF_ADDR(c, off)                                                           \
+    (w + (size_t)(c) * rowb + (size_t)(off) + QPF_AHEAD +                          \
+     ((size_t)(off) + QPF_AHEAD >= rowb ? (size_t)(NR - 1) * rowb : 0))
 #ifndef QPF_AHEAD
 #define QPF_AHEAD 512
 #endif
@@ -62,7 +71,7 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
             QV d[NR_MAX];
             QUNROLL for (int c = 0; c < NR; c++) {
                 if ((kb & 63) == 0)
-                    QPREFETCH(b + (size_t)c * rowb + QPF_AHEAD);
+                    QPREFETCH(QPF_ADDR(c, (size_t)(kb / 32) * 34));
                 d[c] = qv_set1(q_f16(b + (size_t)c * rowb));
             }
             QUNROLL for (int g = 0; g < 2; g++)
@@ -75,7 +84,7 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
             QT t[NR_MAX];
             QUNROLL for (int c = 0; c < NR; c++) {
                 if ((kb & 63) == 0)
-                    QPREFETCH(b + (size_t)c * rowb + QPF_AHEAD);
+                    QPREFETCH(QPF_ADDR(c, (size_t)(kb / 32) * 18));
                 t[c] = q40_tab(q_f16(b + (size_t)c * rowb));
             }
             QUNROLL for (int g = 0; g < 2; g++)
@@ -101,7 +110,7 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
                 QT t[NR_MAX];
                 QUNROLL for (int c = 0; c < NR; c++) {
                     if ((j & 1) == 0)
-                        QPREFETCH(b + (size_t)c * rowb + 32 * j + QPF_AHEAD);
+                        QPREFETCH(QPF_ADDR(c, (size_t)(kb / 256) * 144 + 32 * (size_t)j));
                     t[c] = q4k_tab(sdm[c][j], sdm[c][24 + j]);
                 }
                 QUNROLL for (int hf = 0; hf < 2; hf++)
@@ -120,7 +129,7 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
             QUNROLL for (int c = 0; c < NR; c++) {
                 const uint8_t *bc = b + (size_t)c * rowb;
                 for (int p = 0; p < 210; p += 64)
-                    QPREFETCH(bc + p + QPF_AHEAD);
+                    QPREFETCH(QPF_ADDR(c, (size_t)(kb / 256) * 210 + (size_t)p));
                 kvg_x86_q6k_bytes(bc, q[c]);
                 qv_store(ds[c], qv_mul(qv_set1(q_f16(bc + 208)), qi_cvt(qi_s8(bc + 192))));
             }
@@ -137,6 +146,7 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
         }
 }
 #undef QFMA_ROWS
+#undef QPF_ADDR
 typedef void (*qblock_fn)(const float *x, const uint8_t *w, size_t rowb, kvg_dtype dt, int K,
                           const float *bias, float *y, size_t ldy);
 
