@@ -43,6 +43,7 @@
 #include "sampler.h"
 #include "threadpool.h"
 #include "../unit/ref_forward.h"
+#include "bench_stats.h"
 
 static double now_s(void)
 {
@@ -64,18 +65,6 @@ static long status_kb(const char *key)
             v = strtol(line + kl + 1, NULL, 10);
     fclose(f);
     return v;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void die(const char *what, const char *err)
@@ -302,8 +291,8 @@ static void pool_job_cost(int threads, double *hot_us, double *cold_us)
         }
         cold[r] = sum / 20 * 1e6;
     }
-    *hot_us = median(hot, 9);
-    *cold_us = median(cold, 9);
+    *hot_us = bench_median(hot, 9);
+    *cold_us = bench_median(cold, 9);
     kvg_threadpool_free(tp);
 }
 
@@ -336,7 +325,7 @@ static double time_prefill(ctx *c, int prompt)
         t[r] = wall_since(t0);
         kvg_kv_seq_release(c->kv, &seq);
     }
-    return median(t, c->reps);
+    return bench_median(t, c->reps);
 }
 
 /* Seconds for `steps` decode steps of B sequences (median over reps). */
@@ -376,7 +365,7 @@ static double time_decode(ctx *c, int B)
         for (int b = 0; b < B; b++)
             kvg_kv_seq_release(c->kv, &seqs[b]);
     }
-    return median(t, c->reps);
+    return bench_median(t, c->reps);
 }
 
 /* The cached-prefix step: P - R positions held, the last R fed with logits. Also a
@@ -420,9 +409,9 @@ static void time_cached(ctx *c, int P, int R, double *ms_cached, double *ms_dec,
         tf[r] = wall_since(t0) * 1e3;
         kvg_kv_seq_release(c->kv, &seq);
     }
-    *ms_cached = median(tc, c->reps);
-    *ms_dec = median(td, c->reps);
-    *ms_fresh = median(tf, c->reps);
+    *ms_cached = bench_median(tc, c->reps);
+    *ms_dec = bench_median(td, c->reps);
+    *ms_fresh = bench_median(tf, c->reps);
 }
 
 static void profile_decode(ctx *c)
@@ -503,10 +492,10 @@ static void ab_fused(ctx *c)
     }
     c->reps = reps;
     printf("  fused q/k/v, gate/up vs one job per product (decode batch 1, %d interleaved pairs): "
-           "%.1f vs %.1f tok/s, median ratio %.3f\n", N, c->steps / median(tf, N), c->steps / median(ts, N),
-           median(r, N));
-    printf("RESULT-AB fused_dec1=%.1f separate_dec1=%.1f fused_ratio=%.3f\n", c->steps / median(tf, N),
-           c->steps / median(ts, N), median(r, N));
+           "%.1f vs %.1f tok/s, median ratio %.3f\n", N, c->steps / bench_median(tf, N), c->steps / bench_median(ts, N),
+           bench_median(r, N));
+    printf("RESULT-AB fused_dec1=%.1f separate_dec1=%.1f fused_ratio=%.3f\n", c->steps / bench_median(tf, N),
+           c->steps / bench_median(ts, N), bench_median(r, N));
 }
 
 static int parse_dtype(const char *s, kvg_dtype *dt)

@@ -33,6 +33,8 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "monoclock.h"
+#include "sampler.h"
+#include "bench_stats.h"
 
 #define MAX_LIST 8
 #define MAX_MODELS 4
@@ -182,27 +184,6 @@ static int32_t *random_ids(bench *b, int n)
     return p;
 }
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* The device pool the backend's forward pass uses: host memory until the backend API
  * creates a device pool; the one place that changes. */
 static kvg_kv_pool *pool_new(kvg_backend *be, const kvg_kv_geom *g, int32_t n_blocks, char *err,
@@ -281,7 +262,7 @@ static json_t *bench_prefill(bench *b, const sizes *z, int P)
         t[r] = kvg_mono_s() - t0;
         kvg_kv_seq_release(b->kv, &sq);
     }
-    s = median(t, b->o->reps);
+    s = bench_median(t, b->o->reps);
     fl = prefill_flops(b->m, z, P, 0);
     json_object_set_new(j, "tokens", json_integer(P));
     json_object_set_new(j, "seconds", json_real(s));
@@ -311,7 +292,7 @@ static json_t *bench_decode(bench *b, const sizes *z, int B)
             kvg_kv_seq_init(&sq[i]);
             toks[0] = (int32_t)(3 + i % (V - 3));     /* distinct sequences */
             prefill(b, &sq[i], toks, ctx, 1);
-            next[i] = (int32_t)argmax(b->logits, V);
+            next[i] = kvg_argmax(b->logits, V);
         }
         /* Step 0 is the warm-up (graph capture, first-touch), timed from step 1. */
         for (int k = 0; k <= S; k++) {
@@ -323,13 +304,13 @@ static json_t *bench_decode(bench *b, const sizes *z, int B)
             if (kvg_forward_step(b->fw, fs, B, err, sizeof err) != 0)
                 die("decode", err);
             for (int i = 0; i < B; i++)
-                next[i] = (int32_t)argmax(b->logits + (size_t)i * V, V);
+                next[i] = kvg_argmax(b->logits + (size_t)i * V, V);
         }
         t[r] = (kvg_mono_s() - t0) / S;
         for (int i = 0; i < B; i++)
             kvg_kv_seq_release(b->kv, &sq[i]);
     }
-    s = median(t, b->o->reps);
+    s = bench_median(t, b->o->reps);
     /* Bytes read per step: every weight once, plus each sequence's cached K/V (its mean
      * context over the timed steps). */
     bytes = z->weight_bytes + (double)B * (ctx + 1.0 + (S + 1) / 2.0) * z->kv_token_bytes;
@@ -378,8 +359,8 @@ static json_t *bench_ttft(bench *b)
         kvg_kv_seq_release(b->kv, &sq);
         kvg_kv_seq_release(b->kv, &held);
     }
-    u = median(tu, b->o->reps);
-    c = median(tc, b->o->reps);
+    u = bench_median(tu, b->o->reps);
+    c = bench_median(tc, b->o->reps);
     json_object_set_new(j, "prefix", json_integer(N));
     json_object_set_new(j, "suffix", json_integer(sfx));
     json_object_set_new(j, "uncached_ms", json_real(u * 1e3));

@@ -31,6 +31,10 @@
 #include <time.h>
 #include <dirent.h>
 
+#include "bench_stats.h"
+#include "monoclock.h"
+#include "sampler.h"
+
 /* ---- the ABI of llama.cpp 0.5.0-dev (llama.h as shipped by node-llama-cpp 3.22.1) ---- */
 typedef struct { _Alignas(8) unsigned char b[80]; } lc_model_params;
 typedef struct { _Alignas(8) unsigned char b[160]; } lc_context_params;
@@ -82,34 +86,6 @@ static void quiet_log(int level, const char *text, void *ud)
     (void)ud;
     if (verbose || level == 4 /* GGML_LOG_LEVEL_ERROR */)
         fputs(text, stderr);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static int32_t argmax(const float *x, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
 }
 
 static void die(const char *what)
@@ -232,8 +208,8 @@ static double decode_run(const lc_api *api, void *ctx, const int32_t *toks, int 
     if (api->decode(ctx, bt) != 0)
         die("llama_decode (decode prompt) failed");
     for (int b = 0; b < B; b++)
-        next[b] = argmax(api->get_logits_ith(ctx, (b + 1) * dec_prompt - 1), V);
-    double t0 = now_s();
+        next[b] = kvg_argmax(api->get_logits_ith(ctx, (b + 1) * dec_prompt - 1), V);
+    double t0 = kvg_mono_s();
     for (int st = 0; st < steps; st++) {
         bt.n_tokens = B;
         for (int b = 0; b < B; b++) {
@@ -248,10 +224,10 @@ static double decode_run(const lc_api *api, void *ctx, const int32_t *toks, int 
         if (api->decode(ctx, bt) != 0)
             die("llama_decode (decode step) failed");
         for (int b = 0; b < B; b++)
-            next[b] = argmax(api->get_logits_ith(ctx, b), V);
+            next[b] = kvg_argmax(api->get_logits_ith(ctx, b), V);
     }
     api->synchronize(ctx);
-    double t = now_s() - t0;
+    double t = kvg_mono_s() - t0;
     api->batch_free(bt);
     return t;
 }
@@ -338,14 +314,14 @@ int main(int argc, char **argv)
         double t[99];
         for (int r = -1; r < reps; r++) {       /* r = -1: warm-up (graph allocation) */
             api.memory_clear(api.get_memory(ctx), 1);
-            double t0 = now_s();
+            double t0 = kvg_mono_s();
             if (api.decode(ctx, api.batch_get_one(toks, prompt)) != 0)
                 die("llama_decode (prefill) failed");
             api.synchronize(ctx);
             if (r >= 0)
-                t[r] = now_s() - t0;
+                t[r] = kvg_mono_s() - t0;
         }
-        t_prefill = median(t, reps);
+        t_prefill = bench_median(t, reps);
         api.free_ctx(ctx);
     }
 
@@ -361,13 +337,13 @@ int main(int argc, char **argv)
         decode_run(&api, ctx, toks, B, dec_prompt, 2, V, NULL);   /* warm-up */
         for (int r = 0; r < reps; r++)
             t[r] = decode_run(&api, ctx, toks, B, dec_prompt, steps, V, B == 1 ? first : NULL);
-        dec[bi] = (double)B * steps / median(t, reps);
+        dec[bi] = (double)B * steps / bench_median(t, reps);
         if (B == 1 && threads > 1 && single_thread_row) {
             api.set_n_threads(ctx, 1, 1);
             decode_run(&api, ctx, toks, 1, dec_prompt, 2, V, NULL);
             for (int r = 0; r < reps; r++)
                 t[r] = decode_run(&api, ctx, toks, 1, dec_prompt, steps, V, NULL);
-            dec1_t1 = steps / median(t, reps);
+            dec1_t1 = steps / bench_median(t, reps);
         } else if (B == 1 && threads == 1) {
             dec1_t1 = dec[bi];
         }
