@@ -576,11 +576,12 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
         uint64_t submitted = d->counters.submitted;
         for (dconn *c = d->conns; c; c = c->next)
             kvgd_conn_intake(c);
-        /* New work goes on the page before the step runs (a long prefill can take
-         * many milliseconds): gateways route the next requests by this load, and a
-         * stale one sends a burst to the engine that only looks idle. */
+        /* New work's load goes on the page before the step runs (a long prefill can
+         * take many milliseconds): gateways route the next requests by it, and a
+         * stale one sends a burst to the engine that only looks idle. The one field,
+         * not the whole page: this runs for every arrival. */
         if (d->counters.submitted != submitted)
-            d->stats_written_ms = 0;
+            kvg_stats_write_load(d->stats, kvg_sched_load(d->sched));
 
         int64_t now = kvg_mono_ms();
         check_deadlines(d, now);
@@ -593,8 +594,6 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
             abort_all(d, "the engine shut down before the request finished");
             finishing = 1;
         }
-        if (d->stats_written_ms == 0)
-            write_stats(d);
         last_rows = 0;
         if (kvg_sched_pending(d->sched) > 0) {
             char serr[256];

@@ -1188,6 +1188,15 @@ static uint64_t req_load(const req *q)
     return t;
 }
 
+uint64_t kvg_sched_load(const kvg_sched *s)
+{
+    uint64_t t = 0;
+    for (int i = 0; i < s->n_live; i++)
+        if (is_live(s->live[i]))
+            t += req_load(s->live[i]);
+    return t;
+}
+
 void kvg_sched_get_stats(const kvg_sched *s, kvg_sched_stats *out)
 {
     *out = s->st;

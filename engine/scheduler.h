@@ -195,5 +195,7 @@ int kvg_sched_step(kvg_sched *s, char *err, size_t err_len);
 int kvg_sched_pending(const kvg_sched *s);
 
 void kvg_sched_get_stats(const kvg_sched *s, kvg_sched_stats *out);
+/* Its load_tokens alone (O(live requests)). */
+uint64_t kvg_sched_load(const kvg_sched *s);
 
 #endif

@@ -450,6 +450,15 @@ void kvg_stats_write(kvg_stats_page *p, const kvg_stats *s)
     atomic_store_explicit(&p->seq, q + 2, memory_order_release);
 }
 
+void kvg_stats_write_load(kvg_stats_page *p, uint64_t load_tokens)
+{
+    uint64_t q = atomic_load_explicit(&p->seq, memory_order_relaxed);
+    atomic_store_explicit(&p->seq, q + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    __atomic_store_n(&p->s.load_tokens, load_tokens, __ATOMIC_RELAXED);
+    atomic_store_explicit(&p->seq, q + 2, memory_order_release);
+}
+
 int kvg_stats_read(const kvg_stats_page *p, kvg_stats *out)
 {
     for (int attempt = 0; attempt < 10000; attempt++) {

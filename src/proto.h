@@ -432,6 +432,9 @@ typedef struct kvg_stats_page {
 
 /* Writer (the engine, one thread). */
 void kvg_stats_write(kvg_stats_page *p, const kvg_stats *s);
+/* Updates load_tokens alone (the same seqlock, one field): what the engine publishes
+ * between full writes, as soon as new requests arrive. */
+void kvg_stats_write_load(kvg_stats_page *p, uint64_t load_tokens);
 /* Reader: a consistent copy, retrying while a write is in progress. 0, or -1 when
  * the page does not look like a stats page or stays busy (a writer that died
  * mid-write). */
