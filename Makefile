@@ -67,8 +67,12 @@ FUZZ_SECONDS ?= 30
 # The CUDA backend is built whenever nvcc is found (CUDA=0 skips it). Its emulated twin is
 # built everywhere: the unit tests t/unit/cuda_*.c run every kernel through it.
 NVCC       ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
-CUDA       ?= $(if $(NVCC),1,0)
-CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# The toolkit's root: CUDA_HOME, else where nvcc says it lives (the nvcc on PATH may be a
+# wrapper script, e.g. /usr/local/bin/nvcc execing /usr/local/cuda-13.0/bin/nvcc).
+ifneq ($(NVCC),)
+CUDA_HOME  := $(shell scripts/cuda-home.sh $(NVCC))
+endif
+CUDA       ?= $(if $(CUDA_HOME),1,0)
 CUDA_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
               -gencode arch=compute_90,code=compute_90
 CXX        ?= g++

@@ -42,7 +42,12 @@ if [ ! -x "$nvcc" ]; then
     echo "gpu-bundle: nvcc not found (set NVCC, or install the CUDA toolkit): the bundle is built with CUDA" >&2
     exit 1
 fi
-cuda_home=$(cd "$(dirname "$nvcc")/.." && pwd)
+# The toolkit's root: CUDA_HOME, else where nvcc says it lives (the nvcc on PATH may be a
+# wrapper script in /usr/local/bin).
+if ! cuda_home=$(scripts/cuda-home.sh "$nvcc"); then
+    echo "gpu-bundle: no CUDA toolkit (include/cuda_runtime.h) found for $nvcc: set CUDA_HOME" >&2
+    exit 1
+fi
 for a in libjansson.a libutf8proc.a libcrypto.a; do
     if ! "$CC" -print-file-name="$a" | grep -q /; then
         echo "gpu-bundle: $a not found (Debian: libjansson-dev, libutf8proc-dev, libssl-dev)" >&2
