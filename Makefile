@@ -121,9 +121,14 @@ all: lib tools engine units benches module emu
 lib: $(LIB)
 engine: $(ENGINE_LIB) $(ENGINE_BINS)
 tools: $(TOOLS)
-units: $(UNITS)
+units: $(UNITS) $(SHIMS)
 benches: $(BENCHES)
 asan: $(ASAN_UNITS) $(ASAN_BINS)
+
+# LD_PRELOAD shims some tests start nginx with (t/shim/NAME.c -> build/t/NAME.so).
+SHIMS      := $(patsubst t/shim/%.c,$(BUILD)/t/%.so,$(wildcard t/shim/*.c))
+$(BUILD)/t/%.so: t/shim/%.c | $(BUILD)/t
+	$(CC) -std=gnu11 -O2 -fPIC -shared -Wall -Wextra -Werror $< -o $@ -ldl -lpthread
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
 	$(CC) $(CFLAGS) -c $< -o $@

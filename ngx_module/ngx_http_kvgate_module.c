@@ -9,6 +9,8 @@
 
 #include "ngx_http_kvgate_module.h"
 
+#include <dlfcn.h>
+
 #include "normalize.h"
 #include "route.h"
 #include "version.h"
@@ -43,6 +45,7 @@ static char *ngx_http_kvgate_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
 static ngx_int_t ngx_http_kvgate_init_module(ngx_cycle_t *cycle);
+static void ngx_http_kvgate_pin_module(ngx_cycle_t *cycle);
 static ngx_int_t ngx_http_kvgate_init_process(ngx_cycle_t *cycle);
 static void ngx_http_kvgate_exit_process(ngx_cycle_t *cycle);
 
@@ -1937,6 +1940,8 @@ ngx_http_kvgate_init_process(ngx_cycle_t *cycle)
     ngx_http_kvgate_engine_t     **e;
     ngx_http_kvgate_main_conf_t   *kmcf;
 
+    ngx_http_kvgate_pin_module(cycle);
+
     kmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_kvgate_module);
 
     if (kmcf == NULL || kmcf->engines.nelts == 0) {
@@ -1960,6 +1965,49 @@ ngx_http_kvgate_init_process(ngx_cycle_t *cycle)
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * Keeps the module mapped for the rest of this worker's life.
+ *
+ * A thread of a thread pool that tokenized a prompt holds per-thread tokenizer
+ * memory, freed by a thread-specific-data destructor that is code of this
+ * module (libkvgate is linked in). When a worker exits, nginx destroys its
+ * thread pools, waiting only until each thread has taken its exit task, not
+ * until the thread is gone, and then unloads the modules with the cycle's
+ * pool: a thread still inside pthread_exit would call that destructor at an
+ * address no longer mapped, and the worker would die on SIGSEGV. One more
+ * reference, opened with RTLD_NODELETE and never closed, keeps the code
+ * until the process ends. Only workers pin it: the master still unloads and
+ * reloads the module on a configuration reload.
+ */
+
+static void
+ngx_http_kvgate_pin_module(ngx_cycle_t *cycle)
+{
+    void     *handle;
+    Dl_info   info;
+
+    if (dladdr((void *) &ngx_http_kvgate_module, &info) == 0
+        || info.dli_fname == NULL)
+    {
+        return;
+    }
+
+    handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+
+    if (handle == NULL) {
+        /* built into nginx rather than loaded: nothing is ever unmapped */
+        ngx_log_debug2(NGX_LOG_DEBUG_CORE, cycle->log, 0,
+                       "kvgate: module not pinned (%s): %s",
+                       info.dli_fname, dlerror());
+        return;
+    }
+
+    ngx_log_debug1(NGX_LOG_DEBUG_CORE, cycle->log, 0,
+                   "kvgate: module pinned for the worker's life: %s",
+                   info.dli_fname);
 }
 
 

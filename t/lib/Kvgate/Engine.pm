@@ -35,10 +35,15 @@ sub shared_dir {
 
 sub asan { return ($ENV{KVGATE_ASAN} // '') eq '1' }
 
+# The build folder: $BUILD (default build), absolute.
+sub build_dir {
+    my $build = $ENV{BUILD} || 'build';
+    return File::Spec->file_name_is_absolute($build) ? $build : File::Spec->catdir(repo_root(), $build);
+}
+
 sub bin {
     my ($name) = @_;
-    my $build = $ENV{BUILD} || 'build';
-    $build = File::Spec->catdir(repo_root(), $build) unless File::Spec->file_name_is_absolute($build);
+    my $build = build_dir();
     my $asan = "$build/asan/bin/$name";
     return asan() && -x $asan ? $asan : "$build/bin/$name";
 }

@@ -4,6 +4,7 @@ package Kvgate::Gateway;
 # gateway tests:
 #
 #   my $g = Kvgate::Gateway->new(http => '...extra http{} lines...',
+#                                main => '...extra main-context lines...',
 #                                server => '...extra server{} lines...',
 #                                engine => [extra engine args]);
 #   my $r = $g->completion({prompt => 'Once upon a time', max_tokens => 8});
@@ -69,7 +70,7 @@ sub new {
     my $server = $o{server} // '';
     my $locations = $o{locations} // '';
     my $workers = $o{workers} // 2;
-    $t->write_config(workers => $workers, http => <<"EOF");
+    $t->write_config(workers => $workers, main => $o{main}, http => <<"EOF");
     $upstream
     kvgate_tenant \$http_x_tenant_id;
     log_format kvgate '\$status t=\$kvgate_tenant b=\$kvgate_bucket p=\$kvgate_prompt_tokens '

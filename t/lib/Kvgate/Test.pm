@@ -214,9 +214,11 @@ sub _nginx_env {
     my ($self) = @_;
     my %env = %ENV;
     delete $env{NGINX};
+    # KVGATE_NGINX_PRELOAD: a test's LD_PRELOAD shim (t/shim/), for nginx only
+    my @preload = grep { length } ($ENV{KVGATE_NGINX_PRELOAD} // '');
     if ($self->{asan}) {
         my $lib = libasan_path() or croak 'KVGATE_ASAN=1 but gcc -print-file-name=libasan.so finds nothing';
-        $env{LD_PRELOAD} = $lib;
+        unshift @preload, $lib;
         # nginx does not free its cycle pools at exit; leak reports would be noise. The
         # caller's options (make test sets detect_leaks=1 for the unit tests) come first,
         # so ours win: ASan takes the last value of a repeated option.
@@ -224,6 +226,7 @@ sub _nginx_env {
             'detect_leaks=0:abort_on_error=1';
         $env{UBSAN_OPTIONS} //= 'print_stacktrace=1:halt_on_error=1';
     }
+    $env{LD_PRELOAD} = join ':', @preload if @preload;
     return \%env;
 }
 
