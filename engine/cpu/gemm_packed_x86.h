@@ -31,10 +31,13 @@
  *   PK_ROWS(F)              F(0) F(1) ... F(PMR - 1)
  *   WP_BYTES, XB_BYTES      packed W block (stays in L2), X panels per m-block (and
  *                           their slots) kept near L1
- *   PK_ISA                  the suffix of the exported names (avx2, avx512) */
+ *   PK_ISA                  the suffix of the exported names (avx2, avx512)
+ *   PACKED_MIN_M            the fewest X rows that take this path: below it, the
+ *                           ISA's small-M kernel (W streamed through registers, X rows
+ *                           MR at a time over an L2-resident block of W) is faster,
+ *                           as packing W is paid once per W block whatever M is. */
 
 #define PNR (2 * PK_VL)
-#define PACKED_MIN_M 8
 #define TILE (PMR * PNR)
 
 #define PK_CAT2(a, b) a##b

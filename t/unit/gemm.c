@@ -121,7 +121,7 @@ static int n_isas;
 static kvg_gemm_isa_id isas[3];
 
 /* The workspace every product here runs with: pools of up to 3 threads, K up to 1000,
- * up to 140 rows (the largest shapes below), so M >= 8 takes the packed path. */
+ * up to 140 rows (the largest shapes below), so M >= 40 (AVX-512; AVX2: 16) takes the packed path. */
 static kvg_gemm_ws *tws;
 
 /* TAP's "Bail out!": nothing after this could mean anything. */
@@ -441,7 +441,7 @@ static void test_m_sweep(kvg_threadpool *tp)
         for (int m = 0; m < 70; m++)
             for (int n = 0; n < N; n++)
                 want[m * N + n] = canon_dot(x + (size_t)m * K, w.val + (size_t)n * K, K) + bias[n];
-        /* With the workspace (packed from M = 8 on) and without one, or with one too
+        /* With the workspace (packed from M = 40 on, AVX2 16) and without one, or with one too
          * small (the unpacked path then: the same bits). */
         for (int ii = 0; ii < n_isas; ii++)
             for (int M = 1; M <= 70 && good; M++)

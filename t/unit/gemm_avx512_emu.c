@@ -178,10 +178,10 @@ int main(void)
 {
 #if HAVE_EMULATION
     static const int shapes[][3] = {
-        /* M, N, K: decode path (M < 8), packed path, tails in N and K, K < 16 */
+        /* M, N, K: small-M path (M < 40), packed path, tails in N and K, K < 16 */
         { 1, 1, 1 },    { 1, 37, 5 },  { 1, 100, 64 }, { 2, 9, 33 },   { 3, 45, 100 },
         { 4, 17, 16 },  { 7, 70, 31 }, { 8, 32, 16 },  { 12, 32, 48 }, { 13, 65, 77 },
-        { 24, 96, 288 }, { 37, 50, 130 }, { 64, 33, 15 }, { 70, 64, 200 },
+        { 24, 96, 288 }, { 37, 50, 130 }, { 48, 40, 100 }, { 64, 33, 15 }, { 70, 64, 200 },
     };
     if (!kvg_gemm_isa_supported(KVG_ISA_AVX2)) {
         ok(1, "AVX-512 kernel under emulation # SKIP this CPU lacks AVX2/FMA/F16C");
