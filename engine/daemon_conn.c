@@ -330,6 +330,7 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
     }
     q.ttl_ms = v.h.cache_ttl_ms == KVG_TTL_PINNED ? KVG_PC_TTL_PINNED : (int64_t)v.h.cache_ttl_ms;
     q.priority = v.h.priority;
+    q.logprobs = (v.h.flags & KVG_SUBMIT_LOGPROBS) != 0;
 
     dreq *r = kvgd_req_new(c, id);
     if (!r) {

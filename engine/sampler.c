@@ -45,6 +45,7 @@ void kvg_sampler_free(kvg_sampler *s)
     if (!s)
         return;
     free(s->ids);
+    free(s->e);
     memset(s, 0, sizeof *s);
 }
 
@@ -155,6 +156,10 @@ static int ensure_cap(kvg_sampler *s, int vocab)
     if (!ids)
         return -1;
     s->ids = ids;
+    double *e = realloc(s->e, (size_t)vocab * sizeof *e);
+    if (!e)
+        return -1;
+    s->e = e;
     s->cap = vocab;
     return 0;
 }
@@ -179,9 +184,19 @@ int32_t kvg_sample(kvg_sampler *s, const kvg_sampler_params *p, const float *log
             *logprob = -INFINITY;
         return 0;
     }
-    /* Softmax mass of logits/T over the whole vocabulary, ids ascending. */
-    for (int i = 0; i < vocab; i++)
-        total += exp((double)val_of(logits[i]) / t - maxv);
+    /* Softmax mass of logits/T over the whole vocabulary, ids ascending. Sampling
+     * keeps each weight for its later passes. */
+    if (greedy) {
+        for (int i = 0; i < vocab; i++)
+            total += exp((double)val_of(logits[i]) / t - maxv);
+    } else {
+        if (ensure_cap(s, vocab) != 0)
+            return -1;
+        for (int i = 0; i < vocab; i++) {
+            s->e[i] = exp((double)val_of(logits[i]) / t - maxv);
+            total += s->e[i];
+        }
+    }
 
     if (greedy) {
         choice = kvg_argmax(logits, vocab);
@@ -192,7 +207,7 @@ int32_t kvg_sample(kvg_sampler *s, const kvg_sampler_params *p, const float *log
         if (k == vocab && !use_p) {
             double target = u * total, cum = 0.0;
             for (int i = 0; i < vocab; i++) {
-                double e = exp((double)val_of(logits[i]) / t - maxv);
+                double e = s->e[i];
                 if (e <= 0.0)
                     continue;
                 cum += e;
@@ -203,8 +218,6 @@ int32_t kvg_sample(kvg_sampler *s, const kvg_sampler_params *p, const float *log
         } else {
             int n;
             double mass = 0.0, target, cum = 0.0;
-            if (ensure_cap(s, vocab) != 0)
-                return -1;
             if (k < vocab) {
                 n = top_k_ids(logits, vocab, k, s->ids);
             } else {
@@ -215,7 +228,7 @@ int32_t kvg_sample(kvg_sampler *s, const kvg_sampler_params *p, const float *log
                 double cut = vocab > 1 ? (1.0 - (double)p->top_p) / (double)(vocab - 1) * total : 0.0;
                 n = 0;
                 for (int32_t i = 0; i < vocab; i++) {
-                    double e = exp((double)val_of(logits[i]) / t - maxv);
+                    double e = s->e[i];
                     if (e >= cut || e >= 1.0)
                         s->ids[n++] = i;
                 }
@@ -223,7 +236,7 @@ int32_t kvg_sample(kvg_sampler *s, const kvg_sampler_params *p, const float *log
             }
             /* Probabilities renormalised over the candidates, best first. */
             for (int i = 0; i < n; i++)
-                mass += exp((double)val_of(logits[s->ids[i]]) / t - maxv);
+                mass += s->e[s->ids[i]];
             if (use_p) {
                 /* The smallest prefix whose mass reaches top_p of the distribution being
                  * truncated (the top-k one, else the whole vocabulary); acc then sums
@@ -231,7 +244,7 @@ int32_t kvg_sample(kvg_sampler *s, const kvg_sampler_params *p, const float *log
                 double need = (double)p->top_p * (k < vocab ? mass : total), acc = 0.0;
                 int keep = n;
                 for (int i = 0; i < n; i++) {
-                    acc += exp((double)val_of(logits[s->ids[i]]) / t - maxv);
+                    acc += s->e[s->ids[i]];
                     if (acc >= need) {
                         keep = i + 1;
                         break;
@@ -242,7 +255,7 @@ int32_t kvg_sample(kvg_sampler *s, const kvg_sampler_params *p, const float *log
             }
             target = u * mass;
             for (int i = 0; i < n; i++) {
-                double e = exp((double)val_of(logits[s->ids[i]]) / t - maxv);
+                double e = s->e[s->ids[i]];
                 if (e <= 0.0 && choice >= 0)
                     continue;
                 cum += e;

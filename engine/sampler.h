@@ -29,11 +29,14 @@ typedef struct kvg_sampler_params {
     uint64_t seed;
 } kvg_sampler_params;
 
-/* Scratch for one sampler (one thread at a time): a candidate array sized to the
- * vocabulary, allocated on first use. Zero-initialise; release with _free. */
+/* Scratch for one sampler (one thread at a time), sized to the vocabulary and
+ * allocated on first use: a candidate array, and each token's exp(logit/T - max) from
+ * the pass that sums them, which the later passes reuse instead of calling exp()
+ * again (the same values, so the same choices). Zero-initialise; release with _free. */
 typedef struct kvg_sampler {
     int cap;
     int32_t *ids;
+    double *e;
 } kvg_sampler;
 
 void kvg_sampler_free(kvg_sampler *s);

@@ -3,6 +3,7 @@
 #include "monoclock.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -687,9 +688,11 @@ static void take_token(kvg_sched *s, req *q, int j, const float *logits)
     sample *p = &q->smp[j];
     int V = s->m->cfg.vocab_size;
     int32_t pos = q->r.n_prompt + p->n_gen;
-    float lp = 0.0f;
+    float lp = NAN;
+    /* Without logprobs, greedy decoding is an argmax: no pass of exp() over the
+     * vocabulary (a third of a 15M model's decode step). */
     int32_t tok = kvg_sample(&s->smp, &q->r.sp, logits, V, q->r.sample_base + (uint64_t)j,
-                             (uint64_t)pos, &lp);
+                             (uint64_t)pos, q->r.logprobs ? &lp : NULL);
     kvg_sched_event ev;
     long w = 0;
 

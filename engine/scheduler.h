@@ -95,6 +95,9 @@ typedef struct kvg_sched_req {
     int n_stop;
     int64_t ttl_ms;              /* 0: config default; KVG_PC_TTL_PINNED: pinned */
     int priority;                /* higher is admitted first */
+    int logprobs;                /* report each token's log-probability (TOKEN events'
+                                    logprob; NaN without): a softmax over the whole
+                                    vocabulary per token, so only when asked */
 } kvg_sched_req;
 
 typedef enum kvg_sched_event_kind {
@@ -118,7 +121,7 @@ typedef struct kvg_sched_event {
     void *user;
     int sample;                  /* TOKEN, FINISHED: 0..n-1 */
     int32_t token;               /* TOKEN */
-    float logprob;               /* TOKEN */
+    float logprob;               /* TOKEN: with kvg_sched_req.logprobs, else NaN */
     const char *text;            /* TOKEN, FINISHED: bytes now visible (may be 0 long) */
     size_t text_len;
     kvg_finish_reason reason;    /* FINISHED */

@@ -440,10 +440,10 @@ static int run(gen *g, char *err, size_t err_len)
         dt.at_start = 0;        /* a continuation: keep its leading space */
     }
     while (n_gen < max_gen) {
-        float lp;
+        float lp = 0.0f;
         int32_t pos = g->seq.n_tokens;
         int32_t tok = kvg_sample(&g->smp, &o->sp, g->logits, g->m->cfg.vocab_size, 0,
-                                 (uint64_t)pos, &lp);
+                                 (uint64_t)pos, o->logprobs ? &lp : NULL);
         if (tok < 0) {
             snprintf(err, err_len, "sampling failed (out of memory)");
             return -1;

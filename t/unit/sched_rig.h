@@ -112,6 +112,7 @@ static inline void sched_rig_req(const sched_rig *r, kvg_sched_req *q, uint64_t 
     q->tenant = r->tenant;
     q->bucket = 1;
     q->n = 1;
+    q->logprobs = 1;             /* the tests compare them with the reference's */
 }
 
 /* The next of a seeded stream of ids in [3, vocab): above the special tokens. */
