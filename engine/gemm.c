@@ -404,13 +404,13 @@ int kvg_gemm_multi_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws
 
     if (n < 0 || n > KVG_GEMM_MULTI_MAX || (n > 0 && (!w || !y)))
         return -1;
+    /* One dtype for all: one kernel, one plan for X. (Quantized W too: the small-M
+     * kernels are per product like the F32 ones, and a packed plan packs X alike.) */
     for (int i = 0; i < n; i++)
-        if (!w[i] || w[i]->dtype != w[0]->dtype || (w[i]->dtype != KVG_DT_F32 &&
-                                                     w[i]->dtype != KVG_DT_F16 &&
-                                                     w[i]->dtype != KVG_DT_BF16))
+        if (!w[i] || w[i]->dtype != w[0]->dtype)
             same = 0;
     if (!same) {
-        /* Other weight types have their own paths: one product at a time. */
+        /* Mixed weight types: one product at a time. */
         for (int i = 0; i < n; i++)
             if (kvg_gemm_with_isa(isa, tp, ws, x, M, K, w[i], bias ? bias[i] : NULL, y[i]) != 0)
                 return -1;

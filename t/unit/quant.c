@@ -245,6 +245,7 @@ static void test_gemm(void)
         float *wf = malloc((size_t)N * K * sizeof *wf), *x = malloc((size_t)64 * K * sizeof *x);
         float *bias = malloc((size_t)N * sizeof *bias);
         float *y0 = malloc((size_t)64 * N * sizeof *y0), *y1 = malloc((size_t)64 * N * sizeof *y1);
+        float *y2 = malloc((size_t)64 * N * sizeof *y2);
         uint8_t *wq = malloc((size_t)N * rb);
         for (int i = 0; i < N * K; i++)
             wf[i] = gauss();
@@ -282,14 +283,24 @@ static void test_gemm(void)
                     /* Unpacked too (no workspace: small-M kernels at every M). */
                     rc |= kvg_gemm_with_isa((kvg_gemm_isa_id)isa, tp, NULL, x, M, K, &tq, b, y1);
                     same &= memcmp(y0, y1, (size_t)M * N * sizeof(float)) == 0;
-                    calls += 2;
+                    /* Two products of one X in one job (q/k/v, gate/up): each the same. */
+                    {
+                        const kvg_tensor *two[2] = { &tq, &tq };
+                        const float *bs[2] = { b, NULL };
+                        float *ys[2] = { y1, y2 };
+                        rc |= kvg_gemm_multi_with_isa((kvg_gemm_isa_id)isa, tp, ws, x, M, K, 2, two, bs, ys);
+                        same &= memcmp(y0, y1, (size_t)M * N * sizeof(float)) == 0;
+                        rc |= kvg_gemm_with_isa(KVG_ISA_GENERIC, NULL, NULL, x, M, K, &tf, NULL, y0);
+                        same &= memcmp(y0, y2, (size_t)M * N * sizeof(float)) == 0;
+                    }
+                    calls += 4;
                 }
             }
             kvg_gemm_ws_free(ws);
             kvg_threadpool_free(tp);
         }
         ok(!rc && same, "%s: kvg_gemm on quantized W == F32 GEMM on the dequantized W, bit for bit "
-           "(%d products: M 1..64, threads 1-3, every ISA, packed and not)", kvg_quant_name((kvg_qtype)t), calls);
+           "(%d products: M 1..64, threads 1-3, every ISA, packed and not, alone and two in one job)", kvg_quant_name((kvg_qtype)t), calls);
         kvg_tensor bad = { wq, dt, N, K - 16 };
         ok(kvg_gemm(NULL, NULL, x, 1, K - 16, &bad, NULL, y1) == -1, "%s: K not a multiple of the block: -1",
            kvg_quant_name((kvg_qtype)t));
@@ -298,6 +309,7 @@ static void test_gemm(void)
         free(bias);
         free(y0);
         free(y1);
+        free(y2);
         free(wq);
     }
 }
