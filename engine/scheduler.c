@@ -690,7 +690,7 @@ static void take_token(kvg_sched *s, req *q, int j, const float *logits)
     int32_t pos = q->r.n_prompt + p->n_gen;
     float lp = NAN;
     /* Without logprobs, greedy decoding is an argmax: no pass of exp() over the
-     * vocabulary (a third of a 15M model's decode step). */
+     * vocabulary (about a tenth of a 15M model's decode step). */
     int32_t tok = kvg_sample(&s->smp, &q->r.sp, logits, V, q->r.sample_base + (uint64_t)j,
                              (uint64_t)pos, q->r.logprobs ? &lp : NULL);
     kvg_sched_event ev;
