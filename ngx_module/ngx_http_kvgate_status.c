@@ -294,12 +294,216 @@ ngx_http_kvgate_engine_lines(ngx_http_request_t *r,
 }
 
 
+/*
+ * The engines' own statistics (their pool, cache, queue and tokens), one
+ * sample per engine whose statistics page this worker can read, labelled
+ * engine="NAME" like the other per-engine series. A family's HELP and TYPE
+ * come once, before its samples (the text format wants them together).
+ */
+
+typedef enum {
+    NGX_HTTP_KVGATE_ST_I32,
+    NGX_HTTP_KVGATE_ST_U64
+} ngx_http_kvgate_stat_kind_e;
+
+typedef struct {
+    const char                  *name;
+    const char                  *help;    /* NULL: the family of the row above */
+    const char                  *type;
+    const char                  *label;   /* a second label, or NULL */
+    size_t                       offset;  /* in kvg_stats */
+    ngx_http_kvgate_stat_kind_e  kind;
+} ngx_http_kvgate_engine_stat_t;
+
+#define ngx_http_kvgate_st(field)  offsetof(kvg_stats, field)
+
+static const ngx_http_kvgate_engine_stat_t  ngx_http_kvgate_engine_stats[] = {
+    { "kvgate_engine_samples_started_total",
+      "Samples that began decoding in the engine.", "counter", NULL,
+      ngx_http_kvgate_st(samples_started), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_engine_samples_cancelled_total",
+      "Samples cancelled while running (a self-consistency vote was decided).",
+      "counter", NULL,
+      ngx_http_kvgate_st(samples_cancelled), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_engine_samples_dropped_total",
+      "Samples dropped before they started (never drawn).", "counter", NULL,
+      ngx_http_kvgate_st(samples_dropped), NGX_HTTP_KVGATE_ST_U64 },
+
+    { "kvgate_kv_blocks", "KV pool blocks by state.", "gauge",
+      "state=\"free\"", ngx_http_kvgate_st(blocks_free),
+      NGX_HTTP_KVGATE_ST_I32 },
+    { "kvgate_kv_blocks", NULL, NULL, "state=\"cached\"",
+      ngx_http_kvgate_st(blocks_cached), NGX_HTTP_KVGATE_ST_I32 },
+    { "kvgate_kv_blocks", NULL, NULL, "state=\"used\"",
+      ngx_http_kvgate_st(blocks_used), NGX_HTTP_KVGATE_ST_I32 },
+    { "kvgate_kv_blocks", NULL, NULL, "state=\"pinned\"",
+      ngx_http_kvgate_st(blocks_pinned), NGX_HTTP_KVGATE_ST_I32 },
+    { "kvgate_kv_pool_blocks", "KV pool size in blocks.", "gauge", NULL,
+      ngx_http_kvgate_st(blocks_total), NGX_HTTP_KVGATE_ST_I32 },
+
+    { "kvgate_prefix_cache_query_tokens_total",
+      "Prompt tokens looked up in the prefix cache.", "counter", NULL,
+      ngx_http_kvgate_st(query_tokens), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_prefix_cache_hit_tokens_total",
+      "Of those, tokens served from the cache.", "counter", NULL,
+      ngx_http_kvgate_st(hit_tokens), NGX_HTTP_KVGATE_ST_U64 },
+
+    { "kvgate_kv_evictions_total", "Cached blocks evicted, by cause.",
+      "counter", "cause=\"lru\"", ngx_http_kvgate_st(evictions_lru),
+      NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_evictions_total", NULL, NULL, "cause=\"ttl\"",
+      ngx_http_kvgate_st(evictions_ttl), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_evictions_total", NULL, NULL, "cause=\"quota\"",
+      ngx_http_kvgate_st(evictions_quota), NGX_HTTP_KVGATE_ST_U64 },
+
+    { "kvgate_engine_requests", "Requests in the engine now.", "gauge",
+      "state=\"waiting\"", ngx_http_kvgate_st(waiting),
+      NGX_HTTP_KVGATE_ST_I32 },
+    { "kvgate_engine_requests", NULL, NULL, "state=\"running\"",
+      ngx_http_kvgate_st(running), NGX_HTTP_KVGATE_ST_I32 },
+    { "kvgate_engine_requests", NULL, NULL, "state=\"held\"",
+      ngx_http_kvgate_st(held), NGX_HTTP_KVGATE_ST_I32 },
+    { "kvgate_engine_steps_total", "Forward steps run.", "counter", NULL,
+      ngx_http_kvgate_st(steps), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_engine_preemptions_total",
+      "Requests preempted when the pool ran out.", "counter", NULL,
+      ngx_http_kvgate_st(preemptions), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_engine_tokens_total", "Tokens computed, by phase.", "counter",
+      "phase=\"prefill\"", ngx_http_kvgate_st(prefill_tokens),
+      NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_engine_tokens_total", NULL, NULL, "phase=\"decode\"",
+      ngx_http_kvgate_st(decode_tokens), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_engine_clients", "Processes connected to the engine.", "gauge",
+      NULL, ngx_http_kvgate_st(clients), NGX_HTTP_KVGATE_ST_I32 },
+    { "kvgate_engine_paused_requests",
+      "Requests paused by their gateway now (their client is not reading; "
+      "counted in state=\"held\" too).", "gauge", NULL,
+      ngx_http_kvgate_st(paused), NGX_HTTP_KVGATE_ST_I32 },
+
+    { "kvgate_tenant_cached_blocks_other",
+      "Cached KV blocks of the tenants not listed.", "gauge", NULL,
+      ngx_http_kvgate_st(other_cached_blocks), NGX_HTTP_KVGATE_ST_I32 },
+    { "kvgate_tenants_other", "Tenants with cached blocks not listed.",
+      "gauge", NULL, ngx_http_kvgate_st(other_tenants),
+      NGX_HTTP_KVGATE_ST_I32 },
+    { "kvgate_engine_tenants",
+      "Tenants the engine holds state for (queued or running requests, or "
+      "cached blocks).", "gauge", NULL, ngx_http_kvgate_st(live_tenants),
+      NGX_HTTP_KVGATE_ST_I32 },
+};
+
+
+static void
+ngx_http_kvgate_engine_stats_lines(ngx_http_request_t *r,
+    ngx_http_kvgate_text_t *t)
+{
+    ngx_uint_t                            i, k, j, n;
+    kvg_stats                            *st;
+    ngx_uint_t                           *have;
+    const u_char                         *p;
+    ngx_http_kvgate_engine_t            **all;
+    ngx_http_kvgate_main_conf_t          *kmcf;
+    const ngx_http_kvgate_engine_stat_t  *m;
+
+    kmcf = ngx_http_get_module_main_conf(r, ngx_http_kvgate_module);
+    all = kmcf->engines.elts;
+    n = kmcf->engines.nelts;
+
+    if (n == 0) {
+        return;
+    }
+
+    st = ngx_palloc(r->pool, n * sizeof(kvg_stats));
+    have = ngx_pcalloc(r->pool, n * sizeof(ngx_uint_t));
+    if (st == NULL || have == NULL) {
+        return;
+    }
+
+    for (i = 0; i < n; i++) {
+        have[i] = ngx_http_kvgate_engine_info(all[i]) != NULL
+                  && kvg_client_stats(ngx_http_kvgate_engine_client(all[i]),
+                                      &st[i]) == 0;
+    }
+
+    for (k = 0; k < sizeof(ngx_http_kvgate_engine_stats)
+                    / sizeof(ngx_http_kvgate_engine_stats[0]); k++)
+    {
+        m = &ngx_http_kvgate_engine_stats[k];
+
+        if (m->help) {
+            ngx_http_kvgate_printf(t, "# HELP %s %s\n# TYPE %s %s\n",
+                                   m->name, m->help, m->name, m->type);
+        }
+
+        for (i = 0; i < n; i++) {
+            if (!have[i]) {
+                continue;
+            }
+
+            p = (const u_char *) &st[i] + m->offset;
+
+            ngx_http_kvgate_printf(t, "%s{engine=\"%V\"%s%s} ", m->name,
+                                   &all[i]->name, m->label ? "," : "",
+                                   m->label ? m->label : "");
+
+            if (m->kind == NGX_HTTP_KVGATE_ST_I32) {
+                ngx_http_kvgate_printf(t, "%D\n", *(const int32_t *) p);
+
+            } else {
+                ngx_http_kvgate_printf(t, "%uL\n", *(const uint64_t *) p);
+            }
+        }
+
+        /* the hit rate, a ratio of the two counters, after them */
+
+        if (m->offset == ngx_http_kvgate_st(hit_tokens)) {
+            ngx_http_kvgate_printf(t,
+                "# HELP kvgate_prefix_cache_hit_rate Hit tokens / query "
+                "tokens since the engine started.\n"
+                "# TYPE kvgate_prefix_cache_hit_rate gauge\n");
+
+            for (i = 0; i < n; i++) {
+                if (have[i]) {
+                    ngx_http_kvgate_printf(t,
+                        "kvgate_prefix_cache_hit_rate{engine=\"%V\"} %.4f\n",
+                        &all[i]->name, st[i].query_tokens
+                        ? (double) st[i].hit_tokens / st[i].query_tokens
+                        : 0.0);
+                }
+            }
+        }
+
+        /* the top tenants by cached blocks, before the rest of them */
+
+        if (m->offset == ngx_http_kvgate_st(paused)) {
+            ngx_http_kvgate_printf(t,
+                "# HELP kvgate_tenant_cached_blocks Cached KV blocks of the "
+                "%d tenants holding the most (others summed below).\n"
+                "# TYPE kvgate_tenant_cached_blocks gauge\n",
+                KVG_STATS_TENANTS);
+
+            for (i = 0; i < n; i++) {
+                for (j = 0; have[i] && j < (ngx_uint_t) st[i].n_tenants
+                            && j < KVG_STATS_TENANTS; j++)
+                {
+                    st[i].tenant[j].name[KVG_PROTO_MAX_SALT] = '\0';
+                    ngx_http_kvgate_printf(t,
+                        "kvgate_tenant_cached_blocks{engine=\"%V\","
+                        "tenant=\"%s\"} %D\n", &all[i]->name,
+                        ngx_http_kvgate_label(r->pool, st[i].tenant[j].name),
+                        st[i].tenant[j].cached_blocks);
+                }
+            }
+        }
+    }
+}
+
+
 ngx_int_t
 ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
 {
     ngx_int_t                    rc;
     ngx_uint_t                   e, b, s, i, any;
-    kvg_stats                    st;
     const char                  *blabel;
     ngx_http_kvgate_text_t       t;
     ngx_http_kvgate_shctx_t     *sh = ngx_http_kvgate_metrics_zone();
@@ -405,7 +609,8 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
 
     ngx_http_kvgate_printf(&t,
         "# HELP kvgate_engine_up Whether the worker serving this scrape is "
-        "connected to the engine.\n# TYPE kvgate_engine_up gauge\n"
+        "connected to the (first) engine; kvgate_engine_connected has each.\n"
+        "# TYPE kvgate_engine_up gauge\n"
         "kvgate_engine_up %ui\n"
         "# HELP kvgate_engine_workers_connected Workers connected to the "
         "engine.\n# TYPE kvgate_engine_workers_connected gauge\n"
@@ -456,119 +661,7 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
         sh->sc_requests, sh->sc_samples_asked, sh->sc_samples_run,
         sh->sc_early_stops);
 
-    if (info && kvg_client_stats(ngx_http_kvgate_engine_client(e0), &st) == 0) {
-        ngx_http_kvgate_printf(&t,
-            "# HELP kvgate_engine_samples_started_total Samples that began "
-            "decoding in the engine.\n"
-            "# TYPE kvgate_engine_samples_started_total counter\n"
-            "kvgate_engine_samples_started_total %uL\n"
-            "# HELP kvgate_engine_samples_cancelled_total Samples cancelled "
-            "while running (a self-consistency vote was decided).\n"
-            "# TYPE kvgate_engine_samples_cancelled_total counter\n"
-            "kvgate_engine_samples_cancelled_total %uL\n"
-            "# HELP kvgate_engine_samples_dropped_total Samples dropped before "
-            "they started (never drawn).\n"
-            "# TYPE kvgate_engine_samples_dropped_total counter\n"
-            "kvgate_engine_samples_dropped_total %uL\n",
-            st.samples_started, st.samples_cancelled, st.samples_dropped);
-
-        ngx_http_kvgate_printf(&t,
-            "# HELP kvgate_kv_blocks KV pool blocks by state.\n"
-            "# TYPE kvgate_kv_blocks gauge\n"
-            "kvgate_kv_blocks{state=\"free\"} %D\n"
-            "kvgate_kv_blocks{state=\"cached\"} %D\n"
-            "kvgate_kv_blocks{state=\"used\"} %D\n"
-            "kvgate_kv_blocks{state=\"pinned\"} %D\n"
-            "# HELP kvgate_kv_pool_blocks KV pool size in blocks.\n"
-            "# TYPE kvgate_kv_pool_blocks gauge\n"
-            "kvgate_kv_pool_blocks %D\n",
-            st.blocks_free, st.blocks_cached, st.blocks_used, st.blocks_pinned,
-            st.blocks_total);
-
-        ngx_http_kvgate_printf(&t,
-            "# HELP kvgate_prefix_cache_query_tokens_total Prompt tokens "
-            "looked up in the prefix cache.\n"
-            "# TYPE kvgate_prefix_cache_query_tokens_total counter\n"
-            "kvgate_prefix_cache_query_tokens_total %uL\n"
-            "# HELP kvgate_prefix_cache_hit_tokens_total Of those, tokens "
-            "served from the cache.\n"
-            "# TYPE kvgate_prefix_cache_hit_tokens_total counter\n"
-            "kvgate_prefix_cache_hit_tokens_total %uL\n"
-            "# HELP kvgate_prefix_cache_hit_rate Hit tokens / query tokens "
-            "since the engine started.\n"
-            "# TYPE kvgate_prefix_cache_hit_rate gauge\n"
-            "kvgate_prefix_cache_hit_rate %.4f\n",
-            st.query_tokens, st.hit_tokens,
-            st.query_tokens ? (double) st.hit_tokens / st.query_tokens : 0.0);
-
-        ngx_http_kvgate_printf(&t,
-            "# HELP kvgate_kv_evictions_total Cached blocks evicted, by "
-            "cause.\n# TYPE kvgate_kv_evictions_total counter\n"
-            "kvgate_kv_evictions_total{cause=\"lru\"} %uL\n"
-            "kvgate_kv_evictions_total{cause=\"ttl\"} %uL\n"
-            "kvgate_kv_evictions_total{cause=\"quota\"} %uL\n",
-            st.evictions_lru, st.evictions_ttl, st.evictions_quota);
-
-        ngx_http_kvgate_printf(&t,
-            "# HELP kvgate_engine_requests Requests in the engine now.\n"
-            "# TYPE kvgate_engine_requests gauge\n"
-            "kvgate_engine_requests{state=\"waiting\"} %D\n"
-            "kvgate_engine_requests{state=\"running\"} %D\n"
-            "kvgate_engine_requests{state=\"held\"} %D\n"
-            "# HELP kvgate_engine_steps_total Forward steps run.\n"
-            "# TYPE kvgate_engine_steps_total counter\n"
-            "kvgate_engine_steps_total %uL\n"
-            "# HELP kvgate_engine_preemptions_total Requests preempted when "
-            "the pool ran out.\n"
-            "# TYPE kvgate_engine_preemptions_total counter\n"
-            "kvgate_engine_preemptions_total %uL\n"
-            "# HELP kvgate_engine_tokens_total Tokens computed, by phase.\n"
-            "# TYPE kvgate_engine_tokens_total counter\n"
-            "kvgate_engine_tokens_total{phase=\"prefill\"} %uL\n"
-            "kvgate_engine_tokens_total{phase=\"decode\"} %uL\n"
-            "# HELP kvgate_engine_clients Processes connected to the engine.\n"
-            "# TYPE kvgate_engine_clients gauge\n"
-            "kvgate_engine_clients %D\n",
-            st.waiting, st.running, st.held, st.steps, st.preemptions,
-            st.prefill_tokens, st.decode_tokens, st.clients);
-
-        ngx_http_kvgate_printf(&t,
-            "# HELP kvgate_engine_paused_requests Requests paused by their "
-            "gateway now (their client is not reading; counted in "
-            "state=\"held\" too).\n"
-            "# TYPE kvgate_engine_paused_requests gauge\n"
-            "kvgate_engine_paused_requests %D\n",
-            st.paused);
-
-        ngx_http_kvgate_printf(&t,
-            "# HELP kvgate_tenant_cached_blocks Cached KV blocks of the %d "
-            "tenants holding the most (others summed below).\n"
-            "# TYPE kvgate_tenant_cached_blocks gauge\n", KVG_STATS_TENANTS);
-
-        for (i = 0; i < (ngx_uint_t) st.n_tenants && i < KVG_STATS_TENANTS;
-             i++)
-        {
-            st.tenant[i].name[KVG_PROTO_MAX_SALT] = '\0';
-            ngx_http_kvgate_printf(&t,
-                "kvgate_tenant_cached_blocks{tenant=\"%s\"} %D\n",
-                ngx_http_kvgate_label(r->pool, st.tenant[i].name),
-                st.tenant[i].cached_blocks);
-        }
-
-        ngx_http_kvgate_printf(&t,
-            "# HELP kvgate_tenant_cached_blocks_other Cached KV blocks of the "
-            "tenants not listed.\n"
-            "# TYPE kvgate_tenant_cached_blocks_other gauge\n"
-            "kvgate_tenant_cached_blocks_other %D\n"
-            "# HELP kvgate_tenants_other Tenants with cached blocks not "
-            "listed.\n# TYPE kvgate_tenants_other gauge\n"
-            "kvgate_tenants_other %D\n"
-            "# HELP kvgate_engine_tenants Tenants the engine holds state for "
-            "(queued or running requests, or cached blocks).\n"
-            "# TYPE kvgate_engine_tenants gauge\n"
-            "kvgate_engine_tenants %D\n",
-            st.other_cached_blocks, st.other_tenants, st.live_tenants);
-    }
+    ngx_http_kvgate_engine_stats_lines(r, &t);
 
     return ngx_http_kvgate_send_text(r, &t,
                                      "text/plain; version=0.0.4; charset=utf-8");

@@ -172,7 +172,8 @@ my $m = $g->wait_metrics(sub { $g->metric($_[0], 'kvgate_backpressure_total{even
 ok($g->metric($m, 'kvgate_backpressure_total{event="pause"}') >= $N
        && $g->metric($m, 'kvgate_backpressure_total{event="resume"}') >= $N,
    '  the gateway counts the pauses and resumes (kvgate_backpressure_total)');
-like($m, qr/^kvgate_engine_paused_requests 0$/m, '  and shows the engine\'s paused gauge (0 now)');
+like($m, qr/^kvgate_engine_paused_requests\{engine="\Q@{[ $g->engine_label ]}\E"\} 0$/m,
+     '  and shows the engine\'s paused gauge (0 now)');
 
 # ---- 64 streams read for half their length, then not ------------------------------
 # What a client has taken is not kept in the worker (a stream's buffers are recycled once

@@ -138,24 +138,26 @@ is($sneaky->{json}{usage}{prompt_tokens_details}{cached_tokens}, 0,
 
 {
     my $series = sub { my ($m, $name) = @_; $g->metric($m, $name) };
+    my $engine = sub { my ($m, $name, $labels) = @_; $g->engine_metric($m, $name, $labels) };
+    my $elabel = quotemeta $g->engine_label;
     my @want = (
         [ "kvgate_prefix_cache_hit_tokens_total >= $cached",
-          sub { $series->($_[0], 'kvgate_prefix_cache_hit_tokens_total') >= $cached } ],
+          sub { $engine->($_[0], 'kvgate_prefix_cache_hit_tokens_total') >= $cached } ],
         [ '  query tokens above hit tokens',
-          sub { $series->($_[0], 'kvgate_prefix_cache_query_tokens_total')
-                    > $series->($_[0], 'kvgate_prefix_cache_hit_tokens_total') } ],
+          sub { $engine->($_[0], 'kvgate_prefix_cache_query_tokens_total')
+                    > $engine->($_[0], 'kvgate_prefix_cache_hit_tokens_total') } ],
         [ '  kvgate_requests_total by endpoint, bucket and status',
           sub { $series->($_[0], 'kvgate_requests_total{endpoint="completions",bucket="128",status="200"}') >= 4 } ],
         [ '  the bypass bucket',
           sub { $series->($_[0], 'kvgate_requests_total{endpoint="completions",bucket="bypass",status="200"}') >= 2 } ],
         [ '  cached tokens per bucket', sub { $series->($_[0], 'kvgate_cached_tokens_total{bucket="128"}') >= $cached } ],
         [ '  cache lookups by result', sub { $series->($_[0], 'kvgate_cache_lookups_total{result="hit"}') >= 2 } ],
-        [ '  cached KV blocks', sub { $series->($_[0], 'kvgate_kv_blocks{state="cached"}') > 0 } ],
-        [ '  per-tenant cached blocks', sub { $series->($_[0], 'kvgate_tenant_cached_blocks{tenant="acme"}') > 0 } ],
+        [ '  cached KV blocks (engine="..." labelled)', sub { $engine->($_[0], 'kvgate_kv_blocks', 'state="cached"') > 0 } ],
+        [ '  per-tenant cached blocks', sub { $engine->($_[0], 'kvgate_tenant_cached_blocks', 'tenant="acme"') > 0 } ],
         [ '  the TTFT histogram', sub { $series->($_[0], 'kvgate_time_to_first_token_seconds_count') >= 8 } ],
         [ '  the latency histogram', sub { $_[0] =~ /^kvgate_request_duration_seconds_bucket\{le="\+Inf"\} \d+$/m } ],
         [ '  kvgate_engine_up 1', sub { $series->($_[0], 'kvgate_engine_up') == 1 } ],
-        [ '  TTL evictions counted', sub { $_[0] =~ /^kvgate_kv_evictions_total\{cause="ttl"\} [1-9]/m } ],
+        [ '  TTL evictions counted', sub { $_[0] =~ /^kvgate_kv_evictions_total\{engine="$elabel",cause="ttl"\} [1-9]/m } ],
     );
     # The gateway counts a request in its log phase, after the response: wait until the
     # counters have caught up with the traffic above, then check each.

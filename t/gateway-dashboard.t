@@ -211,9 +211,10 @@ sub expected {
     for my $q ([0.5, 'ttft_p50_total'], [0.99, 'ttft_p99_total']) {
         $e{ $q->[1] } = quantile($q->[0], $m, 'kvgate_time_to_first_token_seconds');
     }
-    $e{"kv_$1"} = $2 while $m =~ /^kvgate_kv_blocks\{state="(\w+)"\} (\d+)$/mg;
-    $e{"evict_$1"} = $2 while $m =~ /^kvgate_kv_evictions_total\{cause="(\w+)"\} (\d+)$/mg;
-    $e{"tenant:$1"} = $2 while $m =~ /^kvgate_tenant_cached_blocks\{tenant="([^"]+)"\} (\d+)$/mg;
+    # the engine's own series (one engine here)
+    $e{"kv_$1"} = $2 while $m =~ /^kvgate_kv_blocks\{engine="[^"]+",state="(\w+)"\} (\d+)$/mg;
+    $e{"evict_$1"} = $2 while $m =~ /^kvgate_kv_evictions_total\{engine="[^"]+",cause="(\w+)"\} (\d+)$/mg;
+    $e{"tenant:$1"} = $2 while $m =~ /^kvgate_tenant_cached_blocks\{engine="[^"]+",tenant="([^"]+)"\} (\d+)$/mg;
     $e{"engine:$1:up"} = $2 while $m =~ /^kvgate_engine_connected\{engine="([^"]+)"\} (\d+)$/mg;
     return \%e;
 }

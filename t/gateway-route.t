@@ -141,6 +141,14 @@ sub routed {
          'kvgate_route_requests_total counts by engine');
     like($m, qr/^kvgate_engine_connected\{engine="a"\} [01]$/m, 'kvgate_engine_connected by engine');
     like($m, qr/^kvgate_engine_load_tokens\{engine="a"\} \d+$/m, 'kvgate_engine_load_tokens by engine');
+    # every engine's own statistics, labelled by engine, each family described once
+    my @pools = grep { $g->engine_metric($m, 'kvgate_kv_pool_blocks', undef, $_) > 0 } qw(a b c s);
+    is_deeply(\@pools, [qw(a b c s)], 'kvgate_kv_pool_blocks{engine=...} for each of the four engines');
+    my @busy = grep { $g->engine_metric($m, 'kvgate_engine_tokens_total', 'phase="prefill"', $_) > 0 } qw(a b c);
+    ok(@busy >= 1, "  prefill tokens counted on the engines that served (@busy)");
+    my @help = $m =~ /^# HELP kvgate_kv_blocks /mg;
+    is(scalar @help, 1, '  one HELP line for a family of several engines');
+    unlike($m, qr/^kvgate_kv_blocks\{state=/m, '  no engine series without its engine label');
 }
 
 my ($clean, @bad) = $g->finish(qr/exited on signal 9/);

@@ -255,10 +255,10 @@ my ($plain_texts, $plain_answer);
     ok($g->metric($m, 'kvgate_sc_early_stops_total') >= 1, '  kvgate_sc_early_stops_total');
     ok($g->metric($m, 'kvgate_sc_samples_asked_total') > $g->metric($m, 'kvgate_sc_samples_run_total'),
        '  samples asked > samples run');
-    ok($g->metric($m, 'kvgate_engine_samples_dropped_total')
-       + $g->metric($m, 'kvgate_engine_samples_cancelled_total') >= 10 - $k->{samples},
+    ok($g->engine_metric($m, 'kvgate_engine_samples_dropped_total')
+       + $g->engine_metric($m, 'kvgate_engine_samples_cancelled_total') >= 10 - $k->{samples},
        '  kvgate_engine_samples_{dropped,cancelled}_total on the metrics page');
-    ok($g->metric($m, 'kvgate_engine_samples_started_total') >= 10, '  kvgate_engine_samples_started_total');
+    ok($g->engine_metric($m, 'kvgate_engine_samples_started_total') >= 10, '  kvgate_engine_samples_started_total');
     my $st = $g->status;
     ok($st->{gateway}{self_consistency}{early_stops} >= 1, '  and the status page\'s gateway.self_consistency');
 

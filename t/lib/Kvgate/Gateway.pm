@@ -12,6 +12,7 @@ package Kvgate::Gateway;
 #   my $st = $g->status;               # kvgate_status JSON
 #   my $line = $g->wait_log(qr/t=acme/);                   # the access log, when written
 #   my $m = $g->wait_metrics(sub { $g->metric($_[0], 'name') >= 1 }, 'name counted');
+#   $g->engine_metric($m, 'kvgate_kv_blocks', 'state="free"');   # the engine's own series
 #   my $s = $g->wait_status(sub { $_[0]{scheduler}{running} == 0 }, 'the engine idle');
 #   $g->stop;                          # QUIT nginx (one test: clean logs), TERM engine
 #   my @w = $g->worker_pids;  $g->rss_kb($pid);  $g->worker_connections($pid);
@@ -167,6 +168,21 @@ sub status {
 sub metrics {
     my ($self) = @_;
     return $self->{t}->get('/metrics')->{body};
+}
+
+# The engine="..." label value of an engine's series: its name, the socket path for the
+# default (unnamed) engine.
+sub engine_label {
+    my ($self, $name) = @_;
+    return $name if defined $name;
+    return $self->{o}{engines} ? $self->{o}{engines}[0]{name} : $self->{t}->prefix . '/engine.sock';
+}
+
+# One engine's series: metric() of 'name{engine="E",labels}' (E: engine_label($engine)).
+sub engine_metric {
+    my ($self, $text, $name, $labels, $engine) = @_;
+    my $e = $self->engine_label($engine);
+    return $self->metric($text, $name . '{engine="' . $e . '"' . ($labels ? ",$labels" : '') . '}');
 }
 
 # One metric's value from the Prometheus text ("name{labels}" exactly), 0 when absent.
