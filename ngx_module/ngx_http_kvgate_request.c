@@ -60,6 +60,8 @@ static ngx_int_t ngx_http_kvgate_sc_finished(ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev);
 static ngx_int_t ngx_http_kvgate_engine_retry(
     ngx_http_kvgate_engine_req_t *er);
+static ngx_uint_t ngx_http_kvgate_reroute(ngx_http_kvgate_ctx_t *ctx,
+    const kvg_client_event *ev);
 
 
 #if (NGX_DEBUG)
@@ -834,6 +836,65 @@ ngx_http_kvgate_route_failed(ngx_http_kvgate_ctx_t *ctx)
 }
 
 
+/*
+ * The engine went away under a request (its connection was lost, or it is
+ * shutting down: a 503 of the engine) before the request had a token from
+ * it: nothing of the answer depends on that engine yet, so another engine of
+ * the group that serves the same model takes it, as if it had been routed
+ * there first (the prompt is parsed, tokenized and hashed already). A stream
+ * whose headers went out goes on: its usage reports the new engine's counts.
+ * Returns 1 when the request went on or was answered, 0 to answer the
+ * engine's error as it is.
+ */
+
+static ngx_uint_t
+ngx_http_kvgate_reroute(ngx_http_kvgate_ctx_t *ctx, const kvg_client_event *ev)
+{
+    ngx_int_t                  rc;
+    kvg_api_error              err;
+    ngx_http_kvgate_engine_t  *lost;
+
+    if (ev->status != 503 || ctx->ttft_us >= 0 || !ctx->routed
+        || ctx->group == NULL || ctx->group->n < 2)
+    {
+        return 0;
+    }
+
+    lost = ctx->engine.engine;
+    ngx_http_kvgate_route_failed(ctx);
+
+    rc = ngx_http_kvgate_go(ctx, &err);
+
+    if (rc == NGX_ERROR) {
+        /* no other engine can take it: what happened to it, then why none
+           of the others can (the group's list still shows the engine just
+           lost as it was) */
+
+        if (err.status == 503 && err.code
+            && ngx_strcmp(err.code, "engine_unavailable") == 0)
+        {
+            kvg_api_error_set(&err, 503, "engine_unavailable", NULL,
+                              "kvgate: engine \"%.*s\" failed the request "
+                              "(%s) and no other engine of \"%.*s\" can take "
+                              "it", (int) lost->name.len,
+                              (char *) lost->name.data, ev->message,
+                              (int) ctx->group->name.len,
+                              (char *) ctx->group->name.data);
+        }
+
+        ngx_http_kvgate_fail(ctx, &err);
+        return 1;
+    }
+
+    ngx_log_error(NGX_LOG_WARN, ctx->request->connection->log, 0,
+                  "kvgate: engine \"%V\" failed the request before its first "
+                  "token (%s): sent to engine \"%V\" instead",
+                  &lost->name, ev->message, &ctx->engine.engine->name);
+
+    return 1;
+}
+
+
 /* Checks the request against the engine (once) and submits it. */
 
 static ngx_int_t
@@ -1268,7 +1329,10 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
                                              ev->cached_tokens,
                                              info ? info->block_tokens : 16);
 
-        if (ctx->req->stream) {
+        /* a stream opens here, once: after a reroute the next engine's
+           ACCEPTED only updates the counts the final usage reports */
+
+        if (ctx->req->stream && !ctx->header_sent) {
             ctx->status = NGX_HTTP_OK;
             rc = ngx_http_kvgate_stream_start(r, ctx);
 
@@ -1403,6 +1467,10 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
         return;
 
     case KVG_CEV_ERROR:
+        if (ngx_http_kvgate_reroute(ctx, ev)) {
+            return;
+        }
+
         kvg_api_error_set(&err, ev->status,
                           ev->status == 429 ? "rate_limit_exceeded"
                           : ev->status == 503 ? "engine_unavailable"
