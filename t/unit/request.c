@@ -645,6 +645,16 @@ static void test_kvgate(void)
     if (r)
         ok(r->n == 1 && r->min_samples == 1 && r->wave == 1, "  n 1, min_samples 1, wave 1");
     kvg_request_free(r);
+    r = good(CMPL, "{\"model\":\"m\",\"prompt\":\"q\",\"n\":5,\"kvgate\":{\"vote\":\"logprob\","
+             "\"answer_pattern\":\"= (\\\\d+)\",\"min_samples\":3,\"agreement\":0.75}}", "a logprob vote");
+    if (r) {
+        char *j = kvg_request_to_json(r);
+        ok(j && strstr(j, ",\"kvgate\":{\"vote\":\"logprob\",\"answer_pattern\":\"= (\\\\d+)\","
+                          "\"min_samples\":3,\"agreement\":0.75,\"wave\":0}}"),
+           "  the dump (the fuzzer's canonical form) carries the kvgate object: %s", j ? j : "(null)");
+        free(j);
+    }
+    kvg_request_free(r);
 
     for (int ep = CMPL; ep <= CHAT; ep++) {
         kvg_endpoint e = (kvg_endpoint)ep;

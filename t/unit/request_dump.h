@@ -65,6 +65,21 @@ static json_t *dump_build(const kvg_request *r)
     bad |= json_object_set_new(o, "logprobs", json_boolean(r->has_logprobs));
     bad |= json_object_set_new(o, "top_logprobs", json_integer(r->top_logprobs));
     bad |= json_object_set_new(o, "user", dump_str_or_null(r->user, r->user_len));
+    if (r->has_vote) {
+        /* the "kvgate" object, only with a vote: the other dumps stay as they were */
+        json_t *k = json_object();
+        bad |= k == NULL;
+        if (k) {
+            bad |= json_object_set_new(k, "vote", json_string(r->vote == KVG_VOTE_LOGPROB ? "logprob"
+                                                                                          : "majority"));
+            bad |= json_object_set_new(k, "answer_pattern",
+                                       dump_str_or_null(r->answer_pattern, r->answer_pattern_len));
+            bad |= json_object_set_new(k, "min_samples", json_integer(r->min_samples));
+            bad |= json_object_set_new(k, "agreement", json_real(r->agreement));
+            bad |= json_object_set_new(k, "wave", json_integer(r->wave));
+            bad |= json_object_set_new(o, "kvgate", k);
+        }
+    }
     if (bad) {
         json_decref(o);
         return NULL;
