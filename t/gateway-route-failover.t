@@ -68,13 +68,13 @@ sub read_answer {
     return ($status // 0, $body // '');
 }
 
-# One request routed while both engines are stopped; the engine that got it is killed,
-# the other resumed. Returns (engine killed, status, body).
-sub fail_over {
+# Stops both engines (SIGSTOP) and sends one request: it waits in the ring of the engine
+# it was routed to, which the gateway's routing counter names at once. Returns (socket,
+# that engine's name).
+sub route_to_stopped {
     my ($body) = @_;
     my $before = routed($g->metrics);
-    $_->kill('STOP') for map { $g->engine_named($_) } qw(a b);
-    # Kvgate::Engine->kill reaps: a stopped engine is signalled by pid instead
+    $g->engine_named($_)->signal('STOP') for qw(a b);
     my $s = send_async($body);
     my $victim;
     $g->wait_metrics(sub {
@@ -82,8 +82,15 @@ sub fail_over {
         ($victim) = grep { ($now->{$_} // 0) > ($before->{$_} // 0) } qw(a b);
         defined $victim;
     }, 'the request routed');
+    return ($s, $victim);
+}
+
+# The engine that got the request is killed, the other resumed. Returns (engine killed,
+# status, body).
+sub fail_over {
+    my ($s, $victim) = route_to_stopped(@_);
     $g->engine_named($victim)->kill('KILL');
-    CORE::kill('CONT', $g->engine_named($other{$victim})->pid);
+    $g->engine_named($other{$victim})->signal('CONT');
     my ($status, $text) = read_answer($s);
     return ($victim, $status, $text);
 }
@@ -95,17 +102,6 @@ my $req = { model => 'stories260K', prompt => $prompt, max_tokens => 12, tempera
 my $ref = $g->post('/v1/completions', $req, 'X-Tenant-Id' => 'acme');
 is($ref->{status}, 200, 'the reference answer: 200');
 my $want = $ref->{json}{choices}[0]{text};
-
-# Engines are sent SIGSTOP/SIGCONT by pid: Kvgate::Engine->kill would wait for them.
-{
-    no warnings 'redefine';
-    my $orig = \&Kvgate::Engine::kill;
-    *Kvgate::Engine::kill = sub {
-        my ($self, $sig) = @_;
-        return CORE::kill($sig, $self->pid) if $sig eq 'STOP' || $sig eq 'CONT';
-        return $orig->(@_);
-    };
-}
 
 {
     my ($victim, $status, $body) = fail_over($req);
@@ -138,15 +134,7 @@ my $want = $ref->{json}{choices}[0]{text};
 {
     # Both stopped, the one with the request killed, the other killed too: nothing can
     # take it.
-    my $before = routed($g->metrics);
-    $_->kill('STOP') for map { $g->engine_named($_) } qw(a b);
-    my $s = send_async($req);
-    my $victim;
-    $g->wait_metrics(sub {
-        my $now = routed($_[0]);
-        ($victim) = grep { ($now->{$_} // 0) > ($before->{$_} // 0) } qw(a b);
-        defined $victim;
-    }, 'the request routed');
+    my ($s, $victim) = route_to_stopped($req);
     # the other one first, and seen down by the gateway: then the victim
     $g->engine_named($other{$victim})->kill('KILL');
     ok($g->wait_status(sub { grep { $_->{name} eq $other{$victim} && !$_->{up} && !$_->{workers_connected} }

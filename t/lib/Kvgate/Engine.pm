@@ -124,6 +124,12 @@ sub log {
     return scalar <$fh> // '';
 }
 
+# Sends a signal and leaves the process be (STOP, CONT): kill() waits for it to end.
+sub signal {
+    my ($self, $sig) = @_;
+    return $self->{pid} ? CORE::kill($sig, $self->{pid}) : 0;
+}
+
 sub kill {
     my ($self, $sig) = @_;
     my $pid = $self->{pid} or return;
