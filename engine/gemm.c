@@ -18,6 +18,7 @@
 #endif
 
 #include "cpu/gemm_kernels.h"
+#include "cpu/gemm_int8.h"
 #include "cpu/gemm_quant.h"
 
 /* Below this many multiply-adds a job costs less than waking a worker. */
@@ -29,12 +30,27 @@ static const kvg_gemm_kernel_fn kernels[] = {
     [KVG_ISA_AVX512] = kvg_gemm_kernel_avx512,
 };
 
-/* Quantized W (gemm_quant.h): their own small-M kernels; prefill runs the F32 packed
- * path above, which dequantizes W while packing it. */
+/* Q4_K and Q6_K W (gemm_quant.h): their own small-M kernels; prefill runs the F32
+ * packed path above, which dequantizes W while packing it. */
 static const kvg_gemm_kernel_fn qkernels[] = {
     [KVG_ISA_GENERIC] = kvg_gemm_qkernel_generic,
     [KVG_ISA_AVX2] = kvg_gemm_qkernel_avx2,
     [KVG_ISA_AVX512] = kvg_gemm_qkernel_avx512,
+};
+
+/* Q8_0 and Q4_0 W: integer products over X quantized to int8 (gemm_int8.h). The
+ * AVX-512 kernel needs VNNI; without it the AVX2 one runs (the same bits). */
+static const kvg_gemm_kernel_fn i8kernels[] = {
+    [KVG_ISA_GENERIC] = kvg_int8_kernel_generic,
+    [KVG_ISA_AVX2] = kvg_int8_kernel_avx2,
+    [KVG_ISA_AVX512] = kvg_int8_kernel_avx512,
+};
+
+typedef void (*quantize_x_fn)(const float *x, int K, int r0, int r1, unsigned char *xq);
+static const quantize_x_fn x_quantizers[] = {
+    [KVG_ISA_GENERIC] = kvg_int8_quantize_x_generic,
+    [KVG_ISA_AVX2] = kvg_int8_quantize_x_generic,
+    [KVG_ISA_AVX512] = kvg_int8_quantize_x_avx512,
 };
 
 static const kvg_gemm_plan_fn plans[] = {
@@ -58,6 +74,7 @@ static const char *const isa_names[] = {
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static int isa_best = KVG_ISA_GENERIC;   /* best the CPU supports */
 static int isa_active = KVG_ISA_GENERIC; /* after KVG_GEMM_ISA */
+static int has_vnni;                     /* AVX512_VNNI, for the int8 kernel */
 
 static void detect_isa(void)
 {
@@ -74,6 +91,7 @@ static void detect_isa(void)
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl"))
             isa_best = KVG_ISA_AVX512;
+        has_vnni = isa_best == KVG_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
     }
 #endif
     isa_active = isa_best;
@@ -127,6 +145,8 @@ struct kvg_gemm_ws {
     size_t wp_cap, slots_cap;    /* floats in each participant's wp and slots */
     float *xp;                   /* packed X, shared by a product's participants */
     size_t xp_cap;               /* floats */
+    unsigned char *xq;           /* X quantized for the int8 kernels, shared likewise */
+    size_t xq_cap;               /* bytes */
     ws_part *parts;              /* n */
 };
 
@@ -200,7 +220,18 @@ int kvg_gemm_ws_reserve(kvg_gemm_ws *ws, int rows)
     size_t need = 0;
     float *p;
 
-    if (!ws || rows <= 0 || ws->wp_cap == 0)
+    if (!ws || rows <= 0)
+        return 0;
+    if ((size_t)rows * kvg_int8_x_row_bytes(ws->k_max) > ws->xq_cap) {
+        size_t bytes = ((size_t)rows * kvg_int8_x_row_bytes(ws->k_max) + 63) / 64 * 64;
+        void *q = NULL;
+        if (posix_memalign(&q, 64, bytes) != 0)
+            return -1;
+        free(ws->xq);
+        ws->xq = q;
+        ws->xq_cap = bytes;
+    }
+    if (ws->wp_cap == 0)
         return 0;
     for (int isa = 0; isa <= KVG_ISA_AVX512; isa++) {
         kvg_gemm_job job = { .M = rows, .K = ws->k_max, .N = 1, .dt = KVG_DT_F32 };
@@ -232,6 +263,7 @@ void kvg_gemm_ws_free(kvg_gemm_ws *ws)
     }
     free(ws->parts);
     free(ws->xp);
+    free(ws->xq);
     free(ws);
 }
 
@@ -299,8 +331,9 @@ static int setup(kvg_gemm_isa_id isa, const float *x, int M, int K, const kvg_te
 {
     /* The caller's bugs, refused without touching y (see gemm.h). */
     if (!w || (w->dtype != KVG_DT_F32 && w->dtype != KVG_DT_F16 && w->dtype != KVG_DT_BF16 &&
-               !kvg_gemm_dt_quant(w->dtype)) ||
-        (kvg_gemm_dt_quant(w->dtype) && K % kvg_gemm_q_block(w->dtype) != 0) || M < 0 || K < 0 || w->cols != K || w->rows < 0 || w->rows > 0x7fffffff ||
+               !kvg_gemm_dt_quant(w->dtype) && !kvg_int8_dt(w->dtype)) ||
+        ((kvg_gemm_dt_quant(w->dtype) || kvg_int8_dt(w->dtype)) && K % (kvg_int8_dt(w->dtype) ? 32 : kvg_gemm_q_block(w->dtype)) != 0) ||
+        M < 0 || K < 0 || w->cols != K || w->rows < 0 || w->rows > 0x7fffffff ||
         !kvg_gemm_isa_supported(isa))
         return -1;
     if (M == 0 || w->rows == 0)
@@ -310,6 +343,7 @@ static int setup(kvg_gemm_isa_id isa, const float *x, int M, int K, const kvg_te
 
     job->x = x;
     job->xp = NULL;
+    job->xq = NULL;
     job->w = w->data;
     job->bias = bias;
     job->y = y;
@@ -318,11 +352,20 @@ static int setup(kvg_gemm_isa_id isa, const float *x, int M, int K, const kvg_te
     job->K = K;
     job->dt = w->dtype;
 
-    plans[isa](job, plan);
     p->job = job;
+    p->ws = NULL;
+    if (kvg_int8_dt(job->dt)) {
+        /* No packing: X is quantized instead (run_int8); threads take groups of 16
+         * columns, the repacked layout's unit. */
+        memset(plan, 0, sizeof *plan);
+        p->fn = isa == KVG_ISA_AVX512 && !has_vnni ? i8kernels[KVG_ISA_AVX2] : i8kernels[isa];
+        p->pack = NULL;
+        p->group = 16;
+        return 0;
+    }
+    plans[isa](job, plan);
     p->fn = kvg_gemm_dt_quant(job->dt) ? qkernels[isa] : kernels[isa];
     p->pack = x_packers[isa];
-    p->ws = NULL;
     /* Decode keeps finer groups: its kernel has no panels to fill. */
     p->group = plan->packed ? (size_t)plan->n_group : 16;
     return 0;
@@ -344,30 +387,56 @@ static void pack_once(kvg_threadpool *tp, kvg_gemm_ws *ws, const kvg_gemm_plan *
         pack_range(p, 0, (size_t)plan->x_panels);
 }
 
-int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x,
-                      int M, int K, const kvg_tensor *w, const float *bias, float *y)
-{
-    kvg_gemm_job job;
-    kvg_gemm_plan plan;
-    struct par_ctx p;
-    int threads, parallel, rc;
+/* ---- prepared weights ---- */
 
-    rc = setup(isa, x, M, K, w, bias, y, &job, &plan, &p);
-    if (rc != 0)
-        return rc < 0 ? -1 : 0;
-    threads = kvg_threadpool_size(tp);
-    parallel = threads > 1 && (double)M * job.N * (K > 0 ? K : 1) >= KVG_GEMM_MIN_PARALLEL_MACS;
-    pack_once(tp, ws, &plan, threads, parallel, &job, &p);
-    if (parallel) {
-        size_t groups = ((size_t)job.N + p.group - 1) / p.group;
-        if (groups > 1) {
-            kvg_threadpool_run(tp, groups, par_range, &p);
-            return 0;
-        }
+struct repack_ctx {
+    const kvg_tensor *w;
+    void *out;
+};
+
+static void repack_range(void *arg, size_t begin, size_t end)
+{
+    const struct repack_ctx *r = arg;
+    kvg_int8_repack(r->w->dtype, r->w->data, (int)r->w->rows, (int)r->w->cols, (int)begin, (int)end, r->out);
+}
+
+int kvg_gemm_prepare(kvg_threadpool *tp, const kvg_tensor *w, kvg_tensor *out)
+{
+    struct repack_ctx r;
+    size_t groups, bytes;
+    kvg_dtype pdt;
+    void *p = NULL;
+
+    if (!w || !out)
+        return -1;
+    *out = *w;
+    if (w->dtype != KVG_DT_Q8_0 && w->dtype != KVG_DT_Q4_0)
+        return 0;
+    if (!w->data || w->rows < 0 || w->rows > 0x7fffffff || w->cols <= 0 || w->cols > 0x7fffffff ||
+        w->cols % 32 != 0)
+        return -1;
+    pdt = kvg_int8_packed_dt(w->dtype);
+    groups = ((size_t)w->rows + 15) / 16;
+    bytes = kvg_int8_packed_bytes(pdt, (int)w->rows, (int)w->cols);
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        return -1;
+    r.w = w;
+    r.out = p;
+    if (tp && kvg_threadpool_size(tp) > 1 && groups > 1)
+        kvg_threadpool_run(tp, groups, repack_range, &r);
+    else
+        repack_range(&r, 0, groups);
+    out->data = p;
+    out->dtype = pdt;
+    return 1;
+}
+
+void kvg_gemm_prepared_free(kvg_tensor *t)
+{
+    if (t && kvg_int8_dt_packed(t->dtype)) {
+        free((void *)t->data);
+        t->data = NULL;
     }
-    /* On the calling thread alone: participant 0's scratch is free. */
-    p.fn(&job, 0, job.N, p.ws ? &ws->parts[0].s : NULL);
-    return 0;
 }
 
 /* ---- several products of one X in one job ---- */
@@ -390,6 +459,101 @@ static void multi_range(void *arg, size_t begin, size_t end)
         if (b < e)
             par_range(&mc->p[i], b - mc->start[i], e - mc->start[i]);
     }
+}
+
+/* ---- int8 products (Q8_0, Q4_0 W) ---- */
+
+struct quant_ctx {
+    quantize_x_fn fn;
+    const float *x;
+    int K;
+    unsigned char *xq;
+};
+
+static void quant_range(void *arg, size_t begin, size_t end)
+{
+    const struct quant_ctx *q = arg;
+    q->fn(q->x, q->K, (int)begin, (int)end, q->xq);
+}
+
+/* Bytes of quantized X kvg_gemm keeps on its own stack when the workspace has none
+ * (or too little): enough for a row of K = 52,000. */
+#define INT8_STACK_BYTES 65536
+
+/* The products of mc (all int8, one X of M rows, jobs set up for all of it): X is
+ * quantized once per slice of the rows the buffer holds (all of them, with a
+ * workspace reserved for the step), in parallel, then the slice's products run as one
+ * pool job. Slicing changes no bit: every row is quantized, and computed, alone. */
+static int run_int8(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, int parallel,
+                    struct multi_ctx *mc)
+{
+    _Alignas(64) unsigned char stack_xq[INT8_STACK_BYTES];
+    const kvg_gemm_job *j0 = mc->p[0].job;
+    int M = j0->M, K = j0->K;
+    size_t rb = kvg_int8_x_row_bytes(K);
+    unsigned char *buf = ws && ws->xq_cap >= rb ? ws->xq : stack_xq;
+    size_t cap = buf == stack_xq ? sizeof stack_xq : ws->xq_cap;
+    int slice = rb == 0 || cap / rb > (size_t)M ? M : (int)(cap / rb);
+    const float *x = j0->x;
+    float *y[KVG_GEMM_MULTI_MAX];
+
+    if (slice < 1)
+        return -1;
+    for (int i = 0; i < mc->n; i++)
+        y[i] = mc->p[i].job->y;
+    for (int m0 = 0; m0 < M; m0 += slice) {
+        int ms = M - m0 < slice ? M - m0 : slice;
+        struct quant_ctx q = { x_quantizers[isa], x + (size_t)m0 * (size_t)K, K, buf };
+        for (int i = 0; i < mc->n; i++) {
+            kvg_gemm_job *j = (kvg_gemm_job *)mc->p[i].job;
+            j->x = q.x;
+            j->xq = buf;
+            j->M = ms;
+            j->y = y[i] + (size_t)m0 * (size_t)j->N;
+        }
+        if (parallel && ms > 1 && (double)ms * K >= KVG_GEMM_MIN_PARALLEL_MACS / 4)
+            kvg_threadpool_run(tp, (size_t)ms, quant_range, &q);
+        else
+            quant_range(&q, 0, (size_t)ms);
+        if (parallel && mc->start[mc->n] > 1) {
+            kvg_threadpool_run(tp, mc->start[mc->n], multi_range, mc);
+        } else {
+            for (int i = 0; i < mc->n; i++)
+                mc->p[i].fn(mc->p[i].job, 0, mc->p[i].job->N, NULL);
+        }
+    }
+    return 0;
+}
+
+int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x,
+                      int M, int K, const kvg_tensor *w, const float *bias, float *y)
+{
+    kvg_gemm_job job;
+    kvg_gemm_plan plan;
+    struct par_ctx p;
+    int threads, parallel, rc;
+
+    rc = setup(isa, x, M, K, w, bias, y, &job, &plan, &p);
+    if (rc != 0)
+        return rc < 0 ? -1 : 0;
+    threads = kvg_threadpool_size(tp);
+    parallel = threads > 1 && (double)M * job.N * (K > 0 ? K : 1) >= KVG_GEMM_MIN_PARALLEL_MACS;
+    if (kvg_int8_dt(job.dt)) {
+        struct multi_ctx mc = { .n = 1, .start = { 0, ((size_t)job.N + 15) / 16 } };
+        mc.p[0] = p;
+        return run_int8(isa, tp, ws, parallel, &mc);
+    }
+    pack_once(tp, ws, &plan, threads, parallel, &job, &p);
+    if (parallel) {
+        size_t groups = ((size_t)job.N + p.group - 1) / p.group;
+        if (groups > 1) {
+            kvg_threadpool_run(tp, groups, par_range, &p);
+            return 0;
+        }
+    }
+    /* On the calling thread alone: participant 0's scratch is free. */
+    p.fn(&job, 0, job.N, p.ws ? &ws->parts[0].s : NULL);
+    return 0;
 }
 
 int kvg_gemm_multi_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x,
@@ -433,6 +597,8 @@ int kvg_gemm_multi_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws
     if (mc.n == 0)
         return 0;
     parallel = threads > 1 && macs >= KVG_GEMM_MIN_PARALLEL_MACS;
+    if (kvg_int8_dt(jobs[0].dt))
+        return run_int8(isa, tp, ws, parallel, &mc);
     /* X and K are the same for all, and so is the plan's packing of X (it depends on M
      * and K only): pack it once for all of them. */
     pack_once(tp, ws, &plans_[0], threads, parallel, &jobs[0], &mc.p[0]);

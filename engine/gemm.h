@@ -67,6 +67,15 @@ int kvg_gemm(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K,
 int kvg_gemm_multi(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K, int n,
                    const kvg_tensor *const *w, const float *const *bias, float *const *y);
 
+/* A copy of w in the layout its kernels stream fastest, for weights that are read
+ * many times (a model's): Q8_0 and Q4_0 become the int8 kernels' repacked layout
+ * (cpu/gemm_int8.h), whose products equal those on w bit for bit. 1: *out is such a
+ * copy (64-byte aligned; release it with kvg_gemm_prepared_free); 0: w gains nothing
+ * from one, *out = *w; -1: out of memory or not a matrix kvg_gemm takes. The
+ * repacking runs on the pool (tp may be NULL). */
+int kvg_gemm_prepare(kvg_threadpool *tp, const kvg_tensor *w, kvg_tensor *out);
+void kvg_gemm_prepared_free(kvg_tensor *t);
+
 /* "avx512", "avx2", "generic". KVG_GEMM_ISA=generic|avx2|avx512 in the environment
  * forces a lower level (for tests and benchmarks). */
 const char *kvg_gemm_isa(void);

@@ -254,7 +254,7 @@ static void cpu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_
      * config), M <= the step's rows and the buffers are forward.c's activations, so
      * kvg_gemm cannot refuse; it cannot fail otherwise (its scratch was made by
      * kvg_backend_cpu_new and cpu_begin_step, which report running out of memory). */
-    rc = kvg_gemm(c->tp, c->gemm_ws, x, M, K, w, bias, y);
+    rc = kvg_gemm(c->tp, c->gemm_ws, x, M, K, kvg_cpu_weights_get(c->weights, w), bias, y);
     assert(rc == 0);
     (void)rc;
 }
@@ -263,10 +263,14 @@ static void cpu_matmul_n(kvg_backend *be, const float *x, int M, int K, int n,
                          const kvg_tensor *const *w, const float *const *bias, float *const *y)
 {
     kvg_cpu *c = cpu_of(be);
+    const kvg_tensor *pw[KVG_GEMM_MULTI_MAX];
     int rc;
 
     /* As cpu_matmul: the model's shapes, n <= KVG_GEMM_MULTI_MAX (forward.c's 2 or 3). */
-    rc = kvg_gemm_multi(c->tp, c->gemm_ws, x, M, K, n, w, bias, y);
+    assert(n <= KVG_GEMM_MULTI_MAX);
+    for (int i = 0; i < n; i++)
+        pw[i] = kvg_cpu_weights_get(c->weights, w[i]);
+    rc = kvg_gemm_multi(c->tp, c->gemm_ws, x, M, K, n, pw, bias, y);
     assert(rc == 0);
     (void)rc;
 }
@@ -409,6 +413,7 @@ static void cpu_destroy(kvg_backend *be)
     c = be->ctx;
     if (c) {
         kvg_threadpool_free(c->tp);
+        kvg_cpu_weights_free(c->weights);
         kvg_gemm_ws_free(c->gemm_ws);
         free(c->inv_freq);
         free(c->tokens);
@@ -493,6 +498,11 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
             cpu_destroy(be);
             return NULL;
         }
+    }
+    c->weights = kvg_cpu_weights_new(m, c->tp, err, err_len);
+    if (!c->weights) {
+        cpu_destroy(be);
+        return NULL;
     }
     kvg_rope_frequencies(cfg, c->inv_freq);
     return be;

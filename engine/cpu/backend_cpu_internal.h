@@ -10,8 +10,16 @@
 #include "gemm.h"
 #include "threadpool.h"
 
+/* The model's matrices in the layouts kvg_gemm runs fastest (cpu_weights.c). */
+typedef struct kvg_cpu_weights kvg_cpu_weights;
+kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, char *err, size_t err_len);
+/* The prepared copy of the model's tensor w, or w itself when it has none. */
+const kvg_tensor *kvg_cpu_weights_get(const kvg_cpu_weights *pw, const kvg_tensor *w);
+void kvg_cpu_weights_free(kvg_cpu_weights *pw);
+
 typedef struct kvg_cpu {
     kvg_threadpool *tp;
+    kvg_cpu_weights *weights;    /* prepared copies of the model's matrices */
     kvg_gemm_ws *gemm_ws;        /* the GEMMs' scratch: per thread from creation, packed
                                     X grown by begin_step to the step's rows */
     const kvg_model *m;

@@ -42,6 +42,8 @@ typedef struct kvg_gemm_job {
     const float *xp;             /* X packed by the kernel's pack_x: the packed path
                                     runs iff this is set (kvg_gemm sets it only when
                                     the plan packs and the workspace fits) */
+    const unsigned char *xq;     /* X quantized for the int8 kernels (gemm_int8.h), rows
+                                    of kvg_int8_x_row_bytes(K); NULL otherwise */
     const void *w;               /* N rows, stride K elements of dt */
     const float *bias;           /* N or NULL */
     float *y;                    /* M rows, stride N */

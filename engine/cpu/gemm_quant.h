@@ -1,12 +1,14 @@
-/* Internal to the GEMM: kvg_gemm over a quantized W (GGUF Q8_0, Q4_0, Q4_K, Q6_K).
+/* Internal to the GEMM: kvg_gemm over a quantized W, GGUF Q4_K and Q6_K. (Q8_0 and
+ * Q4_0 take integer products instead, gemm_int8.h, and never come here.)
  *
  * The numerics are those of the F32 GEMM over the dequantized W: every element is
  * first dequantized, in registers, to exactly the F32 value src/quant.h defines (the
  * same operations in the same order: products are never fused with the following
  * subtraction), and then the canonical order of gemm_kernels.h runs unchanged. So a
  * quantized product equals, bit for bit, the F32 product over kvg_dequant_row's output,
- * at every M, thread count and ISA. No activation quantization, no integer dot
- * products: those would break that identity (and decode is bandwidth-bound anyway).
+ * at every M, thread count and ISA. The super-block formats keep this identity: their
+ * per-sub-block scales and mins make an integer product cost nearly as much float
+ * work as this one.
  *
  * Paths:
  *   small M (decode; no packed X): gemm_quant_x86.h's register-blocked kernels (AVX2,

@@ -47,23 +47,14 @@ QTGT_INLINE void qv_store(float *p, QV v)
 }
 
 /* The 4-bit formats: no 16-entry float permute in AVX2, so the defining arithmetic
- * itself. For Q4_0, a = d; for Q4_K, a = ds and b = dm. */
+ * itself: a = ds and b = dm. */
 typedef struct { __m256 a, b; } QT;
-QTGT_INLINE QT q40_tab(float d) { QT t = { _mm256_set1_ps(d), _mm256_setzero_ps() }; return t; }
 QTGT_INLINE QT q4k_tab(float ds, float dm) { QT t = { _mm256_set1_ps(ds), _mm256_set1_ps(dm) }; return t; }
 QTGT_INLINE QI q4_nib(QI b, int hi)
 {
     __m256i m = _mm256_set1_epi32(15);
     QI v = { hi ? _mm256_srli_epi32(b.a, 4) : _mm256_and_si256(b.a, m),
              hi ? _mm256_srli_epi32(b.b, 4) : _mm256_and_si256(b.b, m) };
-    return v;
-}
-QTGT_INLINE QV q40_look(QT t, QI b, int hi)
-{
-    __m256i k8 = _mm256_set1_epi32(8);
-    QI n = q4_nib(b, hi);
-    QV v = { _mm256_mul_ps(t.a, _mm256_cvtepi32_ps(_mm256_sub_epi32(n.a, k8))),
-             _mm256_mul_ps(t.a, _mm256_cvtepi32_ps(_mm256_sub_epi32(n.b, k8))) };
     return v;
 }
 QTGT_INLINE QV q4k_look(QT t, QI b, int hi)
@@ -116,8 +107,6 @@ void kvg_gemm_quant_pack_w(const void *w, kvg_dtype dt, int K, int n0, int rows,
                 for (int c = 0; c < n; c++) {
                     const uint8_t *b = (const uint8_t *)w + (size_t)(n0 + r0 + c) * rowb + (size_t)(k0 / be) * bb;
                     switch (dt) {
-                    case KVG_DT_Q8_0: kvg_x86_deq_block(KVG_DT_Q8_0, b, t[c]); break;
-                    case KVG_DT_Q4_0: kvg_x86_deq_block(KVG_DT_Q4_0, b, t[c]); break;
                     case KVG_DT_Q4_K: kvg_x86_deq_block(KVG_DT_Q4_K, b, t[c]); break;
                     default: kvg_x86_deq_block(KVG_DT_Q6_K, b, t[c]); break;
                     }

@@ -30,11 +30,6 @@ QTGT_INLINE void qv_store(float *p, QV v) { _mm512_storeu_ps(p, v); }
  * low 4 bits of each index, so the low nibble needs no mask. The entries are computed
  * by the defining formula itself, so a looked-up weight has the defined bits. */
 typedef __m512 QT;
-QTGT_INLINE QT q40_tab(float d)
-{
-    const __m512 i8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm512_mul_ps(_mm512_set1_ps(d), i8);
-}
 QTGT_INLINE QT q4k_tab(float ds, float dm)
 {
     const __m512 i0 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -46,7 +41,6 @@ QTGT_INLINE QV q4_look(QT t, QI b, int hi)
 {
     return _mm512_permutexvar_ps(hi ? _mm512_srli_epi32(b, 4) : b, t);
 }
-#define q40_look q4_look
 #define q4k_look q4_look
 QTGT_INLINE float q_f16(const uint8_t *p) { return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8)); }
 

@@ -10,9 +10,8 @@
  *   float qv_reduce(QV)             the canonical tree over the 16 lanes
  *   QI qi_u8(const uint8_t *p)  qi_s8(p)   16 bytes widened (zero / sign)
  *   QV qi_cvt(QI)                   exact int -> float
- *   QT q40_tab(float d)             Q4_0's 16 values d * (float)(i - 8)
  *   QT q4k_tab(float ds, float dm)  Q4_K's 16 values (ds * (float)i) - dm, two roundings
- *   QV q40_look(QT t, QI b, int hi), q4k_look(...)
+ *   QV q4k_look(QT t, QI b, int hi)
  *                                   t[low (hi: high) nibble of each lane's byte]
  *   float q_f16(const uint8_t *p)   a little-endian half at p, exactly
  *   MR_MAX, NR_MAX, QBLOCKS(F)      register blocking: F(MR, NR) for each full block
@@ -65,33 +64,7 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
         QUNROLL for (int c = 0; c < NR; c++)
             acc[r][c] = qv_zero();
 
-    if (dt == KVG_DT_Q8_0) {
-        for (int kb = 0; kb < K; kb += 32) {
-            const uint8_t *b = w + (size_t)(kb / 32) * 34;
-            QV d[NR_MAX];
-            QUNROLL for (int c = 0; c < NR; c++) {
-                if ((kb & 63) == 0)
-                    QPREFETCH(QPF_ADDR(c, (size_t)(kb / 32) * 34));
-                d[c] = qv_set1(q_f16(b + (size_t)c * rowb));
-            }
-            QUNROLL for (int g = 0; g < 2; g++)
-                QUNROLL for (int c = 0; c < NR; c++)
-                    QFMA_ROWS(c, kb + 16 * g, qv_mul(d[c], qi_cvt(qi_s8(b + (size_t)c * rowb + 2 + 16 * g))));
-        }
-    } else if (dt == KVG_DT_Q4_0) {
-        for (int kb = 0; kb < K; kb += 32) {
-            const uint8_t *b = w + (size_t)(kb / 32) * 18;
-            QT t[NR_MAX];
-            QUNROLL for (int c = 0; c < NR; c++) {
-                if ((kb & 63) == 0)
-                    QPREFETCH(QPF_ADDR(c, (size_t)(kb / 32) * 18));
-                t[c] = q40_tab(q_f16(b + (size_t)c * rowb));
-            }
-            QUNROLL for (int g = 0; g < 2; g++)
-                QUNROLL for (int c = 0; c < NR; c++)
-                    QFMA_ROWS(c, kb + 16 * g, q40_look(t[c], qi_u8(b + (size_t)c * rowb + 2), g));
-        }
-    } else if (dt == KVG_DT_Q4_K) {
+    if (dt == KVG_DT_Q4_K) {
         for (int kb = 0; kb < K; kb += 256) {
             const uint8_t *b = w + (size_t)(kb / 256) * 144;
             /* Per row, once per super-block: the 8 sub-block scales d * (float)sc in
@@ -156,8 +129,6 @@ typedef void (*qblock_fn)(const float *x, const uint8_t *w, size_t rowb, kvg_dty
                                         size_t ldy)                                           \
     {                                                                                         \
         switch (dt) {                                                                         \
-        case KVG_DT_Q8_0: qblock(x, w, rowb, KVG_DT_Q8_0, K, bias, y, ldy, MR, NR); break;    \
-        case KVG_DT_Q4_0: qblock(x, w, rowb, KVG_DT_Q4_0, K, bias, y, ldy, MR, NR); break;    \
         case KVG_DT_Q4_K: qblock(x, w, rowb, KVG_DT_Q4_K, K, bias, y, ldy, MR, NR); break;    \
         default: qblock(x, w, rowb, KVG_DT_Q6_K, K, bias, y, ldy, MR, NR); break;             \
         }                                                                                     \

@@ -65,26 +65,11 @@ KVG_QX_INLINE __m256 kvg_x86_mulsub8(__m256 a, __m256 b, __m256 c)
     return _mm256_sub_ps(t, c);
 }
 
-/* One block (32 or 256 elements) of dt at b, dequantized to out (32-byte aligned). */
+/* One super-block (256 elements) of dt (Q4_K, Q6_K) at b, dequantized to out
+ * (32-byte aligned). */
 KVG_QX_INLINE void kvg_x86_deq_block(kvg_dtype dt, const uint8_t *b, float *out)
 {
-    if (dt == KVG_DT_Q8_0) {
-        __m256 d = _mm256_set1_ps(kvg_x86_f16(b));
-        for (int i = 0; i < 32; i += 8) {
-            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + i)));
-            _mm256_store_ps(out + i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
-        }
-    } else if (dt == KVG_DT_Q4_0) {
-        __m256 d = _mm256_set1_ps(kvg_x86_f16(b));
-        __m256i m = _mm256_set1_epi32(15), k8 = _mm256_set1_epi32(8);
-        for (int i = 0; i < 16; i += 8) {
-            __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + i)));
-            __m256i lo = _mm256_sub_epi32(_mm256_and_si256(q, m), k8);
-            __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(q, 4), k8);
-            _mm256_store_ps(out + i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(lo)));
-            _mm256_store_ps(out + 16 + i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(hi)));
-        }
-    } else if (dt == KVG_DT_Q4_K) {
+    if (dt == KVG_DT_Q4_K) {
         float dd = kvg_x86_f16(b), dmin = kvg_x86_f16(b + 2);
         __m256i m = _mm256_set1_epi32(15);
         for (int j = 0; j < 8; j++) {

@@ -3,6 +3,8 @@
  *   decode:  M = 1 products over all of them (one token's GEMVs) -> tok/s, and the
  *            weight bytes streamed per second (GB/s);
  *   prefill: M = 128 products -> tok/s.
+ * The weights are prepared as the CPU backend prepares them (kvg_gemm_prepare: Q8_0
+ * and Q4_0 repacked for the int8 kernels).
  * Usage: quant_bench [threads (2)] [decode reps (20)] [prefill reps (2)]. Figures
  * only: no assertions (tests check the numerics). */
 #include <stdio.h>
@@ -64,6 +66,18 @@ static int make_mats(kvg_dtype dt, mat *m, size_t *bytes)
             m[n].rows = r;
             m[n].cols = c;
             m[n].t = (kvg_tensor){ p, dt, r, c };
+            {
+                kvg_tensor prepared;
+                int rc = kvg_gemm_prepare(NULL, &m[n].t, &prepared);
+                if (rc < 0) {
+                    fprintf(stderr, "quant_bench: out of memory\n");
+                    exit(1);
+                }
+                if (rc > 0) {
+                    free(p);
+                    m[n].t = prepared;
+                }
+            }
             *bytes += (size_t)r * rb;
             n++;
         }
@@ -112,7 +126,7 @@ int main(int argc, char **argv)
                (double)bytes / best / 1e9, PM / pbest);
         fflush(stdout);
         for (int i = 0; i < n; i++)
-            free((void *)m[i].t.data);
+            free((void *)m[i].t.data);   /* malloc'd, or prepared (posix_memalign) */
     }
     kvg_gemm_ws_free(ws);
     kvg_threadpool_free(tp);

@@ -483,7 +483,7 @@ static void test_edges(void)
     }
     /* A call that breaks the rules is refused, never aborts, and leaves y alone. */
     {
-        kvg_tensor bad = { x, KVG_DT_F32, 3, 2 }, baddt = { x, (kvg_dtype)7, 3, 0 };
+        kvg_tensor bad = { x, KVG_DT_F32, 3, 2 }, baddt = { x, (kvg_dtype)99, 3, 0 };
         int r1, r2, r3;
         memset(y, 0x7f, sizeof y);
         r1 = kvg_gemm(NULL, tws, x, 2, 1, &bad, NULL, y);      /* K != w->cols */

@@ -1,0 +1,99 @@
+/* The CPU backend's prepared weights: each matrix of the model that has a faster
+ * layout for kvg_gemm (Q8_0, Q4_0: the int8 kernels' repacked layout, gemm.h's
+ * kvg_gemm_prepare) is repacked once, when the backend starts, and the matmuls look
+ * it up by the address of the model's tensor (the forward pass passes the model's own
+ * kvg_tensor structs). Other matrices are used where the file put them. The products
+ * are the same bits either way; only their speed differs. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "backend_cpu_internal.h"
+#include "errmsg.h"
+
+struct kvg_cpu_weights {
+    size_t cap;                  /* slots, a power of two (more than twice the count) */
+    struct {
+        const kvg_tensor *key;   /* the model's tensor; NULL: empty slot */
+        kvg_tensor prepared;
+    } *slot;
+};
+
+static size_t slot_of(const kvg_cpu_weights *pw, const kvg_tensor *key)
+{
+    uintptr_t h = (uintptr_t)key;
+    h ^= h >> 17;
+    h *= (uintptr_t)0x9e3779b97f4a7c15ull;
+    return (size_t)(h >> 7) & (pw->cap - 1);
+}
+
+static int add(kvg_cpu_weights *pw, kvg_threadpool *tp, const kvg_tensor *w)
+{
+    kvg_tensor t;
+    size_t i;
+    int rc = kvg_gemm_prepare(tp, w, &t);
+
+    if (rc <= 0)
+        return rc;
+    for (i = slot_of(pw, w); pw->slot[i].key && pw->slot[i].key != w; i = (i + 1) & (pw->cap - 1))
+        ;
+    if (pw->slot[i].key) {       /* the same tensor twice: keep the first copy */
+        kvg_gemm_prepared_free(&t);
+        return 0;
+    }
+    pw->slot[i].key = w;
+    pw->slot[i].prepared = t;
+    return 0;
+}
+
+kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, char *err, size_t err_len)
+{
+    size_t n = (size_t)m->cfg.n_layers * 7 + 1, cap = 16;
+    kvg_cpu_weights *pw = calloc(1, sizeof *pw);
+    int rc = 0;
+
+    while (cap < 2 * n + 1)
+        cap *= 2;
+    if (pw)
+        pw->slot = calloc(cap, sizeof *pw->slot);
+    if (!pw || !pw->slot) {
+        free(pw);
+        kvg_set_err(err, err_len, "cpu backend: out of memory for the weight table");
+        return NULL;
+    }
+    pw->cap = cap;
+    for (int l = 0; l < m->cfg.n_layers && rc == 0; l++) {
+        const kvg_layer_weights *lw = &m->layers[l];
+        const kvg_tensor *mats[7] = { &lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_down, &lw->w_up };
+        for (int i = 0; i < 7 && rc == 0; i++)
+            rc = add(pw, tp, mats[i]);
+    }
+    if (rc == 0)
+        rc = add(pw, tp, &m->output);
+    if (rc != 0) {
+        kvg_cpu_weights_free(pw);
+        kvg_set_err(err, err_len, "cpu backend: out of memory repacking the quantized weights");
+        return NULL;
+    }
+    return pw;
+}
+
+const kvg_tensor *kvg_cpu_weights_get(const kvg_cpu_weights *pw, const kvg_tensor *w)
+{
+    if (!pw)
+        return w;
+    for (size_t i = slot_of(pw, w); pw->slot[i].key; i = (i + 1) & (pw->cap - 1))
+        if (pw->slot[i].key == w)
+            return &pw->slot[i].prepared;
+    return w;
+}
+
+void kvg_cpu_weights_free(kvg_cpu_weights *pw)
+{
+    if (!pw)
+        return;
+    for (size_t i = 0; i < pw->cap; i++)
+        if (pw->slot[i].key)
+            kvg_gemm_prepared_free(&pw->slot[i].prepared);
+    free(pw->slot);
+    free(pw);
+}

@@ -1,0 +1,174 @@
+/* The int8 products' portable part (see gemm_int8.h): quantizing X, repacking W and
+ * the plain C kernels, over the file's rows and over the repacked layout. These are
+ * the definition written out; the vector kernels must match them bit for bit. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu/gemm_int8.h"
+#include "cpu/gemm_kernels.h"
+
+/* ---- X ---- */
+
+/* One block of 32, by the definition; returns sx, sets *dx. */
+static int32_t quantize_block(const float *x, int8_t *q, float *dx)
+{
+    float amax = 0, d, id;
+    int bad = 0;
+    int32_t sx = 0;
+
+    for (int i = 0; i < 32; i++) {
+        float a = fabsf(x[i]);
+        bad |= !(a <= FLT_MAX);
+        amax = a > amax ? a : amax;
+    }
+    if (bad) {
+        memset(q, 0, 32);
+        *dx = NAN;
+        return 0;
+    }
+    d = amax / 127.0f;
+    id = d > 0 ? 1.0f / d : 0.0f;
+    if (!(id <= FLT_MAX))
+        id = 0;
+    for (int i = 0; i < 32; i++) {
+        int v = (int)lrintf(x[i] * id);
+        q[i] = (int8_t)v;
+        sx += v;
+    }
+    *dx = d;
+    return sx;
+}
+
+void kvg_int8_quantize_x_generic(const float *x, int K, int r0, int r1, unsigned char *xq)
+{
+    size_t rb = kvg_int8_x_row_bytes(K);
+    int nb = K / 32;
+
+    for (int r = r0; r < r1; r++) {
+        unsigned char *row = xq + (size_t)r * rb;
+        float *dx = (float *)(row + K);
+        int32_t *sx = (int32_t *)(row + K) + nb;
+        for (int b = 0; b < nb; b++)
+            sx[b] = quantize_block(x + (size_t)r * (size_t)K + 32 * (size_t)b, (int8_t *)row + 32 * b, &dx[b]);
+    }
+}
+
+/* ---- W: the repacked layout ---- */
+
+kvg_dtype kvg_int8_packed_dt(kvg_dtype dt)
+{
+    return dt == KVG_DT_Q8_0 ? KVG_DT_Q8_0_R16 : KVG_DT_Q4_0_R16;
+}
+
+size_t kvg_int8_packed_bytes(kvg_dtype packed_dt, int N, int K)
+{
+    return (size_t)((N + 15) / 16) * kvg_int8_group_bytes(packed_dt, K);
+}
+
+void kvg_int8_repack(kvg_dtype dt, const void *w, int N, int K, int g0, int g1, void *out)
+{
+    kvg_dtype pdt = kvg_int8_packed_dt(dt);
+    size_t bb = dt == KVG_DT_Q8_0 ? 34 : 18, rowb = (size_t)(K / 32) * bb;
+    size_t gb = kvg_int8_group_bytes(pdt, K), qb = kvg_int8_qbytes(pdt);
+    int nb = K / 32;
+
+    for (int g = g0; g < g1; g++) {
+        unsigned char *grp = (unsigned char *)out + (size_t)g * gb;
+        unsigned char *scales = grp + (size_t)nb * qb;
+        memset(grp, 0, gb);
+        for (int c = 0; c < 16 && g * 16 + c < N; c++) {
+            const unsigned char *row = (const unsigned char *)w + (size_t)(g * 16 + c) * rowb;
+            for (int b = 0; b < nb; b++) {
+                const unsigned char *blk = row + (size_t)b * bb;
+                unsigned char *q = grp + (size_t)b * qb;
+                memcpy(scales + (size_t)b * 32 + 2 * c, blk, 2);
+                for (int t = 0; t < (int)(qb / 64); t++)
+                    for (int kk = 0; kk < 4; kk++)
+                        q[64 * t + 4 * c + kk] = dt == KVG_DT_Q8_0 ? (unsigned char)(blk[2 + 4 * t + kk] ^ 0x80)
+                                                                  : blk[2 + 4 * t + kk];
+            }
+        }
+    }
+}
+
+/* ---- the plain C kernels ---- */
+
+static float half_at(const unsigned char *p)
+{
+    return kvg_gemm_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+}
+
+/* The weight integers of block b of output n, as the definition names them. */
+static void w_ints(const kvg_gemm_job *job, int n, int b, int wq[32], float *dw)
+{
+    int K = job->K, nb = K / 32;
+    const unsigned char *w = job->w;
+
+    switch (job->dt) {
+    case KVG_DT_Q8_0: {
+        const unsigned char *blk = w + ((size_t)n * (size_t)nb + (size_t)b) * 34;
+        *dw = half_at(blk);
+        for (int k = 0; k < 32; k++)
+            wq[k] = (int8_t)blk[2 + k];
+        break;
+    }
+    case KVG_DT_Q4_0: {
+        const unsigned char *blk = w + ((size_t)n * (size_t)nb + (size_t)b) * 18;
+        *dw = half_at(blk);
+        for (int k = 0; k < 16; k++) {
+            wq[k] = (blk[2 + k] & 15) - 8;
+            wq[k + 16] = (blk[2 + k] >> 4) - 8;
+        }
+        break;
+    }
+    default: {
+        size_t qb = kvg_int8_qbytes(job->dt);
+        const unsigned char *grp = w + (size_t)(n / 16) * kvg_int8_group_bytes(job->dt, K);
+        const unsigned char *q = grp + (size_t)b * qb;
+        int c = n % 16;
+        *dw = half_at(grp + (size_t)nb * qb + (size_t)b * 32 + 2 * c);
+        for (int t = 0; t < (int)(qb / 64); t++)
+            for (int kk = 0; kk < 4; kk++) {
+                unsigned char v = q[64 * t + 4 * c + kk];
+                if (job->dt == KVG_DT_Q8_0_R16) {
+                    wq[4 * t + kk] = (int)v - 128;
+                } else {
+                    wq[4 * t + kk] = (v & 15) - 8;
+                    wq[16 + 4 * t + kk] = (v >> 4) - 8;
+                }
+            }
+        break;
+    }
+    }
+}
+
+/* X rows per pass over a W row (each block's integers are unpacked once per pass). */
+#define GMR 8
+
+void kvg_int8_kernel_generic(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
+{
+    int K = job->K, nb = K / 32;
+    size_t rb = kvg_int8_x_row_bytes(K);
+    int wq[32];
+
+    (void)s;
+    for (int n = n0; n < n1; n++)
+        for (int m0 = 0; m0 < job->M; m0 += GMR) {
+            int mr = job->M - m0 < GMR ? job->M - m0 : GMR;
+            float acc[GMR] = { 0 }, dw;
+            for (int b = 0; b < nb; b++) {
+                w_ints(job, n, b, wq, &dw);
+                for (int r = 0; r < mr; r++) {
+                    const unsigned char *row = job->xq + (size_t)(m0 + r) * rb;
+                    const float *dx = (const float *)(row + K);
+                    int32_t isum = 0;
+                    for (int k = 0; k < 32; k++)
+                        isum += wq[k] * (int8_t)row[32 * b + k];
+                    acc[r] = fmaf(dw * dx[b], (float)isum, acc[r]);
+                }
+            }
+            for (int r = 0; r < mr; r++)
+                job->y[(size_t)(m0 + r) * (size_t)job->N + (size_t)n] = job->bias ? acc[r] + job->bias[n] : acc[r];
+        }
+}

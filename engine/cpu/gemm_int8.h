@@ -1,0 +1,115 @@
+/* Internal to the GEMM: integer products for Q8_0 and Q4_0 weights.
+ *
+ * These two formats are 32 small integers and one F16 scale per block, so a block's
+ * dot product with an activation block that is itself 32 int8 values and one scale
+ * is one exact integer and two float operations: that is what VNNI (vpdpbusd: 64
+ * u8 x s8 products per instruction into 16 int32) is for, about 4x the multiply-adds
+ * of an F32 FMA. The price is the activations' rounding to int8 (as llama.cpp's
+ * Q8_0 dot products do); the result is then no longer the F32 product over the
+ * dequantized W, but it stays batch-invariant and ISA-invariant, because every step
+ * below is exact or one fixed IEEE operation.
+ *
+ * The definition (every kernel, every ISA, every M computes exactly this):
+ *
+ *   X, per row, per block of 32 (b):
+ *     amax  = max |x[k]|                       (exact)
+ *     if some x[k] is not finite: dx = NaN, q[k] = 0   (the output becomes NaN)
+ *     else dx = amax / 127                      (one IEEE division)
+ *          id = dx > 0 ? 1 / dx : 0, and 0 if that is infinite
+ *          q[k] = rint(x[k] * id)               (one product, round to nearest even;
+ *                                                |q| <= 127)
+ *     sx = sum q[k]                             (exact)
+ *   W, per row n, per block b: the file's integers wq[k] (Q8_0: qs; Q4_0: nibble - 8)
+ *     and dw = its F16 scale, widened exactly.
+ *   Y[m][n]:
+ *     acc = +0
+ *     for b = 0, 1, ...:
+ *         isum = sum over the block of wq[k] * q[k]       (exact: |isum| < 2^20)
+ *         acc  = fma(dw * dx, (float)isum, acc)           (the product rounded, then
+ *                                                          one FMA; (float)isum exact)
+ *     y = bias ? acc + bias[n] : acc
+ *
+ * Integer sums are exact in any order, so a kernel may split and reorder isum as it
+ * likes (vpdpbusd adds 4 products at a time; it sees W as unsigned bytes, so its
+ * sums carry an offset that one exact subtraction removes: Q4_0 stores nibbles
+ * wq + 8 and subtracts 8 * sx, Q8_0's layout stores wq + 128 and subtracts 128 * sx).
+ * Only the float chain over blocks is fixed, one chain per output.
+ *
+ * Error, for the record (t/unit/quant.c checks it): rounding x to q moves each x by
+ * at most dx / 2 = amax / 254, so |y - y_f32| <= sum_b (amax_b / 254) sum_k |w[k]|
+ * plus float rounding, against the F32 product over the dequantized W.
+ *
+ * Layouts. The file's rows (KVG_DT_Q8_0 / Q4_0) work everywhere, through the plain C
+ * kernel here. kvg_gemm_prepare repacks them once into KVG_DT_Q8_0_R16 / Q4_0_R16,
+ * the layout the vector kernels stream: rows in groups of 16 (the last padded with
+ * zero rows), each group [nb blocks of quants][nb blocks of 16 F16 scales], padded to
+ * 64 bytes. A block's quants are 64-byte rows t of 16 rows x 4 bytes: byte 4c + kk of
+ * row t belongs to W row c of the group and holds, for Q8_0, wq[4t + kk] + 128 as an
+ * unsigned byte (t = 0..7); for Q4_0, the file's byte 4t + kk unchanged, whose low
+ * nibble is element 4t + kk and high nibble element 16 + 4t + kk (t = 0..3). So one
+ * 512-bit load is 16 output columns x 4 k, and vpdpbusd against 4 bytes of X
+ * broadcast adds 4 products into each column's int32: no horizontal sums at all.
+ *
+ * Quantized X, per row (kvg_int8_x_row_bytes): K int8, then K/32 float dx, then K/32
+ * int32 sx. kvg_gemm quantizes each row once per product (once per q/k/v triple),
+ * in parallel, into the workspace. */
+#ifndef KVG_GEMM_INT8_H
+#define KVG_GEMM_INT8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+struct kvg_gemm_job;
+struct kvg_gemm_scratch;
+
+static inline int kvg_int8_dt(kvg_dtype dt)
+{
+    return dt == KVG_DT_Q8_0 || dt == KVG_DT_Q4_0 || dt == KVG_DT_Q8_0_R16 || dt == KVG_DT_Q4_0_R16;
+}
+
+static inline int kvg_int8_dt_packed(kvg_dtype dt)
+{
+    return dt == KVG_DT_Q8_0_R16 || dt == KVG_DT_Q4_0_R16;
+}
+
+/* Bytes of one quantized X row of K elements (K a multiple of 32). */
+static inline size_t kvg_int8_x_row_bytes(int K)
+{
+    return (size_t)K + (size_t)(K / 32) * 8;
+}
+
+/* Bytes of the quants of one block of one group, and of one group of nb blocks. */
+static inline size_t kvg_int8_qbytes(kvg_dtype dt)
+{
+    return dt == KVG_DT_Q8_0_R16 ? 512 : 256;
+}
+
+static inline size_t kvg_int8_group_bytes(kvg_dtype dt, int K)
+{
+    size_t nb = (size_t)(K / 32);
+    return (nb * (kvg_int8_qbytes(dt) + 32) + 63) / 64 * 64;
+}
+
+/* Quantizes rows [r0, r1) of x (stride K) into xq (stride kvg_int8_x_row_bytes(K)),
+ * by the definition above; one per ISA, all bit-identical. */
+void kvg_int8_quantize_x_generic(const float *x, int K, int r0, int r1, unsigned char *xq);
+void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned char *xq);
+
+/* The kernels (kvg_gemm_kernel_fn's contract; job->xq holds X quantized). The file's
+ * layout always runs the generic one. */
+void kvg_int8_kernel_generic(const struct kvg_gemm_job *job, int n0, int n1,
+                             const struct kvg_gemm_scratch *s);
+void kvg_int8_kernel_avx2(const struct kvg_gemm_job *job, int n0, int n1,
+                          const struct kvg_gemm_scratch *s);
+void kvg_int8_kernel_avx512(const struct kvg_gemm_job *job, int n0, int n1,
+                            const struct kvg_gemm_scratch *s);
+
+/* The repacked layout of a [N][K] Q8_0 / Q4_0 matrix: its dtype and size. */
+kvg_dtype kvg_int8_packed_dt(kvg_dtype dt);
+size_t kvg_int8_packed_bytes(kvg_dtype packed_dt, int N, int K);
+/* Repacks rows [g0 * 16, g1 * 16) of w (the file's rows; N of them) into `out`. */
+void kvg_int8_repack(kvg_dtype dt, const void *w, int N, int K, int g0, int g1, void *out);
+
+#endif

@@ -1,0 +1,209 @@
+/* The int8 products on AVX-512 VNNI (gemm_int8.h): X quantized 32 at a time, and
+ * the kernel over the repacked layout, vpdpbusd into one int32 per output column per
+ * block, then the block's two float operations. gemm.c runs these only where the CPU
+ * has AVX512_VNNI (else the AVX2 kernel). */
+#include <float.h>
+#include <string.h>
+
+#include "cpu/gemm_int8.h"
+#include "cpu/gemm_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+
+#define I8TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define I8INL static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline))
+#define I8UNROLL _Pragma("GCC unroll 16")
+/* Decode (one X row) streams W once, NR groups at a time: software prefetch
+ * I8_PF_AHEAD bytes ahead in each group's quants. */
+#define I8_PREFETCH(p) __builtin_prefetch(p)
+#ifndef I8_PF_AHEAD
+#define I8_PF_AHEAD 1024
+#endif
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned char *xq)
+{
+    size_t rb = kvg_int8_x_row_bytes(K);
+    int nb = K / 32;
+    const __m512 big = _mm512_set1_ps(FLT_MAX);
+
+    for (int r = r0; r < r1; r++) {
+        const float *xr = x + (size_t)r * (size_t)K;
+        unsigned char *row = xq + (size_t)r * rb;
+        float *dx = (float *)(row + K);
+        int32_t *sx = (int32_t *)(row + K) + nb;
+        for (int b = 0; b < nb; b++) {
+            __m512 v0 = _mm512_loadu_ps(xr + 32 * b), v1 = _mm512_loadu_ps(xr + 32 * b + 16);
+            __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
+            /* Not <= FLT_MAX: infinite or NaN (unordered compares true). */
+            __mmask16 bad = _mm512_cmp_ps_mask(a0, big, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, big, _CMP_NLE_UQ);
+            float d, id;
+            if (bad) {
+                memset(row + 32 * b, 0, 32);
+                dx[b] = __builtin_nanf("");
+                sx[b] = 0;
+                continue;
+            }
+            d = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)) / 127.0f;
+            id = d > 0 ? 1.0f / d : 0.0f;
+            if (!(id <= FLT_MAX))
+                id = 0;
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+            __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+            _mm_storeu_si128((__m128i *)(row + 32 * b), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(row + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
+            dx[b] = d;
+            sx[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        }
+    }
+}
+
+I8INL __m512i bcast4(const unsigned char *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* MR rows of quantized X (from row m0) x NR groups of 16 columns (from group g0),
+ * over all of K. */
+I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, const int NR)
+{
+    const int K = job->K, nb = K / 32;
+    const size_t rb = kvg_int8_x_row_bytes(K), gb = kvg_int8_group_bytes(job->dt, K);
+    const size_t qb = q8 ? 512 : 256;
+    const int off = q8 ? 128 : 8;
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const unsigned char *xr[4], *grp[8];
+    const float *dx[4];
+    const int32_t *sx[4];
+    __m512 facc[4][8];
+
+    I8UNROLL for (int r = 0; r < MR; r++) {
+        xr[r] = job->xq + (size_t)(m0 + r) * rb;
+        dx[r] = (const float *)(xr[r] + K);
+        sx[r] = (const int32_t *)(xr[r] + K) + nb;
+    }
+    I8UNROLL for (int c = 0; c < NR; c++) {
+        grp[c] = (const unsigned char *)job->w + (size_t)(g0 + c) * gb;
+        I8UNROLL for (int r = 0; r < MR; r++)
+            facc[r][c] = _mm512_setzero_ps();
+    }
+    for (int b = 0; b < nb; b++) {
+        __m512i iacc[4][8];
+        I8UNROLL for (int r = 0; r < MR; r++) {
+            /* Start from -off * sx: the stored bytes are wq + off. */
+            __m512i init = _mm512_set1_epi32(-off * sx[r][b]);
+            I8UNROLL for (int c = 0; c < NR; c++)
+                iacc[r][c] = init;
+        }
+        if (q8) {
+            I8UNROLL for (int t = 0; t < 8; t++)
+                I8UNROLL for (int c = 0; c < NR; c++) {
+                    __m512i w = _mm512_load_si512((const void *)(grp[c] + (size_t)b * qb + 64 * t));
+                    if (MR == 1)
+                        I8_PREFETCH(grp[c] + (size_t)b * qb + 64 * t + I8_PF_AHEAD);
+                    I8UNROLL for (int r = 0; r < MR; r++)
+                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(xr[r] + 32 * b + 4 * t));
+                }
+        } else {
+            I8UNROLL for (int t = 0; t < 4; t++)
+                I8UNROLL for (int c = 0; c < NR; c++) {
+                    __m512i raw = _mm512_load_si512((const void *)(grp[c] + (size_t)b * qb + 64 * t));
+                    if (MR == 1)
+                        I8_PREFETCH(grp[c] + (size_t)b * qb + 64 * t + I8_PF_AHEAD);
+                    __m512i lo = _mm512_and_si512(raw, m0f);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);
+                    I8UNROLL for (int r = 0; r < MR; r++) {
+                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], lo, bcast4(xr[r] + 32 * b + 4 * t));
+                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], hi, bcast4(xr[r] + 32 * b + 16 + 4 * t));
+                    }
+                }
+        }
+        I8UNROLL for (int c = 0; c < NR; c++) {
+            if (MR == 1 && (b & 1) == 0)
+                I8_PREFETCH(grp[c] + (size_t)nb * qb + 32 * (size_t)b + I8_PF_AHEAD / 8);
+            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(grp[c] + (size_t)nb * qb + 32 * (size_t)b)));
+            I8UNROLL for (int r = 0; r < MR; r++)
+                facc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx[r][b])),
+                                             _mm512_cvtepi32_ps(iacc[r][c]), facc[r][c]);
+        }
+    }
+    I8UNROLL for (int c = 0; c < NR; c++) {
+        int n = (g0 + c) * 16, left = job->N - n;
+        __mmask16 mk = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512 bias = job->bias ? _mm512_maskz_loadu_ps(mk, job->bias + n) : _mm512_setzero_ps();
+        I8UNROLL for (int r = 0; r < MR; r++) {
+            __m512 v = job->bias ? _mm512_add_ps(facc[r][c], bias) : facc[r][c];
+            _mm512_mask_storeu_ps(job->y + (size_t)(m0 + r) * (size_t)job->N + (size_t)n, mk, v);
+        }
+    }
+}
+
+typedef void (*tile_fn)(const kvg_gemm_job *job, int m0, int g0);
+
+#define I8_TILES(F) F(1, 8) F(2, 6) F(3, 4) F(4, 3)
+#define I8_TILE_FN(MR, NR)                                                                 \
+    I8TGT static void tile_##MR##x##NR(const kvg_gemm_job *job, int m0, int g0)            \
+    {                                                                                      \
+        if (job->dt == KVG_DT_Q8_0_R16)                                                    \
+            tile(job, m0, g0, 1, MR, NR);                                                  \
+        else                                                                               \
+            tile(job, m0, g0, 0, MR, NR);                                                  \
+    }
+#define I8_TILE_PAIR(MR, NR) I8_TILE_FN(MR, NR) I8_TILE_FN(MR, 1)
+I8_TILES(I8_TILE_PAIR)
+
+#define I8_TILE_ROW(MR, NR) [MR] = { tile_##MR##x1, tile_##MR##x##NR, NR },
+static const struct {
+    tile_fn one, full;
+    int nr;
+} tiles[5] = { I8_TILES(I8_TILE_ROW) };
+
+void kvg_int8_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
+{
+    int g0 = n0 / 16, g1 = (n1 + 15) / 16;
+
+    if (!kvg_int8_dt_packed(job->dt)) {
+        kvg_int8_kernel_generic(job, n0, n1, s);
+        return;
+    }
+    /* Column tiles outside, all rows inside: a tile's W (NR groups, a few tens of KiB)
+     * stays in L1/L2 while every row passes over it. kvg_gemm hands out whole groups,
+     * so n0 is a multiple of 16 and only the last group is partial. */
+    for (int g = g0; g < g1;) {
+        int nr = tiles[4].nr;
+        if (job->M < 4)
+            nr = tiles[job->M].nr;
+        int full = g1 - g >= nr;
+        for (int m0 = 0; m0 < job->M;) {
+            int mr = job->M - m0 < 4 ? job->M - m0 : 4;
+            /* The tile's width is that of the widest row block, so a narrower row
+             * block (the last) runs the same groups, NR at once or one at a time. */
+            if (full && tiles[mr].nr == nr) {
+                tiles[mr].full(job, m0, g);
+            } else {
+                for (int c = 0; c < (full ? nr : 1); c++)
+                    tiles[mr].one(job, m0, g + c);
+            }
+            m0 += mr;
+        }
+        g += full ? nr : 1;
+    }
+}
+
+#else
+
+void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned char *xq)
+{
+    kvg_int8_quantize_x_generic(x, K, r0, r1, xq);
+}
+
+void kvg_int8_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
+{
+    kvg_int8_kernel_generic(job, n0, n1, s);
+}
+
+#endif
