@@ -49,7 +49,7 @@ static const kvg_gemm_kernel_fn i8kernels[] = {
 typedef void (*quantize_x_fn)(const float *x, int K, int r0, int r1, unsigned char *xq);
 static const quantize_x_fn x_quantizers[] = {
     [KVG_ISA_GENERIC] = kvg_int8_quantize_x_generic,
-    [KVG_ISA_AVX2] = kvg_int8_quantize_x_generic,
+    [KVG_ISA_AVX2] = kvg_int8_quantize_x_avx2,
     [KVG_ISA_AVX512] = kvg_int8_quantize_x_avx512,
 };
 
@@ -147,6 +147,7 @@ struct kvg_gemm_ws {
     size_t xp_cap;               /* floats */
     unsigned char *xq;           /* X quantized for the int8 kernels, shared likewise */
     size_t xq_cap;               /* bytes */
+    int float_w, int8_w;         /* the products it serves (kvg_gemm_ws_kinds) */
     ws_part *parts;              /* n */
 };
 
@@ -199,6 +200,7 @@ kvg_gemm_ws *kvg_gemm_ws_new(int threads, int k_min, int k_max)
     ws->n = threads;
     ws->k_min = k_min;
     ws->k_max = k_max;
+    ws->float_w = ws->int8_w = 1;
     ws_needs(k_min, k_max, &ws->wp_cap, &ws->slots_cap);
     for (int i = 0; i < threads; i++) {
         atomic_init(&ws->parts[i].busy, 0);
@@ -222,7 +224,7 @@ int kvg_gemm_ws_reserve(kvg_gemm_ws *ws, int rows)
 
     if (!ws || rows <= 0)
         return 0;
-    if ((size_t)rows * kvg_int8_x_row_bytes(ws->k_max) > ws->xq_cap) {
+    if (ws->int8_w && (size_t)rows * kvg_int8_x_row_bytes(ws->k_max) > ws->xq_cap) {
         size_t bytes = ((size_t)rows * kvg_int8_x_row_bytes(ws->k_max) + 63) / 64 * 64;
         void *q = NULL;
         if (posix_memalign(&q, 64, bytes) != 0)
@@ -231,7 +233,7 @@ int kvg_gemm_ws_reserve(kvg_gemm_ws *ws, int rows)
         ws->xq = q;
         ws->xq_cap = bytes;
     }
-    if (ws->wp_cap == 0)
+    if (ws->wp_cap == 0 || !ws->float_w)
         return 0;
     for (int isa = 0; isa <= KVG_ISA_AVX512; isa++) {
         kvg_gemm_job job = { .M = rows, .K = ws->k_max, .N = 1, .dt = KVG_DT_F32 };
@@ -265,6 +267,40 @@ void kvg_gemm_ws_free(kvg_gemm_ws *ws)
     free(ws->xp);
     free(ws->xq);
     free(ws);
+}
+
+void kvg_gemm_ws_kinds(kvg_gemm_ws *ws, int float_w, int int8_w)
+{
+    if (!ws)
+        return;
+    /* A kind dropped releases what it held: without float products no thread needs
+     * packing scratch (ws_fits then sends any float product down the unpacked path). */
+    if (!float_w && ws->float_w) {
+        for (int i = 0; i < ws->n; i++) {
+            free(ws->parts[i].s.wp);
+            free(ws->parts[i].s.slots);
+            ws->parts[i].s.wp = ws->parts[i].s.slots = NULL;
+        }
+        ws->wp_cap = ws->slots_cap = 0;
+        free(ws->xp);
+        ws->xp = NULL;
+        ws->xp_cap = 0;
+        ws->float_w = 0;
+    }
+    if (!int8_w && ws->int8_w) {
+        free(ws->xq);
+        ws->xq = NULL;
+        ws->xq_cap = 0;
+        ws->int8_w = 0;
+    }
+}
+
+size_t kvg_gemm_ws_bytes(const kvg_gemm_ws *ws)
+{
+    if (!ws)
+        return 0;
+    return ws->xp_cap * sizeof(float) + ws->xq_cap +
+           (size_t)ws->n * (ws->parts[0].s.wp ? (ws->wp_cap + ws->slots_cap) * sizeof(float) : 0);
 }
 
 /* Whether ws holds everything the plan asks for, for a pool of `threads`. */
@@ -332,8 +368,7 @@ static int setup(kvg_gemm_isa_id isa, const float *x, int M, int K, const kvg_te
     /* The caller's bugs, refused without touching y (see gemm.h). */
     if (!w || (w->dtype != KVG_DT_F32 && w->dtype != KVG_DT_F16 && w->dtype != KVG_DT_BF16 &&
                !kvg_gemm_dt_quant(w->dtype) && !kvg_int8_dt(w->dtype)) ||
-        ((kvg_gemm_dt_quant(w->dtype) || kvg_int8_dt(w->dtype)) && K % (kvg_int8_dt(w->dtype) ? 32 : kvg_gemm_q_block(w->dtype)) != 0) ||
-        M < 0 || K < 0 || w->cols != K || w->rows < 0 || w->rows > 0x7fffffff ||
+        K % kvg_gemm_k_multiple(w->dtype) != 0 || M < 0 || K < 0 || w->cols != K || w->rows < 0 || w->rows > 0x7fffffff ||
         !kvg_gemm_isa_supported(isa))
         return -1;
     if (M == 0 || w->rows == 0)

@@ -23,9 +23,11 @@
  *    calling thread.
  *  - Memory: kvg_gemm never allocates. Prefill (M >= 8) packs its operands into a
  *    workspace the caller makes once (kvg_gemm_ws: a packed copy of X, about M*K*4
- *    bytes, plus a few hundred KiB per thread), as the activations are. A product the
+ *    bytes, plus a few hundred KiB per thread), as the activations are; Q8_0 and Q4_0
+ *    products quantize X into it instead (about M*K*1.25 bytes). A product the
  *    workspace does not cover (ws NULL, too few rows or threads, K out of its range)
- *    takes the unpacked path instead: the same bits, only slower. */
+ *    takes the unpacked path instead, or quantizes X in slices on the stack: the same
+ *    bits, only slower. */
 #ifndef KVG_GEMM_H
 #define KVG_GEMM_H
 
@@ -48,6 +50,14 @@ kvg_gemm_ws *kvg_gemm_ws_new(int threads, int k_min, int k_max);
  * unchanged and stays usable). */
 int kvg_gemm_ws_reserve(kvg_gemm_ws *ws, int rows);
 void kvg_gemm_ws_free(kvg_gemm_ws *ws);
+/* Which products ws serves: float ones (W in F32, F16, BF16, Q4_K, Q6_K: packed X and
+ * per-thread packing scratch) and int8 ones (Q8_0, Q4_0: quantized X); both, from
+ * kvg_gemm_ws_new. It only narrows: a kind turned off frees its buffers and reserving
+ * never grows them again, so a model of one kind holds none for the other. A product
+ * of a kind turned off still runs as without a workspace: the same bits. */
+void kvg_gemm_ws_kinds(kvg_gemm_ws *ws, int float_w, int int8_w);
+/* Bytes ws holds now (its shared X buffers and every thread's scratch). */
+size_t kvg_gemm_ws_bytes(const kvg_gemm_ws *ws);
 
 /* Y = X W^T (+ bias if non-NULL, length N). x: M rows of K floats (row stride K),
  * y: M rows of N floats (row stride N). ws may be NULL (unpacked). 0, or -1 for a

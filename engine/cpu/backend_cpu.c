@@ -504,6 +504,11 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
         cpu_destroy(be);
         return NULL;
     }
+    {
+        int float_w, int8_w;
+        kvg_cpu_weights_kinds(c->weights, &float_w, &int8_w);
+        kvg_gemm_ws_kinds(c->gemm_ws, float_w, int8_w);
+    }
     kvg_rope_frequencies(cfg, c->inv_freq);
     return be;
 }

@@ -8,9 +8,11 @@
 #include <stdlib.h>
 
 #include "backend_cpu_internal.h"
+#include "cpu/gemm_int8.h"
 #include "errmsg.h"
 
 struct kvg_cpu_weights {
+    int float_w, int8_w;         /* some matrix takes float / int8 products */
     size_t cap;                  /* slots, a power of two (more than twice the count) */
     struct {
         const kvg_tensor *key;   /* the model's tensor; NULL: empty slot */
@@ -26,20 +28,22 @@ static size_t slot_of(const kvg_cpu_weights *pw, const kvg_tensor *key)
     return (size_t)(h >> 7) & (pw->cap - 1);
 }
 
+/* Prepares w when it has a faster layout; 0, or -1 out of memory. The model's tensor
+ * structs are distinct objects, so no key comes twice. */
 static int add(kvg_cpu_weights *pw, kvg_threadpool *tp, const kvg_tensor *w)
 {
     kvg_tensor t;
     size_t i;
     int rc = kvg_gemm_prepare(tp, w, &t);
 
+    if (kvg_int8_dt(t.dtype))
+        pw->int8_w = 1;
+    else
+        pw->float_w = 1;
     if (rc <= 0)
         return rc;
-    for (i = slot_of(pw, w); pw->slot[i].key && pw->slot[i].key != w; i = (i + 1) & (pw->cap - 1))
+    for (i = slot_of(pw, w); pw->slot[i].key; i = (i + 1) & (pw->cap - 1))
         ;
-    if (pw->slot[i].key) {       /* the same tensor twice: keep the first copy */
-        kvg_gemm_prepared_free(&t);
-        return 0;
-    }
     pw->slot[i].key = w;
     pw->slot[i].prepared = t;
     return 0;
@@ -85,6 +89,12 @@ const kvg_tensor *kvg_cpu_weights_get(const kvg_cpu_weights *pw, const kvg_tenso
         if (pw->slot[i].key == w)
             return &pw->slot[i].prepared;
     return w;
+}
+
+void kvg_cpu_weights_kinds(const kvg_cpu_weights *pw, int *float_w, int *int8_w)
+{
+    *float_w = pw->float_w;
+    *int8_w = pw->int8_w;
 }
 
 void kvg_cpu_weights_free(kvg_cpu_weights *pw)

@@ -74,6 +74,14 @@ static inline int kvg_int8_dt_packed(kvg_dtype dt)
     return dt == KVG_DT_Q8_0_R16 || dt == KVG_DT_Q4_0_R16;
 }
 
+/* What K must be a multiple of for W of dtype dt: its block (1 for F32/F16/BF16). */
+static inline int kvg_gemm_k_multiple(kvg_dtype dt)
+{
+    if (kvg_int8_dt(dt))
+        return 32;
+    return dt == KVG_DT_Q4_K || dt == KVG_DT_Q6_K ? 256 : 1;
+}
+
 /* Bytes of one quantized X row of K elements (K a multiple of 32). */
 static inline size_t kvg_int8_x_row_bytes(int K)
 {
@@ -95,6 +103,7 @@ static inline size_t kvg_int8_group_bytes(kvg_dtype dt, int K)
 /* Quantizes rows [r0, r1) of x (stride K) into xq (stride kvg_int8_x_row_bytes(K)),
  * by the definition above; one per ISA, all bit-identical. */
 void kvg_int8_quantize_x_generic(const float *x, int K, int r0, int r1, unsigned char *xq);
+void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsigned char *xq);
 void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned char *xq);
 
 /* The kernels (kvg_gemm_kernel_fn's contract; job->xq holds X quantized). The file's

@@ -3,6 +3,7 @@
  * into int32), a group of 16 columns as two 8-column halves. vpmaddubsw saturates,
  * so Q8_0's products go as |w| x (x with w's sign), at most 2 * 128 * 127 < 2^15
  * per pair, and Q4_0's nibbles (<= 15) need nothing. */
+#include <float.h>
 #include <string.h>
 
 #include "cpu/gemm_int8.h"
@@ -15,6 +16,68 @@
 #define A2TGT __attribute__((target("avx2,fma,f16c")))
 #define A2INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 #define A2UNROLL _Pragma("GCC unroll 16")
+
+A2INL float hmax8(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* X quantized as kvg_int8_quantize_x_generic does (gemm_int8.h), 8 at a time: max is
+ * exact in any order, and the product and its rounding (cvtps2dq, to nearest even)
+ * are the same operations as the C code's. */
+A2TGT void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsigned char *xq)
+{
+    size_t rb = kvg_int8_x_row_bytes(K);
+    int nb = K / 32;
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+
+    for (int r = r0; r < r1; r++) {
+        const float *xr = x + (size_t)r * (size_t)K;
+        unsigned char *row = xq + (size_t)r * rb;
+        float *dx = (float *)(row + K);
+        int32_t *sx = (int32_t *)(row + K) + nb;
+        for (int b = 0; b < nb; b++) {
+            __m256 v[4], amax = _mm256_setzero_ps();
+            int bad = 0;
+            float d, id;
+            for (int i = 0; i < 4; i++) {
+                __m256 a;
+                v[i] = _mm256_loadu_ps(xr + 32 * b + 8 * i);
+                a = _mm256_andnot_ps(sign, v[i]);
+                /* Not <= FLT_MAX: infinite or NaN (unordered compares true). */
+                bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_NLE_UQ));
+                amax = _mm256_max_ps(a, amax);
+            }
+            if (bad) {
+                memset(row + 32 * b, 0, 32);
+                dx[b] = __builtin_nanf("");
+                sx[b] = 0;
+                continue;
+            }
+            d = hmax8(amax) / 127.0f;
+            id = d > 0 ? 1.0f / d : 0.0f;
+            if (!(id <= FLT_MAX))
+                id = 0;
+            __m256i q[4], s;
+            for (int i = 0; i < 4; i++)
+                q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+            /* int32 -> int8 in element order: the packs interleave 128-bit lanes, the
+             * permute puts them back. */
+            __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+            __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
+                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(row + 32 * b), p8);
+            s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            dx[b] = d;
+            sx[b] = _mm_cvtsi128_si32(s4);
+        }
+    }
+}
 
 A2INL __m256i bcast4(const unsigned char *p)
 {
@@ -121,6 +184,11 @@ void kvg_int8_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gem
 }
 
 #else
+
+void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsigned char *xq)
+{
+    kvg_int8_quantize_x_generic(x, K, r0, r1, xq);
+}
 
 void kvg_int8_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
 {

@@ -413,6 +413,27 @@ static void test_gemm(void)
                "(worst %.2f of the bound)", kvg_quant_name((kvg_qtype)t), worst);
             ok(nan_rows, "%s: a row with an infinity or a NaN gives NaN outputs", kvg_quant_name((kvg_qtype)t));
         }
+        if (int8) {
+            /* A workspace for int8 products only holds no packed-X buffer, and gives the
+             * same bits; float products through it run unpacked, also the same bits. */
+            kvg_threadpool *tp = kvg_threadpool_new(2);
+            kvg_gemm_ws *both = kvg_gemm_ws_new(2, K, K), *only = kvg_gemm_ws_new(2, K, K);
+            kvg_gemm_ws_kinds(only, 0, 1);
+            rc |= kvg_gemm_ws_reserve(both, 64) | kvg_gemm_ws_reserve(only, 64);
+            ref_int8(x, 64, K, wq, (kvg_qtype)t, N, bias, y0, NULL);
+            rc |= kvg_gemm(tp, only, x, 64, K, &tpre, bias, y1);
+            int same_only = same_floats(y0, y1, (size_t)64 * N);
+            rc |= kvg_gemm(tp, only, x, 64, K, &tf, bias, y1);
+            rc |= kvg_gemm(tp, both, x, 64, K, &tf, bias, y2);
+            same_only &= memcmp(y1, y2, (size_t)64 * N * sizeof(float)) == 0;
+            ok(!rc && same_only && kvg_gemm_ws_bytes(only) + (size_t)64 * K * 4 <= kvg_gemm_ws_bytes(both),
+               "%s: a workspace for int8 products only: %zu bytes instead of %zu, the same bits (float "
+               "products through it too)", kvg_quant_name((kvg_qtype)t), kvg_gemm_ws_bytes(only),
+               kvg_gemm_ws_bytes(both));
+            kvg_gemm_ws_free(both);
+            kvg_gemm_ws_free(only);
+            kvg_threadpool_free(tp);
+        }
         kvg_tensor bad = { wq, dt, N, K - 16 };
         ok(kvg_gemm(NULL, NULL, x, 1, K - 16, &bad, NULL, y1) == -1, "%s: K not a multiple of the block: -1",
            kvg_quant_name((kvg_qtype)t));
