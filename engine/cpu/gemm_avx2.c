@@ -36,8 +36,8 @@ TGT_INLINE float reduce8(__m256 h)
 }
 
 /* One MR x NR block over all of K. x: MR rows (stride K); w: NR rows starting at
- * element offset w0 (stride K); y: MR rows (stride ldy), NR columns. */
-TGT_INLINE void block(const float *x, const void *w, size_t w0, kvg_dtype dt, int K,
+ * element offset w0, cs rows apart; y: MR rows (stride ldy), NR columns cs apart. */
+TGT_INLINE void block(const float *x, const void *w, size_t w0, size_t cs, kvg_dtype dt, int K,
                       const float *bias, float *y, size_t ldy, const int MR, const int NR)
 {
     __m256 acc[MR_MAX][NR_MAX][2];
@@ -48,18 +48,12 @@ TGT_INLINE void block(const float *x, const void *w, size_t w0, kvg_dtype dt, in
             acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
 
     for (; k + 16 <= K; k += 16) {
-        /* The next block's rows, one line per row and step, as in gemm_avx512.c. */
-        if (dt == KVG_DT_F32 || (k & 31) == 0)
-            for (int c = 0; c < NR; c++)
-                _mm_prefetch((const char *)w + (w0 + (size_t)(NR + c) * (size_t)K + (size_t)k) *
-                                                   (dt == KVG_DT_F32 ? 4 : 2),
-                             _MM_HINT_T0);
         for (int h = 0; h < 2; h++) {
             __m256 xv[MR_MAX];
             for (int r = 0; r < MR; r++)
                 xv[r] = _mm256_loadu_ps(x + (size_t)r * (size_t)K + (size_t)(k + 8 * h));
             for (int c = 0; c < NR; c++) {
-                __m256 wv = kvg_x86_load_w8(w, w0 + (size_t)c * (size_t)K + (size_t)(k + 8 * h), dt);
+                __m256 wv = kvg_x86_load_w8(w, w0 + (size_t)c * cs * (size_t)K + (size_t)(k + 8 * h), dt);
                 for (int r = 0; r < MR; r++)
                     acc[r][c][h] = _mm256_fmadd_ps(xv[r], wv, acc[r][c][h]);
             }
@@ -74,7 +68,7 @@ TGT_INLINE void block(const float *x, const void *w, size_t w0, kvg_dtype dt, in
                 xt[r][l] = l < t ? x[(size_t)r * (size_t)K + (size_t)(k + l)] : 0.0f;
         }
         for (int c = 0; c < NR; c++) {
-            size_t off = w0 + (size_t)c * (size_t)K + (size_t)k;
+            size_t off = w0 + (size_t)c * cs * (size_t)K + (size_t)k;
             for (int l = 0; l < 16; l++)
                 wt[c][l] = l < t ? kvg_gemm_w_at(w, off + (size_t)l, dt) : 0.0f;
         }
@@ -89,25 +83,25 @@ TGT_INLINE void block(const float *x, const void *w, size_t w0, kvg_dtype dt, in
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < NR; c++) {
             float s = reduce8(_mm256_add_ps(acc[r][c][0], acc[r][c][1]));
-            y[(size_t)r * ldy + (size_t)c] = bias ? s + bias[c] : s;
+            y[(size_t)r * ldy + (size_t)c * cs] = bias ? s + bias[(size_t)c * cs] : s;
         }
 }
 
-typedef void (*block_fn)(const float *x, const void *w, size_t w0, kvg_dtype dt, int K,
-                         const float *bias, float *y, size_t ldy);
+typedef void (*block_fn)(const float *x, const void *w, size_t w0, size_t cs, kvg_dtype dt,
+                         int K, const float *bias, float *y, size_t ldy);
 
 /* One function per block shape, each with the dtype branch hoisted out of its loop. */
 #define BLOCK_FN(MR, NR)                                                                  \
-    TGT static void block_##MR##x##NR(const float *x, const void *w, size_t w0,           \
+    TGT static void block_##MR##x##NR(const float *x, const void *w, size_t w0, size_t cs, \
                                       kvg_dtype dt, int K, const float *bias, float *y,   \
                                       size_t ldy)                                         \
     {                                                                                     \
         if (dt == KVG_DT_F32)                                                             \
-            block(x, w, w0, KVG_DT_F32, K, bias, y, ldy, MR, NR);                         \
+            block(x, w, w0, cs, KVG_DT_F32, K, bias, y, ldy, MR, NR);                     \
         else if (dt == KVG_DT_F16)                                                        \
-            block(x, w, w0, KVG_DT_F16, K, bias, y, ldy, MR, NR);                         \
+            block(x, w, w0, cs, KVG_DT_F16, K, bias, y, ldy, MR, NR);                     \
         else                                                                              \
-            block(x, w, w0, KVG_DT_BF16, K, bias, y, ldy, MR, NR);                        \
+            block(x, w, w0, cs, KVG_DT_BF16, K, bias, y, ldy, MR, NR);                    \
     }
 BLOCK_FN(1, 1) BLOCK_FN(1, 2) BLOCK_FN(1, 3) BLOCK_FN(1, 4)
 BLOCK_FN(2, 1) BLOCK_FN(2, 2) BLOCK_FN(2, 3) BLOCK_FN(2, 4)
@@ -123,7 +117,9 @@ static const block_fn blocks[MR_MAX + 1][NR_MAX + 1] = {
  * accumulators), 2 with 3, 1 with 4 (decode: 8 independent chains). */
 static const int nr_for_mr[MR_MAX + 1] = { 0, 4, 3, 2 };
 
-/* Rows [nb0, nb1) of W against all of X. */
+/* Rows [nb0, nb1) of W against all of X, the NR rows of a block spread over the panel
+ * (row i of each of NR equal slices; the rows left over last, adjacent) as in
+ * gemm_avx512.c, whose panel says why. */
 TGT static void panel(const kvg_gemm_job *job, int nb0, int nb1)
 {
     int K = job->K;
@@ -131,12 +127,18 @@ TGT static void panel(const kvg_gemm_job *job, int nb0, int nb1)
     for (int m0 = 0; m0 < job->M; m0 += MR_MAX) {
         int mr = job->M - m0 < MR_MAX ? job->M - m0 : MR_MAX;
         int NR = nr_for_mr[mr];
+        int per = (nb1 - nb0) / NR, rest = (nb1 - nb0) - per * NR;
         const float *x = job->x + (size_t)m0 * (size_t)K;
         float *y = job->y + (size_t)m0 * (size_t)job->N;
-        for (int n = nb0; n < nb1; n += NR) {
-            int nr = nb1 - n < NR ? nb1 - n : NR;
-            blocks[mr][nr](x, job->w, (size_t)n * (size_t)K, job->dt, K,
+        for (int i = 0; i < per; i++) {
+            int n = nb0 + i;
+            blocks[mr][NR](x, job->w, (size_t)n * (size_t)K, (size_t)per, job->dt, K,
                            job->bias ? job->bias + n : NULL, y + n, (size_t)job->N);
+        }
+        if (rest > 0) {
+            int n = nb0 + per * NR;
+            blocks[mr][rest](x, job->w, (size_t)n * (size_t)K, 1, job->dt, K,
+                             job->bias ? job->bias + n : NULL, y + n, (size_t)job->N);
         }
     }
 }
@@ -170,6 +172,11 @@ static void direct_path(const kvg_gemm_job *job, int n0, int n1)
     size_t row_bytes = (size_t)(job->K > 0 ? job->K : 1) * sizeof(float);
     int nb = (int)(W_BLOCK_BYTES / row_bytes);
 
+    /* Up to MR_MAX rows of X pass over W once: no block need stay in L2. */
+    if (job->M <= MR_MAX) {
+        panel(job, n0, n1);
+        return;
+    }
     nb = nb < 16 ? 16 : nb - nb % 4;
     for (int b0 = n0; b0 < n1; b0 += nb) {
         int b1 = n1 - b0 < nb ? n1 : b0 + nb;

@@ -15,12 +15,9 @@
 #define I8TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define I8INL static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline))
 #define I8UNROLL _Pragma("GCC unroll 16")
-/* Decode (one X row) streams W once, NR groups at a time: software prefetch
- * I8_PF_AHEAD bytes ahead in each group's quants. */
-#define I8_PREFETCH(p) __builtin_prefetch(p)
-#ifndef I8_PF_AHEAD
-#define I8_PF_AHEAD 1024
-#endif
+/* No software prefetch: each group's quants are one sequential stream, which the
+ * hardware prefetchers follow; measured on AMD EPYC (Zen 4), prefetching 1 KiB ahead
+ * made one-row decode 1.3x slower (Q8_0) and 1.4x (Q4_0). */
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned char *xq)
@@ -103,8 +100,6 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, c
             I8UNROLL for (int t = 0; t < 8; t++)
                 I8UNROLL for (int c = 0; c < NR; c++) {
                     __m512i w = _mm512_load_si512((const void *)(grp[c] + (size_t)b * qb + 64 * t));
-                    if (MR == 1)
-                        I8_PREFETCH(grp[c] + (size_t)b * qb + 64 * t + I8_PF_AHEAD);
                     I8UNROLL for (int r = 0; r < MR; r++)
                         iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(xr[r] + 32 * b + 4 * t));
                 }
@@ -112,8 +107,6 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, c
             I8UNROLL for (int t = 0; t < 4; t++)
                 I8UNROLL for (int c = 0; c < NR; c++) {
                     __m512i raw = _mm512_load_si512((const void *)(grp[c] + (size_t)b * qb + 64 * t));
-                    if (MR == 1)
-                        I8_PREFETCH(grp[c] + (size_t)b * qb + 64 * t + I8_PF_AHEAD);
                     __m512i lo = _mm512_and_si512(raw, m0f);
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);
                     I8UNROLL for (int r = 0; r < MR; r++) {
@@ -123,8 +116,6 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, c
                 }
         }
         I8UNROLL for (int c = 0; c < NR; c++) {
-            if (MR == 1 && (b & 1) == 0)
-                I8_PREFETCH(grp[c] + (size_t)nb * qb + 32 * (size_t)b + I8_PF_AHEAD / 8);
             __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(grp[c] + (size_t)nb * qb + 32 * (size_t)b)));
             I8UNROLL for (int r = 0; r < MR; r++)
                 facc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx[r][b])),

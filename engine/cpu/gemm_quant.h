@@ -13,9 +13,9 @@
  * Paths:
  *   small M (decode; no packed X): gemm_quant_x86.h's register-blocked kernels (AVX2,
  *     AVX-512), dequantizing 16 weights at a time in registers (AVX-512: the 4-bit
- *     formats through a 16-entry table per block, built by the defining formula), with
- *     software prefetch of the W rows; gemm_quant.c's plain C kernel for the generic
- *     ISA.
+ *     formats through a 16-entry table per block, built by the defining formula), the
+ *     rows of a block spread over W as front-to-back streams; gemm_quant.c's plain C
+ *     kernel for the generic ISA.
  *   prefill (packed X): the F32 packed path of gemm_packed_x86.h, whose W packing calls
  *     kvg_gemm_quant_pack_w (gemm_quant_avx2.c: vector dequantization of a block per
  *     row, then 8 x 8 transposes) for these dtypes, as F16/BF16 are widened while

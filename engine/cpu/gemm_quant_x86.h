@@ -28,24 +28,6 @@
 
 #define QUNROLL _Pragma("GCC unroll 16")
 
-/* Software prefetch, QPF_AHEAD bytes ahead in each W row, about once per 64 bytes of
- * it: the rows are read as NR concurrent streams, which the hardware prefetchers did
- * not follow early enough (decode ran 2-4x slower without it on the 110M shapes; one
- * prefetch per 34-byte Q8_0 block was slower than one per two). Near a row's end the
- * target moves on to the same row of the NEXT block of NR rows (NR - 1 rows further):
- * QPF_AHEAD past the end of row c is row c + 1, which this block is already reading,
- * so those prefetches were wasted and every block began with NR cold streams (all of
- * them for Q4_0 at K = 768, whose 432-byte rows are shorter than QPF_AHEAD). Past the
- * range, or past W, a prefetch is only a hint: it never faults. */
-#define QPREFETCH(p) __builtin_prefetch(p)
-/* The prefetch address for row c when the block's rows are read at byte `off`. */
-#define QPF_ADDR(c, off)                                                           \
-    (w + (size_t)(c) * rowb + (size_t)(off) + QPF_AHEAD +                          \
-     ((size_t)(off) + QPF_AHEAD >= rowb ? (size_t)(NR - 1) * rowb : 0))
-#ifndef QPF_AHEAD
-#define QPF_AHEAD 512
-#endif
-
 /* acc[r][c] += x[r][k0 .. k0+16) * wv, lane by lane. */
 #define QFMA_ROWS(c, k0, wv)                                                       \
     do {                                                                           \
@@ -54,11 +36,13 @@
             acc[r][c] = qv_fma(qv_loadx(x + (size_t)r * (size_t)K + (size_t)(k0)), wv_, acc[r][c]); \
     } while (0)
 
-/* One MR x NR block over all of K; w: NR rows of rowb bytes. */
-QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype dt, int K,
-                        const float *bias, float *y, size_t ldy, const int MR, const int NR)
+/* One MR x NR block over all of K; w: NR rows of rowb bytes, cs rows apart (y and bias
+ * columns too). */
+QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, size_t cs, kvg_dtype dt,
+                        int K, const float *bias, float *y, size_t ldy, const int MR, const int NR)
 {
     QV acc[MR_MAX][NR_MAX];
+    const size_t wstep = cs * rowb;
 
     QUNROLL for (int r = 0; r < MR; r++)
         QUNROLL for (int c = 0; c < NR; c++)
@@ -72,7 +56,7 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
              * the second product), the same two products as the definition. */
             float sdm[NR_MAX][32] __attribute__((aligned(64)));
             QUNROLL for (int c = 0; c < NR; c++) {
-                const uint8_t *bc = b + (size_t)c * rowb;
+                const uint8_t *bc = b + (size_t)c * wstep;
                 uint8_t sm[16];
                 kvg_x86_q4k_scales(bc + 4, sm);
                 QV v = qi_cvt(qi_u8(sm));
@@ -81,15 +65,12 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
             }
             for (int j = 0; j < 8; j++) {
                 QT t[NR_MAX];
-                QUNROLL for (int c = 0; c < NR; c++) {
-                    if ((j & 1) == 0)
-                        QPREFETCH(QPF_ADDR(c, (size_t)(kb / 256) * 144 + 32 * (size_t)j));
+                QUNROLL for (int c = 0; c < NR; c++)
                     t[c] = q4k_tab(sdm[c][j], sdm[c][24 + j]);
-                }
                 QUNROLL for (int hf = 0; hf < 2; hf++)
                     QUNROLL for (int c = 0; c < NR; c++)
                         QFMA_ROWS(c, kb + 32 * j + 16 * hf,
-                                  q4k_look(t[c], qi_u8(b + (size_t)c * rowb + 16 + 32 * (j / 2) + 16 * hf), j & 1));
+                                  q4k_look(t[c], qi_u8(b + (size_t)c * wstep + 16 + 32 * (j / 2) + 16 * hf), j & 1));
             }
         }
     } else {
@@ -100,9 +81,7 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
             int8_t q[NR_MAX][256] __attribute__((aligned(32)));
             float ds[NR_MAX][16] __attribute__((aligned(64)));
             QUNROLL for (int c = 0; c < NR; c++) {
-                const uint8_t *bc = b + (size_t)c * rowb;
-                for (int p = 0; p < 210; p += 64)
-                    QPREFETCH(QPF_ADDR(c, (size_t)(kb / 256) * 210 + (size_t)p));
+                const uint8_t *bc = b + (size_t)c * wstep;
                 kvg_x86_q6k_bytes(bc, q[c]);
                 qv_store(ds[c], qv_mul(qv_set1(q_f16(bc + 208)), qi_cvt(qi_s8(bc + 192))));
             }
@@ -115,22 +94,21 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, kvg_dtype
     QUNROLL for (int r = 0; r < MR; r++)
         QUNROLL for (int c = 0; c < NR; c++) {
             float s = qv_reduce(acc[r][c]);
-            y[(size_t)r * ldy + (size_t)c] = bias ? s + bias[c] : s;
+            y[(size_t)r * ldy + (size_t)c * cs] = bias ? s + bias[(size_t)c * cs] : s;
         }
 }
 #undef QFMA_ROWS
-#undef QPF_ADDR
-typedef void (*qblock_fn)(const float *x, const uint8_t *w, size_t rowb, kvg_dtype dt, int K,
-                          const float *bias, float *y, size_t ldy);
+typedef void (*qblock_fn)(const float *x, const uint8_t *w, size_t rowb, size_t cs, kvg_dtype dt,
+                          int K, const float *bias, float *y, size_t ldy);
 
 #define QBLOCK_FN(MR, NR)                                                                     \
     QTGT static void qblock_##MR##x##NR(const float *x, const uint8_t *w, size_t rowb,        \
-                                        kvg_dtype dt, int K, const float *bias, float *y,     \
-                                        size_t ldy)                                           \
+                                        size_t cs, kvg_dtype dt, int K, const float *bias,    \
+                                        float *y, size_t ldy)                                 \
     {                                                                                         \
         switch (dt) {                                                                         \
-        case KVG_DT_Q4_K: qblock(x, w, rowb, KVG_DT_Q4_K, K, bias, y, ldy, MR, NR); break;    \
-        default: qblock(x, w, rowb, KVG_DT_Q6_K, K, bias, y, ldy, MR, NR); break;             \
+        case KVG_DT_Q4_K: qblock(x, w, rowb, cs, KVG_DT_Q4_K, K, bias, y, ldy, MR, NR); break; \
+        default: qblock(x, w, rowb, cs, KVG_DT_Q6_K, K, bias, y, ldy, MR, NR); break;         \
         }                                                                                     \
     }
 #define QBLOCK_PAIR(MR, NR) QBLOCK_FN(MR, NR) QBLOCK_FN(MR, 1)
@@ -160,21 +138,30 @@ void QCAT(kvg_gemm_qkernel_, QISA)(const kvg_gemm_job *job, int n0, int n1, cons
         QCAT(kvg_gemm_kernel_, QISA)(job, n0, n1, s);
         return;
     }
-    /* Rows of W per block, kept in L2 while every group of X rows passes over them. */
+    /* Rows of W per block, kept in L2 while every group of X rows passes over them
+     * (up to MR_MAX rows of X pass once: one block). */
     nb = (int)(QW_BLOCK_BYTES / (rowb ? rowb : 1));
     nb = nb < 16 ? 16 : nb - nb % 8;
+    if (job->M <= MR_MAX)
+        nb = n1 - n0;
     for (int b0 = n0; b0 < n1; b0 += nb) {
         int b1 = n1 - b0 < nb ? n1 : b0 + nb;
         for (int m0 = 0; m0 < job->M; m0 += MR_MAX) {
             int mr = job->M - m0 < MR_MAX ? job->M - m0 : MR_MAX, nr = qblocks[mr].nr;
+            /* The nr rows of a block are spread over the W block, one from each of nr
+             * equal slices, as in gemm_avx512.c's panel (each stream then reads its
+             * slice front to back); the rows left over go one at a time. */
+            int per = (b1 - b0) / nr;
             const float *x = job->x + (size_t)m0 * (size_t)K;
             float *y = job->y + (size_t)m0 * (size_t)job->N;
-            int n = b0;
-            for (; n + nr <= b1; n += nr)
-                qblocks[mr].full(x, (const uint8_t *)job->w + (size_t)n * rowb, rowb, job->dt, K,
-                                 job->bias ? job->bias + n : NULL, y + n, (size_t)job->N);
-            for (; n < b1; n++)
-                qblocks[mr].one(x, (const uint8_t *)job->w + (size_t)n * rowb, rowb, job->dt, K,
+            for (int i = 0; i < per; i++) {
+                int n = b0 + i;
+                qblocks[mr].full(x, (const uint8_t *)job->w + (size_t)n * rowb, rowb, (size_t)per,
+                                 job->dt, K, job->bias ? job->bias + n : NULL, y + n,
+                                 (size_t)job->N);
+            }
+            for (int n = b0 + per * nr; n < b1; n++)
+                qblocks[mr].one(x, (const uint8_t *)job->w + (size_t)n * rowb, rowb, 1, job->dt, K,
                                 job->bias ? job->bias + n : NULL, y + n, (size_t)job->N);
         }
     }

@@ -666,7 +666,9 @@ int main(int argc, char **argv)
     if (!no_ref) {
         ref_model ref;
         double t0;
-        if (ref_init(&ref, m, prompt + 64) != 0)
+        /* Positions up to the longer of the prompt and the decode stream. */
+        int ref_len = prompt > dec_prompt + steps ? prompt : dec_prompt + steps;
+        if (ref_init(&ref, m, ref_len + 1) != 0)
             die("reference", "out of memory");
         t0 = now_s();
         for (int p = 0; p < ref_prompt; p++)
