@@ -21,6 +21,9 @@
 
 CC      ?= gcc
 BUILD   ?= build
+# The build in `make test` runs on every core (the suite itself runs its tests one at a
+# time: several at once load the machine, and tests that wait for servers get slower).
+NPROC   := $(shell nproc 2>/dev/null || echo 2)
 PKGS    := jansson libcrypto libutf8proc
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -ljansson -lcrypto -lutf8proc)
@@ -318,7 +321,7 @@ deps:
 # prove run; then the C unit tests under ASan+UBSan and the nginx tests again with the
 # ASan+UBSan build of the module (KVGATE_ASAN=1 makes the harness load it).
 test: deps
-	$(MAKE) all asan module-asan
+	$(MAKE) -j$(NPROC) all asan module-asan
 	BUILD=$(BUILD) prove $(PROVE_FLAGS) $(UNITS) $(wildcard t/*.t)
 	BUILD=$(BUILD) KVGATE_ASAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

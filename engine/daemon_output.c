@@ -187,13 +187,19 @@ static int push_tokens(dconn *c, dreq *r, int j)
         int rc = push(c, KVG_MSG_TOKENS, &t, sizeof t, c->out, plen);
         if (rc != 0)
             return rc;
-        /* Drop what went out. */
-        memmove(s->ids, s->ids + k, (s->n - k) * sizeof *s->ids);
-        memmove(s->lps, s->lps + k, (s->n - k) * sizeof *s->lps);
+        /* Drop what went out. A buffer may still be NULL (no logprobs asked for, no
+         * text yet: tokens that decode to nothing) when nothing of it is left, and
+         * memmove's pointers must not be NULL even for 0 bytes. */
+        if (s->n > k) {
+            memmove(s->ids, s->ids + k, (s->n - k) * sizeof *s->ids);
+            if (s->lps)
+                memmove(s->lps, s->lps + k, (s->n - k) * sizeof *s->lps);
+        }
         for (uint32_t i = k; i < s->n; i++)
             s->text_end[i - k] = s->text_end[i] - tl;
         s->n -= k;
-        memmove(s->text, s->text + tl, s->text_len - tl);
+        if (s->text_len > tl)
+            memmove(s->text, s->text + tl, s->text_len - tl);
         s->text_len -= tl;
     }
     return 0;

@@ -75,14 +75,13 @@ void kvg_int8_repack(kvg_dtype dt, const void *w, int N, int K, int g0, int g1, 
 
     for (int g = g0; g < g1; g++) {
         unsigned char *grp = (unsigned char *)out + (size_t)g * gb;
-        unsigned char *scales = grp + (size_t)nb * qb;
         memset(grp, 0, gb);
         for (int c = 0; c < 16 && g * 16 + c < N; c++) {
             const unsigned char *row = (const unsigned char *)w + (size_t)(g * 16 + c) * rowb;
             for (int b = 0; b < nb; b++) {
                 const unsigned char *blk = row + (size_t)b * bb;
-                unsigned char *q = grp + (size_t)b * qb;
-                memcpy(scales + (size_t)b * 32 + 2 * c, blk, 2);
+                unsigned char *q = grp + kvg_int8_quants_at(pdt, b);
+                memcpy(grp + kvg_int8_scales_at(pdt, b) + 2 * c, blk, 2);
                 for (int t = 0; t < (int)(qb / 64); t++)
                     for (int kk = 0; kk < 4; kk++)
                         q[64 * t + 4 * c + kk] = dt == KVG_DT_Q8_0 ? (unsigned char)(blk[2 + 4 * t + kk] ^ 0x80)
@@ -125,9 +124,9 @@ static void w_ints(const kvg_gemm_job *job, int n, int b, int wq[32], float *dw)
     default: {
         size_t qb = kvg_int8_qbytes(job->dt);
         const unsigned char *grp = w + (size_t)(n / 16) * kvg_int8_group_bytes(job->dt, K);
-        const unsigned char *q = grp + (size_t)b * qb;
+        const unsigned char *q = grp + kvg_int8_quants_at(job->dt, b);
         int c = n % 16;
-        *dw = half_at(grp + (size_t)nb * qb + (size_t)b * 32 + 2 * c);
+        *dw = half_at(grp + kvg_int8_scales_at(job->dt, b) + 2 * c);
         for (int t = 0; t < (int)(qb / 64); t++)
             for (int kk = 0; kk < 4; kk++) {
                 unsigned char v = q[64 * t + 4 * c + kk];

@@ -90,7 +90,8 @@ A2INL __m256i bcast4(const unsigned char *p)
 A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
 {
     const int K = job->K, nb = K / 32;
-    const size_t rb = kvg_int8_x_row_bytes(K), qb = q8 ? 512 : 256;
+    const size_t rb = kvg_int8_x_row_bytes(K);
+    const kvg_dtype pdt = q8 ? KVG_DT_Q8_0_R16 : KVG_DT_Q4_0_R16;   /* a constant, inlined */
     const unsigned char *grp = (const unsigned char *)job->w + (size_t)g * kvg_int8_group_bytes(job->dt, K);
     const __m256i m0f = _mm256_set1_epi8(0x0f), k80 = _mm256_set1_epi8((char)0x80);
     const __m256i ones = _mm256_set1_epi16(1);
@@ -106,7 +107,7 @@ A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
         facc[r][0] = facc[r][1] = _mm256_setzero_ps();
     }
     for (int b = 0; b < nb; b++) {
-        const unsigned char *q = grp + (size_t)b * qb;
+        const unsigned char *q = grp + kvg_int8_quants_at(pdt, b);
         __m256i iacc[2][2];
         A2UNROLL for (int r = 0; r < MR; r++)
             iacc[r][0] = iacc[r][1] = _mm256_set1_epi32(q8 ? 0 : -8 * sx[r][b]);
@@ -136,7 +137,7 @@ A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
                 }
         }
         A2UNROLL for (int h = 0; h < 2; h++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + (size_t)nb * qb + 32 * (size_t)b + 16 * h)));
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + kvg_int8_scales_at(pdt, b) + 16 * h)));
             A2UNROLL for (int r = 0; r < MR; r++)
                 facc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx[r][b])),
                                              _mm256_cvtepi32_ps(iacc[r][h]), facc[r][h]);

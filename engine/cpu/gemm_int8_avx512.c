@@ -89,6 +89,9 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, c
             facc[r][c] = _mm512_setzero_ps();
     }
     for (int b = 0; b < nb; b++) {
+        /* kvg_int8_quants_at / scales_at, for this layout's constant block size. */
+        const size_t pair = (size_t)(b >> 1) * (64 + 2 * qb);
+        const size_t soff = pair + 32 * (size_t)(b & 1), qoff = pair + 64 + (size_t)(b & 1) * qb;
         __m512i iacc[4][8];
         I8UNROLL for (int r = 0; r < MR; r++) {
             /* Start from -off * sx: the stored bytes are wq + off. */
@@ -99,14 +102,14 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, c
         if (q8) {
             I8UNROLL for (int t = 0; t < 8; t++)
                 I8UNROLL for (int c = 0; c < NR; c++) {
-                    __m512i w = _mm512_load_si512((const void *)(grp[c] + (size_t)b * qb + 64 * t));
+                    __m512i w = _mm512_load_si512((const void *)(grp[c] + qoff + 64 * t));
                     I8UNROLL for (int r = 0; r < MR; r++)
                         iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(xr[r] + 32 * b + 4 * t));
                 }
         } else {
             I8UNROLL for (int t = 0; t < 4; t++)
                 I8UNROLL for (int c = 0; c < NR; c++) {
-                    __m512i raw = _mm512_load_si512((const void *)(grp[c] + (size_t)b * qb + 64 * t));
+                    __m512i raw = _mm512_load_si512((const void *)(grp[c] + qoff + 64 * t));
                     __m512i lo = _mm512_and_si512(raw, m0f);
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);
                     I8UNROLL for (int r = 0; r < MR; r++) {
@@ -116,7 +119,7 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, c
                 }
         }
         I8UNROLL for (int c = 0; c < NR; c++) {
-            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(grp[c] + (size_t)nb * qb + 32 * (size_t)b)));
+            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(grp[c] + soff)));
             I8UNROLL for (int r = 0; r < MR; r++)
                 facc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx[r][b])),
                                              _mm512_cvtepi32_ps(iacc[r][c]), facc[r][c]);
