@@ -45,13 +45,14 @@
  * zero rows), each group its blocks in pairs, [64 bytes: the 16 F16 scales of block
  * 2p, then of 2p + 1][quants of block 2p][quants of block 2p + 1] (an odd last block
  * alone, its pair's second 32 scale bytes zero), so a group is ONE front-to-back
- * stream: a separate stream of scales per group ran decode 10-25% slower on Zen 4
- * (twice the streams for the prefetchers to follow). A block's quants are 64-byte rows t of 16 rows x 4 bytes: byte 4c + kk of
- * row t belongs to W row c of the group and holds, for Q8_0, wq[4t + kk] + 128 as an
- * unsigned byte (t = 0..7); for Q4_0, the file's byte 4t + kk unchanged, whose low
- * nibble is element 4t + kk and high nibble element 16 + 4t + kk (t = 0..3). So one
- * 512-bit load is 16 output columns x 4 k, and vpdpbusd against 4 bytes of X
- * broadcast adds 4 products into each column's int32: no horizontal sums at all.
+ * stream: a separate stream of scales per group ran one-row decode 7-13% slower on
+ * Zen 4 (twice the streams for the prefetchers to follow). A block's quants are
+ * 64-byte rows t of 16 rows x 4 bytes: byte 4c + kk of row t belongs to W row c of
+ * the group and holds, for Q8_0, wq[4t + kk] + 128 as an unsigned byte (t = 0..7);
+ * for Q4_0, the file's byte 4t + kk unchanged, whose low nibble is element 4t + kk
+ * and high nibble element 16 + 4t + kk (t = 0..3). So one 512-bit load is 16 output
+ * columns x 4 k, and vpdpbusd against 4 bytes of X broadcast adds 4 products into
+ * each column's int32: no horizontal sums at all.
  *
  * Quantized X, per row (kvg_int8_x_row_bytes): K int8, then K/32 float dx, then K/32
  * int32 sx. kvg_gemm quantizes each row once per product (once per q/k/v triple),

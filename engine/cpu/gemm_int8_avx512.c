@@ -70,7 +70,7 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, c
 {
     const int K = job->K, nb = K / 32;
     const size_t rb = kvg_int8_x_row_bytes(K), gb = kvg_int8_group_bytes(job->dt, K);
-    const size_t qb = q8 ? 512 : 256;
+    const kvg_dtype pdt = q8 ? KVG_DT_Q8_0_R16 : KVG_DT_Q4_0_R16;   /* a constant, inlined */
     const int off = q8 ? 128 : 8;
     const __m512i m0f = _mm512_set1_epi8(0x0f);
     const unsigned char *xr[4], *grp[8];
@@ -89,9 +89,7 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, c
             facc[r][c] = _mm512_setzero_ps();
     }
     for (int b = 0; b < nb; b++) {
-        /* kvg_int8_quants_at / scales_at, for this layout's constant block size. */
-        const size_t pair = (size_t)(b >> 1) * (64 + 2 * qb);
-        const size_t soff = pair + 32 * (size_t)(b & 1), qoff = pair + 64 + (size_t)(b & 1) * qb;
+        const size_t soff = kvg_int8_scales_at(pdt, b), qoff = kvg_int8_quants_at(pdt, b);
         __m512i iacc[4][8];
         I8UNROLL for (int r = 0; r < MR; r++) {
             /* Start from -off * sx: the stored bytes are wq + off. */
