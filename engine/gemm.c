@@ -30,15 +30,15 @@ static const kvg_gemm_kernel_fn kernels[] = {
     [KVG_ISA_AVX512] = kvg_gemm_kernel_avx512,
 };
 
-/* Q4_K and Q6_K W (gemm_quant.h): their own small-M kernels; prefill runs the F32
- * packed path above, which dequantizes W while packing it. */
+/* Q6_K W (gemm_quant.h): its own small-M kernels; prefill runs the F32 packed path
+ * above, which dequantizes W while packing it. */
 static const kvg_gemm_kernel_fn qkernels[] = {
     [KVG_ISA_GENERIC] = kvg_gemm_qkernel_generic,
     [KVG_ISA_AVX2] = kvg_gemm_qkernel_avx2,
     [KVG_ISA_AVX512] = kvg_gemm_qkernel_avx512,
 };
 
-/* Q8_0 and Q4_0 W: integer products over X quantized to int8 (gemm_int8.h). The
+/* Q8_0, Q4_0 and Q4_K W: integer products over X quantized to int8 (gemm_int8.h). The
  * AVX-512 kernel needs VNNI; without it the AVX2 one runs (the same bits). */
 static const kvg_gemm_kernel_fn i8kernels[] = {
     [KVG_ISA_GENERIC] = kvg_int8_kernel_generic,
@@ -445,10 +445,10 @@ int kvg_gemm_prepare(kvg_threadpool *tp, const kvg_tensor *w, kvg_tensor *out)
     if (!w || !out)
         return -1;
     *out = *w;
-    if (w->dtype != KVG_DT_Q8_0 && w->dtype != KVG_DT_Q4_0)
+    if (w->dtype != KVG_DT_Q8_0 && w->dtype != KVG_DT_Q4_0 && w->dtype != KVG_DT_Q4_K)
         return 0;
     if (!w->data || w->rows < 0 || w->rows > 0x7fffffff || w->cols <= 0 || w->cols > 0x7fffffff ||
-        w->cols % 32 != 0)
+        w->cols % kvg_gemm_k_multiple(w->dtype) != 0)
         return -1;
     pdt = kvg_int8_packed_dt(w->dtype);
     groups = ((size_t)w->rows + 15) / 16;
@@ -496,7 +496,7 @@ static void multi_range(void *arg, size_t begin, size_t end)
     }
 }
 
-/* ---- int8 products (Q8_0, Q4_0 W) ---- */
+/* ---- int8 products (Q8_0, Q4_0, Q4_K W) ---- */
 
 struct quant_ctx {
     quantize_x_fn fn;

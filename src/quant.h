@@ -1,9 +1,10 @@
 /* Block formats of GGUF (ggml) quantized tensors: Q8_0, Q4_0, Q4_K and Q6_K.
  *
- * kvg_dequant_row defines THE F32 value of every quantized element (the engine's
+ * kvg_dequant_row defines THE F32 value of every quantized element (the engine's Q6_K
  * kernels dequantize in registers to exactly these values, then follow the canonical
- * F32 order, so a quantized model computes bit for bit what the F32 model over its
- * dequantized weights computes). In F32 arithmetic, in this order (f16 -> f32 is exact):
+ * F32 order, so those products are bit for bit the F32 ones over the dequantized
+ * weights; Q8_0, Q4_0 and Q4_K take integer products against int8-rounded activations,
+ * engine/cpu/gemm_int8.h, whose distance from these values' F32 product is bounded). In F32 arithmetic, in this order (f16 -> f32 is exact):
  *   Q8_0  block 32:  { f16 d; int8 qs[32]; }                      w = d * q
  *   Q4_0  block 32:  { f16 d; uint8 qs[16]; }  j < 16: low nibble of qs[j],
  *                    j >= 16: high nibble of qs[j-16]              w = d * (nibble - 8)

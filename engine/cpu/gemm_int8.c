@@ -7,6 +7,7 @@
 
 #include "cpu/gemm_int8.h"
 #include "cpu/gemm_kernels.h"
+#include "quant.h"
 
 /* ---- X ---- */
 
@@ -58,7 +59,7 @@ void kvg_int8_quantize_x_generic(const float *x, int K, int r0, int r1, unsigned
 
 kvg_dtype kvg_int8_packed_dt(kvg_dtype dt)
 {
-    return dt == KVG_DT_Q8_0 ? KVG_DT_Q8_0_R16 : KVG_DT_Q4_0_R16;
+    return dt == KVG_DT_Q8_0 ? KVG_DT_Q8_0_R16 : dt == KVG_DT_Q4_0 ? KVG_DT_Q4_0_R16 : KVG_DT_Q4_K_R16;
 }
 
 size_t kvg_int8_packed_bytes(kvg_dtype packed_dt, int N, int K)
@@ -66,12 +67,30 @@ size_t kvg_int8_packed_bytes(kvg_dtype packed_dt, int N, int K)
     return (size_t)((N + 15) / 16) * kvg_int8_group_bytes(packed_dt, K);
 }
 
+/* One Q4_K block (the file's 144 bytes) into column c of super-block sbp of a group:
+ * the scales unpacked to bytes, the quants in rows of 4 (the file's byte order
+ * within each row of 4 already pairs element e with e + 32). */
+static void repack_q4k_block(const unsigned char *blk, int c, unsigned char *sbp)
+{
+    memcpy(sbp + KVG_Q4K_D + 2 * c, blk, 2);
+    memcpy(sbp + KVG_Q4K_DMIN + 2 * c, blk + 2, 2);
+    for (int s = 0; s < 8; s++) {
+        int sc, m;
+        kvg_q4k_scale_min(blk + 4, s, &sc, &m);
+        sbp[KVG_Q4K_SC + 16 * s + c] = (unsigned char)sc;
+        sbp[KVG_Q4K_M + 16 * s + c] = (unsigned char)m;
+    }
+    for (int p = 0; p < 4; p++)
+        for (int t = 0; t < 8; t++)
+            memcpy(sbp + KVG_Q4K_Q + 512 * p + 64 * t + 4 * c, blk + 16 + 32 * p + 4 * t, 4);
+}
+
 void kvg_int8_repack(kvg_dtype dt, const void *w, int N, int K, int g0, int g1, void *out)
 {
     kvg_dtype pdt = kvg_int8_packed_dt(dt);
-    size_t bb = dt == KVG_DT_Q8_0 ? 34 : 18, rowb = (size_t)(K / 32) * bb;
-    size_t gb = kvg_int8_group_bytes(pdt, K), qb = kvg_int8_qbytes(pdt);
-    int nb = K / 32;
+    size_t bb = dt == KVG_DT_Q8_0 ? 34 : dt == KVG_DT_Q4_0 ? 18 : 144;
+    int bk = dt == KVG_DT_Q4_K ? 256 : 32, nb = K / bk;
+    size_t rowb = (size_t)nb * bb, gb = kvg_int8_group_bytes(pdt, K);
 
     for (int g = g0; g < g1; g++) {
         unsigned char *grp = (unsigned char *)out + (size_t)g * gb;
@@ -80,6 +99,11 @@ void kvg_int8_repack(kvg_dtype dt, const void *w, int N, int K, int g0, int g1, 
             const unsigned char *row = (const unsigned char *)w + (size_t)(g * 16 + c) * rowb;
             for (int b = 0; b < nb; b++) {
                 const unsigned char *blk = row + (size_t)b * bb;
+                if (dt == KVG_DT_Q4_K) {
+                    repack_q4k_block(blk, c, grp + (size_t)b * KVG_Q4K_SB_BYTES);
+                    continue;
+                }
+                size_t qb = kvg_int8_qbytes(pdt);
                 unsigned char *q = grp + kvg_int8_quants_at(pdt, b);
                 memcpy(grp + kvg_int8_scales_at(pdt, b) + 2 * c, blk, 2);
                 for (int t = 0; t < (int)(qb / 64); t++)
@@ -98,27 +122,65 @@ static float half_at(const unsigned char *p)
     return kvg_gemm_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
 }
 
-/* The weight integers of block b of output n, as the definition names them. */
-static void w_ints(const kvg_gemm_job *job, int n, int b, int wq[32], float *dw)
+/* Block b (of 32) of output n as the definition names it: the weight integers and
+ * dw (Q8_0, Q4_0), or ds and dm (Q4_K: q4k set). */
+typedef struct wblock {
+    int wq[32];
+    int q4k;
+    float dw, ds, dm;
+} wblock;
+
+static void q4k_from(float d, float dmin, int sc, int m, wblock *wb)
+{
+    wb->q4k = 1;
+    wb->ds = d * (float)sc;
+    wb->dm = dmin * (float)m;
+}
+
+static void w_block(const kvg_gemm_job *job, int n, int b, wblock *wb)
 {
     int K = job->K, nb = K / 32;
     const unsigned char *w = job->w;
 
+    wb->q4k = 0;
     switch (job->dt) {
     case KVG_DT_Q8_0: {
         const unsigned char *blk = w + ((size_t)n * (size_t)nb + (size_t)b) * 34;
-        *dw = half_at(blk);
+        wb->dw = half_at(blk);
         for (int k = 0; k < 32; k++)
-            wq[k] = (int8_t)blk[2 + k];
+            wb->wq[k] = (int8_t)blk[2 + k];
         break;
     }
     case KVG_DT_Q4_0: {
         const unsigned char *blk = w + ((size_t)n * (size_t)nb + (size_t)b) * 18;
-        *dw = half_at(blk);
+        wb->dw = half_at(blk);
         for (int k = 0; k < 16; k++) {
-            wq[k] = (blk[2 + k] & 15) - 8;
-            wq[k + 16] = (blk[2 + k] >> 4) - 8;
+            wb->wq[k] = (blk[2 + k] & 15) - 8;
+            wb->wq[k + 16] = (blk[2 + k] >> 4) - 8;
         }
+        break;
+    }
+    case KVG_DT_Q4_K: {
+        const unsigned char *blk = w + ((size_t)n * (size_t)(K / 256) + (size_t)(b / 8)) * 144;
+        int s = b % 8, sc, m;
+        const unsigned char *qs = blk + 16 + 32 * (s / 2);
+        kvg_q4k_scale_min(blk + 4, s, &sc, &m);
+        q4k_from(half_at(blk), half_at(blk + 2), sc, m, wb);
+        for (int k = 0; k < 32; k++)
+            wb->wq[k] = s % 2 ? qs[k] >> 4 : qs[k] & 15;
+        break;
+    }
+    case KVG_DT_Q4_K_R16: {
+        const unsigned char *sbp = w + (size_t)(n / 16) * kvg_int8_group_bytes(job->dt, K) +
+                                   (size_t)(b / 8) * KVG_Q4K_SB_BYTES;
+        int s = b % 8, c = n % 16;
+        q4k_from(half_at(sbp + KVG_Q4K_D + 2 * c), half_at(sbp + KVG_Q4K_DMIN + 2 * c), sbp[KVG_Q4K_SC + 16 * s + c],
+                 sbp[KVG_Q4K_M + 16 * s + c], wb);
+        for (int t = 0; t < 8; t++)
+            for (int kk = 0; kk < 4; kk++) {
+                unsigned char v = sbp[KVG_Q4K_Q + 512 * (s / 2) + 64 * t + 4 * c + kk];
+                wb->wq[4 * t + kk] = s % 2 ? v >> 4 : v & 15;
+            }
         break;
     }
     default: {
@@ -126,15 +188,15 @@ static void w_ints(const kvg_gemm_job *job, int n, int b, int wq[32], float *dw)
         const unsigned char *grp = w + (size_t)(n / 16) * kvg_int8_group_bytes(job->dt, K);
         const unsigned char *q = grp + kvg_int8_quants_at(job->dt, b);
         int c = n % 16;
-        *dw = half_at(grp + kvg_int8_scales_at(job->dt, b) + 2 * c);
+        wb->dw = half_at(grp + kvg_int8_scales_at(job->dt, b) + 2 * c);
         for (int t = 0; t < (int)(qb / 64); t++)
             for (int kk = 0; kk < 4; kk++) {
                 unsigned char v = q[64 * t + 4 * c + kk];
                 if (job->dt == KVG_DT_Q8_0_R16) {
-                    wq[4 * t + kk] = (int)v - 128;
+                    wb->wq[4 * t + kk] = (int)v - 128;
                 } else {
-                    wq[4 * t + kk] = (v & 15) - 8;
-                    wq[16 + 4 * t + kk] = (v >> 4) - 8;
+                    wb->wq[4 * t + kk] = (v & 15) - 8;
+                    wb->wq[16 + 4 * t + kk] = (v >> 4) - 8;
                 }
             }
         break;
@@ -149,22 +211,28 @@ void kvg_int8_kernel_generic(const kvg_gemm_job *job, int n0, int n1, const kvg_
 {
     int K = job->K, nb = K / 32;
     size_t rb = kvg_int8_x_row_bytes(K);
-    int wq[32];
+    wblock wb;
 
     (void)s;
     for (int n = n0; n < n1; n++)
         for (int m0 = 0; m0 < job->M; m0 += GMR) {
             int mr = job->M - m0 < GMR ? job->M - m0 : GMR;
-            float acc[GMR] = { 0 }, dw;
+            float acc[GMR] = { 0 };
             for (int b = 0; b < nb; b++) {
-                w_ints(job, n, b, wq, &dw);
+                w_block(job, n, b, &wb);
                 for (int r = 0; r < mr; r++) {
                     const unsigned char *row = job->xq + (size_t)(m0 + r) * rb;
                     const float *dx = (const float *)(row + K);
+                    const int32_t *sx = (const int32_t *)(row + K) + nb;
                     int32_t isum = 0;
                     for (int k = 0; k < 32; k++)
-                        isum += wq[k] * (int8_t)row[32 * b + k];
-                    acc[r] = fmaf(dw * dx[b], (float)isum, acc[r]);
+                        isum += wb.wq[k] * (int8_t)row[32 * b + k];
+                    if (wb.q4k) {
+                        float u = wb.dm * (float)sx[b];
+                        acc[r] = fmaf(dx[b], fmaf(wb.ds, (float)isum, -u), acc[r]);
+                    } else {
+                        acc[r] = fmaf(wb.dw * dx[b], (float)isum, acc[r]);
+                    }
                 }
             }
             for (int r = 0; r < mr; r++)

@@ -1,6 +1,6 @@
-/* Internal to the GEMM: integer products for Q8_0 and Q4_0 weights.
+/* Internal to the GEMM: integer products for Q8_0, Q4_0 and Q4_K weights.
  *
- * These two formats are 32 small integers and one F16 scale per block, so a block's
+ * Q8_0 and Q4_0 are 32 small integers and one F16 scale per block, so a block's
  * dot product with an activation block that is itself 32 int8 values and one scale
  * is one exact integer and two float operations: that is what VNNI (vpdpbusd: 64
  * u8 x s8 products per instruction into 16 int32) is for, about 4x the multiply-adds
@@ -29,10 +29,21 @@
  *                                                          one FMA; (float)isum exact)
  *     y = bias ? acc + bias[n] : acc
  *
+ *   Q4_K W, per row n, per block b of 32 (sub-block s = b % 8 of super-block b / 8):
+ *     wq[k] = the nibble (0..15), sc and m = the sub-block's 6-bit scale and min,
+ *     d and dmin = the super-block's F16 scales, widened exactly; then
+ *         ds = d * (float)sc,  dm = dmin * (float)m          (W only: one rounding each)
+ *     and the block's step, in place of the Q8_0 / Q4_0 one:
+ *         u   = dm * (float)sx                                (one rounding)
+ *         acc = fma(dx, fma(ds, (float)isum, -u), acc)        (two roundings)
+ *     that is dx * (sum of (ds wq[k] - dm) q[k]), the dequantized Q4_K weight
+ *     ((d sc) wq - (dmin m), src/quant.h) against X's rounding, as for Q8_0.
+ *
  * Integer sums are exact in any order, so a kernel may split and reorder isum as it
  * likes (vpdpbusd adds 4 products at a time; it sees W as unsigned bytes, so its
  * sums carry an offset that one exact subtraction removes: Q4_0 stores nibbles
- * wq + 8 and subtracts 8 * sx, Q8_0's layout stores wq + 128 and subtracts 128 * sx).
+ * wq + 8 and subtracts 8 * sx, Q8_0's layout stores wq + 128 and subtracts 128 * sx;
+ * Q4_K's nibbles are unsigned already).
  * Only the float chain over blocks is fixed, one chain per output.
  *
  * Error, for the record (t/unit/quant.c checks it): rounding x to q moves each x by
@@ -54,6 +65,14 @@
  * columns x 4 k, and vpdpbusd against 4 bytes of X broadcast adds 4 products into
  * each column's int32: no horizontal sums at all.
  *
+ * KVG_DT_Q4_K_R16, the same idea per super-block of 256 (2,368 bytes per group, 37
+ * rows of 64; the file's 16 rows take 2,304): [the 16 d as F16][the 16 dmin]
+ * [sc: 8 sub-blocks x 16 columns, one byte each][m: likewise][quants: for each pair
+ * of sub-blocks p = 0..3, 8 rows t of 64 bytes, byte 4c + kk holding, as the file
+ * does, element 64p + 4t + kk in its low nibble and element 64p + 32 + 4t + kk in its
+ * high one]. The scales unpacked to bytes cost 256 bytes per group and save every
+ * kernel the 6-bit unpacking.
+ *
  * Quantized X, per row (kvg_int8_x_row_bytes): K int8, then K/32 float dx, then K/32
  * int32 sx. kvg_gemm quantizes each row once per product (once per q/k/v triple),
  * in parallel, into the workspace. */
@@ -70,21 +89,30 @@ struct kvg_gemm_scratch;
 
 static inline int kvg_int8_dt(kvg_dtype dt)
 {
-    return dt == KVG_DT_Q8_0 || dt == KVG_DT_Q4_0 || dt == KVG_DT_Q8_0_R16 || dt == KVG_DT_Q4_0_R16;
+    return dt == KVG_DT_Q8_0 || dt == KVG_DT_Q4_0 || dt == KVG_DT_Q4_K || dt == KVG_DT_Q8_0_R16 ||
+           dt == KVG_DT_Q4_0_R16 || dt == KVG_DT_Q4_K_R16;
 }
 
 static inline int kvg_int8_dt_packed(kvg_dtype dt)
 {
-    return dt == KVG_DT_Q8_0_R16 || dt == KVG_DT_Q4_0_R16;
+    return dt == KVG_DT_Q8_0_R16 || dt == KVG_DT_Q4_0_R16 || dt == KVG_DT_Q4_K_R16;
 }
 
 /* What K must be a multiple of for W of dtype dt: its block (1 for F32/F16/BF16). */
 static inline int kvg_gemm_k_multiple(kvg_dtype dt)
 {
-    if (kvg_int8_dt(dt))
-        return 32;
-    return dt == KVG_DT_Q4_K || dt == KVG_DT_Q6_K ? 256 : 1;
+    if (dt == KVG_DT_Q4_K || dt == KVG_DT_Q4_K_R16 || dt == KVG_DT_Q6_K)
+        return 256;
+    return kvg_int8_dt(dt) ? 32 : 1;
 }
+
+/* KVG_DT_Q4_K_R16: bytes of one super-block of one group, and where its parts start. */
+#define KVG_Q4K_SB_BYTES 2368
+#define KVG_Q4K_D 0          /* 16 F16 */
+#define KVG_Q4K_DMIN 32      /* 16 F16 */
+#define KVG_Q4K_SC 64        /* + 16 s + c */
+#define KVG_Q4K_M 192        /* + 16 s + c */
+#define KVG_Q4K_Q 320        /* + 512 p + 64 t */
 
 /* Bytes of one quantized X row of K elements (K a multiple of 32). */
 static inline size_t kvg_int8_x_row_bytes(int K)
@@ -107,6 +135,8 @@ static inline size_t kvg_int8_pair_bytes(kvg_dtype dt)
 static inline size_t kvg_int8_group_bytes(kvg_dtype dt, int K)
 {
     size_t nb = (size_t)(K / 32);
+    if (dt == KVG_DT_Q4_K_R16)
+        return (size_t)(K / 256) * KVG_Q4K_SB_BYTES;
     return nb / 2 * kvg_int8_pair_bytes(dt) + (nb & 1) * (64 + kvg_int8_qbytes(dt));
 }
 
@@ -136,7 +166,7 @@ void kvg_int8_kernel_avx2(const struct kvg_gemm_job *job, int n0, int n1,
 void kvg_int8_kernel_avx512(const struct kvg_gemm_job *job, int n0, int n1,
                             const struct kvg_gemm_scratch *s);
 
-/* The repacked layout of a [N][K] Q8_0 / Q4_0 matrix: its dtype and size. */
+/* The repacked layout of a [N][K] Q8_0 / Q4_0 / Q4_K matrix: its dtype and size. */
 kvg_dtype kvg_int8_packed_dt(kvg_dtype dt);
 size_t kvg_int8_packed_bytes(kvg_dtype packed_dt, int N, int K);
 /* Repacks rows [g0 * 16, g1 * 16) of w (the file's rows; N of them) into `out`. */

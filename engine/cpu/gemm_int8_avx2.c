@@ -2,7 +2,7 @@
  * integers through vpmaddubsw (u8 x s8 pairs into s16) and vpmaddwd (pairs of s16
  * into int32), a group of 16 columns as two 8-column halves. vpmaddubsw saturates,
  * so Q8_0's products go as |w| x (x with w's sign), at most 2 * 128 * 127 < 2^15
- * per pair, and Q4_0's nibbles (<= 15) need nothing. */
+ * per pair, and Q4_0's and Q4_K's nibbles (<= 15) need nothing. */
 #include <float.h>
 #include <string.h>
 
@@ -86,11 +86,30 @@ A2INL __m256i bcast4(const unsigned char *p)
     return _mm256_set1_epi32(v);
 }
 
+/* Quantized X row m: its int8 values, block scales and sums. */
+A2INL void xrow(const kvg_gemm_job *job, int m, const unsigned char **xr, const float **dx, const int32_t **sx)
+{
+    const int K = job->K;
+    *xr = job->xq + (size_t)m * kvg_int8_x_row_bytes(K);
+    *dx = (const float *)(*xr + K);
+    *sx = (const int32_t *)(*xr + K) + K / 32;
+}
+
+/* Row m of group g's outputs (+ bias); only the matrix's last group is partial. */
+A2INL void store_row(const kvg_gemm_job *job, int m, int g, const __m256 facc[2])
+{
+    float v[16];
+    int n = g * 16, cols = job->N - n < 16 ? job->N - n : 16;
+    _mm256_storeu_ps(v, facc[0]);
+    _mm256_storeu_ps(v + 8, facc[1]);
+    for (int c = 0; c < cols; c++)
+        job->y[(size_t)m * (size_t)job->N + (size_t)(n + c)] = job->bias ? v[c] + job->bias[n + c] : v[c];
+}
+
 /* MR rows of X (from m0) x one group of 16 columns (g), over all of K. */
 A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
 {
     const int K = job->K, nb = K / 32;
-    const size_t rb = kvg_int8_x_row_bytes(K);
     const kvg_dtype pdt = q8 ? KVG_DT_Q8_0_R16 : KVG_DT_Q4_0_R16;   /* a constant, inlined */
     const unsigned char *grp = (const unsigned char *)job->w + (size_t)g * kvg_int8_group_bytes(job->dt, K);
     const __m256i m0f = _mm256_set1_epi8(0x0f), k80 = _mm256_set1_epi8((char)0x80);
@@ -101,9 +120,7 @@ A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
     __m256 facc[2][2];
 
     A2UNROLL for (int r = 0; r < MR; r++) {
-        xr[r] = job->xq + (size_t)(m0 + r) * rb;
-        dx[r] = (const float *)(xr[r] + K);
-        sx[r] = (const int32_t *)(xr[r] + K) + nb;
+        xrow(job, m0 + r, &xr[r], &dx[r], &sx[r]);
         facc[r][0] = facc[r][1] = _mm256_setzero_ps();
     }
     for (int b = 0; b < nb; b++) {
@@ -143,30 +160,75 @@ A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
                                              _mm256_cvtepi32_ps(iacc[r][h]), facc[r][h]);
         }
     }
+    A2UNROLL for (int r = 0; r < MR; r++)
+        store_row(job, m0 + r, g, facc[r]);
+}
+
+/* tile() for Q4_K_R16 (gemm_int8.h's definition): per sub-block of 32, the nibbles'
+ * integer sums, then its three float steps, ds and dm made from the scale bytes. */
+A2INL void tile_q4k(const kvg_gemm_job *job, int m0, int g, const int MR)
+{
+    const int K = job->K, nb = K / 32;
+    const unsigned char *grp = (const unsigned char *)job->w + (size_t)g * kvg_int8_group_bytes(job->dt, K);
+    const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const unsigned char *xr[2];
+    const float *dx[2];
+    const int32_t *sx[2];
+    __m256 facc[2][2];
+
     A2UNROLL for (int r = 0; r < MR; r++) {
-        float v[16];
-        int n = g * 16, cols = job->N - n < 16 ? job->N - n : 16;
-        _mm256_storeu_ps(v, facc[r][0]);
-        _mm256_storeu_ps(v + 8, facc[r][1]);
-        for (int c = 0; c < cols; c++)
-            job->y[(size_t)(m0 + r) * (size_t)job->N + (size_t)(n + c)] = job->bias ? v[c] + job->bias[n + c] : v[c];
+        xrow(job, m0 + r, &xr[r], &dx[r], &sx[r]);
+        facc[r][0] = facc[r][1] = _mm256_setzero_ps();
     }
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *sp = grp + (size_t)(b / 8) * KVG_Q4K_SB_BYTES;
+        const int sub = b % 8;
+        const unsigned char *q = sp + KVG_Q4K_Q + 512 * (sub / 2);
+        __m256i iacc[2][2];
+        A2UNROLL for (int r = 0; r < MR; r++)
+            iacc[r][0] = iacc[r][1] = _mm256_setzero_si256();
+        A2UNROLL for (int t = 0; t < 8; t++)
+            A2UNROLL for (int h = 0; h < 2; h++) {
+                __m256i raw = _mm256_load_si256((const __m256i *)(q + 64 * t + 32 * h));
+                __m256i w = sub & 1 ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f) : _mm256_and_si256(raw, m0f);
+                A2UNROLL for (int r = 0; r < MR; r++)
+                    iacc[r][h] = _mm256_add_epi32(
+                        iacc[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast4(xr[r] + 32 * b + 4 * t)), ones));
+            }
+        A2UNROLL for (int h = 0; h < 2; h++) {
+            __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sp + KVG_Q4K_SC + 16 * sub + 8 * h))));
+            __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sp + KVG_Q4K_M + 16 * sub + 8 * h))));
+            __m256 ds = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sp + KVG_Q4K_D + 16 * h))), sc);
+            __m256 dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sp + KVG_Q4K_DMIN + 16 * h))), mn);
+            A2UNROLL for (int r = 0; r < MR; r++) {
+                __m256 u = _mm256_mul_ps(dm, _mm256_set1_ps((float)sx[r][b]));
+                __m256 st = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(iacc[r][h]), u);
+                facc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r][b]), st, facc[r][h]);
+            }
+        }
+    }
+    A2UNROLL for (int r = 0; r < MR; r++)
+        store_row(job, m0 + r, g, facc[r]);
 }
 
 A2TGT static void tile1(const kvg_gemm_job *job, int m0, int g)
 {
     if (job->dt == KVG_DT_Q8_0_R16)
         tile(job, m0, g, 1, 1);
-    else
+    else if (job->dt == KVG_DT_Q4_0_R16)
         tile(job, m0, g, 0, 1);
+    else
+        tile_q4k(job, m0, g, 1);
 }
 
 A2TGT static void tile2(const kvg_gemm_job *job, int m0, int g)
 {
     if (job->dt == KVG_DT_Q8_0_R16)
         tile(job, m0, g, 1, 2);
-    else
+    else if (job->dt == KVG_DT_Q4_0_R16)
         tile(job, m0, g, 0, 2);
+    else
+        tile_q4k(job, m0, g, 2);
 }
 
 void kvg_int8_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)

@@ -1,5 +1,5 @@
 /* The int8 products on AVX-512 VNNI (gemm_int8.h): X quantized 32 at a time, and
- * the kernel over the repacked layout, vpdpbusd into one int32 per output column per
+ * the kernels over the repacked layouts, vpdpbusd into one int32 per output column per
  * block, then the block's two float operations. gemm.c runs these only where the CPU
  * has AVX512_VNNI (else the AVX2 kernel). */
 #include <float.h>
@@ -64,12 +64,41 @@ I8INL __m512i bcast4(const unsigned char *p)
     return _mm512_set1_epi32(v);
 }
 
-/* MR rows of quantized X (from row m0) x NR groups of 16 columns (from group g0),
- * over all of K. */
-I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, const int NR)
+/* The MR quantized X rows from row m0: their int8 values, block scales and sums. */
+I8INL void x_rows(const kvg_gemm_job *job, int m0, const int MR, const unsigned char **xr, const float **dx,
+                  const int32_t **sx)
+{
+    const int K = job->K;
+    const size_t rb = kvg_int8_x_row_bytes(K);
+    I8UNROLL for (int r = 0; r < MR; r++) {
+        xr[r] = job->xq + (size_t)(m0 + r) * rb;
+        dx[r] = (const float *)(xr[r] + K);
+        sx[r] = (const int32_t *)(xr[r] + K) + K / 32;
+    }
+}
+
+/* A tile's outputs (+ bias): groups g0, g0 + gs, ...; only the matrix's last group
+ * is partial. */
+I8INL void store_tile(const kvg_gemm_job *job, int m0, int g0, int gs, __m512 facc[4][8], const int MR,
+                      const int NR)
+{
+    I8UNROLL for (int c = 0; c < NR; c++) {
+        int n = (g0 + c * gs) * 16, left = job->N - n;
+        __mmask16 mk = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512 bias = job->bias ? _mm512_maskz_loadu_ps(mk, job->bias + n) : _mm512_setzero_ps();
+        I8UNROLL for (int r = 0; r < MR; r++) {
+            __m512 v = job->bias ? _mm512_add_ps(facc[r][c], bias) : facc[r][c];
+            _mm512_mask_storeu_ps(job->y + (size_t)(m0 + r) * (size_t)job->N + (size_t)n, mk, v);
+        }
+    }
+}
+
+/* MR rows of quantized X (from row m0) x NR groups of 16 columns (groups g0, g0 + gs,
+ * g0 + 2 gs, ...), over all of K. */
+I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int gs, int q8, const int MR, const int NR)
 {
     const int K = job->K, nb = K / 32;
-    const size_t rb = kvg_int8_x_row_bytes(K), gb = kvg_int8_group_bytes(job->dt, K);
+    const size_t gb = kvg_int8_group_bytes(job->dt, K);
     const kvg_dtype pdt = q8 ? KVG_DT_Q8_0_R16 : KVG_DT_Q4_0_R16;   /* a constant, inlined */
     const int off = q8 ? 128 : 8;
     const __m512i m0f = _mm512_set1_epi8(0x0f);
@@ -78,13 +107,9 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, c
     const int32_t *sx[4];
     __m512 facc[4][8];
 
-    I8UNROLL for (int r = 0; r < MR; r++) {
-        xr[r] = job->xq + (size_t)(m0 + r) * rb;
-        dx[r] = (const float *)(xr[r] + K);
-        sx[r] = (const int32_t *)(xr[r] + K) + nb;
-    }
+    x_rows(job, m0, MR, xr, dx, sx);
     I8UNROLL for (int c = 0; c < NR; c++) {
-        grp[c] = (const unsigned char *)job->w + (size_t)(g0 + c) * gb;
+        grp[c] = (const unsigned char *)job->w + (size_t)(g0 + c * gs) * gb;
         I8UNROLL for (int r = 0; r < MR; r++)
             facc[r][c] = _mm512_setzero_ps();
     }
@@ -123,27 +148,78 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int q8, const int MR, c
                                              _mm512_cvtepi32_ps(iacc[r][c]), facc[r][c]);
         }
     }
-    I8UNROLL for (int c = 0; c < NR; c++) {
-        int n = (g0 + c) * 16, left = job->N - n;
-        __mmask16 mk = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-        __m512 bias = job->bias ? _mm512_maskz_loadu_ps(mk, job->bias + n) : _mm512_setzero_ps();
-        I8UNROLL for (int r = 0; r < MR; r++) {
-            __m512 v = job->bias ? _mm512_add_ps(facc[r][c], bias) : facc[r][c];
-            _mm512_mask_storeu_ps(job->y + (size_t)(m0 + r) * (size_t)job->N + (size_t)n, mk, v);
-        }
-    }
+    store_tile(job, m0, g0, gs, facc, MR, NR);
 }
 
-typedef void (*tile_fn)(const kvg_gemm_job *job, int m0, int g0);
+/* tile() for Q4_K_R16: per sub-block of 32, the nibbles' integer sums (vpdpbusd, the
+ * nibbles unsigned), then the definition's three float steps; ds and dm are made per
+ * sub-block from the unpacked scale bytes (W only, shared by the MR rows). */
+I8INL void tile_q4k(const kvg_gemm_job *job, int m0, int g0, int gs, const int MR, const int NR)
+{
+    const int K = job->K, nb = K / 32;
+    const size_t gb = kvg_int8_group_bytes(KVG_DT_Q4_K_R16, K);
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const unsigned char *xr[4], *grp[8];
+    const float *dx[4];
+    const int32_t *sx[4];
+    __m512 facc[4][8];
 
-#define I8_TILES(F) F(1, 8) F(2, 6) F(3, 4) F(4, 3)
+    x_rows(job, m0, MR, xr, dx, sx);
+    I8UNROLL for (int c = 0; c < NR; c++) {
+        grp[c] = (const unsigned char *)job->w + (size_t)(g0 + c * gs) * gb;
+        I8UNROLL for (int r = 0; r < MR; r++)
+            facc[r][c] = _mm512_setzero_ps();
+    }
+    /* Sub-blocks in pairs, the low nibbles then the high ones of the same quants (the
+     * second pass reads them from L1): the nibble's side stays a constant. */
+    for (int b2 = 0; b2 < nb; b2 += 2)
+        I8UNROLL for (int h = 0; h < 2; h++) {
+            const int b = b2 + h, sub = b % 8;
+            const size_t sbo = (size_t)(b / 8) * KVG_Q4K_SB_BYTES;
+            const size_t qoff = sbo + KVG_Q4K_Q + 512 * (size_t)(sub / 2);
+            __m512i iacc[4][8];
+            I8UNROLL for (int r = 0; r < MR; r++)
+                I8UNROLL for (int c = 0; c < NR; c++)
+                    iacc[r][c] = _mm512_setzero_si512();
+            I8UNROLL for (int t = 0; t < 8; t++)
+                I8UNROLL for (int c = 0; c < NR; c++) {
+                    __m512i raw = _mm512_load_si512((const void *)(grp[c] + qoff + 64 * t));
+                    __m512i w = h ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f) : _mm512_and_si512(raw, m0f);
+                    I8UNROLL for (int r = 0; r < MR; r++)
+                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(xr[r] + 32 * b + 4 * t));
+                }
+            I8UNROLL for (int c = 0; c < NR; c++) {
+                const unsigned char *sp = grp[c] + sbo;
+                __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(sp + KVG_Q4K_SC + 16 * sub))));
+                __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(sp + KVG_Q4K_M + 16 * sub))));
+                __m512 ds = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sp + KVG_Q4K_D))), sc);
+                __m512 dm = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sp + KVG_Q4K_DMIN))), mn);
+                I8UNROLL for (int r = 0; r < MR; r++) {
+                    __m512 u = _mm512_mul_ps(dm, _mm512_set1_ps((float)sx[r][b]));
+                    __m512 st = _mm512_fmsub_ps(ds, _mm512_cvtepi32_ps(iacc[r][c]), u);
+                    facc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(dx[r][b]), st, facc[r][c]);
+                }
+            }
+        }
+    store_tile(job, m0, g0, gs, facc, MR, NR);
+}
+
+typedef void (*tile_fn)(const kvg_gemm_job *job, int m0, int g0, int gs);
+
+/* MR x NR: one X row (batch-1 decode) takes 2 groups at a time, i.e. 2 streams of W
+ * per thread. Measured on AMD EPYC (Zen 4), 1 thread, decode GEMVs of the 110M shapes
+ * (GB/s, NR = 1 / 2 / 3 / 4 / 8): Q8_0 21 / 24-26 / 23 / 26 / 21, Q4_0 18 / 25-27 /
+ * 22 / 25 / 23, Q4_K 22 / 23 / 19 / 14 / 11; in cache every NR from 2 up runs alike. */
+#define I8_TILES(F) F(1, 2) F(2, 6) F(3, 4) F(4, 3)
 #define I8_TILE_FN(MR, NR)                                                                 \
-    I8TGT static void tile_##MR##x##NR(const kvg_gemm_job *job, int m0, int g0)            \
+    I8TGT static void tile_##MR##x##NR(const kvg_gemm_job *job, int m0, int g0, int gs)    \
     {                                                                                      \
         if (job->dt == KVG_DT_Q8_0_R16)                                                    \
-            tile(job, m0, g0, 1, MR, NR);                                                  \
+            tile(job, m0, g0, gs, 1, MR, NR);                                              \
+        else if (job->dt == KVG_DT_Q4_0_R16)                                               \
+            tile(job, m0, g0, gs, 0, MR, NR);                                              \
         else                                                                               \
-            tile(job, m0, g0, 0, MR, NR);                                                  \
+            tile_q4k(job, m0, g0, gs, MR, NR);                                             \
     }
 #define I8_TILE_PAIR(MR, NR) I8_TILE_FN(MR, NR) I8_TILE_FN(MR, 1)
 I8_TILES(I8_TILE_PAIR)
@@ -164,26 +240,34 @@ void kvg_int8_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_g
     }
     /* Column tiles outside, all rows inside: a tile's W (NR groups, a few tens of KiB)
      * stays in L1/L2 while every row passes over it. kvg_gemm hands out whole groups,
-     * so n0 is a multiple of 16 and only the last group is partial. */
-    for (int g = g0; g < g1;) {
-        int nr = tiles[4].nr;
-        if (job->M < 4)
-            nr = tiles[job->M].nr;
-        int full = g1 - g >= nr;
+     * so n0 is a multiple of 16 and only the last group is partial. The NR groups of
+     * a tile come from NR equal slices of [g0, g1), not NR neighbours: each group is
+     * then one front-to-back stream far from the others (neighbouring groups read in
+     * lockstep share pages, and the hardware prefetchers lose them; gemm_avx512.c's
+     * panel). The groups left over (fewer than NR) run last, one at a time. Which
+     * groups share a tile changes no output bit. */
+    int nr = job->M < 4 ? tiles[job->M].nr : tiles[4].nr;
+    int per = (g1 - g0) / nr, rest = (g1 - g0) - per * nr;
+
+    for (int i = 0; i < per; i++)
         for (int m0 = 0; m0 < job->M;) {
             int mr = job->M - m0 < 4 ? job->M - m0 : 4;
             /* The tile's width is that of the widest row block, so a narrower row
              * block (the last) runs the same groups, NR at once or one at a time. */
-            if (full && tiles[mr].nr == nr) {
-                tiles[mr].full(job, m0, g);
+            if (tiles[mr].nr == nr) {
+                tiles[mr].full(job, m0, g0 + i, per);
             } else {
-                for (int c = 0; c < (full ? nr : 1); c++)
-                    tiles[mr].one(job, m0, g + c);
+                for (int c = 0; c < nr; c++)
+                    tiles[mr].one(job, m0, g0 + i + c * per, 1);
             }
             m0 += mr;
         }
-        g += full ? nr : 1;
-    }
+    for (int g = g0 + per * nr; g < g0 + per * nr + rest; g++)
+        for (int m0 = 0; m0 < job->M;) {
+            int mr = job->M - m0 < 4 ? job->M - m0 : 4;
+            tiles[mr].one(job, m0, g, 1);
+            m0 += mr;
+        }
 }
 
 #else

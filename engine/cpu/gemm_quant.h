@@ -1,24 +1,22 @@
-/* Internal to the GEMM: kvg_gemm over a quantized W, GGUF Q4_K and Q6_K. (Q8_0 and
- * Q4_0 take integer products instead, gemm_int8.h, and never come here.)
+/* Internal to the GEMM: kvg_gemm over a GGUF Q6_K W. (Q8_0, Q4_0 and Q4_K take integer
+ * products instead, gemm_int8.h, and never come here.)
  *
  * The numerics are those of the F32 GEMM over the dequantized W: every element is
  * first dequantized, in registers, to exactly the F32 value src/quant.h defines (the
  * same operations in the same order: products are never fused with the following
  * subtraction), and then the canonical order of gemm_kernels.h runs unchanged. So a
  * quantized product equals, bit for bit, the F32 product over kvg_dequant_row's output,
- * at every M, thread count and ISA. The super-block formats keep this identity: their
- * per-sub-block scales and mins make an integer product cost nearly as much float
- * work as this one.
+ * at every M, thread count and ISA. (Q4_K took this path too until its int8 product:
+ * 1.5x this kernel's decode and 1.4-2.2x its prefill, measured.)
  *
  * Paths:
  *   small M (decode; no packed X): gemm_quant_x86.h's register-blocked kernels (AVX2,
- *     AVX-512), dequantizing 16 weights at a time in registers (AVX-512: the 4-bit
- *     formats through a 16-entry table per block, built by the defining formula), the
- *     rows of a block spread over W as front-to-back streams; gemm_quant.c's plain C
+ *     AVX-512), dequantizing 16 weights at a time in registers, the rows of a block
+ *     spread over W as front-to-back streams; gemm_quant.c's plain C
  *     kernel for the generic ISA.
  *   prefill (packed X): the F32 packed path of gemm_packed_x86.h, whose W packing calls
  *     kvg_gemm_quant_pack_w (gemm_quant_avx2.c: vector dequantization of a block per
- *     row, then 8 x 8 transposes) for these dtypes, as F16/BF16 are widened while
+ *     row, then 8 x 8 transposes), as F16/BF16 are widened while
  *     packing. */
 #ifndef KVG_GEMM_QUANT_H
 #define KVG_GEMM_QUANT_H
@@ -31,9 +29,11 @@
 struct kvg_gemm_job;
 struct kvg_gemm_scratch;
 
+/* The quantized dtypes these float kernels take: Q6_K (Q8_0, Q4_0 and Q4_K take
+ * gemm_int8.h's integer products). */
 static inline int kvg_gemm_dt_quant(kvg_dtype dt)
 {
-    return dt >= KVG_DT_Q8_0 && dt <= KVG_DT_Q6_K;
+    return dt == KVG_DT_Q6_K;
 }
 
 /* Elements and bytes per block of a quantized dtype. */

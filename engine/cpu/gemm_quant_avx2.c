@@ -46,24 +46,6 @@ QTGT_INLINE void qv_store(float *p, QV v)
     _mm256_storeu_ps(p + 8, v.b);
 }
 
-/* The 4-bit formats: no 16-entry float permute in AVX2, so the defining arithmetic
- * itself: a = ds and b = dm. */
-typedef struct { __m256 a, b; } QT;
-QTGT_INLINE QT q4k_tab(float ds, float dm) { QT t = { _mm256_set1_ps(ds), _mm256_set1_ps(dm) }; return t; }
-QTGT_INLINE QI q4_nib(QI b, int hi)
-{
-    __m256i m = _mm256_set1_epi32(15);
-    QI v = { hi ? _mm256_srli_epi32(b.a, 4) : _mm256_and_si256(b.a, m),
-             hi ? _mm256_srli_epi32(b.b, 4) : _mm256_and_si256(b.b, m) };
-    return v;
-}
-QTGT_INLINE QV q4k_look(QT t, QI b, int hi)
-{
-    QI n = q4_nib(b, hi);
-    QV v = { kvg_x86_mulsub8(t.a, _mm256_cvtepi32_ps(n.a), t.b),
-             kvg_x86_mulsub8(t.a, _mm256_cvtepi32_ps(n.b), t.b) };
-    return v;
-}
 QTGT_INLINE float q_f16(const uint8_t *p) { return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8)); }
 
 QTGT_INLINE float qv_reduce(QV v)
@@ -106,10 +88,7 @@ void kvg_gemm_quant_pack_w(const void *w, kvg_dtype dt, int K, int n0, int rows,
             for (int k0 = 0; k0 < K; k0 += be) {
                 for (int c = 0; c < n; c++) {
                     const uint8_t *b = (const uint8_t *)w + (size_t)(n0 + r0 + c) * rowb + (size_t)(k0 / be) * bb;
-                    switch (dt) {
-                    case KVG_DT_Q4_K: kvg_x86_deq_block(KVG_DT_Q4_K, b, t[c]); break;
-                    default: kvg_x86_deq_block(KVG_DT_Q6_K, b, t[c]); break;
-                    }
+                    kvg_x86_deq_q6k(b, t[c]);
                 }
                 for (int i = 0; i < be; i += 8) {
                     int k = k0 + i;

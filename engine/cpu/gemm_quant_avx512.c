@@ -26,22 +26,6 @@ QTGT_INLINE QI qi_s8(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_s
 QTGT_INLINE QV qi_cvt(QI a) { return _mm512_cvtepi32_ps(a); }
 QTGT_INLINE void qv_store(float *p, QV v) { _mm512_storeu_ps(p, v); }
 
-/* The 4-bit formats through a 16-entry table in one register: vpermps reads only the
- * low 4 bits of each index, so the low nibble needs no mask. The entries are computed
- * by the defining formula itself, so a looked-up weight has the defined bits. */
-typedef __m512 QT;
-QTGT_INLINE QT q4k_tab(float ds, float dm)
-{
-    const __m512 i0 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 t = _mm512_mul_ps(_mm512_set1_ps(ds), i0);
-    __asm__("" : "+v"(t));       /* two roundings, as defined: never fused into an FMA */
-    return _mm512_sub_ps(t, _mm512_set1_ps(dm));
-}
-QTGT_INLINE QV q4_look(QT t, QI b, int hi)
-{
-    return _mm512_permutexvar_ps(hi ? _mm512_srli_epi32(b, 4) : b, t);
-}
-#define q4k_look q4_look
 QTGT_INLINE float q_f16(const uint8_t *p) { return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8)); }
 
 /* The canonical tree: lanes i + i+8, then i + i+4, i + i+2, 0 + 1. */

@@ -1,7 +1,6 @@
-/* The small-M (decode) kernel over a quantized W, written once for the x86 ISAs:
+/* The small-M (decode) kernel over a Q6_K W, written once for the x86 ISAs:
  * gemm_quant_avx2.c and gemm_quant_avx512.c define a 16-lane float vector QV (one
- * register, or two halves for AVX2), a 16-lane int32 vector QI, a 4-bit lookup QT and
- * these operations, then include this file (no include guard: one instantiation per
+ * register, or two halves for AVX2), a 16-lane int32 vector QI and these operations, then include this file (no include guard: one instantiation per
  * ISA):
  *   QTGT, QTGT_INLINE               target attributes
  *   QV qv_zero(void)  qv_loadx(const float *p)  qv_set1(float)  qv_store(float *, QV)
@@ -10,16 +9,13 @@
  *   float qv_reduce(QV)             the canonical tree over the 16 lanes
  *   QI qi_u8(const uint8_t *p)  qi_s8(p)   16 bytes widened (zero / sign)
  *   QV qi_cvt(QI)                   exact int -> float
- *   QT q4k_tab(float ds, float dm)  Q4_K's 16 values (ds * (float)i) - dm, two roundings
- *   QV q4k_look(QT t, QI b, int hi)
- *                                   t[low (hi: high) nibble of each lane's byte]
  *   float q_f16(const uint8_t *p)   a little-endian half at p, exactly
  *   MR_MAX, NR_MAX, QBLOCKS(F)      register blocking: F(MR, NR) for each full block
  *   QW_BLOCK_BYTES, QISA            W bytes per L2 block; the name suffix
  * Lane l of each accumulator gets k = k0 + l (16 consecutive weights dequantized into
  * one QV), in increasing k: the canonical order. Each weight vector is produced by the
- * same F32 operations, in the same order, as kvg_dequant_row's (a 16-entry lookup
- * table holds values computed by exactly that formula), so it has the same bits.
+ * same F32 operations, in the same order, as kvg_dequant_row's, so it has the same
+ * bits.
  *
  * The loops over the MR x NR block are fully unrolled (constant trip counts) so that
  * the accumulators and per-row block state live in registers. */
@@ -38,8 +34,8 @@
 
 /* One MR x NR block over all of K; w: NR rows of rowb bytes, cs rows apart (y and bias
  * columns too). */
-QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, size_t cs, kvg_dtype dt,
-                        int K, const float *bias, float *y, size_t ldy, const int MR, const int NR)
+QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, size_t cs, int K,
+                        const float *bias, float *y, size_t ldy, const int MR, const int NR)
 {
     QV acc[MR_MAX][NR_MAX];
     const size_t wstep = cs * rowb;
@@ -48,47 +44,20 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, size_t cs
         QUNROLL for (int c = 0; c < NR; c++)
             acc[r][c] = qv_zero();
 
-    if (dt == KVG_DT_Q4_K) {
-        for (int kb = 0; kb < K; kb += 256) {
-            const uint8_t *b = w + (size_t)(kb / 256) * 144;
-            /* Per row, once per super-block: the 8 sub-block scales d * (float)sc in
-             * sdm[c][0..7] and mins dmin * (float)m in sdm[c][24..31] (lanes 8-15 of
-             * the second product), the same two products as the definition. */
-            float sdm[NR_MAX][32] __attribute__((aligned(64)));
-            QUNROLL for (int c = 0; c < NR; c++) {
-                const uint8_t *bc = b + (size_t)c * wstep;
-                uint8_t sm[16];
-                kvg_x86_q4k_scales(bc + 4, sm);
-                QV v = qi_cvt(qi_u8(sm));
-                qv_store(sdm[c], qv_mul(qv_set1(q_f16(bc)), v));
-                qv_store(sdm[c] + 16, qv_mul(qv_set1(q_f16(bc + 2)), v));
-            }
-            for (int j = 0; j < 8; j++) {
-                QT t[NR_MAX];
-                QUNROLL for (int c = 0; c < NR; c++)
-                    t[c] = q4k_tab(sdm[c][j], sdm[c][24 + j]);
-                QUNROLL for (int hf = 0; hf < 2; hf++)
-                    QUNROLL for (int c = 0; c < NR; c++)
-                        QFMA_ROWS(c, kb + 32 * j + 16 * hf,
-                                  q4k_look(t[c], qi_u8(b + (size_t)c * wstep + 16 + 32 * (j / 2) + 16 * hf), j & 1));
-            }
+    for (int kb = 0; kb < K; kb += 256) {
+        const uint8_t *b = w + (size_t)(kb / 256) * 210;
+        /* Per row: the 256 six-bit values minus 32 as bytes, and the 16 sub-block
+         * scales d * (float)scale, each computed once per super-block. */
+        int8_t q[NR_MAX][256] __attribute__((aligned(32)));
+        float ds[NR_MAX][16] __attribute__((aligned(64)));
+        QUNROLL for (int c = 0; c < NR; c++) {
+            const uint8_t *bc = b + (size_t)c * wstep;
+            kvg_x86_q6k_bytes(bc, q[c]);
+            qv_store(ds[c], qv_mul(qv_set1(q_f16(bc + 208)), qi_cvt(qi_s8(bc + 192))));
         }
-    } else {
-        for (int kb = 0; kb < K; kb += 256) {
-            const uint8_t *b = w + (size_t)(kb / 256) * 210;
-            /* Per row: the 256 six-bit values minus 32 as bytes, and the 16 sub-block
-             * scales d * (float)scale, each computed once per super-block. */
-            int8_t q[NR_MAX][256] __attribute__((aligned(32)));
-            float ds[NR_MAX][16] __attribute__((aligned(64)));
-            QUNROLL for (int c = 0; c < NR; c++) {
-                const uint8_t *bc = b + (size_t)c * wstep;
-                kvg_x86_q6k_bytes(bc, q[c]);
-                qv_store(ds[c], qv_mul(qv_set1(q_f16(bc + 208)), qi_cvt(qi_s8(bc + 192))));
-            }
-            for (int s = 0; s < 16; s++)
-                QUNROLL for (int c = 0; c < NR; c++)
-                    QFMA_ROWS(c, kb + 16 * s, qv_mul(qv_set1(ds[c][s]), qi_cvt(qi_s8((const uint8_t *)q[c] + 16 * s))));
-        }
+        for (int s = 0; s < 16; s++)
+            QUNROLL for (int c = 0; c < NR; c++)
+                QFMA_ROWS(c, kb + 16 * s, qv_mul(qv_set1(ds[c][s]), qi_cvt(qi_s8((const uint8_t *)q[c] + 16 * s))));
     }
 
     QUNROLL for (int r = 0; r < MR; r++)
@@ -98,18 +67,15 @@ QTGT_INLINE void qblock(const float *x, const uint8_t *w, size_t rowb, size_t cs
         }
 }
 #undef QFMA_ROWS
-typedef void (*qblock_fn)(const float *x, const uint8_t *w, size_t rowb, size_t cs, kvg_dtype dt,
-                          int K, const float *bias, float *y, size_t ldy);
+typedef void (*qblock_fn)(const float *x, const uint8_t *w, size_t rowb, size_t cs, int K,
+                          const float *bias, float *y, size_t ldy);
 
-#define QBLOCK_FN(MR, NR)                                                                     \
-    QTGT static void qblock_##MR##x##NR(const float *x, const uint8_t *w, size_t rowb,        \
-                                        size_t cs, kvg_dtype dt, int K, const float *bias,    \
-                                        float *y, size_t ldy)                                 \
-    {                                                                                         \
-        switch (dt) {                                                                         \
-        case KVG_DT_Q4_K: qblock(x, w, rowb, cs, KVG_DT_Q4_K, K, bias, y, ldy, MR, NR); break; \
-        default: qblock(x, w, rowb, cs, KVG_DT_Q6_K, K, bias, y, ldy, MR, NR); break;         \
-        }                                                                                     \
+#define QBLOCK_FN(MR, NR)                                                                  \
+    QTGT static void qblock_##MR##x##NR(const float *x, const uint8_t *w, size_t rowb,     \
+                                        size_t cs, int K, const float *bias, float *y,     \
+                                        size_t ldy)                                        \
+    {                                                                                      \
+        qblock(x, w, rowb, cs, K, bias, y, ldy, MR, NR);                                   \
     }
 #define QBLOCK_PAIR(MR, NR) QBLOCK_FN(MR, NR) QBLOCK_FN(MR, 1)
 QBLOCKS(QBLOCK_PAIR)
@@ -156,12 +122,11 @@ void QCAT(kvg_gemm_qkernel_, QISA)(const kvg_gemm_job *job, int n0, int n1, cons
             float *y = job->y + (size_t)m0 * (size_t)job->N;
             for (int i = 0; i < per; i++) {
                 int n = b0 + i;
-                qblocks[mr].full(x, (const uint8_t *)job->w + (size_t)n * rowb, rowb, (size_t)per,
-                                 job->dt, K, job->bias ? job->bias + n : NULL, y + n,
-                                 (size_t)job->N);
+                qblocks[mr].full(x, (const uint8_t *)job->w + (size_t)n * rowb, rowb, (size_t)per, K,
+                                 job->bias ? job->bias + n : NULL, y + n, (size_t)job->N);
             }
             for (int n = b0 + per * nr; n < b1; n++)
-                qblocks[mr].one(x, (const uint8_t *)job->w + (size_t)n * rowb, rowb, 1, job->dt, K,
+                qblocks[mr].one(x, (const uint8_t *)job->w + (size_t)n * rowb, rowb, 1, K,
                                 job->bias ? job->bias + n : NULL, y + n, (size_t)job->N);
         }
     }

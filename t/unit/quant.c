@@ -2,12 +2,15 @@
  *   - src/quant.c's dequantization against a reference written here, independently,
  *     from the block layouts (random blocks, edge values);
  *   - quantize -> dequantize error bounds of the reference quantizers;
- *   - kvg_gemm on quantized W equals kvg_gemm on the F32 dequantized W bit for bit, at
- *     every M, thread count and ISA;
+ *   - kvg_gemm on Q6_K W equals kvg_gemm on the F32 dequantized W bit for bit, and on
+ *     Q8_0 / Q4_0 / Q4_K W the int8 definition (engine/cpu/gemm_int8.h, re-derived
+ *     here) bit for bit, within its bound of the F32 product, at every M, thread
+ *     count and ISA;
  *   - a small quantized GGUF model (Q4_K with Q6_K tensors, as a Q4_K_M file; and
- *     Q8_0 with Q4_0) loads, and its logits equal bit for bit those of the F32 model
- *     written from its dequantized weights; chunking and batching change no bit; its
- *     id differs from the F32 file's; an unsupported type is refused by name. */
+ *     Q8_0 with Q4_0) loads, and its logits stay within 2% of the range of those of
+ *     the F32 model written from its dequantized weights, with the same greedy token;
+ *     chunking and batching change no bit; its id differs from the F32 file's; an
+ *     unsupported type is refused by name. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,19 +64,25 @@ static void ref_q4_0(const uint8_t *b, float *y)
 /* scales[12]: bytes 0-3 hold sc0-3 (low 6 bits) and the top 2 bits of sc4-7; bytes
  * 4-7 mins 0-3 and the top bits of mins 4-7; bytes 8-11 the low nibbles of sc4-7 (low)
  * and mins 4-7 (high). */
+static void ref_q4_k_sub(const uint8_t *b, int sb, int *sc, int *mn)
+{
+    const uint8_t *s = b + 4;
+    if (sb < 4) {
+        *sc = s[sb] % 64;
+        *mn = s[sb + 4] % 64;
+    } else {
+        *sc = s[sb + 4] % 16 + 16 * (s[sb - 4] / 64);
+        *mn = s[sb + 4] / 16 + 16 * (s[sb] / 64);
+    }
+}
+
 static void ref_q4_k(const uint8_t *b, float *y)
 {
     float d = ref_half(b), dmin = ref_half(b + 2);
-    const uint8_t *s = b + 4, *q = b + 16;
+    const uint8_t *q = b + 16;
     for (int sb = 0; sb < 8; sb++) {
         int sc, mn;
-        if (sb < 4) {
-            sc = s[sb] % 64;
-            mn = s[sb + 4] % 64;
-        } else {
-            sc = s[sb + 4] % 16 + 16 * (s[sb - 4] / 64);
-            mn = s[sb + 4] / 16 + 16 * (s[sb] / 64);
-        }
+        ref_q4_k_sub(b, sb, &sc, &mn);
         float a = d * (float)sc, c = dmin * (float)mn;
         for (int i = 0; i < 32; i++) {
             int byte = q[32 * (sb / 2) + i];
@@ -230,15 +239,17 @@ static kvg_dtype dt_of(kvg_qtype t)
     return (kvg_dtype)(KVG_DT_Q8_0 + (int)t);
 }
 
-/* The int8 product of Q8_0 / Q4_0 (engine/cpu/gemm_int8.h's definition), written
- * here from that text alone: X rounded to int8 per block of 32, exact integer block
- * sums, one float chain per output. Also the bound on its distance from the F32
- * product over the dequantized W, per output: sum over blocks of (amax / 254) *
- * sum |w|, the most that rounding X can move it. */
+/* The int8 product of Q8_0 / Q4_0 / Q4_K (engine/cpu/gemm_int8.h's definition),
+ * written here from that text alone: X rounded to int8 per block of 32, exact integer
+ * block sums, one float chain per output (Q4_K: its three steps per block). Also the
+ * bound on its distance from the F32 product over the dequantized W, per output: sum
+ * over blocks of (amax / 254) * sum |w|, the most that rounding X can move it. */
 static void ref_int8(const float *x, int M, int K, const uint8_t *wq, kvg_qtype t, int N, const float *bias,
                      float *y, double *bound)
 {
     size_t bb = t == KVG_Q8_0 ? 34 : 18, rb = (size_t)(K / 32) * bb;
+    if (t == KVG_Q4_K)
+        rb = (size_t)(K / 256) * 144;
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             float acc = 0;
@@ -246,10 +257,16 @@ static void ref_int8(const float *x, int M, int K, const uint8_t *wq, kvg_qtype 
             for (int b = 0; b < K / 32; b++) {
                 const float *xb = x + (size_t)m * K + 32 * b;
                 const uint8_t *blk = wq + (size_t)n * rb + (size_t)b * bb;
-                float amax = 0, d, id;
-                int finite = 1, q[32];
-                long isum = 0;
+                const uint8_t *sb = wq + (size_t)n * rb + (size_t)(b / 8) * 144;
+                float amax = 0, d, id, ds = 0, dm = 0;
+                int finite = 1, q[32], sc, mn;
+                long isum = 0, sx = 0;
                 double wsum = 0;
+                if (t == KVG_Q4_K) {
+                    ref_q4_k_sub(sb, b % 8, &sc, &mn);
+                    ds = ref_half(sb) * (float)sc;
+                    dm = ref_half(sb + 2) * (float)mn;
+                }
                 for (int k = 0; k < 32; k++) {
                     finite &= isfinite(xb[k]);
                     if (fabsf(xb[k]) > amax)
@@ -258,12 +275,24 @@ static void ref_int8(const float *x, int M, int K, const uint8_t *wq, kvg_qtype 
                 d = finite ? amax / 127.0f : NAN;
                 id = finite && d > 0 && isfinite(1.0f / d) ? 1.0f / d : 0.0f;
                 for (int k = 0; k < 32; k++) {
-                    int w = t == KVG_Q8_0 ? (int8_t)blk[2 + k] : (k < 16 ? blk[2 + k] & 15 : blk[2 + k - 16] >> 4) - 8;
+                    int w;
+                    if (t == KVG_Q4_K) {
+                        int byte = sb[16 + 32 * (b % 8 / 2) + k];
+                        w = b % 2 ? byte / 16 : byte % 16;
+                    } else {
+                        w = t == KVG_Q8_0 ? (int8_t)blk[2 + k] : (k < 16 ? blk[2 + k] & 15 : blk[2 + k - 16] >> 4) - 8;
+                    }
                     q[k] = finite ? (int)nearbyintf(xb[k] * id) : 0;
                     isum += (long)w * q[k];
-                    wsum += fabs(ref_half(blk) * (double)w);
+                    sx += q[k];
+                    wsum += t == KVG_Q4_K ? fabs((double)ds * w - dm) : fabs(ref_half(blk) * (double)w);
                 }
-                acc = fmaf(ref_half(blk) * d, (float)isum, acc);
+                if (t == KVG_Q4_K) {
+                    float u = dm * (float)sx;
+                    acc = fmaf(d, fmaf(ds, (float)isum, -u), acc);
+                } else {
+                    acc = fmaf(ref_half(blk) * d, (float)isum, acc);
+                }
                 bnd += amax / 254.0 * wsum;
             }
             y[(size_t)m * N + n] = bias ? acc + bias[n] : acc;
@@ -292,7 +321,7 @@ static void test_gemm(void)
     diag("ISAs on this CPU: %d (up to %s)", n_isa, kvg_gemm_isa_name((kvg_gemm_isa_id)(n_isa - 1)));
     for (int t = 0; t < 4; t++) {
         int K = kvg_quant_block_elems((kvg_qtype)t) == 32 ? 160 : 512;
-        int int8 = t == KVG_Q8_0 || t == KVG_Q4_0;
+        int int8 = t == KVG_Q8_0 || t == KVG_Q4_0 || t == KVG_Q4_K;
         kvg_dtype dt = dt_of((kvg_qtype)t);
         size_t rb = kvg_dtype_row_bytes(dt, K);
         float *wf = malloc((size_t)N * K * sizeof *wf), *x = malloc((size_t)64 * K * sizeof *x);
@@ -555,7 +584,7 @@ static void test_model_one(const char *label, kvg_dtype main_dt, kvg_dtype mix_d
     ok(strcmp(mq->id_hex, mf->id_hex) != 0, "%s: model ids differ (%.12s vs %.12s)", label, mq->id_hex,
        mf->id_hex);
 
-    int V = mq->cfg.vocab_size, int8 = main_dt == KVG_DT_Q8_0 || main_dt == KVG_DT_Q4_0;
+    int V = mq->cfg.vocab_size, int8 = main_dt == KVG_DT_Q8_0 || main_dt == KVG_DT_Q4_0 || main_dt == KVG_DT_Q4_K;
     size_t nb = (size_t)(NC + 1) * V * sizeof(float);
     float *ref = malloc(nb), *got = malloc(nb);
     int32_t toks[NP + NC];
@@ -568,7 +597,7 @@ static void test_model_one(const char *label, kvg_dtype main_dt, kvg_dtype mix_d
     ok(rc == 0 && finite, "%s: F32 model runs (finite logits)", label);
     rc = run(mq, 1, toks, 0, 0, got);
     if (int8) {
-        /* Q8_0 / Q4_0 products round X to int8 (engine/cpu/gemm_int8.h): the logits
+        /* Q8_0 / Q4_0 / Q4_K products round X to int8 (engine/cpu/gemm_int8.h): the logits
          * move a little from the F32 model's; the tolerance, documented in
          * docs/operations.md, is 2% of the logits' range, and the greedy token
          * after the prompt is the same. */
