@@ -19,7 +19,6 @@
 
 #include "cpu/gemm_kernels.h"
 #include "cpu/gemm_int8.h"
-#include "cpu/gemm_quant.h"
 
 /* Below this many multiply-adds a job costs less than waking a worker. */
 #define KVG_GEMM_MIN_PARALLEL_MACS 65536.0
@@ -30,15 +29,8 @@ static const kvg_gemm_kernel_fn kernels[] = {
     [KVG_ISA_AVX512] = kvg_gemm_kernel_avx512,
 };
 
-/* Q6_K W (gemm_quant.h): its own small-M kernels; prefill runs the F32 packed path
- * above, which dequantizes W while packing it. */
-static const kvg_gemm_kernel_fn qkernels[] = {
-    [KVG_ISA_GENERIC] = kvg_gemm_qkernel_generic,
-    [KVG_ISA_AVX2] = kvg_gemm_qkernel_avx2,
-    [KVG_ISA_AVX512] = kvg_gemm_qkernel_avx512,
-};
-
-/* Q8_0, Q4_0 and Q4_K W: integer products over X quantized to int8 (gemm_int8.h). The
+/* Quantized W (Q8_0, Q4_0, Q4_K, Q6_K): integer products over X quantized to int8
+ * (gemm_int8.h). The
  * AVX-512 kernel needs VNNI; without it the AVX2 one runs (the same bits). */
 static const kvg_gemm_kernel_fn i8kernels[] = {
     [KVG_ISA_GENERIC] = kvg_int8_kernel_generic,
@@ -367,7 +359,7 @@ static int setup(kvg_gemm_isa_id isa, const float *x, int M, int K, const kvg_te
 {
     /* The caller's bugs, refused without touching y (see gemm.h). */
     if (!w || (w->dtype != KVG_DT_F32 && w->dtype != KVG_DT_F16 && w->dtype != KVG_DT_BF16 &&
-               !kvg_gemm_dt_quant(w->dtype) && !kvg_int8_dt(w->dtype)) ||
+               !kvg_int8_dt(w->dtype)) ||
         K % kvg_gemm_k_multiple(w->dtype) != 0 || M < 0 || K < 0 || w->cols != K || w->rows < 0 || w->rows > 0x7fffffff ||
         !kvg_gemm_isa_supported(isa))
         return -1;
@@ -399,7 +391,7 @@ static int setup(kvg_gemm_isa_id isa, const float *x, int M, int K, const kvg_te
         return 0;
     }
     plans[isa](job, plan);
-    p->fn = kvg_gemm_dt_quant(job->dt) ? qkernels[isa] : kernels[isa];
+    p->fn = kernels[isa];
     p->pack = x_packers[isa];
     /* Decode keeps finer groups: its kernel has no panels to fill. */
     p->group = plan->packed ? (size_t)plan->n_group : 16;
@@ -445,7 +437,7 @@ int kvg_gemm_prepare(kvg_threadpool *tp, const kvg_tensor *w, kvg_tensor *out)
     if (!w || !out)
         return -1;
     *out = *w;
-    if (w->dtype != KVG_DT_Q8_0 && w->dtype != KVG_DT_Q4_0 && w->dtype != KVG_DT_Q4_K)
+    if (!kvg_int8_dt(w->dtype) || kvg_int8_dt_packed(w->dtype))
         return 0;
     if (!w->data || w->rows < 0 || w->rows > 0x7fffffff || w->cols <= 0 || w->cols > 0x7fffffff ||
         w->cols % kvg_gemm_k_multiple(w->dtype) != 0)
@@ -496,7 +488,7 @@ static void multi_range(void *arg, size_t begin, size_t end)
     }
 }
 
-/* ---- int8 products (Q8_0, Q4_0, Q4_K W) ---- */
+/* ---- int8 products (quantized W) ---- */
 
 struct quant_ctx {
     quantize_x_fn fn;
@@ -512,7 +504,7 @@ static void quant_range(void *arg, size_t begin, size_t end)
 }
 
 /* Bytes of quantized X kvg_gemm keeps on its own stack when the workspace has none
- * (or too little): enough for a row of K = 52,000. */
+ * (or too little): enough for a row of K = 43,000. */
 #define INT8_STACK_BYTES 65536
 
 /* The products of mc (all int8, one X of M rows, jobs set up for all of it): X is

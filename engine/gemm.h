@@ -50,8 +50,8 @@ kvg_gemm_ws *kvg_gemm_ws_new(int threads, int k_min, int k_max);
  * unchanged and stays usable). */
 int kvg_gemm_ws_reserve(kvg_gemm_ws *ws, int rows);
 void kvg_gemm_ws_free(kvg_gemm_ws *ws);
-/* Which products ws serves: float ones (W in F32, F16, BF16, Q4_K, Q6_K: packed X and
- * per-thread packing scratch) and int8 ones (Q8_0, Q4_0: quantized X); both, from
+/* Which products ws serves: float ones (W in F32, F16, BF16: packed X and per-thread
+ * packing scratch) and int8 ones (Q8_0, Q4_0, Q4_K, Q6_K: quantized X); both, from
  * kvg_gemm_ws_new. It only narrows: a kind turned off frees its buffers and reserving
  * never grows them again, so a model of one kind holds none for the other. A product
  * of a kind turned off still runs as without a workspace: the same bits. */
@@ -78,7 +78,7 @@ int kvg_gemm_multi(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, i
                    const kvg_tensor *const *w, const float *const *bias, float *const *y);
 
 /* A copy of w in the layout its kernels stream fastest, for weights that are read
- * many times (a model's): Q8_0 and Q4_0 become the int8 kernels' repacked layout
+ * many times (a model's): Q8_0, Q4_0, Q4_K and Q6_K become the int8 kernels' layouts
  * (cpu/gemm_int8.h), whose products equal those on w bit for bit. 1: *out is such a
  * copy (64-byte aligned; release it with kvg_gemm_prepared_free); 0: w gains nothing
  * from one, *out = *w; -1: out of memory or not a matrix kvg_gemm takes. The

@@ -23,12 +23,13 @@ typedef enum kvg_dtype {
     KVG_DT_Q4_0 = 4,
     KVG_DT_Q4_K = 5,
     KVG_DT_Q6_K = 6,
-    /* The CPU GEMM's own layouts of Q8_0, Q4_0 and Q4_K weights (engine/cpu/gemm_int8.h),
+    /* The CPU GEMM's own layouts of the quantized weights (engine/cpu/gemm_int8.h),
      * made from the file's blocks when the CPU backend starts; never in a file and
      * never seen by the loaders or the forward pass. */
     KVG_DT_Q8_0_R16 = 7,
     KVG_DT_Q4_0_R16 = 8,
-    KVG_DT_Q4_K_R16 = 9
+    KVG_DT_Q4_K_R16 = 9,
+    KVG_DT_Q6_K_R16 = 10
 } kvg_dtype;
 
 /* A row-major matrix [rows][cols] (a vector has rows == 1). Linear layers are stored

@@ -215,6 +215,7 @@ const char *kvg_dtype_name(kvg_dtype t)
     case KVG_DT_Q8_0_R16: return "Q8_0 (int8 layout)";
     case KVG_DT_Q4_0_R16: return "Q4_0 (int8 layout)";
     case KVG_DT_Q4_K_R16: return "Q4_K (int8 layout)";
+    case KVG_DT_Q6_K_R16: return "Q6_K (int8 layout)";
     }
     return "?";
 }

@@ -158,12 +158,7 @@ static void dq_q4_k(const uint8_t *b, float *y)
 /* Element e (0..255) of a Q6_K block: its 6-bit value minus 32. */
 static int q6k_q(const uint8_t *b, int e)
 {
-    const uint8_t *ql = b, *qh = b + 128;
-    int n = e / 128, r = e % 128, g = r / 32, l = r % 32;
-    int lo = ql[64 * n + l + 32 * (g & 1)];
-    lo = g >= 2 ? lo >> 4 : lo & 0xF;
-    int hi = (qh[32 * n + l] >> (2 * g)) & 3;
-    return (lo | hi << 4) - 32;
+    return kvg_q6k_q6(b, e) - 32;
 }
 
 static void dq_q6_k(const uint8_t *b, float *y)

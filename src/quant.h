@@ -1,10 +1,8 @@
 /* Block formats of GGUF (ggml) quantized tensors: Q8_0, Q4_0, Q4_K and Q6_K.
  *
- * kvg_dequant_row defines THE F32 value of every quantized element (the engine's Q6_K
- * kernels dequantize in registers to exactly these values, then follow the canonical
- * F32 order, so those products are bit for bit the F32 ones over the dequantized
- * weights; Q8_0, Q4_0 and Q4_K take integer products against int8-rounded activations,
- * engine/cpu/gemm_int8.h, whose distance from these values' F32 product is bounded). In F32 arithmetic, in this order (f16 -> f32 is exact):
+ * kvg_dequant_row defines THE F32 value of every quantized element: what the engine's
+ * loaders, tools and the CUDA upload use, and what the CPU engine's integer products
+ * (engine/cpu/gemm_int8.h, against int8-rounded activations) are bounded against. In F32 arithmetic, in this order (f16 -> f32 is exact):
  *   Q8_0  block 32:  { f16 d; int8 qs[32]; }                      w = d * q
  *   Q4_0  block 32:  { f16 d; uint8 qs[16]; }  j < 16: low nibble of qs[j],
  *                    j >= 16: high nibble of qs[j-16]              w = d * (nibble - 8)
@@ -63,6 +61,19 @@ static inline void kvg_q4k_scale_min(const uint8_t *s, int j, int *sc, int *m)
         *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
         *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
+}
+
+/* The 6-bit value (0..63, before the - 32) of element e (0..255) of a Q6_K block:
+ * 4 low bits from ql, 2 high bits from qh, in ggml's order (two halves of 128; in a
+ * half, element 32g + l takes ql[l + 32 (g & 1)]'s low (g < 2) or high nibble and bits
+ * 2g, 2g + 1 of qh[l]). */
+static inline int kvg_q6k_q6(const uint8_t *b, int e)
+{
+    const uint8_t *ql = b, *qh = b + 128;
+    int n = e / 128, r = e % 128, g = r / 32, l = r % 32;
+    int lo = ql[64 * n + l + 32 * (g & 1)];
+    lo = g >= 2 ? lo >> 4 : lo & 0xF;
+    return lo | ((qh[32 * n + l] >> (2 * g)) & 3) << 4;
 }
 
 /* IEEE half <-> float (exact widening; narrowing rounds to nearest even). */

@@ -15,8 +15,8 @@ typedef struct kvg_cpu_weights kvg_cpu_weights;
 kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, char *err, size_t err_len);
 /* The prepared copy of the model's tensor w, or w itself when it has none. */
 const kvg_tensor *kvg_cpu_weights_get(const kvg_cpu_weights *pw, const kvg_tensor *w);
-/* Whether some matrix takes float products (F32, F16, BF16, Q4_K, Q6_K) and whether
- * some takes int8 ones (Q8_0, Q4_0): the GEMM workspace holds buffers for those only. */
+/* Whether some matrix takes float products (F32, F16, BF16) and whether some takes
+ * int8 ones (the quantized types): the GEMM workspace holds buffers for those only. */
 void kvg_cpu_weights_kinds(const kvg_cpu_weights *pw, int *float_w, int *int8_w);
 void kvg_cpu_weights_free(kvg_cpu_weights *pw);
 

@@ -1,5 +1,5 @@
 /* The CPU backend's prepared weights: each matrix of the model that has a faster
- * layout for kvg_gemm (Q8_0, Q4_0: the int8 kernels' repacked layout, gemm.h's
+ * layout for kvg_gemm (the quantized types: the int8 kernels' repacked layouts, gemm.h's
  * kvg_gemm_prepare) is repacked once, when the backend starts, and the matmuls look
  * it up by the address of the model's tensor (the forward pass passes the model's own
  * kvg_tensor structs). Other matrices are used where the file put them. The products

@@ -11,12 +11,13 @@
 
 /* ---- X ---- */
 
-/* One block of 32, by the definition; returns sx, sets *dx. */
-static int32_t quantize_block(const float *x, int8_t *q, float *dx)
+/* One block of 32, by the definition; returns sx, sets *dx and the half sums sxh[2]. */
+static int32_t quantize_block(const float *x, int8_t *q, float *dx, int32_t *sxh)
 {
     float amax = 0, d, id;
     int bad = 0;
-    int32_t sx = 0;
+
+    sxh[0] = sxh[1] = 0;
 
     for (int i = 0; i < 32; i++) {
         float a = fabsf(x[i]);
@@ -35,10 +36,10 @@ static int32_t quantize_block(const float *x, int8_t *q, float *dx)
     for (int i = 0; i < 32; i++) {
         int v = (int)lrintf(x[i] * id);
         q[i] = (int8_t)v;
-        sx += v;
+        sxh[i / 16] += v;
     }
     *dx = d;
-    return sx;
+    return sxh[0] + sxh[1];
 }
 
 void kvg_int8_quantize_x_generic(const float *x, int K, int r0, int r1, unsigned char *xq)
@@ -49,9 +50,10 @@ void kvg_int8_quantize_x_generic(const float *x, int K, int r0, int r1, unsigned
     for (int r = r0; r < r1; r++) {
         unsigned char *row = xq + (size_t)r * rb;
         float *dx = (float *)(row + K);
-        int32_t *sx = (int32_t *)(row + K) + nb;
+        int32_t *sx = (int32_t *)(row + K) + nb, *sxh = sx + nb;
         for (int b = 0; b < nb; b++)
-            sx[b] = quantize_block(x + (size_t)r * (size_t)K + 32 * (size_t)b, (int8_t *)row + 32 * b, &dx[b]);
+            sx[b] = quantize_block(x + (size_t)r * (size_t)K + 32 * (size_t)b, (int8_t *)row + 32 * b, &dx[b],
+                                   sxh + 2 * b);
     }
 }
 
@@ -59,7 +61,12 @@ void kvg_int8_quantize_x_generic(const float *x, int K, int r0, int r1, unsigned
 
 kvg_dtype kvg_int8_packed_dt(kvg_dtype dt)
 {
-    return dt == KVG_DT_Q8_0 ? KVG_DT_Q8_0_R16 : dt == KVG_DT_Q4_0 ? KVG_DT_Q4_0_R16 : KVG_DT_Q4_K_R16;
+    switch (dt) {
+    case KVG_DT_Q8_0: return KVG_DT_Q8_0_R16;
+    case KVG_DT_Q4_0: return KVG_DT_Q4_0_R16;
+    case KVG_DT_Q4_K: return KVG_DT_Q4_K_R16;
+    default: return KVG_DT_Q6_K_R16;
+    }
 }
 
 size_t kvg_int8_packed_bytes(kvg_dtype packed_dt, int N, int K)
@@ -85,11 +92,35 @@ static void repack_q4k_block(const unsigned char *blk, int c, unsigned char *sbp
             memcpy(sbp + KVG_Q4K_Q + 512 * p + 64 * t + 4 * c, blk + 16 + 32 * p + 4 * t, 4);
 }
 
+/* One Q6_K block (210 bytes) into column c of super-block sbp of a group. */
+static void repack_q6k_block(const unsigned char *blk, int c, unsigned char *sbp)
+{
+    memcpy(sbp + KVG_Q6K_D + 2 * c, blk + 208, 2);
+    for (int h = 0; h < 16; h++)
+        sbp[KVG_Q6K_SC + 16 * h + c] = blk[192 + h];
+    for (int j = 0; j < 8; j++) {
+        unsigned char *q = sbp + KVG_Q6K_Q + 384 * j;
+        const int e0 = 32 * j;
+        for (int kk = 0; kk < 4; kk++) {
+            for (int t = 0; t < 4; t++) {
+                int lo = kvg_q6k_q6(blk, e0 + 4 * t + kk), hi = kvg_q6k_q6(blk, e0 + 16 + 4 * t + kk);
+                q[64 * t + 4 * c + kk] = (unsigned char)((lo & 15) | (hi & 15) << 4);
+            }
+            for (int u = 0; u < 2; u++) {
+                int v = 0;
+                for (int i = 0; i < 4; i++)
+                    v |= (kvg_q6k_q6(blk, e0 + 16 * u + 4 * i + kk) >> 4) << (2 * i);
+                q[256 + 64 * u + 4 * c + kk] = (unsigned char)v;
+            }
+        }
+    }
+}
+
 void kvg_int8_repack(kvg_dtype dt, const void *w, int N, int K, int g0, int g1, void *out)
 {
     kvg_dtype pdt = kvg_int8_packed_dt(dt);
-    size_t bb = dt == KVG_DT_Q8_0 ? 34 : dt == KVG_DT_Q4_0 ? 18 : 144;
-    int bk = dt == KVG_DT_Q4_K ? 256 : 32, nb = K / bk;
+    size_t bb = dt == KVG_DT_Q8_0 ? 34 : dt == KVG_DT_Q4_0 ? 18 : dt == KVG_DT_Q4_K ? 144 : 210;
+    int bk = dt == KVG_DT_Q4_K || dt == KVG_DT_Q6_K ? 256 : 32, nb = K / bk;
     size_t rowb = (size_t)nb * bb, gb = kvg_int8_group_bytes(pdt, K);
 
     for (int g = g0; g < g1; g++) {
@@ -101,6 +132,10 @@ void kvg_int8_repack(kvg_dtype dt, const void *w, int N, int K, int g0, int g1, 
                 const unsigned char *blk = row + (size_t)b * bb;
                 if (dt == KVG_DT_Q4_K) {
                     repack_q4k_block(blk, c, grp + (size_t)b * KVG_Q4K_SB_BYTES);
+                    continue;
+                }
+                if (dt == KVG_DT_Q6_K) {
+                    repack_q6k_block(blk, c, grp + (size_t)b * KVG_Q6K_SB_BYTES);
                     continue;
                 }
                 size_t qb = kvg_int8_qbytes(pdt);
@@ -123,16 +158,19 @@ static float half_at(const unsigned char *p)
 }
 
 /* Block b (of 32) of output n as the definition names it: the weight integers and
- * dw (Q8_0, Q4_0), or ds and dm (Q4_K: q4k set). */
+ * dw (Q8_0, Q4_0: PLAIN), ds and dm (Q4_K), or dw and the two sub-block scales sc
+ * (Q6_K). */
+enum { PLAIN, Q4K, Q6K };
 typedef struct wblock {
     int wq[32];
-    int q4k;
+    int kind;
     float dw, ds, dm;
+    int sc[2];
 } wblock;
 
 static void q4k_from(float d, float dmin, int sc, int m, wblock *wb)
 {
-    wb->q4k = 1;
+    wb->kind = Q4K;
     wb->ds = d * (float)sc;
     wb->dm = dmin * (float)m;
 }
@@ -142,7 +180,7 @@ static void w_block(const kvg_gemm_job *job, int n, int b, wblock *wb)
     int K = job->K, nb = K / 32;
     const unsigned char *w = job->w;
 
-    wb->q4k = 0;
+    wb->kind = PLAIN;
     switch (job->dt) {
     case KVG_DT_Q8_0: {
         const unsigned char *blk = w + ((size_t)n * (size_t)nb + (size_t)b) * 34;
@@ -180,6 +218,32 @@ static void w_block(const kvg_gemm_job *job, int n, int b, wblock *wb)
             for (int kk = 0; kk < 4; kk++) {
                 unsigned char v = sbp[KVG_Q4K_Q + 512 * (s / 2) + 64 * t + 4 * c + kk];
                 wb->wq[4 * t + kk] = s % 2 ? v >> 4 : v & 15;
+            }
+        break;
+    }
+    case KVG_DT_Q6_K: {
+        const unsigned char *blk = w + ((size_t)n * (size_t)(K / 256) + (size_t)(b / 8)) * 210;
+        wb->kind = Q6K;
+        wb->dw = half_at(blk + 208);
+        wb->sc[0] = (int8_t)blk[192 + 2 * (b % 8)];
+        wb->sc[1] = (int8_t)blk[192 + 2 * (b % 8) + 1];
+        for (int k = 0; k < 32; k++)
+            wb->wq[k] = kvg_q6k_q6(blk, 32 * (b % 8) + k);
+        break;
+    }
+    case KVG_DT_Q6_K_R16: {
+        const unsigned char *sbp = w + (size_t)(n / 16) * kvg_int8_group_bytes(job->dt, K) +
+                                   (size_t)(b / 8) * KVG_Q6K_SB_BYTES;
+        int j = b % 8, c = n % 16;
+        wb->kind = Q6K;
+        wb->dw = half_at(sbp + KVG_Q6K_D + 2 * c);
+        wb->sc[0] = (int8_t)sbp[KVG_Q6K_SC + 16 * (2 * j) + c];
+        wb->sc[1] = (int8_t)sbp[KVG_Q6K_SC + 16 * (2 * j + 1) + c];
+        const unsigned char *q = sbp + KVG_Q6K_Q + 384 * j;
+        for (int t = 0; t < 8; t++)
+            for (int kk = 0; kk < 4; kk++) {
+                unsigned char lo = q[64 * (t % 4) + 4 * c + kk], hi = q[256 + 64 * (t / 4) + 4 * c + kk];
+                wb->wq[4 * t + kk] = (t < 4 ? lo & 15 : lo >> 4) | ((hi >> (2 * (t % 4))) & 3) << 4;
             }
         break;
     }
@@ -223,11 +287,20 @@ void kvg_int8_kernel_generic(const kvg_gemm_job *job, int n0, int n1, const kvg_
                 for (int r = 0; r < mr; r++) {
                     const unsigned char *row = job->xq + (size_t)(m0 + r) * rb;
                     const float *dx = (const float *)(row + K);
-                    const int32_t *sx = (const int32_t *)(row + K) + nb;
+                    const int32_t *sx = (const int32_t *)(row + K) + nb, *sxh = sx + nb;
                     int32_t isum = 0;
+                    if (wb.kind == Q6K) {
+                        for (int h = 0; h < 2; h++) {
+                            int32_t o = -32 * sxh[2 * b + h];
+                            for (int k = 16 * h; k < 16 * h + 16; k++)
+                                o += wb.wq[k] * (int8_t)row[32 * b + k];
+                            acc[r] = fmaf(wb.dw * dx[b], (float)(wb.sc[h] * o), acc[r]);
+                        }
+                        continue;
+                    }
                     for (int k = 0; k < 32; k++)
                         isum += wb.wq[k] * (int8_t)row[32 * b + k];
-                    if (wb.q4k) {
+                    if (wb.kind == Q4K) {
                         float u = wb.dm * (float)sx[b];
                         acc[r] = fmaf(dx[b], fmaf(wb.ds, (float)isum, -u), acc[r]);
                     } else {

@@ -1,4 +1,5 @@
-/* Internal to the GEMM: integer products for Q8_0, Q4_0 and Q4_K weights.
+/* Internal to the GEMM: integer products for the quantized weights (Q8_0, Q4_0, Q4_K,
+ * Q6_K).
  *
  * Q8_0 and Q4_0 are 32 small integers and one F16 scale per block, so a block's
  * dot product with an activation block that is itself 32 int8 values and one scale
@@ -19,6 +20,7 @@
  *          q[k] = rint(x[k] * id)               (one product, round to nearest even;
  *                                                |q| <= 127)
  *     sx = sum q[k]                             (exact)
+ *     sxh[0], sxh[1] = sums of q[k] over k < 16 and k >= 16   (exact; Q6_K's unit)
  *   W, per row n, per block b: the file's integers wq[k] (Q8_0: qs; Q4_0: nibble - 8)
  *     and dw = its F16 scale, widened exactly.
  *   Y[m][n]:
@@ -38,12 +40,18 @@
  *         acc = fma(dx, fma(ds, (float)isum, -u), acc)        (two roundings)
  *     that is dx * (sum of (ds wq[k] - dm) q[k]), the dequantized Q4_K weight
  *     ((d sc) wq - (dmin m), src/quant.h) against X's rounding, as for Q8_0.
+ *   Q6_K W, per row n: its unit is the sub-block of 16 (two per X block b, h = 0, 1 in
+ *     order): wq[k] = the 6-bit value (0..63), sc = the sub-block's int8 scale, d =
+ *     the super-block's F16 scale; then
+ *         o   = sum over the 16 of (wq[k] - 32) q[k]  = isum - 32 sxh[h]   (exact)
+ *         acc = fma(d * dx, (float)(sc * o), acc)     (sc * o exact: |.| < 2^23)
  *
  * Integer sums are exact in any order, so a kernel may split and reorder isum as it
  * likes (vpdpbusd adds 4 products at a time; it sees W as unsigned bytes, so its
  * sums carry an offset that one exact subtraction removes: Q4_0 stores nibbles
  * wq + 8 and subtracts 8 * sx, Q8_0's layout stores wq + 128 and subtracts 128 * sx;
- * Q4_K's nibbles are unsigned already).
+ * Q4_K's nibbles and Q6_K's 6-bit values are unsigned already, Q6_K's - 32 coming
+ * out as 32 sxh).
  * Only the float chain over blocks is fixed, one chain per output.
  *
  * Error, for the record (t/unit/quant.c checks it): rounding x to q moves each x by
@@ -73,8 +81,17 @@
  * high one]. The scales unpacked to bytes cost 256 bytes per group and save every
  * kernel the 6-bit unpacking.
  *
+ * KVG_DT_Q6_K_R16, per super-block 3,392 bytes per group (the file's 16 rows: 3,360):
+ * [the 16 d as F16][32 bytes of zeros][sc: 16 sub-blocks x 16 columns][then per block
+ * of 32, 384 bytes: 4 rows t of 64 bytes holding, byte 4c + kk, the low 4 bits of
+ * element 4t + kk in the low nibble and of element 16 + 4t + kk in the high one (as
+ * Q4_0's quants); 2 rows u of 64 bytes holding, byte 4c + kk, bits 4-5 of element
+ * 16u + 4i + kk in bits 2i, 2i + 1 (i = 0..3)]. A block's bytes are contiguous and
+ * read in order, so a group is one front-to-back stream (two planes read side by
+ * side ran one-row decode at 40% of the speed).
+ *
  * Quantized X, per row (kvg_int8_x_row_bytes): K int8, then K/32 float dx, then K/32
- * int32 sx. kvg_gemm quantizes each row once per product (once per q/k/v triple),
+ * int32 sx, then K/16 int32 sxh (block b's halves at 2b, 2b + 1). kvg_gemm quantizes each row once per product (once per q/k/v triple),
  * in parallel, into the workspace. */
 #ifndef KVG_GEMM_INT8_H
 #define KVG_GEMM_INT8_H
@@ -87,21 +104,21 @@
 struct kvg_gemm_job;
 struct kvg_gemm_scratch;
 
-static inline int kvg_int8_dt(kvg_dtype dt)
-{
-    return dt == KVG_DT_Q8_0 || dt == KVG_DT_Q4_0 || dt == KVG_DT_Q4_K || dt == KVG_DT_Q8_0_R16 ||
-           dt == KVG_DT_Q4_0_R16 || dt == KVG_DT_Q4_K_R16;
-}
-
 static inline int kvg_int8_dt_packed(kvg_dtype dt)
 {
-    return dt == KVG_DT_Q8_0_R16 || dt == KVG_DT_Q4_0_R16 || dt == KVG_DT_Q4_K_R16;
+    return dt == KVG_DT_Q8_0_R16 || dt == KVG_DT_Q4_0_R16 || dt == KVG_DT_Q4_K_R16 || dt == KVG_DT_Q6_K_R16;
+}
+
+static inline int kvg_int8_dt(kvg_dtype dt)
+{
+    return dt == KVG_DT_Q8_0 || dt == KVG_DT_Q4_0 || dt == KVG_DT_Q4_K || dt == KVG_DT_Q6_K ||
+           kvg_int8_dt_packed(dt);
 }
 
 /* What K must be a multiple of for W of dtype dt: its block (1 for F32/F16/BF16). */
 static inline int kvg_gemm_k_multiple(kvg_dtype dt)
 {
-    if (dt == KVG_DT_Q4_K || dt == KVG_DT_Q4_K_R16 || dt == KVG_DT_Q6_K)
+    if (dt == KVG_DT_Q4_K || dt == KVG_DT_Q4_K_R16 || dt == KVG_DT_Q6_K || dt == KVG_DT_Q6_K_R16)
         return 256;
     return kvg_int8_dt(dt) ? 32 : 1;
 }
@@ -114,10 +131,16 @@ static inline int kvg_gemm_k_multiple(kvg_dtype dt)
 #define KVG_Q4K_M 192        /* + 16 s + c */
 #define KVG_Q4K_Q 320        /* + 512 p + 64 t */
 
+/* KVG_DT_Q6_K_R16: likewise. */
+#define KVG_Q6K_SB_BYTES 3392
+#define KVG_Q6K_D 0          /* 16 F16 */
+#define KVG_Q6K_SC 64        /* + 16 h + c (int8) */
+#define KVG_Q6K_Q 320        /* + 384 (block in the super-block): rows 0-3 low, 4-5 high */
+
 /* Bytes of one quantized X row of K elements (K a multiple of 32). */
 static inline size_t kvg_int8_x_row_bytes(int K)
 {
-    return (size_t)K + (size_t)(K / 32) * 8;
+    return (size_t)K + (size_t)(K / 32) * 16;
 }
 
 /* Bytes of the quants of one block of one group, and of one group of nb blocks. */
@@ -137,6 +160,8 @@ static inline size_t kvg_int8_group_bytes(kvg_dtype dt, int K)
     size_t nb = (size_t)(K / 32);
     if (dt == KVG_DT_Q4_K_R16)
         return (size_t)(K / 256) * KVG_Q4K_SB_BYTES;
+    if (dt == KVG_DT_Q6_K_R16)
+        return (size_t)(K / 256) * KVG_Q6K_SB_BYTES;
     return nb / 2 * kvg_int8_pair_bytes(dt) + (nb & 1) * (64 + kvg_int8_qbytes(dt));
 }
 
@@ -166,7 +191,7 @@ void kvg_int8_kernel_avx2(const struct kvg_gemm_job *job, int n0, int n1,
 void kvg_int8_kernel_avx512(const struct kvg_gemm_job *job, int n0, int n1,
                             const struct kvg_gemm_scratch *s);
 
-/* The repacked layout of a [N][K] Q8_0 / Q4_0 / Q4_K matrix: its dtype and size. */
+/* The repacked layout of a [N][K] Q8_0 / Q4_0 / Q4_K / Q6_K matrix: its dtype and size. */
 kvg_dtype kvg_int8_packed_dt(kvg_dtype dt);
 size_t kvg_int8_packed_bytes(kvg_dtype packed_dt, int N, int K);
 /* Repacks rows [g0 * 16, g1 * 16) of w (the file's rows; N of them) into `out`. */

@@ -2,7 +2,8 @@
  * integers through vpmaddubsw (u8 x s8 pairs into s16) and vpmaddwd (pairs of s16
  * into int32), a group of 16 columns as two 8-column halves. vpmaddubsw saturates,
  * so Q8_0's products go as |w| x (x with w's sign), at most 2 * 128 * 127 < 2^15
- * per pair, and Q4_0's and Q4_K's nibbles (<= 15) need nothing. */
+ * per pair, and Q4_0's and Q4_K's nibbles (<= 15) and Q6_K's 6-bit values (<= 63)
+ * need nothing. */
 #include <float.h>
 #include <string.h>
 
@@ -37,7 +38,7 @@ A2TGT void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsig
         const float *xr = x + (size_t)r * (size_t)K;
         unsigned char *row = xq + (size_t)r * rb;
         float *dx = (float *)(row + K);
-        int32_t *sx = (int32_t *)(row + K) + nb;
+        int32_t *sx = (int32_t *)(row + K) + nb, *sxh = sx + nb;
         for (int b = 0; b < nb; b++) {
             __m256 v[4], amax = _mm256_setzero_ps();
             int bad = 0;
@@ -53,7 +54,7 @@ A2TGT void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsig
             if (bad) {
                 memset(row + 32 * b, 0, 32);
                 dx[b] = __builtin_nanf("");
-                sx[b] = 0;
+                sx[b] = sxh[2 * b] = sxh[2 * b + 1] = 0;
                 continue;
             }
             d = hmax8(amax) / 127.0f;
@@ -69,12 +70,15 @@ A2TGT void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsig
             __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
                                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256((__m256i *)(row + 32 * b), p8);
-            s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            for (int h = 0; h < 2; h++) {
+                s = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+                sxh[2 * b + h] = _mm_cvtsi128_si32(s4);
+            }
             dx[b] = d;
-            sx[b] = _mm_cvtsi128_si32(s4);
+            sx[b] = sxh[2 * b] + sxh[2 * b + 1];
         }
     }
 }
@@ -86,13 +90,18 @@ A2INL __m256i bcast4(const unsigned char *p)
     return _mm256_set1_epi32(v);
 }
 
-/* Quantized X row m: its int8 values, block scales and sums. */
-A2INL void xrow(const kvg_gemm_job *job, int m, const unsigned char **xr, const float **dx, const int32_t **sx)
+/* A tile's MR quantized X rows from row m0 (their int8 values, block scales and
+ * sums), its accumulators at zero. */
+A2INL void rows_begin(const kvg_gemm_job *job, int m0, const int MR, const unsigned char **xr, const float **dx,
+                      const int32_t **sx, __m256 facc[2][2])
 {
     const int K = job->K;
-    *xr = job->xq + (size_t)m * kvg_int8_x_row_bytes(K);
-    *dx = (const float *)(*xr + K);
-    *sx = (const int32_t *)(*xr + K) + K / 32;
+    A2UNROLL for (int r = 0; r < MR; r++) {
+        xr[r] = job->xq + (size_t)(m0 + r) * kvg_int8_x_row_bytes(K);
+        dx[r] = (const float *)(xr[r] + K);
+        sx[r] = (const int32_t *)(xr[r] + K) + K / 32;
+        facc[r][0] = facc[r][1] = _mm256_setzero_ps();
+    }
 }
 
 /* Row m of group g's outputs (+ bias); only the matrix's last group is partial. */
@@ -119,10 +128,7 @@ A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
     const int32_t *sx[2];
     __m256 facc[2][2];
 
-    A2UNROLL for (int r = 0; r < MR; r++) {
-        xrow(job, m0 + r, &xr[r], &dx[r], &sx[r]);
-        facc[r][0] = facc[r][1] = _mm256_setzero_ps();
-    }
+    rows_begin(job, m0, MR, xr, dx, sx, facc);
     for (int b = 0; b < nb; b++) {
         const unsigned char *q = grp + kvg_int8_quants_at(pdt, b);
         __m256i iacc[2][2];
@@ -176,10 +182,7 @@ A2INL void tile_q4k(const kvg_gemm_job *job, int m0, int g, const int MR)
     const int32_t *sx[2];
     __m256 facc[2][2];
 
-    A2UNROLL for (int r = 0; r < MR; r++) {
-        xrow(job, m0 + r, &xr[r], &dx[r], &sx[r]);
-        facc[r][0] = facc[r][1] = _mm256_setzero_ps();
-    }
+    rows_begin(job, m0, MR, xr, dx, sx, facc);
     for (int b = 0; b < nb; b++) {
         const unsigned char *sp = grp + (size_t)(b / 8) * KVG_Q4K_SB_BYTES;
         const int sub = b % 8;
@@ -211,25 +214,83 @@ A2INL void tile_q4k(const kvg_gemm_job *job, int m0, int g, const int MR)
         store_row(job, m0 + r, g, facc[r]);
 }
 
-A2TGT static void tile1(const kvg_gemm_job *job, int m0, int g)
+/* tile() for Q6_K_R16 (gemm_int8.h's definition): per sub-block of 16, the 6-bit
+ * values joined from their low and high bits (every shift a constant), their integer
+ * sums, then its step. vpmaddubsw's pairs stay below 2 * 63 * 127 < 2^15. */
+A2INL void tile_q6k(const kvg_gemm_job *job, int m0, int g, const int MR)
 {
-    if (job->dt == KVG_DT_Q8_0_R16)
-        tile(job, m0, g, 1, 1);
-    else if (job->dt == KVG_DT_Q4_0_R16)
-        tile(job, m0, g, 0, 1);
-    else
-        tile_q4k(job, m0, g, 1);
+    const int K = job->K, nb = K / 32;
+    const unsigned char *grp = (const unsigned char *)job->w + (size_t)g * kvg_int8_group_bytes(job->dt, K);
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const unsigned char *xr[2];
+    const float *dx[2];
+    const int32_t *sx[2];
+    __m256 facc[2][2];
+
+    rows_begin(job, m0, MR, xr, dx, sx, facc);
+    for (int b = 0; b < nb; b++) {
+        const int j = b % 8;
+        const unsigned char *sp = grp + (size_t)(b / 8) * KVG_Q6K_SB_BYTES, *q = sp + KVG_Q6K_Q + 384 * j;
+        A2UNROLL for (int sh = 0; sh < 2; sh++) {
+            __m256i iacc[2][2];
+            A2UNROLL for (int r = 0; r < MR; r++)
+                iacc[r][0] = iacc[r][1] = _mm256_set1_epi32(-32 * sx[r][nb + 2 * b + sh]);
+            A2UNROLL for (int t = 0; t < 4; t++)
+                A2UNROLL for (int ch = 0; ch < 2; ch++) {
+                    __m256i lo = _mm256_load_si256((const __m256i *)(q + 64 * t + 32 * ch));
+                    __m256i hb = _mm256_load_si256((const __m256i *)(q + 256 + 64 * sh + 32 * ch));
+                    __m256i nib = sh ? _mm256_and_si256(_mm256_srli_epi16(lo, 4), m0f) : _mm256_and_si256(lo, m0f);
+                    __m256i h2 = t == 3 ? _mm256_srli_epi16(hb, 2) : t == 2 ? hb : _mm256_slli_epi16(hb, 4 - 2 * t);
+                    __m256i w = _mm256_or_si256(nib, _mm256_and_si256(h2, m30));
+                    A2UNROLL for (int r = 0; r < MR; r++)
+                        iacc[r][ch] = _mm256_add_epi32(
+                            iacc[r][ch],
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast4(xr[r] + 32 * b + 16 * sh + 4 * t)), ones));
+                }
+            A2UNROLL for (int ch = 0; ch < 2; ch++) {
+                __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sp + KVG_Q6K_SC + 16 * (2 * j + sh) + 8 * ch))));
+                __m256 d = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sp + KVG_Q6K_D + 16 * ch)));
+                A2UNROLL for (int r = 0; r < MR; r++)
+                    facc[r][ch] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx[r][b])),
+                                                  _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[r][ch]), sc), facc[r][ch]);
+            }
+        }
+    }
+    A2UNROLL for (int r = 0; r < MR; r++)
+        store_row(job, m0 + r, g, facc[r]);
 }
 
-A2TGT static void tile2(const kvg_gemm_job *job, int m0, int g)
-{
-    if (job->dt == KVG_DT_Q8_0_R16)
-        tile(job, m0, g, 1, 2);
-    else if (job->dt == KVG_DT_Q4_0_R16)
-        tile(job, m0, g, 0, 2);
-    else
-        tile_q4k(job, m0, g, 2);
-}
+/* One function per layout and row count, so that each is compiled (unrolled, its
+ * accumulators in registers) on its own: inlined into one function the four ran
+ * Q4_K's decode at a third of its speed. */
+#define A2_TILE_FNS(MR)                                                                             \
+    A2TGT __attribute__((noinline)) static void q8_##MR(const kvg_gemm_job *j, int m0, int g)       \
+    {                                                                                               \
+        tile(j, m0, g, 1, MR);                                                                      \
+    }                                                                                               \
+    A2TGT __attribute__((noinline)) static void q4_##MR(const kvg_gemm_job *j, int m0, int g)       \
+    {                                                                                               \
+        tile(j, m0, g, 0, MR);                                                                      \
+    }                                                                                               \
+    A2TGT __attribute__((noinline)) static void q4k_##MR(const kvg_gemm_job *j, int m0, int g)      \
+    {                                                                                               \
+        tile_q4k(j, m0, g, MR);                                                                     \
+    }                                                                                               \
+    A2TGT __attribute__((noinline)) static void q6k_##MR(const kvg_gemm_job *j, int m0, int g)      \
+    {                                                                                               \
+        tile_q6k(j, m0, g, MR);                                                                     \
+    }                                                                                               \
+    static void tile##MR(const kvg_gemm_job *j, int m0, int g)                                      \
+    {                                                                                               \
+        switch (j->dt) {                                                                            \
+        case KVG_DT_Q8_0_R16: q8_##MR(j, m0, g); break;                                             \
+        case KVG_DT_Q4_0_R16: q4_##MR(j, m0, g); break;                                             \
+        case KVG_DT_Q4_K_R16: q4k_##MR(j, m0, g); break;                                            \
+        default: q6k_##MR(j, m0, g); break;                                                         \
+        }                                                                                           \
+    }
+A2_TILE_FNS(1)
+A2_TILE_FNS(2)
 
 void kvg_int8_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
 {

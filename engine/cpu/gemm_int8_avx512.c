@@ -30,7 +30,7 @@ void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned 
         const float *xr = x + (size_t)r * (size_t)K;
         unsigned char *row = xq + (size_t)r * rb;
         float *dx = (float *)(row + K);
-        int32_t *sx = (int32_t *)(row + K) + nb;
+        int32_t *sx = (int32_t *)(row + K) + nb, *sxh = sx + nb;
         for (int b = 0; b < nb; b++) {
             __m512 v0 = _mm512_loadu_ps(xr + 32 * b), v1 = _mm512_loadu_ps(xr + 32 * b + 16);
             __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
@@ -40,7 +40,7 @@ void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned 
             if (bad) {
                 memset(row + 32 * b, 0, 32);
                 dx[b] = __builtin_nanf("");
-                sx[b] = 0;
+                sx[b] = sxh[2 * b] = sxh[2 * b + 1] = 0;
                 continue;
             }
             d = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)) / 127.0f;
@@ -52,7 +52,9 @@ void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned 
             _mm_storeu_si128((__m128i *)(row + 32 * b), _mm512_cvtepi32_epi8(q0));
             _mm_storeu_si128((__m128i *)(row + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
             dx[b] = d;
-            sx[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            sxh[2 * b] = _mm512_reduce_add_epi32(q0);
+            sxh[2 * b + 1] = _mm512_reduce_add_epi32(q1);
+            sx[b] = sxh[2 * b] + sxh[2 * b + 1];
         }
     }
 }
@@ -64,9 +66,11 @@ I8INL __m512i bcast4(const unsigned char *p)
     return _mm512_set1_epi32(v);
 }
 
-/* The MR quantized X rows from row m0: their int8 values, block scales and sums. */
-I8INL void x_rows(const kvg_gemm_job *job, int m0, const int MR, const unsigned char **xr, const float **dx,
-                  const int32_t **sx)
+/* A tile's start: the MR quantized X rows from row m0 (their int8 values, block
+ * scales and sums), its NR groups (gb bytes each), its accumulators at zero. */
+I8INL void tile_begin(const kvg_gemm_job *job, int m0, int g0, int gs, size_t gb, const int MR, const int NR,
+                      const unsigned char **xr, const float **dx, const int32_t **sx, const unsigned char **grp,
+                      __m512 facc[4][8])
 {
     const int K = job->K;
     const size_t rb = kvg_int8_x_row_bytes(K);
@@ -74,6 +78,11 @@ I8INL void x_rows(const kvg_gemm_job *job, int m0, const int MR, const unsigned 
         xr[r] = job->xq + (size_t)(m0 + r) * rb;
         dx[r] = (const float *)(xr[r] + K);
         sx[r] = (const int32_t *)(xr[r] + K) + K / 32;
+    }
+    I8UNROLL for (int c = 0; c < NR; c++) {
+        grp[c] = (const unsigned char *)job->w + (size_t)(g0 + c * gs) * gb;
+        I8UNROLL for (int r = 0; r < MR; r++)
+            facc[r][c] = _mm512_setzero_ps();
     }
 }
 
@@ -107,12 +116,7 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int gs, int q8, const i
     const int32_t *sx[4];
     __m512 facc[4][8];
 
-    x_rows(job, m0, MR, xr, dx, sx);
-    I8UNROLL for (int c = 0; c < NR; c++) {
-        grp[c] = (const unsigned char *)job->w + (size_t)(g0 + c * gs) * gb;
-        I8UNROLL for (int r = 0; r < MR; r++)
-            facc[r][c] = _mm512_setzero_ps();
-    }
+    tile_begin(job, m0, g0, gs, gb, MR, NR, xr, dx, sx, grp, facc);
     for (int b = 0; b < nb; b++) {
         const size_t soff = kvg_int8_scales_at(pdt, b), qoff = kvg_int8_quants_at(pdt, b);
         __m512i iacc[4][8];
@@ -164,12 +168,7 @@ I8INL void tile_q4k(const kvg_gemm_job *job, int m0, int g0, int gs, const int M
     const int32_t *sx[4];
     __m512 facc[4][8];
 
-    x_rows(job, m0, MR, xr, dx, sx);
-    I8UNROLL for (int c = 0; c < NR; c++) {
-        grp[c] = (const unsigned char *)job->w + (size_t)(g0 + c * gs) * gb;
-        I8UNROLL for (int r = 0; r < MR; r++)
-            facc[r][c] = _mm512_setzero_ps();
-    }
+    tile_begin(job, m0, g0, gs, gb, MR, NR, xr, dx, sx, grp, facc);
     /* Sub-blocks in pairs, the low nibbles then the high ones of the same quants (the
      * second pass reads them from L1): the nibble's side stays a constant. */
     for (int b2 = 0; b2 < nb; b2 += 2)
@@ -204,6 +203,56 @@ I8INL void tile_q4k(const kvg_gemm_job *job, int m0, int g0, int gs, const int M
     store_tile(job, m0, g0, gs, facc, MR, NR);
 }
 
+/* tile() for Q6_K_R16: per sub-block of 16, the 6-bit values' integer sums against X
+ * (the low 4 bits and the high 2 joined in registers, every shift a constant), then
+ * the definition's step. */
+I8INL void tile_q6k(const kvg_gemm_job *job, int m0, int g0, int gs, const int MR, const int NR)
+{
+    const int K = job->K, nb = K / 32;
+    const size_t gb = kvg_int8_group_bytes(KVG_DT_Q6_K_R16, K);
+    const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const unsigned char *xr[4], *grp[8];
+    const float *dx[4];
+    const int32_t *sx[4];
+    __m512 facc[4][8];
+
+    tile_begin(job, m0, g0, gs, gb, MR, NR, xr, dx, sx, grp, facc);
+    for (int b = 0; b < nb; b++) {
+        const int j = b % 8;
+        const size_t sbo = (size_t)(b / 8) * KVG_Q6K_SB_BYTES, qo = sbo + KVG_Q6K_Q + 384 * (size_t)j;
+        I8UNROLL for (int h = 0; h < 2; h++) {
+            __m512i iacc[4][8];
+            I8UNROLL for (int r = 0; r < MR; r++) {
+                /* Start from -32 * sxh: the stored values are wq, the weights wq - 32. */
+                __m512i init = _mm512_set1_epi32(-32 * sx[r][nb + 2 * b + h]);
+                I8UNROLL for (int c = 0; c < NR; c++)
+                    iacc[r][c] = init;
+            }
+            I8UNROLL for (int t = 0; t < 4; t++)
+                I8UNROLL for (int c = 0; c < NR; c++) {
+                    __m512i lo = _mm512_load_si512((const void *)(grp[c] + qo + 64 * t));
+                    __m512i hb = _mm512_load_si512((const void *)(grp[c] + qo + 256 + 64 * h));
+                    __m512i nib = h ? _mm512_and_si512(_mm512_srli_epi16(lo, 4), m0f) : _mm512_and_si512(lo, m0f);
+                    /* Bits 2t, 2t + 1 of each byte to bits 4, 5 (a 16-bit shift: the mask
+                     * drops what crossed from the neighbouring byte). */
+                    __m512i h2 = t == 3 ? _mm512_srli_epi16(hb, 2) : t == 2 ? hb : _mm512_slli_epi16(hb, 4 - 2 * t);
+                    __m512i w = _mm512_or_si512(nib, _mm512_and_si512(h2, m30));
+                    I8UNROLL for (int r = 0; r < MR; r++)
+                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(xr[r] + 32 * b + 16 * h + 4 * t));
+                }
+            I8UNROLL for (int c = 0; c < NR; c++) {
+                const unsigned char *sp = grp[c] + sbo;
+                __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(sp + KVG_Q6K_SC + 16 * (2 * j + h)))));
+                __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sp + KVG_Q6K_D)));
+                I8UNROLL for (int r = 0; r < MR; r++)
+                    facc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r][b])),
+                                                 _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[r][c]), sc), facc[r][c]);
+            }
+        }
+    }
+    store_tile(job, m0, g0, gs, facc, MR, NR);
+}
+
 typedef void (*tile_fn)(const kvg_gemm_job *job, int m0, int g0, int gs);
 
 /* MR x NR: one X row (batch-1 decode) takes 2 groups at a time, i.e. 2 streams of W
@@ -211,15 +260,33 @@ typedef void (*tile_fn)(const kvg_gemm_job *job, int m0, int g0, int gs);
  * (GB/s, NR = 1 / 2 / 3 / 4 / 8): Q8_0 21 / 24-26 / 23 / 26 / 21, Q4_0 18 / 25-27 /
  * 22 / 25 / 23, Q4_K 22 / 23 / 19 / 14 / 11; in cache every NR from 2 up runs alike. */
 #define I8_TILES(F) F(1, 2) F(2, 6) F(3, 4) F(4, 3)
-#define I8_TILE_FN(MR, NR)                                                                 \
-    I8TGT static void tile_##MR##x##NR(const kvg_gemm_job *job, int m0, int g0, int gs)    \
-    {                                                                                      \
-        if (job->dt == KVG_DT_Q8_0_R16)                                                    \
-            tile(job, m0, g0, gs, 1, MR, NR);                                              \
-        else if (job->dt == KVG_DT_Q4_0_R16)                                               \
-            tile(job, m0, g0, gs, 0, MR, NR);                                              \
-        else                                                                               \
-            tile_q4k(job, m0, g0, gs, MR, NR);                                             \
+/* One function per layout and tile shape, so that each is compiled (unrolled, its
+ * accumulators in registers) on its own. */
+#define I8_TILE_FN(MR, NR)                                                                          \
+    I8TGT __attribute__((noinline)) static void q8_##MR##x##NR(const kvg_gemm_job *j, int m0, int g0, int gs) \
+    {                                                                                               \
+        tile(j, m0, g0, gs, 1, MR, NR);                                                             \
+    }                                                                                               \
+    I8TGT __attribute__((noinline)) static void q4_##MR##x##NR(const kvg_gemm_job *j, int m0, int g0, int gs) \
+    {                                                                                               \
+        tile(j, m0, g0, gs, 0, MR, NR);                                                             \
+    }                                                                                               \
+    I8TGT __attribute__((noinline)) static void q4k_##MR##x##NR(const kvg_gemm_job *j, int m0, int g0, int gs) \
+    {                                                                                               \
+        tile_q4k(j, m0, g0, gs, MR, NR);                                                            \
+    }                                                                                               \
+    I8TGT __attribute__((noinline)) static void q6k_##MR##x##NR(const kvg_gemm_job *j, int m0, int g0, int gs) \
+    {                                                                                               \
+        tile_q6k(j, m0, g0, gs, MR, NR);                                                            \
+    }                                                                                               \
+    static void tile_##MR##x##NR(const kvg_gemm_job *j, int m0, int g0, int gs)                     \
+    {                                                                                               \
+        switch (j->dt) {                                                                            \
+        case KVG_DT_Q8_0_R16: q8_##MR##x##NR(j, m0, g0, gs); break;                                 \
+        case KVG_DT_Q4_0_R16: q4_##MR##x##NR(j, m0, g0, gs); break;                                 \
+        case KVG_DT_Q4_K_R16: q4k_##MR##x##NR(j, m0, g0, gs); break;                                \
+        default: q6k_##MR##x##NR(j, m0, g0, gs); break;                                             \
+        }                                                                                           \
     }
 #define I8_TILE_PAIR(MR, NR) I8_TILE_FN(MR, NR) I8_TILE_FN(MR, 1)
 I8_TILES(I8_TILE_PAIR)

@@ -13,7 +13,6 @@
 #include <immintrin.h>
 
 #include "cpu/gemm_kernels.h"
-#include "cpu/gemm_quant.h"
 
 #ifndef KVG_X86_AVX2_INLINE
 #define KVG_X86_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))

@@ -47,9 +47,7 @@
 
 TGT static void pack_w(const kvg_gemm_job *job, int n0, int rows, int panels, int J, float *wp)
 {
-    if (kvg_gemm_dt_quant(job->dt))      /* issue 15: dequantized while packed (gemm_quant.h) */
-        kvg_gemm_quant_pack_w(job->w, job->dt, job->K, n0, rows, panels, J, wp, PNR);
-    else if (job->dt == KVG_DT_F32)
+    if (job->dt == KVG_DT_F32)
         kvg_x86_pack_w_dt(job->w, KVG_DT_F32, job->K, n0, rows, panels, J, wp, PNR);
     else if (job->dt == KVG_DT_F16)
         kvg_x86_pack_w_dt(job->w, KVG_DT_F16, job->K, n0, rows, panels, J, wp, PNR);
