@@ -58,9 +58,9 @@
  * at most dx / 2 = amax / 254, so |y - y_f32| <= sum_b (amax_b / 254) sum_k |w[k]|
  * plus float rounding, against the F32 product over the dequantized W.
  *
- * Layouts. The file's rows (KVG_DT_Q8_0 / Q4_0) work everywhere, through the plain C
- * kernel here. kvg_gemm_prepare repacks them once into KVG_DT_Q8_0_R16 / Q4_0_R16,
- * the layout the vector kernels stream: rows in groups of 16 (the last padded with
+ * Layouts. The file's rows (KVG_DT_Q8_0, Q4_0, Q4_K, Q6_K) work everywhere, through
+ * the plain C kernel here. kvg_gemm_prepare repacks them once into the _R16 layouts
+ * the vector kernels stream. Q8_0_R16 / Q4_0_R16: rows in groups of 16 (the last padded with
  * zero rows), each group its blocks in pairs, [64 bytes: the 16 F16 scales of block
  * 2p, then of 2p + 1][quants of block 2p][quants of block 2p + 1] (an odd last block
  * alone, its pair's second 32 scale bytes zero), so a group is ONE front-to-back
@@ -91,8 +91,9 @@
  * side ran one-row decode at 40% of the speed).
  *
  * Quantized X, per row (kvg_int8_x_row_bytes): K int8, then K/32 float dx, then K/32
- * int32 sx, then K/16 int32 sxh (block b's halves at 2b, 2b + 1). kvg_gemm quantizes each row once per product (once per q/k/v triple),
- * in parallel, into the workspace. */
+ * int32 sx, then K/16 int32 sxh (block b's halves at 2b, 2b + 1). kvg_gemm quantizes
+ * each row once per product (once per q/k/v triple), in parallel, into the
+ * workspace. */
 #ifndef KVG_GEMM_INT8_H
 #define KVG_GEMM_INT8_H
 
