@@ -90,16 +90,21 @@ A2INL __m256i bcast4(const unsigned char *p)
     return _mm256_set1_epi32(v);
 }
 
-/* A tile's MR quantized X rows from row m0 (their int8 values, block scales and
- * sums), its accumulators at zero. */
-A2INL void rows_begin(const kvg_gemm_job *job, int m0, const int MR, const unsigned char **xr, const float **dx,
-                      const int32_t **sx, __m256 facc[2][2])
+/* A tile's MR quantized X rows: their int8 values, block scales and sums. */
+typedef struct tile_rows {
+    const unsigned char *xr[2];
+    const float *dx[2];
+    const int32_t *sx[2];
+} tile_rows;
+
+/* A tile's start: its rows from m0, its accumulators at zero. */
+A2INL void rows_begin(const kvg_gemm_job *job, int m0, const int MR, tile_rows *p, __m256 facc[2][2])
 {
     const int K = job->K;
     A2UNROLL for (int r = 0; r < MR; r++) {
-        xr[r] = job->xq + (size_t)(m0 + r) * kvg_int8_x_row_bytes(K);
-        dx[r] = (const float *)(xr[r] + K);
-        sx[r] = (const int32_t *)(xr[r] + K) + K / 32;
+        p->xr[r] = job->xq + (size_t)(m0 + r) * kvg_int8_x_row_bytes(K);
+        p->dx[r] = (const float *)(p->xr[r] + K);
+        p->sx[r] = (const int32_t *)(p->xr[r] + K) + K / 32;
         facc[r][0] = facc[r][1] = _mm256_setzero_ps();
     }
 }
@@ -123,17 +128,15 @@ A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
     const unsigned char *grp = (const unsigned char *)job->w + (size_t)g * kvg_int8_group_bytes(job->dt, K);
     const __m256i m0f = _mm256_set1_epi8(0x0f), k80 = _mm256_set1_epi8((char)0x80);
     const __m256i ones = _mm256_set1_epi16(1);
-    const unsigned char *xr[2];
-    const float *dx[2];
-    const int32_t *sx[2];
+    tile_rows rows;
     __m256 facc[2][2];
 
-    rows_begin(job, m0, MR, xr, dx, sx, facc);
+    rows_begin(job, m0, MR, &rows, facc);
     for (int b = 0; b < nb; b++) {
         const unsigned char *q = grp + kvg_int8_quants_at(pdt, b);
         __m256i iacc[2][2];
         A2UNROLL for (int r = 0; r < MR; r++)
-            iacc[r][0] = iacc[r][1] = _mm256_set1_epi32(q8 ? 0 : -8 * sx[r][b]);
+            iacc[r][0] = iacc[r][1] = _mm256_set1_epi32(q8 ? 0 : -8 * rows.sx[r][b]);
         if (q8) {
             A2UNROLL for (int t = 0; t < 8; t++)
                 A2UNROLL for (int h = 0; h < 2; h++) {
@@ -141,7 +144,7 @@ A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
                     __m256i ws = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(q + 64 * t + 32 * h)), k80);
                     __m256i wa = _mm256_abs_epi8(ws);
                     A2UNROLL for (int r = 0; r < MR; r++) {
-                        __m256i xs = _mm256_sign_epi8(bcast4(xr[r] + 32 * b + 4 * t), ws);
+                        __m256i xs = _mm256_sign_epi8(bcast4(rows.xr[r] + 32 * b + 4 * t), ws);
                         __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs), ones);
                         iacc[r][h] = _mm256_add_epi32(iacc[r][h], p);
                     }
@@ -153,8 +156,8 @@ A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
                     __m256i lo = _mm256_and_si256(raw, m0f);
                     __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f);
                     A2UNROLL for (int r = 0; r < MR; r++) {
-                        __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xr[r] + 32 * b + 4 * t)),
-                                                     _mm256_maddubs_epi16(hi, bcast4(xr[r] + 32 * b + 16 + 4 * t)));
+                        __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(rows.xr[r] + 32 * b + 4 * t)),
+                                                     _mm256_maddubs_epi16(hi, bcast4(rows.xr[r] + 32 * b + 16 + 4 * t)));
                         iacc[r][h] = _mm256_add_epi32(iacc[r][h], _mm256_madd_epi16(p, ones));
                     }
                 }
@@ -162,7 +165,7 @@ A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
         A2UNROLL for (int h = 0; h < 2; h++) {
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + kvg_int8_scales_at(pdt, b) + 16 * h)));
             A2UNROLL for (int r = 0; r < MR; r++)
-                facc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx[r][b])),
+                facc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(rows.dx[r][b])),
                                              _mm256_cvtepi32_ps(iacc[r][h]), facc[r][h]);
         }
     }
@@ -177,12 +180,10 @@ A2INL void tile_q4k(const kvg_gemm_job *job, int m0, int g, const int MR)
     const int K = job->K, nb = K / 32;
     const unsigned char *grp = (const unsigned char *)job->w + (size_t)g * kvg_int8_group_bytes(job->dt, K);
     const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    const unsigned char *xr[2];
-    const float *dx[2];
-    const int32_t *sx[2];
+    tile_rows rows;
     __m256 facc[2][2];
 
-    rows_begin(job, m0, MR, xr, dx, sx, facc);
+    rows_begin(job, m0, MR, &rows, facc);
     for (int b = 0; b < nb; b++) {
         const unsigned char *sp = grp + (size_t)(b / 8) * KVG_Q4K_SB_BYTES;
         const int sub = b % 8;
@@ -196,7 +197,7 @@ A2INL void tile_q4k(const kvg_gemm_job *job, int m0, int g, const int MR)
                 __m256i w = sub & 1 ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f) : _mm256_and_si256(raw, m0f);
                 A2UNROLL for (int r = 0; r < MR; r++)
                     iacc[r][h] = _mm256_add_epi32(
-                        iacc[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast4(xr[r] + 32 * b + 4 * t)), ones));
+                        iacc[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast4(rows.xr[r] + 32 * b + 4 * t)), ones));
             }
         A2UNROLL for (int h = 0; h < 2; h++) {
             __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sp + KVG_Q4K_SC + 16 * sub + 8 * h))));
@@ -204,9 +205,9 @@ A2INL void tile_q4k(const kvg_gemm_job *job, int m0, int g, const int MR)
             __m256 ds = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sp + KVG_Q4K_D + 16 * h))), sc);
             __m256 dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sp + KVG_Q4K_DMIN + 16 * h))), mn);
             A2UNROLL for (int r = 0; r < MR; r++) {
-                __m256 u = _mm256_mul_ps(dm, _mm256_set1_ps((float)sx[r][b]));
+                __m256 u = _mm256_mul_ps(dm, _mm256_set1_ps((float)rows.sx[r][b]));
                 __m256 st = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(iacc[r][h]), u);
-                facc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r][b]), st, facc[r][h]);
+                facc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(rows.dx[r][b]), st, facc[r][h]);
             }
         }
     }
@@ -222,19 +223,17 @@ A2INL void tile_q6k(const kvg_gemm_job *job, int m0, int g, const int MR)
     const int K = job->K, nb = K / 32;
     const unsigned char *grp = (const unsigned char *)job->w + (size_t)g * kvg_int8_group_bytes(job->dt, K);
     const __m256i m0f = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
-    const unsigned char *xr[2];
-    const float *dx[2];
-    const int32_t *sx[2];
+    tile_rows rows;
     __m256 facc[2][2];
 
-    rows_begin(job, m0, MR, xr, dx, sx, facc);
+    rows_begin(job, m0, MR, &rows, facc);
     for (int b = 0; b < nb; b++) {
         const int j = b % 8;
         const unsigned char *sp = grp + (size_t)(b / 8) * KVG_Q6K_SB_BYTES, *q = sp + KVG_Q6K_Q + 384 * j;
         A2UNROLL for (int sh = 0; sh < 2; sh++) {
             __m256i iacc[2][2];
             A2UNROLL for (int r = 0; r < MR; r++)
-                iacc[r][0] = iacc[r][1] = _mm256_set1_epi32(-32 * sx[r][nb + 2 * b + sh]);
+                iacc[r][0] = iacc[r][1] = _mm256_set1_epi32(-32 * rows.sx[r][nb + 2 * b + sh]);
             A2UNROLL for (int t = 0; t < 4; t++)
                 A2UNROLL for (int ch = 0; ch < 2; ch++) {
                     __m256i lo = _mm256_load_si256((const __m256i *)(q + 64 * t + 32 * ch));
@@ -245,13 +244,13 @@ A2INL void tile_q6k(const kvg_gemm_job *job, int m0, int g, const int MR)
                     A2UNROLL for (int r = 0; r < MR; r++)
                         iacc[r][ch] = _mm256_add_epi32(
                             iacc[r][ch],
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast4(xr[r] + 32 * b + 16 * sh + 4 * t)), ones));
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(w, bcast4(rows.xr[r] + 32 * b + 16 * sh + 4 * t)), ones));
                 }
             A2UNROLL for (int ch = 0; ch < 2; ch++) {
                 __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sp + KVG_Q6K_SC + 16 * (2 * j + sh) + 8 * ch))));
                 __m256 d = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sp + KVG_Q6K_D + 16 * ch)));
                 A2UNROLL for (int r = 0; r < MR; r++)
-                    facc[r][ch] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx[r][b])),
+                    facc[r][ch] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(rows.dx[r][b])),
                                                   _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[r][ch]), sc), facc[r][ch]);
             }
         }

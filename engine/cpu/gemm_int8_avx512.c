@@ -66,21 +66,28 @@ I8INL __m512i bcast4(const unsigned char *p)
     return _mm512_set1_epi32(v);
 }
 
-/* A tile's start: the MR quantized X rows from row m0 (their int8 values, block
- * scales and sums), its NR groups (gb bytes each), its accumulators at zero. */
+/* A tile's pointers: its MR quantized X rows (their int8 values, block scales and
+ * sums) and its NR groups of W. */
+typedef struct tile_ptrs {
+    const unsigned char *xr[4], *grp[8];
+    const float *dx[4];
+    const int32_t *sx[4];
+} tile_ptrs;
+
+/* A tile's start: its pointers (rows from m0; groups g0, g0 + gs, ..., gb bytes each)
+ * and its accumulators at zero. */
 I8INL void tile_begin(const kvg_gemm_job *job, int m0, int g0, int gs, size_t gb, const int MR, const int NR,
-                      const unsigned char **xr, const float **dx, const int32_t **sx, const unsigned char **grp,
-                      __m512 facc[4][8])
+                      tile_ptrs *p, __m512 facc[4][8])
 {
     const int K = job->K;
     const size_t rb = kvg_int8_x_row_bytes(K);
     I8UNROLL for (int r = 0; r < MR; r++) {
-        xr[r] = job->xq + (size_t)(m0 + r) * rb;
-        dx[r] = (const float *)(xr[r] + K);
-        sx[r] = (const int32_t *)(xr[r] + K) + K / 32;
+        p->xr[r] = job->xq + (size_t)(m0 + r) * rb;
+        p->dx[r] = (const float *)(p->xr[r] + K);
+        p->sx[r] = (const int32_t *)(p->xr[r] + K) + K / 32;
     }
     I8UNROLL for (int c = 0; c < NR; c++) {
-        grp[c] = (const unsigned char *)job->w + (size_t)(g0 + c * gs) * gb;
+        p->grp[c] = (const unsigned char *)job->w + (size_t)(g0 + c * gs) * gb;
         I8UNROLL for (int r = 0; r < MR; r++)
             facc[r][c] = _mm512_setzero_ps();
     }
@@ -111,44 +118,42 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int gs, int q8, const i
     const kvg_dtype pdt = q8 ? KVG_DT_Q8_0_R16 : KVG_DT_Q4_0_R16;   /* a constant, inlined */
     const int off = q8 ? 128 : 8;
     const __m512i m0f = _mm512_set1_epi8(0x0f);
-    const unsigned char *xr[4], *grp[8];
-    const float *dx[4];
-    const int32_t *sx[4];
+    tile_ptrs pt;
     __m512 facc[4][8];
 
-    tile_begin(job, m0, g0, gs, gb, MR, NR, xr, dx, sx, grp, facc);
+    tile_begin(job, m0, g0, gs, gb, MR, NR, &pt, facc);
     for (int b = 0; b < nb; b++) {
         const size_t soff = kvg_int8_scales_at(pdt, b), qoff = kvg_int8_quants_at(pdt, b);
         __m512i iacc[4][8];
         I8UNROLL for (int r = 0; r < MR; r++) {
             /* Start from -off * sx: the stored bytes are wq + off. */
-            __m512i init = _mm512_set1_epi32(-off * sx[r][b]);
+            __m512i init = _mm512_set1_epi32(-off * pt.sx[r][b]);
             I8UNROLL for (int c = 0; c < NR; c++)
                 iacc[r][c] = init;
         }
         if (q8) {
             I8UNROLL for (int t = 0; t < 8; t++)
                 I8UNROLL for (int c = 0; c < NR; c++) {
-                    __m512i w = _mm512_load_si512((const void *)(grp[c] + qoff + 64 * t));
+                    __m512i w = _mm512_load_si512((const void *)(pt.grp[c] + qoff + 64 * t));
                     I8UNROLL for (int r = 0; r < MR; r++)
-                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(xr[r] + 32 * b + 4 * t));
+                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(pt.xr[r] + 32 * b + 4 * t));
                 }
         } else {
             I8UNROLL for (int t = 0; t < 4; t++)
                 I8UNROLL for (int c = 0; c < NR; c++) {
-                    __m512i raw = _mm512_load_si512((const void *)(grp[c] + qoff + 64 * t));
+                    __m512i raw = _mm512_load_si512((const void *)(pt.grp[c] + qoff + 64 * t));
                     __m512i lo = _mm512_and_si512(raw, m0f);
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);
                     I8UNROLL for (int r = 0; r < MR; r++) {
-                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], lo, bcast4(xr[r] + 32 * b + 4 * t));
-                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], hi, bcast4(xr[r] + 32 * b + 16 + 4 * t));
+                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], lo, bcast4(pt.xr[r] + 32 * b + 4 * t));
+                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], hi, bcast4(pt.xr[r] + 32 * b + 16 + 4 * t));
                     }
                 }
         }
         I8UNROLL for (int c = 0; c < NR; c++) {
-            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(grp[c] + soff)));
+            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pt.grp[c] + soff)));
             I8UNROLL for (int r = 0; r < MR; r++)
-                facc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx[r][b])),
+                facc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(pt.dx[r][b])),
                                              _mm512_cvtepi32_ps(iacc[r][c]), facc[r][c]);
         }
     }
@@ -163,12 +168,10 @@ I8INL void tile_q4k(const kvg_gemm_job *job, int m0, int g0, int gs, const int M
     const int K = job->K, nb = K / 32;
     const size_t gb = kvg_int8_group_bytes(KVG_DT_Q4_K_R16, K);
     const __m512i m0f = _mm512_set1_epi8(0x0f);
-    const unsigned char *xr[4], *grp[8];
-    const float *dx[4];
-    const int32_t *sx[4];
+    tile_ptrs pt;
     __m512 facc[4][8];
 
-    tile_begin(job, m0, g0, gs, gb, MR, NR, xr, dx, sx, grp, facc);
+    tile_begin(job, m0, g0, gs, gb, MR, NR, &pt, facc);
     /* Sub-blocks in pairs, the low nibbles then the high ones of the same quants (the
      * second pass reads them from L1): the nibble's side stays a constant. */
     for (int b2 = 0; b2 < nb; b2 += 2)
@@ -182,21 +185,21 @@ I8INL void tile_q4k(const kvg_gemm_job *job, int m0, int g0, int gs, const int M
                     iacc[r][c] = _mm512_setzero_si512();
             I8UNROLL for (int t = 0; t < 8; t++)
                 I8UNROLL for (int c = 0; c < NR; c++) {
-                    __m512i raw = _mm512_load_si512((const void *)(grp[c] + qoff + 64 * t));
+                    __m512i raw = _mm512_load_si512((const void *)(pt.grp[c] + qoff + 64 * t));
                     __m512i w = h ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f) : _mm512_and_si512(raw, m0f);
                     I8UNROLL for (int r = 0; r < MR; r++)
-                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(xr[r] + 32 * b + 4 * t));
+                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(pt.xr[r] + 32 * b + 4 * t));
                 }
             I8UNROLL for (int c = 0; c < NR; c++) {
-                const unsigned char *sp = grp[c] + sbo;
+                const unsigned char *sp = pt.grp[c] + sbo;
                 __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(sp + KVG_Q4K_SC + 16 * sub))));
                 __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(sp + KVG_Q4K_M + 16 * sub))));
                 __m512 ds = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sp + KVG_Q4K_D))), sc);
                 __m512 dm = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sp + KVG_Q4K_DMIN))), mn);
                 I8UNROLL for (int r = 0; r < MR; r++) {
-                    __m512 u = _mm512_mul_ps(dm, _mm512_set1_ps((float)sx[r][b]));
+                    __m512 u = _mm512_mul_ps(dm, _mm512_set1_ps((float)pt.sx[r][b]));
                     __m512 st = _mm512_fmsub_ps(ds, _mm512_cvtepi32_ps(iacc[r][c]), u);
-                    facc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(dx[r][b]), st, facc[r][c]);
+                    facc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(pt.dx[r][b]), st, facc[r][c]);
                 }
             }
         }
@@ -211,12 +214,10 @@ I8INL void tile_q6k(const kvg_gemm_job *job, int m0, int g0, int gs, const int M
     const int K = job->K, nb = K / 32;
     const size_t gb = kvg_int8_group_bytes(KVG_DT_Q6_K_R16, K);
     const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    const unsigned char *xr[4], *grp[8];
-    const float *dx[4];
-    const int32_t *sx[4];
+    tile_ptrs pt;
     __m512 facc[4][8];
 
-    tile_begin(job, m0, g0, gs, gb, MR, NR, xr, dx, sx, grp, facc);
+    tile_begin(job, m0, g0, gs, gb, MR, NR, &pt, facc);
     for (int b = 0; b < nb; b++) {
         const int j = b % 8;
         const size_t sbo = (size_t)(b / 8) * KVG_Q6K_SB_BYTES, qo = sbo + KVG_Q6K_Q + 384 * (size_t)j;
@@ -224,28 +225,28 @@ I8INL void tile_q6k(const kvg_gemm_job *job, int m0, int g0, int gs, const int M
             __m512i iacc[4][8];
             I8UNROLL for (int r = 0; r < MR; r++) {
                 /* Start from -32 * sxh: the stored values are wq, the weights wq - 32. */
-                __m512i init = _mm512_set1_epi32(-32 * sx[r][nb + 2 * b + h]);
+                __m512i init = _mm512_set1_epi32(-32 * pt.sx[r][nb + 2 * b + h]);
                 I8UNROLL for (int c = 0; c < NR; c++)
                     iacc[r][c] = init;
             }
             I8UNROLL for (int t = 0; t < 4; t++)
                 I8UNROLL for (int c = 0; c < NR; c++) {
-                    __m512i lo = _mm512_load_si512((const void *)(grp[c] + qo + 64 * t));
-                    __m512i hb = _mm512_load_si512((const void *)(grp[c] + qo + 256 + 64 * h));
+                    __m512i lo = _mm512_load_si512((const void *)(pt.grp[c] + qo + 64 * t));
+                    __m512i hb = _mm512_load_si512((const void *)(pt.grp[c] + qo + 256 + 64 * h));
                     __m512i nib = h ? _mm512_and_si512(_mm512_srli_epi16(lo, 4), m0f) : _mm512_and_si512(lo, m0f);
                     /* Bits 2t, 2t + 1 of each byte to bits 4, 5 (a 16-bit shift: the mask
                      * drops what crossed from the neighbouring byte). */
                     __m512i h2 = t == 3 ? _mm512_srli_epi16(hb, 2) : t == 2 ? hb : _mm512_slli_epi16(hb, 4 - 2 * t);
                     __m512i w = _mm512_or_si512(nib, _mm512_and_si512(h2, m30));
                     I8UNROLL for (int r = 0; r < MR; r++)
-                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(xr[r] + 32 * b + 16 * h + 4 * t));
+                        iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], w, bcast4(pt.xr[r] + 32 * b + 16 * h + 4 * t));
                 }
             I8UNROLL for (int c = 0; c < NR; c++) {
-                const unsigned char *sp = grp[c] + sbo;
+                const unsigned char *sp = pt.grp[c] + sbo;
                 __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(sp + KVG_Q6K_SC + 16 * (2 * j + h)))));
                 __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sp + KVG_Q6K_D)));
                 I8UNROLL for (int r = 0; r < MR; r++)
-                    facc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r][b])),
+                    facc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(pt.dx[r][b])),
                                                  _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[r][c]), sc), facc[r][c]);
             }
         }
