@@ -143,14 +143,14 @@ static inline float kvg_gemm_f16_to_f32(uint16_t h)
     return f;
 }
 
-/* Element i of W widened exactly to F32 (scalar tails, packing edges, the generic
- * kernel). */
 /* Bytes of one row of K elements of a float W (F32, F16, BF16). */
 static inline size_t kvg_gemm_row_bytes(kvg_dtype dt, int K)
 {
     return (size_t)K * (dt == KVG_DT_F32 ? 4 : 2);
 }
 
+/* Element i of W widened exactly to F32 (scalar tails, packing edges, the generic
+ * kernel). */
 static inline float kvg_gemm_w_at(const void *w, size_t i, kvg_dtype dt)
 {
     if (dt == KVG_DT_F32)
