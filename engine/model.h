@@ -129,6 +129,13 @@ void kvg_model_free(kvg_model *m);
  * F32), so other implementations can run identical weights. 0 or -1 with err. */
 int kvg_model_export_llama2c(const kvg_model *m, const char *path, char *err, size_t err_len);
 
+/* Tells the model that t's bytes will not be read for a long while (a backend keeps
+ * its own copy in another layout). When they lie in a mapping of the model file, their
+ * whole pages leave the process's resident set: they are read back from the file if
+ * touched again (clean pages: same bytes), so nothing changes but the memory held.
+ * Bytes in other storage are left alone. Returns the bytes released. */
+size_t kvg_model_release_pages(const kvg_model *m, const kvg_tensor *t);
+
 /* Bytes per element (F32, F16, BF16; 0 for the block formats) and row conversion
  * helpers shared by loaders and kernels. */
 size_t kvg_dtype_size(kvg_dtype t);

@@ -147,6 +147,32 @@ void *kvgm_alloc(kvg_model *m, size_t n)
     return p;
 }
 
+size_t kvg_model_release_pages(const kvg_model *m, const kvg_tensor *t)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo, hi;
+    const struct kvg_model_storage *s;
+    size_t bytes;
+
+    if (!m || !m->storage || !t || !t->data || t->rows <= 0)
+        return 0;
+    s = m->storage;
+    bytes = kvg_dtype_row_bytes(t->dtype, t->cols) * (size_t)t->rows;
+    for (size_t i = 0; i < s->n_blocks; i++) {
+        const kvgm_block *b = &s->blocks[i];
+        uintptr_t p = (uintptr_t)b->p, d = (uintptr_t)t->data;
+        /* Only a file mapping: an anonymous private page released reads back as zeros. */
+        if (b->kind != KVGM_MAP || d < p || d - p > b->len || bytes > b->len - (d - p))
+            continue;
+        /* Whole pages inside the tensor only: its neighbours keep theirs. */
+        lo = (d + page - 1) / page * page;
+        hi = (d + bytes) / page * page;
+        if (hi <= lo || madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0)
+            return 0;
+        return hi - lo;
+    }
+    return 0;
+}
+
 void kvgm_name_from_path(char *out, size_t cap, const char *path)
 {
     size_t len = strlen(path);

@@ -10,6 +10,7 @@
  *     the F32 model written from its dequantized weights, with the same greedy token;
  *     chunking and batching change no bit; its id differs from the F32 file's; an
  *     unsupported type is refused by name. */
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -566,6 +567,68 @@ static int run(const kvg_model *m, int threads, const int32_t *toks, int chunk, 
     return rc;
 }
 
+/* Pages of [p, p + len) (whole pages only) mapped in this process, from
+ * /proc/self/pagemap (bit 63: present); -1 when it cannot be read. */
+static long present_pages(const void *p, size_t len, long *total)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) / page, hi = ((uintptr_t)p + len) / page;
+    long n = 0;
+    int fd = open("/proc/self/pagemap", O_RDONLY);
+    *total = hi > lo ? (long)(hi - lo) : 0;
+    if (fd < 0)
+        return -1;
+    for (uintptr_t i = lo; i < hi; i++) {
+        uint64_t e;
+        if (pread(fd, &e, sizeof e, (off_t)(i * sizeof e)) != (ssize_t)sizeof e) {
+            close(fd);
+            return -1;
+        }
+        n += (long)(e >> 63);
+    }
+    close(fd);
+    return n;
+}
+
+/* The CPU backend repacks the quantized matrices and releases the file's copy (it
+ * would otherwise hold the model twice): the pages leave the resident set, the
+ * forward pass never touches them, and a later reader gets the same bytes back. */
+static void test_released(const char *label, const kvg_model *mq)
+{
+    const kvg_tensor *w = &mq->layers[0].w_gate;
+    size_t bytes = kvg_dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
+    unsigned char *copy = malloc(bytes);
+    long total, before, after, stepped;
+    rig r;
+    char err[256];
+    kvg_kv_seq s = { 0 };
+    int32_t toks[3] = { 1, 5, 9 };
+
+    memcpy(copy, w->data, bytes);
+    before = present_pages(w->data, bytes, &total);
+    if (before < 0 || total < 4) {
+        ok(1, "# SKIP %s: /proc/self/pagemap unreadable or the matrix spans under 4 pages", label);
+        free(copy);
+        return;
+    }
+    if (rig_new(&r, mq, 2) < 0) {
+        ok(0, "%s: backend for the release check", label);
+        free(copy);
+        return;
+    }
+    after = present_pages(w->data, bytes, &total);
+    kvg_fwd_seq b = { &s, toks, 3, NULL };
+    int rc = kvg_forward_step(r.fw, &b, 1, err, sizeof err);
+    stepped = present_pages(w->data, bytes, &total);
+    kvg_kv_seq_release(r.kv, &s);
+    rig_free(&r);
+    ok(before == total && after == 0 && rc == 0 && stepped == 0,
+       "%s: the file's copy of blk.0.ffn_gate leaves the resident set once repacked (%ld of %ld pages "
+       "before, %ld after, %ld after a forward step)", label, before, total, after, stepped);
+    ok(memcmp(copy, w->data, bytes) == 0, "%s: read again, the released bytes are the file's", label);
+    free(copy);
+}
+
 static void test_model_one(const char *label, kvg_dtype main_dt, kvg_dtype mix_dt, const char *mix, int tied,
                            const char *tok)
 {
@@ -602,6 +665,7 @@ static void test_model_one(const char *label, kvg_dtype main_dt, kvg_dtype mix_d
         goto out_q;
     ok(strcmp(mq->id_hex, mf->id_hex) != 0, "%s: model ids differ (%.12s vs %.12s)", label, mq->id_hex,
        mf->id_hex);
+    test_released(label, mq);
 
     int V = mq->cfg.vocab_size;
     size_t nb = (size_t)(NC + 1) * V * sizeof(float);
