@@ -78,9 +78,9 @@ kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, cha
         kvg_set_err(err, err_len, "cpu backend: out of memory repacking the quantized weights");
         return NULL;
     }
-    /* The file's copy of a repacked matrix is read again only to build another backend
-     * or for the rows of a tied embedding: without this the process would hold both
-     * copies, twice the model's size. */
+    /* The file's copy of a repacked matrix is read again only to build another backend,
+     * for the rows of a tied embedding, or by the llama2.c exporter: without this the
+     * process would hold both copies. */
     for (size_t i = 0; i < pw->cap; i++)
         if (pw->slot[i].key)
             kvg_model_release_pages(m, pw->slot[i].key);
