@@ -77,6 +77,99 @@ AVX512 void kvg_attn_vacc_avx512(float *out, const float *w, const float *v, int
             out[d0] = fmaf(w[t], v[(size_t)t * hd + d0], out[d0]);
 }
 
+/* 4 rows x 4 groups: 16 accumulators; per dimension 4 loads of K serve 16 FMAs. */
+AVX512 void kvg_attn_scores4_rows_avx512(const float *const *q, const float *const *k, int bt, int hd,
+                                         float *const *out)
+{
+    __m512 a[4][4];
+    const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++)
+        a[0][g] = a[1][g] = a[2][g] = a[3][g] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        size_t o = (size_t)d * bt;
+        __m512 k0 = _mm512_loadu_ps(k[0] + o), k1 = _mm512_loadu_ps(k[1] + o);
+        __m512 k2 = _mm512_loadu_ps(k[2] + o), k3 = _mm512_loadu_ps(k[3] + o);
+        __m512 qd;
+        qd = _mm512_set1_ps(q0[d]);
+        a[0][0] = _mm512_fmadd_ps(qd, k0, a[0][0]);
+        a[0][1] = _mm512_fmadd_ps(qd, k1, a[0][1]);
+        a[0][2] = _mm512_fmadd_ps(qd, k2, a[0][2]);
+        a[0][3] = _mm512_fmadd_ps(qd, k3, a[0][3]);
+        qd = _mm512_set1_ps(q1[d]);
+        a[1][0] = _mm512_fmadd_ps(qd, k0, a[1][0]);
+        a[1][1] = _mm512_fmadd_ps(qd, k1, a[1][1]);
+        a[1][2] = _mm512_fmadd_ps(qd, k2, a[1][2]);
+        a[1][3] = _mm512_fmadd_ps(qd, k3, a[1][3]);
+        qd = _mm512_set1_ps(q2[d]);
+        a[2][0] = _mm512_fmadd_ps(qd, k0, a[2][0]);
+        a[2][1] = _mm512_fmadd_ps(qd, k1, a[2][1]);
+        a[2][2] = _mm512_fmadd_ps(qd, k2, a[2][2]);
+        a[2][3] = _mm512_fmadd_ps(qd, k3, a[2][3]);
+        qd = _mm512_set1_ps(q3[d]);
+        a[3][0] = _mm512_fmadd_ps(qd, k0, a[3][0]);
+        a[3][1] = _mm512_fmadd_ps(qd, k1, a[3][1]);
+        a[3][2] = _mm512_fmadd_ps(qd, k2, a[3][2]);
+        a[3][3] = _mm512_fmadd_ps(qd, k3, a[3][3]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+            _mm512_storeu_ps(out[r] + 16 * g, a[r][g]);
+}
+
+/* 4 rows x 64 dimensions in 16 accumulators; per token 4 loads of V serve 16 FMAs. */
+AVX512 void kvg_attn_vacc_rows_avx512(float *const *out, const float *const *w, const float *v, int n, int hd)
+{
+    int d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) {
+        __m512 a[4][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++)
+                a[r][i] = _mm512_loadu_ps(out[r] + d0 + 16 * i);
+        for (int t = 0; t < n; t++) {
+            const float *vt = v + (size_t)t * hd + d0;
+            __m512 v0 = _mm512_loadu_ps(vt), v1 = _mm512_loadu_ps(vt + 16);
+            __m512 v2 = _mm512_loadu_ps(vt + 32), v3 = _mm512_loadu_ps(vt + 48);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                __m512 wt = _mm512_set1_ps(w[r][t]);
+                a[r][0] = _mm512_fmadd_ps(wt, v0, a[r][0]);
+                a[r][1] = _mm512_fmadd_ps(wt, v1, a[r][1]);
+                a[r][2] = _mm512_fmadd_ps(wt, v2, a[r][2]);
+                a[r][3] = _mm512_fmadd_ps(wt, v3, a[r][3]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++)
+                _mm512_storeu_ps(out[r] + d0 + 16 * i, a[r][i]);
+    }
+    for (; d0 + 16 <= hd; d0 += 16) {
+        __m512 a[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            a[r] = _mm512_loadu_ps(out[r] + d0);
+        for (int t = 0; t < n; t++) {
+            __m512 vt = _mm512_loadu_ps(v + (size_t)t * hd + d0);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][t]), vt, a[r]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            _mm512_storeu_ps(out[r] + d0, a[r]);
+    }
+    for (int r = 0; r < 4; r++)
+        for (int d = d0; d < hd; d++)
+            for (int t = 0; t < n; t++)
+                out[r][d] = fmaf(w[r][t], v[(size_t)t * hd + d], out[r][d]);
+}
+
 AVX512 static inline __m512 exp16_avx512(__m512 x)
 {
     const __m512 shifter = _mm512_set1_ps(12582912.0f);

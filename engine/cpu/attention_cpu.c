@@ -16,12 +16,20 @@
  * polynomial exp built from exactly rounded operations -- so the AVX-512, AVX2 and
  * generic versions give the same bits (t/unit/engine_attention_kernels.c compares the
  * kernels, AVX-512 emulated where the CPU lacks it; t/unit/engine_forward.c whole
- * forward passes under every ISA the CPU has). The kernels contain no a*b+c expression other than explicit fmaf, which
- * the compiler could otherwise contract differently per ISA. */
+ * forward passes under every ISA the CPU has). The kernels contain no a*b+c expression
+ * other than explicit fmaf, which the compiler could otherwise contract differently per
+ * ISA.
+ *
+ * The rows of one sequence in a step (a prefill, a cached prompt's recomputed tail) read
+ * the same K and V. Done one item at a time, every load of them comes from L2 and the
+ * FMAs wait on it; so KVG_ATTN_ROWS items of one head and consecutive rows of one
+ * sequence go through the rows' kernels together (attend_rows), one load serving every
+ * row, each row still computing exactly its own chains above. */
 #include "backend_cpu_internal.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,81 +68,172 @@ typedef struct attn_job {
     kvg_attn_kernels k;
 } attn_job;
 
+/* Scores sc[from..T) of one row (from: the first position of a 16-key group): full
+ * groups four at a time where they cover consecutive positions, then the partial one. */
+static void score_keys(const attn_job *j, const float *q, const int32_t *blocks, int g, int from, int T,
+                       float *sc)
+{
+    int hd = j->c->m->cfg.head_dim, bt = j->kv->geom.block_tokens;
+    const float *grp[4];
+    int ng = 0, first = 0;
+    for (int b = from / bt; b * bt < T; b++) {
+        int n = T - b * bt < bt ? T - b * bt : bt;
+        const float *kb = kvg_kv_k(j->kv, blocks[b], j->layer, g);
+        for (int j0 = b * bt < from ? from - b * bt : 0; j0 < n; j0 += 16) {
+            int pos0 = b * bt + j0;
+            if (n - j0 < 16) {
+                /* Inside a block the vector kernel may read the not yet written
+                 * slots: every lane is its own chain, the extra ones are dropped
+                 * (sc has room for them). */
+                if (j0 + 16 <= bt)
+                    j->k.scores1(q, (const float *const *)&(const float *){ kb + j0 }, bt, hd, sc + pos0);
+                else
+                    scores_tail(q, kb + j0, bt, hd, n - j0, sc + pos0);
+                continue;
+            }
+            if (ng > 0 && pos0 != first + 16 * ng) {
+                /* not contiguous (block size not a multiple of 16): flush */
+                for (int i = 0; i < ng; i++)
+                    j->k.scores1(q, grp + i, bt, hd, sc + first + 16 * i);
+                ng = 0;
+            }
+            if (ng == 0)
+                first = pos0;
+            grp[ng++] = kb + j0;
+            if (ng == 4) {
+                j->k.scores4(q, grp, bt, hd, sc + first);
+                ng = 0;
+            }
+        }
+    }
+    for (int i = 0; i < ng; i++)
+        j->k.scores1(q, grp + i, bt, hd, sc + first + 16 * i);
+}
+
+/* out += the weighted V of positions [from, T), block by block. */
+static void vacc_keys(const attn_job *j, float *out, const float *w, const int32_t *blocks, int g, int from,
+                      int T)
+{
+    int hd = j->c->m->cfg.head_dim, bt = j->kv->geom.block_tokens;
+    for (int b = from / bt; b * bt < T; b++) {
+        int lo = b * bt > from ? b * bt : from, hi = (b + 1) * bt < T ? (b + 1) * bt : T;
+        j->k.vacc(out, w + lo, kvg_kv_v(j->kv, blocks[b], j->layer, g) + (size_t)(lo - b * bt) * hd, hi - lo,
+                  hd);
+    }
+}
+
 static void attend_one(const attn_job *j, int h, int r, float *sc)
 {
     const kvg_cpu *c = j->c;
     const kvg_model_config *cfg = &c->m->cfg;
-    int hd = cfg->head_dim, bt = j->kv->geom.block_tokens;
+    int hd = cfg->head_dim;
     int g = h / (cfg->n_heads / cfg->n_kv_heads);
     const float *q = j->q + ((size_t)r * cfg->n_heads + (size_t)h) * hd;
     float *out = j->out + ((size_t)r * cfg->n_heads + (size_t)h) * hd;
     const int32_t *blocks = c->blocks + c->seq_blocks_off[c->row_seq[r]];
     int T = c->pos[r] + 1;
-    float scale = sqrtf((float)hd), sum;
+    float sum;
 
-    /* Full groups of 16 keys, four at a time (they cover consecutive positions), then
-     * the last partial group. */
-    {
-        const float *grp[4];
-        int ng = 0, first = 0;
-        for (int b = 0; b * bt < T; b++) {
-            int n = T - b * bt < bt ? T - b * bt : bt;
-            const float *kb = kvg_kv_k(j->kv, blocks[b], j->layer, g);
-            for (int j0 = 0; j0 < n; j0 += 16) {
-                int pos0 = b * bt + j0;
-                if (n - j0 < 16) {
-                    /* Inside a block the vector kernel may read the not yet written
-                     * slots: every lane is its own chain, the extra ones are dropped
-                     * (sc has room for them). */
-                    if (j0 + 16 <= bt)
-                        j->k.scores1(q, (const float *const *)&(const float *){ kb + j0 }, bt, hd,
-                                     sc + pos0);
-                    else
-                        scores_tail(q, kb + j0, bt, hd, n - j0, sc + pos0);
-                    continue;
-                }
-                if (ng > 0 && pos0 != first + 16 * ng) {
-                    /* not contiguous (block size not a multiple of 16): flush */
-                    for (int i = 0; i < ng; i++)
-                        j->k.scores1(q, grp + i, bt, hd, sc + first + 16 * i);
-                    ng = 0;
-                }
-                if (ng == 0)
-                    first = pos0;
-                grp[ng++] = kb + j0;
-                if (ng == 4) {
-                    j->k.scores4(q, grp, bt, hd, sc + first);
-                    ng = 0;
-                }
-            }
-        }
-        for (int i = 0; i < ng; i++)
-            j->k.scores1(q, grp + i, bt, hd, sc + first + 16 * i);
-    }
-    sum = j->k.softmax(sc, T, scale);
-
+    score_keys(j, q, blocks, g, 0, T, sc);
+    sum = j->k.softmax(sc, T, sqrtf((float)hd));
     memset(out, 0, (size_t)hd * sizeof(float));
-    for (int b = 0; b * bt < T; b++) {
-        int n = T - b * bt < bt ? T - b * bt : bt;
-        j->k.vacc(out, sc + (size_t)b * bt, kvg_kv_v(j->kv, blocks[b], j->layer, g), n, hd);
-    }
+    vacc_keys(j, out, sc, blocks, g, 0, T);
     for (int d = 0; d < hd; d++)
         out[d] /= sum;
+}
+
+/* KVG_ATTN_ROWS rows r0.. of one sequence, one head: the keys below every row's
+ * position go through the rows' kernels (one load of K or V for all the rows), the few
+ * above the first row's position row by row. Each row computes the chains attend_one
+ * would, so its bits are the same. Needs block_tokens % 16 == 0 (a 16-key group never
+ * straddles blocks). */
+static void attend_rows(const attn_job *j, int h, int r0, float *sc0)
+{
+    const kvg_cpu *c = j->c;
+    const kvg_model_config *cfg = &c->m->cfg;
+    int hd = cfg->head_dim, bt = j->kv->geom.block_tokens;
+    int g = h / (cfg->n_heads / cfg->n_kv_heads);
+    const int32_t *blocks = c->blocks + c->seq_blocks_off[c->row_seq[r0]];
+    const float *q[KVG_ATTN_ROWS];
+    float *out[KVG_ATTN_ROWS], *sc[KVG_ATTN_ROWS], sum[KVG_ATTN_ROWS];
+    int T[KVG_ATTN_ROWS], t_min = INT32_MAX, shared;
+
+    for (int i = 0; i < KVG_ATTN_ROWS; i++) {
+        size_t at = ((size_t)(r0 + i) * cfg->n_heads + (size_t)h) * hd;
+        q[i] = j->q + at;
+        out[i] = j->out + at;
+        sc[i] = sc0 + (size_t)i * c->att_stride;
+        T[i] = c->pos[r0 + i] + 1;
+        if (T[i] < t_min)
+            t_min = T[i];
+    }
+    /* Scores: 64 keys at a time below every row's position, then each row's rest. */
+    shared = t_min / 64 * 64;
+    for (int p = 0; p < shared; p += 64) {
+        const float *grp[4];
+        float *o[KVG_ATTN_ROWS];
+        for (int i = 0; i < 4; i++) {
+            int pos = p + 16 * i;
+            grp[i] = kvg_kv_k(j->kv, blocks[pos / bt], j->layer, g) + pos % bt;
+        }
+        for (int i = 0; i < KVG_ATTN_ROWS; i++)
+            o[i] = sc[i] + p;
+        j->k.scores4_rows(q, grp, bt, hd, o);
+    }
+    for (int i = 0; i < KVG_ATTN_ROWS; i++) {
+        score_keys(j, q[i], blocks, g, shared, T[i], sc[i]);
+        sum[i] = j->k.softmax(sc[i], T[i], sqrtf((float)hd));
+        memset(out[i], 0, (size_t)hd * sizeof(float));
+    }
+    /* V: every position below t_min for all rows at once, block by block. */
+    for (int b = 0; b * bt < t_min; b++) {
+        int n = t_min - b * bt < bt ? t_min - b * bt : bt;
+        const float *w[KVG_ATTN_ROWS];
+        for (int i = 0; i < KVG_ATTN_ROWS; i++)
+            w[i] = sc[i] + (size_t)b * bt;
+        j->k.vacc_rows(out, w, kvg_kv_v(j->kv, blocks[b], j->layer, g), n, hd);
+    }
+    for (int i = 0; i < KVG_ATTN_ROWS; i++) {
+        vacc_keys(j, out[i], sc[i], blocks, g, t_min, T[i]);
+        for (int d = 0; d < hd; d++)
+            out[i][d] /= sum[i];
+    }
+}
+
+/* Rows r.. r + KVG_ATTN_ROWS - 1 can go through attend_rows: the same sequence, and
+ * enough keys below all of them for the shared part to pay. */
+static int rows_share_keys(const attn_job *j, int r)
+{
+    const kvg_cpu *c = j->c;
+    if (r + KVG_ATTN_ROWS > c->n_rows || j->kv->geom.block_tokens % 16 != 0)
+        return 0;
+    for (int i = 1; i < KVG_ATTN_ROWS; i++)
+        if (c->row_seq[r + i] != c->row_seq[r] || c->pos[r + i] < 64)
+            return 0;
+    return c->pos[r] >= 64;
 }
 
 static void attn_range(void *arg, size_t b, size_t e)
 {
     attn_job *j = arg;
+    size_t n_rows = (size_t)j->c->n_rows;
     for (size_t chunk = b; chunk < e; chunk++) {
-        /* Chunk i owns scratch slice i, whichever thread runs it. */
-        float *sc = j->c->att_scratch + chunk * j->c->att_stride;
+        /* Chunk i owns scratch slices [i * KVG_ATTN_ROWS, (i + 1) * KVG_ATTN_ROWS),
+         * whichever thread runs it. */
+        float *sc = j->c->att_scratch + chunk * KVG_ATTN_ROWS * j->c->att_stride;
         size_t i0 = j->n_items * chunk / (size_t)j->n_chunks;
         size_t i1 = j->n_items * (chunk + 1) / (size_t)j->n_chunks;
-        for (size_t i = i0; i < i1; i++) {
+        for (size_t i = i0; i < i1;) {
             /* Head-major: each thread gets whole heads (balanced under causal masking,
              * and a kv head's blocks stay in cache across rows). */
-            int h = (int)(i / (size_t)j->c->n_rows), r = (int)(i % (size_t)j->c->n_rows);
-            attend_one(j, h, r, sc);
+            int h = (int)(i / n_rows), r = (int)(i % n_rows);
+            if (i + KVG_ATTN_ROWS <= i1 && (size_t)r + KVG_ATTN_ROWS <= n_rows && rows_share_keys(j, r)) {
+                attend_rows(j, h, r, sc);
+                i += KVG_ATTN_ROWS;
+            } else {
+                attend_one(j, h, r, sc);
+                i++;
+            }
         }
     }
 }

@@ -118,6 +118,20 @@ static float softmax_generic(float *sc, int T, float scale)
     return softmax_body(sc, T, scale);
 }
 
+/* The rows' kernels here are the one-row ones row by row: the definition of their bits. */
+static void scores4_rows_generic(const float *const *q, const float *const *k, int bt, int hd,
+                                 float *const *out)
+{
+    for (int r = 0; r < KVG_ATTN_ROWS; r++)
+        scores_body(q[r], k, bt, hd, 4, out[r]);
+}
+
+static void vacc_rows_generic(float *const *out, const float *const *w, const float *v, int n, int hd)
+{
+    for (int r = 0; r < KVG_ATTN_ROWS; r++)
+        vacc_body(out[r], w[r], v, n, hd);
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
@@ -197,6 +211,82 @@ AVX2 static void vacc_avx2(float *out, const float *w, const float *v, int n, in
             out[d0] = fmaf(w[t], v[(size_t)t * hd + d0], out[d0]);
 }
 
+/* 4 rows, one group at a time (2 registers each: 8 accumulators, 2 loads of K per 8
+ * FMAs); AVX2's 16 registers hold no more. */
+AVX2 static void scores4_rows_avx2(const float *const *q, const float *const *k, int bt, int hd,
+                                   float *const *out)
+{
+    const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+    for (int g = 0; g < 4; g++) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, e0 = a0, e1 = a0;
+        const float *kg = k[g];
+        for (int d = 0; d < hd; d++) {
+            size_t o = (size_t)d * bt;
+            __m256 klo = _mm256_loadu_ps(kg + o), khi = _mm256_loadu_ps(kg + o + 8), qd;
+            qd = _mm256_set1_ps(q0[d]);
+            a0 = _mm256_fmadd_ps(qd, klo, a0);
+            a1 = _mm256_fmadd_ps(qd, khi, a1);
+            qd = _mm256_set1_ps(q1[d]);
+            b0 = _mm256_fmadd_ps(qd, klo, b0);
+            b1 = _mm256_fmadd_ps(qd, khi, b1);
+            qd = _mm256_set1_ps(q2[d]);
+            c0 = _mm256_fmadd_ps(qd, klo, c0);
+            c1 = _mm256_fmadd_ps(qd, khi, c1);
+            qd = _mm256_set1_ps(q3[d]);
+            e0 = _mm256_fmadd_ps(qd, klo, e0);
+            e1 = _mm256_fmadd_ps(qd, khi, e1);
+        }
+        _mm256_storeu_ps(out[0] + 16 * g, a0);
+        _mm256_storeu_ps(out[0] + 16 * g + 8, a1);
+        _mm256_storeu_ps(out[1] + 16 * g, b0);
+        _mm256_storeu_ps(out[1] + 16 * g + 8, b1);
+        _mm256_storeu_ps(out[2] + 16 * g, c0);
+        _mm256_storeu_ps(out[2] + 16 * g + 8, c1);
+        _mm256_storeu_ps(out[3] + 16 * g, e0);
+        _mm256_storeu_ps(out[3] + 16 * g + 8, e1);
+    }
+}
+
+/* 4 rows x 16 dimensions in 8 accumulators; per token 2 loads of V serve 8 FMAs. */
+AVX2 static void vacc_rows_avx2(float *const *out, const float *const *w, const float *v, int n, int hd)
+{
+    int d0 = 0;
+    for (; d0 + 16 <= hd; d0 += 16) {
+        __m256 a0 = _mm256_loadu_ps(out[0] + d0), a1 = _mm256_loadu_ps(out[0] + d0 + 8);
+        __m256 b0 = _mm256_loadu_ps(out[1] + d0), b1 = _mm256_loadu_ps(out[1] + d0 + 8);
+        __m256 c0 = _mm256_loadu_ps(out[2] + d0), c1 = _mm256_loadu_ps(out[2] + d0 + 8);
+        __m256 e0 = _mm256_loadu_ps(out[3] + d0), e1 = _mm256_loadu_ps(out[3] + d0 + 8);
+        for (int t = 0; t < n; t++) {
+            const float *vt = v + (size_t)t * hd + d0;
+            __m256 vlo = _mm256_loadu_ps(vt), vhi = _mm256_loadu_ps(vt + 8), wt;
+            wt = _mm256_set1_ps(w[0][t]);
+            a0 = _mm256_fmadd_ps(wt, vlo, a0);
+            a1 = _mm256_fmadd_ps(wt, vhi, a1);
+            wt = _mm256_set1_ps(w[1][t]);
+            b0 = _mm256_fmadd_ps(wt, vlo, b0);
+            b1 = _mm256_fmadd_ps(wt, vhi, b1);
+            wt = _mm256_set1_ps(w[2][t]);
+            c0 = _mm256_fmadd_ps(wt, vlo, c0);
+            c1 = _mm256_fmadd_ps(wt, vhi, c1);
+            wt = _mm256_set1_ps(w[3][t]);
+            e0 = _mm256_fmadd_ps(wt, vlo, e0);
+            e1 = _mm256_fmadd_ps(wt, vhi, e1);
+        }
+        _mm256_storeu_ps(out[0] + d0, a0);
+        _mm256_storeu_ps(out[0] + d0 + 8, a1);
+        _mm256_storeu_ps(out[1] + d0, b0);
+        _mm256_storeu_ps(out[1] + d0 + 8, b1);
+        _mm256_storeu_ps(out[2] + d0, c0);
+        _mm256_storeu_ps(out[2] + d0 + 8, c1);
+        _mm256_storeu_ps(out[3] + d0, e0);
+        _mm256_storeu_ps(out[3] + d0 + 8, e1);
+    }
+    for (int r = 0; r < 4; r++)
+        for (int d = d0; d < hd; d++)
+            for (int t = 0; t < n; t++)
+                out[r][d] = fmaf(w[r][t], v[(size_t)t * hd + d], out[r][d]);
+}
+
 /* softmax_exp on 8 lanes: the same operations in the same order. */
 AVX2 static inline __m256 exp8_avx2(__m256 x)
 {
@@ -264,12 +354,15 @@ AVX2 static float softmax_avx2(float *sc, int T, float scale)
 
 #endif
 
-static const kvg_attn_kernels generic_kernels = { scores4_generic, scores1_generic, vacc_generic,
-                                                  softmax_generic };
+static const kvg_attn_kernels generic_kernels = { scores4_generic,      scores1_generic,
+                                                  vacc_generic,         softmax_generic,
+                                                  scores4_rows_generic, vacc_rows_generic };
 #if defined(__x86_64__) && defined(__GNUC__)
-static const kvg_attn_kernels avx2_kernels = { scores4_avx2, scores1_avx2, vacc_avx2, softmax_avx2 };
-static const kvg_attn_kernels avx512_kernels = { kvg_attn_scores4_avx512, kvg_attn_scores1_avx512,
-                                                 kvg_attn_vacc_avx512, kvg_attn_softmax_avx512 };
+static const kvg_attn_kernels avx2_kernels = { scores4_avx2, scores1_avx2,      vacc_avx2,
+                                               softmax_avx2, scores4_rows_avx2, vacc_rows_avx2 };
+static const kvg_attn_kernels avx512_kernels = { kvg_attn_scores4_avx512,      kvg_attn_scores1_avx512,
+                                                 kvg_attn_vacc_avx512,         kvg_attn_softmax_avx512,
+                                                 kvg_attn_scores4_rows_avx512, kvg_attn_vacc_rows_avx512 };
 #endif
 
 const kvg_attn_kernels *kvg_attn_kernels_isa(const char *isa)

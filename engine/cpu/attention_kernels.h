@@ -18,10 +18,26 @@ typedef void (*kvg_attn_vacc_fn)(float *out, const float *w, const float *v, int
 /* In place sc[t] = softmax_exp(sc[t] / scale - max); returns the 16-lane sum. */
 typedef float (*kvg_attn_softmax_fn)(float *sc, int T, float scale);
 
+
+/* KVG_ATTN_ROWS query rows against the same keys. The rows of one sequence in a prefill
+ * step read the same K and V; done a row at a time every load of them comes from L2
+ * (a head's K and V outgrow L1 after a few hundred positions), and the kernels above
+ * wait on it. Here one load serves every row. Each row's chains are exactly those of
+ * scores4 and vacc, so a row's bits do not depend on whether it went through these. */
+#define KVG_ATTN_ROWS 4
+/* Scores of 4 rows (q[r]) x 4 groups of 16 keys: out[r] gets row r's 64 scores. */
+typedef void (*kvg_attn_scores_rows_fn)(const float *const *q, const float *const *k, int bt, int hd,
+                                        float *const *out);
+/* For each of 4 rows: out[r][d] = fmaf(w[r][t], v[t][d], out[r][d]), t = 0..n-1 ascending. */
+typedef void (*kvg_attn_vacc_rows_fn)(float *const *out, const float *const *w, const float *v, int n,
+                                      int hd);
+
 typedef struct kvg_attn_kernels {
     kvg_attn_scores_fn scores4, scores1;
     kvg_attn_vacc_fn vacc;
     kvg_attn_softmax_fn softmax;
+    kvg_attn_scores_rows_fn scores4_rows;
+    kvg_attn_vacc_rows_fn vacc_rows;
 } kvg_attn_kernels;
 
 /* The kernels of "generic", "avx2" or "avx512"; NULL when this CPU cannot run them. */
@@ -31,6 +47,9 @@ void kvg_attn_scores4_avx512(const float *q, const float *const *k, int bt, int 
 void kvg_attn_scores1_avx512(const float *q, const float *const *k, int bt, int hd, float *out);
 void kvg_attn_vacc_avx512(float *out, const float *w, const float *v, int n, int hd);
 float kvg_attn_softmax_avx512(float *sc, int T, float scale);
+void kvg_attn_scores4_rows_avx512(const float *const *q, const float *const *k, int bt, int hd,
+                                  float *const *out);
+void kvg_attn_vacc_rows_avx512(float *const *out, const float *const *w, const float *v, int n, int hd);
 
 /* exp(x) for the softmax (x <= 0 there), from exactly rounded operations only --
  * explicit fmaf, one subtraction, one addition and integer exponent arithmetic -- so

@@ -3,6 +3,7 @@
  * of arithmetic, so results are independent of the batch, the chunking and the thread
  * count (see backend.h). Attention is in attention_cpu.c. */
 #include "backend_cpu_internal.h"
+#include "cpu/attention_kernels.h"
 #include "errmsg.h"
 #include "rope.h"
 
@@ -153,7 +154,8 @@ static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t 
             memcpy(c->blocks + off, s->block_tables[i], (size_t)s->n_blocks[i] * sizeof(int32_t));
         c->seq_blocks_off[i + 1] = off + s->n_blocks[i];
     }
-    /* Attention scores: one slice per thread, as long as the longest row's context. */
+    /* Attention scores: KVG_ATTN_ROWS slices per thread (attend_rows holds a row's
+     * scores each), as long as the longest row's context. */
     {
         int32_t max_pos = 0;
         size_t stride, need;
@@ -161,7 +163,7 @@ static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t 
             if (s->pos[r] > max_pos)
                 max_pos = s->pos[r];
         stride = ((size_t)max_pos + 1 + 31) / 16 * 16;
-        need = stride * (size_t)c->n_threads;
+        need = stride * KVG_ATTN_ROWS * (size_t)c->n_threads;
         if (need > c->att_cap) {
             float *p = NULL;
             if (posix_memalign((void **)&p, 64, need * sizeof(float)) != 0)

@@ -35,7 +35,7 @@ typedef struct kvg_cpu {
     int32_t *seq_blocks_off;     /* [n_seqs + 1] offsets into blocks */
     int32_t *blocks;             /* every sequence's block table, concatenated */
     float *rope_cs;              /* [n_rows][head_dim/2][2] cos, sin */
-    float *att_scratch;          /* n_threads slices of att_stride floats (scores) */
+    float *att_scratch;          /* n_threads * KVG_ATTN_ROWS slices of att_stride floats */
     size_t att_stride, att_cap;
     int cap_rows, cap_seqs, cap_blocks;
 } kvg_cpu;

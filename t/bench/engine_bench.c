@@ -22,7 +22,8 @@
  * feeds the last R tokens with logits -- the forward-pass part of the time to first
  * token of a cached prompt -- against a decode step at the same position and a step of
  * R rows of a fresh sequence.
- * --profile: batch-1 decode broken down by operation (ms per token), thread-pool jobs
+ * --profile: the prefill and batch-1 decode broken down by operation (ms per prompt and
+ * per token), thread-pool jobs
  * (synchronisation points) per token, and the cost of one pool job with the workers
  * hot (back to back) and asleep (after a pause).
  *
@@ -414,35 +415,80 @@ static void time_cached(ctx *c, int P, int R, double *ms_cached, double *ms_dec,
     *ms_fresh = bench_median(tf, c->reps);
 }
 
+/* The backend's table with every operation wrapped in its timer. */
+static void prof_ops(ctx *c, kvg_backend_ops *ops)
+{
+    *ops = *c->be->ops;
+    p_inner = c->be->ops;
+    p_model = c->m;
+    p_tp = ((kvg_cpu *)c->be->ctx)->tp;
+    ops->begin_step = prof_begin;
+    ops->embed = prof_embed;
+    ops->rmsnorm = prof_rmsnorm;
+    ops->matmul = prof_matmul;
+    if (ops->matmul_n)
+        ops->matmul_n = prof_matmul_n;
+    ops->rope = prof_rope;
+    ops->kv_write = prof_kv_write;
+    ops->attention = prof_attention;
+    ops->swiglu = prof_swiglu;
+    ops->add = prof_add;
+    ops->gather_out_rows = prof_gather;
+    ops->read = prof_read;
+}
+
+/* p_time as a table: per `unit` (ms each), and as a share of `wall` seconds. */
+static void prof_print(const char *title, double wall, int units, const char *unit)
+{
+    double total = 0;
+    printf("profile, %s (ms per %s):\n", title, unit);
+    for (int i = 0; i < P_N; i++) {
+        total += p_time[i];
+        printf("  %-20s %8.3f ms  %5.1f%%\n", p_names[i], p_time[i] * 1e3 / units,
+               100.0 * p_time[i] / (wall > 0 ? wall : 1));
+    }
+    printf("  %-20s %8.3f ms (wall %.3f ms)\n", "sum", total * 1e3 / units, wall * 1e3 / units);
+}
+
+/* Where a prefill of the whole prompt goes: large-M products and causal attention
+ * over the prompt, the parts a decode profile never shows. */
+static void profile_prefill(ctx *c, int prompt)
+{
+    kvg_backend_ops ops;
+    const kvg_backend_ops *saved = c->be->ops;
+    int reps = c->reps;
+    double wall;
+
+    prof_ops(c, &ops);
+    c->reps = 1;
+    c->be->ops = &ops;
+    memset(p_time, 0, sizeof p_time);
+    wall = time_prefill(c, prompt);
+    c->be->ops = saved;
+    c->reps = reps;
+    {
+        char title[64];
+        snprintf(title, sizeof title, "prefill of %d tokens in one step", prompt);
+        prof_print(title, wall, 1, "prompt");
+    }
+    printf("RESULT-PROFILE-PREFILL ms=%.1f matmul_ms=%.1f attention_ms=%.1f\n", wall * 1e3,
+           (p_time[P_QKV] + p_time[P_WO] + p_time[P_GATEUP] + p_time[P_DOWN] + p_time[P_LOGITS]) * 1e3,
+           p_time[P_ATT] * 1e3);
+}
+
 static void profile_decode(ctx *c)
 {
-    kvg_backend_ops ops = *c->be->ops;
+    kvg_backend_ops ops;
     const kvg_backend_ops *saved = c->be->ops;
-    kvg_threadpool *tp = ((kvg_cpu *)c->be->ctx)->tp;
     unsigned long long jobs0;
-    double total = 0, wall, hot, cold;
+    double wall, hot, cold;
 
-    p_inner = saved;
-    p_model = c->m;
-    ops.begin_step = prof_begin;
-    ops.embed = prof_embed;
-    ops.rmsnorm = prof_rmsnorm;
-    ops.matmul = prof_matmul;
-    if (ops.matmul_n)
-        ops.matmul_n = prof_matmul_n;
-    ops.rope = prof_rope;
-    ops.kv_write = prof_kv_write;
-    ops.attention = prof_attention;
-    ops.swiglu = prof_swiglu;
-    ops.add = prof_add;
-    ops.gather_out_rows = prof_gather;
-    ops.read = prof_read;
+    prof_ops(c, &ops);
     {
         int reps = c->reps;
         c->reps = 1;
         time_decode(c, 1);             /* warm */
         c->be->ops = &ops;
-        p_tp = tp;
         p_reset = 1;
         wall = time_decode(c, 1);      /* the decode steps alone: p_time restarts there */
         jobs0 = p_jobs0;
@@ -451,14 +497,10 @@ static void profile_decode(ctx *c)
         c->reps = reps;
     }
     {
-        unsigned long long jobs = kvg_threadpool_jobs(tp) - jobs0;
-        printf("profile, decode batch 1 (ms per token, %d steps):\n", c->steps);
-        for (int i = 0; i < P_N; i++) {
-            total += p_time[i];
-            printf("  %-20s %8.3f ms  %5.1f%%\n", p_names[i], p_time[i] * 1e3 / c->steps,
-                   100.0 * p_time[i] / (wall > 0 ? wall : 1));
-        }
-        printf("  %-20s %8.3f ms (wall %.3f ms)\n", "sum", total * 1e3 / c->steps, wall * 1e3 / c->steps);
+        unsigned long long jobs = kvg_threadpool_jobs(p_tp) - jobs0;
+        char title[64];
+        snprintf(title, sizeof title, "decode batch 1 (%d steps)", c->steps);
+        prof_print(title, wall, c->steps, "token");
         printf("  thread-pool jobs per token: %.1f\n", (double)jobs / c->steps);
         pool_job_cost(c->be->n_threads, &hot, &cold);
         printf("  one empty pool job (%d threads): %.2f us back to back, %.2f us after a 2 ms pause\n",
@@ -468,9 +510,6 @@ static void profile_decode(ctx *c)
     }
 }
 
-/* The fused products (matmul_n: q/k/v and gate/up as one pool job each) against one
- * job per product, in one process, reps interleaved: batch-1 decode tok/s of each and
- * the median of the pairwise ratios (shared machines drift; pairs cancel most of it). */
 static void ab_fused(ctx *c)
 {
     kvg_backend_ops sep = *c->be->ops;
@@ -653,6 +692,7 @@ int main(int argc, char **argv)
         if (d == 0) {
             time_cached(&c, prompt, recompute, &ms_cached, &ms_dec, &ms_fresh);
             if (profile) {
+                profile_prefill(&c, prompt);
                 profile_decode(&c);
                 ab_fused(&c);
             }

@@ -1,5 +1,6 @@
 /* The attention kernels of every ISA give the generic kernels' bits: scores (4 and 1
- * groups of 16 keys), the V accumulation, and the softmax with its polynomial exp,
+ * groups of 16 keys), the V accumulation, the same two for 4 query rows at once
+ * (each row's bits those of the one-row kernel), and the softmax with its polynomial exp,
  * over head sizes, block sizes, token counts and awkward values. AVX2 and AVX-512 run
  * natively where the CPU has them; engine/cpu/attention_avx512.c is also compiled into
  * this test against SIMDe (AVX-512 intrinsics emulated with AVX2 + FMA), so the
@@ -29,6 +30,10 @@ void emu_scores4(const float *q, const float *const *k, int bt, int hd, float *o
 void emu_scores1(const float *q, const float *const *k, int bt, int hd, float *out);
 void emu_vacc(float *out, const float *w, const float *v, int n, int hd);
 float emu_softmax(float *sc, int T, float scale);
+void emu_scores4_rows(const float *const *q, const float *const *k, int bt, int hd, float *const *out);
+void emu_vacc_rows(float *const *out, const float *const *w, const float *v, int n, int hd);
+#define kvg_attn_scores4_rows_avx512 emu_scores4_rows
+#define kvg_attn_vacc_rows_avx512 emu_vacc_rows
 #define kvg_attn_scores4_avx512 emu_scores4
 #define kvg_attn_scores1_avx512 emu_scores1
 #define kvg_attn_vacc_avx512 emu_vacc
@@ -38,6 +43,8 @@ float emu_softmax(float *sc, int T, float scale);
 #undef kvg_attn_scores1_avx512
 #undef kvg_attn_vacc_avx512
 #undef kvg_attn_softmax_avx512
+#undef kvg_attn_scores4_rows_avx512
+#undef kvg_attn_vacc_rows_avx512
 #pragma GCC pop_options
 #else
 #define HAVE_EMULATION 0
@@ -67,7 +74,9 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
     float *K = malloc(256 * 48 * 4 * sizeof(float)), *V = malloc(16 * 256 * sizeof(float));
     float q[256], o1[64], o2[64], out1[256], out2[256], w[16];
     float *s1 = malloc(1024 * sizeof(float)), *s2 = malloc(1024 * sizeof(float));
-    int bad_s4 = 0, bad_s1 = 0, bad_v = 0, bad_sm = 0, cases = 0;
+    float q4[4][256], *r1 = malloc(4 * 64 * sizeof(float)), *r2 = malloc(4 * 64 * sizeof(float));
+    float vo1[4][256], vo2[4][256], w4[4][16];
+    int bad_s4 = 0, bad_s1 = 0, bad_v = 0, bad_sm = 0, bad_sr = 0, bad_vr = 0, cases = 0;
 
     for (size_t i = 0; i < 256 * 48 * 4; i++)
         K[i] = rnd(-2.0f, 2.0f);
@@ -92,6 +101,19 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
             g->scores1(q, grp + 2, bt, hd, o1);
             k->scores1(q, grp + 2, bt, hd, o2);
             bad_s1 += !same_bits(o1, o2, 16);
+            /* 4 rows: each row's 64 scores those of the generic one-row kernel */
+            {
+                const float *qr[4] = { q4[0], q4[1], q4[2], q4[3] };
+                float *outr[4] = { r2, r2 + 64, r2 + 128, r2 + 192 };
+                for (int r = 0; r < 4; r++)
+                    for (int d = 0; d < hd; d++)
+                        q4[r][d] = r == 2 ? q[d] : rnd(-1.5f, 1.5f);
+                memset(r2, 0xff, 4 * 64 * sizeof(float));
+                for (int r = 0; r < 4; r++)
+                    g->scores4(q4[r], grp, bt, hd, r1 + 64 * r);
+                k->scores4_rows(qr, grp, bt, hd, outr);
+                bad_sr += !same_bits(r1, r2, 4 * 64);
+            }
             cases++;
         }
         for (int n = 1; n <= 16; n += 5) {
@@ -102,6 +124,20 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
             g->vacc(out1, w, V, n, hd);
             k->vacc(out2, w, V, n, hd);
             bad_v += !same_bits(out1, out2, (size_t)hd);
+            {
+                float *o2p[4] = { vo2[0], vo2[1], vo2[2], vo2[3] };
+                const float *wp[4] = { w4[0], w4[1], w4[2], w4[3] };
+                for (int r = 0; r < 4; r++) {
+                    for (int t = 0; t < n; t++)
+                        w4[r][t] = r == 0 ? w[t] : rnd(0.0f, 1.0f);
+                    for (int d = 0; d < hd; d++)
+                        vo1[r][d] = vo2[r][d] = rnd(-1.0f, 1.0f);
+                    g->vacc(vo1[r], w4[r], V, n, hd);
+                }
+                k->vacc_rows(o2p, wp, V, n, hd);
+                for (int r = 0; r < 4; r++)
+                    bad_vr += !same_bits(vo1[r], vo2[r], (size_t)hd);
+            }
         }
     }
     for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
@@ -123,6 +159,10 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
     ok(bad_s1 == 0, "%s: scores of 1 group bit-identical", name);
     ok(bad_v == 0, "%s: V accumulation bit-identical (head sizes 8..256, 1..16 tokens)", name);
     ok(bad_sm == 0, "%s: softmax values and sums bit-identical (T = 1..1000)", name);
+    ok(bad_sr == 0, "%s: scores of 4 rows x 4 groups = the one-row kernel's, row by row", name);
+    ok(bad_vr == 0, "%s: V accumulation of 4 rows = the one-row kernel's, row by row", name);
+    free(r1);
+    free(r2);
     free(K);
     free(V);
     free(s1);
@@ -200,6 +240,7 @@ int main(void)
     ok(g != NULL, "generic kernels exist");
     check_exp();
     check_generic(g);
+    compare("generic (its rows' kernels)", g, g);
     if ((k = kvg_attn_kernels_isa("avx2")))
         compare("avx2", k, g);
     else
@@ -210,7 +251,8 @@ int main(void)
         diag("no AVX-512 on this CPU: native avx512 kernels not run");
 #if HAVE_EMULATION
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        kvg_attn_kernels emu = { emu_scores4, emu_scores1, emu_vacc, emu_softmax };
+        kvg_attn_kernels emu = { emu_scores4,  emu_scores1,      emu_vacc,
+                                 emu_softmax, emu_scores4_rows, emu_vacc_rows };
         compare("avx512 (emulated with SIMDe)", &emu, g);
     } else {
         diag("no AVX2 + FMA: the emulated avx512 kernels need them");

@@ -2,7 +2,8 @@
  * invariance -- a sequence's logits are BIT-identical whether its prompt is prefilled
  * in one chunk, in chunks of 1, 7 or 16, in random chunks, alongside other sequences in
  * random batch mixes, with 1 or 2 threads, and with other KV block sizes; forks share
- * blocks and copy on write. Models: stories260K (../shared), synthetic:260K-bf16, and
+ * blocks and copy on write. A 150-token prompt also, whose attention takes 4 rows of
+ * a sequence at a time, against the same prompt fed a token at a time. Models: stories260K (../shared), synthetic:260K-bf16, and
  * two hand-built models covering biases, rotate-half RoPE, Llama 3 rope scaling,
  * head_dim != dim/n_heads, GQA and MHA, tied and untied output, F16/BF16/F32. */
 #include <math.h>
@@ -321,6 +322,46 @@ static void invariance_suite(const kvg_model *m, const char *name)
     rig_free(&r5);
 }
 
+/* A prompt long enough that the attention takes 4 rows of one sequence at a time
+ * (attend_rows: every row past position 64) against the same prompt fed one token at a
+ * time (never) and in other chunkings, threads and block sizes (5: never). */
+static void long_prompt_suite(const kvg_model *m, const char *name)
+{
+    rig r1, r2, r5;
+    script sc;
+    float *buf;
+    size_t rb;
+
+    if (rig_new(&r1, m, 1, 16, 64) != 0 || rig_new(&r2, m, 2, 16, 64) != 0 ||
+        rig_new(&r5, m, 2, 5, 200) != 0) {
+        ok(0, "%s: rigs", name);
+        return;
+    }
+    script_init(&sc, m, 150, 3);
+    rb = rec_bytes(m, &sc);
+    buf = malloc(rb);
+    ok(run_alone(&r1, &sc, 0, sc.rec) == 0, "%s: 150-token prompt in one step", name);
+    check_reference(m, name, &sc);
+    {
+        static const struct { int threads, chunk; } runs[] = { { 1, 1 }, { 2, 1 }, { 2, 0 }, { 1, 37 },
+                                                               { 2, 70 }, { 2, -1 } };
+        for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+            memset(buf, 0xff, rb);
+            run_alone(runs[i].threads == 1 ? &r1 : &r2, &sc, runs[i].chunk, buf);
+            ok(memcmp(buf, sc.rec, rb) == 0, "%s: 150-token prompt, chunks of %d, %d thread(s): bit-identical",
+               name, runs[i].chunk, runs[i].threads);
+        }
+        memset(buf, 0xff, rb);
+        run_alone(&r5, &sc, 0, buf);
+        ok(memcmp(buf, sc.rec, rb) == 0, "%s: 150-token prompt, KV blocks of 5 tokens: bit-identical", name);
+    }
+    free(buf);
+    script_free(&sc);
+    rig_free(&r1);
+    rig_free(&r2);
+    rig_free(&r5);
+}
+
 /* Fork after a prompt whose last block is partial: both branches share the blocks,
  * the first write into the shared partial block copies it, and each branch gives the
  * same logits as the same tokens run alone. */
@@ -448,7 +489,8 @@ static void error_suite(const kvg_model *m)
     rig_free(&r);
 }
 
-/* FNV-1a over the logits of a fixed scenario (prefill in chunks of 7, then decode),
+/* FNV-1a over the logits of fixed scenarios (prefill in chunks of 7, then decode; a
+ * long prompt in one step),
  * to compare processes running other kernel ISAs. */
 static uint64_t digest(const kvg_model *m, uint64_t h)
 {
@@ -460,6 +502,16 @@ static uint64_t digest(const kvg_model *m, uint64_t h)
     rng_state = 99;
     script_init(&sc, m, 40, 6);
     run_alone(&r, &sc, 7, sc.rec);
+    b = (const unsigned char *)sc.rec;
+    for (size_t i = 0; i < rec_bytes(m, &sc); i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    script_free(&sc);
+    rig_free(&r);
+    /* and 150 prompt tokens in one step: the attention's rows kernels */
+    if (rig_new(&r, m, 2, 16, 16) != 0)
+        return 0;
+    script_init(&sc, m, 150, 2);
+    run_alone(&r, &sc, 0, sc.rec);
     b = (const unsigned char *)sc.rec;
     for (size_t i = 0; i < rec_bytes(m, &sc); i++)
         h = (h ^ b[i]) * 0x100000001b3ull;
@@ -549,6 +601,10 @@ int main(void)
     invariance_suite(&ta.m, "test model A");
     fork_suite(&ta.m, "test model A");
     invariance_suite(&tb.m, "test model B");
+    if (stories)
+        long_prompt_suite(stories, "stories260K");
+    long_prompt_suite(&ta.m, "test model A");
+    long_prompt_suite(&tb.m, "test model B");
     isa_suite(&ta.m, &tb.m);
 
     kvg_model_free(stories);
