@@ -419,12 +419,40 @@ static void pack_once(kvg_threadpool *tp, kvg_gemm_ws *ws, const kvg_gemm_plan *
 struct repack_ctx {
     const kvg_tensor *w;
     void *out;
+    size_t row_bytes;            /* a float matrix's copy: bytes per row */
 };
 
 static void repack_range(void *arg, size_t begin, size_t end)
 {
     const struct repack_ctx *r = arg;
     kvg_int8_repack(r->w->dtype, r->w->data, (int)r->w->rows, (int)r->w->cols, (int)begin, (int)end, r->out);
+}
+
+/* Rows [begin, end) of a float matrix, copied as they are. */
+static void copy_range(void *arg, size_t begin, size_t end)
+{
+    const struct repack_ctx *r = arg;
+    memcpy((char *)r->out + begin * r->row_bytes, (const char *)r->w->data + begin * r->row_bytes,
+           (end - begin) * r->row_bytes);
+}
+
+/* A float matrix off a 64-byte boundary, copied onto one. */
+static int prepare_aligned(kvg_threadpool *tp, const kvg_tensor *w, kvg_tensor *out)
+{
+    struct repack_ctx r = { w, NULL, 0 };
+    size_t rows = (size_t)w->rows;
+
+    if (((uintptr_t)w->data & 63) == 0 || rows == 0)
+        return 0;
+    r.row_bytes = kvg_dtype_row_bytes(w->dtype, w->cols);
+    if (r.row_bytes == 0 || rows > SIZE_MAX / r.row_bytes || posix_memalign(&r.out, 64, rows * r.row_bytes) != 0)
+        return -1;
+    if (tp && kvg_threadpool_size(tp) > 1 && rows > 1)
+        kvg_threadpool_run(tp, rows, copy_range, &r);
+    else
+        copy_range(&r, 0, rows);
+    out->data = r.out;
+    return 1;
 }
 
 int kvg_gemm_prepare(kvg_threadpool *tp, const kvg_tensor *w, kvg_tensor *out)
@@ -437,11 +465,13 @@ int kvg_gemm_prepare(kvg_threadpool *tp, const kvg_tensor *w, kvg_tensor *out)
     if (!w || !out)
         return -1;
     *out = *w;
-    if (!kvg_int8_dt(w->dtype) || kvg_int8_dt_packed(w->dtype))
+    if (kvg_int8_dt_packed(w->dtype))
         return 0;
     if (!w->data || w->rows < 0 || w->rows > 0x7fffffff || w->cols <= 0 || w->cols > 0x7fffffff ||
         w->cols % kvg_gemm_k_multiple(w->dtype) != 0)
         return -1;
+    if (!kvg_int8_dt(w->dtype))
+        return prepare_aligned(tp, w, out);
     pdt = kvg_int8_packed_dt(w->dtype);
     groups = ((size_t)w->rows + 15) / 16;
     bytes = kvg_int8_packed_bytes(pdt, (int)w->rows, (int)w->cols);
@@ -460,7 +490,7 @@ int kvg_gemm_prepare(kvg_threadpool *tp, const kvg_tensor *w, kvg_tensor *out)
 
 void kvg_gemm_prepared_free(kvg_tensor *t)
 {
-    if (t && kvg_int8_dt_packed(t->dtype)) {
+    if (t) {
         free((void *)t->data);
         t->data = NULL;
     }

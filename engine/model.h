@@ -3,7 +3,7 @@
  * Every loader (llama2.c .bin, GGUF, Hugging Face safetensors directory, synthetic)
  * fills this same struct; the forward pass only ever sees kvg_model. Big weight
  * matrices stay where the file put them (mmapped, in their dtype: F32, F16 or BF16);
- * only small vectors (norm weights, biases) are converted to F32 at load, and a
+ * only small vectors (norm weights, biases) are copied, as F32, at load, and a
  * matrix is converted/copied only when its layout must change (e.g. a transposed
  * or permuted tensor), never otherwise. */
 #ifndef KVG_MODEL_H
@@ -135,6 +135,9 @@ int kvg_model_export_llama2c(const kvg_model *m, const char *path, char *err, si
  * touched again (clean pages: same bytes), so nothing changes but the memory held.
  * Bytes in other storage are left alone. Returns the bytes released. */
 size_t kvg_model_release_pages(const kvg_model *m, const kvg_tensor *t);
+/* Whether t's bytes lie in a mapping of the model file (so kvg_model_release_pages can
+ * hand them back: a backend's copy of them then costs no memory). */
+int kvg_model_in_file(const kvg_model *m, const kvg_tensor *t);
 
 /* Bytes per element (F32, F16, BF16; 0 for the block formats) and row conversion
  * helpers shared by loaders and kernels. */

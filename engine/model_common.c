@@ -147,30 +147,46 @@ void *kvgm_alloc(kvg_model *m, size_t n)
     return p;
 }
 
-size_t kvg_model_release_pages(const kvg_model *m, const kvg_tensor *t)
+/* t's bytes (*bytes of them) when they lie wholly in a mapping of the model file, else
+ * 0. */
+static uintptr_t file_bytes(const kvg_model *m, const kvg_tensor *t, size_t *bytes)
 {
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo, hi;
     const struct kvg_model_storage *s;
-    size_t bytes;
 
     if (!m || !m->storage || !t || !t->data || t->rows <= 0)
         return 0;
     s = m->storage;
-    bytes = kvg_dtype_row_bytes(t->dtype, t->cols) * (size_t)t->rows;
+    *bytes = kvg_dtype_row_bytes(t->dtype, t->cols) * (size_t)t->rows;
     for (size_t i = 0; i < s->n_blocks; i++) {
         const kvgm_block *b = &s->blocks[i];
         uintptr_t p = (uintptr_t)b->p, d = (uintptr_t)t->data;
-        /* Only a file mapping: an anonymous private page released reads back as zeros. */
-        if (b->kind != KVGM_MAP || d < p || d - p > b->len || bytes > b->len - (d - p))
-            continue;
-        /* Whole pages inside the tensor only: its neighbours keep theirs. */
-        lo = (d + page - 1) / page * page;
-        hi = (d + bytes) / page * page;
-        if (hi <= lo || madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0)
-            return 0;
-        return hi - lo;
+        if (b->kind == KVGM_MAP && d >= p && d - p <= b->len && *bytes <= b->len - (d - p))
+            return d;
     }
     return 0;
+}
+
+int kvg_model_in_file(const kvg_model *m, const kvg_tensor *t)
+{
+    size_t bytes;
+    return file_bytes(m, t, &bytes) != 0;
+}
+
+size_t kvg_model_release_pages(const kvg_model *m, const kvg_tensor *t)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo, hi;
+    size_t bytes;
+    /* Only a file mapping: an anonymous private page released reads back as zeros. */
+    uintptr_t d = file_bytes(m, t, &bytes);
+
+    if (!d)
+        return 0;
+    /* Whole pages inside the tensor only: its neighbours keep theirs. */
+    lo = (d + page - 1) / page * page;
+    hi = (d + bytes) / page * page;
+    if (hi <= lo || madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0)
+        return 0;
+    return hi - lo;
 }
 
 void kvgm_name_from_path(char *out, size_t cap, const char *path)
@@ -297,8 +313,6 @@ void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out)
 
 const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n)
 {
-    if (dt == KVG_DT_F32 && ((uintptr_t)p & 3) == 0)
-        return p;
     float *out = kvgm_alloc(m, n * sizeof(float));
     if (!out)
         return NULL;

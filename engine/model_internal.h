@@ -44,8 +44,11 @@ void *kvgm_alloc(kvg_model *m, size_t n);
 /* The base name of a path without directories and without its last extension. */
 void kvgm_name_from_path(char *out, size_t cap, const char *path);
 
-/* F32 view of an n-element vector stored as `dt` at `p`: the bytes themselves when
- * they already are aligned F32, else an owned converted copy. NULL when out of memory. */
+/* An owned F32 copy of the n-element vector stored as `dt` at `p`, even when it already
+ * is F32: the vectors are small, and a step that read them in the file's mapping would
+ * fault their neighbours back in too (the kernel maps a file's pages around a fault, a
+ * whole large folio at a time), the matrices a backend has copied and released among
+ * them. NULL when out of memory. */
 const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n);
 
 /* Binds a matrix that lies in mapped memory; copies it into owned memory only when

@@ -170,17 +170,22 @@ kvg_model *kvgm_load_llama2c(const char *path, const kvg_model_load_opts *opts, 
         goto fail;
     }
 #define AT(k, l) ((const void *)(r[k].p + (uint64_t)(l) * r[k].rows * r[k].cols * 4))
-    /* Offsets are multiples of 4 in a page-aligned mapping: no copies. */
+    /* Offsets are multiples of 4 in a page-aligned mapping: the matrices stay there;
+     * the norm vectors are copied (kvgm_vec_f32). */
     kvgm_bind(m, &m->tok_embedding, AT(R_EMB, 0), KVG_DT_F32, vocab, dim, err, err_len);
     if (shared)
         m->output = m->tok_embedding;
     else
         kvgm_bind(m, &m->output, AT(R_CLS, 0), KVG_DT_F32, vocab, dim, err, err_len);
-    m->final_norm = AT(R_FINAL, 0);
+    m->final_norm = kvgm_vec_f32(m, AT(R_FINAL, 0), KVG_DT_F32, (size_t)dim);
     for (int l = 0; l < n_layers; l++) {
         kvg_layer_weights *w = &m->layers[l];
-        w->attn_norm = AT(R_ATT_NORM, l);
-        w->ffn_norm = AT(R_FFN_NORM, l);
+        w->attn_norm = kvgm_vec_f32(m, AT(R_ATT_NORM, l), KVG_DT_F32, (size_t)dim);
+        w->ffn_norm = kvgm_vec_f32(m, AT(R_FFN_NORM, l), KVG_DT_F32, (size_t)dim);
+        if (!m->final_norm || !w->attn_norm || !w->ffn_norm) {
+            kvg_set_err(err, err_len, "%s: out of memory for the norm weights", path);
+            goto fail;
+        }
         kvgm_bind(m, &w->wq, AT(R_WQ, l), KVG_DT_F32, dim, dim, err, err_len);
         kvgm_bind(m, &w->wk, AT(R_WK, l), KVG_DT_F32, (int64_t)kv_dim, dim, err, err_len);
         kvgm_bind(m, &w->wv, AT(R_WV, l), KVG_DT_F32, (int64_t)kv_dim, dim, err, err_len);

@@ -51,8 +51,10 @@ extern "C" cudaError_t kvg_k_add(cudaStream_t s, float *x, const float *y, size_
 
 /* ---- swiglu ------------------------------------------------------------------------- */
 
-/* The CPU backend's expression: g * (1 / (1 + exp(-g))), times up. expf, not __expf: the
- * kernel is memory-bound, the accurate exp costs nothing measurable. */
+/* g * (1 / (1 + exp(-g))), times up. expf, not __expf: the kernel is memory-bound, the
+ * accurate exp costs nothing measurable. (The CPU backend computes the same function
+ * with its own polynomial exp, engine/cpu/attention_kernels.h's kvg_silu_mul: the two
+ * agree within a few ulp, not bit for bit.) */
 __device__ __forceinline__ float kvg_swiglu1(float g, float u)
 {
     g *= 1.0f / (1.0f + expf(-g));

@@ -192,6 +192,23 @@ AVX512 static inline __m512 exp16_avx512(__m512 x)
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-86.0f), _CMP_GE_OQ), y);
 }
 
+/* kvg_silu_mul on 16 lanes: the same operations in the same order. */
+AVX512 void kvg_swiglu_avx512(float *gate, const float *up, size_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(gate + i);
+        __m512 e = exp16_avx512(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), sign))); /* exp(-|g|) */
+        __m512 num = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), one);
+        __m512 s = _mm512_div_ps(num, _mm512_add_ps(one, e));
+        _mm512_storeu_ps(gate + i, _mm512_mul_ps(_mm512_mul_ps(g, s), _mm512_loadu_ps(up + i)));
+    }
+    for (; i < n; i++)
+        gate[i] = kvg_silu_mul(gate[i], up[i]);
+}
+
 AVX512 float kvg_attn_softmax_avx512(float *sc, int T, float scale)
 {
     float mxl[16], lanes[16], mx = -INFINITY;

@@ -57,6 +57,12 @@ static void pick_kernels(void)
     kernels = *(k ? k : kvg_attn_kernels_isa("generic"));
 }
 
+const kvg_attn_kernels *kvg_cpu_kernels(void)
+{
+    pthread_once(&kernels_once, pick_kernels);
+    return &kernels;
+}
+
 typedef struct attn_job {
     kvg_cpu *c;
     kvg_kv_pool *kv;
@@ -243,7 +249,7 @@ void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, f
     attn_job j;
     double work = 0.0;
 
-    pthread_once(&kernels_once, pick_kernels);
+    j.k = *kvg_cpu_kernels();
     for (int r = 0; r < c->n_rows; r++)
         work += (double)(c->pos[r] + 1);
     work *= 4.0 * c->m->cfg.n_heads * c->m->cfg.head_dim;
@@ -255,7 +261,6 @@ void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, f
     j.out = out;
     j.n_items = (size_t)c->m->cfg.n_heads * (size_t)c->n_rows;
     j.n_chunks = c->n_threads;
-    j.k = kernels;
     if (c->n_threads <= 1 || work < 32768.0) {
         j.n_chunks = 1;
         attn_range(&j, 0, 1);

@@ -98,6 +98,12 @@ static inline __attribute__((always_inline)) float softmax_body(float *restrict 
     return kvg_attn_reduce16(lanes);
 }
 
+static void swiglu_generic(float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        gate[i] = kvg_silu_mul(gate[i], up[i]);
+}
+
 static void scores4_generic(const float *q, const float *const *k, int bt, int hd, float *out)
 {
     scores_body(q, k, bt, hd, 4, out);
@@ -310,6 +316,22 @@ AVX2 static inline __m256 exp8_avx2(__m256 x)
     return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-86.0f), _CMP_GE_OQ), y);
 }
 
+/* kvg_silu_mul on 8 lanes: the same operations in the same order. */
+AVX2 static void swiglu_avx2(float *gate, const float *up, size_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp8_avx2(_mm256_or_ps(g, sign));                    /* exp(-|g|) */
+        __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(g, zero, _CMP_GE_OQ));
+        __m256 s = _mm256_div_ps(num, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(g, s), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++)
+        gate[i] = kvg_silu_mul(gate[i], up[i]);
+}
+
 AVX2 static float softmax_avx2(float *sc, int T, float scale)
 {
     float mxl[16], lanes[16], mx = -INFINITY;
@@ -356,13 +378,16 @@ AVX2 static float softmax_avx2(float *sc, int T, float scale)
 
 static const kvg_attn_kernels generic_kernels = { scores4_generic,      scores1_generic,
                                                   vacc_generic,         softmax_generic,
-                                                  scores4_rows_generic, vacc_rows_generic };
+                                                  scores4_rows_generic, vacc_rows_generic,
+                                                  swiglu_generic };
 #if defined(__x86_64__) && defined(__GNUC__)
 static const kvg_attn_kernels avx2_kernels = { scores4_avx2, scores1_avx2,      vacc_avx2,
-                                               softmax_avx2, scores4_rows_avx2, vacc_rows_avx2 };
+                                               softmax_avx2, scores4_rows_avx2, vacc_rows_avx2,
+                                               swiglu_avx2 };
 static const kvg_attn_kernels avx512_kernels = { kvg_attn_scores4_avx512,      kvg_attn_scores1_avx512,
                                                  kvg_attn_vacc_avx512,         kvg_attn_softmax_avx512,
-                                                 kvg_attn_scores4_rows_avx512, kvg_attn_vacc_rows_avx512 };
+                                                 kvg_attn_scores4_rows_avx512, kvg_attn_vacc_rows_avx512,
+                                                 kvg_swiglu_avx512 };
 #endif
 
 const kvg_attn_kernels *kvg_attn_kernels_isa(const char *isa)

@@ -1,11 +1,13 @@
-/* Internal to the CPU attention (attention_cpu.c): the per-ISA kernels and the scalar
- * pieces they share. Every kernel computes the same chains in the same order (see
- * attention_cpu.c), so all ISAs give the same bits; t/unit/engine_attention_kernels.c
- * compares them, the AVX-512 ones through an emulation on CPUs without AVX-512. */
+/* Internal to the CPU backend: the per-ISA kernels of attention (attention_cpu.c) and of
+ * the SwiGLU (backend_cpu.c, which shares the softmax's exp), and the scalar pieces they
+ * share. Every kernel computes the same chains in the same order (see attention_cpu.c),
+ * so all ISAs give the same bits; t/unit/engine_attention_kernels.c compares them, the
+ * AVX-512 ones through an emulation on CPUs without AVX-512. */
 #ifndef KVG_ATTENTION_KERNELS_H
 #define KVG_ATTENTION_KERNELS_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -32,12 +34,16 @@ typedef void (*kvg_attn_scores_rows_fn)(const float *const *q, const float *cons
 typedef void (*kvg_attn_vacc_rows_fn)(float *const *out, const float *const *w, const float *v, int n,
                                       int hd);
 
+/* gate[i] = kvg_silu_mul(gate[i], up[i]) for i < n (below). */
+typedef void (*kvg_swiglu_fn)(float *gate, const float *up, size_t n);
+
 typedef struct kvg_attn_kernels {
     kvg_attn_scores_fn scores4, scores1;
     kvg_attn_vacc_fn vacc;
     kvg_attn_softmax_fn softmax;
     kvg_attn_scores_rows_fn scores4_rows;
     kvg_attn_vacc_rows_fn vacc_rows;
+    kvg_swiglu_fn swiglu;
 } kvg_attn_kernels;
 
 /* The kernels of "generic", "avx2" or "avx512"; NULL when this CPU cannot run them. */
@@ -50,6 +56,7 @@ float kvg_attn_softmax_avx512(float *sc, int T, float scale);
 void kvg_attn_scores4_rows_avx512(const float *const *q, const float *const *k, int bt, int hd,
                                   float *const *out);
 void kvg_attn_vacc_rows_avx512(float *const *out, const float *const *w, const float *v, int n, int hd);
+void kvg_swiglu_avx512(float *gate, const float *up, size_t n);
 
 /* exp(x) for the softmax (x <= 0 there), from exactly rounded operations only --
  * explicit fmaf, one subtraction, one addition and integer exponent arithmetic -- so
@@ -79,6 +86,19 @@ static inline __attribute__((always_inline)) float kvg_attn_exp(float x)
     yb += (tb - 0x4B400000u) << 23;
     memcpy(&y, &yb, 4);
     return x >= -86.0f ? y : 0.0f;
+}
+
+/* silu(g) * u = g * sigmoid(g) * u, with sigmoid from exp(-|g|) only (never an
+ * argument above 0, so nothing overflows): e = exp(-|g|) in (0, 1], then
+ * sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) for g < 0, both exactly rounded
+ * divisions; then (g * sigmoid) * u. Relative error a few 1e-7 (the exp's and two
+ * roundings); for g below -86 the exp is 0 and so is the result (true: |g| e^g < 1e-35);
+ * NaN stays NaN. Written without a*b+c, like the exp, so every ISA gives these bits. */
+static inline __attribute__((always_inline)) float kvg_silu_mul(float g, float u)
+{
+    float e = kvg_attn_exp(-fabsf(g));
+    float s = (g >= 0.0f ? 1.0f : e) / (1.0f + e);
+    return (g * s) * u;
 }
 
 /* The fixed pairwise reduction of 16 lanes (the GEMM's). */

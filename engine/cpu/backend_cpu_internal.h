@@ -1,5 +1,5 @@
-/* Internal to the CPU backend (backend_cpu.c, attention_cpu.c): its state and the
- * attention entry point. */
+/* Internal to the CPU backend (backend_cpu.c, attention_cpu.c): its state, the
+ * attention entry point and the float kernels' table. */
 #ifndef KVG_BACKEND_CPU_INTERNAL_H
 #define KVG_BACKEND_CPU_INTERNAL_H
 
@@ -46,5 +46,10 @@ typedef struct kvg_cpu {
 void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg);
 
 void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, float *out);
+
+/* The attention and SwiGLU kernels of the GEMM's ISA level (attention_kernels.h),
+ * chosen once per process. */
+struct kvg_attn_kernels;
+const struct kvg_attn_kernels *kvg_cpu_kernels(void);
 
 #endif

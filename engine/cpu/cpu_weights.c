@@ -1,9 +1,10 @@
 /* The CPU backend's prepared weights: each matrix of the model that has a faster
- * layout for kvg_gemm (the quantized types: the int8 kernels' repacked layouts, gemm.h's
- * kvg_gemm_prepare) is repacked once, when the backend starts, and the matmuls look
- * it up by the address of the model's tensor (the forward pass passes the model's own
- * kvg_tensor structs). Other matrices are used where the file put them. The products
- * are the same bits either way; only their speed differs. */
+ * layout for kvg_gemm (gemm.h's kvg_gemm_prepare: the quantized types repacked for the
+ * int8 kernels; float matrices that the file put off a 64-byte boundary, copied onto
+ * one) is prepared once, when the backend starts, and the matmuls look it up by the
+ * address of the model's tensor (the forward pass passes the model's own kvg_tensor
+ * structs). Other matrices are used where they are. The products are the same bits
+ * either way; only their speed differs. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -30,18 +31,28 @@ static size_t slot_of(const kvg_cpu_weights *pw, const kvg_tensor *key)
 
 /* Prepares w when it has a faster layout; 0, or -1 out of memory. The model's tensor
  * structs are distinct objects, so no key comes twice. */
-static int add(kvg_cpu_weights *pw, kvg_threadpool *tp, const kvg_tensor *w)
+static int add(kvg_cpu_weights *pw, const kvg_model *m, kvg_threadpool *tp, const kvg_tensor *w)
 {
     kvg_tensor t;
     size_t i;
-    int rc = kvg_gemm_prepare(tp, w, &t);
+    int rc;
 
-    if (kvg_int8_dt(t.dtype))
+    if (kvg_int8_dt(w->dtype))
         pw->int8_w = 1;
     else
         pw->float_w = 1;
+    /* A float matrix is only ever copied out of the file's mapping, whose pages are then
+     * handed back (below): anywhere else the copy would double the memory it takes. */
+    if (!kvg_int8_dt(w->dtype) && !kvg_model_in_file(m, w))
+        return 0;
+    rc = kvg_gemm_prepare(tp, w, &t);
     if (rc <= 0)
         return rc;
+    /* The file's copy of a prepared matrix is read again only to build another backend,
+     * for the rows of a tied embedding, or by the llama2.c exporter: without this the
+     * process would hold both copies (released one matrix at a time, so the process
+     * never holds two copies of the whole model either). */
+    kvg_model_release_pages(m, w);
     for (i = slot_of(pw, w); pw->slot[i].key; i = (i + 1) & (pw->cap - 1))
         ;
     pw->slot[i].key = w;
@@ -69,21 +80,15 @@ kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, cha
         const kvg_layer_weights *lw = &m->layers[l];
         const kvg_tensor *mats[7] = { &lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_down, &lw->w_up };
         for (int i = 0; i < 7 && rc == 0; i++)
-            rc = add(pw, tp, mats[i]);
+            rc = add(pw, m, tp, mats[i]);
     }
     if (rc == 0)
-        rc = add(pw, tp, &m->output);
+        rc = add(pw, m, tp, &m->output);
     if (rc != 0) {
         kvg_cpu_weights_free(pw);
-        kvg_set_err(err, err_len, "cpu backend: out of memory repacking the quantized weights");
+        kvg_set_err(err, err_len, "cpu backend: out of memory preparing the weights");
         return NULL;
     }
-    /* The file's copy of a repacked matrix is read again only to build another backend,
-     * for the rows of a tied embedding, or by the llama2.c exporter: without this the
-     * process would hold both copies. */
-    for (size_t i = 0; i < pw->cap; i++)
-        if (pw->slot[i].key)
-            kvg_model_release_pages(m, pw->slot[i].key);
     return pw;
 }
 

@@ -4,7 +4,9 @@
  * over head sizes, block sizes, token counts and awkward values. AVX2 and AVX-512 run
  * natively where the CPU has them; engine/cpu/attention_avx512.c is also compiled into
  * this test against SIMDe (AVX-512 intrinsics emulated with AVX2 + FMA), so the
- * AVX-512 kernels are checked on CPUs without AVX-512 too. And the exp itself is
+ * AVX-512 kernels are checked on CPUs without AVX-512 too. The SwiGLU kernel (which
+ * shares the exp) likewise, over lengths with and without a tail and awkward values
+ * (+-0, infinities, NaN, values past the exp's range). And the exp and the SwiGLU are
  * accurate. */
 #include <math.h>
 #include <stdint.h>
@@ -32,6 +34,8 @@ void emu_vacc(float *out, const float *w, const float *v, int n, int hd);
 float emu_softmax(float *sc, int T, float scale);
 void emu_scores4_rows(const float *const *q, const float *const *k, int bt, int hd, float *const *out);
 void emu_vacc_rows(float *const *out, const float *const *w, const float *v, int n, int hd);
+void emu_swiglu(float *gate, const float *up, size_t n);
+#define kvg_swiglu_avx512 emu_swiglu
 #define kvg_attn_scores4_rows_avx512 emu_scores4_rows
 #define kvg_attn_vacc_rows_avx512 emu_vacc_rows
 #define kvg_attn_scores4_avx512 emu_scores4
@@ -45,6 +49,7 @@ void emu_vacc_rows(float *const *out, const float *const *w, const float *v, int
 #undef kvg_attn_softmax_avx512
 #undef kvg_attn_scores4_rows_avx512
 #undef kvg_attn_vacc_rows_avx512
+#undef kvg_swiglu_avx512
 #pragma GCC pop_options
 #else
 #define HAVE_EMULATION 0
@@ -76,7 +81,7 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
     float *s1 = malloc(1024 * sizeof(float)), *s2 = malloc(1024 * sizeof(float));
     float q4[4][256], *r1 = malloc(4 * 64 * sizeof(float)), *r2 = malloc(4 * 64 * sizeof(float));
     float vo1[4][256], vo2[4][256], w4[4][16];
-    int bad_s4 = 0, bad_s1 = 0, bad_v = 0, bad_sm = 0, bad_sr = 0, bad_vr = 0, cases = 0;
+    int bad_s4 = 0, bad_s1 = 0, bad_v = 0, bad_sm = 0, bad_sr = 0, bad_vr = 0, bad_sw = 0, cases = 0;
 
     for (size_t i = 0; i < 256 * 48 * 4; i++)
         K[i] = rnd(-2.0f, 2.0f);
@@ -155,12 +160,34 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
             bad_sm += !same_bits(s1, s2, (size_t)T) || memcmp(&sum1, &sum2, sizeof sum1) != 0;
         }
     }
+    {
+        static const size_t lens[] = { 1, 7, 8, 15, 16, 17, 33, 2048, 4099 };
+        static const float odd[] = { 0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 86.0f, -86.0f, 87.5f,
+                                     -87.5f, 100.0f, -100.0f, 1e-40f, -1e-40f, 1e30f, -1e30f };
+        float *g1 = malloc(4099 * sizeof(float)), *g2 = malloc(4099 * sizeof(float));
+        float *up = malloc(4099 * sizeof(float));
+        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+            size_t n = lens[l];
+            for (size_t i = 0; i < n; i++) {
+                g1[i] = i % 5 == 4 ? odd[(i / 5) % 16] : rnd(-12.0f, 12.0f);
+                up[i] = rnd(-3.0f, 3.0f);
+            }
+            memcpy(g2, g1, n * sizeof(float));
+            g->swiglu(g1, up, n);
+            k->swiglu(g2, up, n);
+            bad_sw += !same_bits(g1, g2, n);
+        }
+        free(g1);
+        free(g2);
+        free(up);
+    }
     ok(bad_s4 == 0, "%s: scores of 4 groups bit-identical (%d head/block-size cases)", name, cases);
     ok(bad_s1 == 0, "%s: scores of 1 group bit-identical", name);
     ok(bad_v == 0, "%s: V accumulation bit-identical (head sizes 8..256, 1..16 tokens)", name);
     ok(bad_sm == 0, "%s: softmax values and sums bit-identical (T = 1..1000)", name);
     ok(bad_sr == 0, "%s: scores of 4 rows x 4 groups = the one-row kernel's, row by row", name);
     ok(bad_vr == 0, "%s: V accumulation of 4 rows = the one-row kernel's, row by row", name);
+    ok(bad_sw == 0, "%s: SwiGLU bit-identical (lengths 1..4099, odd values)", name);
     free(r1);
     free(r2);
     free(K);
@@ -234,12 +261,38 @@ static void check_exp(void)
     ok(fabs(kvg_attn_exp(5.0f) - exp(5.0)) < 3e-7 * exp(5.0), "positive arguments work too");
 }
 
+/* The SwiGLU against silu(g) * u in double: relative error, and the edges. */
+static void check_swiglu(const kvg_attn_kernels *g)
+{
+    double worst = 0.0;
+    int n = 0, edges = 1;
+    float v[1];
+    for (float x = -86.0f; x <= 86.0f; x += 0.00731f, n++) {
+        double want = (double)x / (1.0 + exp(-(double)x)) * 1.5;
+        float u = 1.5f, got;
+        v[0] = x;
+        g->swiglu(v, &u, 1);
+        got = v[0];
+        if (want != 0.0 && fabs(got - want) / fabs(want) > worst)
+            worst = fabs(got - want) / fabs(want);
+    }
+    ok(worst < 1e-6, "SwiGLU relative error %.3g over %d points of [-86, 86]", worst, n);
+    {
+        float in[] = { 0.0f, -0.0f, INFINITY, -100.0f, 100.0f, NAN }, u[] = { 2, 2, 2, 2, 2, 2 };
+        g->swiglu(in, u, 6);
+        edges &= in[0] == 0.0f && in[1] == 0.0f && isinf(in[2]) && in[2] > 0;
+        edges &= in[3] == 0.0f && in[4] == 200.0f && isnan(in[5]);
+    }
+    ok(edges, "SwiGLU: silu(+-0) = 0, silu(inf) = inf, silu(-100) = 0, silu(100) = 100, NaN stays NaN");
+}
+
 int main(void)
 {
     const kvg_attn_kernels *g = kvg_attn_kernels_isa("generic"), *k;
     ok(g != NULL, "generic kernels exist");
     check_exp();
     check_generic(g);
+    check_swiglu(g);
     compare("generic (its rows' kernels)", g, g);
     if ((k = kvg_attn_kernels_isa("avx2")))
         compare("avx2", k, g);
@@ -251,8 +304,8 @@ int main(void)
         diag("no AVX-512 on this CPU: native avx512 kernels not run");
 #if HAVE_EMULATION
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        kvg_attn_kernels emu = { emu_scores4,  emu_scores1,      emu_vacc,
-                                 emu_softmax, emu_scores4_rows, emu_vacc_rows };
+        kvg_attn_kernels emu = { emu_scores4,  emu_scores1,      emu_vacc,     emu_softmax,
+                                 emu_scores4_rows, emu_vacc_rows, emu_swiglu };
         compare("avx512 (emulated with SIMDe)", &emu, g);
     } else {
         diag("no AVX2 + FMA: the emulated avx512 kernels need them");

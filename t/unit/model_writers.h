@@ -36,7 +36,11 @@ typedef struct mw_opts {
     const char *tok_path;        /* llama2.c tokenizer.bin: embedded in GGUF, tokenizer.json for HF */
     const char *chat_template;   /* GGUF tokenizer.chat_template / HF tokenizer_config.json */
     int n_shards;                /* HF: > 1 writes model-0000i-of-0000n.safetensors + index */
-    int misalign;                /* HF: pad the safetensors header so tensor data is misaligned */
+    int misalign;                /* HF: pad the safetensors header so tensor data is misaligned;
+                                  * GGUF: the data section starts 32 bytes off a 64-byte boundary
+                                  * (as GGUF's 32-byte alignment allows), and so does every
+                                  * tensor at an offset that is a multiple of 64 */
+    int align64;                 /* GGUF: the data section starts on a 64-byte boundary */
     int rope_half_override;      /* HF: 1 writes Q/K unpermuted (for negative tests) */
     /* GGUF, quantized dtypes (quantized with kvg_quant_row): matrices whose name
      * contains mix_match get mix_dtype instead (a Q4_K_M file's Q6_K tensors); a
@@ -322,12 +326,19 @@ __attribute__((unused)) static int mw_write_gguf(const kvg_model *m, const char 
         free(list);
         return -1;
     }
-    int n_kv = 11 + (v.n ? 8 : 0) + (o->chat_template ? 1 : 0);
+    int place = o->misalign || o->align64;   /* where the data starts, mod 64: 32 or 0 */
+    int n_kv = 11 + (v.n ? 8 : 0) + (o->chat_template ? 1 : 0) + place;
     gb b;
     char k[96];
+    size_t pad_at = 0;           /* place: general.description's length field */
     gb_init(&b, 3, (uint64_t)nt, (uint64_t)n_kv);
     gb_key(&b, "general.architecture", 8), gb_str(&b, arch);
     gb_key(&b, "general.name", 8), gb_str(&b, m->name);
+    if (place) {
+        gb_key(&b, "general.description", 8);
+        pad_at = b.n;
+        gb_str(&b, "");
+    }
 #define U32K(K, V) (snprintf(k, sizeof k, "%s." K, arch), gb_key(&b, k, 4), gb_u32(&b, (uint32_t)(V)))
 #define F32K(K, V) (snprintf(k, sizeof k, "%s." K, arch), gb_key(&b, k, 6), gb_f32(&b, (V)))
     U32K("context_length", c->max_seq_len);
@@ -387,6 +398,14 @@ __attribute__((unused)) static int mw_write_gguf(const kvg_model *m, const char 
             gb_u32(&b, dt == KVG_DT_F32 ? 0 : dt == KVG_DT_F16 ? 1 : 30);
         gb_u64(&b, off);
         off += (len[i] + 31) / 32 * 32;
+    }
+    if (place && (b.n + 31) / 32 * 32 % 64 != (o->misalign ? 32u : 0u)) {
+        /* 32 bytes of description more move the data section 32 bytes on. */
+        size_t at = pad_at + 8, tail = b.n - at;
+        gb_bytes(&b, "                                ", 32);
+        memmove(b.p + at + 32, b.p + at, tail);
+        memset(b.p + at, ' ', 32);
+        b.p[pad_at] = 32;
     }
     gb_pad(&b, 32);
     for (int i = 0; i < nt; i++) {

@@ -9,7 +9,13 @@
  *     Q8_0 with Q4_0) loads, and its logits stay within 2% of the range of those of
  *     the F32 model written from its dequantized weights, with the same greedy token;
  *     chunking and batching change no bit; its id differs from the F32 file's; an
- *     unsupported type is refused by name. */
+ *     unsupported type is refused by name;
+ *   - the other layout the backend prepares: float matrices (F32, F16, BF16) that the
+ *     file puts off a 64-byte boundary (GGUF aligns to 32) are copied onto one, the
+ *     same bytes and the same products at every M and ISA; on a GGUF model whose
+ *     tensors all start 32 bytes off, the file's pages of them leave the resident set
+ *     (a tied embedding's rows are then read from the copy, so a step brings none
+ *     back) and the logits are those of the same model from an aligned file. */
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -629,6 +635,137 @@ static void test_released(const char *label, const kvg_model *mq)
     free(copy);
 }
 
+/* ---- float matrices off a 64-byte boundary ---- */
+
+static void test_float_prepare(void)
+{
+    static const kvg_dtype dts[] = { KVG_DT_F32, KVG_DT_F16, KVG_DT_BF16 };
+    static const int Ms[] = { 1, 3, 7, 40 };
+    enum { N = 37, K = 64 };
+    float x[40 * K], y1[40 * N], y2[40 * N];
+    for (int i = 0; i < 40 * K; i++)
+        x[i] = (float)(rnd32() % 2001) / 1000.0f - 1.0f;
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+        kvg_dtype dt = dts[d];
+        size_t rb = kvg_dtype_row_bytes(dt, K), bytes = rb * N;
+        unsigned char *buf = aligned_alloc(64, (bytes + 64 + 63) / 64 * 64);
+        for (size_t e = 0; e < (size_t)N * K; e++) {
+            float f = (float)(rnd32() % 2001) / 1000.0f - 1.0f;
+            uint32_t u;
+            uint16_t h;
+            memcpy(&u, &f, 4);
+            h = dt == KVG_DT_F16 ? mw_f32_to_f16(f) : (uint16_t)(u >> 16);
+            if (dt == KVG_DT_F32)
+                memcpy(buf + 32 + 4 * e, &f, 4);
+            else
+                memcpy(buf + 32 + 2 * e, &h, 2);
+        }
+        kvg_tensor off = { buf + 32, dt, N, K }, on = { buf, dt, N, K }, p, q;
+        int rc = kvg_gemm_prepare(NULL, &off, &p);
+        ok(rc == 1 && ((uintptr_t)p.data & 63) == 0 && p.dtype == dt && p.rows == N && p.cols == K &&
+               memcmp(p.data, off.data, bytes) == 0,
+           "%s 32 bytes off a 64-byte boundary: kvg_gemm_prepare copies it onto one, the same bytes",
+           kvg_dtype_name(dt));
+        int same = 1, calls = 0;
+        for (int isa = 0; rc == 1 && isa <= KVG_ISA_AVX512; isa++) {
+            if (!kvg_gemm_isa_supported((kvg_gemm_isa_id)isa))
+                continue;
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                int M = Ms[mi];
+                same &= kvg_gemm_with_isa((kvg_gemm_isa_id)isa, NULL, NULL, x, M, K, &off, NULL, y1) == 0;
+                same &= kvg_gemm_with_isa((kvg_gemm_isa_id)isa, NULL, NULL, x, M, K, &p, NULL, y2) == 0;
+                same &= same_floats(y1, y2, (size_t)M * N);
+                calls++;
+            }
+        }
+        ok(rc == 1 && same && calls >= 4, "%s: products on the copy = products in place (%d M/ISA cases)",
+           kvg_dtype_name(dt), calls);
+        ok(kvg_gemm_prepare(NULL, &on, &q) == 0 && q.data == on.data,
+           "%s on a 64-byte boundary: used where it is", kvg_dtype_name(dt));
+        if (rc == 1)
+            kvg_gemm_prepared_free(&p);
+        free(buf);
+    }
+}
+
+/* The model side: a GGUF F32 model whose tensors all start 32 bytes off a 64-byte
+ * boundary. The backend copies its matrices and hands the file's pages back; the
+ * tied embedding's rows come from the classifier's copy; and the logits are the bits
+ * of the same weights from a file where every tensor is on a boundary. */
+static void test_float_model(const char *tok)
+{
+    tm_spec sp = { .dim = 256, .hidden = 512, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 64,
+                   .vocab = 512, .ctx = 64, .tied = 1, .seed = 11 };
+    tm_model tm;
+    char err[512], path[2][64];
+    kvg_model_load_opts lo = { 0 };
+    kvg_model *m[2] = { NULL, NULL };
+    int wr = tm_build(&tm, &sp);
+    for (int i = 0; i < 2; i++) {
+        mw_opts o = { .dtype = KVG_DT_F32, .tok_path = tok, .misalign = i == 0, .align64 = i == 1 };
+        snprintf(path[i], sizeof path[i], "/tmp/kvg_quant_%d_%s.gguf", (int)getpid(), i ? "on" : "off");
+        if (wr == 0)
+            wr = mw_write_gguf(&tm.m, path[i], &o, err, sizeof err);
+        m[i] = wr == 0 ? kvg_model_load(path[i], &lo, err, sizeof err) : NULL;
+    }
+    tm_free(&tm);
+    ok(m[0] && m[1], "F32 GGUF, tensors off and on 64-byte boundaries: both load%s%s", m[0] && m[1] ? "" : ": ",
+       m[0] && m[1] ? "" : err);
+    if (!m[0] || !m[1])
+        goto out;
+    const kvg_tensor *w = &m[0]->layers[0].w_gate, *emb = &m[0]->tok_embedding;
+    ok(((uintptr_t)w->data & 63) == 32 && ((uintptr_t)m[1]->layers[0].w_gate.data & 63) == 0 &&
+           emb->data == m[0]->output.data,
+       "the files put blk.0.ffn_gate 32 bytes off a boundary and on one; the embedding is tied");
+    {
+        size_t bytes = kvg_dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
+        size_t ebytes = kvg_dtype_row_bytes(emb->dtype, emb->cols) * (size_t)emb->rows;
+        long total, etotal, before, after, stepped, estepped;
+        rig r;
+        kvg_kv_seq s = { 0 };
+        int32_t toks[5] = { 1, 5, 9, 300, 511 };
+        int rc = -1;
+        before = present_pages(w->data, bytes, &total);
+        if (before < 0 || total < 4) {
+            ok(1, "# SKIP /proc/self/pagemap unreadable or the matrix spans under 4 pages");
+        } else if (rig_new(&r, m[0], 2) == 0) {
+            after = present_pages(w->data, bytes, &total);
+            kvg_fwd_seq b = { &s, toks, 5, NULL };
+            rc = kvg_forward_step(r.fw, &b, 1, err, sizeof err);
+            stepped = present_pages(w->data, bytes, &total);
+            estepped = present_pages(emb->data, ebytes, &etotal);
+            kvg_kv_seq_release(r.kv, &s);
+            rig_free(&r);
+            ok(before == total && after == 0 && rc == 0 && stepped == 0 && estepped == 0,
+               "the file's copy of blk.0.ffn_gate leaves the resident set once copied (%ld of %ld pages before, "
+               "%ld after, %ld after a step; the tied embedding: %ld of %ld after the step)",
+               before, total, after, stepped, estepped, etotal);
+        } else {
+            ok(0, "backend on the misaligned file");
+        }
+    }
+    {
+        int V = m[0]->cfg.vocab_size;
+        size_t nb = (size_t)(NC + 1) * V * sizeof(float);
+        float *a = malloc(nb), *b = malloc(nb);
+        int32_t toks[NP + NC];
+        int same = 1;
+        for (int i = 0; i < NP + NC; i++)
+            toks[i] = i == 0 ? 1 : (int32_t)(3 + rnd32() % (uint32_t)(V - 3));
+        for (int th = 1; th <= 2; th++)
+            same &= run(m[0], th, toks, th == 1 ? 0 : 5, 0, a) == 0 && run(m[1], th, toks, 0, th - 1, b) == 0 &&
+                    memcmp(a, b, nb) == 0;
+        ok(same, "the logits of the copied matrices = those of the aligned file, 1 and 2 threads");
+        free(a);
+        free(b);
+    }
+out:
+    for (int i = 0; i < 2; i++) {
+        kvg_model_free(m[i]);
+        unlink(path[i]);
+    }
+}
+
 static void test_model_one(const char *label, kvg_dtype main_dt, kvg_dtype mix_dt, const char *mix, int tied,
                            const char *tok)
 {
@@ -750,12 +887,14 @@ int main(void)
     test_dequant();
     test_roundtrip();
     test_gemm();
+    test_float_prepare();
     if (access(tok, R_OK) != 0) {
         ok(1, "# SKIP no %s", tok);
     } else {
         test_model_one("Q4_K_M-like (Q4_K, Q6_K ffn_down), tied", KVG_DT_Q4_K, KVG_DT_Q6_K, "ffn_down", 1, tok);
         test_model_one("Q8_0 with Q4_0 attn_v, untied", KVG_DT_Q8_0, KVG_DT_Q4_0, "attn_v", 0, tok);
         test_unsupported(tok);
+        test_float_model(tok);
     }
     return done_testing();
 }
