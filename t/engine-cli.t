@@ -73,6 +73,9 @@ sub run {
     like($err, qr/exactly one of --prompt/, '  says what is missing');
     ($rc, undef, $err) = run($cli_bin, '--socket', $sock, '--prompt', 'x', '--n', '99');
     is($rc, 2, 'kvgate-cli --n 99: exit 2');
+    ($rc, undef, $err) = run($cli_bin, '--socket', $sock, '--prompt', 'x', '--repeat', '0');
+    is($rc, 2, 'kvgate-cli --repeat 0: exit 2');
+    like($err, qr/--repeat: '0' is not a positive integer/, '  names the option and value');
 }
 
 # ---- serving ---------------------------------------------------------------------------
@@ -128,6 +131,14 @@ my @req = ('--socket', $sock, '--prompt-file', $docfile, '--temperature', '0.8',
     is($c->{usage}{prompt_tokens_details}{cached_tokens}, 0, '  0 cached tokens');
     ($rc, $out) = run($cli_bin, grep({ $_ ne '--json' } @req), '--n', '1', '--tenant', 'acme', '--stream');
     like($out, qr/^\Q$a->{choices}[0]{text}\E\n$/, '--stream prints the same text as --json');
+    # --repeat: the same request again and again over one connection, each answered whole.
+    ($rc, $out, $err) = run($cli_bin, @req, '--tenant', 'fresh', '--repeat', '3');
+    my @r = map { eval { JSON::PP->new->decode($_) } // {} } split /\n/, $out;
+    is($rc, 0, '--repeat 3: exit 0') or diag($err);
+    is(scalar @r, 3, '  three answers');
+    is_deeply([ map { $_->{cache} // '' } @r ], [qw(miss hit hit)], '  a miss, then two hits');
+    is_deeply([ map { [ map { $_->{token_ids} } @{ $_->{choices} // [] } ] } @r ],
+              [ ([ map { $_->{token_ids} } @{ $a->{choices} } ]) x 3 ], '  each the same three answers');
 }
 
 # ---- --backend cuda --------------------------------------------------------------------

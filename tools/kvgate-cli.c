@@ -1,6 +1,6 @@
-/* kvgate-cli: one request to a running kvgate-engine over its socket, the way the
- * gateway makes it: tokenize with the engine's own tokenizer, hash the prompt's blocks
- * for the tenant, submit, print the text as it streams.
+/* kvgate-cli: one request (or --repeat N of it) to a running kvgate-engine over its
+ * socket, the way the gateway makes it: tokenize with the engine's own tokenizer, hash
+ * the prompt's blocks for the tenant, submit, print the text as it streams.
  *
  * Exit status: 0 ok, 1 the engine refused or failed the request (or is not there),
  * 2 bad usage. */
@@ -39,6 +39,8 @@ static const char USAGE[] =
     "  --cache-min-tokens N   prompts shorter than N tokens bypass the cache (default 128)\n"
     "  --cache-ttl SECONDS    TTL of the blocks this request caches (default: the engine's)\n"
     "  --timeout SECONDS      give up (and cancel) after this long (default 300)\n"
+    "  --repeat N             send the request N times, one after the other over the one\n"
+    "                         connection, each printed with its own summary (default 1)\n"
     "  --stream               print tokens as they arrive (the default; n > 1 prints each\n"
     "                         completion when it is complete)\n"
     "  --json                 print one JSON object: texts, finish reasons, usage (incl.\n"
@@ -107,12 +109,145 @@ static const char *finish_name(uint32_t r)
     }
 }
 
+static void outs_clear(sample_out *outs)
+{
+    for (int j = 0; j < KVG_PROTO_MAX_N; j++) {
+        free(outs[j].text);
+        free(outs[j].ids);
+        free(outs[j].lps);
+    }
+    memset(outs, 0, KVG_PROTO_MAX_N * sizeof *outs);
+}
+
+/* Sends req once and prints its completions (stdout) and summary (stderr, or one JSON
+ * line with --json) into outs, which start empty. 0, or 1 when the request failed. */
+static int run_request(kvg_client *c, const kvg_client_req *req, sample_out *outs, long n, int json, double timeout,
+                       const kvg_engine_info *info, const kvg_buckets *buckets)
+{
+    char err[512];
+    uint64_t id;
+    double t0 = kvg_mono_s(), ttft = -1;
+    int src;
+    while ((src = kvg_client_submit(c, req, NULL, &id, err, sizeof err)) == KVG_CLIENT_AGAIN)
+        kvg_client_wait(c, 100);
+    if (src != 0) {
+        fprintf(stderr, "kvgate-cli: %s\n", err);
+        return 1;
+    }
+    uint32_t prompt_tokens = 0, cached = 0, completion = 0;
+    int finished = 0, accepted_cached = -1;
+    while (!finished) {
+        kvg_client_event ev;
+        int got = 0;
+        while (!finished && kvg_client_next_event(c, &ev) == 1) {
+            got = 1;
+            switch (ev.kind) {
+            case KVG_CEV_ACCEPTED:
+                accepted_cached = (int)ev.cached_tokens;
+                break;
+            case KVG_CEV_TOKENS:
+                if (ev.sample >= (uint32_t)n)
+                    break;
+                if (ttft < 0)
+                    ttft = kvg_mono_s() - t0;
+                if (append(&outs[ev.sample], &ev) != 0) {
+                    fprintf(stderr, "kvgate-cli: out of memory\n");
+                    return 1;
+                }
+                if (!json && n == 1) {
+                    fwrite(ev.text, 1, ev.text_len, stdout);
+                    fflush(stdout);
+                }
+                break;
+            case KVG_CEV_FINISHED:
+                if (ev.sample >= (uint32_t)n)
+                    break;
+                outs[ev.sample].finish = finish_name(ev.finish_reason);
+                outs[ev.sample].done = 1;
+                if (!json && n > 1) {
+                    printf("--- completion %u (%s) ---\n%s\n", ev.sample, outs[ev.sample].finish,
+                           outs[ev.sample].text ? outs[ev.sample].text : "");
+                    fflush(stdout);
+                }
+                break;
+            case KVG_CEV_DONE:
+                prompt_tokens = ev.prompt_tokens;
+                cached = ev.cached_tokens;
+                completion = ev.completion_tokens;
+                finished = 1;
+                break;
+            case KVG_CEV_ERROR:
+                fprintf(stderr, "kvgate-cli: the engine answered %d: %s\n", ev.status, ev.message);
+                return 1;
+            case KVG_CEV_DOWN:
+                fprintf(stderr, "kvgate-cli: %s\n", ev.message);
+                return 1;
+            default:
+                break;
+            }
+        }
+        if (finished)
+            break;
+        if (kvg_mono_s() - t0 > timeout) {
+            kvg_client_cancel(c, id);
+            fprintf(stderr, "kvgate-cli: no answer within %g s; cancelled\n", timeout);
+            return 1;
+        }
+        if (!got)
+            kvg_client_wait(c, 200);
+    }
+    double total = kvg_mono_s() - t0;
+    const char *status = kvg_cache_status(req->bypass, prompt_tokens, cached, info->block_tokens);
+    (void)accepted_cached;
+    if (json) {
+        json_t *o = json_object(), *choices = json_array();
+        for (long j = 0; j < n; j++) {
+            json_t *ch = json_object(), *jids = json_array(), *jlps = json_array();
+            for (size_t k = 0; k < outs[j].n; k++) {
+                json_array_append_new(jids, json_integer(outs[j].ids[k]));
+                json_array_append_new(jlps, json_real(outs[j].lps[k]));
+            }
+            json_object_set_new(ch, "index", json_integer(j));
+            json_object_set_new(ch, "text", json_stringn(outs[j].text ? outs[j].text : "", outs[j].len));
+            json_object_set_new(ch, "finish_reason", json_string(outs[j].finish ? outs[j].finish : "stop"));
+            json_object_set_new(ch, "token_ids", jids);
+            json_object_set_new(ch, "logprobs", jlps);
+            json_array_append_new(choices, ch);
+        }
+        json_t *usage = json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (json_int_t)prompt_tokens,
+                                  "completion_tokens", (json_int_t)completion, "total_tokens",
+                                  (json_int_t)(prompt_tokens + completion), "prompt_tokens_details", "cached_tokens",
+                                  (json_int_t)cached);
+        json_object_set_new(o, "model", json_string(info->model_name));
+        json_object_set_new(o, "choices", choices);
+        json_object_set_new(o, "usage", usage);
+        json_object_set_new(o, "cache", json_string(status));
+        json_object_set_new(o, "bucket", json_string(kvg_bucket_label(buckets, req->bucket)));
+        json_object_set_new(o, "ttft_ms", json_real(ttft < 0 ? 0 : ttft * 1000.0));
+        json_object_set_new(o, "total_ms", json_real(total * 1000.0));
+        char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        if (s)
+            puts(s);
+        free(s);
+        json_decref(o);
+    } else {
+        if (n == 1) {
+            fputc('\n', stdout);
+            fflush(stdout);
+        }
+        fprintf(stderr, "kvgate-cli: %u prompt tokens (%u cached, %s), %u completion tokens; first token after "
+                "%.1f ms, total %.1f ms\n", prompt_tokens, cached, status, completion,
+                ttft < 0 ? 0 : ttft * 1000.0, total * 1000.0);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *socket_path = NULL, *tenant = "", *prompt = NULL, *prompt_file = NULL, *prompt_ids = NULL;
     const char *stops[KVG_PROTO_MAX_STOP];
     size_t stop_len[KVG_PROTO_MAX_STOP], n_stop = 0;
-    long max_tokens = 128, top_k = 0, n = 1, min_tokens = 128;
+    long max_tokens = 128, top_k = 0, n = 1, min_tokens = 128, repeat = 1;
     double temperature = 1.0, top_p = 1.0, ttl = 0, timeout = 300;
     unsigned long long seed = 0;
     int json = 0;
@@ -177,6 +312,9 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--cache-ttl")) {
             if (kvg_arg_double(v, 0.001, 4e6, &ttl) != 0)
                 return usage_error("--cache-ttl: '%s' is not a number of seconds > 0", v);
+        } else if (!strcmp(a, "--repeat")) {
+            if (kvg_arg_long(v, 1, 1000000, &repeat) != 0)
+                return usage_error("--repeat: '%s' is not a positive integer", v);
         } else if (!strcmp(a, "--timeout")) {
             if (kvg_arg_double(v, 0.001, 1e6, &timeout) != 0)
                 return usage_error("--timeout: '%s' is not a number of seconds > 0", v);
@@ -260,127 +398,14 @@ int main(int argc, char **argv)
     req.n_stop = n_stop;
     req.cache_ttl_ms = ttl > 0 ? (uint32_t)(ttl * 1000.0) : 0;
     req.logprobs = json;
-    uint64_t id;
-    double t0 = kvg_mono_s(), ttft = -1;
-    int src;
-    while ((src = kvg_client_submit(c, &req, NULL, &id, err, sizeof err)) == KVG_CLIENT_AGAIN)
-        kvg_client_wait(c, 100);
-    if (src != 0) {
-        fprintf(stderr, "kvgate-cli: %s\n", err);
-        goto out;
-    }
-    uint32_t prompt_tokens = 0, cached = 0, completion = 0;
-    int finished = 0, accepted_cached = -1;
-    while (!finished) {
-        kvg_client_event ev;
-        int got = 0;
-        while (!finished && kvg_client_next_event(c, &ev) == 1) {
-            got = 1;
-            switch (ev.kind) {
-            case KVG_CEV_ACCEPTED:
-                accepted_cached = (int)ev.cached_tokens;
-                break;
-            case KVG_CEV_TOKENS:
-                if (ev.sample >= (uint32_t)n)
-                    break;
-                if (ttft < 0)
-                    ttft = kvg_mono_s() - t0;
-                if (append(&outs[ev.sample], &ev) != 0) {
-                    fprintf(stderr, "kvgate-cli: out of memory\n");
-                    goto out;
-                }
-                if (!json && n == 1) {
-                    fwrite(ev.text, 1, ev.text_len, stdout);
-                    fflush(stdout);
-                }
-                break;
-            case KVG_CEV_FINISHED:
-                if (ev.sample >= (uint32_t)n)
-                    break;
-                outs[ev.sample].finish = finish_name(ev.finish_reason);
-                outs[ev.sample].done = 1;
-                if (!json && n > 1) {
-                    printf("--- completion %u (%s) ---\n%s\n", ev.sample, outs[ev.sample].finish,
-                           outs[ev.sample].text ? outs[ev.sample].text : "");
-                    fflush(stdout);
-                }
-                break;
-            case KVG_CEV_DONE:
-                prompt_tokens = ev.prompt_tokens;
-                cached = ev.cached_tokens;
-                completion = ev.completion_tokens;
-                finished = 1;
-                break;
-            case KVG_CEV_ERROR:
-                fprintf(stderr, "kvgate-cli: the engine answered %d: %s\n", ev.status, ev.message);
-                goto out;
-            case KVG_CEV_DOWN:
-                fprintf(stderr, "kvgate-cli: %s\n", ev.message);
-                goto out;
-            default:
-                break;
-            }
-        }
-        if (finished)
-            break;
-        if (kvg_mono_s() - t0 > timeout) {
-            kvg_client_cancel(c, id);
-            fprintf(stderr, "kvgate-cli: no answer within %g s; cancelled\n", timeout);
+    for (long r = 0; r < repeat; r++) {
+        outs_clear(outs);
+        if (run_request(c, &req, outs, n, json, timeout, info, &buckets) != 0)
             goto out;
-        }
-        if (!got)
-            kvg_client_wait(c, 200);
-    }
-    double total = kvg_mono_s() - t0;
-    const char *status = kvg_cache_status(bypass, prompt_tokens, cached, info->block_tokens);
-    (void)accepted_cached;
-    if (json) {
-        json_t *o = json_object(), *choices = json_array();
-        for (long j = 0; j < n; j++) {
-            json_t *ch = json_object(), *jids = json_array(), *jlps = json_array();
-            for (size_t k = 0; k < outs[j].n; k++) {
-                json_array_append_new(jids, json_integer(outs[j].ids[k]));
-                json_array_append_new(jlps, json_real(outs[j].lps[k]));
-            }
-            json_object_set_new(ch, "index", json_integer(j));
-            json_object_set_new(ch, "text", json_stringn(outs[j].text ? outs[j].text : "", outs[j].len));
-            json_object_set_new(ch, "finish_reason", json_string(outs[j].finish ? outs[j].finish : "stop"));
-            json_object_set_new(ch, "token_ids", jids);
-            json_object_set_new(ch, "logprobs", jlps);
-            json_array_append_new(choices, ch);
-        }
-        json_t *usage = json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (json_int_t)prompt_tokens,
-                                  "completion_tokens", (json_int_t)completion, "total_tokens",
-                                  (json_int_t)(prompt_tokens + completion), "prompt_tokens_details", "cached_tokens",
-                                  (json_int_t)cached);
-        json_object_set_new(o, "model", json_string(info->model_name));
-        json_object_set_new(o, "choices", choices);
-        json_object_set_new(o, "usage", usage);
-        json_object_set_new(o, "cache", json_string(status));
-        json_object_set_new(o, "bucket", json_string(kvg_bucket_label(&buckets, bucket)));
-        json_object_set_new(o, "ttft_ms", json_real(ttft < 0 ? 0 : ttft * 1000.0));
-        json_object_set_new(o, "total_ms", json_real(total * 1000.0));
-        char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
-        if (s)
-            puts(s);
-        free(s);
-        json_decref(o);
-    } else {
-        if (n == 1) {
-            fputc('\n', stdout);
-            fflush(stdout);
-        }
-        fprintf(stderr, "kvgate-cli: %u prompt tokens (%u cached, %s), %u completion tokens; first token after "
-                "%.1f ms, total %.1f ms\n", prompt_tokens, cached, status, completion,
-                ttft < 0 ? 0 : ttft * 1000.0, total * 1000.0);
     }
     rc = 0;
 out:
-    for (int j = 0; j < KVG_PROTO_MAX_N; j++) {
-        free(outs[j].text);
-        free(outs[j].ids);
-        free(outs[j].lps);
-    }
+    outs_clear(outs);
     kvg_client_free(c);
     free(ids);
     free(file_text);
