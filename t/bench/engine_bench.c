@@ -384,45 +384,33 @@ static double time_decode(ctx *c, int B)
     return bench_median(t, c->reps);
 }
 
+/* One forward step of n tokens of seq (logits of its last row into `logits`, or none),
+ * in milliseconds. */
+static double step_ms(ctx *c, kvg_kv_seq *seq, const int32_t *toks, int n, float *logits, const char *what)
+{
+    char err[1024];
+    kvg_fwd_seq s = { seq, toks, n, logits };
+    double t0 = now_s();
+    if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
+        die(what, err);
+    return wall_since(t0) * 1e3;
+}
+
 /* The cached-prefix step: P - R positions held, the last R fed with logits. Also a
  * decode step at position P - 1 and R rows of a fresh sequence. Milliseconds. */
 static void time_cached(ctx *c, int P, int R, double *ms_cached, double *ms_dec, double *ms_fresh)
 {
     double tc[99], td[99], tf[99];
-    char err[1024];
     for (int r = 0; r < c->reps; r++) {
         kvg_kv_seq seq;
-        kvg_fwd_seq s;
-        double t0;
         kvg_kv_seq_init(&seq);
-        s.kv = &seq;
-        s.tokens = c->toks;
-        s.n_tokens = P - R;
-        s.logits = NULL;
-        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
-            die("cached prefix", err);
-        s.tokens = c->toks + P - R;
-        s.n_tokens = R;
-        s.logits = c->logits;
-        t0 = now_s();
-        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
-            die("cached step", err);
-        tc[r] = wall_since(t0) * 1e3;
+        step_ms(c, &seq, c->toks, P - R, NULL, "cached prefix");
+        tc[r] = step_ms(c, &seq, c->toks + P - R, R, c->logits, "cached step");
         kvg_kv_seq_truncate(c->kv, &seq, P - 1);
-        s.tokens = c->toks + P - 1;
-        s.n_tokens = 1;
-        t0 = now_s();
-        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
-            die("cached decode", err);
-        td[r] = wall_since(t0) * 1e3;
+        td[r] = step_ms(c, &seq, c->toks + P - 1, 1, c->logits, "cached decode");
         kvg_kv_seq_release(c->kv, &seq);
         kvg_kv_seq_init(&seq);
-        s.tokens = c->toks + P - R;
-        s.n_tokens = R;
-        t0 = now_s();
-        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
-            die("fresh step", err);
-        tf[r] = wall_since(t0) * 1e3;
+        tf[r] = step_ms(c, &seq, c->toks + P - R, R, c->logits, "fresh step");
         kvg_kv_seq_release(c->kv, &seq);
     }
     *ms_cached = bench_median(tc, c->reps);
@@ -559,28 +547,16 @@ static void ab_fused(ctx *c)
 static double time_cached_again(ctx *c, int P, int R)
 {
     double tc[99];
-    char err[1024];
     kvg_kv_seq seq;
-    kvg_fwd_seq s;
 
     kvg_kv_seq_init(&seq);
-    s.kv = &seq;
-    s.tokens = c->toks;
-    s.n_tokens = P - R;
-    s.logits = NULL;
-    if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
-        die("cached prefix", err);
+    step_ms(c, &seq, c->toks, P - R, NULL, "cached prefix");
     for (int r = -1; r < c->reps; r++) {
-        double t0;
+        double ms;
         kvg_kv_seq_truncate(c->kv, &seq, P - R);
-        s.tokens = c->toks + P - R;
-        s.n_tokens = R;
-        s.logits = c->logits;
-        t0 = now_s();
-        if (kvg_forward_step(c->fw, &s, 1, err, sizeof err) != 0)
-            die("cached step", err);
+        ms = step_ms(c, &seq, c->toks + P - R, R, c->logits, "cached step");
         if (r >= 0)
-            tc[r] = wall_since(t0) * 1e3;
+            tc[r] = ms;
     }
     kvg_kv_seq_release(c->kv, &seq);
     return bench_median(tc, c->reps);
