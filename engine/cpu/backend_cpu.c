@@ -208,22 +208,10 @@ static void embed_range(void *arg, size_t b, size_t e)
         kvg_tensor_row_f32(j->emb, j->c->tokens[r], j->x + r * (size_t)dim);
 }
 
-/* A tied embedding reads its rows from the classifier's prepared copy when that keeps
- * the layout (a float matrix moved onto a 64-byte boundary, cpu_weights.c): the file's
- * pages of it were handed back, and each lookup would fault some of them in again. */
-static const kvg_tensor *embed_source(const kvg_cpu *c, const kvg_tensor *emb)
-{
-    const kvg_tensor *out = kvg_cpu_weights_get(c->weights, &c->m->output);
-    if (out != &c->m->output && emb->data == c->m->output.data && out->dtype == emb->dtype &&
-        out->rows == emb->rows && out->cols == emb->cols)
-        return out;
-    return emb;
-}
-
 static void cpu_embed(kvg_backend *be, const kvg_tensor *emb, float *x)
 {
     kvg_cpu *c = cpu_of(be);
-    embed_job j = { c, embed_source(c, emb), x };
+    embed_job j = { c, kvg_cpu_weights_get(c->weights, emb), x };
     kvg_cpu_par(c, (size_t)c->n_rows, (double)c->n_rows * (double)emb->cols, embed_range, &j);
 }
 

@@ -13,7 +13,8 @@
 /* The model's matrices in the layouts kvg_gemm runs fastest (cpu_weights.c). */
 typedef struct kvg_cpu_weights kvg_cpu_weights;
 kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, char *err, size_t err_len);
-/* The prepared copy of the model's tensor w, or w itself when it has none. */
+/* The prepared copy of the model's tensor w, or w itself when it has none (a tied
+ * embedding's is its classifier's copy when that kept the layout). */
 const kvg_tensor *kvg_cpu_weights_get(const kvg_cpu_weights *pw, const kvg_tensor *w);
 /* Whether some matrix takes float products (F32, F16, BF16) and whether some takes
  * int8 ones (the quantized types): the GEMM workspace holds buffers for those only. */

@@ -18,6 +18,7 @@ struct kvg_cpu_weights {
     struct {
         const kvg_tensor *key;   /* the model's tensor; NULL: empty slot */
         kvg_tensor prepared;
+        int alias;               /* prepared belongs to another slot (a tied embedding) */
     } *slot;
 };
 
@@ -29,12 +30,21 @@ static size_t slot_of(const kvg_cpu_weights *pw, const kvg_tensor *key)
     return (size_t)(h >> 7) & (pw->cap - 1);
 }
 
+static void put(kvg_cpu_weights *pw, const kvg_tensor *key, const kvg_tensor *prepared, int alias)
+{
+    size_t i;
+    for (i = slot_of(pw, key); pw->slot[i].key; i = (i + 1) & (pw->cap - 1))
+        ;
+    pw->slot[i].key = key;
+    pw->slot[i].prepared = *prepared;
+    pw->slot[i].alias = alias;
+}
+
 /* Prepares w when it has a faster layout; 0, or -1 out of memory. The model's tensor
  * structs are distinct objects, so no key comes twice. */
 static int add(kvg_cpu_weights *pw, const kvg_model *m, kvg_threadpool *tp, const kvg_tensor *w)
 {
     kvg_tensor t;
-    size_t i;
     int rc;
 
     if (kvg_int8_dt(w->dtype))
@@ -53,16 +63,13 @@ static int add(kvg_cpu_weights *pw, const kvg_model *m, kvg_threadpool *tp, cons
      * process would hold both copies (released one matrix at a time, so the process
      * never holds two copies of the whole model either). */
     kvg_model_release_pages(m, w);
-    for (i = slot_of(pw, w); pw->slot[i].key; i = (i + 1) & (pw->cap - 1))
-        ;
-    pw->slot[i].key = w;
-    pw->slot[i].prepared = t;
+    put(pw, w, &t, 0);
     return 0;
 }
 
 kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, char *err, size_t err_len)
 {
-    size_t n = (size_t)m->cfg.n_layers * 7 + 1, cap = 16;
+    size_t n = (size_t)m->cfg.n_layers * 7 + 2, cap = 16;
     kvg_cpu_weights *pw = calloc(1, sizeof *pw);
     int rc = 0;
 
@@ -89,6 +96,15 @@ kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, cha
         kvg_set_err(err, err_len, "cpu backend: out of memory preparing the weights");
         return NULL;
     }
+    /* A tied embedding whose classifier was only moved (the same layout) reads its rows
+     * from that copy: the file's pages of it were handed back, and each lookup would
+     * fault some of them in again. A repacked classifier has another layout: the rows
+     * then come from the file. */
+    {
+        const kvg_tensor *out = kvg_cpu_weights_get(pw, &m->output);
+        if (out != &m->output && m->tok_embedding.data == m->output.data && out->dtype == m->tok_embedding.dtype)
+            put(pw, &m->tok_embedding, out, 1);
+    }
     return pw;
 }
 
@@ -113,7 +129,7 @@ void kvg_cpu_weights_free(kvg_cpu_weights *pw)
     if (!pw)
         return;
     for (size_t i = 0; i < pw->cap; i++)
-        if (pw->slot[i].key)
+        if (pw->slot[i].key && !pw->slot[i].alias)
             kvg_gemm_prepared_free(&pw->slot[i].prepared);
     free(pw->slot);
     free(pw);
