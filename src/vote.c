@@ -344,7 +344,8 @@ typedef struct sc_answer {
 struct kvg_sc {
     kvg_sc_config cfg;
     unsigned n_drawn, n_running, n_done;
-    int decided, early;
+    unsigned n_cancelled;        /* drawn samples that finished cancelled */
+    int decided;
     unsigned char state[KVG_SC_MAX_N];
     unsigned char drawn[KVG_SC_MAX_N];
     size_t n_answers;
@@ -469,6 +470,7 @@ void kvg_sc_finished(kvg_sc *s, unsigned sample, const char *answer, size_t len,
         s->state[sample] = ST_DONE;
         s->n_running--;
         s->n_done++;
+        s->n_cancelled += cancelled != 0;
         if (!cancelled && answer && len > 0)
             vote(s, sample, answer, len, mean_logprob);
     }
@@ -480,7 +482,6 @@ void kvg_sc_finished(kvg_sc *s, unsigned sample, const char *answer, size_t len,
         s->decided = 1;
         act->decided = 1;
         if (s->n_done < s->cfg.n) {
-            s->early = 1;
             for (unsigned j = 0; j < s->cfg.n; j++)
                 if (s->state[j] != ST_DONE)
                     act->cancel_mask |= (uint32_t)1 << j;
@@ -554,9 +555,12 @@ unsigned kvg_sc_samples_run(const kvg_sc *s)
     return k;
 }
 
+/* What the decision saved, not that it came early: a sample whose cancel
+   crossed its end ran in full, and a vote whose cancels all crossed saved
+   nothing. */
 int kvg_sc_stopped_early(const kvg_sc *s)
 {
-    return s->early;
+    return s->decided && (s->n_cancelled > 0 || kvg_sc_samples_run(s) < s->cfg.n);
 }
 
 int kvg_sc_sample_drawn(const kvg_sc *s, unsigned sample)

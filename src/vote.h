@@ -156,7 +156,11 @@ size_t kvg_sc_n_answers(const kvg_sc *s);
 void kvg_sc_answer_at(const kvg_sc *s, size_t i, const char **ans, size_t *len,
                       unsigned *count, double *weight);
 unsigned kvg_sc_samples_run(const kvg_sc *s);    /* samples drawn (started) so far */
-int kvg_sc_stopped_early(const kvg_sc *s);       /* decided while samples were running or undrawn */
+/* The decision saved work: some sample was never drawn, or finished
+ * cancelled. Not merely decided early: when every cancel crosses its sample's
+ * end (all of them finish normally), nothing was saved and this is 0. Read
+ * it once every sample has reported (at DONE). */
+int kvg_sc_stopped_early(const kvg_sc *s);
 int kvg_sc_sample_drawn(const kvg_sc *s, unsigned sample);
 
 #endif

@@ -8,6 +8,7 @@
 #   - early stopping (min_samples 3, agreement 0.6, greedy samples that all agree): fewer
 #     completion tokens than the full run, the same answer, the engine's dropped /
 #     cancelled samples moved, chat streams open later waves with the role;
+#   - stopped_early (and its counter) only when a sample was cancelled or never drawn;
 #   - the document is prefilled once for n samples;
 #   - every bad input is a 400 naming its parameter and the engine saw nothing;
 #   - $kvgate_samples / $kvgate_vote_answer and the kvgate_sc_* metrics.
@@ -279,6 +280,31 @@ my ($plain_texts, $plain_answer);
     ok($n && $n < 10, "  $n samples drawn");
     is_deeply([ sort { $a <=> $b } keys %seen ], [ 0 .. $n - 1 ], '  only they appear');
     is_deeply([ sort { $a <=> $b } keys %role ], [ 0 .. $n - 1 ], '  each opened with the role');
+}
+
+# ---- stopped_early means samples were saved ----------------------------------------------------
+
+{
+    # All 16 at once (no min_samples): a vote decided mid-way cancels the samples still
+    # running, and a cancel may cross its sample's end, which then runs in full.
+    # stopped_early (and the early-stops counter) must say a sample was cancelled or
+    # never drawn, not merely that the decision came before the last one finished.
+    my $m0 = $g->metrics;
+    my $early = 0;
+    for my $seed (1 .. 6) {
+        my $r = $g->completion({ prompt => $story, max_tokens => 24, temperature => 0.7, n => 16, seed => $seed,
+                                 kvgate => { vote => 'majority', answer_pattern => $names } });
+        my $k = $r->{json}{kvgate} // {};
+        my @cancelled = grep { $_->{finish_reason} eq 'cancelled' } @{ $r->{json}{choices} // [] };
+        my $saved = @cancelled || ($k->{samples} // 0) < 16 ? 1 : 0;
+        is($k->{stopped_early} ? 1 : 0, $saved, "seed $seed: stopped_early " . ($saved ? 'true' : 'false')
+           . ' (' . scalar(@cancelled) . " cancelled, $k->{samples} drawn)");
+        $early += $saved;
+    }
+    my $want = $g->metric($m0, 'kvgate_sc_early_stops_total') + $early;
+    my $m1 = $g->wait_metrics(sub { $g->metric($_[0], 'kvgate_sc_requests_total')
+                                    >= $g->metric($m0, 'kvgate_sc_requests_total') + 6 }, 'the six votes counted');
+    is($g->metric($m1, 'kvgate_sc_early_stops_total'), $want, "  kvgate_sc_early_stops_total grew by $early");
 }
 
 # ---- the document is prefilled once ---------------------------------------------------------------

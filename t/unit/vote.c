@@ -278,16 +278,30 @@ static void test_early(void)
     fin(s, 1, "a");
     a = fin(s, 2, "a");
     ok(a.decided && a.draw == 0 && a.cancel_mask == 0x18u, "decided mid-way: cancel the running 3, 4");
-    ok(kvg_sc_decided(s) && kvg_sc_stopped_early(s) && kvg_sc_samples_run(s) == 5,
-       "stopped early, all 5 had been drawn");
+    ok(kvg_sc_decided(s) && !kvg_sc_stopped_early(s) && kvg_sc_samples_run(s) == 5,
+       "decided, all 5 drawn, no cancel reported yet: not stopped early");
     a = fin_cancel(s, 3, "a");
     ok(a.decided && a.cancel_mask == 0 && a.draw == 0, "the cancelled one reports: nothing more");
+    ok(kvg_sc_stopped_early(s), "a sample finished cancelled: stopped early");
     a = fin(s, 4, "b");
     ok(a.decided && a.cancel_mask == 0, "one whose cancel crossed its end still votes");
     answer_is(s, "a", "the decision stands");
     kvg_sc_answer_at(s, 0, NULL, NULL, &cnt, NULL);
     is_int(cnt, 3, "the cancelled sample did not vote");
     is_int(kvg_sc_n_answers(s), 2, "the late one did");
+    kvg_sc_free(s);
+
+    /* decided mid-way, but both cancels cross their samples' ends: every
+       sample ran in full, nothing was saved */
+    s = mk(KVG_VOTE_MAJORITY, 5, 0, 0, 0.5);
+    fin(s, 0, "a");
+    fin(s, 1, "a");
+    a = fin(s, 2, "a");
+    ok(a.decided && a.cancel_mask == 0x18u, "decided with 3, 4 running: cancel both");
+    fin(s, 3, "b");
+    fin(s, 4, "a");
+    ok(kvg_sc_decided(s) && !kvg_sc_stopped_early(s) && kvg_sc_samples_run(s) == 5,
+       "both finished normally: not stopped early");
     kvg_sc_free(s);
 
     /* margin == R is not enough */
@@ -343,7 +357,10 @@ static void test_early(void)
     s = mk(KVG_VOTE_MAJORITY, 5, 0, 0, 1.0);
     fin(s, 0, "a");
     fin(s, 1, "a");
-    ok(fin(s, 2, "a").decided && kvg_sc_stopped_early(s), "agreement 1.0, unanimous: early");
+    ok(fin(s, 2, "a").decided, "agreement 1.0, unanimous: decided");
+    fin_cancel(s, 3, NULL);
+    fin_cancel(s, 4, NULL);
+    ok(kvg_sc_stopped_early(s), "agreement 1.0, unanimous: the rest cancelled, early");
     kvg_sc_free(s);
 }
 
