@@ -24,9 +24,9 @@ BUILD   ?= build
 # The build in `make test` runs on every core (the suite itself runs its tests one at a
 # time: several at once load the machine, and tests that wait for servers get slower).
 NPROC   := $(shell nproc 2>/dev/null || echo 2)
-PKGS    := jansson libcrypto libutf8proc
+PKGS    := jansson libcrypto libutf8proc libpcre2-8
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -ljansson -lcrypto -lutf8proc)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -ljansson -lcrypto -lutf8proc -lpcre2-8)
 
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 BASE_CFLAGS := -std=gnu11 -g -fPIC -D_GNU_SOURCE -Isrc $(PKG_CFLAGS) $(WARN)

@@ -159,6 +159,10 @@ ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
                                     ctx->completion_tokens);
     }
 
+    if (ctx->answer_refused) {
+        (void) ngx_atomic_fetch_add(&sh->sc_pattern_refusals, 1);
+    }
+
     if (ctx->sc && ctx->usage_set) {
         (void) ngx_atomic_fetch_add(&sh->sc_requests, 1);
         (void) ngx_atomic_fetch_add(&sh->sc_samples_asked, ctx->n_choices);

@@ -71,6 +71,8 @@ typedef struct {
     ngx_atomic_t            sc_samples_asked;
     ngx_atomic_t            sc_samples_run;
     ngx_atomic_t            sc_early_stops;
+    /* those refused because their answer_pattern ran out of its steps */
+    ngx_atomic_t            sc_pattern_refusals;
 } ngx_http_kvgate_shctx_t;
 
 

@@ -41,6 +41,15 @@ static char *ngx_http_kvgate_buckets(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_kvgate_normalize(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_kvgate_answer_steps(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_kvgate_tenant_slot(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static ngx_uint_t ngx_http_kvgate_is_prefix_location(
+    ngx_http_core_loc_conf_t *clcf);
+static ngx_int_t ngx_http_kvgate_note_server(ngx_conf_t *cf,
+    ngx_http_core_loc_conf_t *clcf);
+static ngx_int_t ngx_http_kvgate_server_error_pages(ngx_conf_t *cf);
 static char *ngx_http_kvgate_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
@@ -152,7 +161,7 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
 
     { ngx_string("kvgate_tenant"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_set_complex_value_slot,
+      ngx_http_kvgate_tenant_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, tenant),
       NULL },
@@ -219,6 +228,13 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, max_n),
       &ngx_http_kvgate_max_n_bounds },
+
+    { ngx_string("kvgate_answer_pattern_steps"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_kvgate_answer_steps,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
 
     { ngx_string("kvgate_max_unsent"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -430,6 +446,8 @@ static ngx_int_t  ngx_http_kvgate_core_errors[] = {
     NGX_HTTP_REQUEST_TIME_OUT,
     NGX_HTTP_LENGTH_REQUIRED,
     NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
+    NGX_HTTP_REQUEST_URI_TOO_LARGE,
+    NGX_HTTP_REQUEST_HEADER_TOO_LARGE,
     NGX_HTTP_INTERNAL_SERVER_ERROR,
     0
 };
@@ -466,8 +484,18 @@ ngx_http_kvgate_error_page(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
         break;
 
     case NGX_HTTP_BAD_REQUEST:
-        msg = "The HTTP request is malformed (for example an invalid chunked "
-              "body)";
+        msg = "The HTTP request is malformed (its request line, its headers, "
+              "or its chunked body)";
+        break;
+
+    case NGX_HTTP_REQUEST_URI_TOO_LARGE:
+        msg = "The request line is too long";
+        break;
+
+    case NGX_HTTP_REQUEST_HEADER_TOO_LARGE:
+        /* nginx's own code, answered as 400 on the wire, as nginx does */
+        r->err_status = NGX_HTTP_BAD_REQUEST;
+        msg = "The request's headers are too large";
         break;
 
     default:
@@ -494,7 +522,8 @@ typedef enum {
     NGX_HTTP_KVGATE_VAR_ROUTE_KEY,
     NGX_HTTP_KVGATE_VAR_SAMPLES,
     NGX_HTTP_KVGATE_VAR_VOTE_ANSWER,
-    NGX_HTTP_KVGATE_VAR_ENGINE
+    NGX_HTTP_KVGATE_VAR_ENGINE,
+    NGX_HTTP_KVGATE_VAR_ANSWER_STEPS
 } ngx_http_kvgate_var_e;
 
 
@@ -644,6 +673,17 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
         n = kvg_sc_samples_run(ctx->sc);
         break;
 
+    case NGX_HTTP_KVGATE_VAR_ANSWER_STEPS:
+        /* self-consistency: the answer_pattern's matching steps over the
+           samples (empty without a pattern) */
+        if (ctx->answer_re == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        n = (ngx_uint_t) kvg_answer_re_steps(ctx->answer_re);
+        break;
+
     case NGX_HTTP_KVGATE_VAR_ENGINE:
         /* the engine the request was routed to (its name) */
         if (!ctx->routed || ctx->engine.engine == NULL) {
@@ -734,6 +774,9 @@ static ngx_http_variable_t  ngx_http_kvgate_vars[] = {
     { ngx_string("kvgate_engine"), NULL, ngx_http_kvgate_variable,
       NGX_HTTP_KVGATE_VAR_ENGINE, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
+    { ngx_string("kvgate_answer_steps"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_ANSWER_STEPS, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
       ngx_http_null_variable
 };
 
@@ -789,11 +832,23 @@ ngx_http_kvgate_postconfiguration(ngx_conf_t *cf)
 
     *h = ngx_http_kvgate_log_handler;
 
+    if (ngx_http_kvgate_server_error_pages(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     return ngx_http_kvgate_request_init(cf);
 }
 
 
 /* ---- configuration ---- */
+
+/* A server with a kvgate_pass location, and that location's URI. */
+
+typedef struct {
+    ngx_http_core_srv_conf_t    *cscf;
+    ngx_str_t                    uri;
+} ngx_http_kvgate_server_t;
+
 
 /* A kvgate_pass, to be given its group once the http block is read. */
 
@@ -832,7 +887,9 @@ ngx_http_kvgate_create_main_conf(ngx_conf_t *cf)
         || ngx_array_init(&kmcf->groups, cf->pool, 4,
                           sizeof(ngx_http_kvgate_group_t *)) != NGX_OK
         || ngx_array_init(&kmcf->refs, cf->pool, 4,
-                          sizeof(ngx_http_kvgate_ref_t)) != NGX_OK)
+                          sizeof(ngx_http_kvgate_ref_t)) != NGX_OK
+        || ngx_array_init(&kmcf->servers, cf->pool, 2,
+                          sizeof(ngx_http_kvgate_server_t)) != NGX_OK)
     {
         return NULL;
     }
@@ -939,6 +996,8 @@ ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf)
     klcf->max_tokens = NGX_CONF_UNSET;
     klcf->max_n = NGX_CONF_UNSET;
     klcf->route_blocks = NGX_CONF_UNSET;
+    klcf->answer_sample_steps = NGX_CONF_UNSET;
+    klcf->answer_request_steps = NGX_CONF_UNSET;
     klcf->max_unsent = NGX_CONF_UNSET_SIZE;
     klcf->thread_min_bytes = NGX_CONF_UNSET_SIZE;
 
@@ -947,28 +1006,21 @@ ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf)
 
 
 /*
- * Adds error_page entries for the statuses nginx answers by itself, pointing
- * back to this location (which then renders them as OpenAI errors), unless
- * the configuration has its own error_page for them. The array may be
- * inherited from the parent, so it is copied, never changed in place.
+ * Adds error_page entries for the statuses nginx answers by itself to clcf,
+ * pointing to uri, a kvgate_pass location (which then renders them as OpenAI
+ * errors), unless the configuration has its own error_page for them. The
+ * array may be inherited from the parent, so it is copied, never changed in
+ * place.
  */
 
 static char *
-ngx_http_kvgate_add_error_pages(ngx_conf_t *cf, ngx_http_core_loc_conf_t *clcf)
+ngx_http_kvgate_add_error_pages(ngx_conf_t *cf, ngx_http_core_loc_conf_t *clcf,
+    ngx_str_t *uri)
 {
     ngx_int_t             *s;
     ngx_uint_t             i, have;
     ngx_array_t           *pages;
     ngx_http_err_page_t   *err, *old;
-
-    if (clcf->named || clcf->noname
-#if (NGX_PCRE)
-        || clcf->regex
-#endif
-        || clcf->name.len == 0 || clcf->name.data[0] != '/')
-    {
-        return NGX_CONF_OK;
-    }
 
     pages = ngx_array_create(cf->pool, 8, sizeof(ngx_http_err_page_t));
     if (pages == NULL) {
@@ -1011,7 +1063,7 @@ ngx_http_kvgate_add_error_pages(ngx_conf_t *cf, ngx_http_core_loc_conf_t *clcf)
         ngx_memzero(err, sizeof(ngx_http_err_page_t));
         err->status = *s;
         err->overwrite = -1;
-        err->value.value = clcf->name;
+        err->value.value = *uri;
     }
 
     clcf->error_pages = pages;
@@ -1033,7 +1085,12 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
      * belongs to the location it is written in.
      */
 
-    ngx_conf_merge_ptr_value(conf->tenant, prev->tenant, NULL);
+    if (conf->tenant == NGX_CONF_UNSET_PTR) {
+        conf->tenant = prev->tenant == NGX_CONF_UNSET_PTR ? NULL
+                                                          : prev->tenant;
+        conf->tenant_headers = prev->tenant_headers;
+    }
+
     ngx_conf_merge_value(conf->tenant_required, prev->tenant_required, 0);
     ngx_conf_merge_str_value(conf->default_tenant, prev->default_tenant,
                              "default");
@@ -1048,6 +1105,11 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_value(conf->max_tokens, prev->max_tokens, 0);
     ngx_conf_merge_value(conf->max_n, prev->max_n, KVG_PROTO_MAX_N);
     ngx_conf_merge_value(conf->route_blocks, prev->route_blocks, 8);
+    ngx_conf_merge_value(conf->answer_sample_steps, prev->answer_sample_steps,
+                         KVG_ANSWER_RE_SAMPLE_STEPS);
+    ngx_conf_merge_value(conf->answer_request_steps,
+                         prev->answer_request_steps,
+                         KVG_ANSWER_RE_REQUEST_STEPS);
     ngx_conf_merge_size_value(conf->max_unsent, prev->max_unsent, 32 * 1024);
 
     /*
@@ -1093,12 +1155,105 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
         conf->max_body = clcf->client_max_body_size;
 
-        if (ngx_http_kvgate_add_error_pages(cf, clcf) != NGX_CONF_OK) {
-            return NGX_CONF_ERROR;
+        if (ngx_http_kvgate_is_prefix_location(clcf)) {
+            if (ngx_http_kvgate_add_error_pages(cf, clcf, &clcf->name)
+                != NGX_CONF_OK)
+            {
+                return NGX_CONF_ERROR;
+            }
+
+            if (ngx_http_kvgate_note_server(cf, clcf) != NGX_OK) {
+                return NGX_CONF_ERROR;
+            }
         }
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* A location error_page can send a request to: a plain prefix location. */
+
+static ngx_uint_t
+ngx_http_kvgate_is_prefix_location(ngx_http_core_loc_conf_t *clcf)
+{
+    return !(clcf->named || clcf->noname
+#if (NGX_PCRE)
+             || clcf->regex
+#endif
+             || clcf->name.len == 0 || clcf->name.data[0] != '/');
+}
+
+
+/*
+ * The server of the kvgate_pass location being merged (while locations are
+ * merged, cf->ctx's srv_conf is their server's), noted once with the
+ * location's URI for ngx_http_kvgate_server_error_pages().
+ */
+
+static ngx_int_t
+ngx_http_kvgate_note_server(ngx_conf_t *cf, ngx_http_core_loc_conf_t *clcf)
+{
+    ngx_uint_t                    i;
+    ngx_http_kvgate_server_t     *srv;
+    ngx_http_core_srv_conf_t     *cscf;
+    ngx_http_kvgate_main_conf_t  *kmcf;
+
+    kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvgate_module);
+    cscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_core_module);
+
+    srv = kmcf->servers.elts;
+
+    for (i = 0; i < kmcf->servers.nelts; i++) {
+        if (srv[i].cscf == cscf) {
+            return NGX_OK;
+        }
+    }
+
+    srv = ngx_array_push(&kmcf->servers);
+    if (srv == NULL) {
+        return NGX_ERROR;
+    }
+
+    srv->cscf = cscf;
+    srv->uri = clcf->name;
+
+    return NGX_OK;
+}
+
+
+/*
+ * nginx refuses some requests before it picks a location (a malformed
+ * request line or headers, Content-Length and Transfer-Encoding together,
+ * %00 in the URI, headers too large) and answers them with its server-level
+ * error pages: HTML. In a server that holds a kvgate_pass location they go
+ * to that location as error_page entries of the server itself, added once
+ * every location is merged (so no location inherits them), unless the
+ * server has its own error_page for the status.
+ */
+
+static ngx_int_t
+ngx_http_kvgate_server_error_pages(ngx_conf_t *cf)
+{
+    ngx_uint_t                    i;
+    ngx_http_kvgate_server_t     *srv;
+    ngx_http_core_loc_conf_t     *clcf;
+    ngx_http_kvgate_main_conf_t  *kmcf;
+
+    kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvgate_module);
+    srv = kmcf->servers.elts;
+
+    for (i = 0; i < kmcf->servers.nelts; i++) {
+        clcf = srv[i].cscf->ctx->loc_conf[ngx_http_core_module.ctx_index];
+
+        if (ngx_http_kvgate_add_error_pages(cf, clcf, &srv[i].uri)
+            != NGX_CONF_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
 }
 
 
@@ -1717,6 +1872,60 @@ ngx_http_kvgate_check_num_bounds(ngx_conf_t *cf, void *post, void *data)
 }
 
 
+/*
+ * kvgate_answer_pattern_steps SAMPLE [REQUEST]: the matching steps one
+ * sample's answer_pattern may take, and all of a request's samples together
+ * (answer_re.h: ~5 ns a step with PCRE2's JIT, so the default million holds
+ * the event loop ~5 ms at most). REQUEST defaults to four samples' worth.
+ */
+
+static char *
+ngx_http_kvgate_answer_steps(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_kvgate_loc_conf_t *klcf = conf;
+
+    ngx_int_t   n[2];
+    ngx_str_t  *value;
+    ngx_uint_t  i;
+
+    if (klcf->answer_sample_steps != NGX_CONF_UNSET) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+        n[i - 1] = ngx_atoi(value[i].data, value[i].len);
+
+        if (n[i - 1] == NGX_ERROR || n[i - 1] < 1000
+            || n[i - 1] > 1000000000)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid value \"%V\" in \"%V\" directive, "
+                               "it must be an integer from 1000 to "
+                               "1000000000", &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (cf->args->nelts == 2) {
+        n[1] = n[0] <= 250000000 ? 4 * n[0] : 1000000000;
+
+    } else if (n[1] < n[0]) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "a request's steps must be at least one "
+                           "sample's (%i)", &value[2], &cmd->name, n[0]);
+        return NGX_CONF_ERROR;
+    }
+
+    klcf->answer_sample_steps = n[0];
+    klcf->answer_request_steps = n[1];
+
+    return NGX_CONF_OK;
+}
+
+
 /* ngx_conf_set_msec_slot() with a message that says what a time looks like. */
 
 static char *
@@ -1811,6 +2020,91 @@ ngx_http_kvgate_check_cache_ttl(ngx_conf_t *cf, void *post, void *data)
                        "\"kvgate_cache_ttl\" is longer than 1000 hours");
 
     return NGX_CONF_ERROR;
+}
+
+
+/*
+ * kvgate_tenant: a complex value, as ngx_http_set_complex_value_slot() makes
+ * it; and the request headers it reads ($http_NAME or ${http_NAME}), noted so
+ * that a request carrying one of them twice can be refused. nginx's
+ * $http_NAME is the first such header: behind a proxy that appends its own
+ * X-Tenant-Id, the client's copy would name the tenant.
+ */
+
+static char *
+ngx_http_kvgate_tenant_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_kvgate_loc_conf_t *klcf = conf;
+
+    char       *rv;
+    u_char     *p, *end, *name;
+    ngx_str_t  *value, *h;
+
+    rv = ngx_http_set_complex_value_slot(cf, cmd, conf);
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    value = cf->args->elts;
+    p = value[1].data;
+    end = p + value[1].len;
+
+    while (p < end) {
+        p = ngx_strlchr(p, end, '$');
+        if (p == NULL) {
+            break;
+        }
+
+        p++;
+
+        if (p < end && *p == '{') {
+            p++;
+        }
+
+        if ((size_t) (end - p) <= sizeof("http_") - 1
+            || ngx_strncmp(p, "http_", sizeof("http_") - 1) != 0)
+        {
+            continue;
+        }
+
+        p += sizeof("http_") - 1;
+        name = p;
+
+        while (p < end && (*p == '_' || (*p >= '0' && *p <= '9')
+                           || (*p >= 'a' && *p <= 'z')
+                           || (*p >= 'A' && *p <= 'Z')))
+        {
+            p++;
+        }
+
+        if (p == name) {
+            continue;
+        }
+
+        if (klcf->tenant_headers == NULL) {
+            klcf->tenant_headers = ngx_array_create(cf->pool, 1,
+                                                    sizeof(ngx_str_t));
+            if (klcf->tenant_headers == NULL) {
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        h = ngx_array_push(klcf->tenant_headers);
+        if (h == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        h->len = p - name;
+        h->data = ngx_pnalloc(cf->pool, h->len);
+        if (h->data == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        /* variable names are case-insensitive: nginx lowercases them */
+        ngx_strlow(h->data, name, h->len);
+    }
+
+    return NGX_CONF_OK;
 }
 
 

@@ -33,6 +33,7 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+#include "answer_re.h"
 #include "api_error.h"
 #include "buckets.h"
 #include "client.h"
@@ -81,6 +82,11 @@ typedef struct {
     ngx_shm_zone_t            *shm_zone;         /* shared counters */
 
     ngx_msec_t                 connect_wait;     /* kvgate_connect_wait */
+
+    /* the servers holding a kvgate_pass location, each with the first such
+       location's URI: nginx's own refusals before a location is chosen are
+       sent there to become OpenAI errors (ngx_http_kvgate_server_t) */
+    ngx_array_t                servers;
 } ngx_http_kvgate_main_conf_t;
 
 
@@ -89,6 +95,10 @@ typedef struct {
     ngx_http_kvgate_group_t   *group;             /* kvgate_pass's */
 
     ngx_http_complex_value_t  *tenant;
+    /* the request headers kvgate_tenant reads ($http_NAME: each NAME, as
+       nginx compares it: lowercase, '-' written '_'); a request carrying
+       one of them twice is refused */
+    ngx_array_t               *tenant_headers;    /* ngx_str_t */
     ngx_flag_t                 tenant_required;
     ngx_str_t                  default_tenant;
 
@@ -103,6 +113,10 @@ typedef struct {
     ngx_int_t                  max_tokens;        /* 0: up to the context */
     ngx_int_t                  max_n;
     ngx_int_t                  route_blocks;
+    /* kvgate_answer_pattern_steps: the matching steps one sample's and one
+       request's answer_pattern may take (answer_re.h) */
+    ngx_int_t                  answer_sample_steps;
+    ngx_int_t                  answer_request_steps;
     off_t                      max_body;          /* client_max_body_size */
     size_t                     max_unsent;        /* kvgate_max_unsent */
 
@@ -214,13 +228,15 @@ struct ngx_http_kvgate_ctx_s {
                                                      does not read */
 
     /* self-consistency (the body's "kvgate" object had a "vote"): the wave
-       driver (libkvgate's kvg_sc, freed by the request's cleanup), the
-       compiled answer_pattern (NULL: the default extractor; in r->pool),
+       driver and the compiled answer_pattern with its step budget
+       (libkvgate's kvg_sc and kvg_answer_re, both freed by the request's
+       cleanup; answer_re NULL: the default extractor),
        and how many samples have been drawn (always a prefix of the indices:
        the engine starts samples in index order) */
     kvg_sc                    *sc;
-    ngx_regex_t               *answer_re;
+    kvg_answer_re             *answer_re;
     ngx_uint_t                 sc_drawn;
+    ngx_uint_t                 answer_refused;    /* out of steps: the 422 */
 
     /* a stream's output buffers (ngx_http_kvgate_response.c), recycled so
        that what the client has taken is reused, not kept in r->pool until
@@ -313,17 +329,21 @@ void ngx_http_kvgate_prompt_free(ngx_http_kvgate_ctx_t *ctx);
 ngx_int_t ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 
-/* The answer_pattern of a request with a vote, compiled with ngx_regex into
-   ctx->answer_re (nothing when the request has none): NGX_OK, or NGX_ERROR
-   with a 400 naming "kvgate.answer_pattern" in *err (it does not compile,
-   or it has not exactly one capture group). In the event loop. */
+/* The answer_pattern of a request with a vote, compiled into
+   ctx->answer_re with the location's step budget (nothing when the request
+   has none): NGX_OK, or NGX_ERROR with a 400 naming
+   "kvgate.answer_pattern" in *err (it does not compile, or it has not
+   exactly one capture group). */
 ngx_int_t ngx_http_kvgate_answer_compile(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err);
 /* A finished sample's answer, extracted (capture 1 of the LAST match of
    ctx->answer_re in its text, else the default extractor) and normalized
-   into out (NUL-terminated): its length, 0 when it has none. */
-size_t ngx_http_kvgate_answer_extract(ngx_http_kvgate_ctx_t *ctx,
-    const u_char *text, size_t len, char *out, size_t cap);
+   into out (NUL-terminated): NGX_OK with *len its length (0 when it has
+   none), or NGX_ERROR with a 422 in *err when the pattern ran out of its
+   budget (the request cannot be answered). */
+ngx_int_t ngx_http_kvgate_answer_extract(ngx_http_kvgate_ctx_t *ctx,
+    const u_char *text, size_t len, char *out, size_t cap, size_t *out_len,
+    kvg_api_error *err);
 
 /* ngx_http_kvgate_status.c */
 ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);

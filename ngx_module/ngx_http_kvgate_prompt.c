@@ -437,14 +437,93 @@ ngx_http_kvgate_chat_tokens(ngx_http_kvgate_ctx_t *ctx,
 }
 
 
+/*
+ * How many of the request's headers $http_<name> would read: nginx compares
+ * the header's name lowercased, with '-' as '_'.
+ */
+
+static ngx_uint_t
+ngx_http_kvgate_header_count(ngx_http_request_t *r, ngx_str_t *name)
+{
+    u_char            ch;
+    ngx_uint_t        i, k, n;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    n = 0;
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len != name->len) {
+            continue;
+        }
+
+        for (k = 0; k < name->len; k++) {
+            ch = ngx_tolower(h[i].key.data[k]);
+
+            if (ch == '-') {
+                ch = '_';
+            }
+
+            if (ch != name->data[k]) {
+                break;
+            }
+        }
+
+        if (k == name->len) {
+            n++;
+        }
+    }
+
+    return n;
+}
+
+
 static ngx_int_t
 ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, kvg_api_error *err)
 {
-    u_char     *salt;
-    ngx_str_t   t;
+    u_char      *salt;
+    ngx_str_t    t, *name;
+    ngx_uint_t   i, n;
 
     ngx_str_null(&t);
+
+    /*
+     * A tenant header given twice is refused, not resolved: nginx's
+     * $http_<name> reads the first one, which behind a proxy that appends
+     * its own is the client's.
+     */
+
+    if (klcf->tenant_headers) {
+        name = klcf->tenant_headers->elts;
+
+        for (i = 0; i < klcf->tenant_headers->nelts; i++) {
+            n = ngx_http_kvgate_header_count(r, &name[i]);
+
+            if (n > 1) {
+                kvg_api_error_set(err, 400, "invalid_tenant", NULL,
+                                  "The request carries the tenant header "
+                                  "(kvgate_tenant $http_%.*s) %u times: a "
+                                  "tenant is given once",
+                                  (int) name[i].len, name[i].data,
+                                  (unsigned) n);
+                return NGX_ERROR;
+            }
+        }
+    }
 
     if (klcf->tenant != NULL
         && ngx_http_complex_value(r, klcf->tenant, &t) != NGX_OK)
@@ -1233,178 +1312,69 @@ ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
 /* ---- self-consistency: the answer of a sample ---- */
 
 /*
- * The answer_pattern is compiled with nginx's own regex engine (PCRE2 in
- * this build), once per request, in the event loop: ngx_regex_compile keeps
- * a process-wide compile context and allocates from the pool it is given,
- * neither of which a prompt task in a thread may touch.
+ * The answer_pattern is compiled by libkvgate over PCRE2 (answer_re.h), not
+ * ngx_regex: every match is counted against a budget of steps, per sample
+ * and per request, since the pattern is the client's and runs in the event
+ * loop, where a backtracking one would stall every other request of the
+ * worker.
  */
 
 ngx_int_t
 ngx_http_kvgate_answer_compile(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 {
-    u_char               errstr[NGX_MAX_CONF_ERRSTR];
-    ngx_regex_compile_t  rc;
+    ngx_http_kvgate_loc_conf_t  *klcf;
 
-    ctx->answer_re = NULL;
+    if (ctx->answer_re) {
+        /* prepared again (it waited for the handshake): start afresh */
+        kvg_answer_re_free(ctx->answer_re);
+        ctx->answer_re = NULL;
+    }
 
     if (!ctx->req->has_vote || ctx->req->answer_pattern == NULL) {
         return NGX_OK;
     }
 
-    ngx_memzero(&rc, sizeof(ngx_regex_compile_t));
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
 
-    rc.pattern.data = (u_char *) ctx->req->answer_pattern;
-    rc.pattern.len = ctx->req->answer_pattern_len;
-    rc.pool = r->pool;
-    rc.err.len = NGX_MAX_CONF_ERRSTR;
-    rc.err.data = errstr;
+    ctx->answer_re = kvg_answer_re_new(ctx->req->answer_pattern,
+                                       ctx->req->answer_pattern_len,
+                                       (uint64_t) klcf->answer_sample_steps,
+                                       (uint64_t) klcf->answer_request_steps,
+                                       err);
 
-    if (ngx_regex_compile(&rc) != NGX_OK) {
-        kvg_api_error_set(err, 400, "invalid_value", "kvgate.answer_pattern",
-                          "Invalid 'kvgate.answer_pattern': %.*s",
-                          (int) rc.err.len, rc.err.data);
-        return NGX_ERROR;
-    }
-
-    if (rc.captures != 1) {
-        kvg_api_error_set(err, 400, "invalid_value", "kvgate.answer_pattern",
-                          "Invalid 'kvgate.answer_pattern': it must have "
-                          "exactly one capture group (the answer), it has "
-                          "%d.", (int) rc.captures);
-        return NGX_ERROR;
-    }
-
-    ctx->answer_re = rc.regex;
-
-    return NGX_OK;
+    return ctx->answer_re ? NGX_OK : NGX_ERROR;
 }
 
 
-#if (NGX_PCRE2)
-
-/*
- * Capture 1 of the last match of re in [text, text + len): matches are
- * looked for one after the other from the start, each from where the one
- * before ended (one byte further after an empty match), so anchors and
- * lookbehinds see the whole text, as in a global search. ngx_regex_exec()
- * has no start offset, hence pcre2_match() itself (ngx_regex_t is PCRE2's
- * code in this build). 1 with *ans set, 0 when no match has capture 1 set.
- */
-
-static ngx_int_t
-ngx_http_kvgate_last_capture(ngx_regex_t *re, const u_char *text, size_t len,
-    const u_char **ans, size_t *ans_len)
-{
-    int                rc;
-    size_t             start, next, *ov;
-    ngx_int_t          found;
-    pcre2_match_data  *md;
-
-    /* Not _from_pattern: that allocates through the pattern's memory context,
-       which nginx points at a pool that exists only while compiling (it
-       returns NULL afterwards). Two pairs: the match and capture 1. */
-    md = pcre2_match_data_create(2, NULL);
-    if (md == NULL) {
-        return 0;
-    }
-
-    found = 0;
-    start = 0;
-
-    while (start <= len) {
-        rc = pcre2_match(re, text, len, start, 0, md, NULL);
-        if (rc < 0) {
-            break;
-        }
-
-        ov = pcre2_get_ovector_pointer(md);
-
-        if (rc >= 2 && ov[2] != PCRE2_UNSET) {
-            *ans = text + ov[2];
-            *ans_len = ov[3] - ov[2];
-            found = 1;
-        }
-
-        next = ov[1] > ov[0] ? ov[1] : ov[1] + 1;
-
-        if (next <= start) {
-            break;     /* no progress (\K can do that): the last one */
-        }
-
-        start = next;
-    }
-
-    pcre2_match_data_free(md);
-
-    return found;
-}
-
-#else
-
-/* Without PCRE2: ngx_regex_exec() over what follows each match. */
-
-static ngx_int_t
-ngx_http_kvgate_last_capture(ngx_regex_t *re, const u_char *text, size_t len,
-    const u_char **ans, size_t *ans_len)
-{
-    int        cap[6];
-    size_t     start;
-    ngx_int_t  rc, found;
-    ngx_str_t  s;
-
-    found = 0;
-    start = 0;
-
-    while (start <= len) {
-        s.data = (u_char *) text + start;
-        s.len = len - start;
-
-        rc = ngx_regex_exec(re, &s, cap, 6);
-        if (rc < 0) {
-            break;
-        }
-
-        if (rc >= 2 && cap[2] >= 0) {
-            *ans = s.data + cap[2];
-            *ans_len = (size_t) (cap[3] - cap[2]);
-            found = 1;
-        }
-
-        start += cap[1] > cap[0] ? (size_t) cap[1] : (size_t) cap[1] + 1;
-    }
-
-    return found;
-}
-
-#endif
-
-
-size_t
+ngx_int_t
 ngx_http_kvgate_answer_extract(ngx_http_kvgate_ctx_t *ctx,
-    const u_char *text, size_t len, char *out, size_t cap)
+    const u_char *text, size_t len, char *out, size_t cap, size_t *out_len,
+    kvg_api_error *err)
 {
-    size_t         ans_len;
-    const char    *a;
-    const u_char  *ans;
+    int          rc;
+    size_t       ans_len;
+    const char  *ans;
 
+    *out_len = 0;
     ans = NULL;
     ans_len = 0;
 
     if (ctx->answer_re) {
-        if (!ngx_http_kvgate_last_capture(ctx->answer_re, text, len, &ans,
-                                          &ans_len))
-        {
-            return 0;
+        rc = kvg_answer_re_last(ctx->answer_re, (const char *) text, len,
+                                &ans, &ans_len, err);
+        if (rc < 0) {
+            return NGX_ERROR;
         }
 
     } else {
-        if (!kvg_vote_default_answer((const char *) text, len, &a, &ans_len)) {
-            return 0;
-        }
-
-        ans = (const u_char *) a;
+        rc = kvg_vote_default_answer((const char *) text, len, &ans,
+                                     &ans_len);
     }
 
-    return kvg_vote_normalize((const char *) ans, ans_len, out, cap);
+    if (rc == 1) {
+        *out_len = kvg_vote_normalize(ans, ans_len, out, cap);
+    }
+
+    return NGX_OK;
 }

@@ -57,7 +57,8 @@ static void ngx_http_kvgate_sc_tokens(ngx_http_kvgate_ctx_t *ctx,
 static ngx_int_t ngx_http_kvgate_sc_tail(ngx_http_request_t *r,
     ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev);
 static ngx_int_t ngx_http_kvgate_sc_finished(ngx_http_kvgate_ctx_t *ctx,
-    ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev);
+    ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev,
+    kvg_api_error *err);
 static ngx_int_t ngx_http_kvgate_engine_retry(
     ngx_http_kvgate_engine_req_t *er);
 static ngx_uint_t ngx_http_kvgate_reroute(ngx_http_kvgate_ctx_t *ctx,
@@ -275,6 +276,11 @@ ngx_http_kvgate_cleanup(void *data)
     if (ctx->sc) {
         kvg_sc_free(ctx->sc);
         ctx->sc = NULL;
+    }
+
+    if (ctx->answer_re) {
+        kvg_answer_re_free(ctx->answer_re);
+        ctx->answer_re = NULL;
     }
 
     ngx_http_kvgate_prompt_free(ctx);
@@ -1210,12 +1216,14 @@ ngx_http_kvgate_sc_tail(ngx_http_request_t *r, ngx_http_kvgate_choice_t *ch,
  * A sample finished: its answer votes (a cancelled one does not), and what
  * the wave driver decides goes to the engine: the next wave when nothing
  * runs and the vote is open, or, once it is decided, the cancel of every
- * sample still running or not drawn yet.
+ * sample still running or not drawn yet. NGX_DECLINED with *err set when
+ * the answer_pattern ran out of its budget on this sample.
  */
 
 static ngx_int_t
 ngx_http_kvgate_sc_finished(ngx_http_kvgate_ctx_t *ctx,
-    ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev)
+    ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev,
+    kvg_api_error *err)
 {
     char              answer[NGX_HTTP_KVGATE_SC_ANSWER_MAX];
     size_t            len, tlen;
@@ -1250,8 +1258,17 @@ ngx_http_kvgate_sc_finished(ngx_http_kvgate_ctx_t *ctx,
             }
         }
 
-        len = ngx_http_kvgate_answer_extract(ctx, text, tlen, answer,
-                                             sizeof(answer));
+        if (ngx_http_kvgate_answer_extract(ctx, text, tlen, answer,
+                                           sizeof(answer), &len, err)
+            != NGX_OK)
+        {
+            /* the pattern ran out of its budget: no silent vote without
+               this sample, the request is refused */
+            ngx_log_error(NGX_LOG_INFO, ctx->request->connection->log, 0,
+                          "kvgate: sample %uD: %s", ev->sample, err->message);
+            ctx->answer_refused = 1;
+            return NGX_DECLINED;
+        }
     }
 
     mean = ch->lp_n ? ch->lp_sum / ch->lp_n : 0.0;
@@ -1418,10 +1435,19 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
             }
         }
 
-        if (ctx->sc && ngx_http_kvgate_sc_finished(ctx, ch, ev) != NGX_OK) {
-            ngx_http_kvgate_engine_cancel(&ctx->engine);
-            ngx_http_kvgate_finish(ctx, NGX_ERROR);
-            return;
+        if (ctx->sc) {
+            rc = ngx_http_kvgate_sc_finished(ctx, ch, ev, &err);
+
+            if (rc == NGX_DECLINED) {
+                ngx_http_kvgate_fail(ctx, &err);
+                return;
+            }
+
+            if (rc != NGX_OK) {
+                ngx_http_kvgate_engine_cancel(&ctx->engine);
+                ngx_http_kvgate_finish(ctx, NGX_ERROR);
+                return;
+            }
         }
 
         if (ctx->req->stream) {

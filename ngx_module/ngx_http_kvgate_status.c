@@ -654,12 +654,17 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
         "(started in the engine).\n"
         "# TYPE kvgate_sc_samples_run_total counter\n"
         "kvgate_sc_samples_run_total %uA\n"
-        "# HELP kvgate_sc_early_stops_total Those requests whose vote was "
-        "decided while samples still ran or were not drawn.\n"
+        "# HELP kvgate_sc_early_stops_total Those requests whose decided "
+        "vote saved samples: some were cancelled or never drawn.\n"
         "# TYPE kvgate_sc_early_stops_total counter\n"
-        "kvgate_sc_early_stops_total %uA\n",
+        "kvgate_sc_early_stops_total %uA\n"
+        "# HELP kvgate_sc_answer_pattern_refusals_total Self-consistency "
+        "requests refused (422) because their answer_pattern ran out of "
+        "matching steps (kvgate_answer_pattern_steps).\n"
+        "# TYPE kvgate_sc_answer_pattern_refusals_total counter\n"
+        "kvgate_sc_answer_pattern_refusals_total %uA\n",
         sh->sc_requests, sh->sc_samples_asked, sh->sc_samples_run,
-        sh->sc_early_stops);
+        sh->sc_early_stops, sh->sc_pattern_refusals);
 
     ngx_http_kvgate_engine_stats_lines(r, &t);
 
@@ -1157,11 +1162,12 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
         (json_int_t) sh->backpressure[NGX_HTTP_KVGATE_BP_TIMEOUT]));
 
     json_object_set_new(o, "self_consistency", json_pack(
-        "{s:I, s:I, s:I, s:I}",
+        "{s:I, s:I, s:I, s:I, s:I}",
         "requests", (json_int_t) sh->sc_requests,
         "samples_asked", (json_int_t) sh->sc_samples_asked,
         "samples_run", (json_int_t) sh->sc_samples_run,
-        "early_stops", (json_int_t) sh->sc_early_stops));
+        "early_stops", (json_int_t) sh->sc_early_stops,
+        "answer_pattern_refusals", (json_int_t) sh->sc_pattern_refusals));
 
     json_object_set_new(root, "gateway", o);
 

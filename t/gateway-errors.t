@@ -3,7 +3,10 @@
 # param: invalid JSON and parameters (400), a missing tenant (401), an unknown model or
 # path (404), a wrong method (405), a body over client_max_body_size, declared or
 # chunked (413), a saturated engine (429 + Retry-After), a deadline (504, and an error
-# event in a stream); bodies spilled to temp files still work.
+# event in a stream); bodies spilled to temp files still work; nginx's own refusals
+# before a location is chosen (a malformed request, Content-Length with
+# Transfer-Encoding, %00 in the URI, headers or request line too large) in a server
+# with a kvgate_pass location, unless the server has its own error_page.
 use strict;
 use warnings;
 
@@ -16,7 +19,20 @@ use Test::More;
 use Time::HiRes qw(sleep time);
 use Kvgate::Gateway;
 
-my $g = Kvgate::Gateway->new(locations => <<'EOF');
+# A second server without kvgate (nginx's own pages stay), a third with its own
+# error_page 400 (it wins).
+my $g = Kvgate::Gateway->new(http => <<'EOF0', locations => <<'EOF');
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+        location / { return 204; }
+    }
+    server {
+        listen 127.0.0.1:%%PORT_2%%;
+        error_page 400 /own400;
+        location = /own400 { return 200 "own page"; }
+        location /v1/ { kvgate_pass; }
+    }
+EOF0
         location /strict/v1/ {
             kvgate_pass;
             kvgate_tenant_required on;
@@ -129,6 +145,41 @@ err_is($g->post('/small/v1/completions', { %$ok, prompt => 'x' x 3000 }), 413, '
     ok($r->{json}{usage}{prompt_tokens} > 128, "  all of it read ($r->{json}{usage}{prompt_tokens} prompt tokens)");
     my $direct = $g->post('/v1/completions', { %$ok, prompt => substr($prompt, 0, 1200) });
     is($r->{json}{usage}{prompt_tokens}, $direct->{json}{usage}{prompt_tokens}, '  the same tokens as from memory');
+}
+
+# ---- nginx's own refusals, before a location is chosen ----------------------------------------
+
+{
+    my @raw = (
+        [ 'Content-Length with Transfer-Encoding',
+          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+          400, qr/malformed/ ],
+        [ 'two Content-Length headers',
+          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+          400, qr/malformed/ ],
+        [ '%00 in the URI', "GET /v1/mo%00dels HTTP/1.1\r\nHost: x\r\n\r\n", 400, qr/malformed/ ],
+        [ 'two Host headers', "GET /v1/models HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, qr/malformed/ ],
+        [ 'a request line that is no HTTP', "BAD\r\n\r\n", 400, qr/malformed/ ],
+        [ 'a header line over 8k', "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " . ('a' x 9000) . "\r\n\r\n",
+          400, qr/headers are too large/ ],
+        [ 'a request line over 8k', 'GET /' . ('a' x 9000) . " HTTP/1.1\r\nHost: x\r\n\r\n", 414,
+          qr/request line is too long/ ],
+    );
+    for my $c (@raw) {
+        my ($name, $bytes, $status, $msg) = @$c;
+        my ($resp) = Kvgate::Test->parse_responses($g->t->raw($bytes));
+        $resp //= {};
+        is($resp->{status}, $status, "$name: $status");
+        like($resp->{headers}{'content-type'} // '', qr{^application/json}, '  as JSON');
+        my $j = eval { JSON::PP->new->decode($resp->{body}) } // {};
+        is($j->{error}{type}, 'invalid_request_error', '  an OpenAI error');
+        like($j->{error}{message} // '', $msg, "  message: " . ($j->{error}{message} // ''));
+    }
+    my $bad = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello";
+    my ($other) = Kvgate::Test->parse_responses($g->t->raw($bad, port => $g->t->port(1)));
+    like($other->{headers}{'content-type'} // '', qr{^text/html}, 'a server without kvgate: nginx\'s own page');
+    my ($own) = Kvgate::Test->parse_responses($g->t->raw($bad, port => $g->t->port(2)));
+    is($own->{body}, 'own page', "a server with its own error_page 400: that one");
 }
 
 # ---- 504 ----------------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 # baseline, and a new tenant and the default tenant are served after them; 4,200+
 # distinct tenants with cacheable prompts are all served under pool pressure (their
 # blocks evicted by LRU, the tenants reclaimed with them); and a client naming the
-# default tenant (X-Tenant-Id: default) does not share the anonymous tenant's cache.
+# default tenant (X-Tenant-Id: default) does not share the anonymous tenant's cache;
+# and a request carrying the tenant header twice (whatever the configured header) is
+# refused, never served from the first copy's cache.
 #
 # The load comes from a few forked clients, each on one keep-alive connection with a
 # few requests pipelined, so the run takes seconds. Under KVGATE_ASAN (every part
@@ -41,7 +43,8 @@ my $g = Kvgate::Gateway->new(
     http => "    keepalive_requests 10000000;\n    keepalive_timeout 60s;\n",
     # Cacheable from 32 tokens: 4,200 prefills of 128+ tokens take the CPU a minute;
     # a tenant with two committed blocks lives and goes exactly as one with eight.
-    locations => "        location /short/v1/ { kvgate_pass; kvgate_cache_min_tokens 32; }\n");
+    locations => "        location /short/v1/ { kvgate_pass; kvgate_cache_min_tokens 32; }\n"
+               . "        location /org/v1/ { kvgate_pass; kvgate_tenant \$http_x_org; }\n");
 my $t = $g->t;
 my $port = $t->port(0);
 my $engine_pid = $g->engine->pid;
@@ -260,6 +263,56 @@ ok((grep { ($_->{tenant} // '') eq 'default' } @{ $s3->{tenants} // [] }),
    '  and the tenant named "default" as "default"');
 $g->wait_log(qr/^200 t=default b=128 .* s=miss/);
 ok(!(grep { /t=\x00/ } $t->read_file('logs/kvgate.log') =~ /^.*$/mg), '$kvgate_tenant logs the default tenant by its name');
+
+# ---- the tenant header twice: refused ----------------------------------------------------
+
+# A raw request with the given header lines; (status, decoded body).
+sub raw_post {
+    my ($url, $body, @headers) = @_;
+    my $json = JSON::PP->new->canonical->encode({ model => $Kvgate::Gateway::MODEL, %$body });
+    my $raw = $t->raw("POST $url HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      . join('', map { "$_\r\n" } @headers)
+                      . 'Content-Length: ' . length($json) . "\r\nConnection: close\r\n\r\n$json");
+    my ($status) = $raw =~ m{\AHTTP/1\.[01] (\d{3})};
+    my ($b) = $raw =~ /\r\n\r\n(.*)\z/s;
+    return ($status // 0, eval { JSON::PP->new->decode($b // '') } // {});
+}
+
+{
+    my $victim_doc = "$doc\nQuestion: what did the victim ask?";
+    my $v = $g->completion({ prompt => $victim_doc, max_tokens => 1 }, 'X-Tenant-Id' => 'victim');
+    my $v2 = $g->completion({ prompt => $victim_doc, max_tokens => 1 }, 'X-Tenant-Id' => 'victim');
+    is($v2->{headers}{'x-kvgate-cache'}, 'hit', "the victim's prompt is cached");
+    my $submitted = $g->status->{scheduler}{submitted};
+    for my $case ([ 'X-Tenant-Id: victim', 'X-Tenant-Id: attacker' ],
+                  [ 'X-Tenant-Id: attacker', 'X-Tenant-Id: victim' ],
+                  [ 'X-Tenant-Id: victim', 'x-tenant-id: victim' ],
+                  [ 'X-Tenant-Id: victim', 'X-TENANT-ID: ' ]) {
+        my ($status, $j) = raw_post('/v1/completions', { prompt => $victim_doc, max_tokens => 1 }, @$case);
+        is($status, 400, "'$case->[0]' then '$case->[1]': 400");
+        is($j->{error}{code}, 'invalid_tenant', '  invalid_tenant');
+        like($j->{error}{message} // '', qr/tenant header \(kvgate_tenant \$http_x_tenant_id\) 2 times/,
+             '  the message names the header');
+    }
+    my ($status, $j) = raw_post('/v1/chat/completions',
+                                { messages => [ { role => 'user', content => 'Hi' } ], max_tokens => 1 },
+                                'X-Tenant-Id: victim', 'X-Tenant-Id: attacker');
+    is($status, 400, 'chat, the header twice: 400');
+    is($j->{error}{code}, 'invalid_tenant', '  invalid_tenant');
+    is($g->wait_status(sub { 1 }, 'status')->{scheduler}{submitted}, $submitted, 'the engine saw none of them');
+
+    # the header a location configures is the one checked, whatever its name
+    ($status, $j) = raw_post('/org/v1/completions', { prompt => 'Once upon a time', max_tokens => 1 },
+                             'X-Org: a', 'X-Org: b');
+    is($status, 400, 'kvgate_tenant $http_x_org, X-Org twice: 400');
+    like($j->{error}{message} // '', qr/\$http_x_org\) 2 times/, '  naming $http_x_org');
+    ($status, $j) = raw_post('/org/v1/completions', { prompt => 'Once upon a time', max_tokens => 1 },
+                             'X-Org: a', 'X-Tenant-Id: b', 'X-Tenant-Id: c');
+    is($status, 200, '  X-Org once (X-Tenant-Id twice is not its tenant header there): 200');
+    ($status, $j) = raw_post('/v1/completions', { prompt => $victim_doc, max_tokens => 1 }, 'X-Tenant-Id: victim');
+    is($status, 200, 'the header once: 200');
+    is($j->{usage}{prompt_tokens_details}{cached_tokens} > 0 ? 1 : 0, 1, "  the victim's own cache");
+}
 
 $g->stop;
 done_testing();

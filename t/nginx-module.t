@@ -120,6 +120,12 @@ my @bad = (
     [ 'kvgate_timeout forever;', qr/invalid value "forever" in "kvgate_timeout" directive, it must be a time/, 'kvgate_timeout forever' ],
     [ 'kvgate_cache_ttl soon;', qr/invalid value "soon" in "kvgate_cache_ttl" directive/, 'kvgate_cache_ttl soon' ],
     [ 'kvgate_route_blocks 0;', qr/invalid value "0" in "kvgate_route_blocks" directive/, 'kvgate_route_blocks 0' ],
+    [ 'kvgate_answer_pattern_steps 999;', qr/invalid value "999" in "kvgate_answer_pattern_steps" directive, it must be an integer from 1000 to 1000000000/,
+      'kvgate_answer_pattern_steps 999' ],
+    [ 'kvgate_answer_pattern_steps 5000 4000;', qr/invalid value "4000" in "kvgate_answer_pattern_steps" directive, a request's steps must be at least one sample's \(5000\)/,
+      "kvgate_answer_pattern_steps: a request's below a sample's" ],
+    [ 'kvgate_answer_pattern_steps 1e6;', qr/invalid value "1e6" in "kvgate_answer_pattern_steps" directive/,
+      'kvgate_answer_pattern_steps 1e6' ],
     [ 'kvgate_tenant_required maybe;', qr/invalid value "maybe" in "kvgate_tenant_required" directive/,
       'kvgate_tenant_required maybe' ],
     [ 'kvgate_default_tenant ' . ('t' x 300) . ';', qr/"kvgate_default_tenant" is longer than 255 bytes/,
@@ -136,7 +142,7 @@ conf_fails("$engine\nserver { listen 127.0.0.1:%%PORT%%; location / { kvgate_pas
     my ($rc, $out) = $t->nginx_t(http => "$engine\nkvgate_tenant \$http_x_tenant_id;\nkvgate_tenant_required on;\n"
         . "kvgate_default_tenant anonymous;\nkvgate_cache_min_tokens 256;\nkvgate_buckets 512 4096;\n"
         . "kvgate_normalize newlines trailing;\nkvgate_cache_ttl 10m;\nkvgate_timeout 2m;\nkvgate_max_tokens 4096;\n"
-        . "kvgate_max_n 8;\nkvgate_route_blocks 4;\n"
+        . "kvgate_max_n 8;\nkvgate_route_blocks 4;\nkvgate_answer_pattern_steps 200000 800000;\n"
         . "server { listen 127.0.0.1:%%PORT%%; location /v1/ { kvgate_pass; kvgate_normalize off; }\n"
         . "location = /metrics { kvgate_metrics; } location = /status { kvgate_status; } }");
     is($rc, 0, 'every directive with a good value: nginx -t passes') or diag($out);
