@@ -32,6 +32,11 @@ const char *const  ngx_http_kvgate_cache_names[NGX_HTTP_KVGATE_N_CACHE] = {
 
 
 static ngx_http_kvgate_shctx_t  *ngx_http_kvgate_sh;
+static ngx_slab_pool_t          *ngx_http_kvgate_shpool;
+
+/* this configuration's id, keying its pages (a reload's workers and the old
+   ones share the zone) */
+static uint64_t                  ngx_http_kvgate_conf_id;
 
 
 ngx_http_kvgate_shctx_t *
@@ -46,14 +51,15 @@ ngx_http_kvgate_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 {
     ngx_slab_pool_t  *shpool;
 
+    shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
+    ngx_http_kvgate_shpool = shpool;
+
     if (data) {
         /* a reload: the counters go on */
         shm_zone->data = data;
         ngx_http_kvgate_sh = data;
         return NGX_OK;
     }
-
-    shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
 
     if (shm_zone->shm.exists) {
         shm_zone->data = shpool->data;
@@ -81,7 +87,13 @@ ngx_http_kvgate_metrics_init_zone(ngx_conf_t *cf,
     ngx_str_t  name = ngx_string("kvgate_metrics");
     size_t     size;
 
-    size = sizeof(ngx_http_kvgate_shctx_t) + 16 * ngx_pagesize;
+    /* the counters, and room for the rendered pages (a few of them: a page
+       is some tens of kilobytes) */
+    size = sizeof(ngx_http_kvgate_shctx_t) + 16 * ngx_pagesize
+           + 4 * NGX_HTTP_KVGATE_PAGE_MAX;
+
+    ngx_http_kvgate_conf_id = ((uint64_t) ngx_random() << 32)
+                              ^ (uint64_t) ngx_random() ^ (uintptr_t) kmcf;
 
     kmcf->shm_zone = ngx_shared_memory_add(cf, &name, size,
                                            &ngx_http_kvgate_module);
@@ -313,5 +325,134 @@ ngx_http_kvgate_metrics_backpressure(ngx_uint_t what)
 {
     if (ngx_http_kvgate_sh && what < 3) {
         (void) ngx_atomic_fetch_add(&ngx_http_kvgate_sh->backpressure[what], 1);
+    }
+}
+
+
+/* ---- the rendered pages cache ---- */
+
+void
+ngx_http_kvgate_pages_lock(void)
+{
+    ngx_shmtx_lock(&ngx_http_kvgate_shpool->mutex);
+}
+
+
+void
+ngx_http_kvgate_pages_unlock(void)
+{
+    ngx_shmtx_unlock(&ngx_http_kvgate_shpool->mutex);
+}
+
+
+static ngx_http_kvgate_page_t *
+ngx_http_kvgate_page_find(ngx_http_kvgate_page_key_t *key)
+{
+    ngx_uint_t               i;
+    ngx_http_kvgate_page_t  *pg;
+
+    for (i = 0; i < NGX_HTTP_KVGATE_PAGE_SLOTS; i++) {
+        pg = &ngx_http_kvgate_sh->pages[i];
+
+        if (pg->data && pg->conf == ngx_http_kvgate_conf_id
+            && pg->loc == key->loc && pg->kind == key->kind)
+        {
+            return pg;
+        }
+    }
+
+    return NULL;
+}
+
+
+ngx_int_t
+ngx_http_kvgate_page_copy(ngx_http_kvgate_page_key_t *key, ngx_msec_t refresh,
+    ngx_pool_t *pool, ngx_str_t *page)
+{
+    ngx_http_kvgate_page_t  *pg;
+
+    pg = ngx_http_kvgate_page_find(key);
+
+    /* each worker's clock is its own cached ngx_current_msec: one a little
+       behind the renderer's sees a page from its future, which is fresh */
+
+    if (pg == NULL
+        || (ngx_msec_int_t) (ngx_current_msec - pg->rendered)
+           >= (ngx_msec_int_t) refresh)
+    {
+        return NGX_DECLINED;
+    }
+
+    page->data = ngx_pnalloc(pool, pg->len);
+    if (page->data == NULL) {
+        return NGX_DECLINED;
+    }
+
+    ngx_memcpy(page->data, pg->data, pg->len);
+    page->len = pg->len;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_kvgate_page_store(ngx_http_kvgate_page_key_t *key, ngx_chain_t *in,
+    size_t len)
+{
+    u_char                  *p;
+    ngx_uint_t               i;
+    ngx_http_kvgate_page_t  *pg, *oldest;
+
+    if (len > NGX_HTTP_KVGATE_PAGE_MAX) {
+        return;
+    }
+
+    pg = ngx_http_kvgate_page_find(key);
+
+    if (pg == NULL) {
+        /* a free slot, else the one rendered longest ago (another
+           configuration's first) */
+
+        oldest = NULL;
+
+        for (i = 0; i < NGX_HTTP_KVGATE_PAGE_SLOTS; i++) {
+            pg = &ngx_http_kvgate_sh->pages[i];
+
+            if (pg->data == NULL) {
+                oldest = pg;
+                break;
+            }
+
+            if (oldest == NULL
+                || (pg->conf != ngx_http_kvgate_conf_id
+                    && oldest->conf == ngx_http_kvgate_conf_id)
+                || (ngx_msec_int_t) (pg->rendered - oldest->rendered) < 0)
+            {
+                oldest = pg;
+            }
+        }
+
+        pg = oldest;
+    }
+
+    if (pg->data) {
+        ngx_slab_free_locked(ngx_http_kvgate_shpool, pg->data);
+        pg->data = NULL;
+    }
+
+    p = ngx_slab_alloc_locked(ngx_http_kvgate_shpool, len ? len : 1);
+    if (p == NULL) {
+        return;
+    }
+
+    pg->data = p;
+    pg->len = len;
+    pg->conf = ngx_http_kvgate_conf_id;
+    pg->loc = key->loc;
+    pg->kind = key->kind;
+    pg->rendered = ngx_current_msec;
+
+    for ( /* void */ ; in; in = in->next) {
+        p = ngx_cpymem(p, in->buf->pos, in->buf->last - in->buf->pos);
     }
 }

@@ -25,6 +25,27 @@
 #define NGX_HTTP_KVGATE_ROUTE_REASONS  8
 
 
+/*
+ * A page of kvgate_metrics or kvgate_status as last rendered, kept in the
+ * zone so that every worker serves the same one until it is refresh old:
+ * one location's page of one kind in one configuration (its id and the
+ * location's conf, the same address in every worker of a configuration).
+ */
+
+#define NGX_HTTP_KVGATE_PAGE_SLOTS  8
+#define NGX_HTTP_KVGATE_PAGE_MAX    (256 * 1024)    /* larger ones: rendered
+                                                       every time */
+
+typedef struct {
+    uint64_t       conf;
+    uintptr_t      loc;
+    ngx_uint_t     kind;
+    ngx_msec_t     rendered;
+    size_t         len;
+    u_char        *data;             /* in the zone's slab pool; NULL: free */
+} ngx_http_kvgate_page_t;
+
+
 typedef struct {
     ngx_atomic_t   count[NGX_HTTP_KVGATE_N_HIST + 1];
     ngx_atomic_t   sum_us;
@@ -73,6 +94,10 @@ typedef struct {
     ngx_atomic_t            sc_early_stops;
     /* those refused because their answer_pattern ran out of its steps */
     ngx_atomic_t            sc_pattern_refusals;
+
+    /* the rendered pages cache (kvgate_page_refresh), under the zone's
+       mutex */
+    ngx_http_kvgate_page_t  pages[NGX_HTTP_KVGATE_PAGE_SLOTS];
 } ngx_http_kvgate_shctx_t;
 
 
@@ -87,6 +112,23 @@ extern const char *const  ngx_http_kvgate_cache_names[NGX_HTTP_KVGATE_N_CACHE];
 ngx_http_kvgate_shctx_t *ngx_http_kvgate_metrics_zone(void);
 /* Worker processes connected to the engine of that index now. */
 ngx_uint_t ngx_http_kvgate_metrics_workers_connected(ngx_uint_t engine);
+
+/* The rendered pages cache. Between lock and unlock (the zone's mutex: every
+   worker waits for the one that holds it): page_copy gives the page of key
+   rendered less than refresh ago, copied into pool (NGX_OK), or NGX_DECLINED;
+   page_store keeps a page just rendered (a chain of len bytes), replacing
+   the key's or the oldest; too large, or no room in the zone: not kept. */
+typedef struct {
+    ngx_uint_t     kind;             /* NGX_HTTP_KVGATE_METRICS, _STATUS */
+    uintptr_t      loc;
+} ngx_http_kvgate_page_key_t;
+
+void ngx_http_kvgate_pages_lock(void);
+void ngx_http_kvgate_pages_unlock(void);
+ngx_int_t ngx_http_kvgate_page_copy(ngx_http_kvgate_page_key_t *key,
+    ngx_msec_t refresh, ngx_pool_t *pool, ngx_str_t *page);
+void ngx_http_kvgate_page_store(ngx_http_kvgate_page_key_t *key,
+    ngx_chain_t *in, size_t len);
 
 
 #endif /* _NGX_HTTP_KVGATE_METRICS_H_INCLUDED_ */

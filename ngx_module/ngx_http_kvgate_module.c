@@ -159,6 +159,13 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       NGX_HTTP_KVGATE_STATUS,
       NULL },
 
+    { ngx_string("kvgate_page_refresh"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvgate_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, page_refresh),
+      NULL },
+
     { ngx_string("kvgate_tenant"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_kvgate_tenant_slot,
@@ -993,6 +1000,7 @@ ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf)
     klcf->normalize = NGX_CONF_UNSET;
     klcf->cache_ttl = NGX_CONF_UNSET_MSEC;
     klcf->timeout = NGX_CONF_UNSET_MSEC;
+    klcf->page_refresh = NGX_CONF_UNSET_MSEC;
     klcf->max_tokens = NGX_CONF_UNSET;
     klcf->max_n = NGX_CONF_UNSET;
     klcf->route_blocks = NGX_CONF_UNSET;
@@ -1102,6 +1110,7 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_value(conf->normalize, prev->normalize, 0);
     ngx_conf_merge_msec_value(conf->cache_ttl, prev->cache_ttl, 0);
     ngx_conf_merge_msec_value(conf->timeout, prev->timeout, 300000);
+    ngx_conf_merge_msec_value(conf->page_refresh, prev->page_refresh, 1000);
     ngx_conf_merge_value(conf->max_tokens, prev->max_tokens, 0);
     ngx_conf_merge_value(conf->max_n, prev->max_n, KVG_PROTO_MAX_N);
     ngx_conf_merge_value(conf->route_blocks, prev->route_blocks, 8);

@@ -118,6 +118,7 @@ typedef struct {
     ngx_int_t                  answer_sample_steps;
     ngx_int_t                  answer_request_steps;
     off_t                      max_body;          /* client_max_body_size */
+    ngx_msec_t                 page_refresh;      /* kvgate_page_refresh */
     size_t                     max_unsent;        /* kvgate_max_unsent */
 
     /* kvgate_thread_pool: bodies of at least thread_min_bytes are parsed

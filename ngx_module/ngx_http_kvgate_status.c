@@ -26,6 +26,21 @@ typedef struct {
 } ngx_http_kvgate_text_t;
 
 
+/* Renders a page into t: NGX_OK, or NGX_ERROR. */
+typedef ngx_int_t (*ngx_http_kvgate_render_pt)(ngx_http_request_t *r,
+    ngx_http_kvgate_text_t *t);
+
+
+static ngx_int_t ngx_http_kvgate_page(ngx_http_request_t *r, ngx_uint_t kind,
+    ngx_http_kvgate_render_pt render, const char *type);
+static ngx_int_t ngx_http_kvgate_send_str(ngx_http_request_t *r,
+    ngx_str_t *page, const char *type);
+static ngx_int_t ngx_http_kvgate_metrics_render(ngx_http_request_t *r,
+    ngx_http_kvgate_text_t *text);
+static ngx_int_t ngx_http_kvgate_status_render(ngx_http_request_t *r,
+    ngx_http_kvgate_text_t *t);
+
+
 static void
 ngx_http_kvgate_printf(ngx_http_kvgate_text_t *t, const char *fmt, ...)
 {
@@ -165,6 +180,89 @@ ngx_http_kvgate_send_text(ngx_http_request_t *r, ngx_http_kvgate_text_t *t,
     }
 
     return ngx_http_output_filter(r, t->head);
+}
+
+
+/*
+ * A page (metrics or status JSON) as render makes it, or as it was last
+ * rendered for this location when that is less than kvgate_page_refresh ago:
+ * many scrapers cost one rendering a refresh, not one each. The cache is in
+ * the shared zone and rendering happens under its lock, so every worker
+ * serves the same page and pages go out in the order they were rendered: a
+ * counter never goes back from one scrape to the next, whichever worker
+ * answers (a cache per worker would let it).
+ */
+
+static ngx_int_t
+ngx_http_kvgate_page(ngx_http_request_t *r, ngx_uint_t kind,
+    ngx_http_kvgate_render_pt render, const char *type)
+{
+    ngx_int_t                    rc;
+    ngx_str_t                    page;
+    ngx_http_kvgate_text_t       t;
+    ngx_http_kvgate_page_key_t   key;
+    ngx_http_kvgate_loc_conf_t  *klcf;
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
+
+    if (klcf->page_refresh == 0) {
+        if (render(r, &t) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return ngx_http_kvgate_send_text(r, &t, type);
+    }
+
+    key.kind = kind;
+    key.loc = (uintptr_t) klcf;
+
+    ngx_http_kvgate_pages_lock();
+
+    if (ngx_http_kvgate_page_copy(&key, klcf->page_refresh, r->pool, &page)
+        == NGX_OK)
+    {
+        ngx_http_kvgate_pages_unlock();
+        return ngx_http_kvgate_send_str(r, &page, type);
+    }
+
+    rc = render(r, &t);
+
+    if (rc == NGX_OK) {
+        ngx_http_kvgate_page_store(&key, t.head, t.total);
+    }
+
+    ngx_http_kvgate_pages_unlock();
+
+    if (rc != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return ngx_http_kvgate_send_text(r, &t, type);
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_send_str(ngx_http_request_t *r, ngx_str_t *page,
+    const char *type)
+{
+    ngx_http_kvgate_text_t  t;
+
+    ngx_memzero(&t, sizeof(t));
+    t.b = ngx_calloc_buf(r->pool);
+    t.head = ngx_alloc_chain_link(r->pool);
+
+    if (t.b == NULL || t.head == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    t.b->pos = page->data;
+    t.b->last = page->data + page->len;
+    t.b->memory = 1;
+    t.head->buf = t.b;
+    t.head->next = NULL;
+    t.total = page->len;
+
+    return ngx_http_kvgate_send_text(r, &t, type);
 }
 
 
@@ -502,7 +600,23 @@ ngx_http_kvgate_engine_stats_lines(ngx_http_request_t *r,
 ngx_int_t
 ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
 {
-    ngx_int_t                    rc;
+    ngx_int_t  rc;
+
+    rc = ngx_http_kvgate_get_only(r, "kvgate_metrics");
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    return ngx_http_kvgate_page(r, NGX_HTTP_KVGATE_METRICS,
+                                ngx_http_kvgate_metrics_render,
+                                "text/plain; version=0.0.4; charset=utf-8");
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_metrics_render(ngx_http_request_t *r,
+    ngx_http_kvgate_text_t *text)
+{
     ngx_uint_t                   e, b, s, i, any;
     const char                  *blabel;
     ngx_http_kvgate_text_t       t;
@@ -511,11 +625,6 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
     const kvg_engine_info       *info;
     ngx_uint_t                   n_engines;
     ngx_http_kvgate_engine_t    *e0;
-
-    rc = ngx_http_kvgate_get_only(r, "kvgate_metrics");
-    if (rc != NGX_OK) {
-        return rc;
-    }
 
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
 
@@ -668,8 +777,9 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
 
     ngx_http_kvgate_engine_stats_lines(r, &t);
 
-    return ngx_http_kvgate_send_text(r, &t,
-                                     "text/plain; version=0.0.4; charset=utf-8");
+    *text = t;
+
+    return t.failed ? NGX_ERROR : NGX_OK;
 }
 
 
@@ -1002,18 +1112,7 @@ ngx_http_kvgate_status_page(ngx_http_request_t *r)
 ngx_int_t
 ngx_http_kvgate_status_handler(ngx_http_request_t *r)
 {
-    char                    *s, hex[20];
-    ngx_int_t                rc;
-    ngx_uint_t               e, b, k, i;
-    uint64_t                 total, by[NGX_HTTP_KVGATE_N_STATUSES];
-    kvg_stats                st;
-    json_t                  *root, *eng, *o, *arr, *statuses, *name;
-    ngx_http_kvgate_text_t   t;
-    ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_metrics_zone();
-    const kvg_engine_info   *info;
-    ngx_uint_t               n_engines;
-    ngx_http_kvgate_engine_t *e0;
-    ngx_time_t              *tp;
+    ngx_int_t  rc;
 
     rc = ngx_http_kvgate_get_only(r, "kvgate_status");
     if (rc != NGX_OK) {
@@ -1023,6 +1122,27 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
     if (ngx_http_kvgate_status_wants_html(r)) {
         return ngx_http_kvgate_status_page(r);
     }
+
+    return ngx_http_kvgate_page(r, NGX_HTTP_KVGATE_STATUS,
+                                ngx_http_kvgate_status_render,
+                                "application/json");
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_status_render(ngx_http_request_t *r,
+    ngx_http_kvgate_text_t *t)
+{
+    char                    *s, hex[20];
+    ngx_uint_t               e, b, k, i;
+    uint64_t                 total, by[NGX_HTTP_KVGATE_N_STATUSES];
+    kvg_stats                st;
+    json_t                  *root, *eng, *o, *arr, *statuses, *name;
+    ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_metrics_zone();
+    const kvg_engine_info   *info;
+    ngx_uint_t               n_engines;
+    ngx_http_kvgate_engine_t *e0;
+    ngx_time_t              *tp;
 
     root = json_object();
     eng = json_object();
@@ -1179,27 +1299,27 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
     json_decref(root);
 
     if (s == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_ERROR;
     }
 
-    ngx_memzero(&t, sizeof(t));
-    t.pool = r->pool;
-    t.last = &t.head;
-    t.total = ngx_strlen(s) + 1;
-    t.b = ngx_create_temp_buf(r->pool, t.total);
-    t.head = ngx_alloc_chain_link(r->pool);
+    ngx_memzero(t, sizeof(ngx_http_kvgate_text_t));
+    t->pool = r->pool;
+    t->last = &t->head;
+    t->total = ngx_strlen(s) + 1;
+    t->b = ngx_create_temp_buf(r->pool, t->total);
+    t->head = ngx_alloc_chain_link(r->pool);
 
-    if (t.b == NULL || t.head == NULL) {
+    if (t->b == NULL || t->head == NULL) {
         free(s);
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_ERROR;
     }
 
-    t.b->last = ngx_cpymem(t.b->last, s, t.total - 1);
-    *t.b->last++ = '\n';
-    t.head->buf = t.b;
-    t.head->next = NULL;
+    t->b->last = ngx_cpymem(t->b->last, s, t->total - 1);
+    *t->b->last++ = '\n';
+    t->head->buf = t->b;
+    t->head->next = NULL;
 
     free(s);
 
-    return ngx_http_kvgate_send_text(r, &t, "application/json");
+    return NGX_OK;
 }

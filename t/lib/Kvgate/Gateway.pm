@@ -21,8 +21,8 @@ package Kvgate::Gateway;
 #
 # The default configuration: `kvgate_engine` on the engine's socket, the tenant from
 # X-Tenant-Id, `kvgate_pass` at /v1/, `kvgate_metrics` at /metrics, `kvgate_status` at
-# /status, nginx's stub_status at /nginx_status, an access log with every kvgate
-# variable, and two worker processes.
+# /status (rendered at every read: kvgate_page_refresh 0), nginx's stub_status at
+# /nginx_status, an access log with every kvgate variable, and two worker processes.
 #
 # The access log and the gateway's counters (metrics, the gateway part of /status) are
 # written in nginx's log phase, after the response has been sent: read them with the
@@ -74,6 +74,9 @@ sub new {
     $t->write_config(workers => $workers, main => $o{main}, http => <<"EOF");
     $upstream
     kvgate_tenant \$http_x_tenant_id;
+    # the pages as they are now at every read: a test reads a change right after
+    # making it (t/gateway-pages.t covers the default, a cached page)
+    kvgate_page_refresh 0;
     log_format kvgate '\$status t=\$kvgate_tenant b=\$kvgate_bucket p=\$kvgate_prompt_tokens '
                       'c=\$kvgate_cached_tokens g=\$kvgate_completion_tokens s=\$kvgate_cache_status '
                       'ttft=\$kvgate_ttft key=\$kvgate_route_key$elog';
