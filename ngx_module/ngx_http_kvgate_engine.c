@@ -1109,11 +1109,22 @@ ngx_http_kvgate_group_unavailable(ngx_http_kvgate_group_t *g,
 uint64_t
 ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *w)
 {
-    if (w == NULL || !w->up || w->client == NULL) {
+    if (!ngx_http_kvgate_engine_usable(w) || w->client == NULL) {
         return 0;
     }
 
     return kvg_client_load(w->client);
+}
+
+
+ngx_int_t
+ngx_http_kvgate_engine_read_stats(ngx_http_kvgate_engine_t *w, kvg_stats *st)
+{
+    if (!ngx_http_kvgate_engine_usable(w) || w->client == NULL) {
+        return NGX_DECLINED;
+    }
+
+    return kvg_client_stats(w->client, st) == 0 ? NGX_OK : NGX_DECLINED;
 }
 
 

@@ -180,8 +180,15 @@ const char *ngx_http_kvgate_engine_down_reason(ngx_http_kvgate_engine_t *e);
 void ngx_http_kvgate_engine_unavailable(ngx_http_kvgate_engine_t *e,
     kvg_api_error *err);
 
-/* The engine's load (kvg_client_load: tokens to compute), 0 while down. */
+/* The engine's load (kvg_client_load: tokens to compute), 0 while down or
+   stalled. */
 uint64_t ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *e);
+/* A copy of the engine's statistics page (kvg_client_stats): NGX_OK, or
+   NGX_DECLINED while it is down or stalled. A stalled engine's page tells
+   what it was, not what it is, and one the engine stopped in the middle of
+   writing would keep the reader retrying for a writer that does not come. */
+ngx_int_t ngx_http_kvgate_engine_read_stats(ngx_http_kvgate_engine_t *e,
+    kvg_stats *st);
 /* How many leading hashes of the chain the engine holds (its prefix cache;
    kvg_client_held_prefix), 0 while down. */
 size_t ngx_http_kvgate_engine_held(ngx_http_kvgate_engine_t *e,

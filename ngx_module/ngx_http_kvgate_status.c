@@ -443,9 +443,7 @@ ngx_http_kvgate_engine_stats_lines(ngx_http_request_t *r,
     }
 
     for (i = 0; i < n; i++) {
-        have[i] = ngx_http_kvgate_engine_info(all[i]) != NULL
-                  && kvg_client_stats(ngx_http_kvgate_engine_client(all[i]),
-                                      &st[i]) == 0;
+        have[i] = ngx_http_kvgate_engine_read_stats(all[i], &st[i]) == NGX_OK;
     }
 
     for (k = 0; k < sizeof(ngx_http_kvgate_engine_stats)
@@ -773,9 +771,7 @@ ngx_http_kvgate_status_engines(ngx_http_request_t *r, json_t *root)
             json_object_set_new(o, "load_tokens", json_integer(
                 (json_int_t) ngx_http_kvgate_engine_load(all[i])));
 
-            if (kvg_client_stats(ngx_http_kvgate_engine_client(all[i]), &st)
-                == 0)
-            {
+            if (ngx_http_kvgate_engine_read_stats(all[i], &st) == NGX_OK) {
                 json_object_set_new(o, "kv", ngx_http_kvgate_status_kv(&st));
                 json_object_set_new(o, "cache",
                                     ngx_http_kvgate_status_cache(&st));
@@ -1079,7 +1075,7 @@ ngx_http_kvgate_status_handler(ngx_http_request_t *r)
         json_object_set_new(eng, "instance", json_string(hex));
     }
 
-    if (info && kvg_client_stats(ngx_http_kvgate_engine_client(e0), &st) == 0) {
+    if (info && ngx_http_kvgate_engine_read_stats(e0, &st) == NGX_OK) {
         json_object_set_new(eng, "clients", json_integer(st.clients));
         json_object_set_new(eng, "started_unix_ms",
                             json_integer((json_int_t) st.start_unix_ms));
