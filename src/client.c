@@ -924,8 +924,8 @@ int kvg_client_wait(kvg_client *c, int timeout_ms)
     struct pollfd p[2];
     int n = 0;
 
-    if (c->down_pending)
-        return 1;
+    if (c->down_pending || c->n_failed)
+        return 1;                /* events to hand out, no descriptor says so */
     if (c->state == KVG_CLIENT_DOWN) {
         int d = kvg_client_retry_delay_ms(c);
         if (timeout_ms >= 0 && d > timeout_ms) {
