@@ -58,6 +58,14 @@ static int sealed_memfd(const char *name, const void *bytes, size_t len)
     return fd;
 }
 
+/* The heartbeat (proto.h): the loop went round once more, or a step reached its next
+ * layer (the forward pass calls this). A relaxed store: clients only look for a change. */
+static void heartbeat(void *arg)
+{
+    kvg_daemon *d = arg;
+    atomic_store_explicit(&d->stats->heartbeat, ++d->beats, memory_order_relaxed);
+}
+
 kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache *pc,
                            kvg_kv_pool *pool, const kvg_sched_config *scfg,
                            const kvg_daemon_config *cfg, char *err, size_t err_len)
@@ -173,6 +181,8 @@ kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache
         goto fail;
     }
     fcntl(d->stats_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
+    /* A long step moves the heartbeat too, once a layer. */
+    kvg_forward_set_progress(fw, heartbeat, d);
     /* The held set: which chain hashes the cache holds, for a gateway routing over
      * several engines. Sealed like the statistics page; the prefix cache keeps it
      * equal to its table from here on. */
@@ -246,6 +256,8 @@ void kvg_daemon_free(kvg_daemon *d)
     while (d->conns)
         kvgd_conn_close(d->conns);
     close_listener(d);
+    if (d->stats)
+        kvg_forward_set_progress(d->fw, NULL, NULL);   /* the forward pass outlives the daemon */
     kvg_sched_free(d->sched);
     kvg_prefix_hasher_free(d->hasher);
     if (d->held_w) {
@@ -531,6 +543,7 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
     for (;;) {
         int pending = kvg_sched_pending(d->sched);
         int timeout;
+        heartbeat(d);
         if (pending && last_rows > 0)
             timeout = 0;
         else if (pending)
@@ -538,7 +551,8 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
         else if (d->stopping)
             timeout = 0;
         else
-            timeout = d->sweep_due ? 1000 : -1;   /* cached blocks expire while idle too */
+            timeout = KVG_HEARTBEAT_IDLE_MS;   /* an idle engine is not a silent one; cached
+                                                  blocks expire while idle too */
         if (d->stopping && timeout != 0) {
             int64_t left = d->stop_deadline_ms - kvg_mono_ms();
             timeout = left <= 0 ? 0 : (timeout < 0 || left < timeout ? (int)left : timeout);
@@ -623,11 +637,6 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
         }
         if (d->stats_written_ms == 0)
             write_stats(d);      /* closing a client cancelled requests */
-        {
-            kvg_pc_stats ps;
-            kvg_pc_get_stats(d->pc, &ps);
-            d->sweep_due = ps.blocks_cached > ps.blocks_pinned;
-        }
         if (finishing && kvg_sched_pending(d->sched) == 0) {
             int left = 0;
             for (dconn *c = d->conns; c; c = c->next)

@@ -4,10 +4,12 @@
  * One thread does everything, in a loop: accept and handshake new clients, take the
  * messages each client pushed to its submission ring, run one scheduler step, push
  * what the step produced to the clients' completion rings, ring their doorbells. When
- * nothing is running it sleeps in epoll until a client or a signal wakes it. Nothing
- * a client does can block the loop: a full completion ring keeps that client's output
- * in the engine (bounded: its requests are held in the scheduler, kvg_sched_hold) and
- * the other clients go on.
+ * nothing is running it sleeps in epoll until a client or a signal wakes it, and for
+ * KVG_HEARTBEAT_IDLE_MS at most: every iteration, and every layer of a step, advances
+ * the heartbeat on the statistics page (proto.h), by which a gateway tells a silent
+ * engine (stopped, hung) from an idle one. Nothing a client does can block the loop:
+ * a full completion ring keeps that client's output in the engine (bounded: its
+ * requests are held in the scheduler, kvg_sched_hold) and the other clients go on.
  *
  * Every field read from shared memory is validated (proto.c, then the model's limits,
  * then the block hashes are recomputed from the tokens): a bad request is answered

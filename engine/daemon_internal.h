@@ -131,6 +131,7 @@ struct kvg_daemon {
     size_t held_size;
     kvg_held_writer *held_w;     /* the prefix cache keeps it current (kvg_pc_set_held) */
     int64_t stats_written_ms;
+    uint64_t beats;              /* the page's heartbeat, as last stored (the only writer) */
     uint64_t instance;
     uint64_t start_unix_ms;
 
@@ -145,7 +146,6 @@ struct kvg_daemon {
     int waiting;                 /* records not yet admitted (for max_waiting) */
     int in_warmup;
     int64_t last_sweep_ms;       /* TTL sweep of the prefix cache, once a second */
-    int sweep_due;               /* cached blocks that may expire exist */
     uint8_t (*hash_scratch)[KVG_PREFIX_HASH_LEN];
     size_t hash_scratch_cap;
 };

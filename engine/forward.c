@@ -40,6 +40,9 @@ struct kvg_forward {
     int32_t *out_rows;           /* [n_out]: rows that produce logits (a sequence's last) */
     int32_t *n_blocks;           /* [n_seqs]: each sequence's block count */
     const int32_t **tables;      /* [n_seqs]: each sequence's block table */
+
+    void (*progress)(void *arg); /* before each layer (kvg_forward_set_progress) */
+    void *progress_arg;
 };
 
 void kvg_forward_kv_geom(const kvg_model *m, int block_tokens, kvg_kv_geom *g)
@@ -229,6 +232,12 @@ static void matmuls(kvg_backend *be, const float *x, int M, int K, int n, const 
         be->ops->matmul(be, x, M, K, w[i], bias[i], y[i]);
 }
 
+void kvg_forward_set_progress(kvg_forward *f, void (*fn)(void *arg), void *arg)
+{
+    f->progress = fn;
+    f->progress_arg = arg;
+}
+
 int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t err_len)
 {
     const kvg_model *m = f->m;
@@ -292,6 +301,8 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
         float *x = f->x;
         int rows = R;
 
+        if (f->progress)
+            f->progress(f->progress_arg);
         ops->rmsnorm(be, x, w->attn_norm, c->norm_eps, R, dim, f->xb);
         {
             const kvg_tensor *wt[3] = { &w->wq, &w->wk, &w->wv };

@@ -37,6 +37,12 @@ kvg_forward *kvg_forward_new(const kvg_model *m, kvg_backend *be, kvg_kv_pool *k
                              char *err, size_t err_len);
 void kvg_forward_free(kvg_forward *f);
 
+/* Has every later step call fn(arg) before each of the model's layers (fn NULL: none).
+ * A step can take long (a large prefill chunk on the CPU); the engine's loop uses this
+ * to advance its heartbeat within a step, so whoever watches it sees it move at least
+ * once a layer. fn must be cheap and must not call into the forward pass. */
+void kvg_forward_set_progress(kvg_forward *f, void (*fn)(void *arg), void *arg);
+
 /* Runs one step over seqs[0..n). Each sequence appears at most once. Every token id
  * must be in [0, vocab_size): a precondition (asserted), the callers' intake checks
  * prompts. On success the tokens' K/V are in the cache, each kv->n_tokens has advanced

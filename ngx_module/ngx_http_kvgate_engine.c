@@ -26,10 +26,21 @@
  * milliseconds would turn every reload into a burst of 503s. An engine that
  * refuses the connect (not running) is refused at once, as before: only a
  * handshake that is under way is worth waiting for.
+ *
+ * An engine can also go silent with its socket open: stopped (SIGSTOP), hung
+ * in a step, starved of CPU. While it is up, a cancelable timer looks at its
+ * heartbeat (one relaxed load from its statistics page) every tenth of
+ * kvgate_engine_stall; unchanged for that long (liveness.h), the engine is
+ * stalled: this worker routes nothing more to it, the requests it holds are
+ * failed at once with 503 and cancelled in it (kvg_client_fail_live; the
+ * layer above re-sends those that had no token yet, as when an engine dies)
+ * and so are those waiting for its ring. The connection stays, and the
+ * engine rejoins as soon as its heartbeat moves.
  */
 
 
 #include "ngx_http_kvgate_engine.h"
+#include "liveness.h"
 
 
 
@@ -46,6 +57,7 @@ static void ngx_http_kvgate_samples_waiting(ngx_http_kvgate_engine_t *w);
 static void ngx_http_kvgate_samples_forget(ngx_http_kvgate_engine_req_t *er);
 static void ngx_http_kvgate_handshake_timeout(ngx_event_t *ev);
 static void ngx_http_kvgate_handshake_over(ngx_http_kvgate_engine_t *w);
+static void ngx_http_kvgate_liveness_check(ngx_event_t *ev);
 
 
 kvg_client *
@@ -71,6 +83,38 @@ ngx_http_kvgate_engine_up(ngx_http_kvgate_engine_t *w)
     }
 
     return w->up;
+}
+
+
+ngx_uint_t
+ngx_http_kvgate_engine_usable(ngx_http_kvgate_engine_t *w)
+{
+    /* NULL: no engine (a group none of whose engines is up) */
+
+    if (w == NULL) {
+        return 0;
+    }
+
+    return w->up && !w->stalled;
+}
+
+
+ngx_uint_t
+ngx_http_kvgate_engine_stalled(ngx_http_kvgate_engine_t *w)
+{
+    return w != NULL && w->up && w->stalled;
+}
+
+
+ngx_msec_t
+ngx_http_kvgate_engine_silent(ngx_http_kvgate_engine_t *w)
+{
+    if (w == NULL || !w->up || w->stall == 0) {
+        return 0;
+    }
+
+    return (ngx_msec_t) kvg_liveness_silent_ms(&w->live,
+                                               (int64_t) ngx_current_msec);
 }
 
 
@@ -107,8 +151,16 @@ ngx_http_kvgate_engine_info(ngx_http_kvgate_engine_t *w)
 const char *
 ngx_http_kvgate_engine_down_reason(ngx_http_kvgate_engine_t *w)
 {
-    return w->reason[0] ? w->reason
-                                            : "not connected yet";
+    if (w->up && w->stalled) {
+        /* told as it is now: how long it has been silent so far */
+        *ngx_snprintf((u_char *) w->stall_reason,
+                      sizeof(w->stall_reason) - 1,
+                      "stalled: no progress for %M ms",
+                      ngx_http_kvgate_engine_silent(w)) = '\0';
+        return w->stall_reason;
+    }
+
+    return w->reason[0] ? w->reason : "not connected yet";
 }
 
 
@@ -286,9 +338,136 @@ ngx_http_kvgate_handshake_over(ngx_http_kvgate_engine_t *w)
 }
 
 
+/* ---- liveness ---- */
+
+/* A tenth of the deadline: a stall is seen within about 1.2 x the deadline of
+   the engine's last beat (liveness.h). */
+
+static ngx_msec_t
+ngx_http_kvgate_liveness_interval(ngx_http_kvgate_engine_t *w)
+{
+    return w->stall >= 10 ? w->stall / 10 : 1;
+}
+
+
+static void
+ngx_http_kvgate_liveness_start(ngx_http_kvgate_engine_t *w)
+{
+    w->stalled = 0;
+
+    if (w->stall == 0 || w->client == NULL) {
+        return;
+    }
+
+    kvg_liveness_start(&w->live, kvg_client_heartbeat(w->client),
+                       (int64_t) ngx_current_msec);
+
+    if (!w->watch.timer_set) {
+        ngx_add_timer(&w->watch, ngx_http_kvgate_liveness_interval(w));
+    }
+}
+
+
+/* The engine went silent: out of routing; what it holds fails now (the
+   layer above re-sends what has no token yet), and so does what waits for
+   its ring, which will not drain. */
+
+static void
+ngx_http_kvgate_engine_stall(ngx_http_kvgate_engine_t *w)
+{
+    size_t                  n;
+    uint32_t                pid;
+    ngx_msec_t              silent;
+    const kvg_engine_info  *info;
+    char                    why[192];
+
+    /* (up: the info is there until the connection is lost, which failing
+       the requests may do: out of memory) */
+
+    info = kvg_client_info(w->client);
+    pid = info->engine_pid;
+    silent = ngx_http_kvgate_engine_silent(w);
+
+    w->stalled = 1;
+    w->stall_key = kvg_client_heartbeat(w->client) ^ info->instance;
+
+    *ngx_snprintf((u_char *) why, sizeof(why) - 1,
+                  "kvgate: engine \"%V\" stalled: no progress for %M ms "
+                  "(kvgate_engine_stall %M ms)", &w->name, silent, w->stall)
+        = '\0';
+
+    n = kvg_client_fail_live(w->client, 503, why);
+
+    ngx_log_error(NGX_LOG_ERR, w->log, 0,
+                  "kvgate: the engine \"%V\" (pid %uD) made no progress for "
+                  "%M ms (kvgate_engine_stall): stalled, out of routing until "
+                  "it moves again; %uz requests in it and %ui waiting for it "
+                  "fail or go to another engine", &w->name, pid, silent, n,
+                  w->n_waiting);
+
+    if (w->state) {
+        w->state(w, NGX_HTTP_KVGATE_ENGINE_STALLED);
+    }
+
+    ngx_http_kvgate_engine_drain(w);
+
+    if (w->up) {
+        ngx_http_kvgate_submit_waiting(w);
+    }
+}
+
+
+static void
+ngx_http_kvgate_engine_resume(ngx_http_kvgate_engine_t *w)
+{
+    w->stalled = 0;
+
+    ngx_log_error(NGX_LOG_NOTICE, w->log, 0,
+                  "kvgate: the engine \"%V\" makes progress again: back in "
+                  "routing", &w->name);
+
+    if (w->state) {
+        w->state(w, NGX_HTTP_KVGATE_ENGINE_RESUMED);
+    }
+}
+
+
+static void
+ngx_http_kvgate_liveness_check(ngx_event_t *ev)
+{
+    ngx_http_kvgate_engine_t  *w = ev->data;
+
+    if (!w->up || w->client == NULL) {
+        return;
+    }
+
+    switch (kvg_liveness_observe(&w->live, kvg_client_heartbeat(w->client),
+                                 (int64_t) ngx_current_msec,
+                                 (int64_t) w->stall))
+    {
+    case KVG_LIVENESS_STALLED:
+        ngx_http_kvgate_engine_stall(w);
+        break;
+
+    case KVG_LIVENESS_RESUMED:
+        ngx_http_kvgate_engine_resume(w);
+        break;
+
+    default:
+        break;
+    }
+
+    /* the failed requests' handlers may have lost the engine meanwhile */
+
+    if (w->up && w->client != NULL && !w->watch.timer_set) {
+        ngx_add_timer(&w->watch, ngx_http_kvgate_liveness_interval(w));
+    }
+}
+
+
 ngx_int_t
 ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle,
-    ngx_http_kvgate_engine_t *w, ngx_msec_t connect_wait,
+    ngx_http_kvgate_engine_t *w, ngx_msec_t connect_wait, ngx_msec_t stall,
     ngx_http_kvgate_engine_state_pt state)
 {
     char                       err[320];
@@ -301,7 +480,9 @@ ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle,
     w->bell = NULL;
     ngx_memzero(&w->reconnect, sizeof(ngx_event_t));
     ngx_memzero(&w->handshake, sizeof(ngx_event_t));
+    ngx_memzero(&w->watch, sizeof(ngx_event_t));
     w->handshaking = 0;
+    w->stalled = 0;
     w->n_waiting = 0;
     w->up = 0;
     w->exiting = 0;
@@ -338,6 +519,14 @@ ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle,
     w->handshake.log = cycle->log;
     w->handshake.data = w;
 
+    /* cancelable: looking at a heartbeat never holds up a graceful quit */
+
+    w->stall = stall;
+    w->watch.handler = ngx_http_kvgate_liveness_check;
+    w->watch.log = cycle->log;
+    w->watch.data = w;
+    w->watch.cancelable = 1;
+
     ngx_http_kvgate_try_connect(w);
 
     return NGX_OK;
@@ -359,6 +548,10 @@ ngx_http_kvgate_engine_exit_process(ngx_http_kvgate_engine_t *w)
     }
 
     ngx_http_kvgate_handshake_over(w);
+
+    if (w->watch.timer_set) {
+        ngx_del_timer(&w->watch);
+    }
 
     ngx_http_kvgate_unwatch(&w->sock, 0);
     ngx_http_kvgate_unwatch(&w->bell, 0);
@@ -542,8 +735,10 @@ ngx_http_kvgate_engine_drain(ngx_http_kvgate_engine_t *w)
                           kvg_chat_template_name(info->chat_template));
 
             if (w->state) {
-                w->state(w, 1);
+                w->state(w, NGX_HTTP_KVGATE_ENGINE_UP);
             }
+
+            ngx_http_kvgate_liveness_start(w);
 
             /* the requests that waited for the handshake go now, in order */
 
@@ -566,10 +761,16 @@ ngx_http_kvgate_engine_drain(ngx_http_kvgate_engine_t *w)
                         sizeof(w->reason));
 
             if (w->up && w->state) {
-                w->state(w, 0);
+                w->state(w, NGX_HTTP_KVGATE_ENGINE_DOWN);
             }
 
             w->up = 0;
+            w->stalled = 0;
+
+            if (w->watch.timer_set) {
+                ngx_del_timer(&w->watch);
+            }
+
             ngx_http_kvgate_handshake_over(w);
             ngx_http_kvgate_unwatch(&w->sock, 1);
             ngx_http_kvgate_unwatch(&w->bell, 1);
@@ -655,7 +856,7 @@ ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
     kvg_api_error *err)
 {
     ngx_http_kvgate_engine_t  *w = er->engine;
-    
+
     if (w->up) {
         return NGX_OK;
     }
@@ -680,8 +881,10 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
     char                       msg[320];
     uint64_t                   id;
     ngx_http_kvgate_engine_t  *w = er->engine;
-    
-    if (!w->up) {
+
+    if (!w->up || w->stalled) {
+        /* a stalled engine would only hold it: the layer above routes it
+           to another engine */
         ngx_http_kvgate_engine_unavailable(w, err);
         return NGX_ERROR;
     }
@@ -884,7 +1087,7 @@ ngx_http_kvgate_group_unavailable(ngx_http_kvgate_group_t *g,
     for (i = 0; i < g->n && p < last; i++) {
         p = ngx_slprintf(p, last, "%s%V: %s", i ? "; " : "",
                          &g->engines[i]->name,
-                         g->engines[i]->up
+                         ngx_http_kvgate_engine_usable(g->engines[i])
                          ? "up, not serving the model"
                          : ngx_http_kvgate_engine_down_reason(g->engines[i]));
     }
@@ -906,11 +1109,22 @@ ngx_http_kvgate_group_unavailable(ngx_http_kvgate_group_t *g,
 uint64_t
 ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *w)
 {
-    if (w == NULL || !w->up || w->client == NULL) {
+    if (!ngx_http_kvgate_engine_usable(w) || w->client == NULL) {
         return 0;
     }
 
     return kvg_client_load(w->client);
+}
+
+
+ngx_int_t
+ngx_http_kvgate_engine_read_stats(ngx_http_kvgate_engine_t *w, kvg_stats *st)
+{
+    if (!ngx_http_kvgate_engine_usable(w) || w->client == NULL) {
+        return NGX_DECLINED;
+    }
+
+    return kvg_client_stats(w->client, st) == 0 ? NGX_OK : NGX_DECLINED;
 }
 
 

@@ -20,6 +20,7 @@
 
 #include "api_error.h"
 #include "client.h"
+#include "liveness.h"
 
 
 typedef struct ngx_http_kvgate_engine_req_s  ngx_http_kvgate_engine_req_t;
@@ -39,9 +40,14 @@ typedef void (*ngx_http_kvgate_engine_event_pt)(
 typedef ngx_int_t (*ngx_http_kvgate_engine_retry_pt)(
     ngx_http_kvgate_engine_req_t *er);
 
-/* The worker connected to engine e (up = 1) or lost it (up = 0). */
+/* What became of engine e for this worker: NGX_HTTP_KVGATE_ENGINE_*. */
 typedef void (*ngx_http_kvgate_engine_state_pt)(ngx_http_kvgate_engine_t *e,
-    ngx_uint_t up);
+    ngx_uint_t event);
+
+#define NGX_HTTP_KVGATE_ENGINE_DOWN     0    /* the connection was lost */
+#define NGX_HTTP_KVGATE_ENGINE_UP       1    /* connected */
+#define NGX_HTTP_KVGATE_ENGINE_STALLED  2    /* connected, went silent */
+#define NGX_HTTP_KVGATE_ENGINE_RESUMED  3    /* its heartbeat moved again */
 
 
 /* The most engines one configuration names (all groups together): each has
@@ -80,6 +86,19 @@ struct ngx_http_kvgate_engine_s {
     ngx_uint_t                 exiting;
     ngx_http_kvgate_engine_state_pt  state;  /* told of connects and losses */
     char                       reason[320];
+
+    /* liveness while up (kvgate_engine_stall): a cancelable timer looks at
+       the engine's heartbeat; an engine silent for the deadline is stalled:
+       out of routing, its requests failed (and re-sent by the layer above),
+       the connection kept, back as soon as the heartbeat moves */
+    ngx_event_t                watch;
+    ngx_msec_t                 stall;        /* the deadline; 0: off */
+    kvg_liveness               live;
+    ngx_uint_t                 stalled;
+    uint64_t                   stall_key;    /* its last heartbeat and instance:
+                                                the same for every worker that
+                                                sees one stall (counted once) */
+    char                       stall_reason[96];
     /* the model it served when last up: while it is down, a request for
        that model is told 503 (it may come back), not 404 */
     char                       seen_model[128];
@@ -132,9 +151,11 @@ struct ngx_http_kvgate_engine_req_s {
 
 
 /* connect_wait: how long requests may wait for a handshake in progress
-   (0: never, they are refused while the worker is not connected). */
+   (0: never, they are refused while the worker is not connected); stall: how
+   long the engine's heartbeat may stand still before it is taken for stalled
+   (0: never). */
 ngx_int_t ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle,
-    ngx_http_kvgate_engine_t *e, ngx_msec_t connect_wait,
+    ngx_http_kvgate_engine_t *e, ngx_msec_t connect_wait, ngx_msec_t stall,
     ngx_http_kvgate_engine_state_pt state);
 void ngx_http_kvgate_engine_exit_process(ngx_http_kvgate_engine_t *e);
 
@@ -142,16 +163,32 @@ kvg_client *ngx_http_kvgate_engine_client(ngx_http_kvgate_engine_t *e);
 /* The engine's model, tokenizer and limits; NULL while it is down. */
 const kvg_engine_info *ngx_http_kvgate_engine_info(
     ngx_http_kvgate_engine_t *e);
+/* Connected (stalled or not). */
 ngx_uint_t ngx_http_kvgate_engine_up(ngx_http_kvgate_engine_t *e);
+/* Up and not stalled: requests may go to it. */
+ngx_uint_t ngx_http_kvgate_engine_usable(ngx_http_kvgate_engine_t *e);
+/* Up, and its heartbeat stood still past kvgate_engine_stall. */
+ngx_uint_t ngx_http_kvgate_engine_stalled(ngx_http_kvgate_engine_t *e);
+/* How long this worker has seen its heartbeat stand still (ms); 0 when the
+   engine is down or its liveness is not watched. */
+ngx_msec_t ngx_http_kvgate_engine_silent(ngx_http_kvgate_engine_t *e);
 /* Up, or a handshake in progress that requests may wait for. */
 ngx_uint_t ngx_http_kvgate_engine_available(ngx_http_kvgate_engine_t *e);
+/* Why requests cannot go to it: why it is down, or that it stalled. */
 const char *ngx_http_kvgate_engine_down_reason(ngx_http_kvgate_engine_t *e);
 /* Sets the 503 engine_unavailable error, naming why. */
 void ngx_http_kvgate_engine_unavailable(ngx_http_kvgate_engine_t *e,
     kvg_api_error *err);
 
-/* The engine's load (kvg_client_load: tokens to compute), 0 while down. */
+/* The engine's load (kvg_client_load: tokens to compute), 0 while down or
+   stalled. */
 uint64_t ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *e);
+/* A copy of the engine's statistics page (kvg_client_stats): NGX_OK, or
+   NGX_DECLINED while it is down or stalled. A stalled engine's page tells
+   what it was, not what it is, and one the engine stopped in the middle of
+   writing would keep the reader retrying for a writer that does not come. */
+ngx_int_t ngx_http_kvgate_engine_read_stats(ngx_http_kvgate_engine_t *e,
+    kvg_stats *st);
 /* How many leading hashes of the chain the engine holds (its prefix cache;
    kvg_client_held_prefix), 0 while down. */
 size_t ngx_http_kvgate_engine_held(ngx_http_kvgate_engine_t *e,
@@ -160,7 +197,8 @@ size_t ngx_http_kvgate_engine_held(ngx_http_kvgate_engine_t *e,
 /* Some engine of g is up, or has a handshake in progress. */
 ngx_uint_t ngx_http_kvgate_group_available(ngx_http_kvgate_group_t *g);
 /* The first engine of g that is up (and serves model, when model is not
-   NULL), NULL when there is none. */
+   NULL), NULL when there is none. A stalled engine counts: what it serves
+   and its tokenizer hold; routing passes it over. */
 ngx_http_kvgate_engine_t *ngx_http_kvgate_group_up(ngx_http_kvgate_group_t *g,
     const char *model, size_t model_len);
 /* An engine of g whose handshake is under way, NULL when there is none. */
@@ -176,7 +214,7 @@ void ngx_http_kvgate_group_unavailable(ngx_http_kvgate_group_t *g,
 
 /* Submits er's request to er->engine; NGX_OK (live), NGX_AGAIN (queued until the ring has
    room: er->retry is called then), or NGX_ERROR with *err set (answer 503 /
-   400). */
+   400; 503 too when the engine is stalled). */
 ngx_int_t ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
     const kvg_client_req *q, kvg_api_error *err);
 /* NGX_OK when the engine is up; NGX_AGAIN when a handshake is in progress:

@@ -213,8 +213,9 @@ ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
 
 void
 ngx_http_kvgate_metrics_engine_event(ngx_http_kvgate_engine_t *e,
-    ngx_uint_t up)
+    ngx_uint_t event)
 {
+    ngx_atomic_uint_t         key, old;
     ngx_http_kvgate_shctx_t  *sh = ngx_http_kvgate_sh;
 
     if (sh == NULL) {
@@ -225,7 +226,26 @@ ngx_http_kvgate_metrics_engine_event(ngx_http_kvgate_engine_t *e,
         return;
     }
 
-    if (up) {
+    if (event == NGX_HTTP_KVGATE_ENGINE_RESUMED) {
+        return;
+    }
+
+    if (event == NGX_HTTP_KVGATE_ENGINE_STALLED) {
+        /* every worker sees the stall; the first to report it counts it */
+
+        key = (ngx_atomic_uint_t) e->stall_key;
+        old = sh->stall_key[e->index];
+
+        if (old != key
+            && ngx_atomic_cmp_set(&sh->stall_key[e->index], old, key))
+        {
+            (void) ngx_atomic_fetch_add(&sh->engine_stalls_e[e->index], 1);
+        }
+
+        return;
+    }
+
+    if (event == NGX_HTTP_KVGATE_ENGINE_UP) {
         (void) ngx_atomic_fetch_add(&sh->engine_connects, 1);
         (void) ngx_atomic_fetch_add(&sh->engine_connects_e[e->index], 1);
         sh->worker_pid[e->index][ngx_process_slot] =

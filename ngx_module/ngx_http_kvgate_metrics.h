@@ -81,6 +81,11 @@ typedef struct {
     ngx_atomic_t            engine_disconnects_e[NGX_HTTP_KVGATE_MAX_ENGINES];
     ngx_atomic_t            routed[NGX_HTTP_KVGATE_MAX_ENGINES]
                                   [NGX_HTTP_KVGATE_ROUTE_REASONS];
+    /* stalls by engine (kvgate_engine_stall), each counted once however many
+       workers see it: by the first that reports its stall_key (the engine's
+       last heartbeat and instance), which stall_key holds afterwards */
+    ngx_atomic_t            engine_stalls_e[NGX_HTTP_KVGATE_MAX_ENGINES];
+    ngx_atomic_t            stall_key[NGX_HTTP_KVGATE_MAX_ENGINES];
     /* backpressure (NGX_HTTP_KVGATE_BP_*): counters only; the gauge of paused
        requests is the engine's (its statistics page), which cannot drift
        when a worker dies with paused requests */

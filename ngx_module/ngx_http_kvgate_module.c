@@ -52,6 +52,8 @@ static ngx_int_t ngx_http_kvgate_note_server(ngx_conf_t *cf,
 static ngx_int_t ngx_http_kvgate_server_error_pages(ngx_conf_t *cf);
 static char *ngx_http_kvgate_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_kvgate_engine_stall(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 
 static ngx_int_t ngx_http_kvgate_init_module(ngx_cycle_t *cycle);
 static void ngx_http_kvgate_pin_module(ngx_cycle_t *cycle);
@@ -136,6 +138,13 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       ngx_http_kvgate_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_http_kvgate_main_conf_t, connect_wait),
+      NULL },
+
+    { ngx_string("kvgate_engine_stall"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvgate_engine_stall,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_main_conf_t, engine_stall),
       NULL },
 
     { ngx_string("kvgate_pass"),
@@ -902,6 +911,7 @@ ngx_http_kvgate_create_main_conf(ngx_conf_t *cf)
     }
 
     kmcf->connect_wait = NGX_CONF_UNSET_MSEC;
+    kmcf->engine_stall = NGX_CONF_UNSET_MSEC;
 
     return kmcf;
 }
@@ -962,6 +972,11 @@ ngx_http_kvgate_init_main_conf(ngx_conf_t *cf, void *conf)
     /* long enough for a handshake (milliseconds), short enough that a
        client never mistakes the wait for a hang */
     ngx_conf_init_msec_value(kmcf->connect_wait, 2000);
+
+    /* well above the longest layer of a forward step on a CPU (the heartbeat
+       moves once a layer) and the engine's 100 ms idle beat; far below the
+       5 minutes of kvgate_timeout that a hung engine held requests before */
+    ngx_conf_init_msec_value(kmcf->engine_stall, 2000);
 
     if (kmcf->engines.nelts == 0) {
         return NGX_CONF_OK;
@@ -1972,6 +1987,47 @@ ngx_http_kvgate_set_msec_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+/* kvgate_engine_stall off | time: how long an engine's heartbeat may stand
+   still. Its idle engine beats every KVG_HEARTBEAT_IDLE_MS (100 ms): a
+   deadline of less than three of those could take an idle engine whose
+   wake-up was late for a stalled one. */
+
+static char *
+ngx_http_kvgate_engine_stall(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    char  *p = conf;
+
+    ngx_msec_t  *mp;
+    ngx_str_t   *value;
+
+    mp = (ngx_msec_t *) (p + cmd->offset);
+
+    if (*mp != NGX_CONF_UNSET_MSEC) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len == 3 && ngx_strncmp(value[1].data, "off", 3) == 0) {
+        *mp = 0;
+        return NGX_CONF_OK;
+    }
+
+    *mp = ngx_parse_time(&value[1], 0);
+
+    if (*mp == (ngx_msec_t) NGX_ERROR || *mp < 3 * KVG_HEARTBEAT_IDLE_MS) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be \"off\" or a time of at least %dms "
+                           "like 2s or 500ms", &value[1], &cmd->name,
+                           3 * KVG_HEARTBEAT_IDLE_MS);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
 /* kvgate_max_unsent: below a kilobyte a stream would pause at every chunk
    (one SSE chunk is a few hundred bytes); above 64m it bounds nothing. */
 
@@ -2260,7 +2316,8 @@ ngx_http_kvgate_init_process(ngx_cycle_t *cycle)
 
     for (i = 0; i < kmcf->engines.nelts; i++) {
         if (ngx_http_kvgate_engine_init_process(cycle, e[i],
-                kmcf->connect_wait, ngx_http_kvgate_metrics_engine_event)
+                kmcf->connect_wait, kmcf->engine_stall,
+                ngx_http_kvgate_metrics_engine_event)
             != NGX_OK)
         {
             return NGX_ERROR;

@@ -82,6 +82,7 @@ typedef struct {
     ngx_shm_zone_t            *shm_zone;         /* shared counters */
 
     ngx_msec_t                 connect_wait;     /* kvgate_connect_wait */
+    ngx_msec_t                 engine_stall;     /* kvgate_engine_stall */
 
     /* the servers holding a kvgate_pass location, each with the first such
        location's URI: nginx's own refusals before a location is chosen are
@@ -277,9 +278,9 @@ ngx_int_t ngx_http_kvgate_metrics_init_zone(ngx_conf_t *cf,
 /* once per request, in the log phase */
 void ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
-/* the engine connections' state hook */
+/* the engine connections' state hook (NGX_HTTP_KVGATE_ENGINE_*) */
 void ngx_http_kvgate_metrics_engine_event(ngx_http_kvgate_engine_t *e,
-    ngx_uint_t up);
+    ngx_uint_t event);
 /* a request routed to the engine of that index, for a reason
    (kvg_route_reason) */
 void ngx_http_kvgate_metrics_route(ngx_uint_t engine, ngx_uint_t reason);

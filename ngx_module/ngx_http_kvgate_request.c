@@ -724,9 +724,11 @@ ngx_http_kvgate_model_elsewhere(ngx_http_kvgate_ctx_t *ctx,
 }
 
 
-/* Routes the parsed request: the engines of its group that are up, serve
-   the model it was tokenized for and have not failed it, by their held
-   prefix and load. NGX_OK with ctx->engine.engine set, or NGX_ERROR. */
+/* Routes the parsed request: the engines of its group that are up and not
+   stalled, serve the model it was tokenized for and have not failed it, by
+   their held prefix and load (a stalled engine's load, which it publishes
+   itself, stands still at its last value: it is no candidate at all). NGX_OK
+   with ctx->engine.engine set, or NGX_ERROR. */
 
 static ngx_int_t
 ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
@@ -751,6 +753,7 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
         cands[i].id = e->id;
 
         if (info == NULL || (ctx->failed & (1u << i))
+            || ngx_http_kvgate_engine_stalled(e)
             || ngx_memcmp(info->model_id, ctx->model_id, KVG_PREFIX_HASH_LEN)
                != 0)
         {
@@ -843,14 +846,15 @@ ngx_http_kvgate_route_failed(ngx_http_kvgate_ctx_t *ctx)
 
 
 /*
- * The engine went away under a request (its connection was lost, or it is
- * shutting down: a 503 of the engine) before the request had a token from
- * it: nothing of the answer depends on that engine yet, so another engine of
- * the group that serves the same model takes it, as if it had been routed
- * there first (the prompt is parsed, tokenized and hashed already). A stream
- * whose headers went out goes on: its usage reports the new engine's counts.
- * Returns 1 when the request went on or was answered, 0 to answer the
- * engine's error as it is.
+ * The engine went away under a request (its connection was lost, it is
+ * shutting down: a 503 of the engine, or it stalled: the 503 this worker
+ * gives each request it held, kvgate_engine_stall) before the request had a
+ * token from it: nothing of the answer depends on that engine yet, so
+ * another engine of the group that serves the same model takes it, as if it
+ * had been routed there first (the prompt is parsed, tokenized and hashed
+ * already). A stream whose headers went out goes on: its usage reports the
+ * new engine's counts. Returns 1 when the request went on or was answered, 0
+ * to answer the engine's error as it is.
  */
 
 static ngx_uint_t
@@ -951,7 +955,7 @@ ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     for ( ;; ) {
 
         if (!ctx->routed
-            || !ngx_http_kvgate_engine_up(ctx->engine.engine))
+            || !ngx_http_kvgate_engine_usable(ctx->engine.engine))
         {
             if (ctx->routed) {
                 ngx_http_kvgate_route_failed(ctx);
@@ -973,10 +977,10 @@ ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
         rc = ngx_http_kvgate_submit(ctx, err);
 
         if (rc == NGX_ERROR && err->status == 503
-            && !ngx_http_kvgate_engine_up(ctx->engine.engine))
+            && !ngx_http_kvgate_engine_usable(ctx->engine.engine))
         {
-            /* it went down under the request: a miss, not an error, while
-               another engine can take it */
+            /* it went down (or stalled) under the request: a miss, not an
+               error, while another engine can take it */
             ngx_http_kvgate_route_failed(ctx);
             continue;
         }

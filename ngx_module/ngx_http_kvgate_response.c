@@ -1215,7 +1215,7 @@ ngx_http_kvgate_send_models(ngx_http_request_t *r)
 
         created = 0;
 
-        if (kvg_client_stats(ngx_http_kvgate_engine_client(e), &st) == 0) {
+        if (ngx_http_kvgate_engine_read_stats(e, &st) == NGX_OK) {
             created = st.start_unix_ms / 1000;
         }
 

@@ -339,6 +339,29 @@ ngx_http_kvgate_engine_lines(ngx_http_request_t *r,
     }
 
     ngx_http_kvgate_printf(t,
+        "# HELP kvgate_engine_stalled Whether the worker serving this scrape "
+        "takes the engine for stalled (connected, its heartbeat still for "
+        "kvgate_engine_stall: no requests go to it), by engine.\n"
+        "# TYPE kvgate_engine_stalled gauge\n");
+
+    for (i = 0; i < n; i++) {
+        ngx_http_kvgate_printf(t, "kvgate_engine_stalled{engine=\"%V\"} "
+                               "%ui\n", &all[i]->name,
+                               ngx_http_kvgate_engine_stalled(all[i]));
+    }
+
+    ngx_http_kvgate_printf(t,
+        "# HELP kvgate_engine_stalls_total Times each engine was taken for "
+        "stalled (once a stall, however many workers saw it).\n"
+        "# TYPE kvgate_engine_stalls_total counter\n");
+
+    for (i = 0; i < n; i++) {
+        ngx_http_kvgate_printf(t, "kvgate_engine_stalls_total{engine=\"%V\"} "
+                               "%uA\n", &all[i]->name,
+                               sh->engine_stalls_e[i]);
+    }
+
+    ngx_http_kvgate_printf(t,
         "# HELP kvgate_engine_load_tokens The engine's load in tokens (to "
         "prefill and decode), as its statistics page says.\n"
         "# TYPE kvgate_engine_load_tokens gauge\n");
@@ -518,9 +541,7 @@ ngx_http_kvgate_engine_stats_lines(ngx_http_request_t *r,
     }
 
     for (i = 0; i < n; i++) {
-        have[i] = ngx_http_kvgate_engine_info(all[i]) != NULL
-                  && kvg_client_stats(ngx_http_kvgate_engine_client(all[i]),
-                                      &st[i]) == 0;
+        have[i] = ngx_http_kvgate_engine_read_stats(all[i], &st[i]) == NGX_OK;
     }
 
     for (k = 0; k < sizeof(ngx_http_kvgate_engine_stats)
@@ -843,14 +864,19 @@ ngx_http_kvgate_status_engines(ngx_http_request_t *r, json_t *root)
                                                     all[i]->name.len));
         json_object_set_new(o, "socket", json_string(all[i]->path));
         json_object_set_new(o, "up", json_boolean(info != NULL));
+        json_object_set_new(o, "stalled", json_boolean(
+            ngx_http_kvgate_engine_stalled(all[i])));
+        json_object_set_new(o, "stalls", json_integer(
+            (json_int_t) sh->engine_stalls_e[i]));
         json_object_set_new(o, "workers_connected", json_integer(
             (json_int_t) ngx_http_kvgate_metrics_workers_connected(i)));
 
-        if (info == NULL) {
+        if (info == NULL || ngx_http_kvgate_engine_stalled(all[i])) {
             json_object_set_new(o, "reason", json_string(
                 ngx_http_kvgate_engine_down_reason(all[i])));
+        }
 
-        } else {
+        if (info != NULL) {
             json_object_set_new(o, "model", json_string(info->model_name));
             json_object_set_new(o, "model_id",
                                 json_string(info->model_id_hex));
@@ -860,9 +886,7 @@ ngx_http_kvgate_status_engines(ngx_http_request_t *r, json_t *root)
             json_object_set_new(o, "load_tokens", json_integer(
                 (json_int_t) ngx_http_kvgate_engine_load(all[i])));
 
-            if (kvg_client_stats(ngx_http_kvgate_engine_client(all[i]), &st)
-                == 0)
-            {
+            if (ngx_http_kvgate_engine_read_stats(all[i], &st) == NGX_OK) {
                 json_object_set_new(o, "kv", ngx_http_kvgate_status_kv(&st));
                 json_object_set_new(o, "cache",
                                     ngx_http_kvgate_status_cache(&st));
@@ -1154,12 +1178,15 @@ ngx_http_kvgate_status_render(ngx_http_request_t *r,
     ngx_http_kvgate_status_engines(r, root);
 
     json_object_set_new(eng, "up", json_boolean(info != NULL));
+    json_object_set_new(eng, "stalled", json_boolean(
+        ngx_http_kvgate_engine_stalled(e0)));
 
-    if (info == NULL) {
+    if (info == NULL || ngx_http_kvgate_engine_stalled(e0)) {
         json_object_set_new(eng, "reason", json_string(
             e0 ? ngx_http_kvgate_engine_down_reason(e0) : "no engine"));
+    }
 
-    } else {
+    if (info != NULL) {
         ngx_snprintf((u_char *) hex, sizeof(hex), "%016xL%Z", info->instance);
         json_object_set_new(eng, "model", json_string(info->model_name));
         json_object_set_new(eng, "model_id", json_string(info->model_id_hex));
@@ -1173,7 +1200,7 @@ ngx_http_kvgate_status_render(ngx_http_request_t *r,
         json_object_set_new(eng, "instance", json_string(hex));
     }
 
-    if (info && kvg_client_stats(ngx_http_kvgate_engine_client(e0), &st) == 0) {
+    if (info && ngx_http_kvgate_engine_read_stats(e0, &st) == NGX_OK) {
         json_object_set_new(eng, "clients", json_integer(st.clients));
         json_object_set_new(eng, "started_unix_ms",
                             json_integer((json_int_t) st.start_unix_ms));

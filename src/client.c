@@ -57,6 +57,12 @@ struct kvg_client {
     /* Going down: every live request gets an ERROR, then one DOWN event. */
     int down_pending;
     char down_msg[320];
+    /* Failed by kvg_client_fail_live while the connection stays: each gets an ERROR
+     * before any other event (fail_status, fail_msg). */
+    struct kvg_client_failed { uint64_t id; void *user; } *failed;
+    size_t n_failed, cap_failed;
+    int fail_status;
+    char fail_msg[320];
 
     unsigned char *submit_buf;   /* payload scratch (8-byte aligned) */
     size_t submit_cap;
@@ -136,6 +142,7 @@ void kvg_client_free(kvg_client *c)
     teardown(c);
     kvg_u64map_free(&c->live);
     kvg_prefix_hasher_free(c->hasher);
+    free(c->failed);
     free(c->ctl);
     free(c->submit_buf);
     free(c->recv_buf);
@@ -416,10 +423,22 @@ static int queue_ctl(kvg_client *c, uint64_t id, uint32_t type, uint32_t draw, u
     return 0;
 }
 
+/* Takes id off the failed list (its ERROR not handed out yet); 1 when it was there. */
+static int unfail(kvg_client *c, uint64_t id)
+{
+    for (size_t i = 0; i < c->n_failed; i++) {
+        if (c->failed[i].id == id) {
+            c->failed[i] = c->failed[--c->n_failed];
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int kvg_client_cancel(kvg_client *c, uint64_t id)
 {
     if (!kvg_u64map_find(&c->live, id, NULL))
-        return -1;
+        return unfail(c, id) ? 0 : -1;   /* failed, not told yet: its ERROR never comes */
     kvg_u64map_del(&c->live, id);
     if (c->state != KVG_CLIENT_UP)
         return 0;
@@ -603,6 +622,46 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
     return 0;
 }
 
+size_t kvg_client_fail_live(kvg_client *c, int status, const char *why)
+{
+    size_t n = c->live.n;
+
+    if (n == 0)
+        return 0;
+    if (c->n_failed + n > c->cap_failed) {
+        struct kvg_client_failed *f = realloc(c->failed, (c->n_failed + n) * sizeof *f);
+        if (!f) {
+            /* they fail all the same, with the connection (the engine then cancels them) */
+            go_down(c, "out of memory failing the live requests");
+            return n;
+        }
+        c->failed = f;
+        c->cap_failed = c->n_failed + n;
+    }
+    c->fail_status = status;
+    snprintf(c->fail_msg, sizeof c->fail_msg, "%s", why ? why : "failed by the client");
+    /* One pass over the table, then empty it: events for these ids are dropped from
+     * now on, as for any cancelled request. */
+    for (size_t i = 0; i < c->live.cap; i++) {
+        if (!c->live.keys[i])
+            continue;
+        c->failed[c->n_failed].id = c->live.keys[i];
+        c->failed[c->n_failed].user = c->live.vals[i];
+        c->n_failed++;
+    }
+    kvg_u64map_free(&c->live);
+    for (size_t i = c->n_failed - n; i < c->n_failed && c->state == KVG_CLIENT_UP; i++)
+        (void)queue_ctl(c, c->failed[i].id, KVG_MSG_CANCEL, 0, 0);
+    return n;
+}
+
+uint64_t kvg_client_heartbeat(const kvg_client *c)
+{
+    if (c->state != KVG_CLIENT_UP || !c->stats)
+        return 0;
+    return atomic_load_explicit(&c->stats->heartbeat, memory_order_relaxed);
+}
+
 int kvg_client_stats(const kvg_client *c, kvg_stats *out)
 {
     if (c->state != KVG_CLIENT_UP || !c->stats)
@@ -759,6 +818,16 @@ int kvg_client_next_event(kvg_client *c, kvg_client_event *ev)
     char err[320];
 
     memset(ev, 0, sizeof *ev);
+    if (c->n_failed) {
+        c->n_failed--;
+        snprintf(c->msg, sizeof c->msg, "%s", c->fail_msg);
+        ev->kind = KVG_CEV_ERROR;
+        ev->id = c->failed[c->n_failed].id;
+        ev->user = c->failed[c->n_failed].user;
+        ev->status = c->fail_status;
+        ev->message = c->msg;
+        return 1;
+    }
     if (c->down_pending) {
         void *user;
         uint64_t id = kvg_u64map_any(&c->live, &user);
@@ -855,8 +924,8 @@ int kvg_client_wait(kvg_client *c, int timeout_ms)
     struct pollfd p[2];
     int n = 0;
 
-    if (c->down_pending)
-        return 1;
+    if (c->down_pending || c->n_failed)
+        return 1;                /* events to hand out, no descriptor says so */
     if (c->state == KVG_CLIENT_DOWN) {
         int d = kvg_client_retry_delay_ms(c);
         if (timeout_ms >= 0 && d > timeout_ms) {

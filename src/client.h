@@ -201,6 +201,23 @@ int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cance
 /* Live requests (submitted, not yet DONE/ERROR/cancelled). */
 size_t kvg_client_live(const kvg_client *c);
 
+/* Fails every live request now as if the engine had died, but keeps the connection:
+ * each gets a KVG_CEV_ERROR (status, why) from kvg_client_next_event before any other
+ * event, and a CANCEL goes to the engine for each (a full ring delays it), so that an
+ * engine that was only silent computes nothing more for them when it goes on; what it
+ * still sends for them is dropped, as for any cancelled request. kvg_client_cancel of
+ * such a request before its ERROR came takes the ERROR back. For an engine that
+ * stopped making progress (liveness.h): its requests can go to another. Returns how
+ * many requests were failed. (Requests failed by an earlier call and not yet handed
+ * out get this call's status and message.) */
+size_t kvg_client_fail_live(kvg_client *c, int status, const char *why);
+
+/* The engine's heartbeat (proto.h): a counter its loop advances at every iteration,
+ * every layer of a step, and at least every KVG_HEARTBEAT_IDLE_MS while idle. One
+ * relaxed load from the statistics page, no system call; 0 when not connected. A
+ * value that stays the same for long means a silent engine (liveness.h). */
+uint64_t kvg_client_heartbeat(const kvg_client *c);
+
 /* A snapshot of the engine's statistics page. 0, or -1 when not connected. */
 int kvg_client_stats(const kvg_client *c, kvg_stats *out);
 

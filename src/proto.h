@@ -49,8 +49,9 @@
 #include "shm_channel.h"
 
 #define KVG_PROTO_MAGIC     0x6b766731u   /* "1gvk" little-endian */
-#define KVG_PROTO_VERSION   3u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
-                                    3: the held set (fd[5], held_bytes), load_tokens */
+#define KVG_PROTO_VERSION   4u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
+                                    3: the held set (fd[5], held_bytes), load_tokens;
+                                    4: the statistics page's heartbeat */
 #define KVG_WELCOME_FDS     6
 
 /* Limits every side enforces. */
@@ -424,10 +425,21 @@ typedef struct kvg_stats {
     kvg_stats_tenant tenant[KVG_STATS_TENANTS];
 } kvg_stats;
 
-/* The page as mapped: the sequence word on its own cache line, then the data. */
+/* The engine's heartbeat: how a client tells an engine that makes progress from one
+ * that went silent (stopped, hung in a step, starved of CPU) while its socket stays
+ * open. The engine's loop adds 1 to it at every iteration, at every layer of a forward
+ * step, and, when it has nothing to do, at least every KVG_HEARTBEAT_IDLE_MS (it wakes
+ * up for that). A client that sees the value unchanged for longer than the longest
+ * layer of a step plus this may take the engine for stalled. */
+#define KVG_HEARTBEAT_IDLE_MS  100
+
+/* The page as mapped: the sequence word on its own cache line, then the data, then
+ * the heartbeat on a line of its own (outside the seqlock: one relaxed store by the
+ * engine, one relaxed load by a client; it only ever needs to be seen to change). */
 typedef struct kvg_stats_page {
     _Alignas(64) _Atomic uint64_t seq;
     _Alignas(64) kvg_stats s;
+    _Alignas(64) _Atomic uint64_t heartbeat;
 } kvg_stats_page;
 
 /* Writer (the engine, one thread). */

@@ -76,7 +76,7 @@ const char *kvg_route_policy_name(kvg_route_policy p);
 int kvg_route_policy_parse(const char *s, size_t len, kvg_route_policy *out);
 
 typedef struct kvg_route_cand {
-    int eligible;            /* up and serving the request's model */
+    int eligible;            /* up, not stalled, serving the request's model */
     uint64_t id;             /* stable per engine (e.g. a hash of its configured name/path) */
     uint32_t held_blocks;    /* leading blocks of the request it holds (prefix policy) */
     uint64_t held_tokens;    /* the prompt tokens of those blocks (0: the request costs

@@ -207,7 +207,9 @@ $g->stop;
 # ---- 429: the engine is saturated ----------------------------------------------------------
 
 {
-    my $s = Kvgate::Gateway->new(engine => [ '--max-waiting', '1', '--max-running', '1' ], workers => 1);
+    # (stall => 'off': the engine is stopped to hold the requests, however long that takes)
+    my $s = Kvgate::Gateway->new(engine => [ '--max-waiting', '1', '--max-running', '1' ], workers => 1,
+                                 stall => 'off');
     my @pids;
     my $dir = $s->t->prefix;
     # "At once" for certain: the engine is stopped (SIGSTOP) until all five are in

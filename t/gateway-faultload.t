@@ -17,8 +17,9 @@ use Time::HiRes qw(time);
 use Kvgate::Gateway;
 use Kvgate::Load;
 
-# The second server answers after at most 1 s (kvgate_timeout), for the SIGSTOP case.
-my $g = Kvgate::Gateway->new(http => <<'EOF');
+# The second server answers after at most 1 s (kvgate_timeout), for the SIGSTOP case, which
+# is about kvgate_timeout: no stall detection (t/gateway-route-stall.t has it).
+my $g = Kvgate::Gateway->new(stall => 'off', http => <<'EOF');
     server {
         listen 127.0.0.1:%%PORT_1%%;
         kvgate_timeout 1s;

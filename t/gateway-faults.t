@@ -161,7 +161,8 @@ $g->stop;
 # ---- a full submission ring: requests wait in the worker, in order ------------------------
 
 {
-    my $q = Kvgate::Gateway->new(engine => [ '--sq-data', '4096' ], workers => 1);
+    # (stall => 'off': the engine is stopped to hold the requests, however long that takes)
+    my $q = Kvgate::Gateway->new(engine => [ '--sq-data', '4096' ], workers => 1, stall => 'off');
     my $doc = join ' ', ('Lily and Tom went to the park with their big red ball.') x 20;
     my $body = { prompt => substr($doc, 0, 900), max_tokens => 8, temperature => 0 };
     my $want = $q->completion($body, 'X-Tenant-Id' => 'ring')->{json}{choices}[0]{text};

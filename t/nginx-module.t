@@ -50,6 +50,11 @@ sub conf_fails {
     like($out, qr/test is successful/, 'nginx -t says the test is successful');
 }
 
+for my $v (qw(off 300ms 2s)) {
+    my ($rc, $out) = $t->nginx_t(http => "$engine\nkvgate_engine_stall $v;\n$server");
+    is($rc, 0, "kvgate_engine_stall $v: nginx -t passes") or diag($out);
+}
+
 conf_fails("$engine\n$server", qr/unknown directive "kvgate_engine"/,
            'without load_module the directives are unknown', load_module => 0);
 
@@ -119,6 +124,13 @@ my @bad = (
     [ 'kvgate_timeout 0;', qr/invalid value "0" in "kvgate_timeout" directive, it must be greater than 0/, 'kvgate_timeout 0' ],
     [ 'kvgate_timeout forever;', qr/invalid value "forever" in "kvgate_timeout" directive, it must be a time/, 'kvgate_timeout forever' ],
     [ 'kvgate_cache_ttl soon;', qr/invalid value "soon" in "kvgate_cache_ttl" directive/, 'kvgate_cache_ttl soon' ],
+    [ 'kvgate_engine_stall 100ms;',
+      qr/invalid value "100ms" in "kvgate_engine_stall" directive, it must be "off" or a time of at least 300ms/,
+      'kvgate_engine_stall 100ms (under three idle heartbeats)' ],
+    [ 'kvgate_engine_stall never;', qr/invalid value "never" in "kvgate_engine_stall" directive/,
+      'kvgate_engine_stall never' ],
+    [ 'kvgate_engine_stall 1s; kvgate_engine_stall 2s;', qr/"kvgate_engine_stall" directive is duplicate/,
+      'kvgate_engine_stall twice' ],
     [ 'kvgate_route_blocks 0;', qr/invalid value "0" in "kvgate_route_blocks" directive/, 'kvgate_route_blocks 0' ],
     [ 'kvgate_answer_pattern_steps 999;', qr/invalid value "999" in "kvgate_answer_pattern_steps" directive, it must be an integer from 1000 to 1000000000/,
       'kvgate_answer_pattern_steps 999' ],

@@ -463,6 +463,103 @@ static void test_client_death_and_cancel(void)
     kvg_client_free(c);
 }
 
+/* Whether the process is stopped (state T in /proc/PID/stat). */
+static int is_stopped(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && p[2] == 'T';
+}
+
+static int cancels_seen(const kvg_stats *s, const void *arg)
+{
+    const kvg_stats *base = arg;
+    return s->client_cancels >= base->client_cancels + 3 && s->running == 0 && s->waiting == 0;
+}
+
+/* A silent engine (SIGSTOP): its heartbeat moves while it is idle and stands still while
+ * it is stopped; kvg_client_fail_live fails the live requests at once and keeps the
+ * connection; once the engine goes on it gets their CANCELs, and nothing it made for
+ * them reaches the client. */
+static void test_stall(engine_proc *e)
+{
+    kvg_client *c = ep_connect(SOCK);
+    kvg_client_event ev;
+    kvg_stats base, st;
+    char err[256];
+    if (!c) {
+        ok(0, "connect");
+        return;
+    }
+    ep_wait_idle(c, 10, &base);
+    uint64_t h0 = kvg_client_heartbeat(c), h = h0;
+    double t0 = ep_now();
+    for (double until = t0 + EP_WAIT_S; ep_now() < until && h < h0 + 3; ep_sleep_ms(10))
+        h = kvg_client_heartbeat(c);
+    ok(h0 > 0 && h >= h0 + 3, "an idle engine's heartbeat moves by itself (%llu -> %llu in %.0f ms)",
+       (unsigned long long)h0, (unsigned long long)h, (ep_now() - t0) * 1000);
+
+    kill(e->pid, SIGSTOP);
+    for (double until = ep_now() + EP_WAIT_S; ep_now() < until && !is_stopped(e->pid); ep_sleep_ms(2)) {
+    }
+    h0 = kvg_client_heartbeat(c);
+    ep_sleep_ms(3 * KVG_HEARTBEAT_IDLE_MS);
+    ok(is_stopped(e->pid) && kvg_client_heartbeat(c) == h0,
+       "stopped (SIGSTOP): the heartbeat stands still over 3 idle periods");
+
+    /* three requests the stopped engine cannot take yet */
+    int32_t ids[] = { 1, 403, 407, 261, 378 };
+    ep_result *r = calloc(3, sizeof *r);
+    uint64_t id[3];
+    for (int k = 0; k < 3; k++) {
+        kvg_client_req q = ep_req(ids, 5, 400);
+        q.n = 4;
+        q.temperature = 1.0f;
+        q.seed = (uint64_t)k;
+        if (kvg_client_submit(c, &q, &r[k], &id[k], err, sizeof err) != 0)
+            diag("submit: %s", err);
+    }
+    ok(kvg_client_live(c) == 3, "3 requests live in the stopped engine's ring");
+    ok(kvg_client_fail_live(c, 503, "the engine stalled") == 3 && kvg_client_live(c) == 0,
+       "fail_live: all 3 failed, none live any more");
+    ok(kvg_client_cancel(c, id[1]) == 0, "  a cancel before its ERROR was handed out takes the ERROR back");
+    while (kvg_client_next_event(c, &ev) == 1)
+        ep_record(&ev);
+    ok(r[0].error && r[0].status == 503 && strcmp(r[0].message, "the engine stalled") == 0 && !r[1].error &&
+       r[2].error && r[2].status == 503,
+       "  the other two get ERROR 503 with the message given (%s), before anything else", r[0].message);
+    ok(kvg_client_cancel(c, id[0]) == -1 && kvg_client_hold(c, id[2], 1) == -1,
+       "  and are no longer live (cancel, hold: -1)");
+    ok(kvg_client_get_state(c) == KVG_CLIENT_UP, "  the connection stays up");
+
+    kill(e->pid, SIGCONT);
+    t0 = ep_now();
+    int seen = ep_wait_stats(c, EP_WAIT_S, &st, cancels_seen, &base) == 0;
+    ok(seen, "continued: the engine takes the 3 submissions and their CANCELs (%llu cancels, %d running) in %.0f ms",
+       (unsigned long long)(st.client_cancels - base.client_cancels), st.running, (ep_now() - t0) * 1000);
+    ep_sleep_ms(50);
+    while (kvg_client_next_event(c, &ev) == 1)
+        ep_record(&ev);
+    int quiet = 1;
+    for (int k = 0; k < 3; k++)
+        quiet &= !r[k].done && !r[k].accepted && r[k].n_tokens[0] == 0;
+    ok(quiet, "  nothing it made for them reaches the client");
+    ok(kvg_client_heartbeat(c) != h0, "  its heartbeat moves again");
+    ep_result *r2 = calloc(1, sizeof *r2);
+    kvg_client_req q = ep_req(ids, 5, 10);
+    q.bypass = 1;
+    ok(ep_run(c, &q, r2, 20) == 0 && r2->n_tokens[0] == 10, "  and a new request on the same connection completes");
+    free(r2);
+    free(r);
+    kvg_client_free(c);
+}
+
 static void test_engine_death(engine_proc *e)
 {
     kvg_client *cs[3];
@@ -619,6 +716,7 @@ int main(void)
     }
     test_hostile(&e);
     test_client_death_and_cancel();
+    test_stall(&e);
     test_engine_death(&e);
     ep_stop(&e, SIGTERM, 20);
     if (ep_start(&e, a) == 0)

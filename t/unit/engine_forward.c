@@ -427,6 +427,52 @@ static void fork_suite(const kvg_model *m, const char *name)
     rig_free(&r);
 }
 
+static void count_call(void *arg)
+{
+    (*(int *)arg)++;
+}
+
+/* The progress hook (the engine's heartbeat within a step): called once before each
+ * layer, with or without logits, never once it is cleared. */
+static void progress_suite(const kvg_model *m, const char *name)
+{
+    rig r;
+    script a;
+    kvg_kv_seq sa;
+    char err[256];
+    int calls = 0, okk = 1, L = m->cfg.n_layers;
+    float *lg = calloc((size_t)m->cfg.vocab_size, sizeof(float));
+
+    if (rig_new(&r, m, 1, 16, 32) != 0) {
+        ok(0, "%s: progress rig", name);
+        free(lg);
+        return;
+    }
+    script_init(&a, m, 20, 2);
+    kvg_kv_seq_init(&sa);
+    kvg_forward_set_progress(r.fw, count_call, &calls);
+    {
+        kvg_fwd_seq s = { &sa, a.toks, 10, NULL };
+        okk &= kvg_forward_step(r.fw, &s, 1, err, sizeof err) == 0;
+    }
+    is_int(calls, L, "%s: a prefill chunk without logits calls the hook once a layer", name);
+    {
+        kvg_fwd_seq s = { &sa, a.toks + 10, 10, lg };
+        okk &= kvg_forward_step(r.fw, &s, 1, err, sizeof err) == 0;
+    }
+    is_int(calls, 2 * L, "%s: a step with logits, once a layer too", name);
+    kvg_forward_set_progress(r.fw, NULL, NULL);
+    {
+        kvg_fwd_seq s = { &sa, a.toks + 20, 1, lg };
+        okk &= kvg_forward_step(r.fw, &s, 1, err, sizeof err) == 0;
+    }
+    ok(okk && calls == 2 * L, "%s: cleared: not called any more", name);
+    kvg_kv_seq_release(r.kv, &sa);
+    script_free(&a);
+    rig_free(&r);
+    free(lg);
+}
+
 static void error_suite(const kvg_model *m)
 {
     rig r;
@@ -594,6 +640,7 @@ int main(void)
     if (stories) {
         invariance_suite(stories, "stories260K");
         fork_suite(stories, "stories260K");
+        progress_suite(stories, "stories260K");
         error_suite(stories);
     }
     if (syn)

@@ -6,7 +6,8 @@ package Kvgate::Gateway;
 #   my $g = Kvgate::Gateway->new(http => '...extra http{} lines...',
 #                                main => '...extra main-context lines...',
 #                                server => '...extra server{} lines...',
-#                                engine => [extra engine args]);
+#                                engine => [extra engine args],
+#                                stall => '500ms');   # kvgate_engine_stall (default: the module's)
 #   my $r = $g->completion({prompt => 'Once upon a time', max_tokens => 8});
 #   my ($events, $raw) = $g->stream('/v1/chat/completions', {...});
 #   my $st = $g->status;               # kvgate_status JSON
@@ -68,6 +69,8 @@ sub new {
                                                 extra => $o{engine} // []);
     }
     my $http = $o{http} // '';
+    # Tests that stop an engine (SIGSTOP) to hold requests in flight give stall => 'off'.
+    $http = "kvgate_engine_stall $o{stall};\n    $http" if defined $o{stall};
     my $server = $o{server} // '';
     my $locations = $o{locations} // '';
     my $workers = $o{workers} // 2;
