@@ -53,6 +53,7 @@ ENGINE_LIB := $(BUILD)/libkvgate-engine.a
 ENGINE_BINS := $(ENGINE_CMDS:engine/cmd/%.c=$(BUILD)/bin/%)
 TOOLS      := $(TOOL_SRCS:tools/%.c=$(BUILD)/bin/%)
 UNITS      := $(UNIT_SRCS:t/unit/%.c=$(BUILD)/t/%)
+SHIMS      := $(patsubst t/shim/%.c,$(BUILD)/t/%.so,$(wildcard t/shim/*.c))
 BENCHES    := $(BENCH_SRCS:t/bench/%.c=$(BUILD)/bench/%)
 # Benchmarks may compare against OpenBLAS (the speed reference for the GEMMs).
 BENCH_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
@@ -128,8 +129,8 @@ units: $(UNITS) $(SHIMS)
 benches: $(BENCHES)
 asan: $(ASAN_UNITS) $(ASAN_BINS)
 
-# LD_PRELOAD shims some tests start nginx with (t/shim/NAME.c -> build/t/NAME.so).
-SHIMS      := $(patsubst t/shim/%.c,$(BUILD)/t/%.so,$(wildcard t/shim/*.c))
+# LD_PRELOAD shims some tests start nginx with (t/shim/NAME.c -> build/t/NAME.so; SHIMS
+# is defined with the other lists above, before `units` names it).
 $(BUILD)/t/%.so: t/shim/%.c | $(BUILD)/t
 	$(CC) -std=gnu11 -O2 -fPIC -shared -Wall -Wextra -Werror $< -o $@ -ldl -lpthread
 
@@ -320,12 +321,16 @@ deps:
 # The whole suite: C unit tests (TAP executables) and the perl end-to-end tests, in one
 # prove run; then the C unit tests under ASan+UBSan and the nginx tests again with the
 # ASan+UBSan build of the module (KVGATE_ASAN=1 makes the harness load it).
+# prove runs with Kvgate::CheckedHarness: a test that skips fails the run unless
+# t/skips-allowed allows that skip (a skipped check is one that cannot fail).
+PROVE      := PERL5LIB=t/lib$${PERL5LIB:+:$$PERL5LIB} prove --harness Kvgate::CheckedHarness
+
 test: deps
 	$(MAKE) -j$(NPROC) all asan module-asan
-	BUILD=$(BUILD) prove $(PROVE_FLAGS) $(UNITS) $(wildcard t/*.t)
+	BUILD=$(BUILD) $(PROVE) $(PROVE_FLAGS) $(UNITS) $(wildcard t/*.t)
 	BUILD=$(BUILD) KVGATE_ASAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	    prove $(PROVE_FLAGS) $(ASAN_UNITS) $(wildcard t/*.t)
+	    $(PROVE) $(PROVE_FLAGS) $(ASAN_UNITS) $(wildcard t/*.t)
 
 fuzz: $(FUZZERS)
 	@scripts/run-fuzzers.sh $(FUZZ_SECONDS) $(FUZZERS)
