@@ -436,7 +436,8 @@ static void write_stats(kvg_daemon *d)
     s.clients = 0;
     for (dconn *c = d->conns; c; c = c->next)
         s.clients += c->up;
-    for (int b = 0; b < KVG_STATS_BUCKETS && b < KVG_SCHED_BUCKETS; b++) {
+    /* the scheduler's buckets are the page's (KVG_SCHED_BUCKETS is defined from it) */
+    for (int b = 0; b < KVG_STATS_BUCKETS; b++) {
         s.bucket[b].requests = ss.bucket[b].requests;
         s.bucket[b].prompt_tokens = ss.bucket[b].prompt_tokens;
         s.bucket[b].cached_tokens = ss.bucket[b].cached_tokens;

@@ -134,7 +134,7 @@ static void handshake(dconn *c, const kvg_hello *h)
     w.bos = d->m->bos;
     w.eos = d->m->eos;
     w.add_bos = (uint32_t)kvg_tokenizer_add_bos(d->m->tokenizer);
-    w.max_n = KVG_SCHED_MAX_N < KVG_PROTO_MAX_N ? KVG_SCHED_MAX_N : KVG_PROTO_MAX_N;
+    w.max_n = KVG_PROTO_MAX_N;   /* the scheduler's KVG_SCHED_MAX_N is defined from it */
     fds[0] = memfd;
     fds[1] = c->bell_in;
     fds[2] = c->bell_out;

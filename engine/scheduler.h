@@ -49,12 +49,15 @@
 #include "model.h"
 #include "prefix_cache.h"
 #include "prefix_hash.h"
+#include "proto.h"
 #include "sampler.h"
 #include "stop_match.h"
 
-#define KVG_SCHED_MAX_N        16     /* completions per request */
+/* Completions per request and length buckets are the protocol's (proto.h): whatever
+ * a SUBMIT may carry, the scheduler takes. */
+#define KVG_SCHED_MAX_N        KVG_PROTO_MAX_N
 #define KVG_SCHED_MAX_STOP_IDS 8
-#define KVG_SCHED_BUCKETS      17     /* kvg_buckets: up to 16 bounds + bypass */
+#define KVG_SCHED_BUCKETS      KVG_STATS_BUCKETS
 
 typedef struct kvg_sched kvg_sched;
 

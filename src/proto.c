@@ -19,6 +19,8 @@ _Static_assert(sizeof(kvg_msg_error) <= KVG_SHM_BODY_MAX, "error fits a slot");
 _Static_assert(sizeof(kvg_msg_hold) <= KVG_SHM_BODY_MAX, "hold fits a slot");
 _Static_assert(sizeof(kvg_welcome) < 1024, "welcome is one small packet");
 _Static_assert(sizeof(kvg_stats_page) <= 65536, "stats page size");
+/* A bucket index (buckets.h: bypass, then one per bound) labels the page's buckets. */
+_Static_assert(KVG_STATS_BUCKETS == KVG_BUCKETS_MAX_BOUNDS + 1, "one statistics bucket per length bucket");
 
 static size_t pad8(size_t n)
 {

@@ -54,7 +54,9 @@
                                     4: the statistics page's heartbeat */
 #define KVG_WELCOME_FDS     6
 
-/* Limits every side enforces. */
+/* Limits every side enforces. These are the one definition: the engine's scheduler
+ * and stop matcher define theirs from them (KVG_SCHED_MAX_N, KVG_STOP_MAX,
+ * KVG_STOP_MAX_LEN). */
 #define KVG_PROTO_MAX_SALT       256      /* tenant salt bytes */
 #define KVG_PROTO_MAX_N          16       /* samples per request */
 #define KVG_PROTO_MAX_STOP       4        /* stop strings */
@@ -356,7 +358,8 @@ int kvg_proto_decode_error(const kvg_shm_msg *m, kvg_msg_error *h, const char **
 
 #define KVG_STATS_MAGIC    0x5453474bu   /* "KGST" */
 #define KVG_STATS_TENANTS  32            /* tenants listed by cached blocks (the rest summed) */
-#define KVG_STATS_BUCKETS  17
+#define KVG_STATS_BUCKETS  17            /* length buckets: bypass + KVG_BUCKETS_MAX_BOUNDS
+                                            (asserted in proto.c); the scheduler's too */
 
 typedef struct kvg_stats_tenant {
     char name[KVG_PROTO_MAX_SALT + 1];   /* the tenant's name, NUL-terminated: a named
