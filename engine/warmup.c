@@ -231,18 +231,18 @@ static int parse_line(const char *s, size_t len, const kvg_tokenizer *tok, int32
     {
         json_t *t = def ? def : tenant;
         size_t n = json_string_length(t);
-        e->tenant = malloc(n + 2);
-        if (!e->tenant) {
+        e->salt = malloc(n + 2);
+        if (!e->salt) {
             line_err(err, err_len, name, line, def ? "default_tenant" : "tenant", "out of memory");
             goto out;
         }
         if (def)
-            e->tenant_len = kvg_prefix_default_salt(json_string_value(t), n, (uint8_t *)e->tenant, n + 2);
+            e->salt_len = kvg_prefix_default_salt(json_string_value(t), n, (uint8_t *)e->salt, n + 2);
         else {
-            memcpy(e->tenant, json_string_value(t), n);
-            e->tenant_len = n;
+            memcpy(e->salt, json_string_value(t), n);
+            e->salt_len = n;
         }
-        e->tenant[e->tenant_len] = '\0';
+        e->salt[e->salt_len] = '\0';
     }
     rc = ids ? parse_ids(ids, vocab, e, name, line, err, err_len)
              : parse_prompt(prompt, tok, e, name, line, err, err_len);
@@ -297,7 +297,7 @@ kvg_warmup *kvg_warmup_parse(const char *data, size_t len, const char *name,
         }
         memset(&w->e[w->n], 0, sizeof w->e[w->n]);
         if (parse_line(s, l, tok, vocab_size, &w->e[w->n], name, line, err, err_len) != 0) {
-            free(w->e[w->n].tenant);
+            free(w->e[w->n].salt);
             free(w->e[w->n].ids);
             goto fail;
         }
@@ -351,7 +351,7 @@ void kvg_warmup_free(kvg_warmup *w)
     if (!w)
         return;
     for (size_t i = 0; i < w->n; i++) {
-        free(w->e[i].tenant);
+        free(w->e[i].salt);
         free(w->e[i].ids);
     }
     free(w->e);
@@ -403,13 +403,13 @@ int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
         kvg_sched_req q;
         char serr[256];
         memset(&q, 0, sizeof q);
-        if (kvg_pc_salt_root(pc, h, e->tenant, e->tenant_len, q.root, serr, sizeof serr) != 0) {
+        if (kvg_pc_salt_root(pc, h, e->salt, e->salt_len, q.root, serr, sizeof serr) != 0) {
             line_err(err, err_len, w->name, e->line, "tenant", "%s", serr);
             goto out;
         }
         /* Held until the request is queued (it takes its own reference); the tenant
          * then lives on through the blocks the entry caches. */
-        q.tenant = kvg_pc_tenant(pc, e->tenant, e->tenant_len, 0.0);
+        q.tenant = kvg_pc_tenant(pc, e->salt, e->salt_len, 0.0);
         if (q.tenant < 0) {
             line_err(err, err_len, w->name, e->line, "tenant", "out of memory for the tenant's record");
             goto out;

@@ -596,21 +596,15 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
     switch (data) {
 
     case NGX_HTTP_KVGATE_VAR_TENANT:
-        if (ctx->tenant.data == NULL) {
+        /* the salt is set with the name, once the tenant is resolved */
+
+        if (ctx->salt.data == NULL) {
             v->not_found = 1;
             return NGX_OK;
         }
 
-        {
-            /* the name, without the default tenant's salt mark */
-            const void  *name;
-            size_t       len;
-
-            (void) kvg_prefix_salt_is_default(ctx->tenant.data,
-                                              ctx->tenant.len, &name, &len);
-            v->data = (u_char *) name;
-            v->len = len;
-        }
+        v->data = ctx->tenant.data;
+        v->len = ctx->tenant.len;
         return NGX_OK;
 
     case NGX_HTTP_KVGATE_VAR_BUCKET:

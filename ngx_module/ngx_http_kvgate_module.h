@@ -171,7 +171,14 @@ struct ngx_http_kvgate_ctx_s {
     ngx_uint_t                 bypass;
     const char                *cache_status;      /* "hit", ... or NULL */
 
+    /* the tenant: its name (a header's value or the location's
+       kvgate_default_tenant: $kvgate_tenant, logs) and its salt, the bytes
+       the block hashes are salted with (prefix_hash.h: a named tenant's is
+       its name, a default tenant's a 0x00 mark then its name) */
     ngx_str_t                  tenant;
+    ngx_str_t                  salt;
+    ngx_uint_t                 default_tenant;
+
     kvg_request               *req;               /* the parsed body */
     int32_t                   *tokens;
     size_t                     n_tokens;
@@ -319,8 +326,8 @@ off_t ngx_http_kvgate_prompt_body_limit(const kvg_engine_info *info);
 void ngx_http_kvgate_prompt_too_large(ngx_http_request_t *r,
     kvg_api_error *err);
 /* Reads and parses the body, resolves the tenant, tokenizes, hashes: sets
-   ctx's req, tenant, tokens, stop ids and strings, bucket, bypass, hashes
-   and route key. */
+   ctx's req, tenant and salt, tokens, stop ids and strings, bucket, bypass,
+   hashes and route key. */
 ngx_int_t ngx_http_kvgate_prompt_parse(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
     const kvg_engine_info *info, kvg_api_error *err);

@@ -1,10 +1,10 @@
 
 /*
  * A completion request's body turned into what the engine and a front tier
- * need: the parsed request (libkvgate), the tenant, the prompt's tokens (the
- * engine's chat template and tokenizer, content normalized first), the stop
- * ids and strings, the length bucket, the block hashes salted with the
- * tenant, and the route key. Used by the request lifecycle
+ * need: the parsed request (libkvgate), the tenant and its salt, the prompt's
+ * tokens (the engine's chat template and tokenizer, content normalized
+ * first), the stop ids and strings, the length bucket, the block hashes
+ * salted with the tenant's salt, and the route key. Used by the request lifecycle
  * (ngx_http_kvgate_request.c) before submitting, and by $kvgate_route_key in
  * a front tier that only proxies (ngx_http_kvgate_module.c). Reads the
  * engine's model and tokenizer through the connection, nothing else.
@@ -545,8 +545,7 @@ ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
          * The location's default tenant is a namespace of its own: its salt is
          * KVG_PREFIX_DEFAULT_MARK (a NUL, which no named tenant holds: refused
          * below) then its name, so "X-Tenant-Id: default" never shares the
-         * anonymous tenant's cache (prefix_hash.h). ctx->tenant is the salt;
-         * $kvgate_tenant shows the name.
+         * anonymous tenant's cache (prefix_hash.h).
          */
 
         salt = ngx_pnalloc(r->pool, KVG_PROTO_MAX_SALT);
@@ -556,16 +555,20 @@ ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         }
 
         /* kvgate_default_tenant is checked to fit at configuration time */
-        ctx->tenant.len = kvg_prefix_default_salt(klcf->default_tenant.data,
-                                                  klcf->default_tenant.len,
-                                                  salt, KVG_PROTO_MAX_SALT);
-        ctx->tenant.data = salt;
+        ctx->salt.len = kvg_prefix_default_salt(klcf->default_tenant.data,
+                                                klcf->default_tenant.len,
+                                                salt, KVG_PROTO_MAX_SALT);
+        ctx->salt.data = salt;
 
-        if (ctx->tenant.len == 0) {
+        if (ctx->salt.len == 0) {
+            ngx_str_null(&ctx->salt);
             kvg_api_error_set(err, 500, NULL, NULL,
                               "kvgate_default_tenant is too long");
             return NGX_ERROR;
         }
+
+        ctx->tenant = klcf->default_tenant;
+        ctx->default_tenant = 1;
 
         return NGX_OK;
     }
@@ -583,7 +586,10 @@ ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
+    /* a named tenant is salted with its name */
+
     ctx->tenant = t;
+    ctx->salt = t;
 
     return NGX_OK;
 }
@@ -686,14 +692,14 @@ ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
         }
 
         if (c) {
-            rc = kvg_client_hash_prompt(c, (char *) ctx->tenant.data,
-                                        ctx->tenant.len, ctx->tokens,
+            rc = kvg_client_hash_prompt(c, ctx->salt.data, ctx->salt.len,
+                                        ctx->tokens,
                                         ctx->n_tokens, ctx->hashes, nb,
                                         &ctx->n_hashes, msg, sizeof(msg));
 
         } else {
             rc = kvg_prefix_root(hasher, info->model_id, KVG_PREFIX_HASH_LEN,
-                                 ctx->tenant.data, ctx->tenant.len, root,
+                                 ctx->salt.data, ctx->salt.len, root,
                                  msg, sizeof(msg));
             if (rc == 0) {
                 rc = kvg_prefix_chain(hasher, root, ctx->tokens,
@@ -722,10 +728,10 @@ ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
         kvg_prefix_hex(ctx->hashes[depth - 1], hex);
 
     } else {
-        rc = c ? kvg_client_hash_root(c, (char *) ctx->tenant.data,
-                                      ctx->tenant.len, root, msg, sizeof(msg))
+        rc = c ? kvg_client_hash_root(c, ctx->salt.data, ctx->salt.len,
+                                      root, msg, sizeof(msg))
                : kvg_prefix_root(hasher, info->model_id, KVG_PREFIX_HASH_LEN,
-                                 ctx->tenant.data, ctx->tenant.len, root,
+                                 ctx->salt.data, ctx->salt.len, root,
                                  msg, sizeof(msg));
         if (rc != 0) {
             kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);

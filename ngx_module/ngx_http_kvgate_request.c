@@ -591,8 +591,8 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 
     ngx_memzero(&q, sizeof(kvg_client_req));
 
-    q.tenant = (char *) ctx->tenant.data;
-    q.tenant_len = ctx->tenant.len;
+    q.salt = ctx->salt.data;
+    q.salt_len = ctx->salt.len;
     q.tokens = ctx->tokens;
     q.n_tokens = ctx->n_tokens;
     q.hashes = (const uint8_t (*)[KVG_PREFIX_HASH_LEN]) ctx->hashes;
@@ -631,27 +631,12 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
         }
     }
 
-#if (NGX_DEBUG)
-    {
-    size_t       len;
-    ngx_str_t    name;
-    const void  *p;
-
-    /* the default tenant's salt starts with its 0x00 mark: log the name */
-
-    (void) kvg_prefix_salt_is_default(ctx->tenant.data, ctx->tenant.len, &p,
-                                      &len);
-    name.data = (u_char *) p;
-    name.len = len;
-
     ngx_log_debug7(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
                    "kvgate: submit \"%V\"%s %uz tokens, %uz block hashes, "
                    "bucket %ui, bypass %ui, max_tokens %uD",
-                   &name, name.len != ctx->tenant.len ? " (default)" : "",
+                   &ctx->tenant, ctx->default_tenant ? " (default)" : "",
                    ctx->n_tokens, ctx->n_hashes, ctx->bucket,
                    ctx->bypass, ctx->max_tokens);
-    }
-#endif
 
     return ngx_http_kvgate_engine_submit(&ctx->engine, &q, err);
 }

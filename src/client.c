@@ -466,16 +466,16 @@ int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cance
     return queue_ctl(c, id, KVG_MSG_SAMPLES, draw, cancel_mask);
 }
 
-int kvg_client_hash_root(kvg_client *c, const char *tenant, size_t tenant_len,
+int kvg_client_hash_root(kvg_client *c, const void *salt, size_t salt_len,
                          uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len)
 {
     if (c->state != KVG_CLIENT_UP)
         return kvg_fail(err, err_len, "engine client", "not connected");
-    return kvg_prefix_root(c->hasher, c->info.model_id, KVG_PREFIX_HASH_LEN, tenant, tenant_len, root,
+    return kvg_prefix_root(c->hasher, c->info.model_id, KVG_PREFIX_HASH_LEN, salt, salt_len, root,
                            err, err_len);
 }
 
-int kvg_client_hash_prompt(kvg_client *c, const char *tenant, size_t tenant_len,
+int kvg_client_hash_prompt(kvg_client *c, const void *salt, size_t salt_len,
                            const int32_t *tokens, size_t n_tokens,
                            uint8_t (*out)[KVG_PREFIX_HASH_LEN], size_t cap, size_t *n,
                            char *err, size_t err_len)
@@ -483,7 +483,7 @@ int kvg_client_hash_prompt(kvg_client *c, const char *tenant, size_t tenant_len,
     uint8_t root[KVG_PREFIX_HASH_LEN];
     if (c->state != KVG_CLIENT_UP)
         return kvg_fail(err, err_len, "engine client", "not connected");
-    if (kvg_prefix_root(c->hasher, c->info.model_id, KVG_PREFIX_HASH_LEN, tenant, tenant_len, root,
+    if (kvg_prefix_root(c->hasher, c->info.model_id, KVG_PREFIX_HASH_LEN, salt, salt_len, root,
                         err, err_len) != 0)
         return -1;
     return kvg_prefix_chain(c->hasher, root, tokens, n_tokens, c->info.block_tokens, out, cap, n,
@@ -510,8 +510,8 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
                         "length of %u", r->n_tokens, c->info.context_length);
     if (n > c->info.max_n)
         return kvg_fail(err, err_len, "request", "n is %u, the engine serves at most %u", n, c->info.max_n);
-    if (r->tenant_len > KVG_PROTO_MAX_SALT)
-        return kvg_fail(err, err_len, "request", "tenant of %zu bytes (at most %d)", r->tenant_len,
+    if (r->salt_len > KVG_PROTO_MAX_SALT)
+        return kvg_fail(err, err_len, "request", "salt of %zu bytes (at most %d)", r->salt_len,
                         KVG_PROTO_MAX_SALT);
     if (r->n_stop > KVG_PROTO_MAX_STOP || r->n_stop_ids > KVG_PROTO_MAX_STOP_IDS)
         return kvg_fail(err, err_len, "request", "at most %d stop strings and %d stop ids", KVG_PROTO_MAX_STOP,
@@ -537,11 +537,11 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
     v.h.top_k = r->top_k;
     v.h.temperature = r->temperature;
     v.h.top_p = r->top_p > 0.0f ? r->top_p : 1.0f;
-    v.h.salt_len = (uint32_t)r->tenant_len;
+    v.h.salt_len = (uint32_t)r->salt_len;
     v.h.n_tokens = (uint32_t)r->n_tokens;
     v.h.n_stop_ids = (uint32_t)r->n_stop_ids;
     v.h.n_stop = (uint32_t)r->n_stop;
-    v.salt = (const uint8_t *)r->tenant;
+    v.salt = r->salt;
     v.tokens = (const uint32_t *)(const void *)r->tokens;
     v.stop_ids = (const uint32_t *)(const void *)r->stop_ids;
     for (size_t i = 0; i < r->n_stop; i++) {
@@ -564,7 +564,7 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
             own_hashes = malloc(n_blocks * sizeof *own_hashes);
             if (!own_hashes)
                 return kvg_fail(err, err_len, "engine client", "out of memory");
-            if (kvg_client_hash_prompt(c, r->tenant, r->tenant_len, r->tokens, r->n_tokens, own_hashes, n_blocks,
+            if (kvg_client_hash_prompt(c, r->salt, r->salt_len, r->tokens, r->n_tokens, own_hashes, n_blocks,
                                        &n_blocks, err, err_len) != 0) {
                 free(own_hashes);
                 return -1;

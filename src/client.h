@@ -63,11 +63,12 @@ typedef struct kvg_engine_info {
 } kvg_engine_info;
 
 typedef struct kvg_client_req {
-    const char *tenant;          /* the hash salt; trusted configuration, never request JSON */
-    size_t tenant_len;
+    const void *salt;            /* the tenant's salt (prefix_hash.h): trusted configuration,
+                                    never request JSON */
+    size_t salt_len;
     const int32_t *tokens;
     size_t n_tokens;
-    /* The chain over the prompt's full blocks, rooted at (model id, tenant): from
+    /* The chain over the prompt's full blocks, rooted at (model id, salt): from
      * kvg_client_hash_prompt. NULL: computed by kvg_client_submit. Ignored (none
      * sent) for bypass requests. Sent as given: the engine refuses a count other
      * than n_tokens / block_tokens, or a hash that does not match (ERROR 400). */
@@ -155,17 +156,17 @@ int kvg_client_next_event(kvg_client *c, kvg_client_event *ev);
 /* NULL unless UP. */
 const kvg_engine_info *kvg_client_info(const kvg_client *c);
 
-/* The chain hashes of tokens' full blocks for a tenant under the connected engine's
- * model (what kvg_client_submit sends). out holds cap hashes; *n gets
+/* The chain hashes of tokens' full blocks for a tenant's salt under the connected
+ * engine's model (what kvg_client_submit sends). out holds cap hashes; *n gets
  * n_tokens / block_tokens. 0, or -1 with err (not connected, cap too small). */
-int kvg_client_hash_prompt(kvg_client *c, const char *tenant, size_t tenant_len,
+int kvg_client_hash_prompt(kvg_client *c, const void *salt, size_t salt_len,
                            const int32_t *tokens, size_t n_tokens,
                            uint8_t (*out)[KVG_PREFIX_HASH_LEN], size_t cap, size_t *n,
                            char *err, size_t err_len);
 
-/* The chain's root for a tenant under the connected engine's model (a prompt with no
- * full block is routed by it). 0, or -1 with err when not connected. */
-int kvg_client_hash_root(kvg_client *c, const char *tenant, size_t tenant_len,
+/* The chain's root for a tenant's salt under the connected engine's model (a prompt
+ * with no full block is routed by it). 0, or -1 with err when not connected. */
+int kvg_client_hash_root(kvg_client *c, const void *salt, size_t salt_len,
                          uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
 
 /* Submits a request; *id gets its id. 0; KVG_CLIENT_AGAIN when the submission ring is
@@ -222,7 +223,7 @@ uint64_t kvg_client_heartbeat(const kvg_client *c);
 int kvg_client_stats(const kvg_client *c, kvg_stats *out);
 
 /* Routing (several engines behind one gateway). How many LEADING hashes of a chain
- * (from kvg_client_hash_prompt, under this engine's model and the request's tenant)
+ * (from kvg_client_hash_prompt, under this engine's model and the request's salt)
  * the engine's prefix cache holds now: stops at the first one it does not. Reads the
  * engine's held set (proto.h, kvg_held_page) without a lock or a system call; a
  * lookup racing the engine's update may be off once (a worse routing choice, never

@@ -113,8 +113,8 @@ static void test_cache_and_tenants(kvg_client *c)
     q.temperature = 0.8f;
     q.seed = 11;
     q.n = 3;
-    q.tenant = "alpha";
-    q.tenant_len = 5;
+    q.salt = "alpha";
+    q.salt_len = 5;
     ep_run(c, &q, &R[1], 30);
     ep_run(c, &q, &R[2], 30);
     ok(R[1].done && R[1].cached_tokens == 0, "first request: nothing cached (%u)", R[1].cached_tokens);
@@ -131,8 +131,8 @@ static void test_cache_and_tenants(kvg_client *c)
     ok(R[3].n_tokens[0] == R[1].n_tokens[0] && memcmp(R[3].tokens[0], R[1].tokens[0], R[3].n_tokens[0] * 4) == 0,
        "n=1 with the same seed is sample 0 of n=3");
     q.n = 3;
-    q.tenant = "beta";
-    q.tenant_len = 4;
+    q.salt = "beta";
+    q.salt_len = 4;
     ep_run(c, &q, &R[4], 30);
     ok(R[4].done && R[4].cached_tokens == 0, "the same prompt under another tenant: 0 cached (%u)",
        R[4].cached_tokens);
@@ -172,8 +172,8 @@ static void make_mix(kvg_client *c)
         MIX[i].seed = (uint64_t)(100 + i);
         MIX[i].n = (unsigned)(1 + i % 4);
         MIX[i].top_k = i % 5 == 0 ? 40 : 0;
-        MIX[i].tenant = i % 2 ? "odd" : "even";
-        MIX[i].tenant_len = strlen(MIX[i].tenant);
+        MIX[i].salt = i % 2 ? "odd" : "even";
+        MIX[i].salt_len = strlen(MIX[i].salt);
     }
     N_MIX = 18;
 }

@@ -198,7 +198,7 @@ static void test_eviction(void)
         nb = 400;
     mk_prompt(b, nb, 9);
     q = ep_req(b, (size_t)nb, 2);
-    q.tenant = "u";
+    q.salt = "u";
     ok(ep_run(c, &q, &r, 30) == 0, "prompt B of %d tokens ran (%s)", nb, r.message);
     ok(wait_held(c, "t", a, 40, 2, 1, 5) < 2, "A's evicted blocks left the held set");
     kvg_client_stats(c, &st);
