@@ -388,16 +388,16 @@ static void on_cancel(dconn *c, const kvg_shm_msg *m)
 
 /* PAUSE / RESUME: the client's own backpressure (its HTTP client stopped reading).
  * One of two reasons to hold a request in the scheduler, next to the engine's own
- * (r->held, daemon_output.c): the request is held while either holds. */
-static void on_hold(dconn *c, const kvg_shm_msg *m)
+ * (r->backlogged, daemon_output.c): the request is held while either stands. */
+static void on_pause(dconn *c, const kvg_shm_msg *m)
 {
     kvg_daemon *d = c->d;
-    kvg_msg_hold h;
+    kvg_msg_pause h;
     char err[160];
     int paused;
     void *v;
 
-    if (kvg_proto_decode_hold(m, &h, &paused, err, sizeof err) != 0) {
+    if (kvg_proto_decode_pause(m, &h, &paused, err, sizeof err) != 0) {
         d->counters.protocol_errors++;
         kvgd_reply_error(c, 0, 400, "%s", err);
         return;
@@ -417,7 +417,7 @@ static void on_hold(dconn *c, const kvg_shm_msg *m)
         d->counters.resumes++;
         d->counters.paused--;
     }
-    if (!r->held)
+    if (!r->backlogged)
         kvg_sched_hold(d->sched, r->sched_id, paused);
 }
 
@@ -472,7 +472,7 @@ void kvgd_conn_intake(dconn *c)
         else if (m.type == KVG_MSG_CANCEL)
             on_cancel(c, &m);
         else if (m.type == KVG_MSG_PAUSE || m.type == KVG_MSG_RESUME)
-            on_hold(c, &m);
+            on_pause(c, &m);
         else if (m.type == KVG_MSG_SAMPLES)
             on_samples(c, &m);
         else {

@@ -58,8 +58,10 @@ typedef struct dreq {
     int in_sched;                /* the scheduler still knows it */
     int silent;                  /* cancelled by the client: deliver nothing */
     int expired;                 /* cancelled by its deadline */
-    int held;                    /* by the engine: its output piles up unread */
-    int paused;                  /* by its client (PAUSE): its HTTP client is not reading */
+    /* Held in the scheduler (kvg_sched_hold: out of batches, blocks kept) while either
+     * of two reasons stands: */
+    int backlogged;              /* the engine's: its output piles up unread (hold_tokens) */
+    int paused;                  /* the client's (PAUSE): its HTTP client is not reading */
     int accepted, accepted_sent;
     uint32_t prompt_tokens, cached_tokens;
     int done;                    /* the scheduler reported the request complete */

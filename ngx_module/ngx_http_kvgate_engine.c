@@ -937,21 +937,20 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
 
 
 ngx_int_t
-ngx_http_kvgate_engine_hold(ngx_http_kvgate_engine_req_t *er,
-    ngx_uint_t paused)
+ngx_http_kvgate_engine_pause(ngx_http_kvgate_engine_req_t *er,
+    ngx_uint_t pause)
 {
     ngx_http_kvgate_engine_t  *w = er->engine;
 
-    
     if (!er->submitted || w == NULL || w->client == NULL) {
         return NGX_DECLINED;
     }
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, er->log, 0,
                    "kvgate: %s engine request %uL",
-                   paused ? "pausing" : "resuming", er->id);
+                   pause ? "pausing" : "resuming", er->id);
 
-    if (kvg_client_hold(w->client, er->id, (int) paused) != 0) {
+    if (kvg_client_pause(w->client, er->id, (int) pause) != 0) {
         return NGX_DECLINED;
     }
 

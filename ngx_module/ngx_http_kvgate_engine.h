@@ -223,12 +223,12 @@ ngx_int_t ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
    connect_wait; NGX_ERROR with *err set (503) when the engine is down. */
 ngx_int_t ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
     kvg_api_error *err);
-/* Pauses (paused = 1) or resumes er's request in the engine: a paused request
+/* Pauses (pause = 1) or resumes er's request in the engine: a paused request
    stops generating and keeps its blocks; events made before still come.
    NGX_OK, or NGX_DECLINED when it is not live in the engine (waiting for ring
    room, finished, or the engine went away). */
-ngx_int_t ngx_http_kvgate_engine_hold(ngx_http_kvgate_engine_req_t *er,
-    ngx_uint_t paused);
+ngx_int_t ngx_http_kvgate_engine_pause(ngx_http_kvgate_engine_req_t *er,
+    ngx_uint_t pause);
 /* Self-consistency: starts the next draw undrawn samples of er's request
    and cancels those of cancel_mask (bit j: sample j). NGX_OK (sent, or kept
    until the ring has room: messages for one request keep their order),

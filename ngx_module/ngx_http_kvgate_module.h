@@ -384,7 +384,7 @@ ngx_int_t ngx_http_kvgate_stream_flush(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 /* The memory of a stream's buffers holding output its client has not taken
    yet (ctx->busy and ctx->open). */
-size_t ngx_http_kvgate_stream_held(ngx_http_request_t *r,
+size_t ngx_http_kvgate_stream_unsent(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 /* A paused stream gives back the memory of its idle buffers (ctx->free);
    they are allocated again when it resumes. */

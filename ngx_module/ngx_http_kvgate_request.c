@@ -1595,7 +1595,7 @@ ngx_http_kvgate_check_broken(ngx_http_request_t *r)
 static void
 ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
 {
-    size_t                       held;
+    size_t                       unsent;
     ngx_http_request_t          *r = ctx->request;
     ngx_http_kvgate_loc_conf_t  *klcf;
 
@@ -1604,18 +1604,18 @@ ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
     }
 
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
-    held = ngx_http_kvgate_stream_held(r, ctx);
+    unsent = ngx_http_kvgate_stream_unsent(r, ctx);
 
-    if (!ctx->paused && held >= klcf->max_unsent) {
+    if (!ctx->paused && unsent >= klcf->max_unsent) {
 
-        if (ngx_http_kvgate_engine_hold(&ctx->engine, 1) != NGX_OK) {
+        if (ngx_http_kvgate_engine_pause(&ctx->engine, 1) != NGX_OK) {
             return;
         }
 
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                       "kvgate: %uz bytes held for unsent output "
+                       "kvgate: %uz bytes of buffers for unsent output "
                        "(kvgate_max_unsent %uz), pausing the request",
-                       held, klcf->max_unsent);
+                       unsent, klcf->max_unsent);
 
         /* it may stay paused up to send_timeout: what it does not use now
            is given back */
@@ -1626,14 +1626,14 @@ ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
         return;
     }
 
-    if (ctx->paused && held <= klcf->max_unsent / 2) {
+    if (ctx->paused && unsent <= klcf->max_unsent / 2) {
         ctx->paused = 0;
 
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                       "kvgate: %uz bytes held for unsent output, "
-                       "resuming the request", held);
+                       "kvgate: %uz bytes of buffers for unsent output, "
+                       "resuming the request", unsent);
 
-        if (ngx_http_kvgate_engine_hold(&ctx->engine, 0) == NGX_OK) {
+        if (ngx_http_kvgate_engine_pause(&ctx->engine, 0) == NGX_OK) {
             ngx_http_kvgate_metrics_backpressure(NGX_HTTP_KVGATE_BP_RESUME);
         }
     }

@@ -222,7 +222,7 @@ ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
  * chunk that needs it); at 4 KB and above they are large pool allocations
  * (over NGX_MAX_ALLOC_FROM_POOL), so one replaced by a bigger one is freed
  * at once. The memory they hold for unsent output is what backpressure
- * compares with kvgate_max_unsent (ngx_http_kvgate_stream_held).
+ * compares with kvgate_max_unsent (ngx_http_kvgate_stream_unsent).
  */
 
 #define NGX_HTTP_KVGATE_BUF_SIZE  4096
@@ -284,8 +284,9 @@ ngx_http_kvgate_get_buf(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     if (start == NULL || (size_t) (end - start) < len) {
 
-        /* a few buffers per kvgate_max_unsent, so that pausing on the memory
-           held (ngx_http_kvgate_stream_held) is not too coarse */
+        /* a few buffers per kvgate_max_unsent, so that pausing on the
+           buffers of unsent output (ngx_http_kvgate_stream_unsent) is not
+           too coarse */
 
         klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
         size = ngx_align(klcf->max_unsent / 8, 1024);
@@ -459,7 +460,7 @@ ngx_http_kvgate_stream_flush(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
    each. */
 
 size_t
-ngx_http_kvgate_stream_held(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
+ngx_http_kvgate_stream_unsent(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 {
     size_t        size;
     ngx_chain_t  *cl;

@@ -482,6 +482,8 @@ static const ngx_http_kvgate_engine_stat_t  ngx_http_kvgate_engine_stats[] = {
       NGX_HTTP_KVGATE_ST_I32 },
     { "kvgate_engine_requests", NULL, NULL, "state=\"running\"",
       ngx_http_kvgate_st(running), NGX_HTTP_KVGATE_ST_I32 },
+    /* held: held in the engine's scheduler (kvg_sched_hold), paused by their
+       gateway or backlogged (their output piles up unread in the engine) */
     { "kvgate_engine_requests", NULL, NULL, "state=\"held\"",
       ngx_http_kvgate_st(held), NGX_HTTP_KVGATE_ST_I32 },
     { "kvgate_engine_steps_total", "Forward steps run.", "counter", NULL,

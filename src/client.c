@@ -384,7 +384,7 @@ static void flush_ctl(kvg_client *c)
             kvg_msg_samples m = { KVG_PROTO_VERSION, c->ctl[k].draw, c->ctl[k].id, c->ctl[k].mask, 0 };
             rc = kvg_shm_try_push(&c->shm.sq, KVG_MSG_SAMPLES, &m, sizeof m, NULL, 0, err, sizeof err);
         } else {
-            kvg_msg_hold m = { KVG_PROTO_VERSION, 0, c->ctl[k].id };
+            kvg_msg_pause m = { KVG_PROTO_VERSION, 0, c->ctl[k].id };    /* PAUSE, RESUME */
             rc = kvg_shm_try_push(&c->shm.sq, c->ctl[k].type, &m, sizeof m, NULL, 0, err, sizeof err);
         }
         if (rc != 0)
@@ -446,13 +446,13 @@ int kvg_client_cancel(kvg_client *c, uint64_t id)
     return 0;
 }
 
-int kvg_client_hold(kvg_client *c, uint64_t id, int paused)
+int kvg_client_pause(kvg_client *c, uint64_t id, int pause)
 {
     if (!kvg_u64map_find(&c->live, id, NULL))
         return -1;
     if (c->state != KVG_CLIENT_UP)
         return 0;                /* the request fails with the connection anyway */
-    return queue_ctl(c, id, paused ? KVG_MSG_PAUSE : KVG_MSG_RESUME, 0, 0);
+    return queue_ctl(c, id, pause ? KVG_MSG_PAUSE : KVG_MSG_RESUME, 0, 0);
 }
 
 int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cancel_mask)

@@ -182,20 +182,20 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
 /* Cancels a live request: the engine stops it, and no more events come for it. -1
  * when the id is not live. A full ring delays the cancel message, never loses it. */
 int kvg_client_cancel(kvg_client *c, uint64_t id);
-/* Pauses (paused != 0) or resumes a live request in the engine: a paused request
+/* Pauses (pause != 0) or resumes a live request in the engine (PAUSE, RESUME): a paused request
  * makes no progress and keeps its blocks (backpressure: the caller cannot pass its
  * output on). Events the engine produced before the pause still come. Idempotent on
  * the engine's side; messages go out in order with cancels, a full ring delays them.
  * 0; -1 when the id is not live, or the connection had to be dropped (out of memory:
  * the request then fails with it). */
-int kvg_client_hold(kvg_client *c, uint64_t id, int paused);
+int kvg_client_pause(kvg_client *c, uint64_t id, int pause);
 /* Per-sample control of a live request (SAMPLES, proto.h): cancels the samples of
  * cancel_mask (bit j = sample j: a running one stops with FINISHED cancelled and its
  * tokens so far, one not started yet is dropped: FINISHED cancelled, 0 tokens), then
  * starts the next `draw` samples not started yet off the request's prompt. The
  * request ends with DONE once every sample finished or was dropped. 0; -1 when the id
  * is not live, or the connection had to be dropped (out of memory). Like cancel and
- * hold, a full ring delays the message (queued, sent in order), never loses it, so
+ * pause, a full ring delays the message (queued, sent in order), never loses it, so
  * this never returns KVG_CLIENT_AGAIN today; callers treat KVG_CLIENT_AGAIN as "retry
  * after KVG_CEV_WRITABLE" should a later version return it. */
 int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cancel_mask);

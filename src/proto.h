@@ -192,18 +192,18 @@ typedef struct kvg_msg_cancel {
     uint64_t request_id;
 } kvg_msg_cancel;
 
-/* PAUSE and RESUME, no payload. The client cannot send the request's output on as
- * fast as the engine makes it (its HTTP client stops reading): PAUSE takes the
- * request out of the engine's batches and admission while it keeps its blocks and
- * its place; RESUME puts it back. Both are idempotent and name a request by its id;
+/* PAUSE and RESUME (one body), no payload. The client cannot send the request's
+ * output on as fast as the engine makes it (its HTTP client stops reading): PAUSE
+ * takes the request out of the engine's batches and admission while it keeps its
+ * blocks and its place (the scheduler holds it); RESUME puts it back. Both are idempotent and name a request by its id;
  * an id that is not live (the request ended, the messages crossed) is ignored, so
  * is RESUME without PAUSE. Output the engine made before the PAUSE still comes. A
  * CANCEL ends a paused request as any other. reserved must be 0. */
-typedef struct kvg_msg_hold {
+typedef struct kvg_msg_pause {
     uint32_t version;
     uint32_t reserved;
     uint64_t request_id;
-} kvg_msg_hold;
+} kvg_msg_pause;
 
 /* SAMPLES, no payload: per-sample control of a live request with n > 1 (self-
  * consistency: samples drawn in waves off one prompt, stopped once the vote is
@@ -342,8 +342,8 @@ int kvg_proto_decode_tokens(const kvg_shm_msg *m, kvg_tokens_view *v, char *err,
 int kvg_proto_decode_fixed(const kvg_shm_msg *m, uint32_t type, void *out, size_t size,
                            char *err, size_t err_len);
 /* PAUSE or RESUME: the fixed checks, reserved == 0; *paused is 1 for PAUSE. */
-int kvg_proto_decode_hold(const kvg_shm_msg *m, kvg_msg_hold *h, int *paused, char *err,
-                          size_t err_len);
+int kvg_proto_decode_pause(const kvg_shm_msg *m, kvg_msg_pause *h, int *paused, char *err,
+                           size_t err_len);
 /* SAMPLES: the fixed checks, reserved == 0 (draw and cancel_mask are any value: a
  * draw beyond what remains is clamped, bits past n are ignored). */
 int kvg_proto_decode_samples(const kvg_shm_msg *m, kvg_msg_samples *out, char *err, size_t err_len);

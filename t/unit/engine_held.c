@@ -118,7 +118,7 @@ static int submit_paused(kvg_client *c, const kvg_client_req *q, ep_result *r, u
     char err[256];
     for (int attempt = 0; attempt < 20; attempt++) {
         memset(r, 0, sizeof *r);
-        if (kvg_client_submit(c, q, r, id, err, sizeof err) != 0 || kvg_client_hold(c, *id, 1) != 0) {
+        if (kvg_client_submit(c, q, r, id, err, sizeof err) != 0 || kvg_client_pause(c, *id, 1) != 0) {
             diag("submit/pause: %s", err);
             return -1;
         }
@@ -158,7 +158,7 @@ static void test_load(void)
     uint64_t l = wait_load(c, 0, 10);
     ok(l > 0 && l <= 100 + 200, "the paused request is load: %llu tokens (at most its prompt and output)",
        (unsigned long long)l);
-    ok(kvg_client_hold(c, id, 0) == 0, "resumed");
+    ok(kvg_client_pause(c, id, 0) == 0, "resumed");
     ep_pump(&c, 1, (ep_result *[]){ &r }, 1, 30);
     ok(r.done, "it completed (%s)", r.message);
     is_int((int)wait_load(c, 1, 10), 0, "done: load back to 0");
@@ -170,7 +170,7 @@ static void test_load(void)
     ok(submit_paused(c, &q, &r, &id) == 0, "the same prompt submitted and paused");
     l = wait_load(c, 0, 10);
     ok(l >= 1 && l <= 4, "its load is the uncached rest: %llu tokens", (unsigned long long)l);
-    ok(kvg_client_hold(c, id, 0) == 0, "resumed");
+    ok(kvg_client_pause(c, id, 0) == 0, "resumed");
     ep_pump(&c, 1, (ep_result *[]){ &r }, 1, 30);
     ok(r.done && r.cached_tokens == 96, "it completed, 96 tokens cached (%u)", r.cached_tokens);
     kvg_client_free(c);
