@@ -127,7 +127,7 @@ static void handshake(dconn *c, const kvg_hello *h)
     w.region_bytes = c->region_size;
     w.tokenizer_bytes = d->m->tokenizer_bytes;
     w.stats_bytes = d->stats_size;
-    w.held_bytes = d->held_size;
+    w.index_bytes = d->index_size;
     w.context_length = (uint32_t)d->m->cfg.max_seq_len;
     w.block_tokens = (uint32_t)d->pool->geom.block_tokens;
     w.vocab_size = (uint32_t)d->m->cfg.vocab_size;
@@ -140,7 +140,7 @@ static void handshake(dconn *c, const kvg_hello *h)
     fds[2] = c->bell_out;
     fds[3] = d->tok_fd;
     fds[4] = d->stats_fd;
-    fds[5] = d->held_fd;
+    fds[5] = d->index_fd;
     if (kvg_proto_send_welcome(c->sock, &w, fds, KVG_WELCOME_FDS, err, sizeof err) != 0) {
         kvgd_conn_fail(c, "%s", err);
         goto out;

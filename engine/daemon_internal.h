@@ -128,10 +128,11 @@ struct kvg_daemon {
     kvg_stats_page *stats;
     size_t stats_size;
     kvg_stats counters;          /* the daemon's own counters (the page's last part) */
-    int held_fd;                 /* the held set (proto.h kvg_held_page), passed to every client */
-    void *held;
-    size_t held_size;
-    kvg_held_writer *held_w;     /* the prefix cache keeps it current (kvg_pc_set_held) */
+    int index_fd;                /* the cache index (proto.h kvg_cache_index_page), passed to
+                                    every client */
+    void *index;
+    size_t index_size;
+    kvg_cache_index_writer *index_w;   /* the prefix cache keeps it current (kvg_pc_set_index) */
     int64_t stats_written_ms;
     uint64_t beats;              /* the page's heartbeat, as last stored (the only writer) */
     uint64_t instance;

@@ -1101,9 +1101,9 @@ ngx_http_kvgate_group_unavailable(ngx_http_kvgate_group_t *g,
 
 /* ---- what routing asks of an engine ---- */
 
-/* What the engine publishes (its held set and statistics page), read
+/* What the engine publishes (its cache index and statistics page), read
    without locks: a lookup racing the engine's write may be wrong once, which
-   only makes one routing choice worse (src/held_set.h). */
+   only makes one routing choice worse (src/cache_index.h). */
 
 uint64_t
 ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *w)
@@ -1128,12 +1128,12 @@ ngx_http_kvgate_engine_read_stats(ngx_http_kvgate_engine_t *w, kvg_stats *st)
 
 
 size_t
-ngx_http_kvgate_engine_held(ngx_http_kvgate_engine_t *w,
+ngx_http_kvgate_engine_cached_prefix(ngx_http_kvgate_engine_t *w,
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n)
 {
     if (w == NULL || !w->up || w->client == NULL || hashes == NULL) {
         return 0;
     }
 
-    return kvg_client_held_prefix(w->client, hashes, n);
+    return kvg_client_cached_prefix(w->client, hashes, n);
 }

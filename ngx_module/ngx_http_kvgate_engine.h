@@ -190,8 +190,8 @@ uint64_t ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *e);
 ngx_int_t ngx_http_kvgate_engine_read_stats(ngx_http_kvgate_engine_t *e,
     kvg_stats *st);
 /* How many leading hashes of the chain the engine holds (its prefix cache;
-   kvg_client_held_prefix), 0 while down. */
-size_t ngx_http_kvgate_engine_held(ngx_http_kvgate_engine_t *e,
+   kvg_client_cached_prefix), 0 while down. */
+size_t ngx_http_kvgate_engine_cached_prefix(ngx_http_kvgate_engine_t *e,
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n);
 
 /* Some engine of g is up, or has a handshake in progress. */

@@ -711,7 +711,7 @@ ngx_http_kvgate_model_elsewhere(ngx_http_kvgate_ctx_t *ctx,
 
 /* Routes the parsed request: the engines of its group that are up and not
    stalled, serve the model it was tokenized for and have not failed it, by
-   their held prefix and load (a stalled engine's load, which it publishes
+   their cached prefix and load (a stalled engine's load, which it publishes
    itself, stands still at its last value: it is no candidate at all). NGX_OK
    with ctx->engine.engine set, or NGX_ERROR. */
 
@@ -719,7 +719,7 @@ static ngx_int_t
 ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 {
     int                        k;
-    size_t                     held;
+    size_t                     cached;
     uint64_t                   key;
     ngx_uint_t                 i, short_context;
     kvg_route_reason           why;
@@ -759,11 +759,11 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
         }
 
         cands[i].eligible = 1;
-        held = ngx_http_kvgate_engine_held(e,
-                   (const uint8_t (*)[KVG_PREFIX_HASH_LEN]) ctx->hashes,
-                   ctx->n_hashes);
-        cands[i].held_blocks = (uint32_t) held;
-        cands[i].held_tokens = (uint64_t) held * info->block_tokens;
+        cached = ngx_http_kvgate_engine_cached_prefix(e,
+                     (const uint8_t (*)[KVG_PREFIX_HASH_LEN]) ctx->hashes,
+                     ctx->n_hashes);
+        cands[i].cached_blocks = (uint32_t) cached;
+        cands[i].cached_tokens = (uint64_t) cached * info->block_tokens;
         cands[i].load = ngx_http_kvgate_engine_load(e);
     }
 
@@ -803,8 +803,8 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     ctx->routed = 1;
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
-                   "kvgate: routed to engine \"%V\" (%ui held blocks): %s",
-                   &g->engines[k]->name, (ngx_uint_t) cands[k].held_blocks,
+                   "kvgate: routed to engine \"%V\" (%ui cached blocks): %s",
+                   &g->engines[k]->name, (ngx_uint_t) cands[k].cached_blocks,
                    kvg_route_reason_name(why));
 
     ngx_http_kvgate_metrics_route(g->engines[k]->index, (ngx_uint_t) why);

@@ -17,10 +17,10 @@
 
 #include "buckets.h"
 #include "errmsg.h"
-#include "held_set.h"
+#include "cache_index.h"
 #include "u64map.h"
 
-enum { FD_REGION = 0, FD_TO_ENGINE = 1, FD_TO_CLIENT = 2, FD_TOKENIZER = 3, FD_STATS = 4, FD_HELD = 5 };
+enum { FD_REGION = 0, FD_TO_ENGINE = 1, FD_TO_CLIENT = 2, FD_TOKENIZER = 3, FD_STATS = 4, FD_INDEX = 5 };
 
 struct kvg_client {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -36,9 +36,9 @@ struct kvg_client {
     kvg_shm shm;
     kvg_stats_page *stats;
     size_t stats_size;
-    void *held;                  /* the engine's held set, mapped read-only */
-    size_t held_size;
-    kvg_held_reader held_rd;
+    void *index;                 /* the engine's cache index, mapped read-only */
+    size_t index_size;
+    kvg_cache_index_reader index_rd;
     kvg_tokenizer *tok;
     kvg_engine_info info;
     kvg_prefix_hasher *hasher;
@@ -122,10 +122,10 @@ static void teardown(kvg_client *c)
     if (c->stats)
         munmap(c->stats, c->stats_size);
     c->stats = NULL;
-    if (c->held)
-        munmap(c->held, c->held_size);
-    c->held = NULL;
-    memset(&c->held_rd, 0, sizeof c->held_rd);
+    if (c->index)
+        munmap(c->index, c->index_size);
+    c->index = NULL;
+    memset(&c->index_rd, 0, sizeof c->index_rd);
     kvg_tokenizer_free(c->tok);
     c->tok = NULL;
     memset(&c->shm, 0, sizeof c->shm);
@@ -269,7 +269,7 @@ static int setup(kvg_client *c, const kvg_welcome *w, int fds[KVG_WELCOME_FDS], 
 
     if (w->region_bytes > ((uint64_t)1 << 34) || w->tokenizer_bytes > ((uint64_t)1 << 40) ||
         w->stats_bytes < sizeof(kvg_stats_page) || w->stats_bytes > (1u << 20) ||
-        w->held_bytes < sizeof(kvg_held_page) || w->held_bytes > ((uint64_t)1 << 34)) {
+        w->index_bytes < sizeof(kvg_cache_index_page) || w->index_bytes > ((uint64_t)1 << 34)) {
         kvg_set_err(err, err_len, "handshake: implausible sizes in the engine's answer");
         goto out;
     }
@@ -291,11 +291,11 @@ static int setup(kvg_client *c, const kvg_welcome *w, int fds[KVG_WELCOME_FDS], 
         goto out;
     c->stats = stats_map;
     c->stats_size = (size_t)w->stats_bytes;
-    if (map_fd(fds[FD_HELD], (size_t)w->held_bytes, PROT_READ, MAP_SHARED, &c->held, "held set", err,
+    if (map_fd(fds[FD_INDEX], (size_t)w->index_bytes, PROT_READ, MAP_SHARED, &c->index, "cache index", err,
                err_len) != 0)
         goto out;
-    c->held_size = (size_t)w->held_bytes;
-    if (kvg_held_reader_attach(&c->held_rd, c->held, c->held_size, local, sizeof local) != 0) {
+    c->index_size = (size_t)w->index_bytes;
+    if (kvg_cache_index_attach(&c->index_rd, c->index, c->index_size, local, sizeof local) != 0) {
         kvg_set_err(err, err_len, "handshake: the engine's %s", local);
         goto out;
     }
@@ -669,11 +669,11 @@ int kvg_client_stats(const kvg_client *c, kvg_stats *out)
     return kvg_stats_read(c->stats, out);
 }
 
-size_t kvg_client_held_prefix(const kvg_client *c, const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n)
+size_t kvg_client_cached_prefix(const kvg_client *c, const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n)
 {
-    if (c->state != KVG_CLIENT_UP || !c->held || !hashes)
+    if (c->state != KVG_CLIENT_UP || !c->index || !hashes)
         return 0;
-    return kvg_held_prefix(&c->held_rd, hashes, n);
+    return kvg_cache_index_prefix(&c->index_rd, hashes, n);
 }
 
 uint64_t kvg_client_load(const kvg_client *c)

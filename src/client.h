@@ -225,10 +225,10 @@ int kvg_client_stats(const kvg_client *c, kvg_stats *out);
 /* Routing (several engines behind one gateway). How many LEADING hashes of a chain
  * (from kvg_client_hash_prompt, under this engine's model and the request's salt)
  * the engine's prefix cache holds now: stops at the first one it does not. Reads the
- * engine's held set (proto.h, kvg_held_page) without a lock or a system call; a
+ * engine's cache index (proto.h, kvg_cache_index_page) without a lock or a system call; a
  * lookup racing the engine's update may be off once (a worse routing choice, never
  * a wrong answer). 0 when not connected. */
-size_t kvg_client_held_prefix(const kvg_client *c, const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n);
+size_t kvg_client_cached_prefix(const kvg_client *c, const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n);
 /* The engine's load: load_tokens of its statistics page (proto.h defines it), 0 when
  * not connected. Cheap: one field under the page's seqlock. */
 uint64_t kvg_client_load(const kvg_client *c);

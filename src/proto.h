@@ -20,9 +20,9 @@
  *              hashes with a tokenizer that disagrees with the model
  *        fd[4] the engine's statistics page (a memfd sealed against new writable
  *              mappings; kvg_stats below): map it read-only
- *        fd[5] the engine's held set (a memfd sealed the same way; kvg_held_page
- *              below): the chain hashes of the blocks its prefix cache holds, for
- *              routing. Map it read-only (src/held_set.h reads it)
+ *        fd[5] the engine's cache index (a memfd sealed the same way;
+ *              kvg_cache_index_page below): the chain hashes of the blocks its prefix cache holds, for
+ *              routing. Map it read-only (src/cache_index.h reads it)
  *    Afterwards the socket carries nothing; it stays open only so that each side
  *    notices the other dying.
  *
@@ -50,7 +50,7 @@
 
 #define KVG_PROTO_MAGIC     0x6b766731u   /* "1gvk" little-endian */
 #define KVG_PROTO_VERSION   4u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
-                                    3: the held set (fd[5], held_bytes), load_tokens;
+                                    3: the cache index (fd[5], index_bytes), load_tokens;
                                     4: the statistics page's heartbeat */
 #define KVG_WELCOME_FDS     6
 
@@ -88,7 +88,7 @@ typedef struct kvg_welcome {
     uint64_t region_bytes;       /* size of fd[0] */
     uint64_t tokenizer_bytes;    /* size of fd[3] */
     uint64_t stats_bytes;        /* size of fd[4] */
-    uint64_t held_bytes;         /* size of fd[5] */
+    uint64_t index_bytes;        /* size of fd[5] */
     uint32_t context_length;     /* positions: prompt + completion */
     uint32_t block_tokens;       /* tokens per prefix-hash block */
     uint32_t vocab_size;
@@ -394,7 +394,8 @@ typedef struct kvg_stats {
     uint64_t ttft_count;
     double ttft_sum_seconds, ttft_max_seconds;
     int32_t waiting, running;    /* requests now */
-    int32_t held;                /* requests paused because their client is not reading */
+    int32_t held;                /* requests held in the scheduler: paused by their client, or
+                                    backlogged (their output piles up unread) */
     int32_t clients;             /* connected clients */
     /* the daemon */
     uint64_t submitted, completed, errors, client_cancels, deadlines;
@@ -455,7 +456,7 @@ void kvg_stats_write_load(kvg_stats_page *p, uint64_t load_tokens);
  * mid-write). */
 int kvg_stats_read(const kvg_stats_page *p, kvg_stats *out);
 
-/* ---- the held set ----
+/* ---- the cache index ----
  * Which chain hashes (prefix_hash.h) the engine's prefix cache holds right now: every
  * block committed under a hash and not yet evicted (in use or cached). The gateway
  * routes a request to the engine holding the most leading blocks of its chain.
@@ -477,12 +478,13 @@ int kvg_stats_read(const kvg_stats_page *p, kvg_stats *out);
  * 64-bit key collisions (~n^2 / 2^65 over n held blocks). The hashes are tenant-
  * salted, so the page reveals no text and no tenant's chain finds another's. */
 
-#define KVG_HELD_MAGIC   0x444c484bu     /* "KHLD" */
-#define KVG_HELD_EMPTY   0u
-#define KVG_HELD_TOMB    1u
+#define KVG_CACHE_INDEX_MAGIC   0x444c484bu     /* "KHLD": the value of protocol 3, when it was
+                                                   called the held set */
+#define KVG_CACHE_INDEX_EMPTY   0u
+#define KVG_CACHE_INDEX_TOMB    1u
 
-typedef struct kvg_held_page {
-    uint32_t magic;              /* KVG_HELD_MAGIC */
+typedef struct kvg_cache_index_page {
+    uint32_t magic;              /* KVG_CACHE_INDEX_MAGIC */
     uint32_t version;            /* KVG_PROTO_VERSION */
     uint32_t capacity;           /* slots per table, a power of two */
     _Atomic uint32_t active;     /* 0 | 1: the table readers probe */
@@ -491,6 +493,6 @@ typedef struct kvg_held_page {
     _Atomic uint32_t tombstones; /* in the active table */
     /* table t is slot[t * capacity .. (t + 1) * capacity) */
     _Alignas(64) _Atomic uint64_t slot[];
-} kvg_held_page;
+} kvg_cache_index_page;
 
 #endif

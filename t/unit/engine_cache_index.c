@@ -1,4 +1,4 @@
-/* The engine's held set and load through a real engine process and the client
+/* The engine's cache index and load through a real engine process and the client
  * library (what a gateway routing over several engines reads): nothing is held before
  * a prompt ran; after its DONE every full block of it is (and a generated block the
  * chain extends to); a prefix of it is found as a prefix; the same tokens under
@@ -19,7 +19,7 @@ static void mk_prompt(int32_t *ids, int n, int seed)
         ids[i] = 3 + (int32_t)((seed * 131 + i * 17) % 500);
 }
 
-static size_t held_of(kvg_client *c, const char *tenant, const int32_t *ids, size_t n,
+static size_t cached_of(kvg_client *c, const char *tenant, const int32_t *ids, size_t n,
                       uint8_t (*h)[KVG_PREFIX_HASH_LEN], size_t cap, size_t *nh)
 {
     char err[256];
@@ -27,18 +27,18 @@ static size_t held_of(kvg_client *c, const char *tenant, const int32_t *ids, siz
         diag("hash: %s", err);
         return (size_t)-1;
     }
-    return kvg_client_held_prefix(c, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])h, *nh);
+    return kvg_client_cached_prefix(c, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])h, *nh);
 }
 
 /* Polls until the held prefix of the chain is `want` (or, want_less, below it). */
-static size_t wait_held(kvg_client *c, const char *tenant, const int32_t *ids, size_t n, size_t want,
+static size_t wait_cached(kvg_client *c, const char *tenant, const int32_t *ids, size_t n, size_t want,
                         int want_less, double timeout_s)
 {
     uint8_t h[64][KVG_PREFIX_HASH_LEN];
     size_t nh, got = 0;
     double deadline = ep_now() + timeout_s;
     for (;;) {
-        got = held_of(c, tenant, ids, n, h, 64, &nh);
+        got = cached_of(c, tenant, ids, n, h, 64, &nh);
         if (want_less ? got < want : got == want)
             return got;
         if (ep_now() > deadline)
@@ -77,16 +77,16 @@ static void test_held_and_tenants(void)
         return;
     }
     mk_prompt(ids, 70, 1);           /* 4 full blocks of 16 */
-    is_int((int)held_of(c, "t", ids, 70, h, 64, &nh), 0, "nothing held before the prompt ran");
+    is_int((int)cached_of(c, "t", ids, 70, h, 64, &nh), 0, "nothing held before the prompt ran");
     is_int((int)nh, 4, "the prompt has 4 full blocks");
-    is_int((int)kvg_client_held_prefix(c, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])h, 0), 0, "an empty chain: 0");
+    is_int((int)kvg_client_cached_prefix(c, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])h, 0), 0, "an empty chain: 0");
     kvg_client_req q = ep_req(ids, 70, 12);
     ok(ep_run(c, &q, &r, 30) == 0, "the prompt ran (%s)", r.message);
     /* Committed during prefill, so visible by DONE; the wait only guards the test. */
-    is_int((int)wait_held(c, "t", ids, 70, 4, 0, 5), 4, "after DONE every full block of the prompt is held");
-    is_int((int)wait_held(c2, "t", ids, 70, 4, 0, 5), 4, "a second client sees the same set");
-    is_int((int)held_of(c, "t", ids, 40, h, 64, &nh), 2, "a 40-token prefix of it: its 2 blocks held");
-    is_int((int)held_of(c, "other", ids, 70, h, 64, &nh), 0, "the same tokens under another tenant: nothing");
+    is_int((int)wait_cached(c, "t", ids, 70, 4, 0, 5), 4, "after DONE every full block of the prompt is held");
+    is_int((int)wait_cached(c2, "t", ids, 70, 4, 0, 5), 4, "a second client sees the same set");
+    is_int((int)cached_of(c, "t", ids, 40, h, 64, &nh), 2, "a 40-token prefix of it: its 2 blocks held");
+    is_int((int)cached_of(c, "other", ids, 70, h, 64, &nh), 0, "the same tokens under another tenant: nothing");
     {
         /* The chain extended by the generated tokens: the block they completed too. */
         int32_t all[96];
@@ -95,7 +95,7 @@ static void test_held_and_tenants(void)
         for (uint32_t i = 0; i < r.n_tokens[0] && n < 96; i++)
             all[n++] = (int32_t)r.tokens[0][i];
         if (n >= 80)
-            ok(held_of(c, "t", all, 80, h, 64, &nh) == 5, "the block completed by generated tokens is held");
+            ok(cached_of(c, "t", all, 80, h, 64, &nh) == 5, "the block completed by generated tokens is held");
         else
             ok(1, "# skip: only %zu tokens generated", n - 70);
     }
@@ -103,7 +103,7 @@ static void test_held_and_tenants(void)
         int32_t other[70];
         mk_prompt(other, 70, 1);
         other[20] ^= 1;              /* differs in block 1: blocks 1.. are another chain */
-        is_int((int)held_of(c, "t", other, 70, h, 64, &nh), 1, "a prompt diverging in block 1: 1 block held");
+        is_int((int)cached_of(c, "t", other, 70, h, 64, &nh), 1, "a prompt diverging in block 1: 1 block held");
     }
     kvg_client_free(c2);
     kvg_client_free(c);
@@ -191,7 +191,7 @@ static void test_eviction(void)
     mk_prompt(a, 40, 3);             /* 2 full blocks */
     kvg_client_req q = ep_req(a, 40, 2);
     ok(ep_run(c, &q, &r, 30) == 0, "prompt A ran in a pool of %d blocks", total);
-    is_int((int)wait_held(c, "t", a, 40, 2, 0, 5), 2, "A's 2 blocks are held");
+    is_int((int)wait_cached(c, "t", a, 40, 2, 0, 5), 2, "A's 2 blocks are held");
     /* B needs every block of the pool: A's cached blocks are evicted for it. */
     int nb = (total - 1) * 16;
     if (nb > 400)
@@ -200,7 +200,7 @@ static void test_eviction(void)
     q = ep_req(b, (size_t)nb, 2);
     q.salt = "u";
     ok(ep_run(c, &q, &r, 30) == 0, "prompt B of %d tokens ran (%s)", nb, r.message);
-    ok(wait_held(c, "t", a, 40, 2, 1, 5) < 2, "A's evicted blocks left the held set");
+    ok(wait_cached(c, "t", a, 40, 2, 1, 5) < 2, "A's evicted blocks left the cache index");
     kvg_client_stats(c, &st);
     ok(st.evictions_lru + st.evictions_quota + st.evictions_ttl > 0, "the engine counted evictions (%llu)",
        (unsigned long long)(st.evictions_lru + st.evictions_quota + st.evictions_ttl));
