@@ -193,8 +193,9 @@ struct ngx_http_kvgate_ctx_s {
     size_t                     n_stop;
     uint32_t                   max_tokens;
 
-    /* its place in the engine connection, with the handlers it calls */
-    ngx_http_kvgate_engine_req_t  engine;
+    /* its place in the engine connection, with the handlers it calls
+       (ereq.engine: the engine it is prepared for or sent to) */
+    ngx_http_kvgate_engine_req_t  ereq;
 
     /* routing: the location's group; the model id the prompt was tokenized
        and hashed for (only engines serving it may take the request); the

@@ -4,10 +4,11 @@
  * need: the parsed request (libkvgate), the tenant and its salt, the prompt's
  * tokens (the engine's chat template and tokenizer, content normalized
  * first), the stop ids and strings, the length bucket, the block hashes
- * salted with the tenant's salt, and the route key. Used by the request lifecycle
- * (ngx_http_kvgate_request.c) before submitting, and by $kvgate_route_key in
- * a front tier that only proxies (ngx_http_kvgate_module.c). Reads the
- * engine's model and tokenizer through the connection, nothing else.
+ * salted with the tenant's salt, and the route key. Used by the request
+ * lifecycle (ngx_http_kvgate_request.c) before submitting, and by
+ * $kvgate_route_key in a front tier that only proxies
+ * (ngx_http_kvgate_module.c). Reads the engine's model and tokenizer through
+ * the connection, nothing else.
  */
 
 
@@ -673,10 +674,10 @@ ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
     char         hex[2 * KVG_PREFIX_HASH_LEN + 1];
     kvg_client  *c;
 
-    /* the engine the prompt is tokenized for (ctx->engine.engine, set by
+    /* the engine the prompt is tokenized for (ctx->ereq.engine, set by
        the caller with info) hashes in the event loop */
 
-    c = hasher ? NULL : ngx_http_kvgate_engine_client(ctx->engine.engine);
+    c = hasher ? NULL : ngx_http_kvgate_engine_client(ctx->ereq.engine);
 
     ctx->bucket = kvg_bucket_index(&klcf->buckets, ctx->n_tokens);
     ctx->bypass = ctx->bucket == 0;
@@ -1175,8 +1176,8 @@ ngx_http_kvgate_ctx_engine(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
 
-    if (ctx && ctx->engine.engine) {
-        return ctx->engine.engine;
+    if (ctx && ctx->ereq.engine) {
+        return ctx->ereq.engine;
     }
 
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
@@ -1283,9 +1284,9 @@ ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
     /* a front tier's route key: as the location's group would hash it, or
        the configuration's first group's (its first engine up) */
 
-    ctx->engine.engine = ngx_http_kvgate_front_engine(r);
-    info = ctx->engine.engine ? ngx_http_kvgate_engine_info(ctx->engine.engine)
-                              : NULL;
+    ctx->ereq.engine = ngx_http_kvgate_front_engine(r);
+    info = ctx->ereq.engine ? ngx_http_kvgate_engine_info(ctx->ereq.engine)
+                            : NULL;
     if (info == NULL) {
         return NGX_DECLINED;
     }

@@ -556,8 +556,8 @@ static void
 ngx_http_kvgate_fingerprint(ngx_http_kvgate_out_t *o,
     ngx_http_kvgate_ctx_t *ctx)
 {
-    const kvg_engine_info  *info = ctx->engine.engine
-                             ? ngx_http_kvgate_engine_info(ctx->engine.engine)
+    const kvg_engine_info  *info = ctx->ereq.engine
+                             ? ngx_http_kvgate_engine_info(ctx->ereq.engine)
                              : NULL;
 
     ngx_http_kvgate_out_lit(o, ",\"system_fingerprint\":");
@@ -710,8 +710,8 @@ ngx_http_kvgate_logprobs(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx,
 {
     size_t                  i, len, k;
     const u_char           *bytes;
-    const kvg_engine_info  *info = ctx->engine.engine
-                             ? ngx_http_kvgate_engine_info(ctx->engine.engine)
+    const kvg_engine_info  *info = ctx->ereq.engine
+                             ? ngx_http_kvgate_engine_info(ctx->ereq.engine)
                              : NULL;
 
     if (!ctx->req->has_logprobs || info == NULL) {
