@@ -60,19 +60,6 @@ static void ngx_http_kvgate_handshake_over(ngx_http_kvgate_engine_t *w);
 static void ngx_http_kvgate_liveness_check(ngx_event_t *ev);
 
 
-kvg_client *
-ngx_http_kvgate_engine_client(ngx_http_kvgate_engine_t *w)
-{
-    /* NULL: no engine (a group none of whose engines is up) */
-
-    if (w == NULL) {
-        return NULL;
-    }
-
-    return w->client;
-}
-
-
 ngx_uint_t
 ngx_http_kvgate_engine_up(ngx_http_kvgate_engine_t *w)
 {

@@ -159,7 +159,6 @@ ngx_int_t ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle,
     ngx_http_kvgate_engine_state_pt state);
 void ngx_http_kvgate_engine_exit_process(ngx_http_kvgate_engine_t *e);
 
-kvg_client *ngx_http_kvgate_engine_client(ngx_http_kvgate_engine_t *e);
 /* The engine's model, tokenizer and limits; NULL while it is down. */
 const kvg_engine_info *ngx_http_kvgate_engine_info(
     ngx_http_kvgate_engine_t *e);

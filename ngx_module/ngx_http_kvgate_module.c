@@ -2377,6 +2377,8 @@ ngx_http_kvgate_exit_process(ngx_cycle_t *cycle)
     ngx_http_kvgate_engine_t     **e;
     ngx_http_kvgate_main_conf_t   *kmcf;
 
+    ngx_http_kvgate_prompt_exit_process();
+
     kmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_kvgate_module);
 
     if (kmcf == NULL || kmcf->engines.nelts == 0) {

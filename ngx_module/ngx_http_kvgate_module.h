@@ -332,6 +332,8 @@ void ngx_http_kvgate_prompt_too_large(ngx_http_request_t *r,
 ngx_int_t ngx_http_kvgate_prompt_parse(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
     const kvg_engine_info *info, kvg_api_error *err);
+/* The worker exits: frees the event loop's prefix hasher. */
+void ngx_http_kvgate_prompt_exit_process(void);
 /* Frees what parsing allocated outside the pool (idempotent). */
 void ngx_http_kvgate_prompt_free(ngx_http_kvgate_ctx_t *ctx);
 /* $kvgate_route_key in a front tier: NGX_OK with ctx->route_key set,

@@ -37,8 +37,9 @@
  * same code on either path and touches only what the task owns: ctx's prompt
  * fields, memory from malloc (nginx pools are not thread-safe), a copy of
  * the engine's info holding its own reference to the tokenizer (the engine
- * connection frees its tokenizer when the engine goes away) and, off the
- * event loop, its own prefix hasher (the connection's is not thread-safe).
+ * connection frees its tokenizer when the engine goes away) and a prefix
+ * hasher: the worker's in the event loop, the task's own off it (a hasher
+ * is not thread-safe).
  */
 
 typedef struct {
@@ -60,6 +61,11 @@ static void ngx_http_kvgate_prompt_cleanup(void *data);
 static ngx_int_t ngx_http_kvgate_tenant(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
     kvg_api_error *err);
+
+
+/* The event loop's prefix hasher: one per worker, made at its first prompt,
+   freed at exit (ngx_http_kvgate_prompt_exit_process). */
+static kvg_prefix_hasher  *ngx_http_kvgate_loop_hasher;
 
 
 /* What parsing allocated outside the request pool. */
@@ -657,9 +663,11 @@ ngx_http_kvgate_tokens(ngx_http_kvgate_ctx_t *ctx,
 
 
 /*
- * Bucket, block hashes and the route key. hasher NULL: the engine
- * connection's (event loop only); a thread brings its own, and the result is
- * the same chain.
+ * Bucket, block hashes and the route key: the gateway's one computation of
+ * the chain (prefix_hash.h), rooted at the model of info (the engine the
+ * prompt is tokenized for) and the tenant's salt, on either path: hasher is
+ * the worker's in the event loop, a task's own in a thread (a hasher is not
+ * thread-safe), and the chain is the same.
  */
 
 static ngx_int_t
@@ -667,23 +675,24 @@ ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
     kvg_prefix_hasher *hasher, kvg_api_error *err)
 {
-    int          rc;
-    char         msg[256];
-    size_t       nb, depth;
-    uint8_t      root[KVG_PREFIX_HASH_LEN];
-    char         hex[2 * KVG_PREFIX_HASH_LEN + 1];
-    kvg_client  *c;
-
-    /* the engine the prompt is tokenized for (ctx->ereq.engine, set by
-       the caller with info) hashes in the event loop */
-
-    c = hasher ? NULL : ngx_http_kvgate_engine_client(ctx->ereq.engine);
+    char     msg[256];
+    size_t   nb, depth;
+    uint8_t  root[KVG_PREFIX_HASH_LEN];
+    char     hex[2 * KVG_PREFIX_HASH_LEN + 1];
 
     ctx->bucket = kvg_bucket_index(&klcf->buckets, ctx->n_tokens);
     ctx->bypass = ctx->bucket == 0;
 
     nb = ctx->n_tokens / info->block_tokens;
     ctx->n_hashes = 0;
+
+    if (kvg_prefix_root(hasher, info->model_id, KVG_PREFIX_HASH_LEN,
+                        ctx->salt.data, ctx->salt.len, root, msg, sizeof(msg))
+        != 0)
+    {
+        kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);
+        return NGX_ERROR;
+    }
 
     if (nb) {
         ctx->hashes = malloc(nb * KVG_PREFIX_HASH_LEN);
@@ -692,55 +701,27 @@ ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
             return NGX_ERROR;
         }
 
-        if (c) {
-            rc = kvg_client_hash_prompt(c, ctx->salt.data, ctx->salt.len,
-                                        ctx->tokens,
-                                        ctx->n_tokens, ctx->hashes, nb,
-                                        &ctx->n_hashes, msg, sizeof(msg));
-
-        } else {
-            rc = kvg_prefix_root(hasher, info->model_id, KVG_PREFIX_HASH_LEN,
-                                 ctx->salt.data, ctx->salt.len, root,
-                                 msg, sizeof(msg));
-            if (rc == 0) {
-                rc = kvg_prefix_chain(hasher, root, ctx->tokens,
-                                      ctx->n_tokens, info->block_tokens,
-                                      ctx->hashes, nb, &ctx->n_hashes, msg,
-                                      sizeof(msg));
-            }
-        }
-
-        if (rc != 0) {
-            kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);
+        if (kvg_prefix_chain(hasher, root, ctx->tokens, ctx->n_tokens,
+                             info->block_tokens, ctx->hashes, nb,
+                             &ctx->n_hashes, msg, sizeof(msg))
+            != 0)
+        {
+            kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s",
+                              msg);
             return NGX_ERROR;
         }
     }
 
     /*
      * The route key: the chain hash after route_blocks blocks (fewer when the
-     * prompt is shorter), so prompts sharing their first blocks, under one
-     * tenant and model, land on the same node.
+     * prompt is shorter; the root when it has no full block), so prompts
+     * sharing their first blocks, under one tenant and model, land on the
+     * same node.
      */
 
-    depth = ctx->n_hashes < (size_t) klcf->route_blocks
-            ? ctx->n_hashes : (size_t) klcf->route_blocks;
+    depth = ngx_min(ctx->n_hashes, (size_t) klcf->route_blocks);
 
-    if (depth) {
-        kvg_prefix_hex(ctx->hashes[depth - 1], hex);
-
-    } else {
-        rc = c ? kvg_client_hash_root(c, ctx->salt.data, ctx->salt.len,
-                                      root, msg, sizeof(msg))
-               : kvg_prefix_root(hasher, info->model_id, KVG_PREFIX_HASH_LEN,
-                                 ctx->salt.data, ctx->salt.len, root,
-                                 msg, sizeof(msg));
-        if (rc != 0) {
-            kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);
-            return NGX_ERROR;
-        }
-
-        kvg_prefix_hex(root, hex);
-    }
+    kvg_prefix_hex(depth ? ctx->hashes[depth - 1] : root, hex);
 
     ngx_memcpy(ctx->route_key, hex, sizeof(ctx->route_key));
     ctx->route_key_set = 1;
@@ -807,10 +788,20 @@ ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
     kvg_api_error *err)
 {
+    char           msg[256];
     size_t         len;
     u_char        *body;
     ngx_int_t      rc, trc;
     kvg_api_error  terr;
+
+    if (ngx_http_kvgate_loop_hasher == NULL) {
+        ngx_http_kvgate_loop_hasher = kvg_prefix_hasher_new(msg, sizeof(msg));
+
+        if (ngx_http_kvgate_loop_hasher == NULL) {
+            kvg_api_error_set(err, 500, NULL, NULL, "%s", msg);
+            return NGX_ERROR;
+        }
+    }
 
     len = ngx_http_kvgate_body_size(r);
     body = malloc(len + 1);
@@ -828,11 +819,20 @@ ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     trc = ngx_http_kvgate_tenant(r, ctx, klcf, &terr);
 
-    rc = ngx_http_kvgate_prompt_work(ctx, klcf, info, NULL, body, len, trc,
-                                     &terr, err);
+    rc = ngx_http_kvgate_prompt_work(ctx, klcf, info,
+                                     ngx_http_kvgate_loop_hasher, body, len,
+                                     trc, &terr, err);
     free(body);
 
     return rc;
+}
+
+
+void
+ngx_http_kvgate_prompt_exit_process(void)
+{
+    kvg_prefix_hasher_free(ngx_http_kvgate_loop_hasher);
+    ngx_http_kvgate_loop_hasher = NULL;
 }
 
 

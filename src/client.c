@@ -466,15 +466,6 @@ int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cance
     return queue_ctl(c, id, KVG_MSG_SAMPLES, draw, cancel_mask);
 }
 
-int kvg_client_hash_root(kvg_client *c, const void *salt, size_t salt_len,
-                         uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len)
-{
-    if (c->state != KVG_CLIENT_UP)
-        return kvg_fail(err, err_len, "engine client", "not connected");
-    return kvg_prefix_root(c->hasher, c->info.model_id, KVG_PREFIX_HASH_LEN, salt, salt_len, root,
-                           err, err_len);
-}
-
 int kvg_client_hash_prompt(kvg_client *c, const void *salt, size_t salt_len,
                            const int32_t *tokens, size_t n_tokens,
                            uint8_t (*out)[KVG_PREFIX_HASH_LEN], size_t cap, size_t *n,

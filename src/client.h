@@ -69,8 +69,10 @@ typedef struct kvg_client_req {
     const int32_t *tokens;
     size_t n_tokens;
     /* The chain over the prompt's full blocks, rooted at (model id, salt): from
-     * kvg_client_hash_prompt. NULL: computed by kvg_client_submit. Ignored (none
-     * sent) for bypass requests. Sent as given: the engine refuses a count other
+     * kvg_client_hash_prompt, or the caller's own computation of it (the gateway's,
+     * which routes by it). NULL: kvg_client_submit calls kvg_client_hash_prompt
+     * (callers that do not route: kvgate-cli, tests). Ignored (none sent) for
+     * bypass requests. Sent as given: the engine refuses a count other
      * than n_tokens / block_tokens, or a hash that does not match (ERROR 400). */
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     size_t n_hashes;
@@ -164,10 +166,6 @@ int kvg_client_hash_prompt(kvg_client *c, const void *salt, size_t salt_len,
                            uint8_t (*out)[KVG_PREFIX_HASH_LEN], size_t cap, size_t *n,
                            char *err, size_t err_len);
 
-/* The chain's root for a tenant's salt under the connected engine's model (a prompt
- * with no full block is routed by it). 0, or -1 with err when not connected. */
-int kvg_client_hash_root(kvg_client *c, const void *salt, size_t salt_len,
-                         uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
 
 /* Submits a request; *id gets its id. 0; KVG_CLIENT_AGAIN when the submission ring is
  * full right now (nothing was sent; retry after KVG_CEV_WRITABLE); -1 with err when
