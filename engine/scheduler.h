@@ -77,9 +77,11 @@ typedef struct kvg_sched_req {
     void *user;                  /* echoed in events */
     const int32_t *prompt;       /* copied at submit; ids in [0, vocab_size) */
     int32_t n_prompt;
-    /* Chain hashes of the prompt's full blocks (exactly n_prompt / block_tokens of
-     * them, from the gateway), and the chain's root (model id, tenant salt). hashes
-     * NULL: the scheduler computes them from root. Ignored for bypass requests. */
+    /* Chain hashes of the prompt's full blocks: exactly n_prompt / block_tokens of
+     * them (NULL when there are none), as the engine's intake recomputed them or
+     * warm-up computed them; the scheduler never hashes a prompt. And the chain's
+     * root (model id, the tenant's salt), from which generated tokens extend the
+     * chain when the prompt has no full block. Both ignored for bypass requests. */
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     int32_t n_hashes;
     uint8_t root[KVG_PREFIX_HASH_LEN];

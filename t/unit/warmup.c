@@ -61,7 +61,7 @@ static int32_t ask(sched_rig *r, uint64_t id, const char *tenant, const int32_t 
     q.sp.top_p = 1.0f;
     cached[id] = -1;
     done_[id] = 0;
-    if (kvg_sched_submit(r->s, &q, err, sizeof err) != 0) {
+    if (sched_rig_submit(r, &q, err, sizeof err) != 0) {
         diag("submit %d: %s", (int)id, err);
         return -2;
     }
