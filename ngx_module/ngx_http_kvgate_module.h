@@ -314,8 +314,9 @@ ngx_uint_t ngx_http_kvgate_client_gone(ngx_http_request_t *r, ngx_err_t *err);
 typedef void (*ngx_http_kvgate_prompt_done_pt)(ngx_http_request_t *r,
     ngx_int_t rc, kvg_api_error *err);
 /* As ngx_http_kvgate_prompt_parse, in the location's kvgate_thread_pool when
-   the body is long enough: NGX_AGAIN, and done is called later; otherwise
-   in the event loop, NGX_OK or NGX_ERROR with *err (done is not called). */
+   the body is long enough (the tenant is resolved before, in the event loop):
+   NGX_AGAIN, and done is called later; otherwise in the event loop, NGX_OK
+   or NGX_ERROR with *err (done is not called). */
 ngx_int_t ngx_http_kvgate_prompt_start(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
     const kvg_engine_info *info, ngx_http_kvgate_prompt_done_pt done,
@@ -326,9 +327,10 @@ off_t ngx_http_kvgate_prompt_body_limit(const kvg_engine_info *info);
 /* The 413 error naming the limit that refused the body. */
 void ngx_http_kvgate_prompt_too_large(ngx_http_request_t *r,
     kvg_api_error *err);
-/* Reads and parses the body, resolves the tenant, tokenizes, hashes: sets
-   ctx's req, tenant and salt, tokens, stop ids and strings, bucket, bypass,
-   hashes and route key. */
+/* Resolves the tenant (first: a request refused for it gets that answer
+   whatever its body holds), then reads and parses the body, tokenizes,
+   hashes: sets ctx's tenant and salt, req, tokens, stop ids and strings,
+   bucket, bypass, hashes and route key. */
 ngx_int_t ngx_http_kvgate_prompt_parse(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
     const kvg_engine_info *info, kvg_api_error *err);

@@ -50,9 +50,7 @@ typedef struct {
     kvg_engine_info                   info;       /* tokenizer: a reference */
     u_char                           *body;       /* malloc'd */
     size_t                            len;
-    ngx_int_t                         tenant_rc;
     ngx_int_t                         rc;
-    kvg_api_error                     tenant_err;
     kvg_api_error                     err;
 } ngx_http_kvgate_prompt_task_t;
 
@@ -732,16 +730,15 @@ ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
 
 /*
  * The body to the request, tokens and hashes: everything after the tenant,
- * whose outcome (tenant_rc, tenant_err) was found first in the event loop
- * and is applied here in the order the checks have always had. Runs in the
- * event loop or a thread (see the top of the file).
+ * which is resolved (and a request refused for it answered) before, in the
+ * event loop. Runs in the event loop or a thread (see the top of the file).
  */
 
 static ngx_int_t
 ngx_http_kvgate_prompt_work(ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
     kvg_prefix_hasher *hasher, const u_char *body, size_t len,
-    ngx_int_t tenant_rc, const kvg_api_error *tenant_err, kvg_api_error *err)
+    kvg_api_error *err)
 {
     kvg_endpoint  ep;
 
@@ -766,11 +763,6 @@ ngx_http_kvgate_prompt_work(ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    if (tenant_rc != NGX_OK) {
-        *err = *tenant_err;
-        return NGX_ERROR;
-    }
-
     if (ngx_http_kvgate_tokens(ctx, klcf, info, err) != NGX_OK
         || ngx_http_kvgate_hash(ctx, klcf, info, hasher, err) != NGX_OK)
     {
@@ -781,18 +773,40 @@ ngx_http_kvgate_prompt_work(ngx_http_kvgate_ctx_t *ctx,
 }
 
 
-/* Parse the body and the tenant, tokenize, hash: in the event loop. */
+/*
+ * The tenant first, once: it comes before anything in the body is looked at,
+ * so a request refused for its tenant (401 missing_tenant, 400
+ * invalid_tenant) gets that answer whatever its body holds, as an API
+ * answers a request without credentials, and no body is parsed or tokenized
+ * for it. It evaluates variables (the request pool): in the event loop.
+ */
 
-ngx_int_t
-ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+static ngx_int_t
+ngx_http_kvgate_prompt_tenant(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
+    kvg_api_error *err)
+{
+    if (ctx->salt.data != NULL) {
+        /* resolved for another engine of the group before */
+        return NGX_OK;
+    }
+
+    return ngx_http_kvgate_tenant(r, ctx, klcf, err);
+}
+
+
+/* The body to the request, tokens and hashes in the event loop (the tenant
+   resolved). */
+
+static ngx_int_t
+ngx_http_kvgate_prompt_loop(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
     kvg_api_error *err)
 {
-    char           msg[256];
-    size_t         len;
-    u_char        *body;
-    ngx_int_t      rc, trc;
-    kvg_api_error  terr;
+    char        msg[256];
+    size_t      len;
+    u_char     *body;
+    ngx_int_t   rc;
 
     if (ngx_http_kvgate_loop_hasher == NULL) {
         ngx_http_kvgate_loop_hasher = kvg_prefix_hasher_new(msg, sizeof(msg));
@@ -817,14 +831,27 @@ ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     body[len] = '\0';
 
-    trc = ngx_http_kvgate_tenant(r, ctx, klcf, &terr);
-
     rc = ngx_http_kvgate_prompt_work(ctx, klcf, info,
                                      ngx_http_kvgate_loop_hasher, body, len,
-                                     trc, &terr, err);
+                                     err);
     free(body);
 
     return rc;
+}
+
+
+/* The tenant, then parse the body, tokenize, hash: in the event loop. */
+
+ngx_int_t
+ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
+    kvg_api_error *err)
+{
+    if (ngx_http_kvgate_prompt_tenant(r, ctx, klcf, err) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_kvgate_prompt_loop(r, ctx, klcf, info, err);
 }
 
 
@@ -969,8 +996,7 @@ ngx_http_kvgate_prompt_thread(void *data, ngx_log_t *log)
     }
 
     t->rc = ngx_http_kvgate_prompt_work(t->ctx, t->klcf, &t->info, hasher,
-                                        t->body, t->len, t->tenant_rc,
-                                        &t->tenant_err, &t->err);
+                                        t->body, t->len, &t->err);
 
     kvg_prefix_hasher_free(hasher);
 
@@ -1091,10 +1117,6 @@ ngx_http_kvgate_prompt_post(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    /* resolved here: it evaluates variables (the request pool) */
-
-    t->tenant_rc = ngx_http_kvgate_tenant(r, ctx, klcf, &t->tenant_err);
-
     t->info = *info;
     t->info.tokenizer = kvg_tokenizer_ref(info->tokenizer);
 
@@ -1143,7 +1165,13 @@ ngx_http_kvgate_prompt_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 {
 #if (NGX_THREADS)
     size_t  len;
+#endif
 
+    if (ngx_http_kvgate_prompt_tenant(r, ctx, klcf, err) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+#if (NGX_THREADS)
     len = ngx_http_kvgate_body_size(r);
 
     if (klcf->thread_pool && len >= klcf->thread_min_bytes) {
@@ -1159,7 +1187,7 @@ ngx_http_kvgate_prompt_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     }
 #endif
 
-    return ngx_http_kvgate_prompt_parse(r, ctx, klcf, info, err);
+    return ngx_http_kvgate_prompt_loop(r, ctx, klcf, info, err);
 }
 
 
