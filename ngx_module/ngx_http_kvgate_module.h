@@ -17,7 +17,8 @@
  *                                block hashes and route key
  *   ngx_http_kvgate_metrics.c    the shared counters and histograms and
  *                                their updates
- *   ngx_http_kvgate_error.c      OpenAI error responses
+ *   ngx_http_kvgate_error.c      sending a response (headers, body), and
+ *                                OpenAI error responses
  *   ngx_http_kvgate_engine.c     the worker's connection to the engine
  *                                (libkvgate's client), reconnects, events;
  *                                calls up only through handler pointers
@@ -265,6 +266,19 @@ struct ngx_http_kvgate_ctx_s {
    ngx_http_kvgate_engine.h. */
 
 /* ngx_http_kvgate_error.c */
+/* Adds an output header (key and value are not copied: literals, or memory
+   that lives as long as the request). */
+ngx_int_t ngx_http_kvgate_add_header(ngx_http_request_t *r, const char *key,
+    const char *value);
+/*
+ * Sends a response: status, Content-Type type and Content-Length length
+ * (-1: none), the header (with what was added before), then out, the whole
+ * body, whose last buffer it marks the request's last. out NULL: the header
+ * alone (a stream's chunks follow). Returns what ngx_http_send_header() or
+ * ngx_http_output_filter() returned.
+ */
+ngx_int_t ngx_http_kvgate_send_response(ngx_http_request_t *r,
+    ngx_uint_t status, const char *type, off_t length, ngx_chain_t *out);
 /*
  * Sends an OpenAI-style error:
  *   {"error":{"message":M,"type":T,"param":P,"code":C}}
@@ -364,8 +378,6 @@ ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_kvgate_status_handler(ngx_http_request_t *r);
 
 /* ngx_http_kvgate_response.c */
-ngx_int_t ngx_http_kvgate_add_header(ngx_http_request_t *r, const char *key,
-    const char *value);
 ngx_int_t ngx_http_kvgate_send_models(ngx_http_request_t *r);
 ngx_int_t ngx_http_kvgate_send_complete(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
