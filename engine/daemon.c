@@ -20,7 +20,7 @@
 #include "daemon_output.h"
 #include "daemon_req.h"
 #include "errmsg.h"
-#include "held_set.h"
+#include "cache_index.h"
 #include "log.h"
 #include "monoclock.h"
 
@@ -90,7 +90,7 @@ kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache
     d->fw = fw;
     d->pc = pc;
     d->pool = pool;
-    d->ep = d->listen_fd = d->stop_fd = d->tok_fd = d->stats_fd = d->held_fd = -1;
+    d->ep = d->listen_fd = d->stop_fd = d->tok_fd = d->stats_fd = d->index_fd = -1;
     if (d->cfg.socket_mode < 0)
         d->cfg.socket_mode = 0660;
     if (d->cfg.max_waiting <= 0)
@@ -183,30 +183,30 @@ kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache
     fcntl(d->stats_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
     /* A long step moves the heartbeat too, once a layer. */
     kvg_forward_set_progress(fw, heartbeat, d);
-    /* The held set: which chain hashes the cache holds, for a gateway routing over
+    /* The cache index: which chain hashes the cache holds, for a gateway routing over
      * several engines. Sealed like the statistics page; the prefix cache keeps it
      * equal to its table from here on. */
     {
-        uint32_t cap = kvg_held_capacity_for(pool->n_blocks);
-        d->held_size = kvg_held_page_bytes(cap);
-        d->held_fd = memfd_create("kvgate-held", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (!d->held_size || d->held_fd < 0 || ftruncate(d->held_fd, (off_t)d->held_size) != 0) {
-            kvg_set_err(err, err_len, "engine daemon: cannot create the held set for %d blocks: %s",
-                        (int)pool->n_blocks, d->held_size ? strerror(errno) : "too many");
+        uint32_t cap = kvg_cache_index_capacity_for(pool->n_blocks);
+        d->index_size = kvg_cache_index_page_bytes(cap);
+        d->index_fd = memfd_create("kvgate-cache-index", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (!d->index_size || d->index_fd < 0 || ftruncate(d->index_fd, (off_t)d->index_size) != 0) {
+            kvg_set_err(err, err_len, "engine daemon: cannot create the cache index for %d blocks: %s",
+                        (int)pool->n_blocks, d->index_size ? strerror(errno) : "too many");
             goto fail;
         }
-        d->held = mmap(NULL, d->held_size, PROT_READ | PROT_WRITE, MAP_SHARED, d->held_fd, 0);
-        if (d->held == MAP_FAILED) {
-            d->held = NULL;
-            kvg_set_err(err, err_len, "engine daemon: cannot map the held set: %s", strerror(errno));
+        d->index = mmap(NULL, d->index_size, PROT_READ | PROT_WRITE, MAP_SHARED, d->index_fd, 0);
+        if (d->index == MAP_FAILED) {
+            d->index = NULL;
+            kvg_set_err(err, err_len, "engine daemon: cannot map the cache index: %s", strerror(errno));
             goto fail;
         }
-        fcntl(d->held_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
-        d->held_w = kvg_held_writer_new(d->held, d->held_size, cap, err, err_len);
-        if (!d->held_w)
+        fcntl(d->index_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
+        d->index_w = kvg_cache_index_writer_new(d->index, d->index_size, cap, err, err_len);
+        if (!d->index_w)
             goto fail;
-        if (kvg_pc_set_held(pc, d->held_w) != 0) {
-            kvg_set_err(err, err_len, "engine daemon: the held set cannot take the cache's blocks");
+        if (kvg_pc_set_index(pc, d->index_w) != 0) {
+            kvg_set_err(err, err_len, "engine daemon: the cache index cannot take the cache's blocks");
             goto fail;
         }
     }
@@ -260,14 +260,14 @@ void kvg_daemon_free(kvg_daemon *d)
         kvg_forward_set_progress(d->fw, NULL, NULL);   /* the forward pass outlives the daemon */
     kvg_sched_free(d->sched);
     kvg_prefix_hasher_free(d->hasher);
-    if (d->held_w) {
-        kvg_pc_set_held(d->pc, NULL);   /* the cache outlives the daemon */
-        kvg_held_writer_free(d->held_w);
+    if (d->index_w) {
+        kvg_pc_set_index(d->pc, NULL);   /* the cache outlives the daemon */
+        kvg_cache_index_writer_free(d->index_w);
     }
-    if (d->held)
-        munmap(d->held, d->held_size);
-    if (d->held_fd >= 0)
-        close(d->held_fd);
+    if (d->index)
+        munmap(d->index, d->index_size);
+    if (d->index_fd >= 0)
+        close(d->index_fd);
     if (d->stats)
         munmap(d->stats, d->stats_size);
     if (d->stats_fd >= 0)
@@ -436,7 +436,8 @@ static void write_stats(kvg_daemon *d)
     s.clients = 0;
     for (dconn *c = d->conns; c; c = c->next)
         s.clients += c->up;
-    for (int b = 0; b < KVG_STATS_BUCKETS && b < KVG_SCHED_BUCKETS; b++) {
+    /* the scheduler's buckets are the page's (KVG_SCHED_BUCKETS is defined from it) */
+    for (int b = 0; b < KVG_STATS_BUCKETS; b++) {
         s.bucket[b].requests = ss.bucket[b].requests;
         s.bucket[b].prompt_tokens = ss.bucket[b].prompt_tokens;
         s.bucket[b].cached_tokens = ss.bucket[b].cached_tokens;

@@ -127,20 +127,20 @@ static void handshake(dconn *c, const kvg_hello *h)
     w.region_bytes = c->region_size;
     w.tokenizer_bytes = d->m->tokenizer_bytes;
     w.stats_bytes = d->stats_size;
-    w.held_bytes = d->held_size;
+    w.index_bytes = d->index_size;
     w.context_length = (uint32_t)d->m->cfg.max_seq_len;
     w.block_tokens = (uint32_t)d->pool->geom.block_tokens;
     w.vocab_size = (uint32_t)d->m->cfg.vocab_size;
     w.bos = d->m->bos;
     w.eos = d->m->eos;
     w.add_bos = (uint32_t)kvg_tokenizer_add_bos(d->m->tokenizer);
-    w.max_n = KVG_SCHED_MAX_N < KVG_PROTO_MAX_N ? KVG_SCHED_MAX_N : KVG_PROTO_MAX_N;
+    w.max_n = KVG_PROTO_MAX_N;   /* the scheduler's KVG_SCHED_MAX_N is defined from it */
     fds[0] = memfd;
     fds[1] = c->bell_in;
     fds[2] = c->bell_out;
     fds[3] = d->tok_fd;
     fds[4] = d->stats_fd;
-    fds[5] = d->held_fd;
+    fds[5] = d->index_fd;
     if (kvg_proto_send_welcome(c->sock, &w, fds, KVG_WELCOME_FDS, err, sizeof err) != 0) {
         kvgd_conn_fail(c, "%s", err);
         goto out;
@@ -388,16 +388,16 @@ static void on_cancel(dconn *c, const kvg_shm_msg *m)
 
 /* PAUSE / RESUME: the client's own backpressure (its HTTP client stopped reading).
  * One of two reasons to hold a request in the scheduler, next to the engine's own
- * (r->held, daemon_output.c): the request is held while either holds. */
-static void on_hold(dconn *c, const kvg_shm_msg *m)
+ * (r->backlogged, daemon_output.c): the request is held while either stands. */
+static void on_pause(dconn *c, const kvg_shm_msg *m)
 {
     kvg_daemon *d = c->d;
-    kvg_msg_hold h;
+    kvg_msg_pause h;
     char err[160];
     int paused;
     void *v;
 
-    if (kvg_proto_decode_hold(m, &h, &paused, err, sizeof err) != 0) {
+    if (kvg_proto_decode_pause(m, &h, &paused, err, sizeof err) != 0) {
         d->counters.protocol_errors++;
         kvgd_reply_error(c, 0, 400, "%s", err);
         return;
@@ -417,7 +417,7 @@ static void on_hold(dconn *c, const kvg_shm_msg *m)
         d->counters.resumes++;
         d->counters.paused--;
     }
-    if (!r->held)
+    if (!r->backlogged)
         kvg_sched_hold(d->sched, r->sched_id, paused);
 }
 
@@ -472,7 +472,7 @@ void kvgd_conn_intake(dconn *c)
         else if (m.type == KVG_MSG_CANCEL)
             on_cancel(c, &m);
         else if (m.type == KVG_MSG_PAUSE || m.type == KVG_MSG_RESUME)
-            on_hold(c, &m);
+            on_pause(c, &m);
         else if (m.type == KVG_MSG_SAMPLES)
             on_samples(c, &m);
         else {

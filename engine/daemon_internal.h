@@ -58,8 +58,10 @@ typedef struct dreq {
     int in_sched;                /* the scheduler still knows it */
     int silent;                  /* cancelled by the client: deliver nothing */
     int expired;                 /* cancelled by its deadline */
-    int held;                    /* by the engine: its output piles up unread */
-    int paused;                  /* by its client (PAUSE): its HTTP client is not reading */
+    /* Held in the scheduler (kvg_sched_hold: out of batches, blocks kept) while either
+     * of two reasons stands: */
+    int backlogged;              /* the engine's: its output piles up unread (hold_tokens) */
+    int paused;                  /* the client's (PAUSE): its HTTP client is not reading */
     int accepted, accepted_sent;
     uint32_t prompt_tokens, cached_tokens;
     int done;                    /* the scheduler reported the request complete */
@@ -126,10 +128,11 @@ struct kvg_daemon {
     kvg_stats_page *stats;
     size_t stats_size;
     kvg_stats counters;          /* the daemon's own counters (the page's last part) */
-    int held_fd;                 /* the held set (proto.h kvg_held_page), passed to every client */
-    void *held;
-    size_t held_size;
-    kvg_held_writer *held_w;     /* the prefix cache keeps it current (kvg_pc_set_held) */
+    int index_fd;                /* the cache index (proto.h kvg_cache_index_page), passed to
+                                    every client */
+    void *index;
+    size_t index_size;
+    kvg_cache_index_writer *index_w;   /* the prefix cache keeps it current (kvg_pc_set_index) */
     int64_t stats_written_ms;
     uint64_t beats;              /* the page's heartbeat, as last stored (the only writer) */
     uint64_t instance;

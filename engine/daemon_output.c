@@ -291,7 +291,8 @@ void kvgd_conn_flush(dconn *c)
     }
     c->blocked = full;
     c->dirty = full;
-    /* Hold the requests whose output piles up; release them once it went out. */
+    /* Hold the requests whose output piles up (backlogged); release them once it
+     * went out. */
     for (dreq *r = c->head; r; r = r->next) {
         uint32_t pending = 0;
         for (int j = 0; j < r->n; j++)
@@ -299,11 +300,11 @@ void kvgd_conn_flush(dconn *c)
                 pending = r->smp[j].n;
         if (!r->in_sched)
             continue;
-        if (!r->held && pending >= (uint32_t)d->cfg.hold_tokens) {
-            r->held = 1;
+        if (!r->backlogged && pending >= (uint32_t)d->cfg.hold_tokens) {
+            r->backlogged = 1;
             kvg_sched_hold(d->sched, r->sched_id, 1);
-        } else if (r->held && pending == 0) {
-            r->held = 0;
+        } else if (r->backlogged && pending == 0) {
+            r->backlogged = 0;
             /* still held while its client has it paused (PAUSE, daemon_conn.c) */
             kvg_sched_hold(d->sched, r->sched_id, r->paused);
         }

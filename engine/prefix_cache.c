@@ -3,7 +3,7 @@
  * it has a hash) and when its free list runs dry (evict one cached block). */
 #include "prefix_cache.h"
 #include "errmsg.h"
-#include "held_set.h"
+#include "cache_index.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +55,7 @@ struct kvg_prefix_cache {
     uint64_t sip[2];             /* the map's random key */
     kvg_pc_stats st;
     uint64_t recompute_tokens, recompute_hit_tokens;
-    kvg_held_writer *held;       /* the shared held set, kept equal to the table (or NULL) */
+    kvg_cache_index_writer *index;   /* the shared cache index, kept equal to the table (or NULL) */
 };
 
 static uint32_t bucket_of(const kvg_prefix_cache *pc, const uint8_t *h)
@@ -78,10 +78,10 @@ static void table_insert(kvg_prefix_cache *pc, int32_t id)
     uint32_t k = bucket_of(pc, pc->b[id].hash);
     pc->b[id].hnext = pc->buckets[k];
     pc->buckets[k] = id;
-    /* Every hash that enters the table enters the held set, and leaves it with the
+    /* Every hash that enters the table enters the cache index, and leaves it with the
      * table (table_remove): the one place each happens, so the two stay equal. */
-    if (pc->held)
-        kvg_held_add(pc->held, pc->b[id].hash);
+    if (pc->index)
+        kvg_cache_index_add(pc->index, pc->b[id].hash);
 }
 
 static void table_remove(kvg_prefix_cache *pc, int32_t id)
@@ -91,8 +91,8 @@ static void table_remove(kvg_prefix_cache *pc, int32_t id)
         pp = &pc->b[*pp].hnext;
     if (*pp == id) {
         *pp = pc->b[id].hnext;
-        if (pc->held)
-            kvg_held_remove(pc->held, pc->b[id].hash);
+        if (pc->index)
+            kvg_cache_index_remove(pc->index, pc->b[id].hash);
     }
     pc->b[id].hnext = NIL;
 }
@@ -467,18 +467,18 @@ void kvg_pc_free(kvg_prefix_cache *pc)
     free(pc);
 }
 
-int kvg_pc_set_held(kvg_prefix_cache *pc, kvg_held_writer *w)
+int kvg_pc_set_index(kvg_prefix_cache *pc, kvg_cache_index_writer *w)
 {
-    pc->held = NULL;
+    pc->index = NULL;
     if (!w)
         return 0;
-    kvg_held_clear(w);
+    kvg_cache_index_clear(w);
     for (int32_t i = 0; i < pc->pool->n_blocks; i++)
-        if (pc->b[i].hashed && kvg_held_add(w, pc->b[i].hash) != 0) {
-            kvg_held_clear(w);
+        if (pc->b[i].hashed && kvg_cache_index_add(w, pc->b[i].hash) != 0) {
+            kvg_cache_index_clear(w);
             return -1;
         }
-    pc->held = w;
+    pc->index = w;
     return 0;
 }
 
@@ -995,22 +995,22 @@ int kvg_pc_check(const kvg_prefix_cache *pc, const kvg_kv_seq *const *seqs, size
                     (int)p->n_free, (int)kept, (int)used, (int)n);
         goto out;
     }
-    if (pc->held) {
-        /* The held set: every hashed block's key is in, with as many holders in all
+    if (pc->index) {
+        /* The cache index: every hashed block's key is in, with as many holders in all
          * as there are hashed blocks (so nothing else is). */
         uint64_t hashed = 0;
         for (int32_t id = 0; id < n; id++) {
             if (!pc->b[id].hashed)
                 continue;
             hashed++;
-            if (kvg_held_writer_refs(pc->held, pc->b[id].hash) == 0) {
-                kvg_set_err(err, err_len, "check: hashed block %d is not in the held set", (int)id);
+            if (kvg_cache_index_refs(pc->index, pc->b[id].hash) == 0) {
+                kvg_set_err(err, err_len, "check: hashed block %d is not in the cache index", (int)id);
                 goto out;
             }
         }
-        if (kvg_held_writer_total(pc->held) != hashed) {
-            kvg_set_err(err, err_len, "check: the held set has %llu holders for %llu hashed blocks",
-                        (unsigned long long)kvg_held_writer_total(pc->held), (unsigned long long)hashed);
+        if (kvg_cache_index_total(pc->index) != hashed) {
+            kvg_set_err(err, err_len, "check: the cache index has %llu holders for %llu hashed blocks",
+                        (unsigned long long)kvg_cache_index_total(pc->index), (unsigned long long)hashed);
             goto out;
         }
     }

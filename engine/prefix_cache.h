@@ -152,13 +152,13 @@ int32_t kvg_pc_sweep(kvg_prefix_cache *pc, int64_t now_ms);
 
 void kvg_pc_get_stats(const kvg_prefix_cache *pc, kvg_pc_stats *out);
 
-/* The held set (src/held_set.h, shared with clients for routing): from now on every
- * hash that enters the cache's table is added to w and every one that leaves it
+/* The cache index (src/cache_index.h, shared with clients for routing): from now on
+ * every hash that enters the cache's table is added to w and every one that leaves it
  * (eviction, expiry, a model change) is removed, so w holds exactly the hashes of the
  * hashed blocks, in use or cached. w is emptied and filled with what the cache holds
  * now. NULL detaches. 0, or -1 when w is too small for the pool (nothing attached). */
-typedef struct kvg_held_writer kvg_held_writer;
-int kvg_pc_set_held(kvg_prefix_cache *pc, kvg_held_writer *w);
+typedef struct kvg_cache_index_writer kvg_cache_index_writer;
+int kvg_pc_set_index(kvg_prefix_cache *pc, kvg_cache_index_writer *w);
 
 /* Whether a block is findable under hash now (any tenant: hashes are salted). */
 int kvg_pc_holds(const kvg_prefix_cache *pc, const uint8_t hash[KVG_PREFIX_HASH_LEN]);

@@ -355,23 +355,13 @@ int kvg_sched_submit(kvg_sched *s, const kvg_sched_req *r, char *err, size_t err
         q->hashes = malloc((size_t)(q->n_hashes ? q->n_hashes : 1) * sizeof *q->hashes);
         if (!q->hashes)
             goto oom;
-        if (r->hashes) {
-            /* Precondition: one hash per full block. The engine's intake
-             * (daemon_conn.c) checks the count and recomputes the chain. */
-            assert(r->n_hashes == q->n_hashes);
+        /* Precondition: the chain, one hash per full block, always given: the
+         * engine's intake (daemon_conn.c) recomputes it from the tokens and checks
+         * the count, warm-up (warmup.c) computes it from its entry. The scheduler
+         * only ever extends a chain (kvg_prefix_next over generated blocks). */
+        assert(r->n_hashes == q->n_hashes && (r->hashes || q->n_hashes == 0));
+        if (q->n_hashes)
             memcpy(q->hashes, r->hashes, (size_t)q->n_hashes * sizeof *q->hashes);
-        } else {
-            size_t nb;
-            if (kvg_prefix_chain(s->hasher, r->root, q->prompt, (size_t)r->n_prompt, (size_t)bt,
-                                 q->hashes, (size_t)q->n_hashes, &nb, err, err_len) != 0) {
-                free(q->hashes);
-                free(q->prompt);
-                free(q->plogits);
-                free(q);
-                s->st.rejected++;
-                return -1;
-            }
-        }
     }
     q->r.hashes = q->hashes;
     q->r.n_hashes = q->n_hashes;

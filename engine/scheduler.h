@@ -49,12 +49,15 @@
 #include "model.h"
 #include "prefix_cache.h"
 #include "prefix_hash.h"
+#include "proto.h"
 #include "sampler.h"
 #include "stop_match.h"
 
-#define KVG_SCHED_MAX_N        16     /* completions per request */
+/* Completions per request and length buckets are the protocol's (proto.h): whatever
+ * a SUBMIT may carry, the scheduler takes. */
+#define KVG_SCHED_MAX_N        KVG_PROTO_MAX_N
 #define KVG_SCHED_MAX_STOP_IDS 8
-#define KVG_SCHED_BUCKETS      17     /* kvg_buckets: up to 16 bounds + bypass */
+#define KVG_SCHED_BUCKETS      KVG_STATS_BUCKETS
 
 typedef struct kvg_sched kvg_sched;
 
@@ -74,9 +77,11 @@ typedef struct kvg_sched_req {
     void *user;                  /* echoed in events */
     const int32_t *prompt;       /* copied at submit; ids in [0, vocab_size) */
     int32_t n_prompt;
-    /* Chain hashes of the prompt's full blocks (exactly n_prompt / block_tokens of
-     * them, from the gateway), and the chain's root (model id, tenant salt). hashes
-     * NULL: the scheduler computes them from root. Ignored for bypass requests. */
+    /* Chain hashes of the prompt's full blocks: exactly n_prompt / block_tokens of
+     * them (NULL when there are none), as the engine's intake recomputed them or
+     * warm-up computed them; the scheduler never hashes a prompt. And the chain's
+     * root (model id, the tenant's salt), from which generated tokens extend the
+     * chain when the prompt has no full block. Both ignored for bypass requests. */
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     int32_t n_hashes;
     uint8_t root[KVG_PREFIX_HASH_LEN];

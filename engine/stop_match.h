@@ -12,8 +12,12 @@
 
 #include <stddef.h>
 
-#define KVG_STOP_MAX      4
-#define KVG_STOP_MAX_LEN  128
+#include "proto.h"
+
+/* The protocol's limits (proto.h), not numbers of their own: every stop string a
+ * SUBMIT carries fits the matcher. */
+#define KVG_STOP_MAX      KVG_PROTO_MAX_STOP
+#define KVG_STOP_MAX_LEN  KVG_PROTO_MAX_STOP_LEN
 
 typedef struct kvg_stop_match {
     int n;

@@ -231,18 +231,18 @@ static int parse_line(const char *s, size_t len, const kvg_tokenizer *tok, int32
     {
         json_t *t = def ? def : tenant;
         size_t n = json_string_length(t);
-        e->tenant = malloc(n + 2);
-        if (!e->tenant) {
+        e->salt = malloc(n + 2);
+        if (!e->salt) {
             line_err(err, err_len, name, line, def ? "default_tenant" : "tenant", "out of memory");
             goto out;
         }
         if (def)
-            e->tenant_len = kvg_prefix_default_salt(json_string_value(t), n, (uint8_t *)e->tenant, n + 2);
+            e->salt_len = kvg_prefix_default_salt(json_string_value(t), n, (uint8_t *)e->salt, n + 2);
         else {
-            memcpy(e->tenant, json_string_value(t), n);
-            e->tenant_len = n;
+            memcpy(e->salt, json_string_value(t), n);
+            e->salt_len = n;
         }
-        e->tenant[e->tenant_len] = '\0';
+        e->salt[e->salt_len] = '\0';
     }
     rc = ids ? parse_ids(ids, vocab, e, name, line, err, err_len)
              : parse_prompt(prompt, tok, e, name, line, err, err_len);
@@ -297,7 +297,7 @@ kvg_warmup *kvg_warmup_parse(const char *data, size_t len, const char *name,
         }
         memset(&w->e[w->n], 0, sizeof w->e[w->n]);
         if (parse_line(s, l, tok, vocab_size, &w->e[w->n], name, line, err, err_len) != 0) {
-            free(w->e[w->n].tenant);
+            free(w->e[w->n].salt);
             free(w->e[w->n].ids);
             goto fail;
         }
@@ -351,7 +351,7 @@ void kvg_warmup_free(kvg_warmup *w)
     if (!w)
         return;
     for (size_t i = 0; i < w->n; i++) {
-        free(w->e[i].tenant);
+        free(w->e[i].salt);
         free(w->e[i].ids);
     }
     free(w->e);
@@ -384,8 +384,11 @@ int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
     kvg_warmup_opts o = { 0, 1 };
     kvg_pc_stats st0, st1;
     kvg_prefix_hasher *h;
-    uint8_t (*pins)[KVG_PREFIX_HASH_LEN] = NULL;
-    size_t n_pins = 0, cap_pins = 0;
+    /* Every entry's chain, computed once: the scheduler takes it (it never hashes a
+     * prompt), and a pinned entry's stays here to be counted. hashes[0..n_pins) are
+     * the pinned entries' so far, the entry at hand's follows them. */
+    uint8_t (*hashes)[KVG_PREFIX_HASH_LEN] = NULL;
+    size_t n_pins = 0, cap = 0;
     int32_t bt = pool->geom.block_tokens;
     int rc = -1;
 
@@ -402,14 +405,34 @@ int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
         const kvg_warmup_entry *e = &w->e[i];
         kvg_sched_req q;
         char serr[256];
+        size_t nb = (size_t)(e->n_ids / bt);
         memset(&q, 0, sizeof q);
-        if (kvg_pc_salt_root(pc, h, e->tenant, e->tenant_len, q.root, serr, sizeof serr) != 0) {
+        if (n_pins + nb > cap) {
+            size_t nc = (n_pins + nb) * 2;
+            void *np = realloc(hashes, nc * sizeof *hashes);
+            if (!np) {
+                kvg_set_err(err, err_len, "%s: out of memory", w->name);
+                goto out;
+            }
+            hashes = np;
+            cap = nc;
+        }
+        if (kvg_pc_salt_root(pc, h, e->salt, e->salt_len, q.root, serr, sizeof serr) != 0) {
             line_err(err, err_len, w->name, e->line, "tenant", "%s", serr);
             goto out;
         }
+        if (nb) {
+            if (kvg_prefix_chain(h, q.root, e->ids, (size_t)e->n_ids, (size_t)bt, hashes + n_pins,
+                                 cap - n_pins, &nb, serr, sizeof serr) != 0) {
+                line_err(err, err_len, w->name, e->line, "prompt", "%s", serr);
+                goto out;
+            }
+            q.hashes = (const uint8_t (*)[KVG_PREFIX_HASH_LEN])(hashes + n_pins);
+            q.n_hashes = (int32_t)nb;
+        }
         /* Held until the request is queued (it takes its own reference); the tenant
          * then lives on through the blocks the entry caches. */
-        q.tenant = kvg_pc_tenant(pc, e->tenant, e->tenant_len, 0.0);
+        q.tenant = kvg_pc_tenant(pc, e->salt, e->salt_len, 0.0);
         if (q.tenant < 0) {
             line_err(err, err_len, w->name, e->line, "tenant", "out of memory for the tenant's record");
             goto out;
@@ -442,33 +465,16 @@ int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
         }
         res->entries++;
         res->prompt_tokens += e->n_ids;
-        if (e->ttl_ms == KVG_PC_TTL_PINNED && e->n_ids / bt > 0) {
-            size_t nb = (size_t)(e->n_ids / bt);
-            if (n_pins + nb > cap_pins) {
-                size_t nc = (n_pins + nb) * 2;
-                void *np = realloc(pins, nc * sizeof *pins);
-                if (!np) {
-                    kvg_set_err(err, err_len, "%s: out of memory", w->name);
-                    goto out;
-                }
-                pins = np;
-                cap_pins = nc;
-            }
-            if (kvg_prefix_chain(h, q.root, e->ids, (size_t)e->n_ids, (size_t)bt, pins + n_pins,
-                                 cap_pins - n_pins, &nb, serr, sizeof serr) != 0) {
-                line_err(err, err_len, w->name, e->line, "prompt", "%s", serr);
-                goto out;
-            }
-            n_pins += nb;
-        }
+        if (e->ttl_ms == KVG_PC_TTL_PINNED)
+            n_pins += nb;        /* its chain stays, to be counted */
     }
     /* Entries may share blocks: count each pinned block once. */
     if (n_pins > 1) {
         size_t u = 1;
-        qsort(pins, n_pins, sizeof *pins, cmp_hash);
+        qsort(hashes, n_pins, sizeof *hashes, cmp_hash);
         for (size_t i = 1; i < n_pins; i++)
-            if (memcmp(pins[i], pins[u - 1], KVG_PREFIX_HASH_LEN) != 0)
-                memcpy(pins[u++], pins[i], KVG_PREFIX_HASH_LEN);
+            if (memcmp(hashes[i], hashes[u - 1], KVG_PREFIX_HASH_LEN) != 0)
+                memcpy(hashes[u++], hashes[i], KVG_PREFIX_HASH_LEN);
         n_pins = u;
     }
     kvg_pc_get_stats(pc, &st1);
@@ -491,7 +497,7 @@ int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
     }
     rc = 0;
 out:
-    free(pins);
+    free(hashes);
     kvg_prefix_hasher_free(h);
     return rc;
 }

@@ -47,9 +47,9 @@
 #include "tokenizer.h"
 
 typedef struct kvg_warmup_entry {
-    char *tenant;                /* the salt, NUL-terminated (a default tenant's opens
-                                  * with a NUL: use tenant_len) */
-    size_t tenant_len;
+    char *salt;                  /* the tenant's salt, NUL-terminated (a default tenant's
+                                  * opens with a NUL: use salt_len) */
+    size_t salt_len;
     int32_t *ids;                /* the prompt's tokens */
     int32_t n_ids;
     int64_t ttl_ms;              /* 0: default; KVG_PC_TTL_PINNED: pinned */

@@ -6,7 +6,7 @@
  * fields separated by NUL bytes become vocabulary pieces, merges between them,
  * added tokens, the pipeline and the text to encode. Whatever loads is then
  * used: encode (with and without special tokens), decode and streaming decode,
- * which runs the merge engine over fuzzed vocabularies too. */
+ * which runs the BPE merge over fuzzed vocabularies too. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>

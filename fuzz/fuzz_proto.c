@@ -94,9 +94,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (kvg_proto_decode_samples(&m, &sm, err, sizeof err) == 0 &&
         (m.type != KVG_MSG_SAMPLES || m.payload_len != 0 || sm.reserved != 0 || sm.version != KVG_PROTO_VERSION))
         abort();
-    kvg_msg_hold h;
+    kvg_msg_pause h;
     int paused;
-    if (kvg_proto_decode_hold(&m, &h, &paused, err, sizeof err) == 0 && h.reserved != 0)
+    if (kvg_proto_decode_pause(&m, &h, &paused, err, sizeof err) == 0 && h.reserved != 0)
         abort();
     return 0;
 }

@@ -60,19 +60,6 @@ static void ngx_http_kvgate_handshake_over(ngx_http_kvgate_engine_t *w);
 static void ngx_http_kvgate_liveness_check(ngx_event_t *ev);
 
 
-kvg_client *
-ngx_http_kvgate_engine_client(ngx_http_kvgate_engine_t *w)
-{
-    /* NULL: no engine (a group none of whose engines is up) */
-
-    if (w == NULL) {
-        return NULL;
-    }
-
-    return w->client;
-}
-
-
 ngx_uint_t
 ngx_http_kvgate_engine_up(ngx_http_kvgate_engine_t *w)
 {
@@ -937,21 +924,20 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
 
 
 ngx_int_t
-ngx_http_kvgate_engine_hold(ngx_http_kvgate_engine_req_t *er,
-    ngx_uint_t paused)
+ngx_http_kvgate_engine_pause(ngx_http_kvgate_engine_req_t *er,
+    ngx_uint_t pause)
 {
     ngx_http_kvgate_engine_t  *w = er->engine;
 
-    
     if (!er->submitted || w == NULL || w->client == NULL) {
         return NGX_DECLINED;
     }
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, er->log, 0,
                    "kvgate: %s engine request %uL",
-                   paused ? "pausing" : "resuming", er->id);
+                   pause ? "pausing" : "resuming", er->id);
 
-    if (kvg_client_hold(w->client, er->id, (int) paused) != 0) {
+    if (kvg_client_pause(w->client, er->id, (int) pause) != 0) {
         return NGX_DECLINED;
     }
 
@@ -1102,9 +1088,9 @@ ngx_http_kvgate_group_unavailable(ngx_http_kvgate_group_t *g,
 
 /* ---- what routing asks of an engine ---- */
 
-/* What the engine publishes (its held set and statistics page), read
+/* What the engine publishes (its cache index and statistics page), read
    without locks: a lookup racing the engine's write may be wrong once, which
-   only makes one routing choice worse (src/held_set.h). */
+   only makes one routing choice worse (src/cache_index.h). */
 
 uint64_t
 ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *w)
@@ -1129,12 +1115,12 @@ ngx_http_kvgate_engine_read_stats(ngx_http_kvgate_engine_t *w, kvg_stats *st)
 
 
 size_t
-ngx_http_kvgate_engine_held(ngx_http_kvgate_engine_t *w,
+ngx_http_kvgate_engine_cached_prefix(ngx_http_kvgate_engine_t *w,
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n)
 {
     if (w == NULL || !w->up || w->client == NULL || hashes == NULL) {
         return 0;
     }
 
-    return kvg_client_held_prefix(w->client, hashes, n);
+    return kvg_client_cached_prefix(w->client, hashes, n);
 }

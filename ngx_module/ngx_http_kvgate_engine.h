@@ -159,7 +159,6 @@ ngx_int_t ngx_http_kvgate_engine_init_process(ngx_cycle_t *cycle,
     ngx_http_kvgate_engine_state_pt state);
 void ngx_http_kvgate_engine_exit_process(ngx_http_kvgate_engine_t *e);
 
-kvg_client *ngx_http_kvgate_engine_client(ngx_http_kvgate_engine_t *e);
 /* The engine's model, tokenizer and limits; NULL while it is down. */
 const kvg_engine_info *ngx_http_kvgate_engine_info(
     ngx_http_kvgate_engine_t *e);
@@ -190,8 +189,8 @@ uint64_t ngx_http_kvgate_engine_load(ngx_http_kvgate_engine_t *e);
 ngx_int_t ngx_http_kvgate_engine_read_stats(ngx_http_kvgate_engine_t *e,
     kvg_stats *st);
 /* How many leading hashes of the chain the engine holds (its prefix cache;
-   kvg_client_held_prefix), 0 while down. */
-size_t ngx_http_kvgate_engine_held(ngx_http_kvgate_engine_t *e,
+   kvg_client_cached_prefix), 0 while down. */
+size_t ngx_http_kvgate_engine_cached_prefix(ngx_http_kvgate_engine_t *e,
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n);
 
 /* Some engine of g is up, or has a handshake in progress. */
@@ -223,12 +222,12 @@ ngx_int_t ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
    connect_wait; NGX_ERROR with *err set (503) when the engine is down. */
 ngx_int_t ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
     kvg_api_error *err);
-/* Pauses (paused = 1) or resumes er's request in the engine: a paused request
+/* Pauses (pause = 1) or resumes er's request in the engine: a paused request
    stops generating and keeps its blocks; events made before still come.
    NGX_OK, or NGX_DECLINED when it is not live in the engine (waiting for ring
    room, finished, or the engine went away). */
-ngx_int_t ngx_http_kvgate_engine_hold(ngx_http_kvgate_engine_req_t *er,
-    ngx_uint_t paused);
+ngx_int_t ngx_http_kvgate_engine_pause(ngx_http_kvgate_engine_req_t *er,
+    ngx_uint_t pause);
 /* Self-consistency: starts the next draw undrawn samples of er's request
    and cancels those of cancel_mask (bit j: sample j). NGX_OK (sent, or kept
    until the ring has room: messages for one request keep their order),

@@ -29,10 +29,13 @@ static void *ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf);
 static char *ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent,
     void *child);
 
-static char *ngx_http_kvgate_engine(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-static char *ngx_http_kvgate_engines(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+/* the kvgate_engine* directives' handlers end in _directive:
+   ngx_http_kvgate_engine_* are the engine connection's functions
+   (ngx_http_kvgate_engine.h) */
+static char *ngx_http_kvgate_engine_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_kvgate_engines_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 static char *ngx_http_kvgate_engines_body(ngx_conf_t *cf, ngx_command_t *dummy,
     void *conf);
 static char *ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -52,8 +55,8 @@ static ngx_int_t ngx_http_kvgate_note_server(ngx_conf_t *cf,
 static ngx_int_t ngx_http_kvgate_server_error_pages(ngx_conf_t *cf);
 static char *ngx_http_kvgate_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-static char *ngx_http_kvgate_engine_stall(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+static char *ngx_http_kvgate_engine_stall_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 
 static ngx_int_t ngx_http_kvgate_init_module(ngx_cycle_t *cycle);
 static void ngx_http_kvgate_pin_module(ngx_cycle_t *cycle);
@@ -121,14 +124,14 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
 
     { ngx_string("kvgate_engine"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      ngx_http_kvgate_engine,
+      ngx_http_kvgate_engine_directive,
       NGX_HTTP_MAIN_CONF_OFFSET,
       0,
       NULL },
 
     { ngx_string("kvgate_engines"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_BLOCK|NGX_CONF_TAKE1,
-      ngx_http_kvgate_engines,
+      ngx_http_kvgate_engines_directive,
       NGX_HTTP_MAIN_CONF_OFFSET,
       0,
       NULL },
@@ -142,7 +145,7 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
 
     { ngx_string("kvgate_engine_stall"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      ngx_http_kvgate_engine_stall,
+      ngx_http_kvgate_engine_stall_directive,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_http_kvgate_main_conf_t, engine_stall),
       NULL },
@@ -596,21 +599,15 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
     switch (data) {
 
     case NGX_HTTP_KVGATE_VAR_TENANT:
-        if (ctx->tenant.data == NULL) {
+        /* the salt is set with the name, once the tenant is resolved */
+
+        if (ctx->salt.data == NULL) {
             v->not_found = 1;
             return NGX_OK;
         }
 
-        {
-            /* the name, without the default tenant's salt mark */
-            const void  *name;
-            size_t       len;
-
-            (void) kvg_prefix_salt_is_default(ctx->tenant.data,
-                                              ctx->tenant.len, &name, &len);
-            v->data = (u_char *) name;
-            v->len = len;
-        }
+        v->data = ctx->tenant.data;
+        v->len = ctx->tenant.len;
         return NGX_OK;
 
     case NGX_HTTP_KVGATE_VAR_BUCKET:
@@ -702,13 +699,13 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
 
     case NGX_HTTP_KVGATE_VAR_ENGINE:
         /* the engine the request was routed to (its name) */
-        if (!ctx->routed || ctx->engine.engine == NULL) {
+        if (!ctx->routed || ctx->ereq.engine == NULL) {
             v->not_found = 1;
             return NGX_OK;
         }
 
-        v->data = ctx->engine.engine->name.data;
-        v->len = ctx->engine.engine->name.len;
+        v->data = ctx->ereq.engine->name.data;
+        v->len = ctx->ereq.engine->name.len;
         return NGX_OK;
 
     case NGX_HTTP_KVGATE_VAR_VOTE_ANSWER:
@@ -1539,7 +1536,7 @@ ngx_http_kvgate_add_group(ngx_conf_t *cf, ngx_http_kvgate_main_conf_t *kmcf,
 
 
 static char *
-ngx_http_kvgate_engine(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_kvgate_engine_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_kvgate_main_conf_t  *kmcf = conf;
 
@@ -1583,7 +1580,8 @@ ngx_http_kvgate_engine(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
  */
 
 static char *
-ngx_http_kvgate_engines(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_kvgate_engines_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
 {
     ngx_http_kvgate_main_conf_t  *kmcf = conf;
 
@@ -1993,7 +1991,8 @@ ngx_http_kvgate_set_msec_slot(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
    wake-up was late for a stalled one. */
 
 static char *
-ngx_http_kvgate_engine_stall(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_kvgate_engine_stall_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
 {
     char  *p = conf;
 
@@ -2377,6 +2376,8 @@ ngx_http_kvgate_exit_process(ngx_cycle_t *cycle)
     ngx_uint_t                     i;
     ngx_http_kvgate_engine_t     **e;
     ngx_http_kvgate_main_conf_t   *kmcf;
+
+    ngx_http_kvgate_prompt_exit_process();
 
     kmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_kvgate_module);
 

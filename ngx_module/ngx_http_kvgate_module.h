@@ -17,7 +17,8 @@
  *                                block hashes and route key
  *   ngx_http_kvgate_metrics.c    the shared counters and histograms and
  *                                their updates
- *   ngx_http_kvgate_error.c      OpenAI error responses
+ *   ngx_http_kvgate_error.c      sending a response (headers, body), and
+ *                                OpenAI error responses
  *   ngx_http_kvgate_engine.c     the worker's connection to the engine
  *                                (libkvgate's client), reconnects, events;
  *                                calls up only through handler pointers
@@ -171,7 +172,14 @@ struct ngx_http_kvgate_ctx_s {
     ngx_uint_t                 bypass;
     const char                *cache_status;      /* "hit", ... or NULL */
 
+    /* the tenant: its name (a header's value or the location's
+       kvgate_default_tenant: $kvgate_tenant, logs) and its salt, the bytes
+       the block hashes are salted with (prefix_hash.h: a named tenant's is
+       its name, a default tenant's a 0x00 mark then its name) */
     ngx_str_t                  tenant;
+    ngx_str_t                  salt;
+    ngx_uint_t                 default_tenant;
+
     kvg_request               *req;               /* the parsed body */
     int32_t                   *tokens;
     size_t                     n_tokens;
@@ -186,8 +194,9 @@ struct ngx_http_kvgate_ctx_s {
     size_t                     n_stop;
     uint32_t                   max_tokens;
 
-    /* its place in the engine connection, with the handlers it calls */
-    ngx_http_kvgate_engine_req_t  engine;
+    /* its place in the engine connection, with the handlers it calls
+       (ereq.engine: the engine it is prepared for or sent to) */
+    ngx_http_kvgate_engine_req_t  ereq;
 
     /* routing: the location's group; the model id the prompt was tokenized
        and hashed for (only engines serving it may take the request); the
@@ -257,6 +266,19 @@ struct ngx_http_kvgate_ctx_s {
    ngx_http_kvgate_engine.h. */
 
 /* ngx_http_kvgate_error.c */
+/* Adds an output header (key and value are not copied: literals, or memory
+   that lives as long as the request). */
+ngx_int_t ngx_http_kvgate_add_header(ngx_http_request_t *r, const char *key,
+    const char *value);
+/*
+ * Sends a response: status, Content-Type type and Content-Length length
+ * (-1: none), the header (with what was added before), then out, the whole
+ * body, whose last buffer it marks the request's last. out NULL: the header
+ * alone (a stream's chunks follow). Returns what ngx_http_send_header() or
+ * ngx_http_output_filter() returned.
+ */
+ngx_int_t ngx_http_kvgate_send_response(ngx_http_request_t *r,
+    ngx_uint_t status, const char *type, off_t length, ngx_chain_t *out);
 /*
  * Sends an OpenAI-style error:
  *   {"error":{"message":M,"type":T,"param":P,"code":C}}
@@ -306,8 +328,9 @@ ngx_uint_t ngx_http_kvgate_client_gone(ngx_http_request_t *r, ngx_err_t *err);
 typedef void (*ngx_http_kvgate_prompt_done_pt)(ngx_http_request_t *r,
     ngx_int_t rc, kvg_api_error *err);
 /* As ngx_http_kvgate_prompt_parse, in the location's kvgate_thread_pool when
-   the body is long enough: NGX_AGAIN, and done is called later; otherwise
-   in the event loop, NGX_OK or NGX_ERROR with *err (done is not called). */
+   the body is long enough (the tenant is resolved before, in the event loop):
+   NGX_AGAIN, and done is called later; otherwise in the event loop, NGX_OK
+   or NGX_ERROR with *err (done is not called). */
 ngx_int_t ngx_http_kvgate_prompt_start(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
     const kvg_engine_info *info, ngx_http_kvgate_prompt_done_pt done,
@@ -318,12 +341,15 @@ off_t ngx_http_kvgate_prompt_body_limit(const kvg_engine_info *info);
 /* The 413 error naming the limit that refused the body. */
 void ngx_http_kvgate_prompt_too_large(ngx_http_request_t *r,
     kvg_api_error *err);
-/* Reads and parses the body, resolves the tenant, tokenizes, hashes: sets
-   ctx's req, tenant, tokens, stop ids and strings, bucket, bypass, hashes
-   and route key. */
+/* Resolves the tenant (first: a request refused for it gets that answer
+   whatever its body holds), then reads and parses the body, tokenizes,
+   hashes: sets ctx's tenant and salt, req, tokens, stop ids and strings,
+   bucket, bypass, hashes and route key. */
 ngx_int_t ngx_http_kvgate_prompt_parse(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
     const kvg_engine_info *info, kvg_api_error *err);
+/* The worker exits: frees the event loop's prefix hasher. */
+void ngx_http_kvgate_prompt_exit_process(void);
 /* Frees what parsing allocated outside the pool (idempotent). */
 void ngx_http_kvgate_prompt_free(ngx_http_kvgate_ctx_t *ctx);
 /* $kvgate_route_key in a front tier: NGX_OK with ctx->route_key set,
@@ -352,8 +378,6 @@ ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_kvgate_status_handler(ngx_http_request_t *r);
 
 /* ngx_http_kvgate_response.c */
-ngx_int_t ngx_http_kvgate_add_header(ngx_http_request_t *r, const char *key,
-    const char *value);
 ngx_int_t ngx_http_kvgate_send_models(ngx_http_request_t *r);
 ngx_int_t ngx_http_kvgate_send_complete(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
@@ -377,7 +401,7 @@ ngx_int_t ngx_http_kvgate_stream_flush(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 /* The memory of a stream's buffers holding output its client has not taken
    yet (ctx->busy and ctx->open). */
-size_t ngx_http_kvgate_stream_held(ngx_http_request_t *r,
+size_t ngx_http_kvgate_stream_unsent(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx);
 /* A paused stream gives back the memory of its idle buffers (ctx->free);
    they are allocated again when it resumes. */

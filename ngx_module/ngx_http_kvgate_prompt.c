@@ -1,13 +1,14 @@
 
 /*
  * A completion request's body turned into what the engine and a front tier
- * need: the parsed request (libkvgate), the tenant, the prompt's tokens (the
- * engine's chat template and tokenizer, content normalized first), the stop
- * ids and strings, the length bucket, the block hashes salted with the
- * tenant, and the route key. Used by the request lifecycle
- * (ngx_http_kvgate_request.c) before submitting, and by $kvgate_route_key in
- * a front tier that only proxies (ngx_http_kvgate_module.c). Reads the
- * engine's model and tokenizer through the connection, nothing else.
+ * need: the parsed request (libkvgate), the tenant and its salt, the prompt's
+ * tokens (the engine's chat template and tokenizer, content normalized
+ * first), the stop ids and strings, the length bucket, the block hashes
+ * salted with the tenant's salt, and the route key. Used by the request
+ * lifecycle (ngx_http_kvgate_request.c) before submitting, and by
+ * $kvgate_route_key in a front tier that only proxies
+ * (ngx_http_kvgate_module.c). Reads the engine's model and tokenizer through
+ * the connection, nothing else.
  */
 
 
@@ -36,8 +37,9 @@
  * same code on either path and touches only what the task owns: ctx's prompt
  * fields, memory from malloc (nginx pools are not thread-safe), a copy of
  * the engine's info holding its own reference to the tokenizer (the engine
- * connection frees its tokenizer when the engine goes away) and, off the
- * event loop, its own prefix hasher (the connection's is not thread-safe).
+ * connection frees its tokenizer when the engine goes away) and a prefix
+ * hasher: the worker's in the event loop, the task's own off it (a hasher
+ * is not thread-safe).
  */
 
 typedef struct {
@@ -48,9 +50,7 @@ typedef struct {
     kvg_engine_info                   info;       /* tokenizer: a reference */
     u_char                           *body;       /* malloc'd */
     size_t                            len;
-    ngx_int_t                         tenant_rc;
     ngx_int_t                         rc;
-    kvg_api_error                     tenant_err;
     kvg_api_error                     err;
 } ngx_http_kvgate_prompt_task_t;
 
@@ -59,6 +59,11 @@ static void ngx_http_kvgate_prompt_cleanup(void *data);
 static ngx_int_t ngx_http_kvgate_tenant(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
     kvg_api_error *err);
+
+
+/* The event loop's prefix hasher: one per worker, made at its first prompt,
+   freed at exit (ngx_http_kvgate_prompt_exit_process). */
+static kvg_prefix_hasher  *ngx_http_kvgate_loop_hasher;
 
 
 /* What parsing allocated outside the request pool. */
@@ -545,8 +550,7 @@ ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
          * The location's default tenant is a namespace of its own: its salt is
          * KVG_PREFIX_DEFAULT_MARK (a NUL, which no named tenant holds: refused
          * below) then its name, so "X-Tenant-Id: default" never shares the
-         * anonymous tenant's cache (prefix_hash.h). ctx->tenant is the salt;
-         * $kvgate_tenant shows the name.
+         * anonymous tenant's cache (prefix_hash.h).
          */
 
         salt = ngx_pnalloc(r->pool, KVG_PROTO_MAX_SALT);
@@ -556,16 +560,20 @@ ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         }
 
         /* kvgate_default_tenant is checked to fit at configuration time */
-        ctx->tenant.len = kvg_prefix_default_salt(klcf->default_tenant.data,
-                                                  klcf->default_tenant.len,
-                                                  salt, KVG_PROTO_MAX_SALT);
-        ctx->tenant.data = salt;
+        ctx->salt.len = kvg_prefix_default_salt(klcf->default_tenant.data,
+                                                klcf->default_tenant.len,
+                                                salt, KVG_PROTO_MAX_SALT);
+        ctx->salt.data = salt;
 
-        if (ctx->tenant.len == 0) {
+        if (ctx->salt.len == 0) {
+            ngx_str_null(&ctx->salt);
             kvg_api_error_set(err, 500, NULL, NULL,
                               "kvgate_default_tenant is too long");
             return NGX_ERROR;
         }
+
+        ctx->tenant = klcf->default_tenant;
+        ctx->default_tenant = 1;
 
         return NGX_OK;
     }
@@ -583,7 +591,10 @@ ngx_http_kvgate_tenant(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
+    /* a named tenant is salted with its name */
+
     ctx->tenant = t;
+    ctx->salt = t;
 
     return NGX_OK;
 }
@@ -650,9 +661,11 @@ ngx_http_kvgate_tokens(ngx_http_kvgate_ctx_t *ctx,
 
 
 /*
- * Bucket, block hashes and the route key. hasher NULL: the engine
- * connection's (event loop only); a thread brings its own, and the result is
- * the same chain.
+ * Bucket, block hashes and the route key: the gateway's one computation of
+ * the chain (prefix_hash.h), rooted at the model of info (the engine the
+ * prompt is tokenized for) and the tenant's salt, on either path: hasher is
+ * the worker's in the event loop, a task's own in a thread (a hasher is not
+ * thread-safe), and the chain is the same.
  */
 
 static ngx_int_t
@@ -660,23 +673,24 @@ ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
     kvg_prefix_hasher *hasher, kvg_api_error *err)
 {
-    int          rc;
-    char         msg[256];
-    size_t       nb, depth;
-    uint8_t      root[KVG_PREFIX_HASH_LEN];
-    char         hex[2 * KVG_PREFIX_HASH_LEN + 1];
-    kvg_client  *c;
-
-    /* the engine the prompt is tokenized for (ctx->engine.engine, set by
-       the caller with info) hashes in the event loop */
-
-    c = hasher ? NULL : ngx_http_kvgate_engine_client(ctx->engine.engine);
+    char     msg[256];
+    size_t   nb, depth;
+    uint8_t  root[KVG_PREFIX_HASH_LEN];
+    char     hex[2 * KVG_PREFIX_HASH_LEN + 1];
 
     ctx->bucket = kvg_bucket_index(&klcf->buckets, ctx->n_tokens);
     ctx->bypass = ctx->bucket == 0;
 
     nb = ctx->n_tokens / info->block_tokens;
     ctx->n_hashes = 0;
+
+    if (kvg_prefix_root(hasher, info->model_id, KVG_PREFIX_HASH_LEN,
+                        ctx->salt.data, ctx->salt.len, root, msg, sizeof(msg))
+        != 0)
+    {
+        kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);
+        return NGX_ERROR;
+    }
 
     if (nb) {
         ctx->hashes = malloc(nb * KVG_PREFIX_HASH_LEN);
@@ -685,55 +699,27 @@ ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
             return NGX_ERROR;
         }
 
-        if (c) {
-            rc = kvg_client_hash_prompt(c, (char *) ctx->tenant.data,
-                                        ctx->tenant.len, ctx->tokens,
-                                        ctx->n_tokens, ctx->hashes, nb,
-                                        &ctx->n_hashes, msg, sizeof(msg));
-
-        } else {
-            rc = kvg_prefix_root(hasher, info->model_id, KVG_PREFIX_HASH_LEN,
-                                 ctx->tenant.data, ctx->tenant.len, root,
-                                 msg, sizeof(msg));
-            if (rc == 0) {
-                rc = kvg_prefix_chain(hasher, root, ctx->tokens,
-                                      ctx->n_tokens, info->block_tokens,
-                                      ctx->hashes, nb, &ctx->n_hashes, msg,
-                                      sizeof(msg));
-            }
-        }
-
-        if (rc != 0) {
-            kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);
+        if (kvg_prefix_chain(hasher, root, ctx->tokens, ctx->n_tokens,
+                             info->block_tokens, ctx->hashes, nb,
+                             &ctx->n_hashes, msg, sizeof(msg))
+            != 0)
+        {
+            kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s",
+                              msg);
             return NGX_ERROR;
         }
     }
 
     /*
      * The route key: the chain hash after route_blocks blocks (fewer when the
-     * prompt is shorter), so prompts sharing their first blocks, under one
-     * tenant and model, land on the same node.
+     * prompt is shorter; the root when it has no full block), so prompts
+     * sharing their first blocks, under one tenant and model, land on the
+     * same node.
      */
 
-    depth = ctx->n_hashes < (size_t) klcf->route_blocks
-            ? ctx->n_hashes : (size_t) klcf->route_blocks;
+    depth = ngx_min(ctx->n_hashes, (size_t) klcf->route_blocks);
 
-    if (depth) {
-        kvg_prefix_hex(ctx->hashes[depth - 1], hex);
-
-    } else {
-        rc = c ? kvg_client_hash_root(c, (char *) ctx->tenant.data,
-                                      ctx->tenant.len, root, msg, sizeof(msg))
-               : kvg_prefix_root(hasher, info->model_id, KVG_PREFIX_HASH_LEN,
-                                 ctx->tenant.data, ctx->tenant.len, root,
-                                 msg, sizeof(msg));
-        if (rc != 0) {
-            kvg_api_error_set(err, 503, "engine_unavailable", NULL, "%s", msg);
-            return NGX_ERROR;
-        }
-
-        kvg_prefix_hex(root, hex);
-    }
+    kvg_prefix_hex(depth ? ctx->hashes[depth - 1] : root, hex);
 
     ngx_memcpy(ctx->route_key, hex, sizeof(ctx->route_key));
     ctx->route_key_set = 1;
@@ -744,16 +730,15 @@ ngx_http_kvgate_hash(ngx_http_kvgate_ctx_t *ctx,
 
 /*
  * The body to the request, tokens and hashes: everything after the tenant,
- * whose outcome (tenant_rc, tenant_err) was found first in the event loop
- * and is applied here in the order the checks have always had. Runs in the
- * event loop or a thread (see the top of the file).
+ * which is resolved (and a request refused for it answered) before, in the
+ * event loop. Runs in the event loop or a thread (see the top of the file).
  */
 
 static ngx_int_t
 ngx_http_kvgate_prompt_work(ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
     kvg_prefix_hasher *hasher, const u_char *body, size_t len,
-    ngx_int_t tenant_rc, const kvg_api_error *tenant_err, kvg_api_error *err)
+    kvg_api_error *err)
 {
     kvg_endpoint  ep;
 
@@ -778,11 +763,6 @@ ngx_http_kvgate_prompt_work(ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    if (tenant_rc != NGX_OK) {
-        *err = *tenant_err;
-        return NGX_ERROR;
-    }
-
     if (ngx_http_kvgate_tokens(ctx, klcf, info, err) != NGX_OK
         || ngx_http_kvgate_hash(ctx, klcf, info, hasher, err) != NGX_OK)
     {
@@ -793,17 +773,49 @@ ngx_http_kvgate_prompt_work(ngx_http_kvgate_ctx_t *ctx,
 }
 
 
-/* Parse the body and the tenant, tokenize, hash: in the event loop. */
+/*
+ * The tenant first, once: it comes before anything in the body is looked at,
+ * so a request refused for its tenant (401 missing_tenant, 400
+ * invalid_tenant) gets that answer whatever its body holds, as an API
+ * answers a request without credentials, and no body is parsed or tokenized
+ * for it. It evaluates variables (the request pool): in the event loop.
+ */
 
-ngx_int_t
-ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+static ngx_int_t
+ngx_http_kvgate_prompt_tenant(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_loc_conf_t *klcf,
+    kvg_api_error *err)
+{
+    if (ctx->salt.data != NULL) {
+        /* resolved for another engine of the group before */
+        return NGX_OK;
+    }
+
+    return ngx_http_kvgate_tenant(r, ctx, klcf, err);
+}
+
+
+/* The body to the request, tokens and hashes in the event loop (the tenant
+   resolved). */
+
+static ngx_int_t
+ngx_http_kvgate_prompt_loop(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
     kvg_api_error *err)
 {
-    size_t         len;
-    u_char        *body;
-    ngx_int_t      rc, trc;
-    kvg_api_error  terr;
+    char        msg[256];
+    size_t      len;
+    u_char     *body;
+    ngx_int_t   rc;
+
+    if (ngx_http_kvgate_loop_hasher == NULL) {
+        ngx_http_kvgate_loop_hasher = kvg_prefix_hasher_new(msg, sizeof(msg));
+
+        if (ngx_http_kvgate_loop_hasher == NULL) {
+            kvg_api_error_set(err, 500, NULL, NULL, "%s", msg);
+            return NGX_ERROR;
+        }
+    }
 
     len = ngx_http_kvgate_body_size(r);
     body = malloc(len + 1);
@@ -819,13 +831,35 @@ ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     body[len] = '\0';
 
-    trc = ngx_http_kvgate_tenant(r, ctx, klcf, &terr);
-
-    rc = ngx_http_kvgate_prompt_work(ctx, klcf, info, NULL, body, len, trc,
-                                     &terr, err);
+    rc = ngx_http_kvgate_prompt_work(ctx, klcf, info,
+                                     ngx_http_kvgate_loop_hasher, body, len,
+                                     err);
     free(body);
 
     return rc;
+}
+
+
+/* The tenant, then parse the body, tokenize, hash: in the event loop. */
+
+ngx_int_t
+ngx_http_kvgate_prompt_parse(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_loc_conf_t *klcf, const kvg_engine_info *info,
+    kvg_api_error *err)
+{
+    if (ngx_http_kvgate_prompt_tenant(r, ctx, klcf, err) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_kvgate_prompt_loop(r, ctx, klcf, info, err);
+}
+
+
+void
+ngx_http_kvgate_prompt_exit_process(void)
+{
+    kvg_prefix_hasher_free(ngx_http_kvgate_loop_hasher);
+    ngx_http_kvgate_loop_hasher = NULL;
 }
 
 
@@ -962,8 +996,7 @@ ngx_http_kvgate_prompt_thread(void *data, ngx_log_t *log)
     }
 
     t->rc = ngx_http_kvgate_prompt_work(t->ctx, t->klcf, &t->info, hasher,
-                                        t->body, t->len, t->tenant_rc,
-                                        &t->tenant_err, &t->err);
+                                        t->body, t->len, &t->err);
 
     kvg_prefix_hasher_free(hasher);
 
@@ -1084,10 +1117,6 @@ ngx_http_kvgate_prompt_post(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    /* resolved here: it evaluates variables (the request pool) */
-
-    t->tenant_rc = ngx_http_kvgate_tenant(r, ctx, klcf, &t->tenant_err);
-
     t->info = *info;
     t->info.tokenizer = kvg_tokenizer_ref(info->tokenizer);
 
@@ -1136,7 +1165,13 @@ ngx_http_kvgate_prompt_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 {
 #if (NGX_THREADS)
     size_t  len;
+#endif
 
+    if (ngx_http_kvgate_prompt_tenant(r, ctx, klcf, err) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+#if (NGX_THREADS)
     len = ngx_http_kvgate_body_size(r);
 
     if (klcf->thread_pool && len >= klcf->thread_min_bytes) {
@@ -1152,7 +1187,7 @@ ngx_http_kvgate_prompt_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     }
 #endif
 
-    return ngx_http_kvgate_prompt_parse(r, ctx, klcf, info, err);
+    return ngx_http_kvgate_prompt_loop(r, ctx, klcf, info, err);
 }
 
 
@@ -1169,8 +1204,8 @@ ngx_http_kvgate_ctx_engine(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
 
-    if (ctx && ctx->engine.engine) {
-        return ctx->engine.engine;
+    if (ctx && ctx->ereq.engine) {
+        return ctx->ereq.engine;
     }
 
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
@@ -1277,9 +1312,9 @@ ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
     /* a front tier's route key: as the location's group would hash it, or
        the configuration's first group's (its first engine up) */
 
-    ctx->engine.engine = ngx_http_kvgate_front_engine(r);
-    info = ctx->engine.engine ? ngx_http_kvgate_engine_info(ctx->engine.engine)
-                              : NULL;
+    ctx->ereq.engine = ngx_http_kvgate_front_engine(r);
+    info = ctx->ereq.engine ? ngx_http_kvgate_engine_info(ctx->ereq.engine)
+                            : NULL;
     if (info == NULL) {
         return NGX_DECLINED;
     }

@@ -13,7 +13,7 @@
  * The worker never blocks: submission is a push into a ring (or a short wait
  * in the worker's queue when the ring is full), events come through the
  * engine connection (ngx_http_kvgate_engine.c), which calls this file only
- * through the handlers set in ctx->engine, as upstream calls a proxy module
+ * through the handlers set in ctx->ereq, as upstream calls a proxy module
  * through ngx_http_upstream_t's. A client that disconnects cancels its
  * request in the engine; a pool cleanup makes sure no request leaves the
  * engine working for a request that no longer exists.
@@ -267,7 +267,7 @@ ngx_http_kvgate_cleanup(void *data)
 {
     ngx_http_kvgate_ctx_t  *ctx = data;
 
-    ngx_http_kvgate_engine_cancel(&ctx->engine);
+    ngx_http_kvgate_engine_cancel(&ctx->ereq);
 
     if (ctx->deadline.timer_set) {
         ngx_del_timer(&ctx->deadline);
@@ -303,10 +303,10 @@ ngx_http_kvgate_body_handler(ngx_http_request_t *r)
 
     /* what the engine connection calls back, as upstream's handlers */
 
-    ctx->engine.event = ngx_http_kvgate_engine_event;
-    ctx->engine.retry = ngx_http_kvgate_engine_retry;
-    ctx->engine.data = ctx;
-    ctx->engine.log = r->connection->log;
+    ctx->ereq.event = ngx_http_kvgate_engine_event;
+    ctx->ereq.retry = ngx_http_kvgate_engine_retry;
+    ctx->ereq.data = ctx;
+    ctx->ereq.log = r->connection->log;
 
     /* a worker whose handshake is still under way (just after a reload)
        holds the request until it is done: the model, the tokenizer and the
@@ -353,7 +353,7 @@ ngx_http_kvgate_prompt_done(ngx_http_request_t *r, ngx_int_t rc,
 
     if (r->connection->error) {
         /* the client left while its prompt was in a thread */
-        ngx_http_kvgate_engine_cancel(&ctx->engine);
+        ngx_http_kvgate_engine_cancel(&ctx->ereq);
         ctx->status = NGX_HTTP_CLIENT_CLOSED_REQUEST;
         ngx_http_kvgate_finish(ctx, NGX_HTTP_CLIENT_CLOSED_REQUEST);
         return;
@@ -472,7 +472,7 @@ ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
 
-    info = ngx_http_kvgate_engine_info(ctx->engine.engine);
+    info = ngx_http_kvgate_engine_info(ctx->ereq.engine);
     if (info == NULL) {
         ngx_http_kvgate_group_unavailable(ctx->group, err);
         return NGX_ERROR;
@@ -591,8 +591,8 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 
     ngx_memzero(&q, sizeof(kvg_client_req));
 
-    q.tenant = (char *) ctx->tenant.data;
-    q.tenant_len = ctx->tenant.len;
+    q.salt = ctx->salt.data;
+    q.salt_len = ctx->salt.len;
     q.tokens = ctx->tokens;
     q.n_tokens = ctx->n_tokens;
     q.hashes = (const uint8_t (*)[KVG_PREFIX_HASH_LEN]) ctx->hashes;
@@ -631,29 +631,14 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
         }
     }
 
-#if (NGX_DEBUG)
-    {
-    size_t       len;
-    ngx_str_t    name;
-    const void  *p;
-
-    /* the default tenant's salt starts with its 0x00 mark: log the name */
-
-    (void) kvg_prefix_salt_is_default(ctx->tenant.data, ctx->tenant.len, &p,
-                                      &len);
-    name.data = (u_char *) p;
-    name.len = len;
-
     ngx_log_debug7(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
                    "kvgate: submit \"%V\"%s %uz tokens, %uz block hashes, "
                    "bucket %ui, bypass %ui, max_tokens %uD",
-                   &name, name.len != ctx->tenant.len ? " (default)" : "",
+                   &ctx->tenant, ctx->default_tenant ? " (default)" : "",
                    ctx->n_tokens, ctx->n_hashes, ctx->bucket,
                    ctx->bypass, ctx->max_tokens);
-    }
-#endif
 
-    return ngx_http_kvgate_engine_submit(&ctx->engine, &q, err);
+    return ngx_http_kvgate_engine_submit(&ctx->ereq, &q, err);
 }
 
 
@@ -672,7 +657,7 @@ ngx_http_kvgate_wait_group(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     e = ngx_http_kvgate_group_up(ctx->group, NULL, 0);
 
     if (e != NULL) {
-        ctx->engine.engine = e;
+        ctx->ereq.engine = e;
         return NGX_OK;
     }
 
@@ -683,9 +668,9 @@ ngx_http_kvgate_wait_group(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
         return NGX_ERROR;
     }
 
-    ctx->engine.engine = e;
+    ctx->ereq.engine = e;
 
-    return ngx_http_kvgate_engine_wait_up(&ctx->engine, err);
+    return ngx_http_kvgate_engine_wait_up(&ctx->ereq, err);
 }
 
 
@@ -708,9 +693,9 @@ ngx_http_kvgate_model_elsewhere(ngx_http_kvgate_ctx_t *ctx,
     e = ngx_http_kvgate_group_up(ctx->group, ctx->req->model,
                                  ctx->req->model_len);
 
-    if (e != NULL && e != ctx->engine.engine) {
+    if (e != NULL && e != ctx->ereq.engine) {
         ngx_http_kvgate_prompt_free(ctx);
-        ctx->engine.engine = e;
+        ctx->ereq.engine = e;
         return 1;
     }
 
@@ -726,15 +711,15 @@ ngx_http_kvgate_model_elsewhere(ngx_http_kvgate_ctx_t *ctx,
 
 /* Routes the parsed request: the engines of its group that are up and not
    stalled, serve the model it was tokenized for and have not failed it, by
-   their held prefix and load (a stalled engine's load, which it publishes
+   their cached prefix and load (a stalled engine's load, which it publishes
    itself, stands still at its last value: it is no candidate at all). NGX_OK
-   with ctx->engine.engine set, or NGX_ERROR. */
+   with ctx->ereq.engine set, or NGX_ERROR. */
 
 static ngx_int_t
 ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 {
     int                        k;
-    size_t                     held;
+    size_t                     cached;
     uint64_t                   key;
     ngx_uint_t                 i, short_context;
     kvg_route_reason           why;
@@ -774,11 +759,11 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
         }
 
         cands[i].eligible = 1;
-        held = ngx_http_kvgate_engine_held(e,
-                   (const uint8_t (*)[KVG_PREFIX_HASH_LEN]) ctx->hashes,
-                   ctx->n_hashes);
-        cands[i].held_blocks = (uint32_t) held;
-        cands[i].held_tokens = (uint64_t) held * info->block_tokens;
+        cached = ngx_http_kvgate_engine_cached_prefix(e,
+                     (const uint8_t (*)[KVG_PREFIX_HASH_LEN]) ctx->hashes,
+                     ctx->n_hashes);
+        cands[i].cached_blocks = (uint32_t) cached;
+        cands[i].cached_tokens = (uint64_t) cached * info->block_tokens;
         cands[i].load = ngx_http_kvgate_engine_load(e);
     }
 
@@ -813,13 +798,13 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
         return NGX_ERROR;
     }
 
-    ctx->engine.engine = g->engines[k];
+    ctx->ereq.engine = g->engines[k];
     ctx->route_reason = why;
     ctx->routed = 1;
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, ctx->request->connection->log, 0,
-                   "kvgate: routed to engine \"%V\" (%ui held blocks): %s",
-                   &g->engines[k]->name, (ngx_uint_t) cands[k].held_blocks,
+                   "kvgate: routed to engine \"%V\" (%ui cached blocks): %s",
+                   &g->engines[k]->name, (ngx_uint_t) cands[k].cached_blocks,
                    kvg_route_reason_name(why));
 
     ngx_http_kvgate_metrics_route(g->engines[k]->index, (ngx_uint_t) why);
@@ -836,7 +821,7 @@ ngx_http_kvgate_route_failed(ngx_http_kvgate_ctx_t *ctx)
     ngx_uint_t  i;
 
     for (i = 0; i < ctx->group->n; i++) {
-        if (ctx->group->engines[i] == ctx->engine.engine) {
+        if (ctx->group->engines[i] == ctx->ereq.engine) {
             ctx->failed |= 1u << i;
         }
     }
@@ -870,7 +855,7 @@ ngx_http_kvgate_reroute(ngx_http_kvgate_ctx_t *ctx, const kvg_client_event *ev)
         return 0;
     }
 
-    lost = ctx->engine.engine;
+    lost = ctx->ereq.engine;
     ngx_http_kvgate_route_failed(ctx);
 
     rc = ngx_http_kvgate_go(ctx, &err);
@@ -899,7 +884,7 @@ ngx_http_kvgate_reroute(ngx_http_kvgate_ctx_t *ctx, const kvg_client_event *ev)
     ngx_log_error(NGX_LOG_WARN, ctx->request->connection->log, 0,
                   "kvgate: engine \"%V\" failed the request before its first "
                   "token (%s): sent to engine \"%V\" instead",
-                  &lost->name, ev->message, &ctx->engine.engine->name);
+                  &lost->name, ev->message, &ctx->ereq.engine->name);
 
     return 1;
 }
@@ -918,15 +903,14 @@ ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     while (!ctx->parsed) {
         klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
 
-        if (ctx->engine.engine == NULL
-            || !ngx_http_kvgate_engine_up(ctx->engine.engine))
+        if (ctx->ereq.engine == NULL
+            || !ngx_http_kvgate_engine_up(ctx->ereq.engine))
         {
-            ctx->engine.engine = ngx_http_kvgate_group_up(ctx->group, NULL,
-                                                          0);
+            ctx->ereq.engine = ngx_http_kvgate_group_up(ctx->group, NULL, 0);
         }
 
-        info = ctx->engine.engine
-               ? ngx_http_kvgate_engine_info(ctx->engine.engine) : NULL;
+        info = ctx->ereq.engine
+               ? ngx_http_kvgate_engine_info(ctx->ereq.engine) : NULL;
         if (info == NULL) {
             ngx_http_kvgate_group_unavailable(ctx->group, err);
             return NGX_ERROR;
@@ -955,7 +939,7 @@ ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     for ( ;; ) {
 
         if (!ctx->routed
-            || !ngx_http_kvgate_engine_usable(ctx->engine.engine))
+            || !ngx_http_kvgate_engine_usable(ctx->ereq.engine))
         {
             if (ctx->routed) {
                 ngx_http_kvgate_route_failed(ctx);
@@ -977,7 +961,7 @@ ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
         rc = ngx_http_kvgate_submit(ctx, err);
 
         if (rc == NGX_ERROR && err->status == 503
-            && !ngx_http_kvgate_engine_usable(ctx->engine.engine))
+            && !ngx_http_kvgate_engine_usable(ctx->ereq.engine))
         {
             /* it went down (or stalled) under the request: a miss, not an
                error, while another engine can take it */
@@ -1044,7 +1028,7 @@ ngx_http_kvgate_finish(ngx_http_kvgate_ctx_t *ctx, ngx_int_t rc)
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, c->log, 0,
                    "kvgate: finalize rc:%i status:%ui engine request %uL",
-                   rc, ctx->status, ctx->engine.id);
+                   rc, ctx->status, ctx->ereq.id);
 
     ngx_http_finalize_request(r, rc);
     ngx_http_run_posted_requests(c);
@@ -1060,7 +1044,7 @@ ngx_http_kvgate_fail(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     ngx_int_t            rc;
     ngx_http_request_t  *r = ctx->request;
 
-    ngx_http_kvgate_engine_cancel(&ctx->engine);
+    ngx_http_kvgate_engine_cancel(&ctx->ereq);
 
     if (ctx->done) {
         return;
@@ -1297,8 +1281,8 @@ ngx_http_kvgate_sc_finished(ngx_http_kvgate_ctx_t *ctx,
     drawn = ctx->sc_drawn;
     ctx->sc_drawn = kvg_sc_samples_run(ctx->sc);
 
-    (void) ngx_http_kvgate_engine_samples(&ctx->engine, act.draw,
-                                          act.cancel_mask);
+    (void) ngx_http_kvgate_engine_samples(&ctx->ereq, act.draw,
+                                         act.cancel_mask);
 
     if (ctx->req->stream && ctx->sc_drawn > drawn) {
         rc = ngx_http_kvgate_stream_roles(ctx->request, ctx, drawn,
@@ -1342,7 +1326,7 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
     switch (ev->kind) {
 
     case KVG_CEV_ACCEPTED:
-        info = ngx_http_kvgate_engine_info(ctx->engine.engine);
+        info = ngx_http_kvgate_engine_info(ctx->ereq.engine);
         ctx->prompt_tokens = ev->prompt_tokens;
         ctx->cached_tokens = ev->cached_tokens;
         ctx->cache_status = kvg_cache_status((int) ctx->bypass,
@@ -1358,7 +1342,7 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
             rc = ngx_http_kvgate_stream_start(r, ctx);
 
             if (rc == NGX_ERROR || rc > NGX_OK) {
-                ngx_http_kvgate_engine_cancel(&ctx->engine);
+                ngx_http_kvgate_engine_cancel(&ctx->ereq);
                 ngx_http_kvgate_finish(ctx, rc);
                 return;
             }
@@ -1398,7 +1382,7 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
         }
 
         if (rc == NGX_ERROR) {
-            ngx_http_kvgate_engine_cancel(&ctx->engine);
+            ngx_http_kvgate_engine_cancel(&ctx->ereq);
             ngx_http_kvgate_finish(ctx, NGX_ERROR);
             return;
         }
@@ -1433,7 +1417,7 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
             rc = ngx_http_kvgate_stream_finished(r, ctx, ev->sample);
 
             if (rc == NGX_ERROR) {
-                ngx_http_kvgate_engine_cancel(&ctx->engine);
+                ngx_http_kvgate_engine_cancel(&ctx->ereq);
                 ngx_http_kvgate_finish(ctx, NGX_ERROR);
                 return;
             }
@@ -1448,7 +1432,7 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
             }
 
             if (rc != NGX_OK) {
-                ngx_http_kvgate_engine_cancel(&ctx->engine);
+                ngx_http_kvgate_engine_cancel(&ctx->ereq);
                 ngx_http_kvgate_finish(ctx, NGX_ERROR);
                 return;
             }
@@ -1467,7 +1451,7 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
         ctx->completion_tokens = ev->completion_tokens;
 
         if (ctx->cache_status == NULL) {
-            info = ngx_http_kvgate_engine_info(ctx->engine.engine);
+            info = ngx_http_kvgate_engine_info(ctx->ereq.engine);
             ctx->cache_status = kvg_cache_status((int) ctx->bypass,
                                                  ev->prompt_tokens,
                                                  ev->cached_tokens,
@@ -1543,7 +1527,7 @@ ngx_http_kvgate_deadline(ngx_event_t *ev)
 static void
 ngx_http_kvgate_abort(ngx_http_kvgate_ctx_t *ctx)
 {
-    ngx_http_kvgate_engine_cancel(&ctx->engine);
+    ngx_http_kvgate_engine_cancel(&ctx->ereq);
 
     if (ctx->done) {
         return;
@@ -1610,7 +1594,7 @@ ngx_http_kvgate_check_broken(ngx_http_request_t *r)
 static void
 ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
 {
-    size_t                       held;
+    size_t                       unsent;
     ngx_http_request_t          *r = ctx->request;
     ngx_http_kvgate_loc_conf_t  *klcf;
 
@@ -1619,18 +1603,18 @@ ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
     }
 
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
-    held = ngx_http_kvgate_stream_held(r, ctx);
+    unsent = ngx_http_kvgate_stream_unsent(r, ctx);
 
-    if (!ctx->paused && held >= klcf->max_unsent) {
+    if (!ctx->paused && unsent >= klcf->max_unsent) {
 
-        if (ngx_http_kvgate_engine_hold(&ctx->engine, 1) != NGX_OK) {
+        if (ngx_http_kvgate_engine_pause(&ctx->ereq, 1) != NGX_OK) {
             return;
         }
 
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                       "kvgate: %uz bytes held for unsent output "
+                       "kvgate: %uz bytes of buffers for unsent output "
                        "(kvgate_max_unsent %uz), pausing the request",
-                       held, klcf->max_unsent);
+                       unsent, klcf->max_unsent);
 
         /* it may stay paused up to send_timeout: what it does not use now
            is given back */
@@ -1641,14 +1625,14 @@ ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx)
         return;
     }
 
-    if (ctx->paused && held <= klcf->max_unsent / 2) {
+    if (ctx->paused && unsent <= klcf->max_unsent / 2) {
         ctx->paused = 0;
 
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                       "kvgate: %uz bytes held for unsent output, "
-                       "resuming the request", held);
+                       "kvgate: %uz bytes of buffers for unsent output, "
+                       "resuming the request", unsent);
 
-        if (ngx_http_kvgate_engine_hold(&ctx->engine, 0) == NGX_OK) {
+        if (ngx_http_kvgate_engine_pause(&ctx->ereq, 0) == NGX_OK) {
             ngx_http_kvgate_metrics_backpressure(NGX_HTTP_KVGATE_BP_RESUME);
         }
     }
@@ -1682,7 +1666,7 @@ ngx_http_kvgate_writer(ngx_http_request_t *r)
                       "(send_timeout), cancelling its request");
         c->timedout = 1;
 
-        ngx_http_kvgate_engine_cancel(&ctx->engine);
+        ngx_http_kvgate_engine_cancel(&ctx->ereq);
 
         if (ctx->done) {
             return;

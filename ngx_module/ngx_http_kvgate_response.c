@@ -152,27 +152,6 @@ ngx_http_kvgate_out_float(ngx_http_kvgate_out_t *o, float v)
 /* An output header with static key and value (both live as long as the request). */
 
 ngx_int_t
-ngx_http_kvgate_add_header(ngx_http_request_t *r, const char *key,
-    const char *value)
-{
-    ngx_table_elt_t  *h;
-
-    h = ngx_list_push(&r->headers_out.headers);
-    if (h == NULL) {
-        return NGX_ERROR;
-    }
-
-    h->hash = 1;
-    h->key.data = (u_char *) key;
-    h->key.len = ngx_strlen(key);
-    h->value.data = (u_char *) value;
-    h->value.len = ngx_strlen(value);
-
-    return NGX_OK;
-}
-
-
-ngx_int_t
 ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx)
 {
@@ -222,7 +201,7 @@ ngx_http_kvgate_add_cache_headers(ngx_http_request_t *r,
  * chunk that needs it); at 4 KB and above they are large pool allocations
  * (over NGX_MAX_ALLOC_FROM_POOL), so one replaced by a bigger one is freed
  * at once. The memory they hold for unsent output is what backpressure
- * compares with kvgate_max_unsent (ngx_http_kvgate_stream_held).
+ * compares with kvgate_max_unsent (ngx_http_kvgate_stream_unsent).
  */
 
 #define NGX_HTTP_KVGATE_BUF_SIZE  4096
@@ -284,8 +263,9 @@ ngx_http_kvgate_get_buf(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     if (start == NULL || (size_t) (end - start) < len) {
 
-        /* a few buffers per kvgate_max_unsent, so that pausing on the memory
-           held (ngx_http_kvgate_stream_held) is not too coarse */
+        /* a few buffers per kvgate_max_unsent, so that pausing on the
+           buffers of unsent output (ngx_http_kvgate_stream_unsent) is not
+           too coarse */
 
         klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvgate_module);
         size = ngx_align(klcf->max_unsent / 8, 1024);
@@ -459,7 +439,7 @@ ngx_http_kvgate_stream_flush(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
    each. */
 
 size_t
-ngx_http_kvgate_stream_held(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
+ngx_http_kvgate_stream_unsent(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 {
     size_t        size;
     ngx_chain_t  *cl;
@@ -501,29 +481,29 @@ ngx_http_kvgate_stream_trim(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 }
 
 
-/* A whole answer in o, the request's last output. */
+/* A whole answer in o, as the request's output (ngx_http_kvgate_send_response
+   marks it the last): a chain of one buffer in the pool, or NULL. */
 
-static ngx_int_t
+static ngx_chain_t *
 ngx_http_kvgate_output_whole(ngx_http_request_t *r, ngx_http_kvgate_out_t *o)
 {
     ngx_buf_t    *b;
-    ngx_chain_t   out;
+    ngx_chain_t  *out;
 
     if (o->failed) {
-        return NGX_ERROR;
+        return NULL;
     }
 
     b = ngx_calloc_buf(r->pool);
-    if (b == NULL) {
-        return NGX_ERROR;
+    out = ngx_alloc_chain_link(r->pool);
+    if (b == NULL || out == NULL) {
+        return NULL;
     }
 
     b->pos = o->start;
     b->last = o->pos;
     b->memory = 1;
     b->flush = 1;
-    b->last_buf = r == r->main;
-    b->last_in_chain = 1;
     b->tag = (ngx_buf_tag_t) &ngx_http_kvgate_module;
 
     if (b->pos == b->last) {
@@ -531,10 +511,10 @@ ngx_http_kvgate_output_whole(ngx_http_request_t *r, ngx_http_kvgate_out_t *o)
         b->sync = 1;
     }
 
-    out.buf = b;
-    out.next = NULL;
+    out->buf = b;
+    out->next = NULL;
 
-    return ngx_http_output_filter(r, &out);
+    return out;
 }
 
 
@@ -555,8 +535,8 @@ static void
 ngx_http_kvgate_fingerprint(ngx_http_kvgate_out_t *o,
     ngx_http_kvgate_ctx_t *ctx)
 {
-    const kvg_engine_info  *info = ctx->engine.engine
-                             ? ngx_http_kvgate_engine_info(ctx->engine.engine)
+    const kvg_engine_info  *info = ctx->ereq.engine
+                             ? ngx_http_kvgate_engine_info(ctx->ereq.engine)
                              : NULL;
 
     ngx_http_kvgate_out_lit(o, ",\"system_fingerprint\":");
@@ -709,8 +689,8 @@ ngx_http_kvgate_logprobs(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx,
 {
     size_t                  i, len, k;
     const u_char           *bytes;
-    const kvg_engine_info  *info = ctx->engine.engine
-                             ? ngx_http_kvgate_engine_info(ctx->engine.engine)
+    const kvg_engine_info  *info = ctx->ereq.engine
+                             ? ngx_http_kvgate_engine_info(ctx->ereq.engine)
                              : NULL;
 
     if (!ctx->req->has_logprobs || info == NULL) {
@@ -800,8 +780,8 @@ ngx_http_kvgate_send_complete(ngx_http_request_t *r,
     ngx_http_kvgate_ctx_t *ctx)
 {
     size_t                     size, off;
-    ngx_int_t                  rc;
     ngx_uint_t                 j, n, chat;
+    ngx_chain_t               *out;
     ngx_http_kvgate_out_t      o;
     ngx_http_kvgate_choice_t  *ch;
 
@@ -864,28 +844,16 @@ ngx_http_kvgate_send_complete(ngx_http_request_t *r,
 
     ngx_http_kvgate_out_lit(&o, "}\n");
 
-    if (o.failed) {
-        return NGX_ERROR;
-    }
+    out = ngx_http_kvgate_output_whole(r, &o);
 
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = o.pos - o.start;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
-
-    if (ngx_http_kvgate_add_cache_headers(r, ctx) != NGX_OK) {
+    if (out == NULL || ngx_http_kvgate_add_cache_headers(r, ctx) != NGX_OK) {
         return NGX_ERROR;
     }
 
     ctx->header_sent = 1;
-    rc = ngx_http_send_header(r);
 
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    return ngx_http_kvgate_output_whole(r, &o);
+    return ngx_http_kvgate_send_response(r, NGX_HTTP_OK, "application/json",
+                                         o.pos - o.start, out);
 }
 
 
@@ -919,12 +887,6 @@ ngx_http_kvgate_stream_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
 {
     ngx_int_t  rc;
 
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = -1;
-    ngx_str_set(&r->headers_out.content_type, "text/event-stream");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
-
     if (ngx_http_kvgate_add_header(r, "Cache-Control", "no-cache") != NGX_OK
         || ngx_http_kvgate_add_header(r, "X-Accel-Buffering", "no") != NGX_OK
         || ngx_http_kvgate_add_cache_headers(r, ctx) != NGX_OK)
@@ -932,8 +894,11 @@ ngx_http_kvgate_stream_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
         return NGX_ERROR;
     }
 
+    /* the header alone: the chunks follow as the engine makes them */
+
     ctx->header_sent = 1;
-    rc = ngx_http_send_header(r);
+    rc = ngx_http_kvgate_send_response(r, NGX_HTTP_OK, "text/event-stream",
+                                       -1, NULL);
 
     if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
         return rc;
@@ -1125,12 +1090,12 @@ ngx_http_kvgate_stream_end(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 ngx_int_t
 ngx_http_kvgate_send_models(ngx_http_request_t *r)
 {
-    ngx_int_t                    rc;
     kvg_stats                    st;
     ngx_str_t                    id;
     u_char                      *p;
     uint64_t                     created;
     ngx_uint_t                   one, i, j, n, dup;
+    ngx_chain_t                 *out;
     ngx_http_kvgate_out_t        o;
     ngx_http_kvgate_ctx_t       *ctx;
     ngx_http_kvgate_group_t     *g;
@@ -1245,23 +1210,13 @@ ngx_http_kvgate_send_models(ngx_http_request_t *r)
 
     ngx_http_kvgate_out_lit(&o, "\n");
 
-    if (o.failed) {
+    out = ngx_http_kvgate_output_whole(r, &o);
+    if (out == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     ctx->status = NGX_HTTP_OK;
 
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = o.pos - o.start;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    return ngx_http_kvgate_output_whole(r, &o);
+    return ngx_http_kvgate_send_response(r, NGX_HTTP_OK, "application/json",
+                                         o.pos - o.start, out);
 }

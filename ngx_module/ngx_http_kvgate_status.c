@@ -157,29 +157,12 @@ static ngx_int_t
 ngx_http_kvgate_send_text(ngx_http_request_t *r, ngx_http_kvgate_text_t *t,
     const char *type)
 {
-    ngx_int_t  rc;
-
     if (t->failed || t->head == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = t->total;
-    r->headers_out.content_type.data = (u_char *) type;
-    r->headers_out.content_type.len = ngx_strlen(type);
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
-
-    t->b->last_buf = r == r->main;
-    t->b->last_in_chain = 1;
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    return ngx_http_output_filter(r, t->head);
+    return ngx_http_kvgate_send_response(r, NGX_HTTP_OK, type,
+                                         (off_t) t->total, t->head);
 }
 
 
@@ -482,6 +465,8 @@ static const ngx_http_kvgate_engine_stat_t  ngx_http_kvgate_engine_stats[] = {
       NGX_HTTP_KVGATE_ST_I32 },
     { "kvgate_engine_requests", NULL, NULL, "state=\"running\"",
       ngx_http_kvgate_st(running), NGX_HTTP_KVGATE_ST_I32 },
+    /* held: held in the engine's scheduler (kvg_sched_hold), paused by their
+       gateway or backlogged (their output piles up unread in the engine) */
     { "kvgate_engine_requests", NULL, NULL, "state=\"held\"",
       ngx_http_kvgate_st(held), NGX_HTTP_KVGATE_ST_I32 },
     { "kvgate_engine_steps_total", "Forward steps run.", "counter", NULL,
@@ -1084,7 +1069,6 @@ static ngx_int_t
 ngx_http_kvgate_status_page(ngx_http_request_t *r)
 {
     ngx_buf_t    *b;
-    ngx_int_t     rc;
     ngx_chain_t   out;
 
     b = ngx_calloc_buf(r->pool);
@@ -1095,14 +1079,6 @@ ngx_http_kvgate_status_page(ngx_http_request_t *r)
     b->pos = (u_char *) ngx_http_kvgate_dashboard_html;
     b->last = b->pos + ngx_http_kvgate_dashboard_html_len;
     b->memory = 1;
-    b->last_buf = r == r->main;
-    b->last_in_chain = 1;
-
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = ngx_http_kvgate_dashboard_html_len;
-    ngx_str_set(&r->headers_out.content_type, "text/html; charset=utf-8");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
 
     /* The page loads nothing but itself and the JSON from here; the policy
        makes the browser hold it to that. */
@@ -1120,16 +1096,13 @@ ngx_http_kvgate_status_page(ngx_http_request_t *r)
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
     out.buf = b;
     out.next = NULL;
 
-    return ngx_http_output_filter(r, &out);
+    return ngx_http_kvgate_send_response(r, NGX_HTTP_OK,
+                                         "text/html; charset=utf-8",
+                                         ngx_http_kvgate_dashboard_html_len,
+                                         &out);
 }
 
 

@@ -17,10 +17,10 @@
 
 #include "buckets.h"
 #include "errmsg.h"
-#include "held_set.h"
+#include "cache_index.h"
 #include "u64map.h"
 
-enum { FD_REGION = 0, FD_TO_ENGINE = 1, FD_TO_CLIENT = 2, FD_TOKENIZER = 3, FD_STATS = 4, FD_HELD = 5 };
+enum { FD_REGION = 0, FD_TO_ENGINE = 1, FD_TO_CLIENT = 2, FD_TOKENIZER = 3, FD_STATS = 4, FD_INDEX = 5 };
 
 struct kvg_client {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -36,9 +36,9 @@ struct kvg_client {
     kvg_shm shm;
     kvg_stats_page *stats;
     size_t stats_size;
-    void *held;                  /* the engine's held set, mapped read-only */
-    size_t held_size;
-    kvg_held_reader held_rd;
+    void *index;                 /* the engine's cache index, mapped read-only */
+    size_t index_size;
+    kvg_cache_index_reader index_rd;
     kvg_tokenizer *tok;
     kvg_engine_info info;
     kvg_prefix_hasher *hasher;
@@ -122,10 +122,10 @@ static void teardown(kvg_client *c)
     if (c->stats)
         munmap(c->stats, c->stats_size);
     c->stats = NULL;
-    if (c->held)
-        munmap(c->held, c->held_size);
-    c->held = NULL;
-    memset(&c->held_rd, 0, sizeof c->held_rd);
+    if (c->index)
+        munmap(c->index, c->index_size);
+    c->index = NULL;
+    memset(&c->index_rd, 0, sizeof c->index_rd);
     kvg_tokenizer_free(c->tok);
     c->tok = NULL;
     memset(&c->shm, 0, sizeof c->shm);
@@ -269,7 +269,7 @@ static int setup(kvg_client *c, const kvg_welcome *w, int fds[KVG_WELCOME_FDS], 
 
     if (w->region_bytes > ((uint64_t)1 << 34) || w->tokenizer_bytes > ((uint64_t)1 << 40) ||
         w->stats_bytes < sizeof(kvg_stats_page) || w->stats_bytes > (1u << 20) ||
-        w->held_bytes < sizeof(kvg_held_page) || w->held_bytes > ((uint64_t)1 << 34)) {
+        w->index_bytes < sizeof(kvg_cache_index_page) || w->index_bytes > ((uint64_t)1 << 34)) {
         kvg_set_err(err, err_len, "handshake: implausible sizes in the engine's answer");
         goto out;
     }
@@ -291,11 +291,11 @@ static int setup(kvg_client *c, const kvg_welcome *w, int fds[KVG_WELCOME_FDS], 
         goto out;
     c->stats = stats_map;
     c->stats_size = (size_t)w->stats_bytes;
-    if (map_fd(fds[FD_HELD], (size_t)w->held_bytes, PROT_READ, MAP_SHARED, &c->held, "held set", err,
+    if (map_fd(fds[FD_INDEX], (size_t)w->index_bytes, PROT_READ, MAP_SHARED, &c->index, "cache index", err,
                err_len) != 0)
         goto out;
-    c->held_size = (size_t)w->held_bytes;
-    if (kvg_held_reader_attach(&c->held_rd, c->held, c->held_size, local, sizeof local) != 0) {
+    c->index_size = (size_t)w->index_bytes;
+    if (kvg_cache_index_attach(&c->index_rd, c->index, c->index_size, local, sizeof local) != 0) {
         kvg_set_err(err, err_len, "handshake: the engine's %s", local);
         goto out;
     }
@@ -384,7 +384,7 @@ static void flush_ctl(kvg_client *c)
             kvg_msg_samples m = { KVG_PROTO_VERSION, c->ctl[k].draw, c->ctl[k].id, c->ctl[k].mask, 0 };
             rc = kvg_shm_try_push(&c->shm.sq, KVG_MSG_SAMPLES, &m, sizeof m, NULL, 0, err, sizeof err);
         } else {
-            kvg_msg_hold m = { KVG_PROTO_VERSION, 0, c->ctl[k].id };
+            kvg_msg_pause m = { KVG_PROTO_VERSION, 0, c->ctl[k].id };    /* PAUSE, RESUME */
             rc = kvg_shm_try_push(&c->shm.sq, c->ctl[k].type, &m, sizeof m, NULL, 0, err, sizeof err);
         }
         if (rc != 0)
@@ -446,13 +446,13 @@ int kvg_client_cancel(kvg_client *c, uint64_t id)
     return 0;
 }
 
-int kvg_client_hold(kvg_client *c, uint64_t id, int paused)
+int kvg_client_pause(kvg_client *c, uint64_t id, int pause)
 {
     if (!kvg_u64map_find(&c->live, id, NULL))
         return -1;
     if (c->state != KVG_CLIENT_UP)
         return 0;                /* the request fails with the connection anyway */
-    return queue_ctl(c, id, paused ? KVG_MSG_PAUSE : KVG_MSG_RESUME, 0, 0);
+    return queue_ctl(c, id, pause ? KVG_MSG_PAUSE : KVG_MSG_RESUME, 0, 0);
 }
 
 int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cancel_mask)
@@ -466,16 +466,7 @@ int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cance
     return queue_ctl(c, id, KVG_MSG_SAMPLES, draw, cancel_mask);
 }
 
-int kvg_client_hash_root(kvg_client *c, const char *tenant, size_t tenant_len,
-                         uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len)
-{
-    if (c->state != KVG_CLIENT_UP)
-        return kvg_fail(err, err_len, "engine client", "not connected");
-    return kvg_prefix_root(c->hasher, c->info.model_id, KVG_PREFIX_HASH_LEN, tenant, tenant_len, root,
-                           err, err_len);
-}
-
-int kvg_client_hash_prompt(kvg_client *c, const char *tenant, size_t tenant_len,
+int kvg_client_hash_prompt(kvg_client *c, const void *salt, size_t salt_len,
                            const int32_t *tokens, size_t n_tokens,
                            uint8_t (*out)[KVG_PREFIX_HASH_LEN], size_t cap, size_t *n,
                            char *err, size_t err_len)
@@ -483,7 +474,7 @@ int kvg_client_hash_prompt(kvg_client *c, const char *tenant, size_t tenant_len,
     uint8_t root[KVG_PREFIX_HASH_LEN];
     if (c->state != KVG_CLIENT_UP)
         return kvg_fail(err, err_len, "engine client", "not connected");
-    if (kvg_prefix_root(c->hasher, c->info.model_id, KVG_PREFIX_HASH_LEN, tenant, tenant_len, root,
+    if (kvg_prefix_root(c->hasher, c->info.model_id, KVG_PREFIX_HASH_LEN, salt, salt_len, root,
                         err, err_len) != 0)
         return -1;
     return kvg_prefix_chain(c->hasher, root, tokens, n_tokens, c->info.block_tokens, out, cap, n,
@@ -510,8 +501,8 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
                         "length of %u", r->n_tokens, c->info.context_length);
     if (n > c->info.max_n)
         return kvg_fail(err, err_len, "request", "n is %u, the engine serves at most %u", n, c->info.max_n);
-    if (r->tenant_len > KVG_PROTO_MAX_SALT)
-        return kvg_fail(err, err_len, "request", "tenant of %zu bytes (at most %d)", r->tenant_len,
+    if (r->salt_len > KVG_PROTO_MAX_SALT)
+        return kvg_fail(err, err_len, "request", "salt of %zu bytes (at most %d)", r->salt_len,
                         KVG_PROTO_MAX_SALT);
     if (r->n_stop > KVG_PROTO_MAX_STOP || r->n_stop_ids > KVG_PROTO_MAX_STOP_IDS)
         return kvg_fail(err, err_len, "request", "at most %d stop strings and %d stop ids", KVG_PROTO_MAX_STOP,
@@ -537,11 +528,11 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
     v.h.top_k = r->top_k;
     v.h.temperature = r->temperature;
     v.h.top_p = r->top_p > 0.0f ? r->top_p : 1.0f;
-    v.h.salt_len = (uint32_t)r->tenant_len;
+    v.h.salt_len = (uint32_t)r->salt_len;
     v.h.n_tokens = (uint32_t)r->n_tokens;
     v.h.n_stop_ids = (uint32_t)r->n_stop_ids;
     v.h.n_stop = (uint32_t)r->n_stop;
-    v.salt = (const uint8_t *)r->tenant;
+    v.salt = r->salt;
     v.tokens = (const uint32_t *)(const void *)r->tokens;
     v.stop_ids = (const uint32_t *)(const void *)r->stop_ids;
     for (size_t i = 0; i < r->n_stop; i++) {
@@ -564,7 +555,7 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
             own_hashes = malloc(n_blocks * sizeof *own_hashes);
             if (!own_hashes)
                 return kvg_fail(err, err_len, "engine client", "out of memory");
-            if (kvg_client_hash_prompt(c, r->tenant, r->tenant_len, r->tokens, r->n_tokens, own_hashes, n_blocks,
+            if (kvg_client_hash_prompt(c, r->salt, r->salt_len, r->tokens, r->n_tokens, own_hashes, n_blocks,
                                        &n_blocks, err, err_len) != 0) {
                 free(own_hashes);
                 return -1;
@@ -669,11 +660,11 @@ int kvg_client_stats(const kvg_client *c, kvg_stats *out)
     return kvg_stats_read(c->stats, out);
 }
 
-size_t kvg_client_held_prefix(const kvg_client *c, const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n)
+size_t kvg_client_cached_prefix(const kvg_client *c, const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n)
 {
-    if (c->state != KVG_CLIENT_UP || !c->held || !hashes)
+    if (c->state != KVG_CLIENT_UP || !c->index || !hashes)
         return 0;
-    return kvg_held_prefix(&c->held_rd, hashes, n);
+    return kvg_cache_index_prefix(&c->index_rd, hashes, n);
 }
 
 uint64_t kvg_client_load(const kvg_client *c)

@@ -63,13 +63,16 @@ typedef struct kvg_engine_info {
 } kvg_engine_info;
 
 typedef struct kvg_client_req {
-    const char *tenant;          /* the hash salt; trusted configuration, never request JSON */
-    size_t tenant_len;
+    const void *salt;            /* the tenant's salt (prefix_hash.h): trusted configuration,
+                                    never request JSON */
+    size_t salt_len;
     const int32_t *tokens;
     size_t n_tokens;
-    /* The chain over the prompt's full blocks, rooted at (model id, tenant): from
-     * kvg_client_hash_prompt. NULL: computed by kvg_client_submit. Ignored (none
-     * sent) for bypass requests. Sent as given: the engine refuses a count other
+    /* The chain over the prompt's full blocks, rooted at (model id, salt): from
+     * kvg_client_hash_prompt, or the caller's own computation of it (the gateway's,
+     * which routes by it). NULL: kvg_client_submit calls kvg_client_hash_prompt
+     * (callers that do not route: kvgate-cli, tests). Ignored (none sent) for
+     * bypass requests. Sent as given: the engine refuses a count other
      * than n_tokens / block_tokens, or a hash that does not match (ERROR 400). */
     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN];
     size_t n_hashes;
@@ -155,18 +158,14 @@ int kvg_client_next_event(kvg_client *c, kvg_client_event *ev);
 /* NULL unless UP. */
 const kvg_engine_info *kvg_client_info(const kvg_client *c);
 
-/* The chain hashes of tokens' full blocks for a tenant under the connected engine's
- * model (what kvg_client_submit sends). out holds cap hashes; *n gets
+/* The chain hashes of tokens' full blocks for a tenant's salt under the connected
+ * engine's model (what kvg_client_submit sends). out holds cap hashes; *n gets
  * n_tokens / block_tokens. 0, or -1 with err (not connected, cap too small). */
-int kvg_client_hash_prompt(kvg_client *c, const char *tenant, size_t tenant_len,
+int kvg_client_hash_prompt(kvg_client *c, const void *salt, size_t salt_len,
                            const int32_t *tokens, size_t n_tokens,
                            uint8_t (*out)[KVG_PREFIX_HASH_LEN], size_t cap, size_t *n,
                            char *err, size_t err_len);
 
-/* The chain's root for a tenant under the connected engine's model (a prompt with no
- * full block is routed by it). 0, or -1 with err when not connected. */
-int kvg_client_hash_root(kvg_client *c, const char *tenant, size_t tenant_len,
-                         uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
 
 /* Submits a request; *id gets its id. 0; KVG_CLIENT_AGAIN when the submission ring is
  * full right now (nothing was sent; retry after KVG_CEV_WRITABLE); -1 with err when
@@ -181,20 +180,20 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
 /* Cancels a live request: the engine stops it, and no more events come for it. -1
  * when the id is not live. A full ring delays the cancel message, never loses it. */
 int kvg_client_cancel(kvg_client *c, uint64_t id);
-/* Pauses (paused != 0) or resumes a live request in the engine: a paused request
+/* Pauses (pause != 0) or resumes a live request in the engine (PAUSE, RESUME): a paused request
  * makes no progress and keeps its blocks (backpressure: the caller cannot pass its
  * output on). Events the engine produced before the pause still come. Idempotent on
  * the engine's side; messages go out in order with cancels, a full ring delays them.
  * 0; -1 when the id is not live, or the connection had to be dropped (out of memory:
  * the request then fails with it). */
-int kvg_client_hold(kvg_client *c, uint64_t id, int paused);
+int kvg_client_pause(kvg_client *c, uint64_t id, int pause);
 /* Per-sample control of a live request (SAMPLES, proto.h): cancels the samples of
  * cancel_mask (bit j = sample j: a running one stops with FINISHED cancelled and its
  * tokens so far, one not started yet is dropped: FINISHED cancelled, 0 tokens), then
  * starts the next `draw` samples not started yet off the request's prompt. The
  * request ends with DONE once every sample finished or was dropped. 0; -1 when the id
  * is not live, or the connection had to be dropped (out of memory). Like cancel and
- * hold, a full ring delays the message (queued, sent in order), never loses it, so
+ * pause, a full ring delays the message (queued, sent in order), never loses it, so
  * this never returns KVG_CLIENT_AGAIN today; callers treat KVG_CLIENT_AGAIN as "retry
  * after KVG_CEV_WRITABLE" should a later version return it. */
 int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cancel_mask);
@@ -222,12 +221,12 @@ uint64_t kvg_client_heartbeat(const kvg_client *c);
 int kvg_client_stats(const kvg_client *c, kvg_stats *out);
 
 /* Routing (several engines behind one gateway). How many LEADING hashes of a chain
- * (from kvg_client_hash_prompt, under this engine's model and the request's tenant)
+ * (from kvg_client_hash_prompt, under this engine's model and the request's salt)
  * the engine's prefix cache holds now: stops at the first one it does not. Reads the
- * engine's held set (proto.h, kvg_held_page) without a lock or a system call; a
+ * engine's cache index (proto.h, kvg_cache_index_page) without a lock or a system call; a
  * lookup racing the engine's update may be off once (a worse routing choice, never
  * a wrong answer). 0 when not connected. */
-size_t kvg_client_held_prefix(const kvg_client *c, const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n);
+size_t kvg_client_cached_prefix(const kvg_client *c, const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], size_t n);
 /* The engine's load: load_tokens of its statistics page (proto.h defines it), 0 when
  * not connected. Cheap: one field under the page's seqlock. */
 uint64_t kvg_client_load(const kvg_client *c);

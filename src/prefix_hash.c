@@ -88,13 +88,13 @@ void kvg_prefix_hasher_free(kvg_prefix_hasher *h)
 }
 
 int kvg_prefix_root(kvg_prefix_hasher *h, const void *model_id, size_t model_len,
-                    const void *tenant, size_t tenant_len,
+                    const void *salt, size_t salt_len,
                     uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len)
 {
     uint8_t len_le[4];
 
-    if (model_len > UINT32_MAX || tenant_len > UINT32_MAX) {
-        kvg_set_err(err, err_len, "prefix hash: model id or tenant longer than 4 GiB");
+    if (model_len > UINT32_MAX || salt_len > UINT32_MAX) {
+        kvg_set_err(err, err_len, "prefix hash: model id or salt longer than 4 GiB");
         return -1;
     }
     if (!EVP_DigestInit_ex2(h->ctx, h->md, NULL))
@@ -104,9 +104,9 @@ int kvg_prefix_root(kvg_prefix_hasher *h, const void *model_id, size_t model_len
         || !EVP_DigestUpdate(h->ctx, len_le, 4)
         || (model_len && !EVP_DigestUpdate(h->ctx, model_id, model_len)))
         return ssl_fail(err, err_len, "EVP_DigestUpdate");
-    put_u32le(len_le, (uint32_t)tenant_len);
+    put_u32le(len_le, (uint32_t)salt_len);
     if (!EVP_DigestUpdate(h->ctx, len_le, 4)
-        || (tenant_len && !EVP_DigestUpdate(h->ctx, tenant, tenant_len)))
+        || (salt_len && !EVP_DigestUpdate(h->ctx, salt, salt_len)))
         return ssl_fail(err, err_len, "EVP_DigestUpdate");
     if (!EVP_DigestFinal_ex(h->ctx, root, NULL))
         return ssl_fail(err, err_len, "EVP_DigestFinal_ex");

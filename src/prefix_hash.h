@@ -4,12 +4,12 @@
  * blocks are hashed. Each block's key chains over everything before it:
  *
  *   root = SHA-256("kvgate-prefix-v1" || u32le(len(model_id)) || model_id
- *                                     || u32le(len(tenant))   || tenant)
+ *                                     || u32le(len(salt))     || salt)
  *   h[0] = SHA-256(root   || ids of block 0 as u32le)
  *   h[i] = SHA-256(h[i-1] || ids of block i as u32le)
  *
- * so two prompts share h[0..k) exactly when they share their first k blocks, under
- * the same model and tenant. Every variable-length field is length-prefixed, so no
+ * where salt is the tenant's salt (below), so two prompts share h[0..k) exactly when
+ * they share their first k blocks, under the same model and tenant. Every variable-length field is length-prefixed, so no
  * two (model, tenant) pairs give the same root: ("org_1", "2345") is not
  * ("org_12345", ""). The byte layout, a worked example and a Python version are in
  * docs/prefix-hash.md; t/prefix-hash.t checks it against Perl's Digest::SHA.
@@ -56,10 +56,10 @@ typedef struct kvg_prefix_hasher kvg_prefix_hasher;
 kvg_prefix_hasher *kvg_prefix_hasher_new(char *err, size_t err_len);
 void kvg_prefix_hasher_free(kvg_prefix_hasher *h);
 
-/* The chain's root for a model identity and a tenant salt (any bytes, either may
+/* The chain's root for a model identity and a tenant's salt (any bytes, either may
  * be empty; at most 4 GiB - 1 each). Returns 0, or -1 with err. */
 int kvg_prefix_root(kvg_prefix_hasher *h, const void *model_id, size_t model_len,
-                    const void *tenant, size_t tenant_len,
+                    const void *salt, size_t salt_len,
                     uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
 
 /* One link: out = SHA-256(parent || ids[0..block_size) as u32le). The engine calls

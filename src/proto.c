@@ -16,9 +16,11 @@ _Static_assert(sizeof(kvg_msg_tokens) <= KVG_SHM_BODY_MAX, "tokens fits a slot")
 _Static_assert(sizeof(kvg_msg_finished) <= KVG_SHM_BODY_MAX, "finished fits a slot");
 _Static_assert(sizeof(kvg_msg_done) <= KVG_SHM_BODY_MAX, "done fits a slot");
 _Static_assert(sizeof(kvg_msg_error) <= KVG_SHM_BODY_MAX, "error fits a slot");
-_Static_assert(sizeof(kvg_msg_hold) <= KVG_SHM_BODY_MAX, "hold fits a slot");
+_Static_assert(sizeof(kvg_msg_pause) <= KVG_SHM_BODY_MAX, "pause fits a slot");
 _Static_assert(sizeof(kvg_welcome) < 1024, "welcome is one small packet");
 _Static_assert(sizeof(kvg_stats_page) <= 65536, "stats page size");
+/* A bucket index (buckets.h: bypass, then one per bound) labels the page's buckets. */
+_Static_assert(KVG_STATS_BUCKETS == KVG_BUCKETS_MAX_BOUNDS + 1, "one statistics bucket per length bucket");
 
 static size_t pad8(size_t n)
 {
@@ -397,8 +399,8 @@ int kvg_proto_decode_fixed(const kvg_shm_msg *m, uint32_t type, void *out, size_
     return 0;
 }
 
-int kvg_proto_decode_hold(const kvg_shm_msg *m, kvg_msg_hold *h, int *paused, char *err,
-                          size_t err_len)
+int kvg_proto_decode_pause(const kvg_shm_msg *m, kvg_msg_pause *h, int *paused, char *err,
+                           size_t err_len)
 {
     uint32_t type = m->type == KVG_MSG_RESUME ? KVG_MSG_RESUME : KVG_MSG_PAUSE;
     const char *what = type == KVG_MSG_PAUSE ? "PAUSE" : "RESUME";

@@ -20,9 +20,9 @@
  *              hashes with a tokenizer that disagrees with the model
  *        fd[4] the engine's statistics page (a memfd sealed against new writable
  *              mappings; kvg_stats below): map it read-only
- *        fd[5] the engine's held set (a memfd sealed the same way; kvg_held_page
- *              below): the chain hashes of the blocks its prefix cache holds, for
- *              routing. Map it read-only (src/held_set.h reads it)
+ *        fd[5] the engine's cache index (a memfd sealed the same way;
+ *              kvg_cache_index_page below): the chain hashes of the blocks its prefix cache holds, for
+ *              routing. Map it read-only (src/cache_index.h reads it)
  *    Afterwards the socket carries nothing; it stays open only so that each side
  *    notices the other dying.
  *
@@ -50,11 +50,13 @@
 
 #define KVG_PROTO_MAGIC     0x6b766731u   /* "1gvk" little-endian */
 #define KVG_PROTO_VERSION   4u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
-                                    3: the held set (fd[5], held_bytes), load_tokens;
+                                    3: the cache index (fd[5], index_bytes), load_tokens;
                                     4: the statistics page's heartbeat */
 #define KVG_WELCOME_FDS     6
 
-/* Limits every side enforces. */
+/* Limits every side enforces. These are the one definition: the engine's scheduler
+ * and stop matcher define theirs from them (KVG_SCHED_MAX_N, KVG_STOP_MAX,
+ * KVG_STOP_MAX_LEN). */
 #define KVG_PROTO_MAX_SALT       256      /* tenant salt bytes */
 #define KVG_PROTO_MAX_N          16       /* samples per request */
 #define KVG_PROTO_MAX_STOP       4        /* stop strings */
@@ -86,7 +88,7 @@ typedef struct kvg_welcome {
     uint64_t region_bytes;       /* size of fd[0] */
     uint64_t tokenizer_bytes;    /* size of fd[3] */
     uint64_t stats_bytes;        /* size of fd[4] */
-    uint64_t held_bytes;         /* size of fd[5] */
+    uint64_t index_bytes;        /* size of fd[5] */
     uint32_t context_length;     /* positions: prompt + completion */
     uint32_t block_tokens;       /* tokens per prefix-hash block */
     uint32_t vocab_size;
@@ -190,18 +192,18 @@ typedef struct kvg_msg_cancel {
     uint64_t request_id;
 } kvg_msg_cancel;
 
-/* PAUSE and RESUME, no payload. The client cannot send the request's output on as
- * fast as the engine makes it (its HTTP client stops reading): PAUSE takes the
- * request out of the engine's batches and admission while it keeps its blocks and
- * its place; RESUME puts it back. Both are idempotent and name a request by its id;
+/* PAUSE and RESUME (one body), no payload. The client cannot send the request's
+ * output on as fast as the engine makes it (its HTTP client stops reading): PAUSE
+ * takes the request out of the engine's batches and admission while it keeps its
+ * blocks and its place (the scheduler holds it); RESUME puts it back. Both are idempotent and name a request by its id;
  * an id that is not live (the request ended, the messages crossed) is ignored, so
  * is RESUME without PAUSE. Output the engine made before the PAUSE still comes. A
  * CANCEL ends a paused request as any other. reserved must be 0. */
-typedef struct kvg_msg_hold {
+typedef struct kvg_msg_pause {
     uint32_t version;
     uint32_t reserved;
     uint64_t request_id;
-} kvg_msg_hold;
+} kvg_msg_pause;
 
 /* SAMPLES, no payload: per-sample control of a live request with n > 1 (self-
  * consistency: samples drawn in waves off one prompt, stopped once the vote is
@@ -340,8 +342,8 @@ int kvg_proto_decode_tokens(const kvg_shm_msg *m, kvg_tokens_view *v, char *err,
 int kvg_proto_decode_fixed(const kvg_shm_msg *m, uint32_t type, void *out, size_t size,
                            char *err, size_t err_len);
 /* PAUSE or RESUME: the fixed checks, reserved == 0; *paused is 1 for PAUSE. */
-int kvg_proto_decode_hold(const kvg_shm_msg *m, kvg_msg_hold *h, int *paused, char *err,
-                          size_t err_len);
+int kvg_proto_decode_pause(const kvg_shm_msg *m, kvg_msg_pause *h, int *paused, char *err,
+                           size_t err_len);
 /* SAMPLES: the fixed checks, reserved == 0 (draw and cancel_mask are any value: a
  * draw beyond what remains is clamped, bits past n are ignored). */
 int kvg_proto_decode_samples(const kvg_shm_msg *m, kvg_msg_samples *out, char *err, size_t err_len);
@@ -356,7 +358,8 @@ int kvg_proto_decode_error(const kvg_shm_msg *m, kvg_msg_error *h, const char **
 
 #define KVG_STATS_MAGIC    0x5453474bu   /* "KGST" */
 #define KVG_STATS_TENANTS  32            /* tenants listed by cached blocks (the rest summed) */
-#define KVG_STATS_BUCKETS  17
+#define KVG_STATS_BUCKETS  17            /* length buckets: bypass + KVG_BUCKETS_MAX_BOUNDS
+                                            (asserted in proto.c); the scheduler's too */
 
 typedef struct kvg_stats_tenant {
     char name[KVG_PROTO_MAX_SALT + 1];   /* the tenant's name, NUL-terminated: a named
@@ -391,7 +394,8 @@ typedef struct kvg_stats {
     uint64_t ttft_count;
     double ttft_sum_seconds, ttft_max_seconds;
     int32_t waiting, running;    /* requests now */
-    int32_t held;                /* requests paused because their client is not reading */
+    int32_t held;                /* requests held in the scheduler: paused by their client, or
+                                    backlogged (their output piles up unread) */
     int32_t clients;             /* connected clients */
     /* the daemon */
     uint64_t submitted, completed, errors, client_cancels, deadlines;
@@ -452,7 +456,7 @@ void kvg_stats_write_load(kvg_stats_page *p, uint64_t load_tokens);
  * mid-write). */
 int kvg_stats_read(const kvg_stats_page *p, kvg_stats *out);
 
-/* ---- the held set ----
+/* ---- the cache index ----
  * Which chain hashes (prefix_hash.h) the engine's prefix cache holds right now: every
  * block committed under a hash and not yet evicted (in use or cached). The gateway
  * routes a request to the engine holding the most leading blocks of its chain.
@@ -474,12 +478,13 @@ int kvg_stats_read(const kvg_stats_page *p, kvg_stats *out);
  * 64-bit key collisions (~n^2 / 2^65 over n held blocks). The hashes are tenant-
  * salted, so the page reveals no text and no tenant's chain finds another's. */
 
-#define KVG_HELD_MAGIC   0x444c484bu     /* "KHLD" */
-#define KVG_HELD_EMPTY   0u
-#define KVG_HELD_TOMB    1u
+#define KVG_CACHE_INDEX_MAGIC   0x444c484bu     /* "KHLD": the value of protocol 3, when it was
+                                                   called the held set */
+#define KVG_CACHE_INDEX_EMPTY   0u
+#define KVG_CACHE_INDEX_TOMB    1u
 
-typedef struct kvg_held_page {
-    uint32_t magic;              /* KVG_HELD_MAGIC */
+typedef struct kvg_cache_index_page {
+    uint32_t magic;              /* KVG_CACHE_INDEX_MAGIC */
     uint32_t version;            /* KVG_PROTO_VERSION */
     uint32_t capacity;           /* slots per table, a power of two */
     _Atomic uint32_t active;     /* 0 | 1: the table readers probe */
@@ -488,6 +493,6 @@ typedef struct kvg_held_page {
     _Atomic uint32_t tombstones; /* in the active table */
     /* table t is slot[t * capacity .. (t + 1) * capacity) */
     _Alignas(64) _Atomic uint64_t slot[];
-} kvg_held_page;
+} kvg_cache_index_page;
 
 #endif

@@ -90,7 +90,7 @@ double kvg_route_cap(const kvg_route_cand *c, size_t n, uint64_t request_tokens,
  * last prompt token is always computed). */
 static double cost(const kvg_route_cand *c, double r)
 {
-    double left = r - (double)c->held_tokens;
+    double left = r - (double)c->cached_tokens;
     if (left < 1)
         left = r < 1 ? r : 1;
     return left;
@@ -131,7 +131,7 @@ int kvg_route_pick(kvg_route_policy p, const kvg_route_cand *c, size_t n, uint64
 
     double cap = kvg_route_cap(c, n, request_tokens, balance_factor);
     double r = (double)request_tokens;
-    uint32_t max_held = 0;          /* over all eligible engines */
+    uint32_t max_cached = 0;        /* over all eligible engines */
     int best = -1;                  /* the choice so far */
     uint64_t best_score = 0;
     int top = -1;                   /* hash: the highest score regardless of the cap */
@@ -142,8 +142,8 @@ int kvg_route_pick(kvg_route_policy p, const kvg_route_cand *c, size_t n, uint64
         if (!e->eligible)
             continue;
         uint64_t s = kvg_route_score(route_key, e->id);
-        if (e->held_blocks > max_held)
-            max_held = e->held_blocks;
+        if (e->cached_blocks > max_cached)
+            max_cached = e->cached_blocks;
         if (top < 0 || score_beats(s, i, top_score, (size_t)top)) {
             top = (int)i;
             top_score = s;
@@ -157,9 +157,9 @@ int kvg_route_pick(kvg_route_policy p, const kvg_route_cand *c, size_t n, uint64
             const kvg_route_cand *b = &c[best];
             switch (p) {
             case KVG_ROUTE_PREFIX:
-                if (e->held_blocks != b->held_blocks)
-                    better = e->held_blocks > b->held_blocks;
-                else if (e->held_blocks == 0 && e->load != b->load)
+                if (e->cached_blocks != b->cached_blocks)
+                    better = e->cached_blocks > b->cached_blocks;
+                else if (e->cached_blocks == 0 && e->load != b->load)
                     better = e->load < b->load;
                 else
                     better = score_beats(s, i, best_score, (size_t)best);
@@ -183,8 +183,8 @@ int kvg_route_pick(kvg_route_policy p, const kvg_route_cand *c, size_t n, uint64
     if (why) {
         switch (p) {
         case KVG_ROUTE_PREFIX:
-            *why = max_held == 0 ? KVG_ROUTED_LOAD
-                 : c[best].held_blocks == max_held ? KVG_ROUTED_PREFIX : KVG_ROUTED_SPILL;
+            *why = max_cached == 0 ? KVG_ROUTED_LOAD
+                 : c[best].cached_blocks == max_cached ? KVG_ROUTED_PREFIX : KVG_ROUTED_SPILL;
             break;
         case KVG_ROUTE_LEAST_LOAD:
             *why = KVG_ROUTED_LEAST_LOAD;

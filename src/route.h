@@ -15,7 +15,7 @@
  *
  * with f = balance_factor (values below 1, and NaN, count as 1). An engine is UNDER
  * the cap when load + cost <= cap, cost being the work the request would add THERE:
- * r less the prompt tokens it already holds (held_tokens), at least 1. A hit costs an
+ * r less the prompt tokens it already holds (cached_tokens), at least 1. A hit costs an
  * engine little, so the engine holding a long prefix keeps taking its requests until
  * the work they really add would overload it; the bound is on work, not on request
  * counts. Engines over the cap are skipped (the third term guarantees one under it
@@ -29,8 +29,9 @@
  * and removing an engine moves only the keys that were on it.
  *
  * ---- The policies ----
- * prefix       Among the engines under the cap, the most held_blocks; equal held
- *              (> 0) by rendezvous score; held 0 by least load, then rendezvous.
+ * prefix       Among the engines under the cap, the most cached_blocks; equal
+ *              cached (> 0) by rendezvous score; cached 0 by least load, then
+ *              rendezvous.
  *              Reason: prefix when the choice holds as many blocks as the best
  *              eligible holder; load when no eligible engine holds any; spill when
  *              the best holder(s) were over the cap and the choice holds fewer
@@ -78,8 +79,8 @@ int kvg_route_policy_parse(const char *s, size_t len, kvg_route_policy *out);
 typedef struct kvg_route_cand {
     int eligible;            /* up, not stalled, serving the request's model */
     uint64_t id;             /* stable per engine (e.g. a hash of its configured name/path) */
-    uint32_t held_blocks;    /* leading blocks of the request it holds (prefix policy) */
-    uint64_t held_tokens;    /* the prompt tokens of those blocks (0: the request costs
+    uint32_t cached_blocks;  /* leading blocks of the request its cache holds (prefix policy) */
+    uint64_t cached_tokens;  /* the prompt tokens of those blocks (0: the request costs
                                 request_tokens there; the bound of every policy) */
     uint64_t load;           /* its load (tokens) */
 } kvg_route_cand;

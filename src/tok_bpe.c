@@ -1,4 +1,4 @@
-/* The one merge engine.
+/* The one BPE merge (kvg_bpe_merge), every format's.
  *
  * A word is a list of symbols (token ids). The adjacent pair with the lowest
  * merge rank is merged, the leftmost among equal ranks, until no pair has a
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok_engine.h"
+#include "tok_merge.h"
 
 /* Words of up to this many symbols skip the heap; tests set it to 0 to check
  * the heap path alone. */

@@ -1,14 +1,14 @@
-/* Encoding around the merge engine.
+/* Encoding around the BPE merge (tok_bpe.c).
  *
  * Added/special tokens are cut out of the text first. SPM text is then split
  * into runs that no merge can cross (see spm_split and spm_isolated), byte-level
  * text into pre-tokens (pretok.c); each such word is merged on its own, with
  * exactly the result merging the whole text would give.
  *
- * Words repeat, so two shortcuts come before the engine, both exact:
+ * Words repeat, so two shortcuts come before the merge, both exact:
  *   - t->word_index: words that are a single piece (checked at load time to be
- *     what the engine makes of them);
- *   - a word cache of engine results, kept per thread between calls (with the
+ *     what the merge makes of them);
+ *   - a word cache of merge results, kept per thread between calls (with the
  *     other working memory) and dropped when the thread moves to another
  *     tokenizer or the cache fills up. */
 #include <pthread.h>
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok_engine.h"
+#include "tok_merge.h"
 #include "utf8.h"
 
 /* Words longer than this are not cached: they rarely repeat. */
@@ -262,8 +262,8 @@ static long spm_symbols(kvg_tok_scratch *sc, const struct kvg_tokenizer *t,
 
 /* ---- words ---- */
 
-/* Appends what the engine itself makes of one word (no shortcuts). */
-static int word_engine(kvg_tok_scratch *sc, const struct kvg_tokenizer *t, const char *w, size_t n,
+/* Appends what the merge itself makes of one word (no shortcuts). */
+static int word_merge(kvg_tok_scratch *sc, const struct kvg_tokenizer *t, const char *w, size_t n,
                        kvg_ids *out)
 {
     const unsigned char *u = (const unsigned char *)w;
@@ -337,7 +337,7 @@ static inline int push(kvg_ids *out, int32_t id)
     return 0;
 }
 
-/* A word that is not one piece: the cache, else the engine. */
+/* A word that is not one piece: the cache, else the merge. */
 static __attribute__((noinline)) int encode_word_slow(enc *e, const char *w, size_t n, uint32_t hash)
 {
     int cached = n <= CACHE_MAX_LEN;
@@ -347,7 +347,7 @@ static __attribute__((noinline)) int encode_word_slow(enc *e, const char *w, siz
             return hit < 0 ? -1 : 0;
     }
     size_t from = e->out->n;
-    if (word_engine(e->s, e->t, w, n, e->out) < 0)
+    if (word_merge(e->s, e->t, w, n, e->out) < 0)
         return -1;
     return cached ? cache_put(e, w, n, hash, from) : 0;
 }
@@ -392,10 +392,10 @@ int kvg_tok_build_word_index(struct kvg_tokenizer *t)
         size_t n = t->bytes_len[id];
         if (!kvg_tok_mergeable(t->type[id]) || n == 0 || n > 255)
             continue;
-        /* Only a piece the engine reproduces from its own text may stand in
-         * for the engine, which keeps the shortcut exact. */
+        /* Only a piece the merge reproduces from its own text may stand in
+         * for the merge, which keeps the shortcut exact. */
         out.n = 0;
-        if (word_engine(&sc, t, (const char *)t->bytes[id], n, &out) < 0)
+        if (word_merge(&sc, t, (const char *)t->bytes[id], n, &out) < 0)
             goto done;
         if (out.n == 1 && out.v[0] == id) {
             words[n_words++] = id;

@@ -1,6 +1,6 @@
 /* Internal representation shared by the tokenizer loaders and encoders.
  *
- * Every format is loaded into the same struct. There is ONE merge engine
+ * Every format is loaded into the same struct. There is ONE BPE merge
  * (tok_bpe.c): a list of symbols merged pairwise, always taking the pair with the
  * lowest rank (leftmost among equal ranks), found through a merge table
  * (left id, right id) -> (rank, result id), with a heap so that cost is
@@ -21,8 +21,8 @@
  *     SPM: none semantically, the whole text is one sequence; the encoder still
  *     merges it run by run where the vocabulary proves no merge can cross, see
  *     spm_split and spm_isolated, which gives the same ids).
- * The engine is in tok_bpe.c, the encoding around it (added tokens, runs,
- * caches) in tok_encode.c, their shared working memory in tok_engine.h.
+ * The merge is in tok_bpe.c, the encoding around it (added tokens, runs,
+ * caches) in tok_encode.c, their shared working memory in tok_merge.h.
  */
 #ifndef KVG_TOK_INTERNAL_H
 #define KVG_TOK_INTERNAL_H
@@ -151,7 +151,7 @@ struct kvg_tokenizer {
     uint8_t spm_isolated[128];   /* SPM: ASCII characters in no mergeable piece of two or more
                                     characters (e.g. '\n' in Llama 2): they never merge, so a run
                                     also ends before and after them */
-    kvg_word_index word_index;   /* decoded bytes -> id, for pieces that the engine turns
+    kvg_word_index word_index;   /* decoded bytes -> id, for pieces that the merge turns
                                     back into exactly themselves: a whole word (pre-token or
                                     SPM space run) found here is one token, no merging */
     uint8_t added_first[256];    /* 1 for bytes that start some added token */

@@ -266,7 +266,7 @@ int kvg_tok_merges_from_scores(struct kvg_tokenizer *t)
         return -1;
     /* Distinct scores of the pieces that can be merge results, best first: the
      * rank of a merge is the position of its result's score, so equal scores
-     * share a rank and the engine takes the leftmost pair, as SentencePiece does. */
+     * share a rank and the merge takes the leftmost pair, as SentencePiece does. */
     float *sorted = malloc((size_t)n * sizeof *sorted);
     if (!sorted)
         return -1;
@@ -480,7 +480,7 @@ static void mark_isolated(struct kvg_tokenizer *t)
 
 /* Whether every merge (a, b) ranks strictly after every merge that produces
  * a or b. Then merging at rank r only ever creates pairs ranked above r, and
- * the engine's queue pops keys in increasing order. */
+ * the merge's queue pops keys in increasing order. */
 static int merges_monotone(const struct kvg_tokenizer *t)
 {
     const kvg_merge_table *m = &t->merges;

@@ -101,6 +101,11 @@ err_is($g->post('/v1/completions', { %$ok, n => 17 }), 400, 'integer_above_max_v
 
 err_is($g->post('/strict/v1/completions', $ok), 401, 'missing_tenant', undef,
        'kvgate_tenant_required on, no X-Tenant-Id', qr/requires a tenant/);
+# the tenant comes first, whatever the body holds
+err_is($g->post('/strict/v1/completions', '{"model": "stories260K", "prompt": '), 401, 'missing_tenant', undef,
+       '  and truncated JSON', qr/requires a tenant/);
+err_is($g->post('/strict/v1/completions', { %$ok, model => 'gpt-4o' }), 401, 'missing_tenant', undef,
+       '  and an unknown model', qr/requires a tenant/);
 is($g->post('/strict/v1/completions', $ok, 'X-Tenant-Id' => 'acme')->{status}, 200, '  with the header: 200');
 {
     my $r = $g->post('/strict/v1/completions', { %$ok, max_tokens => undef }, 'X-Tenant-Id' => 'acme');

@@ -381,8 +381,8 @@ int main(int argc, char **argv)
 
     kvg_client_req req;
     memset(&req, 0, sizeof req);
-    req.tenant = tenant;
-    req.tenant_len = strlen(tenant);
+    req.salt = tenant;           /* a named tenant is salted with its name */
+    req.salt_len = strlen(tenant);
     req.tokens = ids;
     req.n_tokens = n_ids;
     req.bypass = bypass;

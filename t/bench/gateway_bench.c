@@ -133,8 +133,8 @@ static int direct_request(direct *d)
         return -1;
     kvg_client_req q;
     memset(&q, 0, sizeof q);
-    q.tenant = "bench";
-    q.tenant_len = 5;
+    q.salt = "bench";
+    q.salt_len = 5;
     q.tokens = ids;
     q.n_tokens = n;
     q.bucket = 1;

@@ -31,7 +31,7 @@
 #include "bench_proc.h"
 #include "client.h"
 #include "forward.h"
-#include "held_set.h"
+#include "cache_index.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "prefix_cache.h"
@@ -190,14 +190,14 @@ static void *fake_engine(void *arg)
     int stats_fd = memfd_create("bench-stats", MFD_CLOEXEC);
     if (ftruncate(stats_fd, (off_t)ssize) != 0)
         return NULL;
-    /* An empty held set (protocol 3): the client maps and checks it. */
-    size_t hsize = kvg_held_page_bytes(16);
-    int held_fd = memfd_create("bench-held", MFD_CLOEXEC);
-    void *held = MAP_FAILED;
-    if (ftruncate(held_fd, (off_t)hsize) != 0 ||
-        (held = mmap(NULL, hsize, PROT_READ | PROT_WRITE, MAP_SHARED, held_fd, 0)) == MAP_FAILED)
+    /* An empty cache index (protocol 3): the client maps and checks it. */
+    size_t hsize = kvg_cache_index_page_bytes(16);
+    int cidx_fd = memfd_create("bench-cache-index", MFD_CLOEXEC);
+    void *cidx = MAP_FAILED;
+    if (ftruncate(cidx_fd, (off_t)hsize) != 0 ||
+        (cidx = mmap(NULL, hsize, PROT_READ | PROT_WRITE, MAP_SHARED, cidx_fd, 0)) == MAP_FAILED)
         return NULL;
-    kvg_held_writer_free(kvg_held_writer_new(held, hsize, 16, err, sizeof err));
+    kvg_cache_index_writer_free(kvg_cache_index_writer_new(cidx, hsize, 16, err, sizeof err));
     kvg_welcome w;
     memset(&w, 0, sizeof w);
     w.magic = KVG_PROTO_MAGIC;
@@ -208,12 +208,12 @@ static void *fake_engine(void *arg)
     w.region_bytes = rsize;
     w.tokenizer_bytes = (uint64_t)st.st_size;
     w.stats_bytes = ssize;
-    w.held_bytes = hsize;
+    w.index_bytes = hsize;
     w.context_length = 1 << 20;
     w.block_tokens = 16;
     w.vocab_size = 512;
     w.max_n = 1;
-    int fds[KVG_WELCOME_FDS] = { memfd, bell_in, bell_out, tok_fd, stats_fd, held_fd };
+    int fds[KVG_WELCOME_FDS] = { memfd, bell_in, bell_out, tok_fd, stats_fd, cidx_fd };
     kvg_proto_send_welcome(s, &w, fds, KVG_WELCOME_FDS, err, sizeof err);
     static unsigned char buf[1 << 16] __attribute__((aligned(8)));
     static unsigned char out[1 << 16] __attribute__((aligned(8)));

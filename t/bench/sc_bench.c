@@ -226,8 +226,8 @@ static void part_a(const char *dir, const char *threads)
     /* warm-up (page faults, thread start), under its own tenant */
     {
         run *w = calloc(1, sizeof *w);
-        q.tenant = "warmup";
-        q.tenant_len = 6;
+        q.salt = "warmup";
+        q.salt_len = 6;
         q.n = 1;
         submit(c, &q, w);
         pump(c, &w, 1);
@@ -242,8 +242,8 @@ static void part_a(const char *dir, const char *threads)
         static char tn[32], tenants[5][32];
         /* fresh tenants every round: nothing cached from the round before */
         snprintf(tn, sizeof tn, "shared-n5-%d", round);
-        q.tenant = tn;
-        q.tenant_len = strlen(tn);
+        q.salt = tn;
+        q.salt_len = strlen(tn);
         q.n = 5;
         q.seed = 7;
         uint64_t p0 = prefill_now(c);
@@ -260,8 +260,8 @@ static void part_a(const char *dir, const char *threads)
         for (int i = 0; i < 5; i++) {
             five[i] = calloc(1, sizeof *five[i]);
             snprintf(tenants[i], sizeof tenants[i], "independent-%d-%d", round, i);
-            q.tenant = tenants[i];
-            q.tenant_len = strlen(tenants[i]);
+            q.salt = tenants[i];
+            q.salt_len = strlen(tenants[i]);
             q.seed = 100 + (uint64_t)i;
             submit(c, &q, five[i]);
         }

@@ -93,14 +93,20 @@ static int run(const kvg_model *m, kvg_backend *be, const int32_t *doc, int inde
     for (int k = 0; k < (independent ? N : 1); k++) {
         kvg_sched_req q;
         char salt[16];
+        /* the prompt's chain, as the engine's intake gives it to the scheduler */
+        static uint8_t chain[DOC / BT][KVG_PREFIX_HASH_LEN];
+        size_t nb;
         memset(&q, 0, sizeof q);
         snprintf(salt, sizeof salt, "tenant-%d", independent ? k : 0);
         q.tenant = kvg_pc_tenant(pc, salt, strlen(salt), 0.0);
-        if (kvg_pc_tenant_root(pc, h, q.tenant, q.root, err, sizeof err) != 0) {
+        if (kvg_pc_tenant_root(pc, h, q.tenant, q.root, err, sizeof err) != 0 ||
+            kvg_prefix_chain(h, q.root, doc, DOC, BT, chain, DOC / BT, &nb, err, sizeof err) != 0) {
             fprintf(stderr, "root: %s\n", err);
             rc = -1;
             goto out;
         }
+        q.hashes = (const uint8_t (*)[KVG_PREFIX_HASH_LEN])chain;
+        q.n_hashes = (int32_t)nb;
         q.id = independent ? 100 + (uint64_t)k : 1;
         q.prompt = doc;
         q.n_prompt = DOC;

@@ -113,8 +113,8 @@ static void test_cache_and_tenants(kvg_client *c)
     q.temperature = 0.8f;
     q.seed = 11;
     q.n = 3;
-    q.tenant = "alpha";
-    q.tenant_len = 5;
+    q.salt = "alpha";
+    q.salt_len = 5;
     ep_run(c, &q, &R[1], 30);
     ep_run(c, &q, &R[2], 30);
     ok(R[1].done && R[1].cached_tokens == 0, "first request: nothing cached (%u)", R[1].cached_tokens);
@@ -131,8 +131,8 @@ static void test_cache_and_tenants(kvg_client *c)
     ok(R[3].n_tokens[0] == R[1].n_tokens[0] && memcmp(R[3].tokens[0], R[1].tokens[0], R[3].n_tokens[0] * 4) == 0,
        "n=1 with the same seed is sample 0 of n=3");
     q.n = 3;
-    q.tenant = "beta";
-    q.tenant_len = 4;
+    q.salt = "beta";
+    q.salt_len = 4;
     ep_run(c, &q, &R[4], 30);
     ok(R[4].done && R[4].cached_tokens == 0, "the same prompt under another tenant: 0 cached (%u)",
        R[4].cached_tokens);
@@ -172,8 +172,8 @@ static void make_mix(kvg_client *c)
         MIX[i].seed = (uint64_t)(100 + i);
         MIX[i].n = (unsigned)(1 + i % 4);
         MIX[i].top_k = i % 5 == 0 ? 40 : 0;
-        MIX[i].tenant = i % 2 ? "odd" : "even";
-        MIX[i].tenant_len = strlen(MIX[i].tenant);
+        MIX[i].salt = i % 2 ? "odd" : "even";
+        MIX[i].salt_len = strlen(MIX[i].salt);
     }
     N_MIX = 18;
 }
@@ -336,8 +336,8 @@ static void test_pause_resume(void)
         kvg_client_wait(c, 10);
         drain_events(c);
     }
-    ok(kvg_client_hold(c, id, 1) == 0, "  PAUSE after its first tokens (%u)", received(&R[41], 3));
-    ok(kvg_client_hold(c, id, 1) == 0, "  and PAUSE again (idempotent in the engine)");
+    ok(kvg_client_pause(c, id, 1) == 0, "  PAUSE after its first tokens (%u)", received(&R[41], 3));
+    ok(kvg_client_pause(c, id, 1) == 0, "  and PAUSE again (idempotent in the engine)");
     /* Read on while paused: the engine still delivers what it made before the pause,
      * then nothing more. */
     int paused = 0;
@@ -368,7 +368,7 @@ static void test_pause_resume(void)
     kvg_client_req q2 = ep_req(ids, n, 40);
     q2.bypass = 1;
     memset(&R[42], 0, sizeof R[42]);
-    ok(kvg_client_submit(c, &q2, &R[42], &id2, err, sizeof err) == 0 && kvg_client_hold(c, id2, 0) == 0,
+    ok(kvg_client_submit(c, &q2, &R[42], &id2, err, sizeof err) == 0 && kvg_client_pause(c, id2, 0) == 0,
        "another request, with a RESUME it never needed");
     ep_result *rs[2] = { &R[42] };
     int rc = ep_pump(&c, 1, rs, 1, 60);
@@ -389,18 +389,18 @@ static void test_pause_resume(void)
         ep_sleep_ms(5);
         ep_stats(c, &st2);
     } while (ep_now() < until && st2.completed < st.completed + 1);
-    ok(kvg_client_hold(c, id3, 1) == 0, "PAUSE of a request the engine already finished (messages crossing)");
+    ok(kvg_client_pause(c, id3, 1) == 0, "PAUSE of a request the engine already finished (messages crossing)");
     rs[0] = &R[43];
     rc = ep_pump(&c, 1, rs, 1, 60);
     ok(rc == 0 && R[43].done && R[43].completion_tokens == 40, "  it is simply done");
-    ok(kvg_client_hold(c, id3, 1) == -1 && kvg_client_hold(c, 123456789, 0) == -1,
+    ok(kvg_client_pause(c, id3, 1) == -1 && kvg_client_pause(c, 123456789, 0) == -1,
        "  the client refuses to pause or resume ids that are not live");
     ep_stats(c, &st2);
     ok(st2.pauses == st0.pauses + 1 && st2.paused == 1 && st2.protocol_errors == st0.protocol_errors,
        "  ignored by the engine: no pause counted, no protocol error (pauses %llu, errors %llu)",
        (unsigned long long)st2.pauses, (unsigned long long)st2.protocol_errors);
 
-    ok(kvg_client_hold(c, id, 0) == 0 && kvg_client_hold(c, id, 0) == 0, "RESUME the paused request (twice)");
+    ok(kvg_client_pause(c, id, 0) == 0 && kvg_client_pause(c, id, 0) == 0, "RESUME the paused request (twice)");
     rs[0] = &R[41];
     rc = ep_pump(&c, 1, rs, 1, 60);
     ok(rc == 0 && R[41].done, "  it completes");
@@ -419,7 +419,7 @@ static void test_pause_resume(void)
         kvg_client_wait(c, 10);
         drain_events(c);
     }
-    kvg_client_hold(c, id, 1);
+    kvg_client_pause(c, id, 1);
     until = ep_now() + EP_WAIT_S;
     do {
         ep_sleep_ms(5);

@@ -534,7 +534,7 @@ static void test_stall(engine_proc *e)
     ok(r[0].error && r[0].status == 503 && strcmp(r[0].message, "the engine stalled") == 0 && !r[1].error &&
        r[2].error && r[2].status == 503,
        "  the other two get ERROR 503 with the message given (%s), before anything else", r[0].message);
-    ok(kvg_client_cancel(c, id[0]) == -1 && kvg_client_hold(c, id[2], 1) == -1,
+    ok(kvg_client_cancel(c, id[0]) == -1 && kvg_client_pause(c, id[2], 1) == -1,
        "  and are no longer live (cancel, hold: -1)");
     ok(kvg_client_get_state(c) == KVG_CLIENT_UP, "  the connection stays up");
 

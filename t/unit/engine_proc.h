@@ -313,8 +313,8 @@ __attribute__((unused)) static kvg_client_req ep_req(const int32_t *ids, size_t 
 {
     kvg_client_req q;
     memset(&q, 0, sizeof q);
-    q.tenant = "t";
-    q.tenant_len = 1;
+    q.salt = "t";
+    q.salt_len = 1;
     q.tokens = ids;
     q.n_tokens = n;
     q.max_tokens = max_tokens;

@@ -13,7 +13,7 @@
 #include "kv_cache.h"
 #include "prefix_cache.h"
 #include "prefix_hash.h"
-#include "held_set.h"
+#include "cache_index.h"
 
 #define BT 4
 #define MAXT 96
@@ -379,21 +379,21 @@ static uint32_t rnd(uint32_t n)
     return (uint32_t)(rs >> 33) % n;
 }
 
-/* The held set against the cache: every hash in `seen` is in the set exactly when the
+/* The cache index against the cache: every hash in `seen` is in the set exactly when the
  * cache can find it. */
-static int held_agrees(const kvg_prefix_cache *pc, const kvg_held_reader *hr,
+static int held_agrees(const kvg_prefix_cache *pc, const kvg_cache_index_reader *hr,
                        uint8_t (*seen)[KVG_PREFIX_HASH_LEN], int n_seen, const char *when)
 {
     for (int i = 0; i < n_seen; i++)
-        if (kvg_held_contains(hr, seen[i]) != kvg_pc_holds(pc, seen[i])) {
-            diag("%s: hash %d is %s the held set but %s the cache", when, i,
-                 kvg_held_contains(hr, seen[i]) ? "in" : "not in", kvg_pc_holds(pc, seen[i]) ? "in" : "not in");
+        if (kvg_cache_index_contains(hr, seen[i]) != kvg_pc_holds(pc, seen[i])) {
+            diag("%s: hash %d is %s the cache index but %s the cache", when, i,
+                 kvg_cache_index_contains(hr, seen[i]) ? "in" : "not in", kvg_pc_holds(pc, seen[i]) ? "in" : "not in");
             return 0;
         }
     return 1;
 }
 
-/* with_held: the same workload with the engine's held set attached (a capacity of 128
+/* with_held: the same workload with the engine's cache index attached (a capacity of 128
  * slots for 40 blocks, so tombstones force many rebuilds); kvg_pc_check then also
  * checks it, and a reader of the page is compared with the cache after every
  * operation on every hash the workload ever committed. */
@@ -402,16 +402,16 @@ static void test_random(int with_held)
     enum { NR = 12, OPS = 6000, SEEN = 2048 };
     kvg_kv_pool *p = pool_new(40);
     kvg_prefix_cache *pc = pc_new(p, 0.1, 0);
-    uint32_t hcap = kvg_held_capacity_for(40);
-    size_t hbytes = kvg_held_page_bytes(hcap);
+    uint32_t hcap = kvg_cache_index_capacity_for(40);
+    size_t hbytes = kvg_cache_index_page_bytes(hcap);
     void *hpage = with_held ? aligned_alloc(4096, hbytes) : NULL;
-    kvg_held_writer *hw = with_held ? kvg_held_writer_new(hpage, hbytes, hcap, err, sizeof err) : NULL;
-    kvg_held_reader hr;
+    kvg_cache_index_writer *hw = with_held ? kvg_cache_index_writer_new(hpage, hbytes, hcap, err, sizeof err) : NULL;
+    kvg_cache_index_reader hr;
     uint8_t (*seen)[KVG_PREFIX_HASH_LEN] = calloc(SEEN, KVG_PREFIX_HASH_LEN);
-    int n_seen = 0, held_bad = 0, max_held = 0;
+    int n_seen = 0, held_bad = 0, max_cached = 0;
     if (with_held) {
-        ok(hw && kvg_held_reader_attach(&hr, hpage, hbytes, err, sizeof err) == 0, "held set attached");
-        ok(kvg_pc_set_held(pc, hw) == 0, "the cache keeps the held set");
+        ok(hw && kvg_cache_index_attach(&hr, hpage, hbytes, err, sizeof err) == 0, "cache index attached");
+        ok(kvg_pc_set_index(pc, hw) == 0, "the cache keeps the cache index");
     }
     int tn[3];
     req *rq = calloc(NR, sizeof *rq);
@@ -488,16 +488,16 @@ static void test_random(int with_held)
             snprintf(when, sizeof when, "random op %d", op);
             if (!held_agrees(pc, &hr, seen, n_seen, when) && held_bad++ == 0)
                 fails++;
-            if ((int)kvg_held_writer_count(hw) > max_held)
-                max_held = (int)kvg_held_writer_count(hw);
+            if ((int)kvg_cache_index_count(hw) > max_cached)
+                max_cached = (int)kvg_cache_index_count(hw);
         }
     }
     ok(!fails, "%d random operations: invariants after every one", OPS);
     if (with_held) {
-        ok(!held_bad, "the held set's reader agrees with the cache on %d hashes after every operation", n_seen);
-        ok(max_held > 20 && kvg_held_writer_generation(hw) >= 1,
-           "the set held up to %d keys and was rebuilt %llu times", max_held,
-           (unsigned long long)kvg_held_writer_generation(hw));
+        ok(!held_bad, "the cache index's reader agrees with the cache on %d hashes after every operation", n_seen);
+        ok(max_cached > 20 && kvg_cache_index_generation(hw) >= 1,
+           "the set held up to %d keys and was rebuilt %llu times", max_cached,
+           (unsigned long long)kvg_cache_index_generation(hw));
     }
     ok(admitted > 500 && hits > 50, "the workload admitted (%d) and hit (%d)", admitted, hits);
     for (int j = 0; j < NR; j++)
@@ -514,10 +514,10 @@ static void test_random(int with_held)
         memset(other, 0x5a, sizeof other);
         ok(held_agrees(pc, &hr, seen, n_seen, "after release"), "released: cached blocks still held, none else");
         kvg_pc_set_model(pc, (const uint8_t *)other);
-        is_int((int)kvg_held_writer_count(hw), 0, "a model change empties the held set");
+        is_int((int)kvg_cache_index_count(hw), 0, "a model change empties the cache index");
         ok(held_agrees(pc, &hr, seen, n_seen, "after the model change"), "no hash is found after it");
-        kvg_pc_set_held(pc, NULL);
-        kvg_held_writer_free(hw);
+        kvg_pc_set_index(pc, NULL);
+        kvg_cache_index_writer_free(hw);
         free(hpage);
     }
     free(seen);

@@ -192,46 +192,46 @@ int main(void)
 
     /* PAUSE / RESUME: fixed bodies, no payload, reserved 0; either type decodes */
     {
-        kvg_msg_hold hh = { KVG_PROTO_VERSION, 0, 77 }, ho;
+        kvg_msg_pause hh = { KVG_PROTO_VERSION, 0, 77 }, ho;
         int paused = -1;
         m = msg(KVG_MSG_PAUSE, &hh, sizeof hh, NULL, 0);
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) == 0 && paused == 1 && ho.request_id == 77,
+        ok(kvg_proto_decode_pause(&m, &ho, &paused, err, sizeof err) == 0 && paused == 1 && ho.request_id == 77,
            "PAUSE round-trips (id 77)");
         m = msg(KVG_MSG_RESUME, &hh, sizeof hh, NULL, 0);
         paused = -1;
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) == 0 && paused == 0 && ho.request_id == 77,
+        ok(kvg_proto_decode_pause(&m, &ho, &paused, err, sizeof err) == 0 && paused == 0 && ho.request_id == 77,
            "RESUME round-trips");
         hh.request_id = 0;
         m = msg(KVG_MSG_PAUSE, &hh, sizeof hh, NULL, 0);
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) == 0 && ho.request_id == 0,
+        ok(kvg_proto_decode_pause(&m, &ho, &paused, err, sizeof err) == 0 && ho.request_id == 0,
            "PAUSE of id 0 decodes (no request has it: the engine ignores it)");
         hh.request_id = UINT64_MAX;
         m = msg(KVG_MSG_RESUME, &hh, sizeof hh, NULL, 0);
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) == 0 && ho.request_id == UINT64_MAX,
+        ok(kvg_proto_decode_pause(&m, &ho, &paused, err, sizeof err) == 0 && ho.request_id == UINT64_MAX,
            "RESUME of id 2^64-1 decodes (unknown ids are the engine's to ignore)");
         m = msg(KVG_MSG_PAUSE, &hh, sizeof hh, payload, 8);
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, "unexpected payload"),
+        ok(kvg_proto_decode_pause(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, "unexpected payload"),
            "PAUSE with a payload: refused (%s)", err);
         m = msg(KVG_MSG_PAUSE, &hh, sizeof hh - 4, NULL, 0);
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, "body of 12 bytes"),
+        ok(kvg_proto_decode_pause(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, "body of 12 bytes"),
            "PAUSE with a short body: refused (%s)", err);
         m = msg(KVG_MSG_RESUME, &dn, sizeof dn, NULL, 0);
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) != 0, "RESUME with a long body: refused (%s)",
+        ok(kvg_proto_decode_pause(&m, &ho, &paused, err, sizeof err) != 0, "RESUME with a long body: refused (%s)",
            err);
         hh.version = KVG_PROTO_VERSION + 1;
         m = msg(KVG_MSG_PAUSE, &hh, sizeof hh, NULL, 0);
         char want[64];
         snprintf(want, sizeof want, "protocol version %u", KVG_PROTO_VERSION + 1);
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, want),
+        ok(kvg_proto_decode_pause(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, want),
            "PAUSE of another protocol version: refused (%s)", err);
         hh.version = KVG_PROTO_VERSION;
         hh.reserved = 1;
         m = msg(KVG_MSG_RESUME, &hh, sizeof hh, NULL, 0);
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, "reserved field 1"),
+        ok(kvg_proto_decode_pause(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, "reserved field 1"),
            "RESUME with a reserved field set: refused (%s)", err);
         hh.reserved = 0;
         m = msg(KVG_MSG_CANCEL, &hh, sizeof hh, NULL, 0);
-        ok(kvg_proto_decode_hold(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, "expected a PAUSE message, got type 2"),
+        ok(kvg_proto_decode_pause(&m, &ho, &paused, err, sizeof err) != 0 && strstr(err, "expected a PAUSE message, got type 2"),
            "a CANCEL read as PAUSE: refused (%s)", err);
     }
 

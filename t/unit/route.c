@@ -11,7 +11,7 @@
 
 static kvg_route_cand cand(uint64_t id, uint32_t held, uint64_t load)
 {
-    kvg_route_cand c = { .eligible = 1, .id = id, .held_blocks = held, .load = load };
+    kvg_route_cand c = { .eligible = 1, .id = id, .cached_blocks = held, .load = load };
     return c;
 }
 
@@ -151,7 +151,7 @@ static void test_bounded_load(void)
         used[i]++;
         c[i].load += r;
         /* The prefix becomes cached where it was computed. */
-        c[i].held_blocks = 8;
+        c[i].cached_blocks = 8;
         /* Some work finishes now and then, unevenly. */
         if (k % 7 == 3)
             for (int j = 0; j < 3; j++)
@@ -297,7 +297,7 @@ static void test_hash(void)
     is_int(pick(KVG_ROUTE_HASH, c, 5, key, 100, NULL), second, "the next in rendezvous order");
     /* Held blocks do not matter to hash. */
     c[first].eligible = 1;
-    c[(first + 1) % 5].held_blocks = 50;
+    c[(first + 1) % 5].cached_blocks = 50;
     is_int(pick(KVG_ROUTE_HASH, c, 5, key, 100, NULL), first, "hash ignores held blocks");
 }
 
@@ -331,7 +331,7 @@ static void test_round_robin(void)
     is_int(why, KVG_ROUTED_ROUND_ROBIN, "reason round_robin");
     /* Loads and holders do not matter; a huge counter wraps modulo n. */
     c[0].load = 1u << 30;
-    c[3].held_blocks = 100;
+    c[3].cached_blocks = 100;
     rr = UINT64_MAX - 1;   /* mod 4 = 2: ineligible, so 3 */
     is_int(kvg_route_pick(KVG_ROUTE_ROUND_ROBIN, c, 4, 0, 10, 1.25, &rr, NULL), 3, "counter mod n");
     is_int(rr, 4, "counter advanced past the choice");
@@ -352,10 +352,10 @@ static void test_cost_aware_bound(void)
     double cap = kvg_route_cap(c, 3, r, 1.25);
     ok(cap > 2499.9 && cap < 2500.1, "cap %.1f", cap);
     is_int(kvg_route_pick(KVG_ROUTE_PREFIX, c, 3, 9, r, 1.25, NULL, &why), 1 + (kvg_route_score(9, 303) >
-           kvg_route_score(9, 202)), "held_tokens unset: 3000 + 1000 is over the cap, it spills");
+           kvg_route_score(9, 202)), "cached_tokens unset: 3000 + 1000 is over the cap, it spills");
     is_int((int)why, KVG_ROUTED_SPILL, "  reason spill");
     c[0].load = 2000;
-    c[0].held_tokens = 960;      /* 60 blocks of 16: the request adds 40 tokens there */
+    c[0].cached_tokens = 960;      /* 60 blocks of 16: the request adds 40 tokens there */
     cap = kvg_route_cap(c, 3, r, 1.25);
     is_int(kvg_route_pick(KVG_ROUTE_PREFIX, c, 3, 9, r, 1.25, NULL, &why), 0,
            "holding 960 of its 1000 tokens: 2000 + 40 is under the cap %.0f, it stays", cap);
@@ -367,11 +367,11 @@ static void test_cost_aware_bound(void)
     is_int((int)why, KVG_ROUTED_SPILL, "  reason spill");
     /* All held: the cost is at least 1 token (the last prompt token is computed). */
     kvg_route_cand one[2] = { cand(1, 63, 10), cand(2, 0, 0) };
-    one[0].held_tokens = 2000;
+    one[0].cached_tokens = 2000;
     cap = kvg_route_cap(one, 2, r, 1.0);
     ok(cap >= 11, "cap %.0f", cap);
     is_int(kvg_route_pick(KVG_ROUTE_PREFIX, one, 2, 5, r, 1.0, NULL, &why), 0,
-           "held_tokens past the request: cost 1, the holder is under the cap");
+           "cached_tokens past the request: cost 1, the holder is under the cap");
     /* hash: the same cost decides whether its rendezvous choice is under the cap. */
     kvg_route_cand h[2] = { cand(11, 0, 0), cand(12, 0, 0) };
     int top = kvg_route_score(3, 11) > kvg_route_score(3, 12) ? 0 : 1;
@@ -379,7 +379,7 @@ static void test_cost_aware_bound(void)
     h[!top].load = 0;
     is_int(kvg_route_pick(KVG_ROUTE_HASH, h, 2, 3, r, 1.25, NULL, &why), !top,
            "hash: the top engine at 1200 + 1000 is over the cap: spill");
-    h[top].held_tokens = 900;
+    h[top].cached_tokens = 900;
     is_int(kvg_route_pick(KVG_ROUTE_HASH, h, 2, 3, r, 1.25, NULL, &why), top,
            "hash: holding 900 tokens it adds 100: it keeps the key");
 }

@@ -183,7 +183,7 @@ static void shared_prefix_waves(const char *label, int32_t (*prompts)[200], cons
                 kvg_sched_req q;
                 base_req(&r, &q, (uint64_t)k, prompts[k], plen[k]);
                 q.sp = *sp;
-                ok(kvg_sched_submit(r.s, &q, err, sizeof err) == 0, "submit %d", k) ? (void)0 : diag("%s", err);
+                ok(sched_rig_submit(&r, &q, err, sizeof err) == 0, "submit %d", k) ? (void)0 : diag("%s", err);
             }
             run_all(&r);
         }
@@ -228,7 +228,7 @@ static void without_logprobs(const int32_t *prompt, int n_p)
         base_req(&r, &q, 1, prompt, n_p);
         q.sp = *sp;
         q.logprobs = 0;
-        ok(kvg_sched_submit(r.s, &q, err, sizeof err) == 0, "submit without logprobs") ? (void)0 : diag("%s", err);
+        ok(sched_rig_submit(&r, &q, err, sizeof err) == 0, "submit without logprobs") ? (void)0 : diag("%s", err);
         run_all(&r);
         n = ref_run(prompt, n_p, sp, 0, 24, M->eos, tok, lp);
         same = n > 0 && n == outs[1].n[0];
@@ -280,7 +280,7 @@ int main(void)
         base_req(&r, &q, 10, prompts[0], plen[0]);
         q.n_stop_ids = 0;
         q.max_tokens = 40;
-        kvg_sched_submit(r.s, &q, err, sizeof err);
+        sched_rig_submit(&r, &q, err, sizeof err);
         run_all(&r);
         memcpy(turn2, prompts[0], (size_t)plen[0] * sizeof(int32_t));
         memcpy(turn2 + plen[0], outs[10].tok[0], (size_t)outs[10].n[0] * sizeof(int32_t));
@@ -288,7 +288,7 @@ int main(void)
         for (int i = 0; i < 10; i++)
             turn2[n2++] = rnd_tok();
         base_req(&r, &q, 11, turn2, n2);
-        kvg_sched_submit(r.s, &q, err, sizeof err);
+        sched_rig_submit(&r, &q, err, sizeof err);
         run_all(&r);
         /* positions [0, plen + 40 - 1) had K/V; full blocks of 8 of them are cached */
         int want = ((plen[0] + 40 - 1) / 8) * 8;
@@ -307,7 +307,7 @@ int main(void)
         q.sp = seeded;
         q.n = 3;
         q.max_tokens = 20;
-        kvg_sched_submit(r.s, &q, err, sizeof err);
+        sched_rig_submit(&r, &q, err, sizeof err);
         while (outs[12].n[0] + outs[12].n[1] + outs[12].n[2] < 6 && steps++ < 50)
             kvg_sched_step(r.s, err, sizeof err);
         kvg_pc_get_stats(r.pc, &st);
@@ -335,7 +335,7 @@ int main(void)
             q.sp = k & 1 ? seeded : greedy;
             q.n_stop_ids = 0;
             q.max_tokens = 40;
-            ok(kvg_sched_submit(r.s, &q, err, sizeof err) == 0, "tiny pool: submit %d", k) ? (void)0 : diag("%s", err);
+            ok(sched_rig_submit(&r, &q, err, sizeof err) == 0, "tiny pool: submit %d", k) ? (void)0 : diag("%s", err);
         }
         run_all(&r);
         for (int k = 0; k < 4; k++) {
@@ -359,7 +359,7 @@ int main(void)
         q.max_tokens = 100;
         q.n = 2;
         q.n_stop_ids = 0;
-        kvg_sched_submit(r.s, &q, err, sizeof err);
+        sched_rig_submit(&r, &q, err, sizeof err);
         for (int i = 0; i < 8; i++)
             kvg_sched_step(r.s, err, sizeof err);
         kvg_pc_get_stats(r.pc, &st);
@@ -377,15 +377,15 @@ int main(void)
         for (int i = 0; i < M->cfg.max_seq_len + 1; i++)
             longp[i] = 5;
         base_req(&r, &q, 31, longp, M->cfg.max_seq_len + 1);
-        ok(kvg_sched_submit(r.s, &q, err, sizeof err) == -1 && strstr(err, "context length"),
+        ok(sched_rig_submit(&r, &q, err, sizeof err) == -1 && strstr(err, "context length"),
            "longer than the context: rejected (%s)", err);
         base_req(&r, &q, 31, longp, M->cfg.max_seq_len - 8);
-        ok(kvg_sched_submit(r.s, &q, err, sizeof err) == -1 && strstr(err, "pool"),
+        ok(sched_rig_submit(&r, &q, err, sizeof err) == -1 && strstr(err, "pool"),
            "larger than the pool: rejected (%s)", err);
         free(longp);
         base_req(&r, &q, 31, prompts[0], plen[0]);
         q.n = 17;
-        ok(kvg_sched_submit(r.s, &q, err, sizeof err) == -1, "n = 17 rejected (%s)", err);
+        ok(sched_rig_submit(&r, &q, err, sizeof err) == -1, "n = 17 rejected (%s)", err);
         is_int(kvg_sched_pending(r.s), 0, "rejected requests are not queued");
 
         /* bypass: run the same prompt twice; the cache sees nothing */
@@ -393,7 +393,7 @@ int main(void)
         for (int k = 0; k < 2; k++) {
             base_req(&r, &q, (uint64_t)(32 + k), prompts[1], plen[1]);
             q.bucket = 0;
-            kvg_sched_submit(r.s, &q, err, sizeof err);
+            sched_rig_submit(&r, &q, err, sizeof err);
             run_all(&r);
         }
         kvg_pc_get_stats(r.pc, &st);
@@ -419,7 +419,7 @@ int main(void)
         base_req(&r, &q, 40, prompts[4], plen[4]);
         q.n_stop_ids = 0;
         q.max_tokens = 40;
-        kvg_sched_submit(r.s, &q, err, sizeof err);
+        sched_rig_submit(&r, &q, err, sizeof err);
         run_all(&r);
         fl = outs[40].tlen[0];
         memcpy(full, outs[40].text[0], fl);
@@ -435,7 +435,7 @@ int main(void)
             q.max_tokens = 40;
             q.stop[0] = stop;
             q.n_stop = 1;
-            kvg_sched_submit(r.s, &q, err, sizeof err);
+            sched_rig_submit(&r, &q, err, sizeof err);
             run_all(&r);
             ok(outs[41].tlen[0] == want && memcmp(outs[41].text[0], full, want) == 0 &&
                outs[41].reason[0] == KVG_FINISH_STOP,

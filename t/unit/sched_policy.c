@@ -113,7 +113,7 @@ static void base_req(sched_rig *r, kvg_sched_req *q, uint64_t id, const int32_t 
 static int submit(sched_rig *r, const kvg_sched_req *q)
 {
     char err[256];
-    if (kvg_sched_submit(r->s, q, err, sizeof err) != 0) {
+    if (sched_rig_submit(r, q, err, sizeof err) != 0) {
         diag("submit %llu: %s", (unsigned long long)q->id, err);
         return -1;
     }

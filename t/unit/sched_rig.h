@@ -1,7 +1,8 @@
 /* The scheduler test rig of sched.c, sched_policy.c and warmup.c: a KV pool of 8-token
  * blocks, a forward pass, a prefix cache and a scheduler over one model, built in that
  * order and freed in reverse; a tenant with its chain root; a drain loop; the common
- * request fields; a seeded token stream; stories260K with its tokenizer.
+ * request fields; submitting with the prompt's chain; a seeded token stream;
+ * stories260K with its tokenizer.
  *
  * Header-only like tap.h (every test is one .c file); static inline so that a test
  * using only part of it compiles without unused-function warnings. */
@@ -10,10 +11,12 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tap.h"
 #include "backend.h"
+#include "buckets.h"
 #include "forward.h"
 #include "kv_cache.h"
 #include "model.h"
@@ -113,6 +116,38 @@ static inline void sched_rig_req(const sched_rig *r, kvg_sched_req *q, uint64_t 
     q->bucket = 1;
     q->n = 1;
     q->logprobs = 1;             /* the tests compare them with the reference's */
+}
+
+/* Submits q as the engine's intake does: with the chain of its prompt's full blocks,
+ * which the scheduler takes and never computes (kvg_sched_req). Unless q carries a
+ * chain (or is bypass), it is computed here from q->root. kvg_sched_submit's 0, or -1
+ * with err. */
+static inline int sched_rig_submit(const sched_rig *r, const kvg_sched_req *q, char *err, size_t err_len)
+{
+    kvg_sched_req c = *q;
+    uint8_t (*chain)[KVG_PREFIX_HASH_LEN] = NULL;
+    size_t bt = (size_t)r->kv->geom.block_tokens;
+    size_t nb = q->n_prompt > 0 ? (size_t)q->n_prompt / bt : 0;
+    int rc;
+    if (q->bucket != KVG_BUCKET_BYPASS && !q->hashes && nb) {
+        kvg_prefix_hasher *h = kvg_prefix_hasher_new(err, err_len);
+        chain = malloc(nb * sizeof *chain);
+        rc = h && chain ? kvg_prefix_chain(h, q->root, q->prompt, (size_t)q->n_prompt, bt, chain, nb, &nb,
+                                           err, err_len)
+                        : -1;
+        kvg_prefix_hasher_free(h);
+        if (rc != 0) {
+            if (h && !chain)
+                snprintf(err, err_len, "rig: out of memory");
+            free(chain);
+            return -1;
+        }
+        c.hashes = (const uint8_t (*)[KVG_PREFIX_HASH_LEN])chain;
+        c.n_hashes = (int32_t)nb;
+    }
+    rc = kvg_sched_submit(r->s, &c, err, err_len);
+    free(chain);
+    return rc;
 }
 
 /* The next of a seeded stream of ids in [3, vocab): above the special tokens. */

@@ -92,7 +92,7 @@ static void submit(sched_rig *r, uint64_t id, int n, int n_active)
     q.n = n;
     q.n_active = n_active;
     q.max_tokens = MAXTOK;
-    if (kvg_sched_submit(r->s, &q, err, sizeof err) != 0)
+    if (sched_rig_submit(r, &q, err, sizeof err) != 0)
         diag("submit %llu: %s", (unsigned long long)id, err);
 }
 
@@ -309,7 +309,7 @@ int main(void)
         sched_rig_req(&r, &q, 7, PROMPT, PLEN);
         q.n = 2;
         q.n_active = 3;
-        ok(kvg_sched_submit(r.s, &q, err, sizeof err) != 0 && strstr(err, "n_active"), "n_active 3 of n=2: %s", err);
+        ok(sched_rig_submit(&r, &q, err, sizeof err) != 0 && strstr(err, "n_active"), "n_active 3 of n=2: %s", err);
     }
 
     /* 8. Preemption while a sample is undrawn: the request's blocks (the kept prompt's
@@ -326,7 +326,7 @@ int main(void)
         sched_rig_req(&r, &q, 9, p2, 45);
         q.sp = SEEDED;
         q.max_tokens = 40;
-        ok(kvg_sched_submit(r.s, &q, err, sizeof err) == 0, "a 45-token request of 40 tokens") ? (void)0
+        ok(sched_rig_submit(&r, &q, err, sizeof err) == 0, "a 45-token request of 40 tokens") ? (void)0
                                                                                               : diag("%s", err);
         step(&r);
         step(&r);

@@ -1,6 +1,6 @@
 /* llama2.c tokenizer.bin: the golden prompt ids of stories260K (tok512.bin),
  * decode(encode(s)) == s with the Llama 2 vocabulary, streaming decoding, and the
- * merge engine against a naive reference of the same rules. */
+ * BPE merge against a naive reference of the same rules. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>

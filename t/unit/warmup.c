@@ -61,7 +61,7 @@ static int32_t ask(sched_rig *r, uint64_t id, const char *tenant, const int32_t 
     q.sp.top_p = 1.0f;
     cached[id] = -1;
     done_[id] = 0;
-    if (kvg_sched_submit(r->s, &q, err, sizeof err) != 0) {
+    if (sched_rig_submit(r, &q, err, sizeof err) != 0) {
         diag("submit %d: %s", (int)id, err);
         return -2;
     }
@@ -205,7 +205,7 @@ int main(void)
     }
     ok(w->e[0].ttl_ms == KVG_PC_TTL_PINNED && w->e[1].ttl_ms == 300000 && w->e[2].ttl_ms == 90000 &&
        w->e[0].line == 3 && w->e[1].line == 5 && w->e[2].line == 6, "ttl and line of each entry");
-    ok(strcmp(w->e[0].tenant, "org_1") == 0 && w->e[0].ids[0] == M->bos && w->e[1].n_ids == 40 &&
+    ok(strcmp(w->e[0].salt, "org_1") == 0 && w->e[0].ids[0] == M->bos && w->e[1].n_ids == 40 &&
        memcmp(w->e[1].ids, ids2, sizeof ids2) == 0, "tenant, BOS-led text prompt, ids as given");
     n1 = w->e[0].n_ids;
     nb1 = n1 / 8;

@@ -1,4 +1,4 @@
-/* The engine's held set and load through a real engine process and the client
+/* The engine's cache index and load through a real engine process and the client
  * library (what a gateway routing over several engines reads): nothing is held before
  * a prompt ran; after its DONE every full block of it is (and a generated block the
  * chain extends to); a prefix of it is found as a prefix; the same tokens under
@@ -19,7 +19,7 @@ static void mk_prompt(int32_t *ids, int n, int seed)
         ids[i] = 3 + (int32_t)((seed * 131 + i * 17) % 500);
 }
 
-static size_t held_of(kvg_client *c, const char *tenant, const int32_t *ids, size_t n,
+static size_t cached_of(kvg_client *c, const char *tenant, const int32_t *ids, size_t n,
                       uint8_t (*h)[KVG_PREFIX_HASH_LEN], size_t cap, size_t *nh)
 {
     char err[256];
@@ -27,18 +27,18 @@ static size_t held_of(kvg_client *c, const char *tenant, const int32_t *ids, siz
         diag("hash: %s", err);
         return (size_t)-1;
     }
-    return kvg_client_held_prefix(c, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])h, *nh);
+    return kvg_client_cached_prefix(c, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])h, *nh);
 }
 
 /* Polls until the held prefix of the chain is `want` (or, want_less, below it). */
-static size_t wait_held(kvg_client *c, const char *tenant, const int32_t *ids, size_t n, size_t want,
+static size_t wait_cached(kvg_client *c, const char *tenant, const int32_t *ids, size_t n, size_t want,
                         int want_less, double timeout_s)
 {
     uint8_t h[64][KVG_PREFIX_HASH_LEN];
     size_t nh, got = 0;
     double deadline = ep_now() + timeout_s;
     for (;;) {
-        got = held_of(c, tenant, ids, n, h, 64, &nh);
+        got = cached_of(c, tenant, ids, n, h, 64, &nh);
         if (want_less ? got < want : got == want)
             return got;
         if (ep_now() > deadline)
@@ -77,16 +77,16 @@ static void test_held_and_tenants(void)
         return;
     }
     mk_prompt(ids, 70, 1);           /* 4 full blocks of 16 */
-    is_int((int)held_of(c, "t", ids, 70, h, 64, &nh), 0, "nothing held before the prompt ran");
+    is_int((int)cached_of(c, "t", ids, 70, h, 64, &nh), 0, "nothing held before the prompt ran");
     is_int((int)nh, 4, "the prompt has 4 full blocks");
-    is_int((int)kvg_client_held_prefix(c, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])h, 0), 0, "an empty chain: 0");
+    is_int((int)kvg_client_cached_prefix(c, (const uint8_t (*)[KVG_PREFIX_HASH_LEN])h, 0), 0, "an empty chain: 0");
     kvg_client_req q = ep_req(ids, 70, 12);
     ok(ep_run(c, &q, &r, 30) == 0, "the prompt ran (%s)", r.message);
     /* Committed during prefill, so visible by DONE; the wait only guards the test. */
-    is_int((int)wait_held(c, "t", ids, 70, 4, 0, 5), 4, "after DONE every full block of the prompt is held");
-    is_int((int)wait_held(c2, "t", ids, 70, 4, 0, 5), 4, "a second client sees the same set");
-    is_int((int)held_of(c, "t", ids, 40, h, 64, &nh), 2, "a 40-token prefix of it: its 2 blocks held");
-    is_int((int)held_of(c, "other", ids, 70, h, 64, &nh), 0, "the same tokens under another tenant: nothing");
+    is_int((int)wait_cached(c, "t", ids, 70, 4, 0, 5), 4, "after DONE every full block of the prompt is held");
+    is_int((int)wait_cached(c2, "t", ids, 70, 4, 0, 5), 4, "a second client sees the same set");
+    is_int((int)cached_of(c, "t", ids, 40, h, 64, &nh), 2, "a 40-token prefix of it: its 2 blocks held");
+    is_int((int)cached_of(c, "other", ids, 70, h, 64, &nh), 0, "the same tokens under another tenant: nothing");
     {
         /* The chain extended by the generated tokens: the block they completed too. */
         int32_t all[96];
@@ -96,14 +96,14 @@ static void test_held_and_tenants(void)
             all[n++] = (int32_t)r.tokens[0][i];
         /* greedy over this prompt, the model runs all 12 tokens (no end of text):
            a block of 16 is completed at token 10 */
-        ok(n >= 80 && held_of(c, "t", all, 80, h, 64, &nh) == 5,
-           "the block completed by generated tokens is held (%zu generated)", n - 70);
+        ok(n >= 80 && cached_of(c, "t", all, 80, h, 64, &nh) == 5,
+           "the block completed by generated tokens is in the index (%zu generated)", n - 70);
     }
     {
         int32_t other[70];
         mk_prompt(other, 70, 1);
         other[20] ^= 1;              /* differs in block 1: blocks 1.. are another chain */
-        is_int((int)held_of(c, "t", other, 70, h, 64, &nh), 1, "a prompt diverging in block 1: 1 block held");
+        is_int((int)cached_of(c, "t", other, 70, h, 64, &nh), 1, "a prompt diverging in block 1: 1 block held");
     }
     kvg_client_free(c2);
     kvg_client_free(c);
@@ -118,7 +118,7 @@ static int submit_paused(kvg_client *c, const kvg_client_req *q, ep_result *r, u
     char err[256];
     for (int attempt = 0; attempt < 20; attempt++) {
         memset(r, 0, sizeof *r);
-        if (kvg_client_submit(c, q, r, id, err, sizeof err) != 0 || kvg_client_hold(c, *id, 1) != 0) {
+        if (kvg_client_submit(c, q, r, id, err, sizeof err) != 0 || kvg_client_pause(c, *id, 1) != 0) {
             diag("submit/pause: %s", err);
             return -1;
         }
@@ -158,7 +158,7 @@ static void test_load(void)
     uint64_t l = wait_load(c, 0, 10);
     ok(l > 0 && l <= 100 + 200, "the paused request is load: %llu tokens (at most its prompt and output)",
        (unsigned long long)l);
-    ok(kvg_client_hold(c, id, 0) == 0, "resumed");
+    ok(kvg_client_pause(c, id, 0) == 0, "resumed");
     ep_pump(&c, 1, (ep_result *[]){ &r }, 1, 30);
     ok(r.done, "it completed (%s)", r.message);
     is_int((int)wait_load(c, 1, 10), 0, "done: load back to 0");
@@ -170,7 +170,7 @@ static void test_load(void)
     ok(submit_paused(c, &q, &r, &id) == 0, "the same prompt submitted and paused");
     l = wait_load(c, 0, 10);
     ok(l >= 1 && l <= 4, "its load is the uncached rest: %llu tokens", (unsigned long long)l);
-    ok(kvg_client_hold(c, id, 0) == 0, "resumed");
+    ok(kvg_client_pause(c, id, 0) == 0, "resumed");
     ep_pump(&c, 1, (ep_result *[]){ &r }, 1, 30);
     ok(r.done && r.cached_tokens == 96, "it completed, 96 tokens cached (%u)", r.cached_tokens);
     kvg_client_free(c);
@@ -191,16 +191,16 @@ static void test_eviction(void)
     mk_prompt(a, 40, 3);             /* 2 full blocks */
     kvg_client_req q = ep_req(a, 40, 2);
     ok(ep_run(c, &q, &r, 30) == 0, "prompt A ran in a pool of %d blocks", total);
-    is_int((int)wait_held(c, "t", a, 40, 2, 0, 5), 2, "A's 2 blocks are held");
+    is_int((int)wait_cached(c, "t", a, 40, 2, 0, 5), 2, "A's 2 blocks are held");
     /* B needs every block of the pool: A's cached blocks are evicted for it. */
     int nb = (total - 1) * 16;
     if (nb > 400)
         nb = 400;
     mk_prompt(b, nb, 9);
     q = ep_req(b, (size_t)nb, 2);
-    q.tenant = "u";
+    q.salt = "u";
     ok(ep_run(c, &q, &r, 30) == 0, "prompt B of %d tokens ran (%s)", nb, r.message);
-    ok(wait_held(c, "t", a, 40, 2, 1, 5) < 2, "A's evicted blocks left the held set");
+    ok(wait_cached(c, "t", a, 40, 2, 1, 5) < 2, "A's evicted blocks left the cache index");
     kvg_client_stats(c, &st);
     ok(st.evictions_lru + st.evictions_quota + st.evictions_ttl > 0, "the engine counted evictions (%llu)",
        (unsigned long long)(st.evictions_lru + st.evictions_quota + st.evictions_ttl));

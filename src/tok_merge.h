@@ -1,7 +1,7 @@
-/* The merge engine (tok_bpe.c) and the encoder's working memory (tok_encode.c).
- * Internal to the tokenizer. */
-#ifndef KVG_TOK_ENGINE_H
-#define KVG_TOK_ENGINE_H
+/* The BPE merge (tok_bpe.c) and the encoder's working memory (tok_encode.c).
+ * Internal to the tokenizer ("engine" in this project is the inference process). */
+#ifndef KVG_TOK_MERGE_H
+#define KVG_TOK_MERGE_H
 
 #include "tok_internal.h"
 
