@@ -10,9 +10,11 @@
  *   ngx_http_kvgate_request.c    one completion request's lifecycle: body
  *                                read, checks, submission, parking, engine
  *                                events, finalization
- *   ngx_http_kvgate_response.c   OpenAI response objects and SSE chunks
  *   ngx_http_kvgate_status.c     the kvgate_metrics (Prometheus) and
  *                                kvgate_status (JSON) pages
+ *   ngx_http_kvgate_response.c   OpenAI response objects and SSE chunks
+ *                                (status.c and response.c side by side:
+ *                                neither calls the other)
  *   ngx_http_kvgate_prompt.c     body to parsed request, tenant, tokens,
  *                                block hashes and route key
  *   ngx_http_kvgate_metrics.c    the shared counters and histograms and
