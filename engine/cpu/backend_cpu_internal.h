@@ -7,8 +7,8 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "gemm.h"
-#include "threadpool.h"
+#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
 
 /* The model's matrices in the layouts kvg_gemm runs fastest (cpu_weights.c). */
 typedef struct kvg_cpu_weights kvg_cpu_weights;

@@ -1,4 +1,4 @@
-/* Internal to the GEMM: the per-ISA kernels behind kvg_gemm (engine/gemm.c) and the
+/* Internal to the GEMM: the per-ISA kernels behind kvg_gemm (gemm.c) and the
  * entry points the unit test and the benchmark use to run one ISA explicitly.
  *
  * The canonical order. Every kernel computes every output element as follows, and
@@ -27,7 +27,7 @@
  * The units, lowest first: this header (shared types and scalar helpers) <-
  * gemm_pack_x86.h (x86 packing) <- gemm_packed_x86.h (the packed path, a template
  * each x86 ISA file instantiates) <- gemm_generic.c, gemm_avx2.c, gemm_avx512.c <-
- * ../gemm.c (dispatch, threads, workspaces). */
+ * gemm.c (dispatch, threads, workspaces). */
 #ifndef KVG_GEMM_KERNELS_H
 #define KVG_GEMM_KERNELS_H
 
@@ -35,7 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gemm.h"
+#include "cpu/gemm.h"
 
 typedef struct kvg_gemm_job {
     const float *x;              /* M rows, stride K */

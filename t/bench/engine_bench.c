@@ -44,12 +44,12 @@
 
 #include "backend.h"
 #include "cpu/backend_cpu_internal.h"
+#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
 #include "forward.h"
-#include "gemm.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "sampler.h"
-#include "threadpool.h"
 #include "../unit/ref_forward.h"
 #include "bench_stats.h"
 

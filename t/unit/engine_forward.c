@@ -14,9 +14,9 @@
 
 #include "tap.h"
 #include "backend.h"
+#include "cpu/gemm.h"
 #include "engine_testmodel.h"
 #include "forward.h"
-#include "gemm.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "ref_forward.h"

@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "tap.h"
-#include "gemm.h"
-#include "threadpool.h"
+#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
 #include "cpu/gemm_kernels.h"
 
 /* ---- deterministic data ---------------------------------------------------- */

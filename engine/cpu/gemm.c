@@ -5,7 +5,7 @@
  * neither the ISA, nor the thread count, nor M, nor the workspace (packed or not)
  * changes a single bit of any output. Nothing here allocates per call: the
  * workspaces are made by kvg_gemm_ws_new / kvg_gemm_ws_reserve. */
-#include "gemm.h"
+#include "cpu/gemm.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -33,7 +33,7 @@
 
 #include <stddef.h>
 #include "model.h"
-#include "threadpool.h"
+#include "cpu/threadpool.h"
 
 /* Scratch for the packed path: one packed copy of X shared by the threads of a
  * product, and each thread's packed W block and partial sums. One product at a time
