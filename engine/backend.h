@@ -155,6 +155,18 @@ size_t kvg_backend_kv_default_budget(kvg_backend *be, double fraction, size_t ho
 /* "cpu" or e.g. "cuda (NVIDIA H200, sm_90)" into buf. */
 const char *kvg_backend_describe(kvg_backend *be, char *buf, size_t len);
 
+/* ---- for the implementations (cpu/, cuda/) ---- */
+
+/* The checks every backend makes of a model at creation: head_dim even and positive,
+ * and at most max_head_dim when that is > 0 (a device kernel's limit); a consistent
+ * RoPE scaling (rope.h). 0, or -1 with err starting "WHO: ". */
+int kvg_backend_check_model(const kvg_model *m, const char *who, int max_head_dim,
+                            char *err, size_t err_len);
+/* A backend of `ops` for m whose ctx is ctx_size zeroed bytes (the implementation's
+ * state, freed with the backend by its destroy). NULL with "WHO: out of memory". */
+kvg_backend *kvg_backend_alloc(const kvg_backend_ops *ops, const kvg_model *m, size_t ctx_size,
+                               const char *who, char *err, size_t err_len);
+
 static inline void kvg_backend_free(kvg_backend *be)
 {
     if (be)

@@ -458,25 +458,12 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
     kvg_backend *be;
     kvg_cpu *c;
 
-    if (cfg->head_dim <= 0 || cfg->head_dim % 2 != 0) {
-        kvg_set_err(err, err_len, "cpu backend: head_dim %d must be even and positive", cfg->head_dim);
+    if (kvg_backend_check_model(m, "cpu backend", 0, err, err_len) != 0)
         return NULL;
-    }
-    if (kvg_rope_config_error(cfg)) {
-        kvg_set_err(err, err_len, "cpu backend: %s", kvg_rope_config_error(cfg));
+    be = kvg_backend_alloc(&cpu_ops, m, sizeof *c, "cpu backend", err, err_len);
+    if (!be)
         return NULL;
-    }
-    be = calloc(1, sizeof *be);
-    c = calloc(1, sizeof *c);
-    if (!be || !c) {
-        free(be);
-        free(c);
-        kvg_set_err(err, err_len, "cpu backend: out of memory");
-        return NULL;
-    }
-    be->ops = &cpu_ops;
-    be->ctx = c;
-    be->model = m;
+    c = be->ctx;
     c->m = m;
     c->inv_freq = malloc((size_t)(cfg->head_dim / 2) * sizeof(float));
     c->tp = kvg_threadpool_new(n_threads);
