@@ -25,9 +25,10 @@
  * kvg_gemm hands them the workspaces the caller made (kvg_gemm_ws).
  *
  * The units, lowest first: this header (shared types and scalar helpers) <-
- * gemm_pack_x86.h (x86 packing) <- gemm_packed_x86.h (the packed path, a template
- * each x86 ISA file instantiates) <- gemm_generic.c, gemm_avx2.c, gemm_avx512.c <-
- * gemm.c (dispatch, threads, workspaces). */
+ * gemm_pack_x86.h (x86 packing) <- gemm_packed_x86.h and gemm_small_m_x86.h (the
+ * packed and the small-M paths, templates each x86 ISA file instantiates) <-
+ * gemm_generic.c, gemm_avx2.c, gemm_avx512.c <- gemm.c (dispatch, threads,
+ * workspaces). */
 #ifndef KVG_GEMM_KERNELS_H
 #define KVG_GEMM_KERNELS_H
 
