@@ -9,6 +9,7 @@
 
 #include "cpu/gemm_kernels.h"
 
+/* Off x86 this file defines nothing: gemm.c has only the generic level there. */
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
@@ -120,22 +121,5 @@ static const int nr_for_mr[MR_MAX + 1] = { 0, 4, 3, 2 };
  * 110M shapes it was still 1.1-1.5x faster at 8 rows, but 1.2-1.5x slower at 32. */
 #define PACKED_MIN_M 16
 #include "cpu/gemm_packed_x86.h"
-
-#else
-
-void kvg_gemm_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
-{
-    kvg_gemm_kernel_generic(job, n0, n1, s);
-}
-
-void kvg_gemm_plan_avx2(const kvg_gemm_job *job, kvg_gemm_plan *plan)
-{
-    kvg_gemm_plan_generic(job, plan);
-}
-
-void kvg_gemm_pack_x_avx2(const kvg_gemm_job *job, int p0, int p1, float *xp)
-{
-    (void)job, (void)p0, (void)p1, (void)xp;
-}
 
 #endif

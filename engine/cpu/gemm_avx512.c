@@ -10,6 +10,7 @@
  * the intrinsics, by overriding KVG_AVX512_TARGET. */
 #include "cpu/gemm_kernels.h"
 
+/* Off x86 this file defines nothing: gemm.c has only the generic level there. */
 #if defined(__x86_64__) || defined(__i386__)
 
 #include "cpu/gemm_pack_x86.h"
@@ -126,22 +127,5 @@ static const int nr_for_mr[MR_MAX + 1] = { 0, 4, 6, 5, 4 };
  * F32 and 1.2x faster in F16 and Q4_0; from about 48 rows on this path wins. */
 #define PACKED_MIN_M 40
 #include "cpu/gemm_packed_x86.h"
-
-#else
-
-void kvg_gemm_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
-{
-    kvg_gemm_kernel_generic(job, n0, n1, s);
-}
-
-void kvg_gemm_plan_avx512(const kvg_gemm_job *job, kvg_gemm_plan *plan)
-{
-    kvg_gemm_plan_generic(job, plan);
-}
-
-void kvg_gemm_pack_x_avx512(const kvg_gemm_job *job, int p0, int p1, float *xp)
-{
-    (void)job, (void)p0, (void)p1, (void)xp;
-}
 
 #endif

@@ -10,6 +10,7 @@
 #include "cpu/gemm_int8.h"
 #include "cpu/gemm_kernels.h"
 
+/* Off x86 this file defines nothing: gemm.c has only the generic level there. */
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
@@ -304,18 +305,6 @@ void kvg_int8_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gem
         if (m0 < job->M)
             tile1(job, m0, g);
     }
-}
-
-#else
-
-void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsigned char *xq)
-{
-    kvg_int8_quantize_x_generic(x, K, r0, r1, xq);
-}
-
-void kvg_int8_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
-{
-    kvg_int8_kernel_generic(job, n0, n1, s);
 }
 
 #endif

@@ -8,6 +8,7 @@
 #include "cpu/gemm_int8.h"
 #include "cpu/gemm_kernels.h"
 
+/* Off x86 this file defines nothing: gemm.c has only the generic level there. */
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
@@ -336,18 +337,6 @@ void kvg_int8_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_g
             tiles[mr].one(job, m0, g, 1);
             m0 += mr;
         }
-}
-
-#else
-
-void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned char *xq)
-{
-    kvg_int8_quantize_x_generic(x, K, r0, r1, xq);
-}
-
-void kvg_int8_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
-{
-    kvg_int8_kernel_generic(job, n0, n1, s);
 }
 
 #endif
