@@ -1,5 +1,6 @@
 /* The AVX-512 attention kernels (interface in attention_kernels.h): one 16-key group
- * or 16 lanes per register. The unit test also runs this file on CPUs without
+ * or 16 lanes per register; the softmax and the SwiGLU from attention_simd_x86.h, as
+ * the AVX2 ones. The unit test also runs this file on CPUs without
  * AVX-512, through an emulation of the intrinsics, by overriding KVG_AVX512_TARGET. */
 #include "cpu/attention_kernels.h"
 
@@ -170,75 +171,31 @@ AVX512 void kvg_attn_vacc_rows_avx512(float *const *out, const float *const *w, 
                 out[r][d] = fmaf(w[r][t], v[(size_t)t * hd + d], out[r][d]);
 }
 
-AVX512 static inline __m512 exp16_avx512(__m512 x)
-{
-    const __m512 shifter = _mm512_set1_ps(12582912.0f);
-    __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shifter);
-    __m512 n = _mm512_sub_ps(t, shifter);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-    __m512 p, y;
-    __m512i e;
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
-    e = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000)), 23);
-    y = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e));
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-86.0f), _CMP_GE_OQ), y);
-}
-
-/* kvg_silu_mul on 16 lanes: the same operations in the same order. */
-AVX512 void kvg_swiglu_avx512(float *gate, const float *up, size_t n)
-{
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 g = _mm512_loadu_ps(gate + i);
-        __m512 e = exp16_avx512(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), sign))); /* exp(-|g|) */
-        __m512 num = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), one);
-        __m512 s = _mm512_div_ps(num, _mm512_add_ps(one, e));
-        _mm512_storeu_ps(gate + i, _mm512_mul_ps(_mm512_mul_ps(g, s), _mm512_loadu_ps(up + i)));
-    }
-    for (; i < n; i++)
-        gate[i] = kvg_silu_mul(gate[i], up[i]);
-}
-
-AVX512 float kvg_attn_softmax_avx512(float *sc, int T, float scale)
-{
-    float mxl[16], lanes[16], mx = -INFINITY;
-    int full = T & ~15;
-    __m512 s = _mm512_set1_ps(scale), m = _mm512_set1_ps(-INFINITY), a = _mm512_setzero_ps(), mv;
-    for (int t0 = 0; t0 < full; t0 += 16) {
-        __m512 v = _mm512_div_ps(_mm512_loadu_ps(sc + t0), s);
-        _mm512_storeu_ps(sc + t0, v);
-        m = _mm512_max_ps(v, m);
-    }
-    _mm512_storeu_ps(mxl, m);
-    for (int t = full; t < T; t++) {
-        float v = sc[t] / scale;
-        sc[t] = v;
-        mxl[t & 15] = v > mxl[t & 15] ? v : mxl[t & 15];
-    }
-    for (int l = 0; l < 16; l++)
-        mx = mxl[l] > mx ? mxl[l] : mx;
-    mv = _mm512_set1_ps(mx);
-    for (int t0 = 0; t0 < full; t0 += 16) {
-        __m512 e = exp16_avx512(_mm512_sub_ps(_mm512_loadu_ps(sc + t0), mv));
-        _mm512_storeu_ps(sc + t0, e);
-        a = _mm512_add_ps(a, e);
-    }
-    _mm512_storeu_ps(lanes, a);
-    for (int t = full; t < T; t++) {
-        float e = kvg_attn_exp(sc[t] - mx);
-        sc[t] = e;
-        lanes[t & 15] += e;
-    }
-    return kvg_attn_reduce16(lanes);
-}
+/* The softmax and the SwiGLU, 16 lanes a register (attention_simd_x86.h). */
+#define AV_TGT AVX512
+#define AV_LINK
+#define AV_SOFTMAX kvg_attn_softmax_avx512
+#define AV_SWIGLU kvg_swiglu_avx512
+#define AV_V __m512
+#define AV_VL 16
+#define AV_SET1(f) _mm512_set1_ps(f)
+#define AV_ZERO() _mm512_setzero_ps()
+#define AV_LOADU(p) _mm512_loadu_ps(p)
+#define AV_STOREU(p, v) _mm512_storeu_ps((p), (v))
+#define AV_ADD(a, b) _mm512_add_ps((a), (b))
+#define AV_SUB(a, b) _mm512_sub_ps((a), (b))
+#define AV_MUL(a, b) _mm512_mul_ps((a), (b))
+#define AV_DIV(a, b) _mm512_div_ps((a), (b))
+#define AV_MAX(a, b) _mm512_max_ps((a), (b))
+#define AV_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define AV_POW2_ADD(y, t)                                                                 \
+    _mm512_castsi512_ps(_mm512_add_epi32(                                                 \
+        _mm512_castps_si512(y),                                                           \
+        _mm512_slli_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000)), 23)))
+#define AV_KEEP_GE(x, c, y) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask((x), (c), _CMP_GE_OQ), (y))
+#define AV_SELECT_GE(x, c, a, b) _mm512_mask_mov_ps((b), _mm512_cmp_ps_mask((x), (c), _CMP_GE_OQ), (a))
+/* (an integer OR: the float one needs AVX512DQ) */
+#define AV_NEG_ABS(x) \
+    _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u)))
+#include "cpu/attention_simd_x86.h"
 #endif

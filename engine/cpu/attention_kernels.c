@@ -2,7 +2,8 @@
  * choice of kernels by ISA. The generic ones are plain C with fmaf (compiled for the
  * baseline ISA, where fmaf is a library call: slow but exact); the AVX2 ones are
  * intrinsics, because compiled under a target attribute the plain C kept its
- * accumulator arrays on the stack. */
+ * accumulator arrays on the stack; their softmax and SwiGLU come from
+ * attention_simd_x86.h, as the AVX-512 ones do. */
 #include "cpu/attention_kernels.h"
 
 /* Scores of NG groups of 16 keys: k[g] points at column 0 of a 16-key group inside a
@@ -65,7 +66,7 @@ vacc_body(float *restrict out, const float *restrict w, const float *restrict v,
  * lanes (lane t mod 16, t ascending) and reduced in the fixed order. */
 static inline __attribute__((always_inline)) float softmax_body(float *restrict sc, int T, float scale)
 {
-    float mxl[16], lanes[16], mx = -INFINITY;
+    float mxl[16], lanes[16], mx;
     int full = T & ~15;
     for (int l = 0; l < 16; l++) {
         mxl[l] = -INFINITY;
@@ -77,25 +78,14 @@ static inline __attribute__((always_inline)) float softmax_body(float *restrict 
             sc[t0 + l] = v;
             mxl[l] = v > mxl[l] ? v : mxl[l];
         }
-    for (int t = full; t < T; t++) {
-        float v = sc[t] / scale;
-        sc[t] = v;
-        mxl[t & 15] = v > mxl[t & 15] ? v : mxl[t & 15];
-    }
-    for (int l = 0; l < 16; l++)
-        mx = mxl[l] > mx ? mxl[l] : mx;
+    mx = kvg_attn_softmax_max_tail(sc, full, T, scale, mxl);
     for (int t0 = 0; t0 < full; t0 += 16)
         for (int l = 0; l < 16; l++) {
             float e = kvg_attn_exp(sc[t0 + l] - mx);
             sc[t0 + l] = e;
             lanes[l] += e;
         }
-    for (int t = full; t < T; t++) {
-        float e = kvg_attn_exp(sc[t] - mx);
-        sc[t] = e;
-        lanes[t & 15] += e;
-    }
-    return kvg_attn_reduce16(lanes);
+    return kvg_attn_softmax_sum_tail(sc, full, T, mx, lanes);
 }
 
 static void swiglu_generic(float *gate, const float *up, size_t n)
@@ -293,86 +283,31 @@ AVX2 static void vacc_rows_avx2(float *const *out, const float *const *w, const 
                 out[r][d] = fmaf(w[r][t], v[(size_t)t * hd + d], out[r][d]);
 }
 
-/* softmax_exp on 8 lanes: the same operations in the same order. */
-AVX2 static inline __m256 exp8_avx2(__m256 x)
-{
-    const __m256 shifter = _mm256_set1_ps(12582912.0f);
-    __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shifter);
-    __m256 n = _mm256_sub_ps(t, shifter);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-    __m256 p, y;
-    __m256i e;
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-    p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-    e = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000)), 23);
-    y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e));
-    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-86.0f), _CMP_GE_OQ), y);
-}
-
-/* kvg_silu_mul on 8 lanes: the same operations in the same order. */
-AVX2 static void swiglu_avx2(float *gate, const float *up, size_t n)
-{
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i);
-        __m256 e = exp8_avx2(_mm256_or_ps(g, sign));                    /* exp(-|g|) */
-        __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(g, zero, _CMP_GE_OQ));
-        __m256 s = _mm256_div_ps(num, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(g, s), _mm256_loadu_ps(up + i)));
-    }
-    for (; i < n; i++)
-        gate[i] = kvg_silu_mul(gate[i], up[i]);
-}
-
-AVX2 static float softmax_avx2(float *sc, int T, float scale)
-{
-    float mxl[16], lanes[16], mx = -INFINITY;
-    int full = T & ~15;
-    __m256 s = _mm256_set1_ps(scale), m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, mv;
-    for (int t0 = 0; t0 < full; t0 += 16) {
-        __m256 v0 = _mm256_div_ps(_mm256_loadu_ps(sc + t0), s);
-        __m256 v1 = _mm256_div_ps(_mm256_loadu_ps(sc + t0 + 8), s);
-        _mm256_storeu_ps(sc + t0, v0);
-        _mm256_storeu_ps(sc + t0 + 8, v1);
-        m0 = _mm256_max_ps(v0, m0);      /* v > m ? v : m, as the scalar code */
-        m1 = _mm256_max_ps(v1, m1);
-    }
-    _mm256_storeu_ps(mxl, m0);
-    _mm256_storeu_ps(mxl + 8, m1);
-    for (int t = full; t < T; t++) {
-        float v = sc[t] / scale;
-        sc[t] = v;
-        mxl[t & 15] = v > mxl[t & 15] ? v : mxl[t & 15];
-    }
-    for (int l = 0; l < 16; l++)
-        mx = mxl[l] > mx ? mxl[l] : mx;
-    mv = _mm256_set1_ps(mx);
-    for (int t0 = 0; t0 < full; t0 += 16) {
-        __m256 e0 = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(sc + t0), mv));
-        __m256 e1 = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(sc + t0 + 8), mv));
-        _mm256_storeu_ps(sc + t0, e0);
-        _mm256_storeu_ps(sc + t0 + 8, e1);
-        a0 = _mm256_add_ps(a0, e0);
-        a1 = _mm256_add_ps(a1, e1);
-    }
-    _mm256_storeu_ps(lanes, a0);
-    _mm256_storeu_ps(lanes + 8, a1);
-    for (int t = full; t < T; t++) {
-        float e = kvg_attn_exp(sc[t] - mx);
-        sc[t] = e;
-        lanes[t & 15] += e;
-    }
-    return kvg_attn_reduce16(lanes);
-}
+/* The softmax and the SwiGLU, 8 lanes a register (attention_simd_x86.h). */
+#define AV_TGT AVX2
+#define AV_LINK static
+#define AV_SOFTMAX softmax_avx2
+#define AV_SWIGLU swiglu_avx2
+#define AV_V __m256
+#define AV_VL 8
+#define AV_SET1(f) _mm256_set1_ps(f)
+#define AV_ZERO() _mm256_setzero_ps()
+#define AV_LOADU(p) _mm256_loadu_ps(p)
+#define AV_STOREU(p, v) _mm256_storeu_ps((p), (v))
+#define AV_ADD(a, b) _mm256_add_ps((a), (b))
+#define AV_SUB(a, b) _mm256_sub_ps((a), (b))
+#define AV_MUL(a, b) _mm256_mul_ps((a), (b))
+#define AV_DIV(a, b) _mm256_div_ps((a), (b))
+#define AV_MAX(a, b) _mm256_max_ps((a), (b))
+#define AV_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define AV_POW2_ADD(y, t)                                                                 \
+    _mm256_castsi256_ps(_mm256_add_epi32(                                                 \
+        _mm256_castps_si256(y),                                                           \
+        _mm256_slli_epi32(_mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000)), 23)))
+#define AV_KEEP_GE(x, c, y) _mm256_and_ps(_mm256_cmp_ps((x), (c), _CMP_GE_OQ), (y))
+#define AV_SELECT_GE(x, c, a, b) _mm256_blendv_ps((b), (a), _mm256_cmp_ps((x), (c), _CMP_GE_OQ))
+#define AV_NEG_ABS(x) _mm256_or_ps((x), _mm256_set1_ps(-0.0f))
+#include "cpu/attention_simd_x86.h"
 
 #endif
 
