@@ -1,8 +1,9 @@
 /* What every model loader shares (model_internal.h): storage ownership, dtype
- * helpers, tensor binding, the checks run after loading, and the model identity hash.
- * The lowest unit of model loading: the format loaders (model_llama2c.c,
- * model_gguf.c, model_hf.c, model_synthetic.c) call it, and model_load.c picks the
- * loader; nothing here calls either. */
+ * helpers, tensor binding, every weight of a model bound through a loader's lookup,
+ * the checks run after loading, and the model identity hash. The lowest unit of model
+ * loading: the format loaders (model_llama2c.c, model_gguf.c, model_hf.c,
+ * model_synthetic.c) call it, and model_load.c picks the loader; nothing here calls
+ * either (a loader's lookup comes in as kvgm_source's find). */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -343,6 +344,83 @@ int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t 
     }
     memcpy(c, p, n);
     t->data = c;
+    return 0;
+}
+
+/* ---- a model's weights through a loader's find ---- */
+
+/* Calls s->find for weight w of `layer` under its name in the file. */
+static int find_weight(const kvgm_source *s, kvgm_weight w, int layer, int64_t rows, int64_t cols,
+                       int optional, const void **data, kvg_dtype *dt)
+{
+    char name[128];
+    *data = NULL;
+    if (s->names && layer >= 0)
+        snprintf(name, sizeof name, "%s%d.%s", s->layer_prefix, layer, s->names[w]);
+    else if (s->names)
+        snprintf(name, sizeof name, "%s", s->names[w]);
+    return s->find(s, s->names ? name : NULL, w, layer, rows, cols, optional, data, dt);
+}
+
+int kvgm_mat(const kvgm_source *s, kvg_tensor *out, kvgm_weight w, int layer, int64_t rows,
+             int64_t cols, int optional)
+{
+    const void *p;
+    kvg_dtype dt;
+    if (find_weight(s, w, layer, rows, cols, optional, &p, &dt) < 0)
+        return -1;
+    if (!p)
+        return 0;
+    return kvgm_bind(s->m, out, p, dt, rows, cols, s->err, s->err_len);
+}
+
+int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, int64_t n,
+             int optional)
+{
+    const void *p;
+    kvg_dtype dt;
+    *out = NULL;
+    if (find_weight(s, w, layer, 0, n, optional, &p, &dt) < 0)
+        return -1;
+    if (!p)
+        return 0;
+    *out = kvgm_vec_f32(s->m, p, dt, (size_t)n);
+    if (!*out) {
+        kvg_set_err(s->err, s->err_len, "%s: out of memory", s->where);
+        return -1;
+    }
+    return 0;
+}
+
+int kvgm_bind_layers(const kvgm_source *s)
+{
+    kvg_model *m = s->m;
+    const kvg_model_config *c = &m->cfg;
+    int64_t D = c->dim, H = c->hidden_dim, Q = (int64_t)c->n_heads * c->head_dim,
+            KV = (int64_t)c->n_kv_heads * c->head_dim;
+
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        kvg_set_err(s->err, s->err_len, "%s: out of memory", s->where);
+        return -1;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        kvg_layer_weights *w = &m->layers[l];
+        if (kvgm_vec(s, &w->attn_norm, KVGM_ATTN_NORM, l, D, 0) < 0
+            || kvgm_mat(s, &w->wq, KVGM_WQ, l, Q, D, 0) < 0
+            || kvgm_mat(s, &w->wk, KVGM_WK, l, KV, D, 0) < 0
+            || kvgm_mat(s, &w->wv, KVGM_WV, l, KV, D, 0) < 0
+            || kvgm_mat(s, &w->wo, KVGM_WO, l, D, Q, 0) < 0
+            || kvgm_vec(s, &w->ffn_norm, KVGM_FFN_NORM, l, D, 0) < 0
+            || kvgm_mat(s, &w->w_gate, KVGM_W_GATE, l, H, D, 0) < 0
+            || kvgm_mat(s, &w->w_down, KVGM_W_DOWN, l, D, H, 0) < 0
+            || kvgm_mat(s, &w->w_up, KVGM_W_UP, l, H, D, 0) < 0)
+            return -1;
+        if (c->has_qkv_bias
+            && (kvgm_vec(s, &w->bq, KVGM_BQ, l, Q, 0) < 0 || kvgm_vec(s, &w->bk, KVGM_BK, l, KV, 0) < 0
+                || kvgm_vec(s, &w->bv, KVGM_BV, l, KV, 0) < 0))
+            return -1;
+    }
     return 0;
 }
 

@@ -1,7 +1,8 @@
 /* Shared by the model loaders (model_llama2c.c, model_gguf.c, model_hf.c,
  * model_synthetic.c), implemented in model_common.c: storage ownership, error
- * formatting, tensor binding with the checks every format needs, and the model
- * identity hash. Not a public header. The loaders' entry points are in
+ * formatting, tensor binding with the checks every format needs, the binding of a
+ * model's weights through a loader's lookup (kvgm_source), and the model identity
+ * hash. Not a public header. The loaders' entry points are in
  * model_formats.h, for model_load.c above them. */
 #ifndef KVG_MODEL_INTERNAL_H
 #define KVG_MODEL_INTERNAL_H
@@ -55,6 +56,46 @@ const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n);
  * it is misaligned for its dtype. -1 when out of memory. */
 int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t rows, int64_t cols,
               char *err, size_t err_len);
+
+/* ---- a model's weights, looked up by every loader alike ---- */
+
+/* The weights of a model: model-wide, then those of each layer. */
+typedef enum kvgm_weight {
+    KVGM_EMBEDDING, KVGM_OUTPUT, KVGM_FINAL_NORM,
+    KVGM_ATTN_NORM, KVGM_WQ, KVGM_WK, KVGM_WV, KVGM_WO,
+    KVGM_FFN_NORM, KVGM_W_GATE, KVGM_W_DOWN, KVGM_W_UP,
+    KVGM_BQ, KVGM_BK, KVGM_BV,
+    KVGM_N_WEIGHTS
+} kvgm_weight;
+
+/* A loader's file(s), as kvgm_mat, kvgm_vec and kvgm_bind_layers see them. */
+typedef struct kvgm_source kvgm_source;
+struct kvgm_source {
+    kvg_model *m;
+    /* Weight w of `layer` (-1: a model-wide one), named `name` in the file (NULL when
+     * the source has no names), with shape [rows][cols] (rows 0: a vector of cols):
+     * its bytes and dtype, after the format's checks of both. Missing and optional:
+     * 0 with *data NULL. Otherwise -1 with the error in s->err. */
+    int (*find)(const kvgm_source *s, const char *name, kvgm_weight w, int layer, int64_t rows,
+                int64_t cols, int optional, const void **data, kvg_dtype *dt);
+    void *ctx;                   /* the loader's state, for find */
+    const char *const *names;    /* [KVGM_N_WEIGHTS] the file's names, or NULL */
+    const char *layer_prefix;    /* a layer's names are PREFIX<layer>.NAME */
+    const char *where;           /* names the model in an out-of-memory error */
+    char *err;
+    size_t err_len;
+};
+
+/* Finds a matrix and binds it (kvgm_bind). Missing and optional: 0, *out untouched. */
+int kvgm_mat(const kvgm_source *s, kvg_tensor *out, kvgm_weight w, int layer, int64_t rows,
+             int64_t cols, int optional);
+/* Finds a vector and makes its owned F32 copy (kvgm_vec_f32). Missing and optional: 0,
+ * *out NULL. */
+int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, int64_t n,
+             int optional);
+/* Allocates m->layers and binds every layer's weights with the config's shapes: the
+ * norms, q/k/v/o, gate/down/up, and the q/k/v biases when cfg.has_qkv_bias. */
+int kvgm_bind_layers(const kvgm_source *s);
 
 /* Exact conversions and round-to-nearest-even narrowing (F16: kvg_quant_f16_to_f32 and
  * kvg_quant_f32_to_f16 of src/quant.h, which the block formats share). */
