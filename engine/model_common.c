@@ -190,7 +190,8 @@ size_t kvg_model_release_pages(const kvg_model *m, const kvg_tensor *t)
     return hi - lo;
 }
 
-void kvgm_name_from_path(char *out, size_t cap, const char *path)
+/* The base name of a path without directories (and without its last extension). */
+static void name_from_path(char *out, size_t cap, const char *path, int drop_extension)
 {
     size_t len = strlen(path);
     while (len > 1 && path[len - 1] == '/')
@@ -199,12 +200,35 @@ void kvgm_name_from_path(char *out, size_t cap, const char *path)
     while (start > 0 && path[start - 1] != '/')
         start--;
     size_t end = len;
-    for (size_t i = len; i > start + 1; i--)
+    for (size_t i = len; drop_extension && i > start + 1; i--)
         if (path[i - 1] == '.') {
             end = i - 1;
             break;
         }
     snprintf(out, cap, "%.*s", (int)(end - start), path + start);
+}
+
+kvg_model *kvgm_new_from_path(const char *format, const char *path, int drop_extension,
+                              char *err, size_t err_len)
+{
+    char name[128];
+    kvg_model *m;
+    name_from_path(name, sizeof name, path, drop_extension);
+    m = kvgm_new(format, name);
+    if (!m)
+        kvg_set_err(err, err_len, "%s: out of memory", path);
+    return m;
+}
+
+kvg_model *kvgm_new_mapped(const char *format, const char *path, const unsigned char **data,
+                           size_t *len, char *err, size_t err_len)
+{
+    kvg_model *m = kvgm_new_from_path(format, path, 1, err, err_len);
+    if (m && kvgm_map_file(m, path, data, len, err, err_len) < 0) {
+        kvg_model_free(m);
+        return NULL;
+    }
+    return m;
 }
 
 /* ---- dtypes ---- */

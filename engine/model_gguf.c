@@ -150,19 +150,14 @@ static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer
 
 kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, char *err, size_t err_len)
 {
-    char name[128], tn[96];
+    char tn[96];
     const unsigned char *d, *tok_bytes = NULL;
     size_t len, tok_len = 0;
     kvg_gguf_str s;
 
-    kvgm_name_from_path(name, sizeof name, path);
-    kvg_model *m = kvgm_new("gguf", name);
-    if (!m) {
-        kvg_set_err(err, err_len, "%s: out of memory", path);
+    kvg_model *m = kvgm_new_mapped("gguf", path, &d, &len, err, err_len);
+    if (!m)
         return NULL;
-    }
-    if (kvgm_map_file(m, path, &d, &len, err, err_len) < 0)
-        goto fail;
     kvg_gguf *g = kvg_gguf_parse(d, len, path, err, err_len);
     if (!g)
         goto fail;

@@ -412,27 +412,16 @@ static int load_chat_template(kvg_model *m, const char *dir, char *err, size_t e
 
 kvg_model *kvgm_load_hf(const char *dir, const kvg_model_load_opts *opts, char *err, size_t err_len)
 {
-    char name[128], path[4096];
+    char path[4096];
     const unsigned char *cfg_bytes, *tok_bytes;
     size_t cfg_len, tok_len;
     kvgm_part *parts = NULL;
     hf h = { NULL, dir, NULL, 0, err, err_len };
 
     /* A directory name has no extension to drop ("TinyLlama-1.1B-Chat-v1.0"). */
-    {
-        size_t dl = strlen(dir);
-        while (dl > 1 && dir[dl - 1] == '/')
-            dl--;
-        size_t s = dl;
-        while (s > 0 && dir[s - 1] != '/')
-            s--;
-        snprintf(name, sizeof name, "%.*s", (int)(dl - s), dir + s);
-    }
-    kvg_model *m = kvgm_new("hf", name);
-    if (!m) {
-        kvg_set_err(err, err_len, "%s: out of memory", dir);
+    kvg_model *m = kvgm_new_from_path("hf", dir, 0, err, err_len);
+    if (!m)
         return NULL;
-    }
     h.m = m;
     json_t *cfg = load_json(m, dir, "config.json", &cfg_bytes, &cfg_len, err, err_len);
     if (!cfg)

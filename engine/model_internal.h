@@ -42,8 +42,14 @@ int kvgm_map_file(kvg_model *m, const char *path, const unsigned char **data, si
  * (page aligned, returned to the system on free) for big ones. NULL when out of memory. */
 void *kvgm_alloc(kvg_model *m, size_t n);
 
-/* The base name of a path without directories and without its last extension. */
-void kvgm_name_from_path(char *out, size_t cap, const char *path);
+/* kvgm_new named after the base name of `path` (without its last extension when
+ * drop_extension: a file's, not a directory's); NULL with "PATH: out of memory". */
+kvg_model *kvgm_new_from_path(const char *format, const char *path, int drop_extension,
+                              char *err, size_t err_len);
+/* A model of a one-file format: kvgm_new_from_path(format, path, 1) holding the whole
+ * file mapped (kvgm_map_file) at *data, *len. NULL with err. */
+kvg_model *kvgm_new_mapped(const char *format, const char *path, const unsigned char **data,
+                           size_t *len, char *err, size_t err_len);
 
 /* An owned F32 copy of the n-element vector stored as `dt` at `p`, even when it already
  * is F32: the vectors are small, and a step that read them in the file's mapping would

@@ -71,21 +71,15 @@ static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer
 
 kvg_model *kvgm_load_llama2c(const char *path, const kvg_model_load_opts *opts, char *err, size_t err_len)
 {
-    char name[128];
     const unsigned char *d, *tok_bytes;
     size_t len, tok_len;
     int32_t h[7];
     int version = 0, shared;
     uint64_t off;
 
-    kvgm_name_from_path(name, sizeof name, path);
-    kvg_model *m = kvgm_new("llama2c", name);
-    if (!m) {
-        kvg_set_err(err, err_len, "%s: out of memory", path);
+    kvg_model *m = kvgm_new_mapped("llama2c", path, &d, &len, err, err_len);
+    if (!m)
         return NULL;
-    }
-    if (kvgm_map_file(m, path, &d, &len, err, err_len) < 0)
-        goto fail;
     if (len >= 8 && rd_i32(d) == (int32_t)AK42_MAGIC) {
         version = rd_i32(d + 4);
         if (version == 2) {
