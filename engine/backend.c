@@ -19,16 +19,6 @@ kvg_backend *kvg_backend_new_opts(const char *name, const kvg_model *m, const kv
     return NULL;
 }
 
-kvg_backend *kvg_backend_new(const char *name, const kvg_model *m, int n_threads,
-                             char *err, size_t err_len)
-{
-    kvg_backend_opts o;
-    memset(&o, 0, sizeof o);
-    o.n_threads = n_threads;
-    o.batch_invariant = 1;
-    return kvg_backend_new_opts(name, m, &o, err, err_len);
-}
-
 kvg_kv_pool *kvg_backend_kv_pool_new(kvg_backend *be, const kvg_kv_geom *g, int32_t n_blocks,
                                      char *err, size_t err_len)
 {

@@ -133,15 +133,10 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
  * kvg_backend_cuda_new would give, so a command fails at once instead of after loading a
  * model of many gigabytes. */
 int kvg_backend_cuda_probe(int device, char *err, size_t err_len);
-/* 1 when this build has the CUDA backend (real or emulated), 0 for the stub. */
-int kvg_backend_cuda_built(void);
 
 /* "cpu" or "cuda". NULL with err for an unknown name. */
 kvg_backend *kvg_backend_new_opts(const char *name, const kvg_model *m, const kvg_backend_opts *o,
                                   char *err, size_t err_len);
-/* kvg_backend_new_opts with only a thread count (device 0, batch-invariant). */
-kvg_backend *kvg_backend_new(const char *name, const kvg_model *m, int n_threads,
-                             char *err, size_t err_len);
 
 /* The KV pool for `be`: in the backend's memory when it has its own (kv_pool_new), a
  * host pool otherwise. */

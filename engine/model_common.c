@@ -19,6 +19,7 @@
 
 #include "gguf.h"
 #include "model_internal.h"
+#include "model_testing.h"
 #include "quant.h"
 
 /* Allocations at least this big get their own anonymous mapping. */
@@ -287,7 +288,8 @@ const char *kvg_dtype_name(kvg_dtype t)
     return "?";
 }
 
-float kvgm_bf16_to_f32(uint16_t h)
+/* Exact: a BF16 is the top half of an F32. */
+static float bf16_to_f32(uint16_t h)
 {
     uint32_t bits = (uint32_t)h << 16;
     float f;
@@ -328,7 +330,7 @@ void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out)
         for (size_t i = 0; i < cols; i++) {
             uint16_t h;
             memcpy(&h, base + 2 * i, 2);
-            out[i] = kvgm_bf16_to_f32(h);
+            out[i] = bf16_to_f32(h);
         }
         break;
     default:

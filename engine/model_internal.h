@@ -103,11 +103,6 @@ int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, 
  * norms, q/k/v/o, gate/down/up, and the q/k/v biases when cfg.has_qkv_bias. */
 int kvgm_bind_layers(const kvgm_source *s);
 
-/* Exact conversions and round-to-nearest-even narrowing (F16: kvg_quant_f16_to_f32 and
- * kvg_quant_f32_to_f16 of src/quant.h, which the block formats share). */
-float kvgm_bf16_to_f32(uint16_t h);
-uint16_t kvgm_f32_to_bf16(float f);
-
 /* One piece of the identity: a label and bytes. */
 typedef struct kvgm_part {
     const char *label;

@@ -41,11 +41,6 @@ typedef struct kvg_cpu {
     int cap_rows, cap_seqs, cap_blocks;
 } kvg_cpu;
 
-/* Runs fn over [0, n) on the pool, or inline when the whole job is smaller than a
- * thread wake-up is worth (`work` ~ scalar operations in total). The result never
- * depends on which: every index writes only its own outputs. */
-void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg);
-
 void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, float *out);
 
 /* The attention and SwiGLU kernels of the GEMM's ISA level (attention_kernels.h),

@@ -17,8 +17,9 @@
 #include <cpuid.h>
 #endif
 
-#include "cpu/gemm_kernels.h"
 #include "cpu/gemm_int8.h"
+#include "cpu/gemm_kernels.h"
+#include "cpu/gemm_testing.h"
 
 /* Below this many multiply-adds a job costs less than waking a worker. */
 #define KVG_GEMM_MIN_PARALLEL_MACS 65536.0
@@ -97,7 +98,8 @@ int kvg_gemm_isa_supported(kvg_gemm_isa_id isa)
     return (int)isa >= 0 && (int)isa <= isa_best;
 }
 
-kvg_gemm_isa_id kvg_gemm_isa_id_active(void)
+/* The ISA kvg_gemm uses (the best supported, lowered by KVG_GEMM_ISA). */
+static kvg_gemm_isa_id isa_active_id(void)
 {
     pthread_once(&isa_once, detect_isa);
     return (kvg_gemm_isa_id)isa_active;
@@ -110,7 +112,7 @@ const char *kvg_gemm_isa_name(kvg_gemm_isa_id isa)
 
 const char *kvg_gemm_isa(void)
 {
-    return kvg_gemm_isa_name(kvg_gemm_isa_id_active());
+    return kvg_gemm_isa_name(isa_active_id());
 }
 
 /* ---- workspaces ---- */
@@ -668,11 +670,11 @@ int kvg_gemm_multi_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws
 int kvg_gemm_multi(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K, int n,
                    const kvg_tensor *const *w, const float *const *bias, float *const *y)
 {
-    return kvg_gemm_multi_with_isa(kvg_gemm_isa_id_active(), tp, ws, x, M, K, n, w, bias, y);
+    return kvg_gemm_multi_with_isa(isa_active_id(), tp, ws, x, M, K, n, w, bias, y);
 }
 
 int kvg_gemm(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K,
              const kvg_tensor *w, const float *bias, float *y)
 {
-    return kvg_gemm_with_isa(kvg_gemm_isa_id_active(), tp, ws, x, M, K, w, bias, y);
+    return kvg_gemm_with_isa(isa_active_id(), tp, ws, x, M, K, w, bias, y);
 }

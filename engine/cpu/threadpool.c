@@ -11,6 +11,7 @@
  * much as a small GEMM; the poll is bounded in time, so a busy machine loses at most
  * that per job. */
 #include "cpu/threadpool.h"
+#include "cpu/threadpool_testing.h"
 #include "monoclock.h"
 
 #include <pthread.h>

@@ -6,6 +6,7 @@
  * in one copy. Weights live in one arena (cuda_weights.c), the KV pool in device memory
  * (cuda_kv.c), GEMMs go through cuBLASLt (cuda_gemm.c). */
 #include "cuda_internal.h"
+#include "backend_testing.h"
 #include "errmsg.h"
 #include "rope.h"
 

@@ -46,10 +46,12 @@
 #include "cpu/backend_cpu_internal.h"
 #include "cpu/gemm.h"
 #include "cpu/threadpool.h"
+#include "cpu/threadpool_testing.h"
 #include "forward.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "sampler.h"
+#include "sampler_testing.h"
 #include "../unit/ref_forward.h"
 #include "bench_stats.h"
 

@@ -33,7 +33,7 @@
 #include <string.h>
 
 #include "gguf.h"
-#include "model_internal.h"
+#include "model_testing.h"
 
 #if defined(__has_include)
 #if __has_include("quant.h")

@@ -18,6 +18,7 @@
 #include "engine_testmodel.h"
 #include "forward.h"
 #include "kv_cache.h"
+#include "kv_cache_testing.h"
 #include "model.h"
 #include "ref_forward.h"
 

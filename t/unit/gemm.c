@@ -13,8 +13,10 @@
 
 #include "tap.h"
 #include "cpu/gemm.h"
-#include "cpu/threadpool.h"
 #include "cpu/gemm_kernels.h"
+#include "cpu/gemm_testing.h"
+#include "cpu/threadpool.h"
+#include "cpu/threadpool_testing.h"
 
 /* ---- deterministic data ---------------------------------------------------- */
 

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "model.h"
-#include "model_internal.h"
+#include "model_testing.h"
 #include "model_writers.h"
 #include "quant.h"
 #include "tap.h"

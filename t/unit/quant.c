@@ -27,11 +27,13 @@
 #include "backend.h"
 #include "cpu/gemm.h"
 #include "cpu/gemm_kernels.h"
+#include "cpu/gemm_testing.h"
 #include "cpu/threadpool.h"
 #include "engine_testmodel.h"
 #include "forward.h"
 #include "kv_cache.h"
 #include "model.h"
+#include "model_testing.h"
 #include "model_writers.h"
 #include "quant.h"
 
