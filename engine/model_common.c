@@ -338,7 +338,12 @@ void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out)
     }
 }
 
-const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n)
+/* An owned F32 copy of the n-element vector stored as `dt` at `p`, even when it already
+ * is F32: the vectors are small, and a step that read them in the file's mapping would
+ * fault their neighbours back in too (the kernel maps a file's pages around a fault, a
+ * whole large folio at a time), the matrices a backend has copied and released among
+ * them. NULL when out of memory. */
+static const float *vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n)
 {
     float *out = kvgm_alloc(m, n * sizeof(float));
     if (!out)
@@ -410,7 +415,7 @@ int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, 
         return -1;
     if (!p)
         return 0;
-    *out = kvgm_vec_f32(s->m, p, dt, (size_t)n);
+    *out = vec_f32(s->m, p, dt, (size_t)n);
     if (!*out) {
         kvg_set_err(s->err, s->err_len, "%s: out of memory", s->where);
         return -1;

@@ -51,13 +51,6 @@ kvg_model *kvgm_new_from_path(const char *format, const char *path, int drop_ext
 kvg_model *kvgm_new_mapped(const char *format, const char *path, const unsigned char **data,
                            size_t *len, char *err, size_t err_len);
 
-/* An owned F32 copy of the n-element vector stored as `dt` at `p`, even when it already
- * is F32: the vectors are small, and a step that read them in the file's mapping would
- * fault their neighbours back in too (the kernel maps a file's pages around a fault, a
- * whole large folio at a time), the matrices a backend has copied and released among
- * them. NULL when out of memory. */
-const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n);
-
 /* Binds a matrix that lies in mapped memory; copies it into owned memory only when
  * it is misaligned for its dtype. -1 when out of memory. */
 int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t rows, int64_t cols,
@@ -95,8 +88,9 @@ struct kvgm_source {
 /* Finds a matrix and binds it (kvgm_bind). Missing and optional: 0, *out untouched. */
 int kvgm_mat(const kvgm_source *s, kvg_tensor *out, kvgm_weight w, int layer, int64_t rows,
              int64_t cols, int optional);
-/* Finds a vector and makes its owned F32 copy (kvgm_vec_f32). Missing and optional: 0,
- * *out NULL. */
+/* Finds a vector and makes an owned F32 copy of it, even of an F32 one: a step that
+ * read it in the file's mapping would fault the released pages around it back in.
+ * Missing and optional: 0, *out NULL. */
 int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, int64_t n,
              int optional);
 /* Allocates m->layers and binds every layer's weights with the config's shapes: the
