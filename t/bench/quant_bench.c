@@ -18,6 +18,7 @@
 #include "cpu/threadpool.h"
 #include "model.h"
 #include "quant.h"
+#include "quant_testing.h"
 
 static double now(void)
 {

@@ -18,6 +18,7 @@
 #include "model_testing.h"
 #include "model_writers.h"
 #include "quant.h"
+#include "quant_testing.h"
 #include "tap.h"
 
 static char tmpdir[256];

@@ -36,6 +36,7 @@
 #include "model_testing.h"
 #include "model_writers.h"
 #include "quant.h"
+#include "quant_testing.h"
 
 static uint64_t rs = 0x1234567;
 static uint32_t rnd32(void)
