@@ -114,6 +114,16 @@ static inline __attribute__((always_inline)) float kvg_attn_reduce16(const float
     return d0 + d1;
 }
 
+/* The V accumulation's scalar tail, shared by every ISA's kernel: dimensions [d0, hd),
+ * each one chain out[d] = fmaf(w[t], v[t][d], out[d]) over t = 0..n-1 ascending. */
+static inline __attribute__((always_inline)) void
+kvg_attn_vacc_tail(float *out, const float *w, const float *v, int n, int hd, int d0)
+{
+    for (int d = d0; d < hd; d++)
+        for (int t = 0; t < n; t++)
+            out[d] = fmaf(w[t], v[(size_t)t * hd + d], out[d]);
+}
+
 /* The softmax's scalar pieces, shared by every ISA's kernel (the generic one and
  * attention_simd_x86.h). The positions [full, T) past the last whole group of 16 are
  * scaled in place (sc[t] / scale) and folded into their lanes' maxima mxl[16]; returns
