@@ -1,8 +1,11 @@
-/* Backend selection by name (--backend). */
+/* Backend selection by name (--backend), the KV pool's host fallbacks, and what every
+ * implementation does alike when it is created. */
 #include "backend.h"
 #include "errmsg.h"
+#include "rope.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 kvg_backend *kvg_backend_new_opts(const char *name, const kvg_model *m, const kvg_backend_opts *o,
@@ -14,16 +17,6 @@ kvg_backend *kvg_backend_new_opts(const char *name, const kvg_model *m, const kv
         return kvg_backend_cuda_new(m, o, err, err_len);
     kvg_set_err(err, err_len, "unknown backend '%s' (available: cpu, cuda)", name ? name : "(null)");
     return NULL;
-}
-
-kvg_backend *kvg_backend_new(const char *name, const kvg_model *m, int n_threads,
-                             char *err, size_t err_len)
-{
-    kvg_backend_opts o;
-    memset(&o, 0, sizeof o);
-    o.n_threads = n_threads;
-    o.batch_invariant = 1;
-    return kvg_backend_new_opts(name, m, &o, err, err_len);
 }
 
 kvg_kv_pool *kvg_backend_kv_pool_new(kvg_backend *be, const kvg_kv_geom *g, int32_t n_blocks,
@@ -67,4 +60,43 @@ const char *kvg_backend_describe(kvg_backend *be, char *buf, size_t len)
     else
         snprintf(buf, len, "%s", be ? be->ops->name : "none");
     return buf;
+}
+
+int kvg_backend_check_model(const kvg_model *m, const char *who, int max_head_dim,
+                            char *err, size_t err_len)
+{
+    int hd = m->cfg.head_dim;
+    const char *rope;
+
+    if (hd <= 0 || hd % 2 != 0 || (max_head_dim > 0 && hd > max_head_dim)) {
+        if (max_head_dim > 0)
+            kvg_set_err(err, err_len, "%s: head_dim %d must be even and at most %d", who, hd, max_head_dim);
+        else
+            kvg_set_err(err, err_len, "%s: head_dim %d must be even and positive", who, hd);
+        return -1;
+    }
+    rope = kvg_rope_config_error(&m->cfg);
+    if (rope) {
+        kvg_set_err(err, err_len, "%s: %s", who, rope);
+        return -1;
+    }
+    return 0;
+}
+
+kvg_backend *kvg_backend_alloc(const kvg_backend_ops *ops, const kvg_model *m, size_t ctx_size,
+                               const char *who, char *err, size_t err_len)
+{
+    kvg_backend *be = calloc(1, sizeof *be);
+    void *ctx = calloc(1, ctx_size);
+
+    if (!be || !ctx) {
+        free(be);
+        free(ctx);
+        kvg_set_err(err, err_len, "%s: out of memory", who);
+        return NULL;
+    }
+    be->ops = ops;
+    be->ctx = ctx;
+    be->model = m;
+    return be;
 }

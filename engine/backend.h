@@ -133,15 +133,10 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
  * kvg_backend_cuda_new would give, so a command fails at once instead of after loading a
  * model of many gigabytes. */
 int kvg_backend_cuda_probe(int device, char *err, size_t err_len);
-/* 1 when this build has the CUDA backend (real or emulated), 0 for the stub. */
-int kvg_backend_cuda_built(void);
 
 /* "cpu" or "cuda". NULL with err for an unknown name. */
 kvg_backend *kvg_backend_new_opts(const char *name, const kvg_model *m, const kvg_backend_opts *o,
                                   char *err, size_t err_len);
-/* kvg_backend_new_opts with only a thread count (device 0, batch-invariant). */
-kvg_backend *kvg_backend_new(const char *name, const kvg_model *m, int n_threads,
-                             char *err, size_t err_len);
 
 /* The KV pool for `be`: in the backend's memory when it has its own (kv_pool_new), a
  * host pool otherwise. */
@@ -154,6 +149,18 @@ int32_t kvg_backend_kv_blocks_for_budget(kvg_backend *be, const kvg_kv_geom *g, 
 size_t kvg_backend_kv_default_budget(kvg_backend *be, double fraction, size_t host_default);
 /* "cpu" or e.g. "cuda (NVIDIA H200, sm_90)" into buf. */
 const char *kvg_backend_describe(kvg_backend *be, char *buf, size_t len);
+
+/* ---- for the implementations (cpu/, cuda/) ---- */
+
+/* The checks every backend makes of a model at creation: head_dim even and positive,
+ * and at most max_head_dim when that is > 0 (a device kernel's limit); a consistent
+ * RoPE scaling (rope.h). 0, or -1 with err starting "WHO: ". */
+int kvg_backend_check_model(const kvg_model *m, const char *who, int max_head_dim,
+                            char *err, size_t err_len);
+/* A backend of `ops` for m whose ctx is ctx_size zeroed bytes (the implementation's
+ * state, freed with the backend by its destroy). NULL with "WHO: out of memory". */
+kvg_backend *kvg_backend_alloc(const kvg_backend_ops *ops, const kvg_model *m, size_t ctx_size,
+                               const char *who, char *err, size_t err_len);
 
 static inline void kvg_backend_free(kvg_backend *be)
 {

@@ -1,6 +1,7 @@
 /* Paged KV pool: block allocator with reference counts and per-sequence block tables.
  * See kv_cache.h for the block layout and the sharing rules. */
 #include "kv_cache.h"
+#include "kv_cache_testing.h"
 #include "errmsg.h"
 
 #include <stdarg.h>

@@ -23,7 +23,7 @@
  * Full blocks are never written again because positions only append.
  *
  * Storage is host memory here; a device backend passes its own storage and copy
- * function (kvg_kv_pool_new_ext). The pool and the sequences are not thread-safe:
+ * function (kvg_kv_pool_new_device). The pool and the sequences are not thread-safe:
  * one scheduler thread owns them. */
 #ifndef KVG_KV_CACHE_H
 #define KVG_KV_CACHE_H
@@ -89,17 +89,10 @@ typedef struct kvg_kv_seq {
 
 /* Bytes of one block for the geometry, padding included (0 for an invalid geometry). */
 size_t kvg_kv_block_bytes(const kvg_kv_geom *g);
-/* How many blocks fit in `bytes` (at least 0). */
-int32_t kvg_kv_blocks_for_budget(const kvg_kv_geom *g, size_t bytes);
 
 /* A pool of n_blocks blocks in host memory (zeroed lazily by the OS). NULL with err on
  * a bad geometry, a non-positive count or out of memory. */
 kvg_kv_pool *kvg_kv_pool_new(const kvg_kv_geom *g, int32_t n_blocks, char *err, size_t err_len);
-/* Same over caller-provided storage (n_blocks * kvg_kv_block_bytes, 64-byte aligned), copied
- * with `copy` (NULL: memcpy). The caller keeps ownership of storage. */
-kvg_kv_pool *kvg_kv_pool_new_ext(const kvg_kv_geom *g, int32_t n_blocks, void *storage,
-                                 kvg_kv_copy_fn copy, void *copy_ctx,
-                                 char *err, size_t err_len);
 /* A pool whose storage is a device backend's (engine/backend.h kv_pool_new): the same
  * allocator, block ids and sequences over `storage` (n_blocks * block_bytes in the
  * backend's own layout, e.g. device memory). Blocks are copied only through `copy`
@@ -111,14 +104,11 @@ kvg_kv_pool *kvg_kv_pool_new_device(const kvg_kv_geom *g, int32_t n_blocks, void
                                     char *err, size_t err_len);
 void kvg_kv_pool_free(kvg_kv_pool *p);
 
-int32_t kvg_kv_pool_free_blocks(const kvg_kv_pool *p);
-
 /* Allocator: a new block has refcount 1; -1 when the pool is exhausted. */
 int32_t kvg_kv_block_alloc(kvg_kv_pool *p);
-/* +1 / -1 on a block's count; a block reaching 0 returns to the free list. Both
- * return the new count, or -1 for an id that is out of range or not allocated. */
+/* +1 on a block's count: the new count, or -1 for an id that is out of range or not
+ * allocated. (Counts drop as sequences release their blocks.) */
 int32_t kvg_kv_block_ref(kvg_kv_pool *p, int32_t id);
-int32_t kvg_kv_block_unref(kvg_kv_pool *p, int32_t id);
 int32_t kvg_kv_block_refcount(const kvg_kv_pool *p, int32_t id);
 /* For the owner of kept blocks: a kept block (refcount 0, not free) is taken back into
  * use with refcount 1 / handed to the free list. -1 for a bad id or a block in use. */

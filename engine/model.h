@@ -145,7 +145,6 @@ size_t kvg_dtype_size(kvg_dtype t);
 const char *kvg_dtype_name(kvg_dtype t);
 int kvg_dtype_is_quant(kvg_dtype t);                     /* Q8_0 .. Q6_K */
 int kvg_dtype_block(kvg_dtype t);                        /* elements per block: 1, 32 or 256 */
-size_t kvg_dtype_block_bytes(kvg_dtype t);               /* 4, 2, 2, 34, 18, 144, 210 */
 size_t kvg_dtype_row_bytes(kvg_dtype t, int64_t cols);   /* cols / block * block bytes */
 /* Converts row r of t to F32 (cols floats); block formats to their defined values
  * (src/quant.h). */

@@ -1,8 +1,9 @@
 /* What every model loader shares (model_internal.h): storage ownership, dtype
- * helpers, tensor binding, the checks run after loading, and the model identity hash.
- * The lowest unit of model loading: the format loaders (model_llama2c.c,
- * model_gguf.c, model_hf.c, model_synthetic.c) call it, and model_load.c picks the
- * loader; nothing here calls either. */
+ * helpers, tensor binding, every weight of a model bound through a loader's lookup,
+ * the checks run after loading, and the model identity hash. The lowest unit of model
+ * loading: the format loaders (model_llama2c.c, model_gguf.c, model_hf.c,
+ * model_synthetic.c) call it, and model_load.c picks the loader; nothing here calls
+ * either (a loader's lookup comes in as kvgm_source's find). */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -18,6 +19,7 @@
 
 #include "gguf.h"
 #include "model_internal.h"
+#include "model_testing.h"
 #include "quant.h"
 
 /* Allocations at least this big get their own anonymous mapping. */
@@ -189,7 +191,8 @@ size_t kvg_model_release_pages(const kvg_model *m, const kvg_tensor *t)
     return hi - lo;
 }
 
-void kvgm_name_from_path(char *out, size_t cap, const char *path)
+/* The base name of a path without directories (and without its last extension). */
+static void name_from_path(char *out, size_t cap, const char *path, int drop_extension)
 {
     size_t len = strlen(path);
     while (len > 1 && path[len - 1] == '/')
@@ -198,12 +201,35 @@ void kvgm_name_from_path(char *out, size_t cap, const char *path)
     while (start > 0 && path[start - 1] != '/')
         start--;
     size_t end = len;
-    for (size_t i = len; i > start + 1; i--)
+    for (size_t i = len; drop_extension && i > start + 1; i--)
         if (path[i - 1] == '.') {
             end = i - 1;
             break;
         }
     snprintf(out, cap, "%.*s", (int)(end - start), path + start);
+}
+
+kvg_model *kvgm_new_from_path(const char *format, const char *path, int drop_extension,
+                              char *err, size_t err_len)
+{
+    char name[128];
+    kvg_model *m;
+    name_from_path(name, sizeof name, path, drop_extension);
+    m = kvgm_new(format, name);
+    if (!m)
+        kvg_set_err(err, err_len, "%s: out of memory", path);
+    return m;
+}
+
+kvg_model *kvgm_new_mapped(const char *format, const char *path, const unsigned char **data,
+                           size_t *len, char *err, size_t err_len)
+{
+    kvg_model *m = kvgm_new_from_path(format, path, 1, err, err_len);
+    if (m && kvgm_map_file(m, path, data, len, err, err_len) < 0) {
+        kvg_model_free(m);
+        return NULL;
+    }
+    return m;
 }
 
 /* ---- dtypes ---- */
@@ -262,7 +288,8 @@ const char *kvg_dtype_name(kvg_dtype t)
     return "?";
 }
 
-float kvgm_bf16_to_f32(uint16_t h)
+/* Exact: a BF16 is the top half of an F32. */
+static float bf16_to_f32(uint16_t h)
 {
     uint32_t bits = (uint32_t)h << 16;
     float f;
@@ -303,7 +330,7 @@ void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out)
         for (size_t i = 0; i < cols; i++) {
             uint16_t h;
             memcpy(&h, base + 2 * i, 2);
-            out[i] = kvgm_bf16_to_f32(h);
+            out[i] = bf16_to_f32(h);
         }
         break;
     default:
@@ -311,7 +338,12 @@ void kvg_tensor_row_f32(const kvg_tensor *t, int64_t r, float *out)
     }
 }
 
-const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n)
+/* An owned F32 copy of the n-element vector stored as `dt` at `p`, even when it already
+ * is F32: the vectors are small, and a step that read them in the file's mapping would
+ * fault their neighbours back in too (the kernel maps a file's pages around a fault, a
+ * whole large folio at a time), the matrices a backend has copied and released among
+ * them. NULL when out of memory. */
+static const float *vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n)
 {
     float *out = kvgm_alloc(m, n * sizeof(float));
     if (!out)
@@ -343,6 +375,83 @@ int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t 
     }
     memcpy(c, p, n);
     t->data = c;
+    return 0;
+}
+
+/* ---- a model's weights through a loader's find ---- */
+
+/* Calls s->find for weight w of `layer` under its name in the file. */
+static int find_weight(const kvgm_source *s, kvgm_weight w, int layer, int64_t rows, int64_t cols,
+                       int optional, const void **data, kvg_dtype *dt)
+{
+    char name[128];
+    *data = NULL;
+    if (s->names && layer >= 0)
+        snprintf(name, sizeof name, "%s%d.%s", s->layer_prefix, layer, s->names[w]);
+    else if (s->names)
+        snprintf(name, sizeof name, "%s", s->names[w]);
+    return s->find(s, s->names ? name : NULL, w, layer, rows, cols, optional, data, dt);
+}
+
+int kvgm_mat(const kvgm_source *s, kvg_tensor *out, kvgm_weight w, int layer, int64_t rows,
+             int64_t cols, int optional)
+{
+    const void *p;
+    kvg_dtype dt;
+    if (find_weight(s, w, layer, rows, cols, optional, &p, &dt) < 0)
+        return -1;
+    if (!p)
+        return 0;
+    return kvgm_bind(s->m, out, p, dt, rows, cols, s->err, s->err_len);
+}
+
+int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, int64_t n,
+             int optional)
+{
+    const void *p;
+    kvg_dtype dt;
+    *out = NULL;
+    if (find_weight(s, w, layer, 0, n, optional, &p, &dt) < 0)
+        return -1;
+    if (!p)
+        return 0;
+    *out = vec_f32(s->m, p, dt, (size_t)n);
+    if (!*out) {
+        kvg_set_err(s->err, s->err_len, "%s: out of memory", s->where);
+        return -1;
+    }
+    return 0;
+}
+
+int kvgm_bind_layers(const kvgm_source *s)
+{
+    kvg_model *m = s->m;
+    const kvg_model_config *c = &m->cfg;
+    int64_t D = c->dim, H = c->hidden_dim, Q = (int64_t)c->n_heads * c->head_dim,
+            KV = (int64_t)c->n_kv_heads * c->head_dim;
+
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        kvg_set_err(s->err, s->err_len, "%s: out of memory", s->where);
+        return -1;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        kvg_layer_weights *w = &m->layers[l];
+        if (kvgm_vec(s, &w->attn_norm, KVGM_ATTN_NORM, l, D, 0) < 0
+            || kvgm_mat(s, &w->wq, KVGM_WQ, l, Q, D, 0) < 0
+            || kvgm_mat(s, &w->wk, KVGM_WK, l, KV, D, 0) < 0
+            || kvgm_mat(s, &w->wv, KVGM_WV, l, KV, D, 0) < 0
+            || kvgm_mat(s, &w->wo, KVGM_WO, l, D, Q, 0) < 0
+            || kvgm_vec(s, &w->ffn_norm, KVGM_FFN_NORM, l, D, 0) < 0
+            || kvgm_mat(s, &w->w_gate, KVGM_W_GATE, l, H, D, 0) < 0
+            || kvgm_mat(s, &w->w_down, KVGM_W_DOWN, l, D, H, 0) < 0
+            || kvgm_mat(s, &w->w_up, KVGM_W_UP, l, H, D, 0) < 0)
+            return -1;
+        if (c->has_qkv_bias
+            && (kvgm_vec(s, &w->bq, KVGM_BQ, l, Q, 0) < 0 || kvgm_vec(s, &w->bk, KVGM_BK, l, KV, 0) < 0
+                || kvgm_vec(s, &w->bv, KVGM_BV, l, KV, 0) < 0))
+            return -1;
+    }
     return 0;
 }
 

@@ -68,13 +68,27 @@ static int get_float(ctx *c, const char *key, float dflt, float *out)
     return 0;
 }
 
-/* Finds `name`, checks its dtype and shape ([rows][cols]; rows 0 = a vector of
- * cols), returns its data and dtype. Missing and optional: 0 with *data NULL. */
-static int find(ctx *c, const char *name, int64_t rows, int64_t cols, int optional, const void **data,
-                kvg_dtype *dt)
+/* llama.cpp's names of the weights; a layer's are blk.N.NAME. */
+static const char *const names[KVGM_N_WEIGHTS] = {
+    [KVGM_EMBEDDING] = "token_embd.weight",  [KVGM_OUTPUT] = "output.weight",
+    [KVGM_FINAL_NORM] = "output_norm.weight", [KVGM_ATTN_NORM] = "attn_norm.weight",
+    [KVGM_WQ] = "attn_q.weight",             [KVGM_WK] = "attn_k.weight",
+    [KVGM_WV] = "attn_v.weight",             [KVGM_WO] = "attn_output.weight",
+    [KVGM_FFN_NORM] = "ffn_norm.weight",     [KVGM_W_GATE] = "ffn_gate.weight",
+    [KVGM_W_DOWN] = "ffn_down.weight",       [KVGM_W_UP] = "ffn_up.weight",
+    [KVGM_BQ] = "attn_q.bias",               [KVGM_BK] = "attn_k.bias",
+    [KVGM_BV] = "attn_v.bias",
+};
+
+/* kvgm_source's find: the tensor `name`, its dtype and its shape checked ([rows][cols];
+ * rows 0 = a vector of cols). */
+static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer, int64_t rows, int64_t cols,
+                int optional, const void **data, kvg_dtype *dt)
 {
+    ctx *c = s->ctx;
     kvg_qtype qt;
     const kvg_gguf_tensor *t = kvg_gguf_find_tensor(c->g, name);
+    (void)w, (void)layer;
     *data = NULL;
     if (!t) {
         if (optional)
@@ -134,51 +148,16 @@ static int find(ctx *c, const char *name, int64_t rows, int64_t cols, int option
     return 0;
 }
 
-static int mat(ctx *c, kvg_tensor *out, const char *name, int64_t rows, int64_t cols, int optional)
-{
-    const void *p;
-    kvg_dtype dt;
-    if (find(c, name, rows, cols, optional, &p, &dt) < 0)
-        return -1;
-    if (!p)
-        return 0;
-    if (kvgm_bind(c->m, out, p, dt, rows, cols, c->err, c->err_len) < 0)
-        return -1;
-    return 0;
-}
-
-static int vec(ctx *c, const float **out, const char *name, int64_t n, int optional)
-{
-    const void *p;
-    kvg_dtype dt;
-    *out = NULL;
-    if (find(c, name, 0, n, optional, &p, &dt) < 0)
-        return -1;
-    if (!p)
-        return 0;
-    *out = kvgm_vec_f32(c->m, p, dt, (size_t)n);
-    if (!*out) {
-        kvg_set_err(c->err, c->err_len, "%s: out of memory", c->path);
-        return -1;
-    }
-    return 0;
-}
-
 kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, char *err, size_t err_len)
 {
-    char name[128], tn[96];
+    char tn[96];
     const unsigned char *d, *tok_bytes = NULL;
     size_t len, tok_len = 0;
     kvg_gguf_str s;
 
-    kvgm_name_from_path(name, sizeof name, path);
-    kvg_model *m = kvgm_new("gguf", name);
-    if (!m) {
-        kvg_set_err(err, err_len, "%s: out of memory", path);
+    kvg_model *m = kvgm_new_mapped("gguf", path, &d, &len, err, err_len);
+    if (!m)
         return NULL;
-    }
-    if (kvgm_map_file(m, path, &d, &len, err, err_len) < 0)
-        goto fail;
     kvg_gguf *g = kvg_gguf_parse(d, len, path, err, err_len);
     if (!g)
         goto fail;
@@ -245,40 +224,18 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
         goto fail;
     }
     cf->vocab_size = (int)emb->ne[1];
-    int64_t D = cf->dim, H = cf->hidden_dim, Q = (int64_t)cf->n_heads * cf->head_dim,
-            KV = (int64_t)cf->n_kv_heads * cf->head_dim, V = cf->vocab_size;
-    if (mat(&c, &m->tok_embedding, "token_embd.weight", V, D, 0) < 0
-        || mat(&c, &m->output, "output.weight", V, D, 1) < 0
-        || vec(&c, &m->final_norm, "output_norm.weight", D, 0) < 0)
+    int64_t D = cf->dim, V = cf->vocab_size;
+    kvgm_source src = { m, find, &c, names, "blk.", path, err, err_len };
+    if (kvgm_mat(&src, &m->tok_embedding, KVGM_EMBEDDING, -1, V, D, 0) < 0
+        || kvgm_mat(&src, &m->output, KVGM_OUTPUT, -1, V, D, 1) < 0
+        || kvgm_vec(&src, &m->final_norm, KVGM_FINAL_NORM, -1, D, 0) < 0)
         goto fail;
     if (!m->output.data) {
         m->output = m->tok_embedding;
         cf->tied_embeddings = 1;
     }
-    m->layers = calloc((size_t)cf->n_layers, sizeof *m->layers);
-    if (!m->layers) {
-        kvg_set_err(err, err_len, "%s: out of memory", path);
+    if (kvgm_bind_layers(&src) < 0)
         goto fail;
-    }
-    for (int l = 0; l < cf->n_layers; l++) {
-        kvg_layer_weights *w = &m->layers[l];
-#define N(x) (snprintf(tn, sizeof tn, "blk.%d." x, l), tn)
-        if (vec(&c, &w->attn_norm, N("attn_norm.weight"), D, 0) < 0
-            || mat(&c, &w->wq, N("attn_q.weight"), Q, D, 0) < 0
-            || mat(&c, &w->wk, N("attn_k.weight"), KV, D, 0) < 0
-            || mat(&c, &w->wv, N("attn_v.weight"), KV, D, 0) < 0
-            || mat(&c, &w->wo, N("attn_output.weight"), D, Q, 0) < 0
-            || vec(&c, &w->ffn_norm, N("ffn_norm.weight"), D, 0) < 0
-            || mat(&c, &w->w_gate, N("ffn_gate.weight"), H, D, 0) < 0
-            || mat(&c, &w->w_down, N("ffn_down.weight"), D, H, 0) < 0
-            || mat(&c, &w->w_up, N("ffn_up.weight"), H, D, 0) < 0)
-            goto fail;
-        if (cf->has_qkv_bias
-            && (vec(&c, &w->bq, N("attn_q.bias"), Q, 0) < 0 || vec(&c, &w->bk, N("attn_k.bias"), KV, 0) < 0
-                || vec(&c, &w->bv, N("attn_v.bias"), KV, 0) < 0))
-            goto fail;
-#undef N
-    }
 
     if (opts->tokenizer_path) {
         if (kvgm_load_tokenizer_file(m, opts->tokenizer_path, &tok_bytes, &tok_len, err, err_len) < 0)

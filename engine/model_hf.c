@@ -273,12 +273,34 @@ fail:
     return -1;
 }
 
-/* The tensor `name` with shape [rows][cols] (rows 0: a vector of cols). */
-static int find(hf *h, const char *name, int64_t rows, int64_t cols, int optional, const void **data,
-                kvg_dtype *dt)
+/* transformers' names of the weights; a layer's are model.layers.N.NAME. */
+static const char *const names[KVGM_N_WEIGHTS] = {
+    [KVGM_EMBEDDING] = "model.embed_tokens.weight",
+    [KVGM_OUTPUT] = "lm_head.weight",
+    [KVGM_FINAL_NORM] = "model.norm.weight",
+    [KVGM_ATTN_NORM] = "input_layernorm.weight",
+    [KVGM_WQ] = "self_attn.q_proj.weight",
+    [KVGM_WK] = "self_attn.k_proj.weight",
+    [KVGM_WV] = "self_attn.v_proj.weight",
+    [KVGM_WO] = "self_attn.o_proj.weight",
+    [KVGM_FFN_NORM] = "post_attention_layernorm.weight",
+    [KVGM_W_GATE] = "mlp.gate_proj.weight",
+    [KVGM_W_DOWN] = "mlp.down_proj.weight",
+    [KVGM_W_UP] = "mlp.up_proj.weight",
+    [KVGM_BQ] = "self_attn.q_proj.bias",
+    [KVGM_BK] = "self_attn.k_proj.bias",
+    [KVGM_BV] = "self_attn.v_proj.bias",
+};
+
+/* kvgm_source's find: the tensor `name` in whichever shard holds it, its dtype and its
+ * shape [rows][cols] (rows 0: a vector of cols) checked. */
+static int find(const kvgm_source *src, const char *name, kvgm_weight w, int layer, int64_t rows,
+                int64_t cols, int optional, const void **data, kvg_dtype *dt)
 {
+    hf *h = src->ctx;
     const kvg_st_tensor *t = NULL;
     const shard *s = NULL;
+    (void)w, (void)layer;
     *data = NULL;
     for (size_t i = 0; i < h->n_shards && !t; i++)
         if ((t = kvg_st_find(h->shards[i].st, name)))
@@ -319,72 +341,21 @@ static int find(hf *h, const char *name, int64_t rows, int64_t cols, int optiona
     return 0;
 }
 
-static int mat(hf *h, kvg_tensor *out, const char *name, int64_t rows, int64_t cols, int optional)
-{
-    const void *p;
-    kvg_dtype dt;
-    if (find(h, name, rows, cols, optional, &p, &dt) < 0)
-        return -1;
-    if (!p)
-        return 0;
-    return kvgm_bind(h->m, out, p, dt, rows, cols, h->err, h->err_len);
-}
-
-static int vec(hf *h, const float **out, const char *name, int64_t n)
-{
-    const void *p;
-    kvg_dtype dt;
-    if (find(h, name, 0, n, 0, &p, &dt) < 0)
-        return -1;
-    *out = kvgm_vec_f32(h->m, p, dt, (size_t)n);
-    if (!*out) {
-        kvg_set_err(h->err, h->err_len, "%s: out of memory", h->dir);
-        return -1;
-    }
-    return 0;
-}
-
 static int bind_all(hf *h)
 {
     kvg_model *m = h->m;
-    kvg_model_config *c = &m->cfg;
-    char n[128];
-    int64_t D = c->dim, H = c->hidden_dim, Q = (int64_t)c->n_heads * c->head_dim,
-            KV = (int64_t)c->n_kv_heads * c->head_dim, V = c->vocab_size;
+    int64_t D = m->cfg.dim, V = m->cfg.vocab_size;
+    kvgm_source src = { m, find, h, names, "model.layers.", h->dir, h->err, h->err_len };
 
-    if (mat(h, &m->tok_embedding, "model.embed_tokens.weight", V, D, 0) < 0
-        || vec(h, &m->final_norm, "model.norm.weight", D) < 0)
+    if (kvgm_mat(&src, &m->tok_embedding, KVGM_EMBEDDING, -1, V, D, 0) < 0
+        || kvgm_vec(&src, &m->final_norm, KVGM_FINAL_NORM, -1, D, 0) < 0)
         return -1;
     /* Tied checkpoints often omit lm_head; when present, transformers ties it anyway. */
-    if (c->tied_embeddings)
+    if (m->cfg.tied_embeddings)
         m->output = m->tok_embedding;
-    else if (mat(h, &m->output, "lm_head.weight", V, D, 0) < 0)
+    else if (kvgm_mat(&src, &m->output, KVGM_OUTPUT, -1, V, D, 0) < 0)
         return -1;
-    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    if (!m->layers) {
-        kvg_set_err(h->err, h->err_len, "%s: out of memory", h->dir);
-        return -1;
-    }
-    for (int l = 0; l < c->n_layers; l++) {
-        kvg_layer_weights *w = &m->layers[l];
-#define N(x) (snprintf(n, sizeof n, "model.layers.%d." x, l), n)
-        if (vec(h, &w->attn_norm, N("input_layernorm.weight"), D) < 0
-            || mat(h, &w->wq, N("self_attn.q_proj.weight"), Q, D, 0) < 0
-            || mat(h, &w->wk, N("self_attn.k_proj.weight"), KV, D, 0) < 0
-            || mat(h, &w->wv, N("self_attn.v_proj.weight"), KV, D, 0) < 0
-            || mat(h, &w->wo, N("self_attn.o_proj.weight"), D, Q, 0) < 0
-            || vec(h, &w->ffn_norm, N("post_attention_layernorm.weight"), D) < 0
-            || mat(h, &w->w_gate, N("mlp.gate_proj.weight"), H, D, 0) < 0
-            || mat(h, &w->w_down, N("mlp.down_proj.weight"), D, H, 0) < 0
-            || mat(h, &w->w_up, N("mlp.up_proj.weight"), H, D, 0) < 0)
-            return -1;
-        if (c->has_qkv_bias
-            && (vec(h, &w->bq, N("self_attn.q_proj.bias"), Q) < 0 || vec(h, &w->bk, N("self_attn.k_proj.bias"), KV) < 0
-                || vec(h, &w->bv, N("self_attn.v_proj.bias"), KV) < 0))
-            return -1;
-#undef N
-    }
-    return 0;
+    return kvgm_bind_layers(&src);
 }
 
 /* tokenizer_config.json "chat_template" (a string, or a list of {name, template}),
@@ -441,27 +412,16 @@ static int load_chat_template(kvg_model *m, const char *dir, char *err, size_t e
 
 kvg_model *kvgm_load_hf(const char *dir, const kvg_model_load_opts *opts, char *err, size_t err_len)
 {
-    char name[128], path[4096];
+    char path[4096];
     const unsigned char *cfg_bytes, *tok_bytes;
     size_t cfg_len, tok_len;
     kvgm_part *parts = NULL;
     hf h = { NULL, dir, NULL, 0, err, err_len };
 
     /* A directory name has no extension to drop ("TinyLlama-1.1B-Chat-v1.0"). */
-    {
-        size_t dl = strlen(dir);
-        while (dl > 1 && dir[dl - 1] == '/')
-            dl--;
-        size_t s = dl;
-        while (s > 0 && dir[s - 1] != '/')
-            s--;
-        snprintf(name, sizeof name, "%.*s", (int)(dl - s), dir + s);
-    }
-    kvg_model *m = kvgm_new("hf", name);
-    if (!m) {
-        kvg_set_err(err, err_len, "%s: out of memory", dir);
+    kvg_model *m = kvgm_new_from_path("hf", dir, 0, err, err_len);
+    if (!m)
         return NULL;
-    }
     h.m = m;
     json_t *cfg = load_json(m, dir, "config.json", &cfg_bytes, &cfg_len, err, err_len);
     if (!cfg)

@@ -1,7 +1,8 @@
 /* Shared by the model loaders (model_llama2c.c, model_gguf.c, model_hf.c,
  * model_synthetic.c), implemented in model_common.c: storage ownership, error
- * formatting, tensor binding with the checks every format needs, and the model
- * identity hash. Not a public header. The loaders' entry points are in
+ * formatting, tensor binding with the checks every format needs, the binding of a
+ * model's weights through a loader's lookup (kvgm_source), and the model identity
+ * hash. Not a public header. The loaders' entry points are in
  * model_formats.h, for model_load.c above them. */
 #ifndef KVG_MODEL_INTERNAL_H
 #define KVG_MODEL_INTERNAL_H
@@ -41,25 +42,60 @@ int kvgm_map_file(kvg_model *m, const char *path, const unsigned char **data, si
  * (page aligned, returned to the system on free) for big ones. NULL when out of memory. */
 void *kvgm_alloc(kvg_model *m, size_t n);
 
-/* The base name of a path without directories and without its last extension. */
-void kvgm_name_from_path(char *out, size_t cap, const char *path);
-
-/* An owned F32 copy of the n-element vector stored as `dt` at `p`, even when it already
- * is F32: the vectors are small, and a step that read them in the file's mapping would
- * fault their neighbours back in too (the kernel maps a file's pages around a fault, a
- * whole large folio at a time), the matrices a backend has copied and released among
- * them. NULL when out of memory. */
-const float *kvgm_vec_f32(kvg_model *m, const void *p, kvg_dtype dt, size_t n);
+/* kvgm_new named after the base name of `path` (without its last extension when
+ * drop_extension: a file's, not a directory's); NULL with "PATH: out of memory". */
+kvg_model *kvgm_new_from_path(const char *format, const char *path, int drop_extension,
+                              char *err, size_t err_len);
+/* A model of a one-file format: kvgm_new_from_path(format, path, 1) holding the whole
+ * file mapped (kvgm_map_file) at *data, *len. NULL with err. */
+kvg_model *kvgm_new_mapped(const char *format, const char *path, const unsigned char **data,
+                           size_t *len, char *err, size_t err_len);
 
 /* Binds a matrix that lies in mapped memory; copies it into owned memory only when
  * it is misaligned for its dtype. -1 when out of memory. */
 int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t rows, int64_t cols,
               char *err, size_t err_len);
 
-/* Exact conversions and round-to-nearest-even narrowing (F16: kvg_quant_f16_to_f32 and
- * kvg_quant_f32_to_f16 of src/quant.h, which the block formats share). */
-float kvgm_bf16_to_f32(uint16_t h);
-uint16_t kvgm_f32_to_bf16(float f);
+/* ---- a model's weights, looked up by every loader alike ---- */
+
+/* The weights of a model: model-wide, then those of each layer. */
+typedef enum kvgm_weight {
+    KVGM_EMBEDDING, KVGM_OUTPUT, KVGM_FINAL_NORM,
+    KVGM_ATTN_NORM, KVGM_WQ, KVGM_WK, KVGM_WV, KVGM_WO,
+    KVGM_FFN_NORM, KVGM_W_GATE, KVGM_W_DOWN, KVGM_W_UP,
+    KVGM_BQ, KVGM_BK, KVGM_BV,
+    KVGM_N_WEIGHTS
+} kvgm_weight;
+
+/* A loader's file(s), as kvgm_mat, kvgm_vec and kvgm_bind_layers see them. */
+typedef struct kvgm_source kvgm_source;
+struct kvgm_source {
+    kvg_model *m;
+    /* Weight w of `layer` (-1: a model-wide one), named `name` in the file (NULL when
+     * the source has no names), with shape [rows][cols] (rows 0: a vector of cols):
+     * its bytes and dtype, after the format's checks of both. Missing and optional:
+     * 0 with *data NULL. Otherwise -1 with the error in s->err. */
+    int (*find)(const kvgm_source *s, const char *name, kvgm_weight w, int layer, int64_t rows,
+                int64_t cols, int optional, const void **data, kvg_dtype *dt);
+    void *ctx;                   /* the loader's state, for find */
+    const char *const *names;    /* [KVGM_N_WEIGHTS] the file's names, or NULL */
+    const char *layer_prefix;    /* a layer's names are PREFIX<layer>.NAME */
+    const char *where;           /* names the model in an out-of-memory error */
+    char *err;
+    size_t err_len;
+};
+
+/* Finds a matrix and binds it (kvgm_bind). Missing and optional: 0, *out untouched. */
+int kvgm_mat(const kvgm_source *s, kvg_tensor *out, kvgm_weight w, int layer, int64_t rows,
+             int64_t cols, int optional);
+/* Finds a vector and makes an owned F32 copy of it, even of an F32 one: a step that
+ * read it in the file's mapping would fault the released pages around it back in.
+ * Missing and optional: 0, *out NULL. */
+int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, int64_t n,
+             int optional);
+/* Allocates m->layers and binds every layer's weights with the config's shapes: the
+ * norms, q/k/v/o, gate/down/up, and the q/k/v biases when cfg.has_qkv_bias. */
+int kvgm_bind_layers(const kvgm_source *s);
 
 /* One piece of the identity: a label and bytes. */
 typedef struct kvgm_part {

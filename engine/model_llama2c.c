@@ -8,6 +8,7 @@
  *     embedding and the stacked matrices, then the classifier when not shared.
  * The file is mapped and the tensors point into it. The tokenizer is a separate file
  * (opts->tokenizer_path). Also the legacy writer, kvg_model_export_llama2c. */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -41,23 +42,44 @@ typedef struct region {
 enum { R_EMB, R_ATT_NORM, R_WQ, R_WK, R_WV, R_WO, R_FFN_NORM, R_W1, R_W2, R_W3, R_FINAL, R_FREQ_RE,
        R_FREQ_IM, R_CLS, R_N };
 
+/* The region of each weight (a llama2.c model has no biases). */
+static const int region_of[KVGM_N_WEIGHTS] = {
+    [KVGM_EMBEDDING] = R_EMB, [KVGM_OUTPUT] = R_CLS,     [KVGM_FINAL_NORM] = R_FINAL,
+    [KVGM_ATTN_NORM] = R_ATT_NORM, [KVGM_WQ] = R_WQ,     [KVGM_WK] = R_WK,
+    [KVGM_WV] = R_WV,         [KVGM_WO] = R_WO,          [KVGM_FFN_NORM] = R_FFN_NORM,
+    [KVGM_W_GATE] = R_W1,     [KVGM_W_DOWN] = R_W2,      [KVGM_W_UP] = R_W3,
+    [KVGM_BQ] = -1,           [KVGM_BK] = -1,            [KVGM_BV] = -1,
+};
+
+/* kvgm_source's find: layer `layer` of the weight's stacked region, F32. The header
+ * fixed every region's shape and the file was checked to hold them all, so nothing is
+ * left to check; only weights the model has are asked for (no biases, the classifier
+ * only when it is not shared). Offsets are multiples of 4 in a page-aligned mapping:
+ * the matrices stay there (the norm vectors are copied, as every loader's are). */
+static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer, int64_t rows,
+                int64_t cols, int optional, const void **data, kvg_dtype *dt)
+{
+    const region *r;
+    (void)name, (void)rows, (void)cols, (void)optional;
+    assert(region_of[w] >= 0);
+    r = (const region *)s->ctx + region_of[w];
+    assert(r->count > 0);
+    *data = r->p + (uint64_t)(layer < 0 ? 0 : layer) * r->rows * r->cols * 4;
+    *dt = KVG_DT_F32;
+    return 0;
+}
+
 kvg_model *kvgm_load_llama2c(const char *path, const kvg_model_load_opts *opts, char *err, size_t err_len)
 {
-    char name[128];
     const unsigned char *d, *tok_bytes;
     size_t len, tok_len;
     int32_t h[7];
     int version = 0, shared;
     uint64_t off;
 
-    kvgm_name_from_path(name, sizeof name, path);
-    kvg_model *m = kvgm_new("llama2c", name);
-    if (!m) {
-        kvg_set_err(err, err_len, "%s: out of memory", path);
+    kvg_model *m = kvgm_new_mapped("llama2c", path, &d, &len, err, err_len);
+    if (!m)
         return NULL;
-    }
-    if (kvgm_map_file(m, path, &d, &len, err, err_len) < 0)
-        goto fail;
     if (len >= 8 && rd_i32(d) == (int32_t)AK42_MAGIC) {
         version = rd_i32(d + 4);
         if (version == 2) {
@@ -164,37 +186,14 @@ kvg_model *kvgm_load_llama2c(const char *path, const kvg_model_load_opts *opts, 
     c->rope_layout = KVG_ROPE_ADJACENT;
     c->tied_embeddings = shared;
 
-    m->layers = calloc((size_t)n_layers, sizeof *m->layers);
-    if (!m->layers) {
-        kvg_set_err(err, err_len, "%s: out of memory", path);
+    kvgm_source src = { m, find, r, NULL, NULL, path, err, err_len };
+    if (kvgm_mat(&src, &m->tok_embedding, KVGM_EMBEDDING, -1, vocab, dim, 0) < 0
+        || (!shared && kvgm_mat(&src, &m->output, KVGM_OUTPUT, -1, vocab, dim, 0) < 0)
+        || kvgm_vec(&src, &m->final_norm, KVGM_FINAL_NORM, -1, dim, 0) < 0
+        || kvgm_bind_layers(&src) < 0)
         goto fail;
-    }
-#define AT(k, l) ((const void *)(r[k].p + (uint64_t)(l) * r[k].rows * r[k].cols * 4))
-    /* Offsets are multiples of 4 in a page-aligned mapping: the matrices stay there;
-     * the norm vectors are copied (kvgm_vec_f32). */
-    kvgm_bind(m, &m->tok_embedding, AT(R_EMB, 0), KVG_DT_F32, vocab, dim, err, err_len);
     if (shared)
         m->output = m->tok_embedding;
-    else
-        kvgm_bind(m, &m->output, AT(R_CLS, 0), KVG_DT_F32, vocab, dim, err, err_len);
-    m->final_norm = kvgm_vec_f32(m, AT(R_FINAL, 0), KVG_DT_F32, (size_t)dim);
-    for (int l = 0; l < n_layers; l++) {
-        kvg_layer_weights *w = &m->layers[l];
-        w->attn_norm = kvgm_vec_f32(m, AT(R_ATT_NORM, l), KVG_DT_F32, (size_t)dim);
-        w->ffn_norm = kvgm_vec_f32(m, AT(R_FFN_NORM, l), KVG_DT_F32, (size_t)dim);
-        if (!m->final_norm || !w->attn_norm || !w->ffn_norm) {
-            kvg_set_err(err, err_len, "%s: out of memory for the norm weights", path);
-            goto fail;
-        }
-        kvgm_bind(m, &w->wq, AT(R_WQ, l), KVG_DT_F32, dim, dim, err, err_len);
-        kvgm_bind(m, &w->wk, AT(R_WK, l), KVG_DT_F32, (int64_t)kv_dim, dim, err, err_len);
-        kvgm_bind(m, &w->wv, AT(R_WV, l), KVG_DT_F32, (int64_t)kv_dim, dim, err, err_len);
-        kvgm_bind(m, &w->wo, AT(R_WO, l), KVG_DT_F32, dim, dim, err, err_len);
-        kvgm_bind(m, &w->w_gate, AT(R_W1, l), KVG_DT_F32, hidden, dim, err, err_len);
-        kvgm_bind(m, &w->w_down, AT(R_W2, l), KVG_DT_F32, dim, hidden, err, err_len);
-        kvgm_bind(m, &w->w_up, AT(R_W3, l), KVG_DT_F32, hidden, dim, err, err_len);
-    }
-#undef AT
 
     if (!opts->tokenizer_path) {
         kvg_set_err(err, err_len, "%s: a llama2.c checkpoint has no tokenizer inside; set the tokenizer_path option "

@@ -2,6 +2,7 @@
  * cycle. The pool calls back here when a block's count reaches 0 (keep it cached if
  * it has a hash) and when its free list runs dry (evict one cached block). */
 #include "prefix_cache.h"
+#include "prefix_cache_testing.h"
 #include "errmsg.h"
 #include "cache_index.h"
 

@@ -80,9 +80,6 @@ int kvg_pc_tenant_ref(kvg_prefix_cache *pc, int tenant);
 /* Drops a reference; the tenant is reclaimed if that was the last one and it holds
  * no blocks. */
 void kvg_pc_tenant_put(kvg_prefix_cache *pc, int tenant);
-/* The live tenant of a salt without taking a reference (for tests and statistics),
- * or -1. */
-int kvg_pc_tenant_find(const kvg_prefix_cache *pc, const void *salt, size_t len);
 /* Whether an id names a live tenant. */
 int kvg_pc_tenant_live(const kvg_prefix_cache *pc, int tenant);
 /* Hashed blocks (in use or cached) of a live tenant, -1 for an id that is not. */
@@ -94,18 +91,11 @@ int kvg_pc_tenant_slots(const kvg_prefix_cache *pc);
 /* A live tenant's salt, or NULL for an id that is not live. */
 const void *kvg_pc_tenant_salt(const kvg_prefix_cache *pc, int tenant, size_t *len);
 
-/* The chain root of a tenant (or of a salt) under the cache's model id: hashes made
- * from it are the only ones this cache can hit, so a block of another model is never
- * served. The salt form needs no tenant record: a request checks its hashes before it
- * is given one. */
-int kvg_pc_tenant_root(kvg_prefix_cache *pc, kvg_prefix_hasher *h, int tenant,
-                       uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
+/* The chain root of a salt under the cache's model id: hashes made from it are the only
+ * ones this cache can hit, so a block of another model is never served. It needs no
+ * tenant record: a request checks its hashes before it is given one. */
 int kvg_pc_salt_root(const kvg_prefix_cache *pc, kvg_prefix_hasher *h, const void *salt,
                      size_t len, uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
-
-/* Model change: every cached block is dropped (freed, not counted as an eviction) and
- * blocks in use lose their hash (freed on release); roots change with the model id. */
-void kvg_pc_set_model(kvg_prefix_cache *pc, const uint8_t model_id[KVG_PREFIX_HASH_LEN]);
 
 /* Admission of a prompt of n_tokens tokens with the chain hashes of its full blocks
  * (n_hashes = n_tokens / block_tokens; tenant may be -1, no tenant, when n_hashes is 0:
@@ -120,11 +110,6 @@ int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
                      const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
                      int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
                      char *err, size_t err_len);
-
-/* How many blocks admission would need to allocate now (after hits), without doing it. */
-int32_t kvg_pc_blocks_needed(const kvg_prefix_cache *pc,
-                             const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
-                             int32_t n_tokens);
 
 /* Block `index` of seq is full and written: publish it under `hash` for `tenant`
  * (generated tokens are cached too: the engine extends the chain with
@@ -162,12 +147,5 @@ int kvg_pc_set_index(kvg_prefix_cache *pc, kvg_cache_index_writer *w);
 
 /* Whether a block is findable under hash now (any tenant: hashes are salted). */
 int kvg_pc_holds(const kvg_prefix_cache *pc, const uint8_t hash[KVG_PREFIX_HASH_LEN]);
-
-/* Checks every invariant (free + cached + used == total, refcounts match the sequences
- * the caller passes, the hash table and LRU list agree, every live tenant is held or
- * holds blocks and is found by its salt, free slots are on the free list): 0, or -1
- * with err. For tests. */
-int kvg_pc_check(const kvg_prefix_cache *pc, const kvg_kv_seq *const *seqs, size_t n_seqs,
-                 char *err, size_t err_len);
 
 #endif

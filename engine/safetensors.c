@@ -17,7 +17,8 @@ struct kvg_safetensors {
     size_t n;
 };
 
-size_t kvg_st_dtype_size(const char *d)
+/* Bytes per element of a safetensors dtype name, 0 when unknown. */
+static size_t dtype_size(const char *d)
 {
     static const struct { const char *n; size_t s; } tab[] = {
         { "BOOL", 1 }, { "U8", 1 }, { "I8", 1 }, { "F8_E4M3", 1 }, { "F8_E5M2", 1 },
@@ -134,7 +135,7 @@ kvg_safetensors *kvg_st_parse(const void *data, size_t len, const char *name, ch
                  (unsigned long long)avail);
             goto bad;
         }
-        size_t es = kvg_st_dtype_size(t->dtype);
+        size_t es = dtype_size(t->dtype);
         if (es && e - b != n_elem * es) {
             kvg_fail(err, err_len, name, "tensor %s: data_offsets [%llu, %llu) hold %llu bytes but dtype %s and its "
                  "shape need %llu", key, (unsigned long long)b, (unsigned long long)e,

@@ -30,7 +30,4 @@ void kvg_st_free(kvg_safetensors *st);
 
 const kvg_st_tensor *kvg_st_find(const kvg_safetensors *st, const char *name);
 
-/* Bytes per element of a safetensors dtype name, 0 when unknown. */
-size_t kvg_st_dtype_size(const char *dtype);
-
 #endif

@@ -2,6 +2,7 @@
  * ascending, or the candidates' total order), so the same logits and parameters always
  * give the same token and logprob. */
 #include "sampler.h"
+#include "sampler_testing.h"
 #include "errmsg.h"
 
 #include <math.h>

@@ -41,12 +41,6 @@ typedef struct kvg_sampler {
 
 void kvg_sampler_free(kvg_sampler *s);
 
-/* Philox4x32-10: 4 x 32 random bits for (key, counter). */
-void kvg_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
-
-/* The uniform number in [0, 1) (53 bits) used for (seed, sample_index, position). */
-double kvg_sample_uniform(uint64_t seed, uint64_t sample_index, uint64_t position);
-
 /* Checks parameters; 0, or -1 with a message (negative temperature, NaN, top_k < 0,
  * top_p NaN). */
 int kvg_sampler_params_check(const kvg_sampler_params *p, char *err, size_t err_len);
@@ -56,8 +50,5 @@ int kvg_sampler_params_check(const kvg_sampler_params *p, char *err, size_t err_
  * memory. */
 int32_t kvg_sample(kvg_sampler *s, const kvg_sampler_params *p, const float *logits, int vocab,
                    uint64_t sample_index, uint64_t position, float *logprob);
-
-/* Greedy choice alone: highest logit, ties to the lowest id. */
-int32_t kvg_argmax(const float *logits, int vocab);
 
 #endif

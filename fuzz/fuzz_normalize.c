@@ -10,6 +10,7 @@
 
 #include "nfc.h"
 #include "normalize.h"
+#include "normalize_testing.h"
 #include "utf8.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "chat_template.h"
+#include "chat_template_testing.h"
 #include "request.h"
 #include "../t/unit/request_dump.h"   /* kvg_request_to_json: test code, not the library */
 #include "utf8.h"

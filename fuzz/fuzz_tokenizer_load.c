@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "gguf_testing.h"
 #include "tokenizer.h"
 #include "utf8.h"
 

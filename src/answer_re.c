@@ -2,6 +2,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 
 #include "answer_re.h"
+#include "answer_re_testing.h"
 
 #include <pcre2.h>
 #include <stdlib.h>

@@ -63,7 +63,5 @@ int kvg_answer_re_last(kvg_answer_re *re, const char *text, size_t len, const ch
 
 /* Steps taken so far, over every sample. */
 uint64_t kvg_answer_re_steps(const kvg_answer_re *re);
-/* 1 when PCRE2 compiled the pattern to machine code (JIT). */
-int kvg_answer_re_jit(const kvg_answer_re *re);
 
 #endif

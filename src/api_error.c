@@ -1,4 +1,5 @@
 #include "api_error.h"
+#include "api_error_testing.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -18,7 +18,7 @@
  *   429   "rate_limit_error" (code "rate_limit_exceeded")
  *   500, 502, 503, 504 and other 5xx   "server_error"
  *         (OpenAI's 503 is "The engine is currently overloaded, please try again later")
- * kvg_api_error_type() implements this table. */
+ * kvg_api_error_set fills the type from this table. */
 #ifndef KVG_API_ERROR_H
 #define KVG_API_ERROR_H
 
@@ -37,9 +37,6 @@ typedef struct kvg_api_error {
     char param[KVG_API_ERROR_PARAM_MAX];     /* "" for JSON null */
     char message[KVG_API_ERROR_MSG_MAX];
 } kvg_api_error;
-
-/* The "type" for an HTTP status (never NULL). */
-const char *kvg_api_error_type(int status);
 
 /* Fills e: type from status; code may be NULL; param may be NULL or "".
  * Always returns -1 so callers can `return kvg_api_error_set(...)`. */

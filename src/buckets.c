@@ -1,4 +1,5 @@
 #include "buckets.h"
+#include "buckets_testing.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -38,9 +38,6 @@ int kvg_buckets_parse(kvg_buckets *b, const char *spec, char *err, size_t err_le
  * it (NULL: the defaults). Always succeeds; bounds beyond the 16th are dropped. */
 void kvg_buckets_with_min(kvg_buckets *b, uint32_t min_tokens, const kvg_buckets *bounds);
 
-/* Fills b with the default boundaries. */
-void kvg_buckets_default(kvg_buckets *b);
-
 /* Number of buckets: n_bounds + 1 (bypass included). */
 unsigned kvg_buckets_count(const kvg_buckets *b);
 

@@ -1,4 +1,5 @@
 #include "chat_template.h"
+#include "chat_template_testing.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -19,7 +19,7 @@
  * space at the start of every encode call); that is the price of the guarantee,
  * and it is deterministic, which is what the prefix cache needs.
  *
- * The concatenated text (kvg_chat_segments_text) is exactly what the Hugging Face
+ * The concatenated text (kvg_chat_segments_text, chat_template_testing.h) is exactly what the Hugging Face
  * reference template renders for the same messages with add_generation_prompt,
  * bos_token and eos_token filled in; use it for logs and debugging only.
  *
@@ -125,12 +125,5 @@ size_t kvg_chat_max_segments(size_t n_messages);
 int kvg_chat_render(kvg_chat_template t, const kvg_chat_message *msgs, size_t n,
                     int add_generation_prompt, kvg_chat_segment *segs, size_t cap,
                     size_t *n_segs, char *err, size_t err_len);
-
-/* Length of the segments' concatenated text. */
-size_t kvg_chat_segments_len(const kvg_chat_segment *segs, size_t n);
-
-/* The concatenated text, malloc'd and NUL-terminated (for logs/debugging);
- * *len (may be NULL) gets its length. NULL when out of memory. */
-char *kvg_chat_segments_text(const kvg_chat_segment *segs, size_t n, size_t *len);
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int kvg_arg_long(const char *s, long lo, long hi, long *out)
 {
@@ -156,4 +157,88 @@ int kvg_arg_int_list(const char *s, int lo, int hi, int *out, int max, int *n)
     }
     free(ids);
     return rc;
+}
+
+/* One option's value into its destination: 0; -1 for a bad value (the option's `bad`
+ * says so); -2 when a custom parser wrote the usage error into msg. */
+static int parse_value(const kvg_opt *o, const char *v, char *msg, size_t msg_len)
+{
+    long l;
+    double d;
+
+    switch (o->kind) {
+    case KVG_OPT_STR:
+        *(const char **)o->dst = v;
+        return 0;
+    case KVG_OPT_LONG:
+    case KVG_OPT_INT:
+        if (kvg_arg_long(v, (long)o->lo, (long)o->hi, &l) != 0)
+            break;
+        if (o->kind == KVG_OPT_LONG)
+            *(long *)o->dst = l;
+        else
+            *(int *)o->dst = (int)l;
+        return 0;
+    case KVG_OPT_FLOAT:
+        if (kvg_arg_double(v, -1e30, 1e30, &d) != 0 || !((float)d >= (float)o->lo && (float)d <= (float)o->hi))
+            break;
+        *(float *)o->dst = (float)d;
+        return 0;
+    case KVG_OPT_DOUBLE:
+        if (kvg_arg_double(v, o->lo, o->hi, &d) != 0)
+            break;
+        *(double *)o->dst = d;
+        return 0;
+    case KVG_OPT_ON_OFF:
+        if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+            break;
+        *(int *)o->dst = strcmp(v, "on") == 0;
+        return 0;
+    case KVG_OPT_CUSTOM:
+        msg[0] = '\0';
+        if (o->parse(v, o->dst, msg, msg_len) == 0)
+            return 0;
+        return msg[0] ? -2 : -1;
+    case KVG_OPT_FLAG:
+        break;
+    }
+    return -1;
+}
+
+int kvg_args_parse(const char *prog, const char *usage, int argc, char **argv, const kvg_opt *opts,
+                   size_t n_opts)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const kvg_opt *o = NULL;
+        char msg[256];
+
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage, stdout);
+            exit(0);
+        }
+        for (size_t j = 0; j < n_opts && !o; j++)
+            if (strcmp(a, opts[j].name) == 0)
+                o = &opts[j];
+        if (o && o->kind == KVG_OPT_FLAG) {
+            *(int *)o->dst = 1;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return kvg_usage_error(prog, "unexpected argument '%s'", a);
+        if (!v)
+            return kvg_usage_error(prog, "%s needs a value", a);
+        i++;
+        if (!o)
+            return kvg_usage_error(prog, "unknown option '%s'", a);
+        switch (parse_value(o, v, msg, sizeof msg)) {
+        case 0:
+            break;
+        case -1:
+            return kvg_usage_error(prog, o->bad, v);
+        default:
+            return kvg_usage_error(prog, "%s", msg);
+        }
+    }
+    return 0;
 }

@@ -1,4 +1,5 @@
 #include "gguf.h"
+#include "gguf_testing.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -69,15 +69,8 @@ typedef struct kvg_gguf kvg_gguf;
  * kvg_gguf_free. `name` is used in error messages. NULL on error. */
 kvg_gguf *kvg_gguf_parse(const void *data, size_t len, const char *name,
                          char *err, size_t err_len);
-/* Maps the file read-only and parses it; the mapping is released by kvg_gguf_free. */
-kvg_gguf *kvg_gguf_open(const char *path, char *err, size_t err_len);
 void kvg_gguf_free(kvg_gguf *g);
 
-uint32_t kvg_gguf_version(const kvg_gguf *g);
-uint32_t kvg_gguf_alignment(const kvg_gguf *g);
-
-size_t kvg_gguf_n_kv(const kvg_gguf *g);
-const kvg_gguf_kv *kvg_gguf_kv_at(const kvg_gguf *g, size_t i);
 const kvg_gguf_kv *kvg_gguf_find(const kvg_gguf *g, const char *key);
 
 /* Typed getters: 0 on success, -1 when the key is absent or its value has an
@@ -97,8 +90,6 @@ int kvg_gguf_arr_str(const kvg_gguf_kv *kv, uint64_t i, kvg_gguf_str *out);
 int kvg_gguf_arr_i64(const kvg_gguf_kv *kv, uint64_t i, int64_t *out);   /* integer and bool arrays */
 int kvg_gguf_arr_f64(const kvg_gguf_kv *kv, uint64_t i, double *out);    /* float and integer arrays */
 
-size_t kvg_gguf_n_tensors(const kvg_gguf *g);
-const kvg_gguf_tensor *kvg_gguf_tensor_at(const kvg_gguf *g, size_t i);
 const kvg_gguf_tensor *kvg_gguf_find_tensor(const kvg_gguf *g, const char *name);
 
 /* "F32", "Q4_K", ... or NULL for a ggml type this reader does not know. */

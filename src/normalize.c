@@ -1,4 +1,5 @@
 #include "normalize.h"
+#include "normalize_testing.h"
 
 #include <stdarg.h>
 #include <stdint.h>

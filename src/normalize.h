@@ -51,41 +51,16 @@
 #define KVG_NORM_ALL          0x3Fu
 #define KVG_NORM_DEFAULT      KVG_NORM_ALL
 
-/* The configuration name of one step flag ("nfc", "newlines", "junk", "spaces",
- * "trailing", "blank-lines"); NULL when flag is not exactly one known step. */
-const char *kvg_normalize_step_name(unsigned flag);
-
 /* Parses one word: a step name, "all" (every step) or "off"/"none" (no step).
  * name need not be NUL-terminated. Returns 0 and sets *flags, or -1 with
  * "unknown normalize step 'xyz' (expected ...)". */
 int kvg_normalize_parse_step(const char *name, size_t len, unsigned *flags,
                              char *err, size_t err_len);
 
-/* Parses a list of words separated by spaces, tabs or commas into the union of
- * their flags: "newlines spaces nfc", "all", "off". "off" cannot be combined with
- * steps; an empty list is an error. */
-int kvg_normalize_parse(const char *list, unsigned *flags, char *err, size_t err_len);
-
-/* Writes the step names of flags, space-separated in pipeline order ("off" for 0),
- * NUL-terminated and truncated to size. Returns the length it needed. */
-size_t kvg_normalize_format(unsigned flags, char *buf, size_t size);
-
-/* Upper bound of the output size for in[0..len) under flags: len without nfc, and
- * len plus twice the number of non-ASCII bytes with it (one cheap scan). SIZE_MAX
- * on overflow. */
-size_t kvg_normalize_bound(unsigned flags, const char *in, size_t len);
-
-/* Normalizes in[0..len) into out (capacity cap; kvg_normalize_bound() bytes always
- * suffice), for callers that allocate from their own pool. Not NUL-terminated.
- * out may equal in when nfc is off; otherwise they must not overlap. Returns 0
- * with *out_len set, or -1 with err: invalid UTF-8 ("invalid UTF-8 at byte offset
- * N"), unknown flag bits, cap too small, out of memory. Only nfc may malloc (a
- * scratch for very long runs of combining marks); it frees it before returning. */
-int kvg_normalize_into(unsigned flags, const char *in, size_t len, char *out, size_t cap,
-                       size_t *out_len, char *err, size_t err_len);
-
-/* Same, into a malloc'd NUL-terminated buffer (*out_len excludes the NUL); the
- * caller frees *out. On error *out is NULL. */
+/* Normalizes in[0..len) under flags into a malloc'd NUL-terminated buffer (*out_len
+ * excludes the NUL); the caller frees *out. 0, or -1 with err (invalid UTF-8: "invalid
+ * UTF-8 at byte offset N"; unknown flag bits; input too large; out of memory), *out
+ * NULL then. */
 int kvg_normalize(unsigned flags, const char *in, size_t len, char **out, size_t *out_len,
                   char *err, size_t err_len);
 

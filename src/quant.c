@@ -7,6 +7,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 #include "quant.h"
+#include "quant_testing.h"
 
 #include <math.h>
 #include <string.h>

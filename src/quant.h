@@ -35,20 +35,12 @@ typedef enum kvg_qtype { KVG_Q8_0, KVG_Q4_0, KVG_Q4_K, KVG_Q6_K } kvg_qtype;
  * value outside the enum. */
 int kvg_quant_block_elems(kvg_qtype t);
 size_t kvg_quant_block_bytes(kvg_qtype t);
-const char *kvg_quant_name(kvg_qtype t);
 
 /* n elements (n % block == 0) of blocks at src to F32: the defined values above. */
 void kvg_dequant_row(kvg_qtype t, const void *src, float *dst, int64_t n);
 
-/* Reference quantizers (deterministic, round to nearest; for tests, tools and the
- * synthetic model writers, not tuned for quality): n % block == 0, dst holds n / block
- * blocks. 0, or -1 for a bad n or type. Q4_K and Q6_K pick their sub-block scales with
- * a simple rule (see quant.c), not llama.cpp's search. */
-int kvg_quant_row(kvg_qtype t, const float *src, void *dst, int64_t n);
-
-/* The GGML tensor type id (Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q6_K = 14), and back (0, or -1
- * for a type that is none of these). */
-uint32_t kvg_quant_ggml_type(kvg_qtype t);
+/* The type of a GGML tensor type id (Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q6_K = 14): 0, or
+ * -1 for a type that is none of these. */
 int kvg_quant_from_ggml(uint32_t ggml_type, kvg_qtype *t);
 
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K block's scales[12]. */
@@ -76,8 +68,7 @@ static inline int kvg_q6k_q6(const uint8_t *b, int e)
     return lo | ((qh[32 * n + l] >> (2 * g)) & 3) << 4;
 }
 
-/* IEEE half <-> float (exact widening; narrowing rounds to nearest even). */
+/* IEEE half to float (exact). */
 float kvg_quant_f16_to_f32(uint16_t h);
-uint16_t kvg_quant_f32_to_f16(float f);
 
 #endif

@@ -1,5 +1,6 @@
 /* The routing policy: see route.h for the rules. */
 #include "route.h"
+#include "route_testing.h"
 
 #include <math.h>
 #include <string.h>

@@ -71,9 +71,8 @@ typedef enum kvg_route_reason {
 
 /* "prefix", "load", "spill", "hash", "least_load", "round_robin"; "unknown" out of range. */
 const char *kvg_route_reason_name(kvg_route_reason r);
-/* "prefix", "hash", "least_load", "round_robin"; "unknown" out of range. */
-const char *kvg_route_policy_name(kvg_route_policy p);
-/* Exact, case-sensitive names as above. 0, or -1 (and *out untouched). */
+/* The policy named s[0..len), exactly and case-sensitively: "prefix", "hash",
+ * "least_load", "round_robin". 0, or -1 (and *out untouched). */
 int kvg_route_policy_parse(const char *s, size_t len, kvg_route_policy *out);
 
 typedef struct kvg_route_cand {
@@ -92,12 +91,5 @@ typedef struct kvg_route_cand {
 int kvg_route_pick(kvg_route_policy p, const kvg_route_cand *c, size_t n, uint64_t route_key,
                    uint64_t request_tokens, double balance_factor, uint64_t *rr,
                    kvg_route_reason *why);
-
-/* The cap above (0 when none is eligible): for tests, metrics and status pages. */
-double kvg_route_cap(const kvg_route_cand *c, size_t n, uint64_t request_tokens,
-                     double balance_factor);
-
-/* The rendezvous score of (route_key, id). */
-uint64_t kvg_route_score(uint64_t route_key, uint64_t id);
 
 #endif

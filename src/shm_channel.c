@@ -1,5 +1,6 @@
 /* SPSC rings in a shared region: layout, validation, push/pop. See shm_channel.h. */
 #include "shm_channel.h"
+#include "shm_channel_testing.h"
 
 #include <string.h>
 

@@ -118,8 +118,8 @@ typedef struct kvg_shm_caps {
 } kvg_shm_caps;
 
 /* A message as seen by the consumer. body is a private copy; payload points
- * into the shared data area after kvg_shm_peek (valid until kvg_shm_consume)
- * or into the caller's buffer after kvg_shm_try_pop. */
+ * into the caller's buffer after kvg_shm_try_pop (into the shared data area after
+ * shm_channel_testing.h's kvg_shm_peek, valid until kvg_shm_consume). */
 typedef struct kvg_shm_msg {
     uint32_t type;
     uint32_t body_len;
@@ -160,15 +160,9 @@ int kvg_shm_can_push(kvg_shm_ring *r, size_t payload_len);
 /* Consumer: 1 when a message is waiting (one atomic load; for busy-polling). */
 int kvg_shm_can_pop(const kvg_shm_ring *r);
 
-/* Consumer: 0 with the oldest message in *m (not released; peeking again
- * returns it again), KVG_SHM_EMPTY, or -1 on a corrupt ring. */
-int kvg_shm_peek(kvg_shm_ring *r, kvg_shm_msg *m, char *err, size_t err_len);
-
-/* Consumer: releases the message returned by the last kvg_shm_peek. */
-int kvg_shm_consume(kvg_shm_ring *r, char *err, size_t err_len);
-
-/* Consumer: peek, copy the payload into buf (buf_cap bytes), consume. A
- * payload larger than buf_cap is an error and leaves the message in place. */
+/* Consumer: the oldest message into *m with its payload copied into buf (buf_cap
+ * bytes), then released. 0, KVG_SHM_EMPTY, or -1 on a corrupt ring; a payload larger
+ * than buf_cap is an error and leaves the message in place. */
 int kvg_shm_try_pop(kvg_shm_ring *r, kvg_shm_msg *m, void *buf, size_t buf_cap,
                     char *err, size_t err_len);
 

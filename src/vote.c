@@ -1,4 +1,5 @@
 #include "vote.h"
+#include "vote_testing.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -147,7 +147,6 @@ typedef struct kvg_sc_action {
 void kvg_sc_finished(kvg_sc *s, unsigned sample, const char *answer, size_t len,
                      double mean_logprob, int cancelled, kvg_sc_action *act);
 
-int kvg_sc_decided(const kvg_sc *s);
 /* The winner (the current lead before the decision), NUL-terminated; NULL with
  * *len = 0 when no sample has voted. len may be NULL. */
 const char *kvg_sc_answer(const kvg_sc *s, size_t *len);
@@ -161,6 +160,5 @@ unsigned kvg_sc_samples_run(const kvg_sc *s);    /* samples drawn (started) so f
  * end (all of them finish normally), nothing was saved and this is 0. Read
  * it once every sample has reported (at DONE). */
 int kvg_sc_stopped_early(const kvg_sc *s);
-int kvg_sc_sample_drawn(const kvg_sc *s, unsigned sample);
 
 #endif

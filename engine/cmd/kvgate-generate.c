@@ -2,6 +2,7 @@
  *
  * Exit status: 0 ok, 1 model/runtime error, 2 usage. */
 #include <errno.h>
+#include <float.h>
 #include "monoclock.h"
 #include <math.h>
 #include <stdio.h>
@@ -67,22 +68,60 @@ static int usage_error(const char *fmt, const char *a)
     return kvg_usage_error("kvgate-generate", fmt, a);
 }
 
-static int parse_long(const char *s, long lo, long hi, long *out)
+/* --seed: any unsigned 64-bit integer. */
+static int parse_seed(const char *v, void *dst, char *msg, size_t msg_len)
 {
-    return kvg_arg_long(s, lo, hi, out);
-}
-
-static int parse_float(const char *s, float *out)
-{
-    double v;
-    if (kvg_arg_double(s, -1e30, 1e30, &v) != 0)
+    char *end;
+    unsigned long long s;
+    (void)msg, (void)msg_len;
+    errno = 0;
+    s = strtoull(v, &end, 10);
+    if (errno || end == v || *end || v[0] == '-')
         return -1;
-    *out = (float)v;
+    *(uint64_t *)dst = (uint64_t)s;
     return 0;
 }
 
 static int parse_args(int argc, char **argv, opts *o)
 {
+    /* In USAGE's order. */
+    const kvg_opt table[] = {
+        { "--model", KVG_OPT_STR, &o->model, 0, 0, NULL, NULL },
+        { "--tokenizer", KVG_OPT_STR, &o->tokenizer, 0, 0, NULL, NULL },
+        { "--backend", KVG_OPT_STR, &o->backend, 0, 0, NULL, NULL },
+        { "--device", KVG_OPT_LONG, &o->device, 0, 1024,
+          "--device needs a device number in [0, 1024], got '%s'", NULL },
+        { "--batch-invariant", KVG_OPT_ON_OFF, &o->batch_invariant, 0, 0,
+          "--batch-invariant is on or off, got '%s'", NULL },
+        { "--prompt", KVG_OPT_STR, &o->prompt, 0, 0, NULL, NULL },
+        { "--prompt-file", KVG_OPT_STR, &o->prompt_file, 0, 0, NULL, NULL },
+        { "--prompt-ids", KVG_OPT_STR, &o->prompt_ids, 0, 0, NULL, NULL },
+        { "--no-bos", KVG_OPT_FLAG, &o->no_bos, 0, 0, NULL, NULL },
+        { "--max-tokens", KVG_OPT_LONG, &o->max_tokens, 0, INT32_MAX,
+          "--max-tokens needs an integer >= 0, got '%s'", NULL },
+        { "--steps", KVG_OPT_LONG, &o->steps, 1, INT32_MAX, "--steps needs an integer >= 1, got '%s'", NULL },
+        { "--stop", KVG_OPT_STR, &o->stop, 0, 0, NULL, NULL },
+        { "--temperature", KVG_OPT_FLOAT, &o->sp.temperature, 0, 1e30,
+          "--temperature needs a number >= 0, got '%s'", NULL },
+        /* (0, 1]: a float is above 0 when it is at least the smallest positive one */
+        { "--top-p", KVG_OPT_FLOAT, &o->sp.top_p, FLT_TRUE_MIN, 1, "--top-p needs a number in (0, 1], got '%s'",
+          NULL },
+        { "--top-k", KVG_OPT_INT, &o->sp.top_k, 0, INT32_MAX, "--top-k needs an integer >= 0, got '%s'", NULL },
+        { "--seed", KVG_OPT_CUSTOM, &o->sp.seed, 0, 0, "--seed needs a non-negative integer, got '%s'",
+          parse_seed },
+        { "--ids", KVG_OPT_FLAG, &o->ids, 0, 0, NULL, NULL },
+        { "--logprobs", KVG_OPT_FLAG, &o->logprobs, 0, 0, NULL, NULL },
+        { "--threads", KVG_OPT_LONG, &o->threads, 1, 256, "--threads needs an integer in [1, 256], got '%s'",
+          NULL },
+        { "--prefill-chunk", KVG_OPT_LONG, &o->prefill_chunk, 1, INT32_MAX,
+          "--prefill-chunk needs an integer >= 1, got '%s'", NULL },
+        { "--block-tokens", KVG_OPT_LONG, &o->block_tokens, 1, 4096,
+          "--block-tokens needs an integer in [1, 4096], got '%s'", NULL },
+        { "--prompt-logits", KVG_OPT_STR, &o->prompt_logits, 0, 0, NULL, NULL },
+        { "--export-llama2c", KVG_OPT_STR, &o->export_path, 0, 0, NULL, NULL },
+    };
+    int rc;
+
     memset(o, 0, sizeof *o);
     o->backend = "cpu";
     o->batch_invariant = 1;
@@ -90,89 +129,9 @@ static int parse_args(int argc, char **argv, opts *o)
     o->steps = -1;
     o->sp.temperature = 1.0f;
     o->sp.top_p = 1.0f;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long l;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(USAGE, stdout);
-            exit(0);
-        } else if (strcmp(a, "--ids") == 0) {
-            o->ids = 1;
-            continue;
-        } else if (strcmp(a, "--logprobs") == 0) {
-            o->logprobs = 1;
-            continue;
-        } else if (strcmp(a, "--no-bos") == 0) {
-            o->no_bos = 1;
-            continue;
-        }
-        if (strncmp(a, "--", 2) != 0)
-            return usage_error("unexpected argument '%s'", a);
-        if (!v)
-            return usage_error("%s needs a value", a);
-        i++;
-        if (strcmp(a, "--model") == 0) {
-            o->model = v;
-        } else if (strcmp(a, "--tokenizer") == 0) {
-            o->tokenizer = v;
-        } else if (strcmp(a, "--backend") == 0) {
-            o->backend = v;
-        } else if (strcmp(a, "--device") == 0) {
-            if (parse_long(v, 0, 1024, &o->device))
-                return usage_error("--device needs a device number in [0, 1024], got '%s'", v);
-        } else if (strcmp(a, "--batch-invariant") == 0) {
-            if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
-                return usage_error("--batch-invariant is on or off, got '%s'", v);
-            o->batch_invariant = strcmp(v, "on") == 0;
-        } else if (strcmp(a, "--prompt") == 0) {
-            o->prompt = v;
-        } else if (strcmp(a, "--prompt-file") == 0) {
-            o->prompt_file = v;
-        } else if (strcmp(a, "--prompt-ids") == 0) {
-            o->prompt_ids = v;
-        } else if (strcmp(a, "--stop") == 0) {
-            o->stop = v;
-        } else if (strcmp(a, "--export-llama2c") == 0) {
-            o->export_path = v;
-        } else if (strcmp(a, "--prompt-logits") == 0) {
-            o->prompt_logits = v;
-        } else if (strcmp(a, "--max-tokens") == 0) {
-            if (parse_long(v, 0, INT32_MAX, &o->max_tokens))
-                return usage_error("--max-tokens needs an integer >= 0, got '%s'", v);
-        } else if (strcmp(a, "--steps") == 0) {
-            if (parse_long(v, 1, INT32_MAX, &o->steps))
-                return usage_error("--steps needs an integer >= 1, got '%s'", v);
-        } else if (strcmp(a, "--threads") == 0) {
-            if (parse_long(v, 1, 256, &o->threads))
-                return usage_error("--threads needs an integer in [1, 256], got '%s'", v);
-        } else if (strcmp(a, "--prefill-chunk") == 0) {
-            if (parse_long(v, 1, INT32_MAX, &o->prefill_chunk))
-                return usage_error("--prefill-chunk needs an integer >= 1, got '%s'", v);
-        } else if (strcmp(a, "--block-tokens") == 0) {
-            if (parse_long(v, 1, 4096, &o->block_tokens))
-                return usage_error("--block-tokens needs an integer in [1, 4096], got '%s'", v);
-        } else if (strcmp(a, "--temperature") == 0) {
-            if (parse_float(v, &o->sp.temperature) || o->sp.temperature < 0.0f)
-                return usage_error("--temperature needs a number >= 0, got '%s'", v);
-        } else if (strcmp(a, "--top-p") == 0) {
-            if (parse_float(v, &o->sp.top_p) || o->sp.top_p <= 0.0f || o->sp.top_p > 1.0f)
-                return usage_error("--top-p needs a number in (0, 1], got '%s'", v);
-        } else if (strcmp(a, "--top-k") == 0) {
-            if (parse_long(v, 0, INT32_MAX, &l))
-                return usage_error("--top-k needs an integer >= 0, got '%s'", v);
-            o->sp.top_k = (int)l;
-        } else if (strcmp(a, "--seed") == 0) {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end || v[0] == '-')
-                return usage_error("--seed needs a non-negative integer, got '%s'", v);
-            o->sp.seed = (uint64_t)s;
-        } else {
-            return usage_error("unknown option '%s'", a);
-        }
-    }
+    rc = kvg_args_parse("kvgate-generate", USAGE, argc, argv, table, sizeof table / sizeof table[0]);
+    if (rc != 0)
+        return rc;
     if (!o->model)
         return usage_error("%s", "--model is required");
     if (o->export_path && !o->prompt && !o->prompt_file && !o->prompt_ids)

@@ -100,8 +100,87 @@ static int usage_error(const char *fmt, const char *a)
     return kvg_usage_error("kvgate-gpu-check", fmt, a);
 }
 
+/* --check LIST: which checks run (each option's dst is the whole opts). */
+static int parse_checks(const char *v, void *dst, char *msg, size_t msg_len)
+{
+    opts *o = dst;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", v);
+    o->do_golden = o->do_logits = o->do_invariance = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (strcmp(t, "golden") == 0)
+            o->do_golden = 1;
+        else if (strcmp(t, "logits") == 0)
+            o->do_logits = 1;
+        else if (strcmp(t, "invariance") == 0)
+            o->do_invariance = 1;
+        else if (strcmp(t, "all") == 0)
+            o->do_golden = o->do_logits = o->do_invariance = 1;
+        else {
+            snprintf(msg, msg_len, "--check: unknown check '%s' (golden, logits, invariance, all)", t);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int parse_seed(const char *v, void *dst, char *msg, size_t msg_len)
+{
+    long l;
+    (void)msg, (void)msg_len;
+    if (kvg_arg_long(v, 0, INT32_MAX, &l))
+        return -1;
+    ((opts *)dst)->seed = (uint64_t)l;
+    return 0;
+}
+
+static int parse_batches(const char *v, void *dst, char *msg, size_t msg_len)
+{
+    opts *o = dst;
+    (void)msg, (void)msg_len;
+    return kvg_arg_int_list(v, 1, 4096, o->batches, MAX_LIST, &o->n_batches) ? -1 : 0;
+}
+
+static int parse_chunks(const char *v, void *dst, char *msg, size_t msg_len)
+{
+    opts *o = dst;
+    (void)msg, (void)msg_len;
+    return kvg_arg_int_list(v, 0, 1 << 20, o->chunks, MAX_LIST, &o->n_chunks) ? -1 : 0;
+}
+
 static int parse_args(int argc, char **argv, opts *o)
 {
+    /* In USAGE's order. */
+    const kvg_opt table[] = {
+        { "--model", KVG_OPT_STR, &o->model, 0, 0, NULL, NULL },
+        { "--tokenizer", KVG_OPT_STR, &o->tokenizer, 0, 0, NULL, NULL },
+        { "--backend", KVG_OPT_STR, &o->backend, 0, 0, NULL, NULL },
+        { "--reference", KVG_OPT_STR, &o->reference, 0, 0, NULL, NULL },
+        { "--check", KVG_OPT_CUSTOM, o, 0, 0, NULL, parse_checks },
+        { "--golden", KVG_OPT_STR, &o->golden, 0, 0, NULL, NULL },
+        { "--json", KVG_OPT_STR, &o->json, 0, 0, NULL, NULL },
+        { "--batch-invariant", KVG_OPT_ON_OFF, &o->batch_invariant, 0, 0,
+          "--batch-invariant needs on or off, got '%s'", NULL },
+        { "--device", KVG_OPT_INT, &o->device, 0, 1024, "--device needs an integer >= 0, got '%s'", NULL },
+        { "--threads", KVG_OPT_INT, &o->threads, 1, 256, "--threads needs an integer in [1, 256], got '%s'",
+          NULL },
+        { "--prompt-len", KVG_OPT_INT, &o->prompt_len, 1, 1 << 20,
+          "--prompt-len needs an integer >= 1, got '%s'", NULL },
+        { "--decode", KVG_OPT_INT, &o->n_decode, 0, 4096, "--decode needs an integer in [0, 4096], got '%s'",
+          NULL },
+        { "--batches", KVG_OPT_CUSTOM, o, 0, 0, "--batches needs up to 16 sizes in [1, 4096], got '%s'",
+          parse_batches },
+        { "--chunks", KVG_OPT_CUSTOM, o, 0, 0, "--chunks needs up to 16 sizes >= 0, got '%s'", parse_chunks },
+        { "--golden-cases", KVG_OPT_INT, &o->golden_cases, 0, 1000,
+          "--golden-cases needs an integer >= 0, got '%s'", NULL },
+        { "--tol", KVG_OPT_DOUBLE, &o->tol, 0, 1e6, "--tol needs a number >= 0, got '%s'", NULL },
+        { "--tie-tol", KVG_OPT_DOUBLE, &o->tie_tol, 0, 1e6, "--tie-tol needs a number >= 0, got '%s'", NULL },
+        { "--block-tokens", KVG_OPT_INT, &o->block_tokens, 1, 4096,
+          "--block-tokens needs an integer in [1, 4096], got '%s'", NULL },
+        { "--seed", KVG_OPT_CUSTOM, o, 0, 0, "--seed needs an integer >= 0, got '%s'", parse_seed },
+    };
+    int rc;
+
     memset(o, 0, sizeof *o);
     o->backend = "cuda";
     o->reference = "cpu";
@@ -117,97 +196,9 @@ static int parse_args(int argc, char **argv, opts *o)
     o->batches[0] = 1, o->batches[1] = 8, o->batches[2] = 64;
     o->n_chunks = 4;
     o->chunks[0] = 1, o->chunks[1] = 7, o->chunks[2] = 64, o->chunks[3] = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long l;
-        double d;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(USAGE, stdout);
-            exit(0);
-        }
-        if (strncmp(a, "--", 2) != 0)
-            return usage_error("unexpected argument '%s'", a);
-        if (!v)
-            return usage_error("%s needs a value", a);
-        i++;
-        if (strcmp(a, "--model") == 0) {
-            o->model = v;
-        } else if (strcmp(a, "--tokenizer") == 0) {
-            o->tokenizer = v;
-        } else if (strcmp(a, "--backend") == 0) {
-            o->backend = v;
-        } else if (strcmp(a, "--reference") == 0) {
-            o->reference = v;
-        } else if (strcmp(a, "--golden") == 0) {
-            o->golden = v;
-        } else if (strcmp(a, "--json") == 0) {
-            o->json = v;
-        } else if (strcmp(a, "--check") == 0) {
-            char buf[128];
-            snprintf(buf, sizeof buf, "%s", v);
-            o->do_golden = o->do_logits = o->do_invariance = 0;
-            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (strcmp(t, "golden") == 0)
-                    o->do_golden = 1;
-                else if (strcmp(t, "logits") == 0)
-                    o->do_logits = 1;
-                else if (strcmp(t, "invariance") == 0)
-                    o->do_invariance = 1;
-                else if (strcmp(t, "all") == 0)
-                    o->do_golden = o->do_logits = o->do_invariance = 1;
-                else
-                    return usage_error("--check: unknown check '%s' (golden, logits, invariance, all)", t);
-            }
-        } else if (strcmp(a, "--batch-invariant") == 0) {
-            if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
-                return usage_error("--batch-invariant needs on or off, got '%s'", v);
-            o->batch_invariant = strcmp(v, "on") == 0;
-        } else if (strcmp(a, "--device") == 0) {
-            if (kvg_arg_long(v, 0, 1024, &l))
-                return usage_error("--device needs an integer >= 0, got '%s'", v);
-            o->device = (int)l;
-        } else if (strcmp(a, "--threads") == 0) {
-            if (kvg_arg_long(v, 1, 256, &l))
-                return usage_error("--threads needs an integer in [1, 256], got '%s'", v);
-            o->threads = (int)l;
-        } else if (strcmp(a, "--prompt-len") == 0) {
-            if (kvg_arg_long(v, 1, 1 << 20, &l))
-                return usage_error("--prompt-len needs an integer >= 1, got '%s'", v);
-            o->prompt_len = (int)l;
-        } else if (strcmp(a, "--decode") == 0) {
-            if (kvg_arg_long(v, 0, 4096, &l))
-                return usage_error("--decode needs an integer in [0, 4096], got '%s'", v);
-            o->n_decode = (int)l;
-        } else if (strcmp(a, "--golden-cases") == 0) {
-            if (kvg_arg_long(v, 0, 1000, &l))
-                return usage_error("--golden-cases needs an integer >= 0, got '%s'", v);
-            o->golden_cases = (int)l;
-        } else if (strcmp(a, "--block-tokens") == 0) {
-            if (kvg_arg_long(v, 1, 4096, &l))
-                return usage_error("--block-tokens needs an integer in [1, 4096], got '%s'", v);
-            o->block_tokens = (int)l;
-        } else if (strcmp(a, "--seed") == 0) {
-            if (kvg_arg_long(v, 0, INT32_MAX, &l))
-                return usage_error("--seed needs an integer >= 0, got '%s'", v);
-            o->seed = (uint64_t)l;
-        } else if (strcmp(a, "--batches") == 0) {
-            if (kvg_arg_int_list(v, 1, 4096, o->batches, MAX_LIST, &o->n_batches))
-                return usage_error("--batches needs up to 16 sizes in [1, 4096], got '%s'", v);
-        } else if (strcmp(a, "--chunks") == 0) {
-            if (kvg_arg_int_list(v, 0, 1 << 20, o->chunks, MAX_LIST, &o->n_chunks))
-                return usage_error("--chunks needs up to 16 sizes >= 0, got '%s'", v);
-        } else if (strcmp(a, "--tol") == 0) {
-            if (kvg_arg_double(v, 0, 1e6, &d))
-                return usage_error("--tol needs a number >= 0, got '%s'", v);
-            o->tol = d;
-        } else if (strcmp(a, "--tie-tol") == 0) {
-            if (kvg_arg_double(v, 0, 1e6, &d))
-                return usage_error("--tie-tol needs a number >= 0, got '%s'", v);
-            o->tie_tol = d;
-        } else {
-            return usage_error("unknown option '%s'", a);
-        }
-    }
+    rc = kvg_args_parse("kvgate-gpu-check", USAGE, argc, argv, table, sizeof table / sizeof table[0]);
+    if (rc != 0)
+        return rc;
     if (!o->model)
         return usage_error("%s", "--model is required");
     return 0;

@@ -34,7 +34,7 @@
 #include <string.h>
 
 #include "cpu/attention_kernels.h"
-#include "gemm.h"
+#include "cpu/gemm.h"
 
 /* A partial group of n < 16 keys: the same chains, one key at a time. */
 static void scores_tail(const float *q, const float *k, int bt, int hd, int n, float *out)

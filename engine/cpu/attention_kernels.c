@@ -1,8 +1,8 @@
 /* The generic and AVX2 attention kernels (interface in attention_kernels.h) and the
  * choice of kernels by ISA. The generic ones are plain C with fmaf (compiled for the
  * baseline ISA, where fmaf is a library call: slow but exact); the AVX2 ones are
- * intrinsics, because compiled under a target attribute the plain C kept its
- * accumulator arrays on the stack. */
+ * intrinsics (compiled under a target attribute the plain C kept its accumulator
+ * arrays on the stack), from attention_simd_x86.h as the AVX-512 ones are. */
 #include "cpu/attention_kernels.h"
 
 /* Scores of NG groups of 16 keys: k[g] points at column 0 of a 16-key group inside a
@@ -56,16 +56,14 @@ vacc_body(float *restrict out, const float *restrict w, const float *restrict v,
         vacc_chunk(out + d0, w, v + d0, n, hd, 64);
     for (; d0 + 16 <= hd; d0 += 16)
         vacc_chunk(out + d0, w, v + d0, n, hd, 16);
-    for (; d0 < hd; d0++)
-        for (int t = 0; t < n; t++)
-            out[d0] = fmaf(w[t], v[(size_t)t * hd + d0], out[d0]);
+    kvg_attn_vacc_tail(out, w, v, n, hd, d0);
 }
 
 /* In place: sc[t] = exp(sc[t] / scale - max); returns the sum, accumulated in 16
  * lanes (lane t mod 16, t ascending) and reduced in the fixed order. */
 static inline __attribute__((always_inline)) float softmax_body(float *restrict sc, int T, float scale)
 {
-    float mxl[16], lanes[16], mx = -INFINITY;
+    float mxl[16], lanes[16], mx;
     int full = T & ~15;
     for (int l = 0; l < 16; l++) {
         mxl[l] = -INFINITY;
@@ -77,25 +75,14 @@ static inline __attribute__((always_inline)) float softmax_body(float *restrict 
             sc[t0 + l] = v;
             mxl[l] = v > mxl[l] ? v : mxl[l];
         }
-    for (int t = full; t < T; t++) {
-        float v = sc[t] / scale;
-        sc[t] = v;
-        mxl[t & 15] = v > mxl[t & 15] ? v : mxl[t & 15];
-    }
-    for (int l = 0; l < 16; l++)
-        mx = mxl[l] > mx ? mxl[l] : mx;
+    mx = kvg_attn_softmax_max_tail(sc, full, T, scale, mxl);
     for (int t0 = 0; t0 < full; t0 += 16)
         for (int l = 0; l < 16; l++) {
             float e = kvg_attn_exp(sc[t0 + l] - mx);
             sc[t0 + l] = e;
             lanes[l] += e;
         }
-    for (int t = full; t < T; t++) {
-        float e = kvg_attn_exp(sc[t] - mx);
-        sc[t] = e;
-        lanes[t & 15] += e;
-    }
-    return kvg_attn_reduce16(lanes);
+    return kvg_attn_softmax_sum_tail(sc, full, T, mx, lanes);
 }
 
 static void swiglu_generic(float *gate, const float *up, size_t n)
@@ -144,235 +131,41 @@ static void vacc_rows_generic(float *const *out, const float *const *w, const fl
 /* AVX2 holds a 16-key group in two registers. */
 #define AVX2 __attribute__((target("avx2,fma")))
 
-AVX2 static void scores4_avx2(const float *q, const float *const *k, int bt, int hd, float *out)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
-    for (int d = 0; d < hd; d++) {
-        __m256 qd = _mm256_set1_ps(q[d]);
-        size_t o = (size_t)d * bt;
-        a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + o), a0);
-        a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + o + 8), a1);
-        a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k1 + o), a2);
-        a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k1 + o + 8), a3);
-        a4 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k2 + o), a4);
-        a5 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k2 + o + 8), a5);
-        a6 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k3 + o), a6);
-        a7 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k3 + o + 8), a7);
-    }
-    _mm256_storeu_ps(out, a0);
-    _mm256_storeu_ps(out + 8, a1);
-    _mm256_storeu_ps(out + 16, a2);
-    _mm256_storeu_ps(out + 24, a3);
-    _mm256_storeu_ps(out + 32, a4);
-    _mm256_storeu_ps(out + 40, a5);
-    _mm256_storeu_ps(out + 48, a6);
-    _mm256_storeu_ps(out + 56, a7);
-}
-
-AVX2 static void scores1_avx2(const float *q, const float *const *k, int bt, int hd, float *out)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    const float *k0 = k[0];
-    for (int d = 0; d < hd; d++) {
-        __m256 qd = _mm256_set1_ps(q[d]);
-        size_t o = (size_t)d * bt;
-        a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + o), a0);
-        a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + o + 8), a1);
-    }
-    _mm256_storeu_ps(out, a0);
-    _mm256_storeu_ps(out + 8, a1);
-}
-
-AVX2 static void vacc_avx2(float *out, const float *w, const float *v, int n, int hd)
-{
-    int d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64) {
-        __m256 a[8];
-        for (int i = 0; i < 8; i++)
-            a[i] = _mm256_loadu_ps(out + d0 + 8 * i);
-        for (int t = 0; t < n; t++) {
-            __m256 wt = _mm256_set1_ps(w[t]);
-            const float *vt = v + (size_t)t * hd + d0;
-            a[0] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt), a[0]);
-            a[1] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 8), a[1]);
-            a[2] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 16), a[2]);
-            a[3] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 24), a[3]);
-            a[4] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 32), a[4]);
-            a[5] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 40), a[5]);
-            a[6] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 48), a[6]);
-            a[7] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 56), a[7]);
-        }
-        for (int i = 0; i < 8; i++)
-            _mm256_storeu_ps(out + d0 + 8 * i, a[i]);
-    }
-    for (; d0 + 8 <= hd; d0 += 8) {
-        __m256 a = _mm256_loadu_ps(out + d0);
-        for (int t = 0; t < n; t++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(v + (size_t)t * hd + d0), a);
-        _mm256_storeu_ps(out + d0, a);
-    }
-    for (; d0 < hd; d0++)
-        for (int t = 0; t < n; t++)
-            out[d0] = fmaf(w[t], v[(size_t)t * hd + d0], out[d0]);
-}
-
-/* 4 rows, one group at a time (2 registers each: 8 accumulators, 2 loads of K per 8
- * FMAs); AVX2's 16 registers hold no more. */
-AVX2 static void scores4_rows_avx2(const float *const *q, const float *const *k, int bt, int hd,
-                                   float *const *out)
-{
-    const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
-    for (int g = 0; g < 4; g++) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, e0 = a0, e1 = a0;
-        const float *kg = k[g];
-        for (int d = 0; d < hd; d++) {
-            size_t o = (size_t)d * bt;
-            __m256 klo = _mm256_loadu_ps(kg + o), khi = _mm256_loadu_ps(kg + o + 8), qd;
-            qd = _mm256_set1_ps(q0[d]);
-            a0 = _mm256_fmadd_ps(qd, klo, a0);
-            a1 = _mm256_fmadd_ps(qd, khi, a1);
-            qd = _mm256_set1_ps(q1[d]);
-            b0 = _mm256_fmadd_ps(qd, klo, b0);
-            b1 = _mm256_fmadd_ps(qd, khi, b1);
-            qd = _mm256_set1_ps(q2[d]);
-            c0 = _mm256_fmadd_ps(qd, klo, c0);
-            c1 = _mm256_fmadd_ps(qd, khi, c1);
-            qd = _mm256_set1_ps(q3[d]);
-            e0 = _mm256_fmadd_ps(qd, klo, e0);
-            e1 = _mm256_fmadd_ps(qd, khi, e1);
-        }
-        _mm256_storeu_ps(out[0] + 16 * g, a0);
-        _mm256_storeu_ps(out[0] + 16 * g + 8, a1);
-        _mm256_storeu_ps(out[1] + 16 * g, b0);
-        _mm256_storeu_ps(out[1] + 16 * g + 8, b1);
-        _mm256_storeu_ps(out[2] + 16 * g, c0);
-        _mm256_storeu_ps(out[2] + 16 * g + 8, c1);
-        _mm256_storeu_ps(out[3] + 16 * g, e0);
-        _mm256_storeu_ps(out[3] + 16 * g + 8, e1);
-    }
-}
-
-/* 4 rows x 16 dimensions in 8 accumulators; per token 2 loads of V serve 8 FMAs. */
-AVX2 static void vacc_rows_avx2(float *const *out, const float *const *w, const float *v, int n, int hd)
-{
-    int d0 = 0;
-    for (; d0 + 16 <= hd; d0 += 16) {
-        __m256 a0 = _mm256_loadu_ps(out[0] + d0), a1 = _mm256_loadu_ps(out[0] + d0 + 8);
-        __m256 b0 = _mm256_loadu_ps(out[1] + d0), b1 = _mm256_loadu_ps(out[1] + d0 + 8);
-        __m256 c0 = _mm256_loadu_ps(out[2] + d0), c1 = _mm256_loadu_ps(out[2] + d0 + 8);
-        __m256 e0 = _mm256_loadu_ps(out[3] + d0), e1 = _mm256_loadu_ps(out[3] + d0 + 8);
-        for (int t = 0; t < n; t++) {
-            const float *vt = v + (size_t)t * hd + d0;
-            __m256 vlo = _mm256_loadu_ps(vt), vhi = _mm256_loadu_ps(vt + 8), wt;
-            wt = _mm256_set1_ps(w[0][t]);
-            a0 = _mm256_fmadd_ps(wt, vlo, a0);
-            a1 = _mm256_fmadd_ps(wt, vhi, a1);
-            wt = _mm256_set1_ps(w[1][t]);
-            b0 = _mm256_fmadd_ps(wt, vlo, b0);
-            b1 = _mm256_fmadd_ps(wt, vhi, b1);
-            wt = _mm256_set1_ps(w[2][t]);
-            c0 = _mm256_fmadd_ps(wt, vlo, c0);
-            c1 = _mm256_fmadd_ps(wt, vhi, c1);
-            wt = _mm256_set1_ps(w[3][t]);
-            e0 = _mm256_fmadd_ps(wt, vlo, e0);
-            e1 = _mm256_fmadd_ps(wt, vhi, e1);
-        }
-        _mm256_storeu_ps(out[0] + d0, a0);
-        _mm256_storeu_ps(out[0] + d0 + 8, a1);
-        _mm256_storeu_ps(out[1] + d0, b0);
-        _mm256_storeu_ps(out[1] + d0 + 8, b1);
-        _mm256_storeu_ps(out[2] + d0, c0);
-        _mm256_storeu_ps(out[2] + d0 + 8, c1);
-        _mm256_storeu_ps(out[3] + d0, e0);
-        _mm256_storeu_ps(out[3] + d0 + 8, e1);
-    }
-    for (int r = 0; r < 4; r++)
-        for (int d = d0; d < hd; d++)
-            for (int t = 0; t < n; t++)
-                out[r][d] = fmaf(w[r][t], v[(size_t)t * hd + d], out[r][d]);
-}
-
-/* softmax_exp on 8 lanes: the same operations in the same order. */
-AVX2 static inline __m256 exp8_avx2(__m256 x)
-{
-    const __m256 shifter = _mm256_set1_ps(12582912.0f);
-    __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shifter);
-    __m256 n = _mm256_sub_ps(t, shifter);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-    __m256 p, y;
-    __m256i e;
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-    p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-    e = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000)), 23);
-    y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e));
-    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-86.0f), _CMP_GE_OQ), y);
-}
-
-/* kvg_silu_mul on 8 lanes: the same operations in the same order. */
-AVX2 static void swiglu_avx2(float *gate, const float *up, size_t n)
-{
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i);
-        __m256 e = exp8_avx2(_mm256_or_ps(g, sign));                    /* exp(-|g|) */
-        __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(g, zero, _CMP_GE_OQ));
-        __m256 s = _mm256_div_ps(num, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(g, s), _mm256_loadu_ps(up + i)));
-    }
-    for (; i < n; i++)
-        gate[i] = kvg_silu_mul(gate[i], up[i]);
-}
-
-AVX2 static float softmax_avx2(float *sc, int T, float scale)
-{
-    float mxl[16], lanes[16], mx = -INFINITY;
-    int full = T & ~15;
-    __m256 s = _mm256_set1_ps(scale), m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, mv;
-    for (int t0 = 0; t0 < full; t0 += 16) {
-        __m256 v0 = _mm256_div_ps(_mm256_loadu_ps(sc + t0), s);
-        __m256 v1 = _mm256_div_ps(_mm256_loadu_ps(sc + t0 + 8), s);
-        _mm256_storeu_ps(sc + t0, v0);
-        _mm256_storeu_ps(sc + t0 + 8, v1);
-        m0 = _mm256_max_ps(v0, m0);      /* v > m ? v : m, as the scalar code */
-        m1 = _mm256_max_ps(v1, m1);
-    }
-    _mm256_storeu_ps(mxl, m0);
-    _mm256_storeu_ps(mxl + 8, m1);
-    for (int t = full; t < T; t++) {
-        float v = sc[t] / scale;
-        sc[t] = v;
-        mxl[t & 15] = v > mxl[t & 15] ? v : mxl[t & 15];
-    }
-    for (int l = 0; l < 16; l++)
-        mx = mxl[l] > mx ? mxl[l] : mx;
-    mv = _mm256_set1_ps(mx);
-    for (int t0 = 0; t0 < full; t0 += 16) {
-        __m256 e0 = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(sc + t0), mv));
-        __m256 e1 = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(sc + t0 + 8), mv));
-        _mm256_storeu_ps(sc + t0, e0);
-        _mm256_storeu_ps(sc + t0 + 8, e1);
-        a0 = _mm256_add_ps(a0, e0);
-        a1 = _mm256_add_ps(a1, e1);
-    }
-    _mm256_storeu_ps(lanes, a0);
-    _mm256_storeu_ps(lanes + 8, a1);
-    for (int t = full; t < T; t++) {
-        float e = kvg_attn_exp(sc[t] - mx);
-        sc[t] = e;
-        lanes[t & 15] += e;
-    }
-    return kvg_attn_reduce16(lanes);
-}
+/* The scores, the V accumulation (of one row and of 4), the softmax and the SwiGLU, 8
+ * lanes a register (attention_simd_x86.h). 4 rows take one group of keys at a time
+ * (2 registers each: 8 accumulators, 2 loads of K per 8 FMAs) and 16 dimensions (8
+ * accumulators, 2 loads of V per 8 FMAs): AVX2's 16 registers hold no more. */
+#define AV_TGT AVX2
+#define AV_LINK static
+#define AV_SCORES4 scores4_avx2
+#define AV_SCORES1 scores1_avx2
+#define AV_VACC vacc_avx2
+#define AV_SCORES4_ROWS scores4_rows_avx2
+#define AV_VACC_ROWS vacc_rows_avx2
+#define AV_ROWS_GROUPS 1
+#define AV_ROWS_VREGS 2
+#define AV_SOFTMAX softmax_avx2
+#define AV_SWIGLU swiglu_avx2
+#define AV_V __m256
+#define AV_VL 8
+#define AV_SET1(f) _mm256_set1_ps(f)
+#define AV_ZERO() _mm256_setzero_ps()
+#define AV_LOADU(p) _mm256_loadu_ps(p)
+#define AV_STOREU(p, v) _mm256_storeu_ps((p), (v))
+#define AV_ADD(a, b) _mm256_add_ps((a), (b))
+#define AV_SUB(a, b) _mm256_sub_ps((a), (b))
+#define AV_MUL(a, b) _mm256_mul_ps((a), (b))
+#define AV_DIV(a, b) _mm256_div_ps((a), (b))
+#define AV_MAX(a, b) _mm256_max_ps((a), (b))
+#define AV_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define AV_POW2_ADD(y, t)                                                                 \
+    _mm256_castsi256_ps(_mm256_add_epi32(                                                 \
+        _mm256_castps_si256(y),                                                           \
+        _mm256_slli_epi32(_mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000)), 23)))
+#define AV_KEEP_GE(x, c, y) _mm256_and_ps(_mm256_cmp_ps((x), (c), _CMP_GE_OQ), (y))
+#define AV_SELECT_GE(x, c, a, b) _mm256_blendv_ps((b), (a), _mm256_cmp_ps((x), (c), _CMP_GE_OQ))
+#define AV_NEG_ABS(x) _mm256_or_ps((x), _mm256_set1_ps(-0.0f))
+#include "cpu/attention_simd_x86.h"
 
 #endif
 

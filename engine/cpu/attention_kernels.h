@@ -114,4 +114,45 @@ static inline __attribute__((always_inline)) float kvg_attn_reduce16(const float
     return d0 + d1;
 }
 
+/* The V accumulation's scalar tail, shared by every ISA's kernel: dimensions [d0, hd),
+ * each one chain out[d] = fmaf(w[t], v[t][d], out[d]) over t = 0..n-1 ascending. */
+static inline __attribute__((always_inline)) void
+kvg_attn_vacc_tail(float *out, const float *w, const float *v, int n, int hd, int d0)
+{
+    for (int d = d0; d < hd; d++)
+        for (int t = 0; t < n; t++)
+            out[d] = fmaf(w[t], v[(size_t)t * hd + d], out[d]);
+}
+
+/* The softmax's scalar pieces, shared by every ISA's kernel (the generic one and
+ * attention_simd_x86.h). The positions [full, T) past the last whole group of 16 are
+ * scaled in place (sc[t] / scale) and folded into their lanes' maxima mxl[16]; returns
+ * the maximum over the lanes. */
+static inline __attribute__((always_inline)) float
+kvg_attn_softmax_max_tail(float *sc, int full, int T, float scale, float *mxl)
+{
+    float mx = -INFINITY;
+    for (int t = full; t < T; t++) {
+        float v = sc[t] / scale;
+        sc[t] = v;
+        mxl[t & 15] = v > mxl[t & 15] ? v : mxl[t & 15];
+    }
+    for (int l = 0; l < 16; l++)
+        mx = mxl[l] > mx ? mxl[l] : mx;
+    return mx;
+}
+
+/* The positions [full, T) exponentiated in place (exp(sc[t] - mx)) and added to their
+ * lanes' sums lanes[16]; returns the sum of all, the lanes reduced in the fixed order. */
+static inline __attribute__((always_inline)) float
+kvg_attn_softmax_sum_tail(float *sc, int full, int T, float mx, float *lanes)
+{
+    for (int t = full; t < T; t++) {
+        float e = kvg_attn_exp(sc[t] - mx);
+        sc[t] = e;
+        lanes[t & 15] += e;
+    }
+    return kvg_attn_reduce16(lanes);
+}
+
 #endif

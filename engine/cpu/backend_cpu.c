@@ -18,7 +18,10 @@
  * workers costs a few microseconds, as much as ~20k simple operations. */
 #define PAR_MIN_WORK 32768.0
 
-void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg)
+/* Runs fn over [0, n) on the pool, or inline when the whole job is smaller than a
+ * thread wake-up is worth (`work` ~ scalar operations in total). The result never
+ * depends on which: every index writes only its own outputs. */
+static void cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg)
 {
     if (n == 0)
         return;
@@ -184,7 +187,7 @@ static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t 
     /* cos/sin once per step, shared by every layer. */
     {
         rope_table_job j = { c, half };
-        kvg_cpu_par(c, (size_t)s->n_rows, 40.0 * half * s->n_rows, rope_table_range, &j);
+        cpu_par(c, (size_t)s->n_rows, 40.0 * half * s->n_rows, rope_table_range, &j);
     }
     return 0;
 oom:
@@ -212,7 +215,7 @@ static void cpu_embed(kvg_backend *be, const kvg_tensor *emb, float *x)
 {
     kvg_cpu *c = cpu_of(be);
     embed_job j = { c, kvg_cpu_weights_get(c->weights, emb), x };
-    kvg_cpu_par(c, (size_t)c->n_rows, (double)c->n_rows * (double)emb->cols, embed_range, &j);
+    cpu_par(c, (size_t)c->n_rows, (double)c->n_rows * (double)emb->cols, embed_range, &j);
 }
 
 typedef struct norm_job {
@@ -243,7 +246,7 @@ static void cpu_rmsnorm(kvg_backend *be, const float *x, const float *w, float e
                         int rows, int dim, float *out)
 {
     norm_job j = { x, w, eps, dim, out };
-    kvg_cpu_par(cpu_of(be), (size_t)rows, 3.0 * rows * dim, rmsnorm_range, &j);
+    cpu_par(cpu_of(be), (size_t)rows, 3.0 * rows * dim, rmsnorm_range, &j);
 }
 
 static void cpu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
@@ -316,8 +319,8 @@ static void cpu_rope(kvg_backend *be, float *q, float *k)
     kvg_cpu *c = cpu_of(be);
     const kvg_model_config *cfg = &c->m->cfg;
     rope_job j = { c, q, k };
-    kvg_cpu_par(c, (size_t)c->n_rows,
-                3.0 * c->n_rows * (cfg->n_heads + cfg->n_kv_heads) * cfg->head_dim, rope_range, &j);
+    cpu_par(c, (size_t)c->n_rows,
+            3.0 * c->n_rows * (cfg->n_heads + cfg->n_kv_heads) * cfg->head_dim, rope_range, &j);
 }
 
 typedef struct kvw_job {
@@ -355,8 +358,8 @@ static void cpu_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
     kvg_cpu *c = cpu_of(be);
     kvw_job j = { c, kv, layer, k, v };
     /* Rows of one step may share a block (a prefill chunk); each writes its own slot. */
-    kvg_cpu_par(c, (size_t)c->n_rows, 2.0 * c->n_rows * c->m->cfg.n_kv_heads * c->m->cfg.head_dim,
-                kv_write_range, &j);
+    cpu_par(c, (size_t)c->n_rows, 2.0 * c->n_rows * c->m->cfg.n_kv_heads * c->m->cfg.head_dim,
+            kv_write_range, &j);
 }
 
 static void cpu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *q, float *out)
@@ -387,7 +390,7 @@ static void swiglu_range(void *arg, size_t b, size_t e)
 static void cpu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
 {
     swiglu_job j = { gate, up, kvg_cpu_kernels()->swiglu };
-    kvg_cpu_par(cpu_of(be), n, 4.0 * (double)n, swiglu_range, &j);
+    cpu_par(cpu_of(be), n, 4.0 * (double)n, swiglu_range, &j);
 }
 
 static void add_range(void *arg, size_t b, size_t e)
@@ -400,7 +403,7 @@ static void add_range(void *arg, size_t b, size_t e)
 static void cpu_add(kvg_backend *be, float *x, const float *y, size_t n)
 {
     elt_job j = { x, y };
-    kvg_cpu_par(cpu_of(be), n, (double)n, add_range, &j);
+    cpu_par(cpu_of(be), n, (double)n, add_range, &j);
 }
 
 static void cpu_gather_out_rows(kvg_backend *be, const float *x, int width, float *out)
@@ -458,25 +461,12 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
     kvg_backend *be;
     kvg_cpu *c;
 
-    if (cfg->head_dim <= 0 || cfg->head_dim % 2 != 0) {
-        kvg_set_err(err, err_len, "cpu backend: head_dim %d must be even and positive", cfg->head_dim);
+    if (kvg_backend_check_model(m, "cpu backend", 0, err, err_len) != 0)
         return NULL;
-    }
-    if (kvg_rope_config_error(cfg)) {
-        kvg_set_err(err, err_len, "cpu backend: %s", kvg_rope_config_error(cfg));
+    be = kvg_backend_alloc(&cpu_ops, m, sizeof *c, "cpu backend", err, err_len);
+    if (!be)
         return NULL;
-    }
-    be = calloc(1, sizeof *be);
-    c = calloc(1, sizeof *c);
-    if (!be || !c) {
-        free(be);
-        free(c);
-        kvg_set_err(err, err_len, "cpu backend: out of memory");
-        return NULL;
-    }
-    be->ops = &cpu_ops;
-    be->ctx = c;
-    be->model = m;
+    c = be->ctx;
     c->m = m;
     c->inv_freq = malloc((size_t)(cfg->head_dim / 2) * sizeof(float));
     c->tp = kvg_threadpool_new(n_threads);

@@ -7,8 +7,8 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "gemm.h"
-#include "threadpool.h"
+#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
 
 /* The model's matrices in the layouts kvg_gemm runs fastest (cpu_weights.c). */
 typedef struct kvg_cpu_weights kvg_cpu_weights;
@@ -40,11 +40,6 @@ typedef struct kvg_cpu {
     size_t att_stride, att_cap;
     int cap_rows, cap_seqs, cap_blocks;
 } kvg_cpu;
-
-/* Runs fn over [0, n) on the pool, or inline when the whole job is smaller than a
- * thread wake-up is worth (`work` ~ scalar operations in total). The result never
- * depends on which: every index writes only its own outputs. */
-void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg);
 
 void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, float *out);
 

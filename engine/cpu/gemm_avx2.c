@@ -2,13 +2,14 @@
  * gemm_kernels.h):
  *   small M (decode): the 16 lanes of one output are two 8-float registers (lanes 0-7
  *     and 8-15); a register block of MR X rows by NR W rows keeps 2*MR*NR accumulators
- *     and streams W once. The tree's first step (lane i + lane i+8) is exactly the sum
- *     of the two halves.
+ *     and streams W once (gemm_small_m_x86.h, shared with the AVX-512 kernel). The
+ *     tree's first step (lane i + lane i+8) is exactly the sum of the two halves.
  *   M >= PACKED_MIN_M (prefill): lane by lane over packed operands, 6 X rows x 16 W
  *     rows per micro-kernel (gemm_packed_x86.h, shared with the AVX-512 kernel). */
 
 #include "cpu/gemm_kernels.h"
 
+/* Off x86 this file defines nothing: gemm.c has only the generic level there. */
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
@@ -87,61 +88,17 @@ TGT_INLINE void block(const float *x, const void *w, size_t w0, size_t cs, kvg_d
         }
 }
 
-typedef void (*block_fn)(const float *x, const void *w, size_t w0, size_t cs, kvg_dtype dt,
-                         int K, const float *bias, float *y, size_t ldy);
-
-/* One function per block shape, each with the dtype branch hoisted out of its loop. */
-#define BLOCK_FN(MR, NR)                                                                  \
-    TGT static void block_##MR##x##NR(const float *x, const void *w, size_t w0, size_t cs, \
-                                      kvg_dtype dt, int K, const float *bias, float *y,   \
-                                      size_t ldy)                                         \
-    {                                                                                     \
-        if (dt == KVG_DT_F32)                                                             \
-            block(x, w, w0, cs, KVG_DT_F32, K, bias, y, ldy, MR, NR);                     \
-        else if (dt == KVG_DT_F16)                                                        \
-            block(x, w, w0, cs, KVG_DT_F16, K, bias, y, ldy, MR, NR);                     \
-        else                                                                              \
-            block(x, w, w0, cs, KVG_DT_BF16, K, bias, y, ldy, MR, NR);                    \
-    }
-BLOCK_FN(1, 1) BLOCK_FN(1, 2) BLOCK_FN(1, 3) BLOCK_FN(1, 4)
-BLOCK_FN(2, 1) BLOCK_FN(2, 2) BLOCK_FN(2, 3) BLOCK_FN(2, 4)
-BLOCK_FN(3, 1) BLOCK_FN(3, 2) BLOCK_FN(3, 3) BLOCK_FN(3, 4)
-
-static const block_fn blocks[MR_MAX + 1][NR_MAX + 1] = {
-    [1] = { NULL, block_1x1, block_1x2, block_1x3, block_1x4 },
-    [2] = { NULL, block_2x1, block_2x2, block_2x3, block_2x4 },
-    [3] = { NULL, block_3x1, block_3x2, block_3x3, block_3x4 },
-};
+/* The block shapes instantiated (gemm_small_m_x86.h): all of 1..MR_MAX x 1..NR_MAX. */
+#define SMALL_M_BLOCKS(F)                   \
+    F(1, 1) F(1, 2) F(1, 3) F(1, 4)         \
+    F(2, 1) F(2, 2) F(2, 3) F(2, 4)         \
+    F(3, 1) F(3, 2) F(3, 3) F(3, 4)
 
 /* W rows per block for a given row count: 3 X rows pair with 2 W rows (12
  * accumulators), 2 with 3, 1 with 4 (decode: 8 independent chains). */
 static const int nr_for_mr[MR_MAX + 1] = { 0, 4, 3, 2 };
 
-/* Rows [nb0, nb1) of W against all of X, the NR rows of a block spread over the panel
- * (row i of each of NR equal slices; the rows left over last, adjacent) as in
- * gemm_avx512.c, whose panel says why. */
-TGT static void panel(const kvg_gemm_job *job, int nb0, int nb1)
-{
-    int K = job->K;
-
-    for (int m0 = 0; m0 < job->M; m0 += MR_MAX) {
-        int mr = job->M - m0 < MR_MAX ? job->M - m0 : MR_MAX;
-        int NR = nr_for_mr[mr];
-        int per = (nb1 - nb0) / NR, rest = (nb1 - nb0) - per * NR;
-        const float *x = job->x + (size_t)m0 * (size_t)K;
-        float *y = job->y + (size_t)m0 * (size_t)job->N;
-        for (int i = 0; i < per; i++) {
-            int n = nb0 + i;
-            blocks[mr][NR](x, job->w, (size_t)n * (size_t)K, (size_t)per, job->dt, K,
-                           job->bias ? job->bias + n : NULL, y + n, (size_t)job->N);
-        }
-        if (rest > 0) {
-            int n = nb0 + per * NR;
-            blocks[mr][rest](x, job->w, (size_t)n * (size_t)K, 1, job->dt, K,
-                             job->bias ? job->bias + n : NULL, y + n, (size_t)job->N);
-        }
-    }
-}
+#include "cpu/gemm_small_m_x86.h"
 
 /* ---- packed path (M >= PACKED_MIN_M): gemm_packed_x86.h, 6 X rows x 16 W rows ---- */
 
@@ -164,51 +121,5 @@ TGT static void panel(const kvg_gemm_job *job, int nb0, int nb1)
  * 110M shapes it was still 1.1-1.5x faster at 8 rows, but 1.2-1.5x slower at 32. */
 #define PACKED_MIN_M 16
 #include "cpu/gemm_packed_x86.h"
-
-/* ---- entry ------------------------------------------------------------------------ */
-
-static void direct_path(const kvg_gemm_job *job, int n0, int n1)
-{
-    size_t row_bytes = (size_t)(job->K > 0 ? job->K : 1) * sizeof(float);
-    int nb = (int)(W_BLOCK_BYTES / row_bytes);
-
-    /* Up to MR_MAX rows of X pass over W once: no block need stay in L2. */
-    if (job->M <= MR_MAX) {
-        panel(job, n0, n1);
-        return;
-    }
-    nb = nb < 16 ? 16 : nb - nb % 4;
-    for (int b0 = n0; b0 < n1; b0 += nb) {
-        int b1 = n1 - b0 < nb ? n1 : b0 + nb;
-        panel(job, b0, b1);
-    }
-}
-
-void kvg_gemm_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
-{
-    if (n0 >= n1 || job->M <= 0)
-        return;
-    if (job->xp)
-        packed_path(job, n0, n1, s);
-    else
-        direct_path(job, n0, n1);
-}
-
-#else
-
-void kvg_gemm_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
-{
-    kvg_gemm_kernel_generic(job, n0, n1, s);
-}
-
-void kvg_gemm_plan_avx2(const kvg_gemm_job *job, kvg_gemm_plan *plan)
-{
-    kvg_gemm_plan_generic(job, plan);
-}
-
-void kvg_gemm_pack_x_avx2(const kvg_gemm_job *job, int p0, int p1, float *xp)
-{
-    (void)job, (void)p0, (void)p1, (void)xp;
-}
 
 #endif

@@ -1,15 +1,16 @@
 /* AVX-512 kernel, two paths with the same arithmetic (the canonical order of
  * gemm_kernels.h):
  *   small M (decode): one 16-float register holds the 16 lanes of one output; a
- *     register block of MR X rows by NR W rows (spread over the panel: see panel())
- *     streams W once. The K tail is a masked, zeroing load -- the same zero padding as
- *     the other kernels.
+ *     register block of MR X rows by NR W rows (spread over the panel: see
+ *     gemm_small_m_x86.h) streams W once. The K tail is a masked, zeroing load -- the
+ *     same zero padding as the other kernels.
  *   M >= PACKED_MIN_M (prefill): lane by lane over packed operands, 12 X rows x 32 W
  *     rows per micro-kernel (gemm_packed_x86.h, shared with the AVX2 kernel).
  * The unit test also runs this file on CPUs without AVX-512, through an emulation of
  * the intrinsics, by overriding KVG_AVX512_TARGET. */
 #include "cpu/gemm_kernels.h"
 
+/* Off x86 this file defines nothing: gemm.c has only the generic level there. */
 #if defined(__x86_64__) || defined(__i386__)
 
 #include "cpu/gemm_pack_x86.h"
@@ -89,69 +90,19 @@ TGT_INLINE void block(const float *x, const void *w, size_t w0, size_t cs, kvg_d
         }
 }
 
-typedef void (*block_fn)(const float *x, const void *w, size_t w0, size_t cs, kvg_dtype dt,
-                         int K, const float *bias, float *y, size_t ldy);
-
-#define BLOCK_FN(MR, NR)                                                                  \
-    TGT static void block_##MR##x##NR(const float *x, const void *w, size_t w0, size_t cs, \
-                                      kvg_dtype dt, int K, const float *bias, float *y,   \
-                                      size_t ldy)                                         \
-    {                                                                                     \
-        if (dt == KVG_DT_F32)                                                             \
-            block(x, w, w0, cs, KVG_DT_F32, K, bias, y, ldy, MR, NR);                     \
-        else if (dt == KVG_DT_F16)                                                        \
-            block(x, w, w0, cs, KVG_DT_F16, K, bias, y, ldy, MR, NR);                     \
-        else                                                                              \
-            block(x, w, w0, cs, KVG_DT_BF16, K, bias, y, ldy, MR, NR);                    \
-    }
-BLOCK_FN(1, 1) BLOCK_FN(1, 2) BLOCK_FN(1, 3) BLOCK_FN(1, 4)
-BLOCK_FN(1, 5) BLOCK_FN(1, 6) BLOCK_FN(1, 7) BLOCK_FN(1, 8)
-BLOCK_FN(2, 1) BLOCK_FN(2, 2) BLOCK_FN(2, 3) BLOCK_FN(2, 4) BLOCK_FN(2, 5) BLOCK_FN(2, 6)
-BLOCK_FN(3, 1) BLOCK_FN(3, 2) BLOCK_FN(3, 3) BLOCK_FN(3, 4) BLOCK_FN(3, 5)
-BLOCK_FN(4, 1) BLOCK_FN(4, 2) BLOCK_FN(4, 3) BLOCK_FN(4, 4)
-
-static const block_fn blocks[MR_MAX + 1][NR_MAX + 1] = {
-    [1] = { NULL, block_1x1, block_1x2, block_1x3, block_1x4,
-            block_1x5, block_1x6, block_1x7, block_1x8 },
-    [2] = { NULL, block_2x1, block_2x2, block_2x3, block_2x4, block_2x5, block_2x6 },
-    [3] = { NULL, block_3x1, block_3x2, block_3x3, block_3x4, block_3x5 },
-    [4] = { NULL, block_4x1, block_4x2, block_4x3, block_4x4 },
-};
+/* The block shapes instantiated (gemm_small_m_x86.h): those nr_for_mr uses. */
+#define SMALL_M_BLOCKS(F)                                               \
+    F(1, 1) F(1, 2) F(1, 3) F(1, 4) F(1, 5) F(1, 6) F(1, 7) F(1, 8)     \
+    F(2, 1) F(2, 2) F(2, 3) F(2, 4) F(2, 5) F(2, 6)                     \
+    F(3, 1) F(3, 2) F(3, 3) F(3, 4) F(3, 5)                             \
+    F(4, 1) F(4, 2) F(4, 3) F(4, 4)
 
 /* W rows per block for a given number of X rows (accumulators: 4, 12, 15, 16). One X
  * row takes 4 streams: memory-bound, 4 FMA chains keep up, and fewer streams ran
  * decode a little faster than 8 on Zen 4. */
 static const int nr_for_mr[MR_MAX + 1] = { 0, 4, 6, 5, 4 };
 
-/* Rows [nb0, nb1) of W against all of X. The NR W rows of a block are spread, not
- * adjacent: the panel is cut into NR equal slices and block i takes row i of each, so
- * each of the NR streams reads its slice front to back (the rows left over, fewer than
- * NR, go last as one adjacent block). Measured on AMD EPYC (Zen 4): NR adjacent rows
- * read in lockstep -- one page read back and forth -- ran F16 decode at a third of the
- * bandwidth of one stream, the hardware prefetchers losing track; spread streams get
- * it all. Which rows share a block changes no output bit. */
-TGT static void panel(const kvg_gemm_job *job, int nb0, int nb1)
-{
-    int K = job->K;
-
-    for (int m0 = 0; m0 < job->M; m0 += MR_MAX) {
-        int mr = job->M - m0 < MR_MAX ? job->M - m0 : MR_MAX;
-        int NR = nr_for_mr[mr];
-        int per = (nb1 - nb0) / NR, rest = (nb1 - nb0) - per * NR;
-        const float *x = job->x + (size_t)m0 * (size_t)K;
-        float *y = job->y + (size_t)m0 * (size_t)job->N;
-        for (int i = 0; i < per; i++) {
-            int n = nb0 + i;
-            blocks[mr][NR](x, job->w, (size_t)n * (size_t)K, (size_t)per, job->dt, K,
-                           job->bias ? job->bias + n : NULL, y + n, (size_t)job->N);
-        }
-        if (rest > 0) {
-            int n = nb0 + per * NR;
-            blocks[mr][rest](x, job->w, (size_t)n * (size_t)K, 1, job->dt, K,
-                             job->bias ? job->bias + n : NULL, y + n, (size_t)job->N);
-        }
-    }
-}
+#include "cpu/gemm_small_m_x86.h"
 
 /* ---- packed path (M >= PACKED_MIN_M): gemm_packed_x86.h, 12 X rows x 32 W rows ---- */
 
@@ -176,47 +127,5 @@ TGT static void panel(const kvg_gemm_job *job, int nb0, int nb1)
  * F32 and 1.2x faster in F16 and Q4_0; from about 48 rows on this path wins. */
 #define PACKED_MIN_M 40
 #include "cpu/gemm_packed_x86.h"
-
-/* ---- entry ------------------------------------------------------------------------ */
-
-void kvg_gemm_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
-{
-    size_t row_bytes = (size_t)(job->K > 0 ? job->K : 1) * sizeof(float);
-    int nb = (int)(W_BLOCK_BYTES / row_bytes);
-
-    if (n0 >= n1 || job->M <= 0)
-        return;
-    if (job->xp) {
-        packed_path(job, n0, n1, s);
-        return;
-    }
-    /* Up to MR_MAX rows of X pass over W once: no block need stay in L2. */
-    if (job->M <= MR_MAX) {
-        panel(job, n0, n1);
-        return;
-    }
-    nb = nb < 16 ? 16 : nb - nb % 8;
-    for (int b0 = n0; b0 < n1; b0 += nb) {
-        int b1 = n1 - b0 < nb ? n1 : b0 + nb;
-        panel(job, b0, b1);
-    }
-}
-
-#else
-
-void kvg_gemm_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
-{
-    kvg_gemm_kernel_generic(job, n0, n1, s);
-}
-
-void kvg_gemm_plan_avx512(const kvg_gemm_job *job, kvg_gemm_plan *plan)
-{
-    kvg_gemm_plan_generic(job, plan);
-}
-
-void kvg_gemm_pack_x_avx512(const kvg_gemm_job *job, int p0, int p1, float *xp)
-{
-    (void)job, (void)p0, (void)p1, (void)xp;
-}
 
 #endif

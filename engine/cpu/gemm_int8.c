@@ -11,13 +11,13 @@
 
 /* ---- X ---- */
 
-/* One block of 32, by the definition; returns sx, sets *dx and the half sums sxh[2]. */
-static int32_t quantize_block(const float *x, int8_t *q, float *dx, int32_t *sxh)
+/* Block b of one row, by the definition: its quants, scale, sum and half sums. */
+static void quantize_block(const float *x, const kvg_int8_xrow *xr, int b)
 {
+    int8_t *q = (int8_t *)xr->q + 32 * b;
+    int32_t sxh[2] = { 0, 0 };
     float amax = 0, d, id;
     int bad = 0;
-
-    sxh[0] = sxh[1] = 0;
 
     for (int i = 0; i < 32; i++) {
         float a = fabsf(x[i]);
@@ -25,35 +25,24 @@ static int32_t quantize_block(const float *x, int8_t *q, float *dx, int32_t *sxh
         amax = a > amax ? a : amax;
     }
     if (bad) {
-        memset(q, 0, 32);
-        *dx = NAN;
-        return 0;
+        kvg_int8_x_bad_block(xr, b);
+        return;
     }
-    d = amax / 127.0f;
-    id = d > 0 ? 1.0f / d : 0.0f;
-    if (!(id <= FLT_MAX))
-        id = 0;
+    d = kvg_int8_x_scale(amax, &id);
     for (int i = 0; i < 32; i++) {
         int v = (int)lrintf(x[i] * id);
         q[i] = (int8_t)v;
         sxh[i / 16] += v;
     }
-    *dx = d;
-    return sxh[0] + sxh[1];
+    kvg_int8_x_block(xr, b, d, sxh[0], sxh[1]);
 }
 
 void kvg_int8_quantize_x_generic(const float *x, int K, int r0, int r1, unsigned char *xq)
 {
-    size_t rb = kvg_int8_x_row_bytes(K);
-    int nb = K / 32;
-
     for (int r = r0; r < r1; r++) {
-        unsigned char *row = xq + (size_t)r * rb;
-        float *dx = (float *)(row + K);
-        int32_t *sx = (int32_t *)(row + K) + nb, *sxh = sx + nb;
-        for (int b = 0; b < nb; b++)
-            sx[b] = quantize_block(x + (size_t)r * (size_t)K + 32 * (size_t)b, (int8_t *)row + 32 * b, &dx[b],
-                                   sxh + 2 * b);
+        kvg_int8_xrow xr = kvg_int8_x_row(xq, K, r);
+        for (int b = 0; b < K / 32; b++)
+            quantize_block(x + (size_t)r * (size_t)K + 32 * (size_t)b, &xr, b);
     }
 }
 

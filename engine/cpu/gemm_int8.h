@@ -97,8 +97,10 @@
 #ifndef KVG_GEMM_INT8_H
 #define KVG_GEMM_INT8_H
 
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "model.h"
 
@@ -142,6 +144,61 @@ static inline int kvg_gemm_k_multiple(kvg_dtype dt)
 static inline size_t kvg_int8_x_row_bytes(int K)
 {
     return (size_t)K + (size_t)(K / 32) * 16;
+}
+
+/* Row r of quantized X (rows of kvg_int8_x_row_bytes(K)), in its parts. */
+typedef struct kvg_int8_xrow {
+    unsigned char *q;            /* K int8 */
+    float *dx;                   /* K/32 block scales */
+    int32_t *sx, *sxh;           /* K/32 block sums, K/16 half sums */
+} kvg_int8_xrow;
+
+static inline kvg_int8_xrow kvg_int8_x_row(unsigned char *xq, int K, int r)
+{
+    kvg_int8_xrow x;
+    x.q = xq + (size_t)r * kvg_int8_x_row_bytes(K);
+    x.dx = (float *)(x.q + K);
+    x.sx = (int32_t *)(x.q + K) + K / 32;
+    x.sxh = x.sx + K / 32;
+    return x;
+}
+
+/* What every ISA's quantizer of X shares, by the definition: a block's scale from its
+ * largest |x|, d = amax / 127, and the factor *id = 1 / d its values are multiplied by
+ * before rounding (0 when d is 0 or 1 / d overflows)... */
+static inline float kvg_int8_x_scale(float amax, float *id)
+{
+    float d = amax / 127.0f;
+    *id = d > 0 ? 1.0f / d : 0.0f;
+    if (!(*id <= FLT_MAX))
+        *id = 0;
+    return d;
+}
+
+/* ... a block's scale and half sums stored, and its sum (exact in int32) ... */
+static inline void kvg_int8_x_block(const kvg_int8_xrow *x, int b, float d, int32_t s0, int32_t s1)
+{
+    x->dx[b] = d;
+    x->sxh[2 * b] = s0;
+    x->sxh[2 * b + 1] = s1;
+    x->sx[b] = s0 + s1;
+}
+
+/* ... and a block holding an infinity or a NaN: quants and sums 0, scale NaN (every
+ * product over it is then NaN, as in F32). */
+static inline void kvg_int8_x_bad_block(const kvg_int8_xrow *x, int b)
+{
+    memset(x->q + 32 * b, 0, 32);
+    x->dx[b] = __builtin_nanf("");
+    x->sx[b] = x->sxh[2 * b] = x->sxh[2 * b + 1] = 0;
+}
+
+/* 4 bytes of quants as one int32, for the vector kernels' broadcasts. */
+static inline int32_t kvg_int8_load4(const unsigned char *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
 /* Bytes of the quants of one block of one group, and of one group of nb blocks. */

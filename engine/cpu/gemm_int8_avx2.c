@@ -10,6 +10,7 @@
 #include "cpu/gemm_int8.h"
 #include "cpu/gemm_kernels.h"
 
+/* Off x86 this file defines nothing: gemm.c has only the generic level there. */
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
@@ -30,16 +31,12 @@ A2INL float hmax8(__m256 v)
  * are the same operations as the C code's. */
 A2TGT void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsigned char *xq)
 {
-    size_t rb = kvg_int8_x_row_bytes(K);
-    int nb = K / 32;
     const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
 
     for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * (size_t)K;
-        unsigned char *row = xq + (size_t)r * rb;
-        float *dx = (float *)(row + K);
-        int32_t *sx = (int32_t *)(row + K) + nb, *sxh = sx + nb;
-        for (int b = 0; b < nb; b++) {
+        kvg_int8_xrow row = kvg_int8_x_row(xq, K, r);
+        for (int b = 0; b < K / 32; b++) {
             __m256 v[4], amax = _mm256_setzero_ps();
             int bad = 0;
             float d, id;
@@ -52,16 +49,12 @@ A2TGT void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsig
                 amax = _mm256_max_ps(a, amax);
             }
             if (bad) {
-                memset(row + 32 * b, 0, 32);
-                dx[b] = __builtin_nanf("");
-                sx[b] = sxh[2 * b] = sxh[2 * b + 1] = 0;
+                kvg_int8_x_bad_block(&row, b);
                 continue;
             }
-            d = hmax8(amax) / 127.0f;
-            id = d > 0 ? 1.0f / d : 0.0f;
-            if (!(id <= FLT_MAX))
-                id = 0;
+            d = kvg_int8_x_scale(hmax8(amax), &id);
             __m256i q[4], s;
+            int32_t sxh[2];
             for (int i = 0; i < 4; i++)
                 q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
             /* int32 -> int8 in element order: the packs interleave 128-bit lanes, the
@@ -69,25 +62,22 @@ A2TGT void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsig
             __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
             __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
                                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256((__m256i *)(row + 32 * b), p8);
+            _mm256_storeu_si256((__m256i *)(row.q + 32 * b), p8);
             for (int h = 0; h < 2; h++) {
                 s = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
                 __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-                sxh[2 * b + h] = _mm_cvtsi128_si32(s4);
+                sxh[h] = _mm_cvtsi128_si32(s4);
             }
-            dx[b] = d;
-            sx[b] = sxh[2 * b] + sxh[2 * b + 1];
+            kvg_int8_x_block(&row, b, d, sxh[0], sxh[1]);
         }
     }
 }
 
 A2INL __m256i bcast4(const unsigned char *p)
 {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
+    return _mm256_set1_epi32(kvg_int8_load4(p));
 }
 
 /* A tile's MR quantized X rows: their int8 values, block scales and sums. */
@@ -304,18 +294,6 @@ void kvg_int8_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gem
         if (m0 < job->M)
             tile1(job, m0, g);
     }
-}
-
-#else
-
-void kvg_int8_quantize_x_avx2(const float *x, int K, int r0, int r1, unsigned char *xq)
-{
-    kvg_int8_quantize_x_generic(x, K, r0, r1, xq);
-}
-
-void kvg_int8_kernel_avx2(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
-{
-    kvg_int8_kernel_generic(job, n0, n1, s);
 }
 
 #endif

@@ -8,6 +8,7 @@
 #include "cpu/gemm_int8.h"
 #include "cpu/gemm_kernels.h"
 
+/* Off x86 this file defines nothing: gemm.c has only the generic level there. */
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
@@ -22,48 +23,34 @@
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned char *xq)
 {
-    size_t rb = kvg_int8_x_row_bytes(K);
-    int nb = K / 32;
     const __m512 big = _mm512_set1_ps(FLT_MAX);
 
     for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * (size_t)K;
-        unsigned char *row = xq + (size_t)r * rb;
-        float *dx = (float *)(row + K);
-        int32_t *sx = (int32_t *)(row + K) + nb, *sxh = sx + nb;
-        for (int b = 0; b < nb; b++) {
+        kvg_int8_xrow row = kvg_int8_x_row(xq, K, r);
+        for (int b = 0; b < K / 32; b++) {
             __m512 v0 = _mm512_loadu_ps(xr + 32 * b), v1 = _mm512_loadu_ps(xr + 32 * b + 16);
             __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
             /* Not <= FLT_MAX: infinite or NaN (unordered compares true). */
             __mmask16 bad = _mm512_cmp_ps_mask(a0, big, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, big, _CMP_NLE_UQ);
             float d, id;
             if (bad) {
-                memset(row + 32 * b, 0, 32);
-                dx[b] = __builtin_nanf("");
-                sx[b] = sxh[2 * b] = sxh[2 * b + 1] = 0;
+                kvg_int8_x_bad_block(&row, b);
                 continue;
             }
-            d = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)) / 127.0f;
-            id = d > 0 ? 1.0f / d : 0.0f;
-            if (!(id <= FLT_MAX))
-                id = 0;
+            d = kvg_int8_x_scale(_mm512_reduce_max_ps(_mm512_max_ps(a0, a1)), &id);
             __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
             __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
-            _mm_storeu_si128((__m128i *)(row + 32 * b), _mm512_cvtepi32_epi8(q0));
-            _mm_storeu_si128((__m128i *)(row + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
-            dx[b] = d;
-            sxh[2 * b] = _mm512_reduce_add_epi32(q0);
-            sxh[2 * b + 1] = _mm512_reduce_add_epi32(q1);
-            sx[b] = sxh[2 * b] + sxh[2 * b + 1];
+            _mm_storeu_si128((__m128i *)(row.q + 32 * b), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(row.q + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
+            kvg_int8_x_block(&row, b, d, _mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1));
         }
     }
 }
 
 I8INL __m512i bcast4(const unsigned char *p)
 {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
+    return _mm512_set1_epi32(kvg_int8_load4(p));
 }
 
 /* A tile's pointers: its MR quantized X rows (their int8 values, block scales and
@@ -336,18 +323,6 @@ void kvg_int8_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_g
             tiles[mr].one(job, m0, g, 1);
             m0 += mr;
         }
-}
-
-#else
-
-void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned char *xq)
-{
-    kvg_int8_quantize_x_generic(x, K, r0, r1, xq);
-}
-
-void kvg_int8_kernel_avx512(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
-{
-    kvg_int8_kernel_generic(job, n0, n1, s);
 }
 
 #endif

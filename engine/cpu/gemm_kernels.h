@@ -1,5 +1,5 @@
-/* Internal to the GEMM: the per-ISA kernels behind kvg_gemm (engine/gemm.c) and the
- * entry points the unit test and the benchmark use to run one ISA explicitly.
+/* Internal to the GEMM: the per-ISA kernels behind kvg_gemm (gemm.c); the entry
+ * points that run one ISA explicitly are the tests' (gemm_testing.h).
  *
  * The canonical order. Every kernel computes every output element as follows, and
  * nothing else (no other association, no reordering, no fusing beyond this):
@@ -25,9 +25,10 @@
  * kvg_gemm hands them the workspaces the caller made (kvg_gemm_ws).
  *
  * The units, lowest first: this header (shared types and scalar helpers) <-
- * gemm_pack_x86.h (x86 packing) <- gemm_packed_x86.h (the packed path, a template
- * each x86 ISA file instantiates) <- gemm_generic.c, gemm_avx2.c, gemm_avx512.c <-
- * ../gemm.c (dispatch, threads, workspaces). */
+ * gemm_pack_x86.h (x86 packing) <- gemm_packed_x86.h and gemm_small_m_x86.h (the
+ * packed and the small-M paths, templates each x86 ISA file instantiates) <-
+ * gemm_generic.c, gemm_avx2.c, gemm_avx512.c <- gemm.c (dispatch, threads,
+ * workspaces). */
 #ifndef KVG_GEMM_KERNELS_H
 #define KVG_GEMM_KERNELS_H
 
@@ -35,7 +36,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gemm.h"
+#include "cpu/gemm.h"
 
 typedef struct kvg_gemm_job {
     const float *x;              /* M rows, stride K */
@@ -94,19 +95,6 @@ typedef enum kvg_gemm_isa_id {
     KVG_ISA_AVX2 = 1,            /* AVX2 + FMA + F16C */
     KVG_ISA_AVX512 = 2           /* AVX-512 F/BW/VL + FMA + F16C */
 } kvg_gemm_isa_id;
-
-/* Whether this CPU (and OS) can run the ISA's kernel. */
-int kvg_gemm_isa_supported(kvg_gemm_isa_id isa);
-/* The ISA kvg_gemm uses (the best supported, lowered by KVG_GEMM_ISA). */
-kvg_gemm_isa_id kvg_gemm_isa_id_active(void);
-const char *kvg_gemm_isa_name(kvg_gemm_isa_id isa);
-/* kvg_gemm with an explicit ISA; -1 also when this CPU lacks it. */
-int kvg_gemm_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x,
-                      int M, int K, const kvg_tensor *w, const float *bias, float *y);
-/* kvg_gemm_multi with an explicit ISA. */
-int kvg_gemm_multi_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws,
-                            const float *x, int M, int K, int n, const kvg_tensor *const *w,
-                            const float *const *bias, float *const *y);
 
 /* Exact widenings, shared by the kernels' scalar tails and the generic kernel. */
 static inline float kvg_gemm_bf16_to_f32(uint16_t h)

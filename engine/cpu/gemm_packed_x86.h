@@ -1,8 +1,10 @@
 /* The packed path (M >= PACKED_MIN_M, prefill) of the x86 GEMM kernels, written once:
  * gemm_avx2.c and gemm_avx512.c each include this file once, after defining the
- * vector width and the few intrinsics it needs (below), and get their own copy
- * compiled for their own target. Not a normal header: no include guard, and it
- * defines static functions plus the ISA's kvg_gemm_plan_* / kvg_gemm_pack_x_*.
+ * vector width and the few intrinsics it needs (below) and after including
+ * gemm_small_m_x86.h, and get their own copy compiled for their own target. Not a
+ * normal header: no include guard, and it defines static functions plus the ISA's
+ * entry points kvg_gemm_plan_*, kvg_gemm_pack_x_* and kvg_gemm_kernel_* (which runs
+ * this path or the small-M one).
  *
  * The 16 lanes of the canonical order (gemm_kernels.h) are 16 independent FMA chains,
  * so they can be computed one lane at a time: lane l of output (m, n) is the chain
@@ -44,6 +46,7 @@
 #define PK_CAT(a, b) PK_CAT2(a, b)
 #define PK_PLAN PK_CAT(kvg_gemm_plan_, PK_ISA)
 #define PK_PACK_X PK_CAT(kvg_gemm_pack_x_, PK_ISA)
+#define PK_KERNEL PK_CAT(kvg_gemm_kernel_, PK_ISA)
 
 TGT static void pack_w(const kvg_gemm_job *job, int n0, int rows, int panels, int J, float *wp)
 {
@@ -239,7 +242,20 @@ void PK_PACK_X(const kvg_gemm_job *job, int p0, int p1, float *xp)
     pack_x(job->x, job->K, job->M, p0, p1, (job->K + 15) / 16, xp);
 }
 
+/* The ISA's kernel: this path when kvg_gemm packed X (the plan said so and the
+ * workspace fits), the small-M path (gemm_small_m_x86.h) otherwise. */
+void PK_KERNEL(const kvg_gemm_job *job, int n0, int n1, const kvg_gemm_scratch *s)
+{
+    if (n0 >= n1 || job->M <= 0)
+        return;
+    if (job->xp)
+        packed_path(job, n0, n1, s);
+    else
+        small_m_path(job, n0, n1);
+}
+
 #undef PK_PLAN
 #undef PK_PACK_X
+#undef PK_KERNEL
 #undef PK_CAT
 #undef PK_CAT2

@@ -1,6 +1,7 @@
 /* The CUDA backend of a build made without nvcc (or with CUDA=0): --backend cuda names
  * the reason instead of failing as an unknown backend. */
 #include "backend.h"
+#include "backend_testing.h"
 #include "errmsg.h"
 
 kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,

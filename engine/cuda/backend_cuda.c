@@ -6,6 +6,7 @@
  * in one copy. Weights live in one arena (cuda_weights.c), the KV pool in device memory
  * (cuda_kv.c), GEMMs go through cuBLASLt (cuda_gemm.c). */
 #include "cuda_internal.h"
+#include "backend_testing.h"
 #include "errmsg.h"
 #include "rope.h"
 
@@ -466,26 +467,12 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
 
     if (kvg_backend_cuda_probe(dev, err, err_len) != 0)
         return NULL;
-    if (cfg->head_dim <= 0 || cfg->head_dim % 2 != 0 || cfg->head_dim > KVG_K_ATTN_MAX_HEAD_DIM) {
-        kvg_set_err(err, err_len, "cuda: head_dim %d must be even and at most %d", cfg->head_dim,
-                    KVG_K_ATTN_MAX_HEAD_DIM);
+    if (kvg_backend_check_model(m, "cuda", KVG_K_ATTN_MAX_HEAD_DIM, err, err_len) != 0)
         return NULL;
-    }
-    if (kvg_rope_config_error(cfg)) {
-        kvg_set_err(err, err_len, "cuda: %s", kvg_rope_config_error(cfg));
+    be = kvg_backend_alloc(&cuda_ops, m, sizeof *c, "cuda", err, err_len);
+    if (!be)
         return NULL;
-    }
-    be = calloc(1, sizeof *be);
-    c = calloc(1, sizeof *c);
-    if (!be || !c) {
-        free(be);
-        free(c);
-        kvg_set_err(err, err_len, "cuda: out of memory");
-        return NULL;
-    }
-    be->ops = &cuda_ops;
-    be->ctx = c;
-    be->model = m;
+    c = be->ctx;
     be->n_threads = 1;
     c->m = m;
     c->device = dev;

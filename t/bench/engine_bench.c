@@ -44,12 +44,14 @@
 
 #include "backend.h"
 #include "cpu/backend_cpu_internal.h"
+#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
+#include "cpu/threadpool_testing.h"
 #include "forward.h"
-#include "gemm.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "sampler.h"
-#include "threadpool.h"
+#include "sampler_testing.h"
 #include "../unit/ref_forward.h"
 #include "bench_stats.h"
 

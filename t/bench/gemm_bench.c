@@ -22,8 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gemm.h"
-#include "threadpool.h"
+#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
 
 /* OpenBLAS entry points (declared here: the bench is built without its include path). */
 void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha,

@@ -34,6 +34,7 @@
 #include "model.h"
 #include "monoclock.h"
 #include "sampler.h"
+#include "sampler_testing.h"
 #include "bench_stats.h"
 
 #define MAX_LIST 8

@@ -33,6 +33,7 @@
 #include "forward.h"
 #include "cache_index.h"
 #include "kv_cache.h"
+#include "kv_cache_testing.h"
 #include "model.h"
 #include "prefix_cache.h"
 #include "proto.h"
@@ -99,7 +100,7 @@ static void direct_latency(double *lat, int n)
 {
     kvg_model_load_opts lo = { tok_path, NULL, NULL, 0 };
     kvg_model *m = kvg_model_load(model_path, &lo, err, sizeof err);
-    kvg_backend *be = m ? kvg_backend_new("cpu", m, 1, err, sizeof err) : NULL;
+    kvg_backend *be = m ? kvg_backend_cpu_new(m, 1, err, sizeof err) : NULL;
     kvg_kv_geom g;
     if (!be) {
         fprintf(stderr, "ipc_bench: %s\n", err);

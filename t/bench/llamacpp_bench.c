@@ -34,6 +34,7 @@
 #include "bench_stats.h"
 #include "monoclock.h"
 #include "sampler.h"
+#include "sampler_testing.h"
 
 /* ---- the ABI of llama.cpp 0.5.0-dev (llama.h as shipped by node-llama-cpp 3.22.1) ---- */
 typedef struct { _Alignas(8) unsigned char b[80]; } lc_model_params;

@@ -11,6 +11,7 @@
 #include <utf8proc.h>
 
 #include "normalize.h"
+#include "normalize_testing.h"
 
 #define SIZE (1u << 20)
 #define RUNS 9

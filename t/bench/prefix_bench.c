@@ -15,6 +15,7 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "prefix_cache.h"
+#include "prefix_cache_testing.h"
 #include "prefix_hash.h"
 
 static char err[512];

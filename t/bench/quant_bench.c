@@ -14,10 +14,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "gemm.h"
+#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
 #include "model.h"
 #include "quant.h"
-#include "threadpool.h"
+#include "quant_testing.h"
 
 static double now(void)
 {

@@ -33,11 +33,13 @@
 #include <string.h>
 
 #include "gguf.h"
-#include "model_internal.h"
+#include "gguf_testing.h"
+#include "model_testing.h"
 
 #if defined(__has_include)
 #if __has_include("quant.h")
 #include "quant.h"
+#include "quant_testing.h"
 #define HAVE_QUANT 1
 #endif
 #endif

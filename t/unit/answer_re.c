@@ -4,6 +4,7 @@
  * shape; the count is the same every time and for JIT and interpreter alike;
  * a request's samples share the request's budget. */
 #include "answer_re.h"
+#include "answer_re_testing.h"
 #include "tap.h"
 
 #define TAIL 4096

@@ -1,6 +1,7 @@
 /* Length buckets: boundaries, the bypass bucket, labels and config errors. */
 #include "tap.h"
 #include "buckets.h"
+#include "buckets_testing.h"
 
 static void bad_spec(const char *spec, const char *want_in_err)
 {

@@ -3,6 +3,7 @@
  * guarantee), llama2's role rules, detection from Jinja excerpts, stop pieces. */
 #include "tap.h"
 #include "chat_template.h"
+#include "chat_template_testing.h"
 
 #define M(role, text) { role, text, sizeof(text) - 1 }
 #define N(a) (sizeof(a) / sizeof((a)[0]))

@@ -14,6 +14,7 @@
 #include "tap.h"
 #include "engine_testmodel.h"
 #include "backend.h"
+#include "backend_testing.h"
 #include "forward.h"
 #include "kv_cache.h"
 #include "model.h"

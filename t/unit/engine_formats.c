@@ -24,6 +24,7 @@
 #include "model.h"
 #include "model_writers.h"
 #include "sampler.h"
+#include "sampler_testing.h"
 
 #define STEPS 200
 

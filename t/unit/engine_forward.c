@@ -14,10 +14,11 @@
 
 #include "tap.h"
 #include "backend.h"
+#include "cpu/gemm.h"
 #include "engine_testmodel.h"
 #include "forward.h"
-#include "gemm.h"
 #include "kv_cache.h"
+#include "kv_cache_testing.h"
 #include "model.h"
 #include "ref_forward.h"
 

@@ -6,6 +6,7 @@
 
 #include "tap.h"
 #include "kv_cache.h"
+#include "kv_cache_testing.h"
 
 static kvg_kv_geom geom(int layers, int heads, int hd, int bt)
 {

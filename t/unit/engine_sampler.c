@@ -7,6 +7,7 @@
 
 #include "tap.h"
 #include "sampler.h"
+#include "sampler_testing.h"
 
 static void test_philox(void)
 {

@@ -12,9 +12,11 @@
 #include <unistd.h>
 
 #include "tap.h"
-#include "gemm.h"
-#include "threadpool.h"
+#include "cpu/gemm.h"
 #include "cpu/gemm_kernels.h"
+#include "cpu/gemm_testing.h"
+#include "cpu/threadpool.h"
+#include "cpu/threadpool_testing.h"
 
 /* ---- deterministic data ---------------------------------------------------- */
 

@@ -83,6 +83,7 @@ void kvg_gemm_pack_x_avx512_emulated(const kvg_gemm_job *job, int p0, int p1, fl
 #define HAVE_EMULATION 0
 #include "cpu/gemm_kernels.h"
 #endif
+#include "cpu/gemm_testing.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 

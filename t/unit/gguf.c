@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "gguf_testing.h"
 #include "gguf_builder.h"
 #include "tap.h"
 

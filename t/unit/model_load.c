@@ -15,9 +15,10 @@
 #include <unistd.h>
 
 #include "model.h"
-#include "model_internal.h"
+#include "model_testing.h"
 #include "model_writers.h"
 #include "quant.h"
+#include "quant_testing.h"
 #include "tap.h"
 
 static char tmpdir[256];

@@ -29,6 +29,7 @@
 
 #include "gguf_builder.h"
 #include "quant.h"
+#include "quant_testing.h"
 #include "model.h"
 
 typedef struct mw_opts {

@@ -6,6 +6,7 @@
 #include <utf8proc.h>
 
 #include "normalize.h"
+#include "normalize_testing.h"
 #include "tap.h"
 #include "utf8.h"
 

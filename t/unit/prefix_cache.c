@@ -11,7 +11,9 @@
 
 #include "tap.h"
 #include "kv_cache.h"
+#include "kv_cache_testing.h"
 #include "prefix_cache.h"
+#include "prefix_cache_testing.h"
 #include "prefix_hash.h"
 #include "cache_index.h"
 

@@ -25,15 +25,18 @@
 
 #include "tap.h"
 #include "backend.h"
+#include "cpu/gemm.h"
+#include "cpu/gemm_kernels.h"
+#include "cpu/gemm_testing.h"
+#include "cpu/threadpool.h"
 #include "engine_testmodel.h"
 #include "forward.h"
-#include "gemm.h"
 #include "kv_cache.h"
 #include "model.h"
+#include "model_testing.h"
 #include "model_writers.h"
 #include "quant.h"
-#include "threadpool.h"
-#include "cpu/gemm_kernels.h"
+#include "quant_testing.h"
 
 static uint64_t rs = 0x1234567;
 static uint32_t rnd32(void)

@@ -7,6 +7,7 @@
 #include "request.h"
 #include "request_dump.h"
 #include "utf8.h"
+#include "api_error_testing.h"
 
 #define CMPL KVG_ENDPOINT_COMPLETIONS
 #define CHAT KVG_ENDPOINT_CHAT

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "route.h"
+#include "route_testing.h"
 #include "tap.h"
 
 static kvg_route_cand cand(uint64_t id, uint32_t held, uint64_t load)

@@ -21,6 +21,7 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "prefix_cache.h"
+#include "prefix_cache_testing.h"
 #include "prefix_hash.h"
 #include "scheduler.h"
 

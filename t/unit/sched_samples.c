@@ -12,6 +12,7 @@
 
 #include "tap.h"
 #include "sched_rig.h"
+#include "prefix_cache_testing.h"
 
 #define MAXR 16
 #define MAXT 64

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "shm_channel.h"
+#include "shm_channel_testing.h"
 #include "tap.h"
 
 static char err[256];

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "gguf_testing.h"
 #include "tap.h"
 #include "tok_internal.h"
 #include "tokenizer.h"

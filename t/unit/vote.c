@@ -6,6 +6,7 @@
 
 #include "tap.h"
 #include "vote.h"
+#include "vote_testing.h"
 
 /* ---- the extractor ---- */
 

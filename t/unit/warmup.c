@@ -14,6 +14,7 @@
 #include "monoclock.h"
 #include "sched_rig.h"
 #include "warmup.h"
+#include "prefix_cache_testing.h"
 
 #define MAXR 256
 

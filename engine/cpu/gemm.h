@@ -33,7 +33,7 @@
 
 #include <stddef.h>
 #include "model.h"
-#include "threadpool.h"
+#include "cpu/threadpool.h"
 
 /* Scratch for the packed path: one packed copy of X shared by the threads of a
  * product, and each thread's packed W block and partial sums. One product at a time
@@ -56,8 +56,6 @@ void kvg_gemm_ws_free(kvg_gemm_ws *ws);
  * never grows them again, so a model of one kind holds none for the other. A product
  * of a kind turned off still runs as without a workspace: the same bits. */
 void kvg_gemm_ws_kinds(kvg_gemm_ws *ws, int float_w, int int8_w);
-/* Bytes ws holds now (its shared X buffers and every thread's scratch). */
-size_t kvg_gemm_ws_bytes(const kvg_gemm_ws *ws);
 
 /* Y = X W^T (+ bias if non-NULL, length N). x: M rows of K floats (row stride K),
  * y: M rows of N floats (row stride N). ws may be NULL (unpacked). 0, or -1 for a

@@ -10,7 +10,8 @@
  * forward pass issues dozens of short jobs back to back and a futex wake-up costs as
  * much as a small GEMM; the poll is bounded in time, so a busy machine loses at most
  * that per job. */
-#include "threadpool.h"
+#include "cpu/threadpool.h"
+#include "cpu/threadpool_testing.h"
 #include "monoclock.h"
 
 #include <pthread.h>

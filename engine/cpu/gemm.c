@@ -5,7 +5,7 @@
  * neither the ISA, nor the thread count, nor M, nor the workspace (packed or not)
  * changes a single bit of any output. Nothing here allocates per call: the
  * workspaces are made by kvg_gemm_ws_new / kvg_gemm_ws_reserve. */
-#include "gemm.h"
+#include "cpu/gemm.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,50 +17,42 @@
 #include <cpuid.h>
 #endif
 
-#include "cpu/gemm_kernels.h"
 #include "cpu/gemm_int8.h"
+#include "cpu/gemm_kernels.h"
+#include "cpu/gemm_testing.h"
 
 /* Below this many multiply-adds a job costs less than waking a worker. */
 #define KVG_GEMM_MIN_PARALLEL_MACS 65536.0
 
-static const kvg_gemm_kernel_fn kernels[] = {
-    [KVG_ISA_GENERIC] = kvg_gemm_kernel_generic,
-    [KVG_ISA_AVX2] = kvg_gemm_kernel_avx2,
-    [KVG_ISA_AVX512] = kvg_gemm_kernel_avx512,
-};
-
-/* Quantized W (Q8_0, Q4_0, Q4_K, Q6_K): integer products over X quantized to int8
- * (gemm_int8.h). The
- * AVX-512 kernel needs VNNI; without it the AVX2 one runs (the same bits). */
-static const kvg_gemm_kernel_fn i8kernels[] = {
-    [KVG_ISA_GENERIC] = kvg_int8_kernel_generic,
-    [KVG_ISA_AVX2] = kvg_int8_kernel_avx2,
-    [KVG_ISA_AVX512] = kvg_int8_kernel_avx512,
-};
-
 typedef void (*quantize_x_fn)(const float *x, int K, int r0, int r1, unsigned char *xq);
-static const quantize_x_fn x_quantizers[] = {
-    [KVG_ISA_GENERIC] = kvg_int8_quantize_x_generic,
-    [KVG_ISA_AVX2] = kvg_int8_quantize_x_avx2,
-    [KVG_ISA_AVX512] = kvg_int8_quantize_x_avx512,
-};
 
-static const kvg_gemm_plan_fn plans[] = {
-    [KVG_ISA_GENERIC] = kvg_gemm_plan_generic,
-    [KVG_ISA_AVX2] = kvg_gemm_plan_avx2,
-    [KVG_ISA_AVX512] = kvg_gemm_plan_avx512,
-};
+/* What each ISA level runs: float W (F32, F16, BF16) through the canonical order of
+ * gemm_kernels.h, with the plan of a product and the packing of X (NULL: the level
+ * never packs); quantized W (Q8_0, Q4_0, Q4_K, Q6_K) through integer products over X
+ * quantized to int8 (gemm_int8.h) -- the AVX-512 int8 kernel needs VNNI, without it
+ * the AVX2 one runs (the same bits). Off x86 only the generic level exists
+ * (kvg_gemm_isa_supported never reports the others): their entries stay NULL. */
+typedef struct isa_kernels {
+    const char *name;
+    kvg_gemm_kernel_fn gemm;
+    kvg_gemm_plan_fn plan;
+    kvg_gemm_pack_x_fn pack_x;
+    kvg_gemm_kernel_fn int8;
+    quantize_x_fn quantize_x;
+} isa_kernels;
 
-static const kvg_gemm_pack_x_fn x_packers[] = {
-    [KVG_ISA_GENERIC] = NULL,
-    [KVG_ISA_AVX2] = kvg_gemm_pack_x_avx2,
-    [KVG_ISA_AVX512] = kvg_gemm_pack_x_avx512,
-};
-
-static const char *const isa_names[] = {
-    [KVG_ISA_GENERIC] = "generic",
-    [KVG_ISA_AVX2] = "avx2",
-    [KVG_ISA_AVX512] = "avx512",
+static const isa_kernels isas[] = {
+    [KVG_ISA_GENERIC] = { "generic", kvg_gemm_kernel_generic, kvg_gemm_plan_generic, NULL,
+                          kvg_int8_kernel_generic, kvg_int8_quantize_x_generic },
+#if defined(__x86_64__) || defined(__i386__)
+    [KVG_ISA_AVX2] = { "avx2", kvg_gemm_kernel_avx2, kvg_gemm_plan_avx2, kvg_gemm_pack_x_avx2,
+                       kvg_int8_kernel_avx2, kvg_int8_quantize_x_avx2 },
+    [KVG_ISA_AVX512] = { "avx512", kvg_gemm_kernel_avx512, kvg_gemm_plan_avx512, kvg_gemm_pack_x_avx512,
+                         kvg_int8_kernel_avx512, kvg_int8_quantize_x_avx512 },
+#else
+    [KVG_ISA_AVX2] = { "avx2", NULL, NULL, NULL, NULL, NULL },
+    [KVG_ISA_AVX512] = { "avx512", NULL, NULL, NULL, NULL, NULL },
+#endif
 };
 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
@@ -91,7 +83,7 @@ static void detect_isa(void)
     const char *env = getenv("KVG_GEMM_ISA");
     if (env && *env) {
         for (int i = 0; i <= KVG_ISA_AVX512; i++)
-            if (strcmp(env, isa_names[i]) == 0) {
+            if (strcmp(env, isas[i].name) == 0) {
                 if (i < isa_active)
                     isa_active = i;
                 return;
@@ -106,7 +98,8 @@ int kvg_gemm_isa_supported(kvg_gemm_isa_id isa)
     return (int)isa >= 0 && (int)isa <= isa_best;
 }
 
-kvg_gemm_isa_id kvg_gemm_isa_id_active(void)
+/* The ISA kvg_gemm uses (the best supported, lowered by KVG_GEMM_ISA). */
+static kvg_gemm_isa_id isa_active_id(void)
 {
     pthread_once(&isa_once, detect_isa);
     return (kvg_gemm_isa_id)isa_active;
@@ -114,12 +107,12 @@ kvg_gemm_isa_id kvg_gemm_isa_id_active(void)
 
 const char *kvg_gemm_isa_name(kvg_gemm_isa_id isa)
 {
-    return (int)isa >= 0 && (int)isa <= KVG_ISA_AVX512 ? isa_names[isa] : "?";
+    return (int)isa >= 0 && (int)isa <= KVG_ISA_AVX512 ? isas[isa].name : "?";
 }
 
 const char *kvg_gemm_isa(void)
 {
-    return kvg_gemm_isa_name(kvg_gemm_isa_id_active());
+    return kvg_gemm_isa_name(isa_active_id());
 }
 
 /* ---- workspaces ---- */
@@ -155,7 +148,7 @@ static void ws_needs(int k_min, int k_max, size_t *wp, size_t *slots)
         for (int k = k_min < 16 ? 16 : (k_min + 15) / 16 * 16; k <= (k_max + 15) / 16 * 16; k += 16) {
             kvg_gemm_job job = { .M = 1 << 20, .K = k, .N = 1, .dt = KVG_DT_F32 };
             kvg_gemm_plan plan;
-            plans[isa](&job, &plan);
+            isas[isa].plan(&job, &plan);
             if (!plan.packed)
                 continue;
             if (plan.wp_floats > *wp)
@@ -232,7 +225,7 @@ int kvg_gemm_ws_reserve(kvg_gemm_ws *ws, int rows)
         kvg_gemm_plan plan;
         if (!kvg_gemm_isa_supported((kvg_gemm_isa_id)isa))
             continue;
-        plans[isa](&job, &plan);
+        isas[isa].plan(&job, &plan);
         if (plan.packed && plan.xp_floats > need)
             need = plan.xp_floats;
     }
@@ -385,14 +378,14 @@ static int setup(kvg_gemm_isa_id isa, const float *x, int M, int K, const kvg_te
         /* No packing: X is quantized instead (run_int8); threads take groups of 16
          * columns, the repacked layout's unit. */
         memset(plan, 0, sizeof *plan);
-        p->fn = isa == KVG_ISA_AVX512 && !has_vnni ? i8kernels[KVG_ISA_AVX2] : i8kernels[isa];
+        p->fn = isas[isa == KVG_ISA_AVX512 && !has_vnni ? KVG_ISA_AVX2 : isa].int8;
         p->pack = NULL;
         p->group = 16;
         return 0;
     }
-    plans[isa](job, plan);
-    p->fn = kernels[isa];
-    p->pack = x_packers[isa];
+    isas[isa].plan(job, plan);
+    p->fn = isas[isa].gemm;
+    p->pack = isas[isa].pack_x;
     /* Decode keeps finer groups: its kernel has no panels to fill. */
     p->group = plan->packed ? (size_t)plan->n_group : 16;
     return 0;
@@ -560,7 +553,7 @@ static int run_int8(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws *ws, in
         y[i] = mc->p[i].job->y;
     for (int m0 = 0; m0 < M; m0 += slice) {
         int ms = M - m0 < slice ? M - m0 : slice;
-        struct quant_ctx q = { x_quantizers[isa], x + (size_t)m0 * (size_t)K, K, buf };
+        struct quant_ctx q = { isas[isa].quantize_x, x + (size_t)m0 * (size_t)K, K, buf };
         for (int i = 0; i < mc->n; i++) {
             kvg_gemm_job *j = (kvg_gemm_job *)mc->p[i].job;
             j->x = q.x;
@@ -677,11 +670,11 @@ int kvg_gemm_multi_with_isa(kvg_gemm_isa_id isa, kvg_threadpool *tp, kvg_gemm_ws
 int kvg_gemm_multi(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K, int n,
                    const kvg_tensor *const *w, const float *const *bias, float *const *y)
 {
-    return kvg_gemm_multi_with_isa(kvg_gemm_isa_id_active(), tp, ws, x, M, K, n, w, bias, y);
+    return kvg_gemm_multi_with_isa(isa_active_id(), tp, ws, x, M, K, n, w, bias, y);
 }
 
 int kvg_gemm(kvg_threadpool *tp, kvg_gemm_ws *ws, const float *x, int M, int K,
              const kvg_tensor *w, const float *bias, float *y)
 {
-    return kvg_gemm_with_isa(kvg_gemm_isa_id_active(), tp, ws, x, M, K, w, bias, y);
+    return kvg_gemm_with_isa(isa_active_id(), tp, ws, x, M, K, w, bias, y);
 }

@@ -28,9 +28,4 @@ int kvg_threadpool_size(const kvg_threadpool *tp);
 typedef void (*kvg_range_fn)(void *ctx, size_t begin, size_t end);
 void kvg_threadpool_run(kvg_threadpool *tp, size_t n, kvg_range_fn fn, void *ctx);
 
-/* Jobs handed to the workers so far (runs done inline are not counted): each is one
- * synchronisation point, which is what a benchmark's profile counts per token. Read
- * by the thread that calls kvg_threadpool_run. */
-unsigned long long kvg_threadpool_jobs(const kvg_threadpool *tp);
-
 #endif
