@@ -99,9 +99,8 @@ EMU_OBJS   = $(KERNEL_SRCS:kernels/%.cu=$(1)/obj/kernels/%.o) \
 EMU_LIB    := $(BUILD)/emu/libkvgate-cuda-emu.a
 ASAN_EMU_LIB := $(BUILD)/asan/emu/libkvgate-cuda-emu.a
 EMU_LDLIBS := -lstdc++
-# What an engine binary links for `--backend cuda`: the real backend, or a stub that says
-# this build has none.
-# (Until engine/cuda/ has its host side, a CUDA build links the stub too.)
+# What an engine binary links for `--backend cuda`: the real backend (a build with nvcc), or
+# a stub that says this build has none.
 ifeq ($(CUDA)$(if $(CUDA_HOST_SRCS),y,n),1y)
 ENGINE_CUDA := $(CUDA_LIB)
 ENGINE_CUDA_LDLIBS := $(CUDA_LDLIBS)

@@ -135,7 +135,8 @@ static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer
         return -1;
     }
     if (cols % kvg_dtype_block(*dt) != 0) {
-        /* (the GGUF reader refuses such a tensor already; kept for other callers) */
+        /* src/gguf.c refuses such a tensor when it reads the file; this keeps the row
+           arithmetic below safe on its own */
         kvg_set_err(c->err, c->err_len, "%s: tensor %s of type %s has %lld columns, not a multiple of its "
                     "block of %d", c->path, name, kvg_dtype_name(*dt), (long long)cols, kvg_dtype_block(*dt));
         return -1;

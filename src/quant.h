@@ -1,7 +1,8 @@
 /* Block formats of GGUF (ggml) quantized tensors: Q8_0, Q4_0, Q4_K and Q6_K.
  *
- * kvg_dequant_row defines THE F32 value of every quantized element: what the engine's
- * loaders, tools and the CUDA upload use, and what the CPU engine's integer products
+ * kvg_dequant_row defines THE F32 value of every quantized element: what the engine reads
+ * a quantized row as (kvg_tensor_row_f32: the CUDA backend's upload, the llama2.c export,
+ * the tests' references), and what the CPU engine's integer products
  * (engine/cpu/gemm_int8.h, against int8-rounded activations) are bounded against. In F32 arithmetic, in this order (f16 -> f32 is exact):
  *   Q8_0  block 32:  { f16 d; int8 qs[32]; }                      w = d * q
  *   Q4_0  block 32:  { f16 d; uint8 qs[16]; }  j < 16: low nibble of qs[j],
@@ -14,7 +15,7 @@
  *   Q6_K  block 256: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d; }
  *                    q = (4 bits of ql | 2 bits of qh) - 32, 16 sub-blocks of 16
  *                                                    w = (d * scale) * q
- * Plain C, no engine dependency (tools and benchmarks use it too). */
+ * Plain C, no engine dependency (the benchmarks' GGUF writer quantizes with it too). */
 #ifndef KVG_QUANT_H
 #define KVG_QUANT_H
 

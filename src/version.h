@@ -1,5 +1,6 @@
-/* The library's version, reported by the tools and logged by the nginx module at start-up
- * so an operator can tell which build of libkvgate.a a running nginx has linked in. */
+/* The library's version, logged by the nginx module when nginx loads it ("kvgate: module
+ * loaded, libkvgate 0.1.0") so an operator can tell which build of libkvgate.a a running
+ * nginx has linked in. Kept equal to debian/changelog's upstream version. */
 #ifndef KVG_VERSION_H
 #define KVG_VERSION_H
 
