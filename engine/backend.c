@@ -1,11 +1,12 @@
-/* Backend selection by name (--backend), the KV pool's host fallbacks, and what every
- * implementation does alike when it is created. */
+/* Backend selection by name (--backend) and the KV pool's host fallbacks. What every
+ * implementation does alike when it is created is in backend_create.c: a program that makes
+ * a CPU backend only (a benchmark, a test) links that, not this file's reference to the
+ * CUDA backend, and so never maps the CUDA libraries (libcublasLt alone is ~150 MiB of
+ * resident pages once loaded). */
 #include "backend.h"
 #include "errmsg.h"
-#include "rope.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 kvg_backend *kvg_backend_new_opts(const char *name, const kvg_model *m, const kvg_backend_opts *o,
@@ -60,43 +61,4 @@ const char *kvg_backend_describe(kvg_backend *be, char *buf, size_t len)
     else
         snprintf(buf, len, "%s", be ? be->ops->name : "none");
     return buf;
-}
-
-int kvg_backend_check_model(const kvg_model *m, const char *who, int max_head_dim,
-                            char *err, size_t err_len)
-{
-    int hd = m->cfg.head_dim;
-    const char *rope;
-
-    if (hd <= 0 || hd % 2 != 0 || (max_head_dim > 0 && hd > max_head_dim)) {
-        if (max_head_dim > 0)
-            kvg_set_err(err, err_len, "%s: head_dim %d must be even and at most %d", who, hd, max_head_dim);
-        else
-            kvg_set_err(err, err_len, "%s: head_dim %d must be even and positive", who, hd);
-        return -1;
-    }
-    rope = kvg_rope_config_error(&m->cfg);
-    if (rope) {
-        kvg_set_err(err, err_len, "%s: %s", who, rope);
-        return -1;
-    }
-    return 0;
-}
-
-kvg_backend *kvg_backend_alloc(const kvg_backend_ops *ops, const kvg_model *m, size_t ctx_size,
-                               const char *who, char *err, size_t err_len)
-{
-    kvg_backend *be = calloc(1, sizeof *be);
-    void *ctx = calloc(1, ctx_size);
-
-    if (!be || !ctx) {
-        free(be);
-        free(ctx);
-        kvg_set_err(err, err_len, "%s: out of memory", who);
-        return NULL;
-    }
-    be->ops = ops;
-    be->ctx = ctx;
-    be->model = m;
-    return be;
 }
