@@ -13,6 +13,7 @@
 #include "prefix_hash.h"
 #include "proto.h"
 #include "utf8.h"
+#include "warmup_testing.h"
 
 /* Upper bound on a TTL: keeps ms arithmetic far from overflow (about 31 years). */
 #define MAX_TTL_S 1e9

@@ -69,10 +69,6 @@ typedef struct kvg_warmup {
  * ("FILE:LINE: FIELD: ...") on the first bad line or when the file cannot be read. */
 kvg_warmup *kvg_warmup_load(const char *path, const kvg_tokenizer *tok, int32_t vocab_size,
                             char *err, size_t err_len);
-/* Same from bytes in memory; name is used in messages. */
-kvg_warmup *kvg_warmup_parse(const char *data, size_t len, const char *name,
-                             const kvg_tokenizer *tok, int32_t vocab_size,
-                             char *err, size_t err_len);
 void kvg_warmup_free(kvg_warmup *w);
 
 typedef struct kvg_warmup_opts {

@@ -19,6 +19,7 @@
 #include "errmsg.h"
 #include "cache_index.h"
 #include "u64map.h"
+#include "client_testing.h"
 
 enum { FD_REGION = 0, FD_TO_ENGINE = 1, FD_TO_CLIENT = 2, FD_TOKENIZER = 3, FD_STATS = 4, FD_INDEX = 5 };
 

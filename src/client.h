@@ -197,9 +197,6 @@ int kvg_client_pause(kvg_client *c, uint64_t id, int pause);
  * this never returns KVG_CLIENT_AGAIN today; callers treat KVG_CLIENT_AGAIN as "retry
  * after KVG_CEV_WRITABLE" should a later version return it. */
 int kvg_client_samples(kvg_client *c, uint64_t id, unsigned draw, uint32_t cancel_mask);
-/* Live requests (submitted, not yet DONE/ERROR/cancelled). */
-size_t kvg_client_live(const kvg_client *c);
-
 /* Fails every live request now as if the engine had died, but keeps the connection:
  * each gets a KVG_CEV_ERROR (status, why) from kvg_client_next_event before any other
  * event, and a CANCEL goes to the engine for each (a full ring delays it), so that an

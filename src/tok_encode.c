@@ -370,7 +370,8 @@ static int encode_word(void *ctx, const char *w, size_t n)
     return encode_word_slow(e, w, n, hash);
 }
 
-int kvg_tok_build_word_index(struct kvg_tokenizer *t)
+/* Builds t->word_index (called by kvg_tok_finish). */
+static int build_word_index(struct kvg_tokenizer *t)
 {
     kvg_word_index *ix = &t->word_index;
     kvg_tok_scratch sc;
@@ -458,7 +459,7 @@ int kvg_tok_finish(struct kvg_tokenizer *t, char *err, size_t err_len)
 
     if (kvg_tok_finish_vocab(t, err, err_len) < 0)
         return -1;
-    if (kvg_tok_build_word_index(t) < 0) {
+    if (build_word_index(t) < 0) {
         snprintf(err, err_len, "out of memory building the tokenizer");
         return -1;
     }

@@ -172,7 +172,6 @@ int32_t kvg_tok_find(const struct kvg_tokenizer *t, const char *s, size_t len);
 int kvg_merges_init(kvg_merge_table *m, uint32_t expected);
 int kvg_merges_put(kvg_merge_table *m, int32_t left, int32_t right, int32_t rank, int32_t result);
 const kvg_merge *kvg_merges_get(const kvg_merge_table *m, int32_t left, int32_t right);
-void kvg_merges_free(kvg_merge_table *m);
 
 /* SPM by scores: derives the merge table from the vocabulary (see above). Only
  * NORMAL (or UNDEFINED) pieces take part. Needs the index (builds it if absent). */
@@ -262,8 +261,6 @@ int kvg_ids_push(kvg_ids *a, int32_t id);
 /* Words of up to this many symbols skip the heap (an array scan, same
  * result); tests set it to 0 to check the heap path alone. */
 extern int kvg_tok_small_word;
-/* Builds t->word_index (tok_encode.c; called by kvg_tok_finish). */
-int kvg_tok_build_word_index(struct kvg_tokenizer *t);
 /* Encodes valid UTF-8 text (the caller checked it) with flags KVG_ENC_*, appending
  * to out. Returns 0, or -1 when out of memory. tok_encode.c. Thread-safe: each
  * thread keeps its own working memory and caches (bounded, a few MB at most). */

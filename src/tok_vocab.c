@@ -34,6 +34,15 @@ int kvg_tok_alloc(struct kvg_tokenizer *t, int32_t n)
     return 0;
 }
 
+static void merges_free(kvg_merge_table *m)
+{
+    free(m->slots);
+    m->slots = NULL;
+    m->mask = 0;
+    m->count = 0;
+}
+
+
 void kvg_tok_release(struct kvg_tokenizer *t)
 {
     free(t->piece);
@@ -45,7 +54,7 @@ void kvg_tok_release(struct kvg_tokenizer *t)
     free(t->index.slots);
     free(t->word_index.slots);
     free(t->word_index.keys);
-    kvg_merges_free(&t->merges);
+    merges_free(&t->merges);
     free(t->added);
     free(t->arena);
     free(t->mapping);
@@ -228,13 +237,6 @@ const kvg_merge *kvg_merges_get(const kvg_merge_table *m, int32_t left, int32_t 
     }
 }
 
-void kvg_merges_free(kvg_merge_table *m)
-{
-    free(m->slots);
-    m->slots = NULL;
-    m->mask = 0;
-    m->count = 0;
-}
 
 /* ---- SentencePiece scores -> merge table ---- */
 
@@ -281,7 +283,7 @@ int kvg_tok_merges_from_scores(struct kvg_tokenizer *t)
         if (n_distinct == 0 || sorted[n_distinct - 1] != sorted[i])
             sorted[n_distinct++] = sorted[i];
 
-    kvg_merges_free(&t->merges);
+    merges_free(&t->merges);
     if (kvg_merges_init(&t->merges, (uint32_t)(n_pairs < (1u << 30) ? n_pairs : (1u << 30))) < 0) {
         free(sorted);
         return -1;

@@ -12,6 +12,7 @@
 #include "errmsg.h"
 #include "tok_internal.h"
 #include "utf8.h"
+#include "tokenizer_testing.h"
 
 /* Longest text encode accepts: symbol positions are int32. */
 #define MAX_TEXT ((size_t)INT32_MAX / 4)

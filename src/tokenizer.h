@@ -49,8 +49,6 @@ int32_t kvg_tokenizer_eos(const kvg_tokenizer *t);   /* -1 when the vocabulary h
 /* Whether the vocabulary asks for BOS at the start of a prompt (GGUF
  * tokenizer.ggml.add_bos_token; llama2.c files: yes) and has one. */
 int kvg_tokenizer_add_bos(const kvg_tokenizer *t);
-/* "llama2c", "gguf-llama", "gguf-gpt2", "hf-bpe", "hf-spm" */
-const char *kvg_tokenizer_kind(const kvg_tokenizer *t);
 
 /* Encoding options. */
 #define KVG_ENC_BOS            0x1   /* prepend BOS (when the vocabulary has one) */
@@ -68,9 +66,6 @@ int kvg_tokenizer_encode(const kvg_tokenizer *t, const char *text, size_t len,
  * mapped back to raw bytes, SentencePiece's U+2581 to a space). Control tokens
  * decode to nothing (len 0). NULL for an id out of range. */
 const unsigned char *kvg_tokenizer_token_bytes(const kvg_tokenizer *t, int32_t id, size_t *len);
-
-/* The raw piece as stored in the vocabulary (e.g. "<0x0A>", "\u2581the", "Ġthe"). */
-const char *kvg_tokenizer_piece(const kvg_tokenizer *t, int32_t id, size_t *len);
 
 /* Looks a raw piece up; -1 when absent. */
 int32_t kvg_tokenizer_find_piece(const kvg_tokenizer *t, const char *piece, size_t len);

@@ -11,6 +11,8 @@
 
 #include "engine_proc.h"
 #include "model.h"
+#include "client_testing.h"
+#include "tokenizer_testing.h"
 
 static char sock1[300], sock2[300], sock3[300], sock4[300];
 static const char *S;            /* ../shared/models/stories260K */

@@ -12,6 +12,8 @@
 
 #include "engine_proc.h"
 #include "prefix_hash.h"
+#include "client_testing.h"
+#include "tokenizer_testing.h"
 
 static char SOCK[300], model_path[1024], tok_path[1024];
 

@@ -20,6 +20,7 @@
 #include "quant.h"
 #include "quant_testing.h"
 #include "tap.h"
+#include "tokenizer_testing.h"
 
 static char tmpdir[256];
 static char model_path[512], tok_path[512];

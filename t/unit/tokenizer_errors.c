@@ -12,6 +12,7 @@
 #include "tok_internal.h"
 #include "tokenizer.h"
 #include "utf8.h"
+#include "tokenizer_testing.h"
 
 static int same_ids(const int32_t *got, size_t n, const int32_t *want, size_t n_want)
 {

@@ -21,6 +21,7 @@
 #include "tap.h"
 #include "tok_internal.h"
 #include "tokenizer.h"
+#include "tokenizer_testing.h"
 
 static char tmpdir[] = "/tmp/kvg-hfjson-XXXXXX";
 

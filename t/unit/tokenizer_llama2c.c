@@ -9,6 +9,7 @@
 #include "tap.h"
 #include "tokenizer.h"
 #include "utf8.h"
+#include "tokenizer_testing.h"
 
 static kvg_tokenizer *load(const char *rel)
 {

@@ -7,6 +7,7 @@
 
 #include "tap.h"
 #include "tokenizer.h"
+#include "tokenizer_testing.h"
 
 #define SEP "\n__ggml_vocab_test__\n"
 

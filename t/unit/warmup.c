@@ -15,6 +15,7 @@
 #include "sched_rig.h"
 #include "warmup.h"
 #include "prefix_cache_testing.h"
+#include "warmup_testing.h"
 
 #define MAXR 256
 
