@@ -2,7 +2,8 @@
 # The official OpenAI SDK for JavaScript (npm package "openai", installed into
 # $BUILD/npm on first use) against the gateway: models, completions and chat, streamed
 # and not, n samples with a seed, the X-KVGate headers through withResponse(), and the
-# SDK's own error classes for a 404, a 400 with its param and a context overflow.
+# SDK's own error classes for a 404, a 400 with its param, a context overflow and a 422
+# (an answer_pattern that ran out of kvgate_answer_pattern_steps).
 # Skipped when node or the npm registry is not available.
 use strict;
 use warnings;
@@ -82,6 +83,10 @@ is($o->{err_model}{code}, 'model_not_found', '  code model_not_found');
 is($o->{err_param}{class}, 'BadRequestError', 'temperature 5: BadRequestError');
 is($o->{err_param}{param}, 'temperature', '  param temperature');
 is($o->{err_context}{code}, 'context_length_exceeded', 'a prompt over the context: context_length_exceeded');
+is($o->{err_pattern}{class}, 'UnprocessableEntityError', 'an answer_pattern out of steps: UnprocessableEntityError');
+is($o->{err_pattern}{status}, 422, '  status 422');
+is($o->{err_pattern}{code}, 'answer_pattern_too_costly', '  code answer_pattern_too_costly');
+is($o->{err_pattern}{param}, 'kvgate.answer_pattern', '  param kvgate.answer_pattern');
 
 $g->stop;
 done_testing;

@@ -86,5 +86,10 @@ out.sc_stream = scStream;
 out.err_model = await errorOf(client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 2 }));
 out.err_param = await errorOf(client.completions.create({ model, prompt: 'x', max_tokens: 2, temperature: 5 }));
 out.err_context = await errorOf(client.completions.create({ model, prompt: 'word '.repeat(700), max_tokens: 2 }));
+// a self-consistency pattern that backtracks without end: refused, 422, as the SDK knows it
+out.err_pattern = await errorOf(client.completions.create({
+    model, prompt: 'Lily and Tom went to the park. They saw a big dog. The dog ran to', max_tokens: 60,
+    temperature: 1.0, n: 4, seed: 7,
+    kvgate: { vote: 'majority', answer_pattern: '(?s)(?:.|.){1,14}\\d{9}|(.)' } }));
 
 console.log(JSON.stringify(out));
