@@ -88,7 +88,7 @@ kvg_answer_re *kvg_answer_re_new(const char *pattern, size_t len, uint64_t sampl
     kvg_answer_re *re;
     int code;
     PCRE2_SIZE offset;
-    uint32_t captures;
+    uint32_t captures = 0;
 
     if (!(re = calloc(1, sizeof *re)))
         goto nomem;
