@@ -559,13 +559,14 @@ static int encode_fragment(enc *e, const char *s, size_t n, int after_special)
     return kvg_pretok_split(t->pretok, s, n, encode_word, e) ? -1 : 0;
 }
 
-/* The added token matching at s[0..n) that flags allow, longest first; NULL if none. */
+/* The added token matching at s[0..n) that flags allow, longest first; NULL if none.
+ * A special token must also end within s[0..special_n): past that is data. */
 static const kvg_added_token *added_at(const struct kvg_tokenizer *t, const char *s, size_t n,
-                                       unsigned flags)
+                                       size_t special_n, unsigned flags)
 {
     for (size_t j = 0; j < t->n_added; j++) {
         const kvg_added_token *a = &t->added[j];
-        if (a->special && !(flags & KVG_ENC_PARSE_SPECIAL))
+        if (a->special && (!(flags & KVG_ENC_PARSE_SPECIAL) || a->len > special_n))
             continue;
         if (a->len > 0 && a->len <= n && a->text[0] == s[0] && memcmp(a->text, s, a->len) == 0)
             return a;
@@ -574,7 +575,7 @@ static const kvg_added_token *added_at(const struct kvg_tokenizer *t, const char
 }
 
 int kvg_tok_encode(const struct kvg_tokenizer *t, const char *text, size_t len,
-                   unsigned flags, kvg_ids *out)
+                   unsigned flags, const kvg_text_span *data, size_t n_data, kvg_ids *out)
 {
     enc e = { t, out, thread_scratch() };
     int rc = 0, use_added = 0;
@@ -590,13 +591,19 @@ int kvg_tok_encode(const struct kvg_tokenizer *t, const char *text, size_t len,
         if (!t->added[j].special || (flags & KVG_ENC_PARSE_SPECIAL))
             use_added = 1;
 
-    size_t frag = 0;
+    size_t frag = 0, k = 0;
     int after_special = 1;
     if (use_added) {
         for (size_t i = 0; i < len; i++) {
             if (!t->added_first[(unsigned char)text[i]])
                 continue;
-            const kvg_added_token *a = added_at(t, text + i, len - i, flags);
+            /* special tokens only between data spans: data[k] is the first span
+             * not wholly before i */
+            while (k < n_data && data[k].off + data[k].len <= i)
+                k++;
+            size_t special_n = k == n_data ? len - i
+                             : data[k].off <= i ? 0 : data[k].off - i;
+            const kvg_added_token *a = added_at(t, text + i, len - i, special_n, flags);
             if (!a)
                 continue;
             if (encode_fragment(&e, text + frag, i - frag, after_special) < 0

@@ -29,6 +29,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "text_span.h"
 #include "tokenizer.h"
 
 enum kvg_tok_mode {
@@ -262,10 +263,12 @@ int kvg_ids_push(kvg_ids *a, int32_t id);
  * result); tests set it to 0 to check the heap path alone. */
 extern int kvg_tok_small_word;
 /* Encodes valid UTF-8 text (the caller checked it) with flags KVG_ENC_*, appending
- * to out. Returns 0, or -1 when out of memory. tok_encode.c. Thread-safe: each
- * thread keeps its own working memory and caches (bounded, a few MB at most). */
+ * to out; no special token is recognised that overlaps one of the n_data data
+ * spans (sorted, not overlapping). Returns 0, or -1 when out of memory.
+ * tok_encode.c. Thread-safe: each thread keeps its own working memory and caches
+ * (bounded, a few MB at most). */
 int kvg_tok_encode(const struct kvg_tokenizer *t, const char *text, size_t len,
-                   unsigned flags, kvg_ids *out);
+                   unsigned flags, const kvg_text_span *data, size_t n_data, kvg_ids *out);
 
 /* ---- pretok.c ---- */
 /* Calls emit(ctx, start, len) for each pre-token of s[0..n) (valid UTF-8), in order,

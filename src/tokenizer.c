@@ -209,6 +209,13 @@ int kvg_tokenizer_encode(const kvg_tokenizer *t, const char *text, size_t len,
                          unsigned flags, int32_t **ids, size_t *n_ids,
                          char *err, size_t err_len)
 {
+    return kvg_tokenizer_encode_spans(t, text, len, flags, NULL, 0, ids, n_ids, err, err_len);
+}
+
+int kvg_tokenizer_encode_spans(const kvg_tokenizer *t, const char *text, size_t len,
+                               unsigned flags, const kvg_text_span *data, size_t n_data,
+                               int32_t **ids, size_t *n_ids, char *err, size_t err_len)
+{
     kvg_ids out = { NULL, 0, 0 };
     size_t bad;
 
@@ -226,7 +233,13 @@ int kvg_tokenizer_encode(const kvg_tokenizer *t, const char *text, size_t len,
         kvg_set_err(err, err_len, "invalid UTF-8 at byte offset %zu", bad);
         return -1;
     }
-    if (kvg_tok_encode(t, len ? text : "", len, flags, &out) < 0) {
+    for (size_t i = 0; i < n_data; i++)
+        if (data[i].off > len || data[i].len > len - data[i].off
+            || (i && data[i].off < data[i - 1].off + data[i - 1].len)) {
+            kvg_set_err(err, err_len, "data span %zu is out of order or outside the text", i);
+            return -1;
+        }
+    if (kvg_tok_encode(t, len ? text : "", len, flags, data, n_data, &out) < 0) {
         free(out.v);
         kvg_set_err(err, err_len, "out of memory encoding %zu bytes", len);
         return -1;

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "text_span.h"
+
 typedef struct kvg_tokenizer kvg_tokenizer;
 
 /* Loads from a file, detecting the format from its contents. NULL on error. */
@@ -61,6 +63,17 @@ int kvg_tokenizer_add_bos(const kvg_tokenizer *t);
 int kvg_tokenizer_encode(const kvg_tokenizer *t, const char *text, size_t len,
                          unsigned flags, int32_t **ids, size_t *n_ids,
                          char *err, size_t err_len);
+
+/* kvg_tokenizer_encode of a whole rendered prompt whose data spans (message
+ * content, tool arguments: sorted, not overlapping; jinja.h's output) must not
+ * produce special tokens: with KVG_ENC_PARSE_SPECIAL, special-token text is
+ * recognised only where it overlaps no data span. Everything else (pre-
+ * tokenization, merges) runs over the text as one, so the ids equal the
+ * reference's (which tokenizes the rendered string whole) whenever the data
+ * holds no special-token text. */
+int kvg_tokenizer_encode_spans(const kvg_tokenizer *t, const char *text, size_t len,
+                               unsigned flags, const kvg_text_span *data, size_t n_data,
+                               int32_t **ids, size_t *n_ids, char *err, size_t err_len);
 
 /* The bytes a token stands for when decoded (byte-fallback and byte-level pieces
  * mapped back to raw bytes, SentencePiece's U+2581 to a space). Control tokens
