@@ -90,7 +90,7 @@ kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache
     d->fw = fw;
     d->pc = pc;
     d->pool = pool;
-    d->ep = d->listen_fd = d->stop_fd = d->tok_fd = d->stats_fd = d->index_fd = -1;
+    d->ep = d->listen_fd = d->stop_fd = d->tok_fd = d->chat_fd = d->stats_fd = d->index_fd = -1;
     if (d->cfg.socket_mode < 0)
         d->cfg.socket_mode = 0660;
     if (d->cfg.max_waiting <= 0)
@@ -102,9 +102,10 @@ kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache
     if (d->cfg.busy_poll_us == 0)
         d->cfg.busy_poll_us = 50;
     snprintf(d->served_name, sizeof d->served_name, "%s", cfg->served_name ? cfg->served_name : m->name);
-    d->tpl = cfg->chat_template >= 0 ? (kvg_chat_template)cfg->chat_template
-                                     : kvg_chat_template_detect(m->chat_template,
-                                                                m->chat_template ? strlen(m->chat_template) : 0);
+    if (cfg->chat)
+        d->chat = *cfg->chat;
+    else
+        kvg_chat_template_describe(&d->chat, KVG_CHAT_NONE, NULL, NULL, NULL, 0);
     /* Generation always ends at EOS; llama2.c models also end at BOS, as run.c does
      * (their training data separates stories with BOS). */
     if (m->eos >= 0)
@@ -165,6 +166,13 @@ kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache
             kvg_set_err(err, err_len, "engine daemon: cannot create the tokenizer memfd: %s", strerror(errno));
             goto fail;
         }
+    }
+    /* The chat template's source, the same way (empty when there is none). */
+    d->chat_bytes = d->chat.origin != KVG_CHAT_NONE && cfg->chat_src ? cfg->chat_len : 0;
+    d->chat_fd = sealed_memfd("kvgate-chat-template", cfg->chat_src, (size_t)d->chat_bytes);
+    if (d->chat_fd < 0) {
+        kvg_set_err(err, err_len, "engine daemon: cannot create the chat template memfd: %s", strerror(errno));
+        goto fail;
     }
     /* The statistics page: clients map it read-only; the seal forbids any new
      * writable mapping, so only this process can write it. */
@@ -274,6 +282,8 @@ void kvg_daemon_free(kvg_daemon *d)
         close(d->stats_fd);
     if (d->tok_fd >= 0)
         close(d->tok_fd);
+    if (d->chat_fd >= 0)
+        close(d->chat_fd);
     if (d->stop_fd >= 0)
         close(d->stop_fd);
     if (d->ep >= 0)

@@ -39,7 +39,11 @@ typedef struct kvg_daemon_config {
     int socket_mode;             /* chmod of the socket; -1: 0660 */
     int socket_gid;              /* chown group of the socket; -1: unchanged */
     const char *served_name;     /* the model name clients ask for; NULL: the model's */
-    int chat_template;           /* kvg_chat_template; -1: detected from the model */
+    /* The chat template clients render (chat_template.h): its description and
+     * Jinja source (NULL when the model has none). Borrowed. */
+    const kvg_chat_template_info *chat;
+    const char *chat_src;
+    size_t chat_len;
     int max_waiting;             /* requests queued for admission before 429; 0: 256 */
     int drain_timeout_ms;        /* on stop; 0: 10000; < 0: cancel at once */
     uint32_t ring_slots;         /* slots per direction; 0: 256 (sq) and 1024 (cq) */

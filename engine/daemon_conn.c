@@ -120,7 +120,11 @@ static void handshake(dconn *c, const kvg_hello *h)
     w.engine_pid = (uint32_t)getpid();
     memcpy(w.model_id, d->m->id, sizeof w.model_id);
     snprintf(w.model_name, sizeof w.model_name, "%s", d->served_name);
-    snprintf(w.chat_template, sizeof w.chat_template, "%s", kvg_chat_template_name(d->tpl));
+    snprintf(w.chat_template, sizeof w.chat_template, "%s", d->chat.name);
+    snprintf(w.chat_template_source, sizeof w.chat_template_source, "%s", d->chat.source);
+    snprintf(w.chat_template_sha256, sizeof w.chat_template_sha256, "%s", d->chat.sha256);
+    w.chat_template_origin = (uint32_t)d->chat.origin;
+    w.template_bytes = d->chat_bytes;
     snprintf(w.tokenizer_name, sizeof w.tokenizer_name, "%s",
              d->m->tokenizer_file ? d->m->tokenizer_file : d->m->name);
     w.instance = d->instance;
@@ -141,6 +145,7 @@ static void handshake(dconn *c, const kvg_hello *h)
     fds[3] = d->tok_fd;
     fds[4] = d->stats_fd;
     fds[5] = d->index_fd;
+    fds[6] = d->chat_fd;
     if (kvg_proto_send_welcome(c->sock, &w, fds, KVG_WELCOME_FDS, err, sizeof err) != 0) {
         kvgd_conn_fail(c, "%s", err);
         goto out;

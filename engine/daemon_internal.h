@@ -108,7 +108,7 @@ struct kvg_daemon {
     kvg_kv_pool *pool;
     kvg_sched *sched;
     kvg_prefix_hasher *hasher;
-    kvg_chat_template tpl;
+    kvg_chat_template_info chat;
     char served_name[128];
     int32_t stop_ids[KVG_SCHED_MAX_STOP_IDS];   /* always stop on these (EOS, ...) */
     int n_stop_ids;
@@ -124,6 +124,8 @@ struct kvg_daemon {
     int64_t stop_deadline_ms;
 
     int tok_fd;                  /* the tokenizer's bytes, passed to every client */
+    int chat_fd;                 /* the chat template's source (empty: none), the same */
+    uint64_t chat_bytes;
     int stats_fd;
     kvg_stats_page *stats;
     size_t stats_size;

@@ -91,6 +91,8 @@ typedef struct kvg_model {
     kvg_tokenizer *tokenizer;    /* NULL when none was found or given */
     int32_t bos, eos;            /* -1 when unknown */
     char *chat_template;         /* Jinja text from the file, or NULL */
+    char chat_template_from[256];    /* where in the file: "GGUF tokenizer.chat_template of
+                                        PATH", "PATH/tokenizer_config.json", ... */
     /* The bytes the tokenizer was loaded from, so another process (the gateway) can
      * load the very same tokenizer: tokenizer_file names the file (a tokenizer .bin,
      * tokenizer.json, or the GGUF model itself), else tokenizer_blob holds them

@@ -259,6 +259,8 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
         }
         memcpy(m->chat_template, s.s, s.len);
         m->chat_template[s.len] = '\0';
+        snprintf(m->chat_template_from, sizeof m->chat_template_from, "GGUF tokenizer.chat_template of %s",
+                 path);
     }
     if (kvgm_finish(m, opts, path, 0, err, err_len) < 0)
         goto fail;

@@ -387,6 +387,7 @@ static int load_chat_template(kvg_model *m, const char *dir, char *err, size_t e
             }
         }
         if (tpl) {
+            snprintf(m->chat_template_from, sizeof m->chat_template_from, "chat_template of %.180s", path);
             m->chat_template = strdup(tpl);
             json_decref(j);
             if (!m->chat_template) {
@@ -402,6 +403,7 @@ static int load_chat_template(kvg_model *m, const char *dir, char *err, size_t e
         if (kvgm_map_file(m, path, &b, &len, err, err_len) < 0)
             return -1;
         m->chat_template = strndup((const char *)b, len);
+        snprintf(m->chat_template_from, sizeof m->chat_template_from, "%.190s", path);
         if (!m->chat_template) {
             kvg_set_err(err, err_len, "%s: out of memory", path);
             return -1;

@@ -684,8 +684,9 @@ ngx_http_kvgate_engine_samples(ngx_http_kvgate_engine_req_t *er,
 static void
 ngx_http_kvgate_engine_drain(ngx_http_kvgate_engine_t *w)
 {
+    char                           tdesc[400];
     kvg_client_event               ev;
-        const kvg_engine_info         *info;
+    const kvg_engine_info         *info;
     ngx_http_kvgate_engine_req_t  *er;
 
     if (w->client == NULL) {
@@ -714,12 +715,13 @@ ngx_http_kvgate_engine_drain(ngx_http_kvgate_engine_t *w)
             ngx_log_error(NGX_LOG_NOTICE, w->log, 0,
                           "kvgate: connected to the engine \"%V\" (pid %uD): "
                           "model \"%s\" (id %*s), context %uD, block %uD "
-                          "tokens, template %s",
+                          "tokens, chat template %s",
                           &w->name, info->engine_pid, info->model_name,
                           (size_t) 16,
                           info->model_id_hex, info->context_length,
                           info->block_tokens,
-                          kvg_chat_template_name(info->chat_template));
+                          kvg_chat_template_summary(&info->chat, tdesc,
+                                                    sizeof(tdesc)));
 
             if (w->state) {
                 w->state(w, NGX_HTTP_KVGATE_ENGINE_UP);

@@ -15,6 +15,7 @@
 #include "ngx_http_kvgate_module.h"
 
 #include "chat_template.h"
+#include "jinja.h"
 #include "normalize.h"
 #include "prefix_hash.h"
 #include "tokenizer.h"
@@ -36,8 +37,8 @@
  * to an nginx thread pool. The work (ngx_http_kvgate_prompt_work) is the
  * same code on either path and touches only what the task owns: ctx's prompt
  * fields, memory from malloc (nginx pools are not thread-safe), a copy of
- * the engine's info holding its own reference to the tokenizer (the engine
- * connection frees its tokenizer when the engine goes away) and a prefix
+ * the engine's info holding its own references to the tokenizer and the chat
+ * template (the engine connection frees its own when the engine goes away) and a prefix
  * hasher: the worker's in the event loop, the task's own off it (a hasher
  * is not thread-safe).
  */
@@ -47,7 +48,8 @@ typedef struct {
     ngx_http_kvgate_ctx_t            *ctx;
     ngx_http_kvgate_loc_conf_t       *klcf;
     ngx_http_kvgate_prompt_done_pt    done;
-    kvg_engine_info                   info;       /* tokenizer: a reference */
+    kvg_engine_info                   info;       /* tokenizer, chat_template:
+                                                     references */
     u_char                           *body;       /* malloc'd */
     size_t                            len;
     ngx_int_t                         rc;
@@ -230,13 +232,18 @@ ngx_http_kvgate_append_ids(ngx_http_kvgate_ctx_t *ctx, size_t *cap,
 }
 
 
-/* Tokenizes text (normalized first when it is content and steps are on). */
+/*
+ * Tokenizes text (normalized first when it is content and steps are on).
+ * data: the spans of a rendered chat prompt that came from the request
+ * (special-token text there stays text), or NULL.
+ */
 
 static ngx_int_t
 ngx_http_kvgate_encode(ngx_http_kvgate_ctx_t *ctx, size_t *cap,
     const kvg_engine_info *info, const char *text, size_t len,
     unsigned flags, ngx_uint_t content, unsigned normalize,
-    kvg_api_error *err, const char *param)
+    const kvg_text_span *data, size_t n_data, kvg_api_error *err,
+    const char *param)
 {
     int                   rc;
     char                  msg[256], *norm;
@@ -281,8 +288,8 @@ ngx_http_kvgate_encode(ngx_http_kvgate_ctx_t *ctx, size_t *cap,
         return NGX_ERROR;
     }
 
-    rc = kvg_tokenizer_encode(tok, text, len, flags, &ids, &n, msg,
-                              sizeof(msg));
+    rc = kvg_tokenizer_encode_spans(tok, text, len, flags, data, n_data,
+                                    &ids, &n, msg, sizeof(msg));
     free(norm);
 
     if (rc != 0) {
@@ -302,88 +309,82 @@ ngx_http_kvgate_encode(ngx_http_kvgate_ctx_t *ctx, size_t *cap,
 }
 
 
-/* The rendered template's segments to tokens, and the template's stops. */
+/*
+ * kvgate_normalize on a chat request: each message's content, before the
+ * template sees it (the template's own text is never rewritten).
+ */
 
 static ngx_int_t
-ngx_http_kvgate_chat_segments(ngx_http_kvgate_ctx_t *ctx,
-    const kvg_engine_info *info, unsigned normalize,
-    const kvg_chat_segment *segs, size_t n_segs, kvg_api_error *err)
+ngx_http_kvgate_chat_normalize(json_t *data, unsigned normalize,
+    kvg_api_error *err)
 {
-    size_t               cap, i, n, k;
-    int32_t              id;
-    unsigned             flags;
-    kvg_chat_template    t;
-    const char *const   *pieces;
+    char         msg[256], *norm;
+    size_t       i, nlen;
+    json_t      *m, *c, *s;
 
-    t = info->chat_template;
-    cap = 0;
+    json_array_foreach(json_object_get(data, "messages"), i, m) {
+        c = json_object_get(m, "content");
 
-    /* chatml and plain leave BOS to the vocabulary's policy */
+        if (!json_is_string(c) || json_string_length(c) == 0) {
+            continue;
+        }
 
-    if (!kvg_chat_template_has_bos(t) && info->add_bos && info->bos >= 0) {
-        id = info->bos;
+        if (kvg_normalize(normalize, json_string_value(c),
+                          json_string_length(c), &norm, &nlen, msg,
+                          sizeof(msg))
+            != 0)
+        {
+            kvg_api_error_set(err, 400, "invalid_value", "messages", "%s",
+                              msg);
+            return NGX_ERROR;
+        }
 
-        if (ngx_http_kvgate_append_ids(ctx, &cap, &id, 1) != NGX_OK) {
+        s = json_stringn_nocheck(norm, nlen);
+        free(norm);
+
+        if (s == NULL || json_object_set_new(m, "content", s) != 0) {
             kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
             return NGX_ERROR;
         }
     }
 
-    for (i = 0; i < n_segs; i++) {
+    return NGX_OK;
+}
 
-        switch (segs[i].kind) {
 
-        case KVG_SEG_BOS:
-        case KVG_SEG_EOS:
-            id = segs[i].kind == KVG_SEG_BOS ? info->bos : info->eos;
+/* The vocabulary's piece for id as a template variable ("" when none). */
 
-            if (id >= 0) {
-                if (ngx_http_kvgate_append_ids(ctx, &cap, &id, 1) != NGX_OK) {
-                    kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
-                    return NGX_ERROR;
-                }
+static json_t *
+ngx_http_kvgate_piece_json(const kvg_engine_info *info, int32_t id)
+{
+    size_t       len;
+    const char  *p;
 
-                break;
-            }
+    p = id >= 0 ? kvg_tokenizer_piece(info->tokenizer, id, &len) : NULL;
 
-            /* no such id in the vocabulary: its text, as special tokens */
+    return p ? json_stringn(p, len) : json_string("");
+}
 
-            /* fall through */
 
-        case KVG_SEG_TEMPLATE:
-            flags = KVG_ENC_PARSE_SPECIAL;
+/* The turn ends at the template's end-of-turn tokens the vocabulary has. */
 
-            if (ngx_http_kvgate_encode(ctx, &cap, info, segs[i].text,
-                                       segs[i].len, flags, 0, 0, err,
-                                       "messages")
-                != NGX_OK)
-            {
-                return NGX_ERROR;
-            }
+static void
+ngx_http_kvgate_chat_stops(ngx_http_kvgate_ctx_t *ctx,
+    const kvg_engine_info *info)
+{
+    size_t               k, n;
+    int32_t              id, ret;
+    const char          *name;
+    const char *const   *pieces;
 
-            break;
-
-        default:
-
-            /* message content can never become a special token */
-
-            if (ngx_http_kvgate_encode(ctx, &cap, info, segs[i].text,
-                                       segs[i].len, 0, 1, normalize, err,
-                                       "messages")
-                != NGX_OK)
-            {
-                return NGX_ERROR;
-            }
-
-            break;
-        }
-    }
-
-    /* the template's end-of-turn tokens end the answer */
-
-    pieces = kvg_chat_template_stop_pieces(t, &n);
+    ret = kvg_tokenizer_find_piece(info->tokenizer, "<|return|>", 10);
+    pieces = kvg_chat_end_pieces(&n);
 
     for (k = 0; k < n && ctx->n_stop_ids < KVG_PROTO_MAX_STOP_IDS; k++) {
+        if (ret >= 0 && ngx_strcmp(pieces[k], "<|end|>") == 0) {
+            continue;
+        }
+
         id = kvg_tokenizer_find_piece(info->tokenizer, pieces[k],
                                       ngx_strlen(pieces[k]));
         if (id >= 0 && id != info->eos) {
@@ -391,54 +392,105 @@ ngx_http_kvgate_chat_segments(ngx_http_kvgate_ctx_t *ctx,
         }
     }
 
-    pieces = kvg_chat_template_stop_strings(t, &n);
+    name = info->chat.origin == KVG_CHAT_BUILTIN ? info->chat.name : NULL;
+    pieces = kvg_chat_builtin_stop_strings(name, &n);
 
     for (k = 0; k < n && ctx->n_stop < KVG_PROTO_MAX_STOP; k++) {
         ctx->stop[ctx->n_stop] = pieces[k];
         ctx->stop_len[ctx->n_stop++] = ngx_strlen(pieces[k]);
     }
-
-    return NGX_OK;
 }
 
+
+/*
+ * The engine's chat template over the request's messages, tokenized as one
+ * text the way the model's reference does (the template renders BOS itself;
+ * nothing is added), except that special-token text inside what came from
+ * the request stays text: a user cannot forge a turn.
+ */
 
 static ngx_int_t
 ngx_http_kvgate_chat_tokens(ngx_http_kvgate_ctx_t *ctx,
     const kvg_engine_info *info, unsigned normalize, kvg_api_error *err)
 {
-    char                 msg[256];
-    size_t               n_segs;
-    ngx_int_t            rc;
-    kvg_chat_segment    *segs;
-    kvg_chat_template    t;
+    int                  rc;
+    char                 msg[512];
+    size_t               cap;
+    json_t              *trusted;
+    kvg_jinja_output     out;
     const kvg_request   *req = ctx->req;
 
-    t = info->chat_template;
+    if (info->chat_template == NULL) {
+        kvg_api_error_set(err, 400, "chat_template_missing", "messages",
+                          "The model '%s' has no chat template, so chat "
+                          "requests cannot be answered: use /v1/completions, "
+                          "or start its engine with --chat-template "
+                          "FILE.jinja (or a built-in: "
+                          KVG_CHAT_BUILTIN_NAMES ").", info->model_name);
+        return NGX_ERROR;
+    }
 
-    /* malloc, not the request pool: this may run in a thread */
+    if (normalize
+        && ngx_http_kvgate_chat_normalize(req->chat_data, normalize, err)
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
 
-    segs = malloc(kvg_chat_max_segments(req->n_messages)
-                  * sizeof(kvg_chat_segment));
-    if (segs == NULL) {
+    trusted = json_object();
+
+    if (trusted == NULL
+        || json_object_set_new(trusted, "bos_token",
+                               ngx_http_kvgate_piece_json(info, info->bos))
+        || json_object_set_new(trusted, "eos_token",
+                               ngx_http_kvgate_piece_json(info, info->eos))
+        || json_object_set_new(trusted, "add_generation_prompt",
+                               json_true()))
+    {
+        json_decref(trusted);
         kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
         return NGX_ERROR;
     }
 
-    if (kvg_chat_render(t, req->messages, req->n_messages, 1, segs,
-                        kvg_chat_max_segments(req->n_messages), &n_segs, msg,
-                        sizeof(msg))
-        != 0)
-    {
-        free(segs);
-        kvg_api_error_set(err, 400, "invalid_value", "messages", "%s", msg);
+    rc = kvg_jinja_render(info->chat_template, trusted, req->chat_data, NULL,
+                          &out, msg, sizeof(msg));
+    json_decref(trusted);
+
+    switch (rc) {
+
+    case KVG_JINJA_OK:
+        break;
+
+    case KVG_JINJA_RAISED:
+        kvg_api_error_set(err, 400, "invalid_value", "messages",
+                          "The model's chat template does not accept these "
+                          "messages: %s", msg);
+        return NGX_ERROR;
+
+    case KVG_JINJA_NOMEM:
+        kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
+        return NGX_ERROR;
+
+    default:
+        kvg_api_error_set(err, 400, "invalid_value", "messages",
+                          "The model's chat template cannot render these "
+                          "messages: %s", msg);
         return NGX_ERROR;
     }
 
-    rc = ngx_http_kvgate_chat_segments(ctx, info, normalize, segs, n_segs,
-                                       err);
-    free(segs);
+    cap = 0;
+    rc = ngx_http_kvgate_encode(ctx, &cap, info, out.text, out.len,
+                                KVG_ENC_PARSE_SPECIAL, 0, 0, out.spans,
+                                out.n_spans, err, "messages");
+    kvg_jinja_output_free(&out);
 
-    return rc;
+    if (rc != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_kvgate_chat_stops(ctx, info);
+
+    return NGX_OK;
 }
 
 
@@ -656,7 +708,8 @@ ngx_http_kvgate_tokens(ngx_http_kvgate_ctx_t *ctx,
     return ngx_http_kvgate_encode(ctx, &cap, info, req->prompt,
                                   req->prompt_len,
                                   info->add_bos ? KVG_ENC_BOS : 0, 1,
-                                  (unsigned) klcf->normalize, err, "prompt");
+                                  (unsigned) klcf->normalize, NULL, 0, err,
+                                  "prompt");
 }
 
 
@@ -1009,6 +1062,8 @@ done:
 
     kvg_tokenizer_free((kvg_tokenizer *) t->info.tokenizer);
     t->info.tokenizer = NULL;
+    kvg_jinja_free((kvg_jinja *) t->info.chat_template);
+    t->info.chat_template = NULL;
 
 #if (NGX_LINUX)
     if (tid != 0) {
@@ -1119,6 +1174,8 @@ ngx_http_kvgate_prompt_post(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     t->info = *info;
     t->info.tokenizer = kvg_tokenizer_ref(info->tokenizer);
+    t->info.chat_template = info->chat_template
+                            ? kvg_jinja_ref(info->chat_template) : NULL;
 
     task->handler = ngx_http_kvgate_prompt_thread;
     task->event.handler = ngx_http_kvgate_prompt_event;
@@ -1126,6 +1183,7 @@ ngx_http_kvgate_prompt_post(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     if (ngx_thread_task_post(klcf->thread_pool, task) != NGX_OK) {
         kvg_tokenizer_free((kvg_tokenizer *) t->info.tokenizer);
+        kvg_jinja_free((kvg_jinja *) t->info.chat_template);
         free(t->body);
         return NGX_ERROR;
     }

@@ -1197,7 +1197,16 @@ ngx_http_kvgate_send_models(ngx_http_request_t *r)
         ngx_http_kvgate_out_cstr(&o, info->model_id_hex);
         ngx_http_kvgate_out_lit(&o, "\",\"max_model_len\":");
         ngx_http_kvgate_out_uint(&o, info->context_length);
-        ngx_http_kvgate_out_lit(&o, "}");
+        ngx_http_kvgate_out_lit(&o, ",\"chat_template\":{\"name\":");
+        ngx_http_kvgate_out_json(&o, info->chat.name,
+                                 ngx_strlen(info->chat.name));
+        ngx_http_kvgate_out_lit(&o, ",\"source\":");
+        ngx_http_kvgate_out_json(&o, info->chat.source,
+                                 ngx_strlen(info->chat.source));
+        ngx_http_kvgate_out_lit(&o, ",\"sha256\":");
+        ngx_http_kvgate_out_json(&o, info->chat.sha256,
+                                 ngx_strlen(info->chat.sha256));
+        ngx_http_kvgate_out_lit(&o, "}}");
 
         if (one) {
             break;

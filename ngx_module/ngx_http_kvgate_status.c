@@ -821,6 +821,16 @@ ngx_http_kvgate_status_cache(const kvg_stats *st)
 }
 
 
+/* The engine's chat template: which, from where (chat_template.h). */
+
+static json_t *
+ngx_http_kvgate_chat_template_json(const kvg_chat_template_info *t)
+{
+    return json_pack("{s:s, s:s, s:s}", "name", t->name, "source", t->source,
+                     "sha256", t->sha256);
+}
+
+
 /* "engines": every engine of the configuration, as this worker sees it;
    with its statistics page readable, its pool, cache, queue and tokens too
    (the status page draws one panel per engine from these). */
@@ -1168,7 +1178,7 @@ ngx_http_kvgate_status_render(ngx_http_request_t *r,
         json_object_set_new(eng, "block_tokens",
                             json_integer(info->block_tokens));
         json_object_set_new(eng, "chat_template",
-            json_string(kvg_chat_template_name(info->chat_template)));
+                            ngx_http_kvgate_chat_template_json(&info->chat));
         json_object_set_new(eng, "pid", json_integer(info->engine_pid));
         json_object_set_new(eng, "instance", json_string(hex));
     }

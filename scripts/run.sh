@@ -31,13 +31,14 @@ model_args=()
 if [ -n "${MODEL:-}" ]; then
     model_args=(--model "$MODEL")
     [ -n "${TOKENIZER:-}" ] && model_args+=(--tokenizer "$TOKENIZER")
+    [ -n "${CHAT_TEMPLATE:-}" ] && model_args+=(--chat-template "$CHAT_TEMPLATE")
     echo "kvgate: model $MODEL${TOKENIZER:+ (tokenizer $TOKENIZER)}"
 elif [ -f "$shared/models/stories260K/stories260K.bin" ]; then
     model_args=(--model "$shared/models/stories260K/stories260K.bin"
-                --tokenizer "$shared/models/stories260K/tok512.bin")
+                --tokenizer "$shared/models/stories260K/tok512.bin" --chat-template plain)
     echo "kvgate: no MODEL given: serving stories260K, a tiny trained story model from $shared"
 else
-    model_args=(--model synthetic:260K)
+    model_args=(--model synthetic:260K --chat-template plain)
     echo "kvgate: no MODEL given and no ../shared: serving synthetic:260K (random weights, the"
     echo "        answers are noise; give MODEL=path/to/model.gguf for a real model)"
 fi

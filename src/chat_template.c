@@ -1,84 +1,89 @@
+/* Built-in chat templates, the pieces that end a turn, and what a model's
+ * template is called (chat_template.h). */
 #include "chat_template.h"
-#include "chat_template_testing.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "utf8.h"
+#include <openssl/sha.h>
 
-static const char *const TPL_NAMES[KVG_TPL_COUNT] = { "plain", "llama2", "chatml", "llama3" };
+/* Each built-in is Jinja like a model's own, so one renderer serves all. */
 
-int kvg_chat_template_from_name(const char *name, kvg_chat_template *out,
-                                char *err, size_t err_len)
+static const char TPL_PLAIN[] =
+    "{{- bos_token -}}\n"
+    "{%- for message in messages -%}\n"
+    "{{- message['role'] | capitalize ~ ': ' ~ message['content'] ~ '\\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "{{- 'Assistant:' -}}\n"
+    "{%- endif -%}\n";
+
+static const char TPL_CHATML[] =
+    "{%- for message in messages -%}\n"
+    "{{- '<|im_start|>' ~ message['role'] ~ '\\n' ~ message['content'] ~ '<|im_end|>\\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "{{- '<|im_start|>assistant\\n' -}}\n"
+    "{%- endif -%}\n";
+
+/* The system block and the first user text are stripped as one string, as
+ * Meta's reference does: the user text keeps its leading spaces, and an empty
+ * user text lets the strip take the block's "\n\n". */
+static const char TPL_LLAMA2[] =
+    "{%- if messages and messages[0]['role'] == 'system' -%}\n"
+    "{%- set system = messages[0]['content'] -%}\n"
+    "{%- set turns = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "{%- set system = none -%}\n"
+    "{%- set turns = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- if not turns -%}\n"
+    "{{- raise_exception('the llama2 chat template needs a user message after the system message') -}}\n"
+    "{%- endif -%}\n"
+    "{%- for message in turns -%}\n"
+    "{%- if message['role'] != ('user' if loop.index0 % 2 == 0 else 'assistant') -%}\n"
+    "{{- raise_exception('the llama2 chat template needs roles alternating user/assistant/user/... "
+    "after an optional first system message') -}}\n"
+    "{%- endif -%}\n"
+    "{%- if message['role'] == 'user' and loop.first and system is not none -%}\n"
+    "{{- bos_token ~ '[INST] ' ~ ('<<SYS>>\\n' ~ system ~ '\\n<</SYS>>\\n\\n' ~ message['content']) | trim"
+    " ~ ' [/INST]' -}}\n"
+    "{%- elif message['role'] == 'user' -%}\n"
+    "{{- bos_token ~ '[INST] ' ~ message['content'] | trim ~ ' [/INST]' -}}\n"
+    "{%- else -%}\n"
+    "{{- ' ' ~ message['content'] | trim ~ ' ' ~ eos_token -}}\n"
+    "{%- endif -%}\n"
+    "{%- endfor -%}\n";
+
+static const char TPL_LLAMA3[] =
+    "{{- bos_token -}}\n"
+    "{%- for message in messages -%}\n"
+    "{{- '<|start_header_id|>' ~ message['role'] ~ '<|end_header_id|>\\n\\n' ~ message['content'] | trim"
+    " ~ '<|eot_id|>' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n"
+    "{%- endif -%}\n";
+
+static const struct {
+    const char *name, *src;
+} BUILTINS[] = {
+    { "plain", TPL_PLAIN }, { "chatml", TPL_CHATML }, { "llama2", TPL_LLAMA2 }, { "llama3", TPL_LLAMA3 },
+};
+
+const char *kvg_chat_builtin(const char *name)
 {
-    for (int i = 0; name && i < KVG_TPL_COUNT; i++) {
-        if (strcmp(name, TPL_NAMES[i]) == 0) {
-            *out = (kvg_chat_template)i;
-            return 0;
-        }
-    }
-    snprintf(err, err_len, "unknown chat template '%.64s' (expected plain, llama2, chatml or llama3)",
-             name ? name : "(null)");
-    return -1;
+    for (size_t i = 0; name && i < sizeof BUILTINS / sizeof BUILTINS[0]; i++)
+        if (strcmp(name, BUILTINS[i].name) == 0)
+            return BUILTINS[i].src;
+    return NULL;
 }
 
-const char *kvg_chat_template_name(kvg_chat_template t)
-{
-    return (unsigned)t < KVG_TPL_COUNT ? TPL_NAMES[t] : "unknown";
-}
-
-static int contains(const char *s, size_t n, const char *needle)
-{
-    return memmem(s, n, needle, strlen(needle)) != NULL;
-}
-
-kvg_chat_template kvg_chat_template_detect(const char *jinja, size_t len)
-{
-    if (!jinja || len == 0)
-        return KVG_TPL_PLAIN;
-    /* Llama-3 first: its header markers are unambiguous, while "[INST]" or
-     * "<|im_start|>" could appear in a template's comments or examples. */
-    if (contains(jinja, len, "<|start_header_id|>"))
-        return KVG_TPL_LLAMA3;
-    if (contains(jinja, len, "<|im_start|>"))
-        return KVG_TPL_CHATML;
-    if (contains(jinja, len, "[INST]"))
-        return KVG_TPL_LLAMA2;
-    return KVG_TPL_PLAIN;
-}
-
-int kvg_chat_template_has_bos(kvg_chat_template t)
-{
-    return t == KVG_TPL_LLAMA2 || t == KVG_TPL_LLAMA3;
-}
-
-static const char *const STOP_LLAMA2[] = { "</s>" };
-static const char *const STOP_CHATML[] = { "<|im_end|>", "<|endoftext|>" };
-static const char *const STOP_LLAMA3[] = { "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>" };
 static const char *const STOPSTR_PLAIN[] = { "\nUser:" };
 
-const char *const *kvg_chat_template_stop_pieces(kvg_chat_template t, size_t *n)
+const char *const *kvg_chat_builtin_stop_strings(const char *name, size_t *n)
 {
-    switch (t) {
-    case KVG_TPL_LLAMA2:
-        *n = 1;
-        return STOP_LLAMA2;
-    case KVG_TPL_CHATML:
-        *n = 2;
-        return STOP_CHATML;
-    case KVG_TPL_LLAMA3:
-        *n = 3;
-        return STOP_LLAMA3;
-    default:
-        *n = 0;
-        return NULL;
-    }
-}
-
-const char *const *kvg_chat_template_stop_strings(kvg_chat_template t, size_t *n)
-{
-    if (t == KVG_TPL_PLAIN) {
+    if (name && strcmp(name, "plain") == 0) {
         *n = 1;
         return STOPSTR_PLAIN;
     }
@@ -86,252 +91,56 @@ const char *const *kvg_chat_template_stop_strings(kvg_chat_template t, size_t *n
     return NULL;
 }
 
-size_t kvg_chat_max_segments(size_t n_messages)
+/* The end-of-turn (and end-of-text) tokens of current chat models, as their
+ * generation configs list them: Llama 3 (eot, eom, end_of_text), ChatML models
+ * (Qwen, SmolLM3, Nemotron, Kimi, LFM2), Gemma, Phi-3/4 and gpt-oss, DeepSeek,
+ * Command-R, GLM (which ends a turn by starting the next: <|user|>,
+ * <|observation|>), Llama 2 / Mistral (</s>). */
+static const char *const END_PIECES[] = {
+    "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>",
+    "<end_of_turn>", "<|end|>", "<|return|>", "<|call|>", "<|EOT|>",
+    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    "<|END_OF_TURN_TOKEN|>", "<|user|>", "<|observation|>", "</s>",
+};
+
+const char *const *kvg_chat_end_pieces(size_t *n)
 {
-    /* llama2's worst message is BOS, "[INST] ", content, " [/INST]" (4) and its
-     * system prefix adds 2; others need 3 per message; +2 for BOS and the
-     * generation prompt. */
-    return 5 * n_messages + 2;
+    *n = sizeof END_PIECES / sizeof END_PIECES[0];
+    return END_PIECES;
 }
 
-/* Python's str.isspace() set, which Jinja's trim and str.strip() use. */
-static int is_py_space(uint32_t c)
+void kvg_chat_template_describe(kvg_chat_template_info *info, kvg_chat_origin origin,
+                                const char *name, const char *source,
+                                const char *src, size_t len)
 {
-    return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0
-        || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029
-        || c == 0x202F || c == 0x205F || c == 0x3000;
-}
+    unsigned char md[SHA256_DIGEST_LENGTH];
 
-static void rstrip(const char *s, size_t *len)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t n = *len;
-
-    while (n > 0) {
-        size_t start = n - 1;
-        uint32_t cp;
-        /* back up over continuation bytes to the start of the last character */
-        while (start > 0 && n - start < 4 && (p[start] & 0xC0) == 0x80)
-            start--;
-        if (kvg_utf8_decode(p + start, n - start, &cp) != (int)(n - start) || !is_py_space(cp))
-            break;
-        n = start;
-    }
-    *len = n;
-}
-
-static void strip(const char **s, size_t *len)
-{
-    const unsigned char *p = (const unsigned char *)*s;
-    size_t i = 0;
-    uint32_t cp;
-    int l;
-
-    while (i < *len && (l = kvg_utf8_decode(p + i, *len - i, &cp)) > 0 && is_py_space(cp))
-        i += (size_t)l;
-    *s += i;
-    *len -= i;
-    rstrip(*s, len);
-}
-
-typedef struct {
-    kvg_chat_segment *segs;
-    size_t cap, n;
-    int overflow;
-} segbuf;
-
-/* Empty segments are dropped so the worker never encodes nothing. */
-static void add(segbuf *b, kvg_seg_kind kind, const char *text, size_t len)
-{
-    if (len == 0 && (kind == KVG_SEG_TEMPLATE || kind == KVG_SEG_CONTENT))
+    memset(info, 0, sizeof *info);
+    info->origin = origin;
+    snprintf(info->name, sizeof info->name, "%s", origin == KVG_CHAT_NONE ? "none" : name);
+    if (origin == KVG_CHAT_NONE)
         return;
-    if (b->n == b->cap) {
-        b->overflow = 1;
-        return;
-    }
-    b->segs[b->n].kind = kind;
-    b->segs[b->n].text = text;
-    b->segs[b->n].len = len;
-    b->n++;
+    snprintf(info->source, sizeof info->source, "%s", source ? source : "");
+    SHA256((const unsigned char *)(src ? src : ""), src ? len : 0, md);
+    for (int i = 0; i < 8; i++)
+        snprintf(info->sha256 + 2 * i, 3, "%02x", md[i]);
 }
 
-static void add_lit(segbuf *b, kvg_seg_kind kind, const char *lit)
+const char *kvg_chat_template_summary(const kvg_chat_template_info *info, char *buf, size_t len)
 {
-    add(b, kind, lit, strlen(lit));
-}
-
-static const char *const ROLE_NAMES[] = { "system", "user", "assistant" };
-
-static int valid_role(kvg_chat_role r)
-{
-    return (unsigned)r <= KVG_ROLE_ASSISTANT;
-}
-
-static int render_llama2(const kvg_chat_message *m, size_t n, segbuf *b, char *err, size_t err_len)
-{
-    const kvg_chat_message *sys = NULL;
-
-    if (m[0].role == KVG_ROLE_SYSTEM) {
-        sys = &m[0];
-        m++;
-        n--;
-    }
-    if (n == 0) {
-        snprintf(err, err_len, "the llama2 chat template needs a user message after the system message");
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const char *c = m[i].content;
-        size_t len = m[i].content_len;
-        kvg_chat_role want = i % 2 == 0 ? KVG_ROLE_USER : KVG_ROLE_ASSISTANT;
-
-        if (m[i].role != want) {
-            snprintf(err, err_len, "the llama2 chat template needs roles alternating user/assistant/"
-                     "user/... after an optional first system message; message %zu is '%s'",
-                     i + (sys ? 1 : 0), ROLE_NAMES[m[i].role]);
-            return -1;
-        }
-        if (want == KVG_ROLE_USER) {
-            add_lit(b, KVG_SEG_BOS, "<s>");
-            if (i == 0 && sys) {
-                /* The reference strips "<<SYS>>..." + user as one string, so a
-                 * system block keeps the user text's leading spaces, and an
-                 * all-space user text lets the strip eat the block's "\n\n". */
-                add_lit(b, KVG_SEG_TEMPLATE, "[INST] <<SYS>>\n");
-                add(b, KVG_SEG_CONTENT, sys->content, sys->content_len);
-                rstrip(c, &len);
-                add_lit(b, KVG_SEG_TEMPLATE, len ? "\n<</SYS>>\n\n" : "\n<</SYS>>");
-            } else {
-                add_lit(b, KVG_SEG_TEMPLATE, "[INST] ");
-                strip(&c, &len);
-            }
-            add(b, KVG_SEG_CONTENT, c, len);
-            add_lit(b, KVG_SEG_TEMPLATE, " [/INST]");
-        } else {
-            strip(&c, &len);
-            add_lit(b, KVG_SEG_TEMPLATE, " ");
-            add(b, KVG_SEG_CONTENT, c, len);
-            add_lit(b, KVG_SEG_TEMPLATE, " ");
-            add_lit(b, KVG_SEG_EOS, "</s>");
-        }
-    }
-    return 0;
-}
-
-static void render_chatml(const kvg_chat_message *m, size_t n, int gen, segbuf *b)
-{
-    static const char *const HEAD[] = { "<|im_start|>system\n", "<|im_start|>user\n",
-                                        "<|im_start|>assistant\n" };
-    for (size_t i = 0; i < n; i++) {
-        add_lit(b, KVG_SEG_TEMPLATE, HEAD[m[i].role]);
-        add(b, KVG_SEG_CONTENT, m[i].content, m[i].content_len);
-        add_lit(b, KVG_SEG_TEMPLATE, "<|im_end|>\n");
-    }
-    if (gen)
-        add_lit(b, KVG_SEG_TEMPLATE, HEAD[KVG_ROLE_ASSISTANT]);
-}
-
-static void render_llama3(const kvg_chat_message *m, size_t n, int gen, segbuf *b)
-{
-    static const char *const HEAD[] = {
-        "<|start_header_id|>system<|end_header_id|>\n\n",
-        "<|start_header_id|>user<|end_header_id|>\n\n",
-        "<|start_header_id|>assistant<|end_header_id|>\n\n",
-    };
-    add_lit(b, KVG_SEG_BOS, "<|begin_of_text|>");
-    for (size_t i = 0; i < n; i++) {
-        const char *c = m[i].content;
-        size_t len = m[i].content_len;
-
-        strip(&c, &len);
-        add_lit(b, KVG_SEG_TEMPLATE, HEAD[m[i].role]);
-        add(b, KVG_SEG_CONTENT, c, len);
-        add_lit(b, KVG_SEG_TEMPLATE, "<|eot_id|>");
-    }
-    if (gen)
-        add_lit(b, KVG_SEG_TEMPLATE, HEAD[KVG_ROLE_ASSISTANT]);
-}
-
-static void render_plain(const kvg_chat_message *m, size_t n, int gen, segbuf *b)
-{
-    static const char *const HEAD[] = { "System: ", "User: ", "Assistant: " };
-
-    for (size_t i = 0; i < n; i++) {
-        add_lit(b, KVG_SEG_TEMPLATE, HEAD[m[i].role]);
-        add(b, KVG_SEG_CONTENT, m[i].content, m[i].content_len);
-        add_lit(b, KVG_SEG_TEMPLATE, "\n");
-    }
-    if (gen)
-        add_lit(b, KVG_SEG_TEMPLATE, "Assistant:");
-}
-
-int kvg_chat_render(kvg_chat_template t, const kvg_chat_message *msgs, size_t n,
-                    int add_generation_prompt, kvg_chat_segment *segs, size_t cap,
-                    size_t *n_segs, char *err, size_t err_len)
-{
-    segbuf b = { segs, cap, 0, 0 };
-
-    *n_segs = 0;
-    if (n == 0 || !msgs) {
-        snprintf(err, err_len, "no messages to render");
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (!valid_role(msgs[i].role) || (!msgs[i].content && msgs[i].content_len)) {
-            snprintf(err, err_len, "message %zu has an invalid role or content", i);
-            return -1;
-        }
-    }
-    switch (t) {
-    case KVG_TPL_LLAMA2:
-        if (render_llama2(msgs, n, &b, err, err_len) < 0)
-            return -1;
+    switch (info->origin) {
+    case KVG_CHAT_MODEL:
+        snprintf(buf, len, "the model's own (%s, sha256 %s)", info->source, info->sha256);
         break;
-    case KVG_TPL_CHATML:
-        render_chatml(msgs, n, add_generation_prompt, &b);
+    case KVG_CHAT_FILE:
+        snprintf(buf, len, "file %s (sha256 %s)", info->source, info->sha256);
         break;
-    case KVG_TPL_LLAMA3:
-        render_llama3(msgs, n, add_generation_prompt, &b);
-        break;
-    case KVG_TPL_PLAIN:
-        render_plain(msgs, n, add_generation_prompt, &b);
+    case KVG_CHAT_BUILTIN:
+        snprintf(buf, len, "built-in %s", info->name);
         break;
     default:
-        snprintf(err, err_len, "unknown chat template %d", (int)t);
-        return -1;
+        snprintf(buf, len, "none");
+        break;
     }
-    if (b.overflow) {
-        snprintf(err, err_len, "segment array too small (%zu; %zu messages need up to %zu)",
-                 cap, n, kvg_chat_max_segments(n));
-        return -1;
-    }
-    *n_segs = b.n;
-    return 0;
-}
-
-size_t kvg_chat_segments_len(const kvg_chat_segment *segs, size_t n)
-{
-    size_t total = 0;
-
-    for (size_t i = 0; i < n; i++)
-        total += segs[i].len;
-    return total;
-}
-
-char *kvg_chat_segments_text(const kvg_chat_segment *segs, size_t n, size_t *len)
-{
-    size_t total = kvg_chat_segments_len(segs, n), off = 0;
-    char *s = malloc(total + 1);
-
-    if (!s)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (segs[i].len)
-            memcpy(s + off, segs[i].text, segs[i].len);
-        off += segs[i].len;
-    }
-    s[off] = '\0';
-    if (len)
-        *len = off;
-    return s;
+    return buf;
 }

@@ -21,7 +21,8 @@
 #include "u64map.h"
 #include "client_testing.h"
 
-enum { FD_REGION = 0, FD_TO_ENGINE = 1, FD_TO_CLIENT = 2, FD_TOKENIZER = 3, FD_STATS = 4, FD_INDEX = 5 };
+enum { FD_REGION = 0, FD_TO_ENGINE = 1, FD_TO_CLIENT = 2, FD_TOKENIZER = 3, FD_STATS = 4, FD_INDEX = 5,
+       FD_TEMPLATE = 6 };
 
 struct kvg_client {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -41,6 +42,7 @@ struct kvg_client {
     size_t index_size;
     kvg_cache_index_reader index_rd;
     kvg_tokenizer *tok;
+    kvg_jinja *chat;             /* the engine's chat template, compiled (NULL: none) */
     kvg_engine_info info;
     kvg_prefix_hasher *hasher;
 
@@ -129,6 +131,8 @@ static void teardown(kvg_client *c)
     memset(&c->index_rd, 0, sizeof c->index_rd);
     kvg_tokenizer_free(c->tok);
     c->tok = NULL;
+    kvg_jinja_free(c->chat);
+    c->chat = NULL;
     memset(&c->shm, 0, sizeof c->shm);
     memset(&c->info, 0, sizeof c->info);
     c->n_ctl = 0;
@@ -261,6 +265,40 @@ static int map_fd(int fd, size_t want, int prot, int flags, void **out, const ch
     return 0;
 }
 
+/* The template's source from fd, compiled; its description from w. The engine
+ * compiled the same bytes at startup, so a failure here means a client and an
+ * engine of different versions. */
+static int load_chat_template(kvg_client *c, const kvg_welcome *w, int fd, char *err, size_t err_len)
+{
+    void *src = NULL;
+    char name[300];
+
+    kvg_jinja_free(c->chat);
+    c->chat = NULL;
+    if (w->chat_template_origin > KVG_CHAT_BUILTIN) {
+        kvg_set_err(err, err_len, "unknown origin %u", w->chat_template_origin);
+        return -1;
+    }
+    if (w->chat_template_origin == KVG_CHAT_NONE) {
+        kvg_chat_template_describe(&c->info.chat, KVG_CHAT_NONE, NULL, NULL, NULL, 0);
+        return 0;
+    }
+    if (w->template_bytes > ((uint64_t)1 << 24)) {
+        kvg_set_err(err, err_len, "implausible size %llu", (unsigned long long)w->template_bytes);
+        return -1;
+    }
+    if (map_fd(fd, (size_t)w->template_bytes, PROT_READ, MAP_PRIVATE, &src, "chat template", err,
+               err_len) != 0)
+        return -1;
+    snprintf(name, sizeof name, "%s", w->chat_template_source);
+    c->chat = kvg_jinja_compile(src, (size_t)w->template_bytes, name, err, err_len);
+    kvg_chat_template_describe(&c->info.chat, (kvg_chat_origin)w->chat_template_origin,
+                               w->chat_template, w->chat_template_source, src,
+                               (size_t)w->template_bytes);
+    munmap(src, (size_t)w->template_bytes);
+    return c->chat ? 0 : -1;
+}
+
 /* The engine's answer arrived: map and check everything it passed. */
 static int setup(kvg_client *c, const kvg_welcome *w, int fds[KVG_WELCOME_FDS], char *err, size_t err_len)
 {
@@ -315,8 +353,8 @@ static int setup(kvg_client *c, const kvg_welcome *w, int fds[KVG_WELCOME_FDS], 
         goto out;
     }
     memset(&c->info, 0, sizeof c->info);
-    if (kvg_chat_template_from_name(w->chat_template, &c->info.chat_template, local, sizeof local) != 0) {
-        kvg_set_err(err, err_len, "handshake: %s", local);
+    if (load_chat_template(c, w, fds[FD_TEMPLATE], local, sizeof local) != 0) {
+        kvg_set_err(err, err_len, "handshake: the engine's chat template: %s", local);
         goto out;
     }
     memcpy(c->info.model_id, w->model_id, sizeof c->info.model_id);
@@ -334,6 +372,7 @@ static int setup(kvg_client *c, const kvg_welcome *w, int fds[KVG_WELCOME_FDS], 
     c->info.instance = w->instance;
     c->info.max_submit_bytes = kvg_shm_max_payload(&c->shm.sq);
     c->info.tokenizer = c->tok;
+    c->info.chat_template = c->chat;
     {
         uint64_t rcap = kvg_shm_max_payload(&c->shm.cq);
         free(c->recv_buf);

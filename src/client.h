@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "chat_template.h"
+#include "jinja.h"
 #include "prefix_hash.h"
 #include "proto.h"
 #include "tokenizer.h"
@@ -49,7 +50,9 @@ typedef struct kvg_engine_info {
     char model_id_hex[2 * KVG_PREFIX_HASH_LEN + 1];
     char model_name[128];
     char tokenizer_name[160];
-    kvg_chat_template chat_template;
+    kvg_chat_template_info chat;     /* which template, from where */
+    const kvg_jinja *chat_template;  /* it, compiled; NULL when the model has none (chat
+                                        is refused); owned by the client */
     uint32_t context_length;
     uint32_t block_tokens;
     uint32_t vocab_size;

@@ -75,7 +75,11 @@ enum {
  * here instead). */
 kvg_jinja *kvg_jinja_compile(const char *src, size_t len, const char *name,
                              char *err, size_t err_len);
+/* Drops a reference: freed with the last one (a compiled template holds one).
+ * kvg_jinja_ref takes another (for a thread that renders while the owner may
+ * drop the template) and returns t. Both thread-safe. */
 void kvg_jinja_free(kvg_jinja *t);
+kvg_jinja *kvg_jinja_ref(const kvg_jinja *t);
 
 /* Renders t. trusted and data are JSON objects (either may be NULL); lim may be
  * NULL for the defaults. On KVG_JINJA_OK *out is filled (kvg_jinja_output_free);

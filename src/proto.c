@@ -167,6 +167,8 @@ int kvg_proto_recv_welcome(int sock, kvg_welcome *w, int fds[KVG_WELCOME_FDS],
     }
     if (!nul_terminated(w->message, sizeof w->message) || !nul_terminated(w->model_name, sizeof w->model_name) ||
         !nul_terminated(w->chat_template, sizeof w->chat_template) ||
+        !nul_terminated(w->chat_template_source, sizeof w->chat_template_source) ||
+        !nul_terminated(w->chat_template_sha256, sizeof w->chat_template_sha256) ||
         !nul_terminated(w->tokenizer_name, sizeof w->tokenizer_name)) {
         close_fds(got, n_got);
         return kvg_fail(err, err_len, "handshake", "malformed engine answer (unterminated string)");

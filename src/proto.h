@@ -23,6 +23,9 @@
  *        fd[5] the engine's cache index (a memfd sealed the same way;
  *              kvg_cache_index_page below): the chain hashes of the blocks its prefix cache holds, for
  *              routing. Map it read-only (src/cache_index.h reads it)
+ *        fd[6] the chat template's Jinja source (a sealed memfd of template_bytes;
+ *              empty when the model has none): the client compiles and renders
+ *              it (jinja.h), so the prompt is built where the request is parsed
  *    Afterwards the socket carries nothing; it stays open only so that each side
  *    notices the other dying.
  *
@@ -49,10 +52,11 @@
 #include "shm_channel.h"
 
 #define KVG_PROTO_MAGIC     0x6b766731u   /* "1gvk" little-endian */
-#define KVG_PROTO_VERSION   4u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
+#define KVG_PROTO_VERSION   5u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
                                     3: the cache index (fd[5], index_bytes), load_tokens;
-                                    4: the statistics page's heartbeat */
-#define KVG_WELCOME_FDS     6
+                                    4: the statistics page's heartbeat;
+                                    5: the chat template's source (fd[6]) and origin */
+#define KVG_WELCOME_FDS     7
 
 /* Limits every side enforces. These are the one definition: the engine's scheduler
  * and stop matcher define theirs from them (KVG_SCHED_MAX_N, KVG_STOP_MAX,
@@ -82,7 +86,13 @@ typedef struct kvg_welcome {
     char message[256];           /* NUL-terminated; the reason of a refusal */
     uint8_t model_id[KVG_PREFIX_HASH_LEN];   /* the model identity (hash roots are made from it) */
     char model_name[128];        /* the served model name (the "model" of requests) */
-    char chat_template[16];      /* kvg_chat_template_name() of the model's template */
+    char chat_template[32];      /* chat_template.h's info: the name ("model", "file", a
+                                    built-in's, "none") */
+    char chat_template_source[200];  /* where it came from */
+    char chat_template_sha256[24];   /* 16 hex digits of its SHA-256 */
+    uint32_t chat_template_origin;   /* kvg_chat_origin */
+    uint32_t reserved2;
+    uint64_t template_bytes;     /* size of fd[6]: the source, 0 when none */
     char tokenizer_name[160];    /* where the tokenizer came from, for messages */
     uint64_t instance;           /* random per engine start: a restart is a new instance */
     uint64_t region_bytes;       /* size of fd[0] */

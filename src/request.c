@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat_vars.h"
 #include "utf8.h"
 
 /* ---- memory: a chunk list, so the request and everything it points at go
@@ -357,137 +358,32 @@ static int parse_prompt(pctx *p, const json_t *root)
     return parse_tokens(p, first, "prompt[0]");
 }
 
-/* content: a string, or a non-empty array of text parts joined with "\n". */
-static int parse_content(pctx *p, const json_t *v, size_t mi, kvg_chat_message *m)
-{
-    char param[KVG_API_ERROR_PARAM_MAX], sub[KVG_API_ERROR_PARAM_MAX], q[80];
-    size_t n, total = 0, off = 0;
-    char *buf;
-
-    pname(param, sizeof param, "messages[%zu].content", mi);
-    if (!v)
-        return missing(p, param);
-    if (json_is_string(v)) {
-        m->content_len = json_string_length(v);
-        return (m->content = copy_str(p, json_string_value(v), m->content_len)) ? 0 : -1;
-    }
-    if (!json_is_array(v))
-        return type_error(p, param, "a string or an array of content parts", v);
-    n = json_array_size(v);
-    if (n == 0)
-        return empty_array(p, param);
-    for (size_t j = 0; j < n; j++) {
-        json_t *part = json_array_get(v, j), *type, *text;
-
-        pname(sub, sizeof sub, "%s[%zu]", param, j);
-        if (!json_is_object(part))
-            return type_error(p, sub, "an object", part);
-        pname(sub, sizeof sub, "%s[%zu].type", param, j);
-        if (!(type = field(part, "type")))
-            return missing(p, sub);
-        if (!json_is_string(type))
-            return type_error(p, sub, "a string", type);
-        if (strcmp(json_string_value(type), "text") != 0) {
-            fmt_quoted(json_string_value(type), json_string_length(type), q, sizeof q);
-            return kvg_api_error_set(p->err, 400, "invalid_value", sub,
-                                     "Invalid value for '%s': only 'text' content parts are "
-                                     "supported, got %s.", sub, q);
-        }
-        pname(sub, sizeof sub, "%s[%zu].text", param, j);
-        if (!(text = field(part, "text")))
-            return missing(p, sub);
-        if (!json_is_string(text))
-            return type_error(p, sub, "a string", text);
-        total += json_string_length(text) + (j > 0);
-    }
-    if (!(buf = alloc(p, total + 1)))
-        return -1;
-    for (size_t j = 0; j < n; j++) {
-        json_t *text = json_object_get(json_array_get(v, j), "text");
-        size_t l = json_string_length(text);
-        if (j > 0)
-            buf[off++] = '\n';
-        memcpy(buf + off, json_string_value(text), l);
-        off += l;
-    }
-    buf[off] = '\0';
-    m->content = buf;
-    m->content_len = off;
-    return 0;
-}
-
-static int parse_role(pctx *p, const json_t *msg, size_t mi, kvg_chat_role *role)
-{
-    static const struct { const char *name; int role; } ROLES[] = {
-        { "system", KVG_ROLE_SYSTEM }, { "developer", KVG_ROLE_SYSTEM },
-        { "user", KVG_ROLE_USER }, { "assistant", KVG_ROLE_ASSISTANT },
-        { "tool", -1 }, { "function", -1 },
-    };
-    char param[KVG_API_ERROR_PARAM_MAX], q[80];
-    json_t *v;
-    const char *s;
-
-    pname(param, sizeof param, "messages[%zu].role", mi);
-    if (!(v = field(msg, "role")))
-        return missing(p, param);
-    if (!json_is_string(v))
-        return type_error(p, param, "a string", v);
-    s = json_string_value(v);
-    for (size_t i = 0; i < sizeof ROLES / sizeof ROLES[0]; i++) {
-        if (strcmp(s, ROLES[i].name) != 0)
-            continue;
-        if (ROLES[i].role < 0)
-            return kvg_api_error_set(p->err, 400, "unsupported_value", param,
-                                     "Invalid '%s': role '%s' is not supported; this server does "
-                                     "not implement tool or function calls.", param, s);
-        *role = (kvg_chat_role)ROLES[i].role;
-        return 0;
-    }
-    fmt_quoted(s, json_string_length(v), q, sizeof q);
-    return kvg_api_error_set(p->err, 400, "invalid_value", param,
-                             "Invalid value for '%s': %s. Supported values are: 'system', "
-                             "'developer', 'user' and 'assistant'.", param, q);
-}
-
+/* messages, tools and chat_template_kwargs become the chat template's data
+ * (chat_vars.h validates them as the OpenAI API does). */
 static int parse_messages(pctx *p, const json_t *root)
 {
-    json_t *v = field(root, "messages");
-    kvg_chat_message *msgs;
-    size_t n;
-    char param[KVG_API_ERROR_PARAM_MAX];
+    json_t *v = field(root, "messages"), *tools = field(root, "tools"), *kw;
+    char msg[512], param[KVG_API_ERROR_PARAM_MAX];
+    int rc;
 
     if (!v)
         return missing(p, "messages");
     if (!json_is_array(v))
         return type_error(p, "messages", "an array", v);
-    n = json_array_size(v);
-    if (n == 0)
+    if (json_array_size(v) == 0)
         return empty_array(p, "messages");
-    if (n > SIZE_MAX / sizeof *msgs)
+    if ((kw = field(root, "chat_template_kwargs")) && !json_is_object(kw))
+        return type_error(p, "chat_template_kwargs", "an object", kw);
+    if (json_is_null(tools))
+        tools = NULL;
+    param[0] = '\0';
+    rc = kvg_chat_vars_build(v, tools, kw, &p->req->chat_data, msg, sizeof msg, param, sizeof param);
+    if (rc == KVG_CHAT_VARS_NOMEM)
         return oom(p);
-    if (!(msgs = alloc(p, n * sizeof *msgs)))
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        json_t *m = json_array_get(v, i), *calls;
-
-        if (!json_is_object(m)) {
-            pname(param, sizeof param, "messages[%zu]", i);
-            return type_error(p, param, "an object", m);
-        }
-        if (parse_role(p, m, i, &msgs[i].role) < 0)
-            return -1;
-        calls = field(m, "tool_calls");
-        if (calls && !(json_is_array(calls) && json_array_size(calls) == 0)) {
-            pname(param, sizeof param, "messages[%zu].tool_calls", i);
-            return kvg_api_error_set(p->err, 400, "unsupported_parameter", param,
-                                     "Invalid '%s': tool calls are not supported by this server.",
-                                     param);
-        }
-        if (parse_content(p, field(m, "content"), i, &msgs[i]) < 0)
-            return -1;
-    }
-    p->req->messages = msgs;
-    p->req->n_messages = n;
+    if (rc != KVG_CHAT_VARS_OK)
+        return kvg_api_error_set(p->err, 400, "invalid_value", param[0] ? param : "messages", "%s",
+                                 msg);
+    p->req->n_messages = json_array_size(v);
     return 0;
 }
 
@@ -589,7 +485,7 @@ static int is_default_value(const char *key, const json_t *v)
         return json_is_false(v);
     if (!strcmp(key, "suffix"))
         return json_is_string(v) && json_string_length(v) == 0;
-    if (!strcmp(key, "tools") || !strcmp(key, "functions"))
+    if (!strcmp(key, "functions"))
         return json_is_array(v) && json_array_size(v) == 0;
     if (!strcmp(key, "response_format")) {
         json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
@@ -605,6 +501,9 @@ static int check_unsupported(pctx *p, const json_t *root)
                                         "response_format" };
     for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++) {
         json_t *v = field(root, KEYS[i]);
+        /* chat passes tools to the template (parse_messages) */
+        if (p->ep == KVG_ENDPOINT_CHAT && !strcmp(KEYS[i], "tools"))
+            continue;
         if (v && !is_default_value(KEYS[i], v))
             return kvg_api_error_set(p->err, 400, "unsupported_parameter", KEYS[i],
                                      "Unsupported parameter: '%s' is not supported by this "
@@ -829,8 +728,10 @@ kvg_request *kvg_request_parse(kvg_endpoint ep, const char *body, size_t len,
         p.req->top_k = -1;
         p.req->n = 1;
         p.req->agreement = 0.5;
-        if (parse_root(&p, root) < 0)
+        if (parse_root(&p, root) < 0) {
+            json_decref(p.req->chat_data);
             p.req = NULL;
+        }
     }
     json_decref(root);
     if (!p.req) {
@@ -843,6 +744,8 @@ kvg_request *kvg_request_parse(kvg_endpoint ep, const char *body, size_t len,
 
 void kvg_request_free(kvg_request *r)
 {
-    if (r)
+    if (r) {
+        json_decref(r->chat_data);
         arena_free(r->mem_);
+    }
 }

@@ -79,7 +79,8 @@
 #include <stdint.h>
 
 #include "api_error.h"
-#include "chat_template.h"
+#include <jansson.h>
+
 #include "vote.h"
 
 typedef enum kvg_endpoint {
@@ -112,8 +113,9 @@ typedef struct kvg_request {
     const int32_t *prompt_tokens;    /* KVG_PROMPT_TOKENS */
     size_t n_prompt_tokens;
 
-    const kvg_chat_message *messages;    /* chat: n_messages >= 1 */
-    size_t n_messages;
+    json_t *chat_data;               /* chat: the template's data (chat_vars.h): messages,
+                                        tools, chat_template_kwargs' keys */
+    size_t n_messages;               /* chat: >= 1 */
 
     int has_max_tokens;
     int32_t max_tokens;

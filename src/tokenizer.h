@@ -80,6 +80,11 @@ int kvg_tokenizer_encode_spans(const kvg_tokenizer *t, const char *text, size_t 
  * decode to nothing (len 0). NULL for an id out of range. */
 const unsigned char *kvg_tokenizer_token_bytes(const kvg_tokenizer *t, int32_t id, size_t *len);
 
+/* The raw piece as stored in the vocabulary (e.g. "<0x0A>", "\u2581the", "Ġthe",
+ * "<|begin_of_text|>": what a chat template's bos_token is); NULL for an id out
+ * of range. */
+const char *kvg_tokenizer_piece(const kvg_tokenizer *t, int32_t id, size_t *len);
+
 /* Looks a raw piece up; -1 when absent. */
 int32_t kvg_tokenizer_find_piece(const kvg_tokenizer *t, const char *piece, size_t len);
 

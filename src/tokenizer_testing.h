@@ -8,7 +8,5 @@
 /* "llama2c", "gguf-llama", "gguf-gpt2", "hf-bpe", "hf-spm" */
 const char *kvg_tokenizer_kind(const kvg_tokenizer *t);
 
-/* The raw piece as stored in the vocabulary (e.g. "<0x0A>", "\u2581the", "Ġthe"). */
-const char *kvg_tokenizer_piece(const kvg_tokenizer *t, int32_t id, size_t *len);
 
 #endif

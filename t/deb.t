@@ -200,7 +200,7 @@ $conf = $env_file;
 ok(-d '/etc/kvgate', 'the package ships /etc/kvgate');
 # A synthetic model: no file the kvgate user would need to read from this checkout.
 open(my $cf, '>', $conf) or die "$conf: $!";
-print $cf "# written by t/deb.t\nMODEL=synthetic:260K\nTOKENIZER=\nTHREADS=1\nKV_MEMORY=32M\n"
+print $cf "# written by t/deb.t\nMODEL=synthetic:260K\nTOKENIZER=\nCHAT_TEMPLATE=plain\nTHREADS=1\nKV_MEMORY=32M\n"
         . "EXTRA_ARGS=--max-running 8 --drain-timeout 2\n";
 close $cf;
 

@@ -15,7 +15,7 @@
 
 #include "backend.h"
 #include "cliargs.h"
-#include "chat_template.h"
+#include "chat_choice.h"
 #include "daemon.h"
 #include "forward.h"
 #include "kv_cache.h"
@@ -42,7 +42,9 @@ static const char USAGE[] =
     "  --socket-mode MODE      octal file mode of the socket (default 0660)\n"
     "  --socket-group NAME     group of the socket (e.g. the nginx workers' group)\n"
     "  --served-model-name N   the model name clients use (default: the model's)\n"
-    "  --chat-template NAME    plain, llama2, chatml or llama3 (default: from the model)\n"
+    "  --chat-template NAME|FILE  the chat template: a Jinja file, or a built-in (plain,\n"
+    "                          chatml, llama2, llama3); default: the model's own. A model\n"
+    "                          with none and no --chat-template refuses chat requests\n"
     "  --kv-memory SIZE        memory for the KV pool, e.g. 512M, 4G (default: cpu 256M; cuda\n"
     "                          90% of the GPU memory free once the weights are loaded)\n"
     "  --context N             context length (default: the model's)\n"
@@ -186,13 +188,6 @@ int main(int argc, char **argv)
         return usage_error("%s", "--model is required");
     if (!socket_path)
         return usage_error("%s", "--socket is required");
-    int tpl = -1;
-    if (tpl_name) {
-        kvg_chat_template t;
-        if (kvg_chat_template_from_name(tpl_name, &t, err, sizeof err) != 0)
-            return usage_error("--chat-template: %s", err);
-        tpl = (int)t;
-    }
     int gid = -1;
     if (group) {
         struct group *g = getgrnam(group);
@@ -219,8 +214,14 @@ int main(int argc, char **argv)
     kvg_prefix_cache *pc = NULL;
     kvg_daemon *d = NULL;
     kvg_warmup *w = NULL;
+    kvg_chat_choice chat;
     if (!m) {
         fprintf(stderr, "kvgate-engine: %s\n", err);
+        return 1;
+    }
+    if (kvg_chat_choose(&chat, tpl_name, m, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgate-engine: %s\n", err);
+        kvg_model_free(m);
         return 1;
     }
     kvg_backend_opts bo;
@@ -268,7 +269,9 @@ int main(int argc, char **argv)
     dc.socket_mode = (int)mode;
     dc.socket_gid = gid;
     dc.served_name = served;
-    dc.chat_template = tpl;
+    dc.chat = &chat.info;
+    dc.chat_src = chat.src;
+    dc.chat_len = chat.len;
     dc.max_waiting = (int)max_waiting;
     dc.drain_timeout_ms = drain == 0 ? -1 : (int)(drain * 1000.0);
     dc.ring_slots = (uint32_t)ring_slots;
@@ -309,11 +312,13 @@ int main(int argc, char **argv)
                  (double)n_blocks * (double)kvg_backend_kv_block_bytes(be, &g) / (1024.0 * 1024.0));
         char bdesc[200];
         kvg_backend_describe(be, bdesc, sizeof bdesc);
+        char tdesc[400];
+        kvg_chat_template_summary(&chat.info, tdesc, sizeof tdesc);
         printf("kvgate-engine: ready on %s: model %s (%s, id %.16s, context %d, vocabulary %d), "
-               "KV pool %d blocks of %d tokens (%s), backend %s, %ld threads\n",
+               "KV pool %d blocks of %d tokens (%s), backend %s, %ld threads, chat template %s\n",
                socket_path, served ? served : m->name, m->format, m->id_hex, m->cfg.max_seq_len,
                m->cfg.vocab_size, (int)n_blocks, g.block_tokens ? g.block_tokens : KVG_KV_BLOCK_TOKENS_DEFAULT,
-               pool_mb, bdesc, threads);
+               pool_mb, bdesc, threads, tdesc);
         fflush(stdout);
     }
     if (kvg_daemon_run(d, err, sizeof err) != 0) {
@@ -330,5 +335,6 @@ out:
     kvg_kv_pool_free(pool);
     kvg_backend_free(be);
     kvg_model_free(m);
+    kvg_chat_choice_free(&chat);
     return rc;
 }

@@ -204,7 +204,9 @@ static void *fake_engine(void *arg)
     w.magic = KVG_PROTO_MAGIC;
     w.version = KVG_PROTO_VERSION;
     snprintf(w.model_name, sizeof w.model_name, "trivial");
-    snprintf(w.chat_template, sizeof w.chat_template, "plain");
+    snprintf(w.chat_template, sizeof w.chat_template, "none");
+    w.chat_template_origin = 0;   /* KVG_CHAT_NONE: fd[6] is empty */
+    int chat_fd = memfd_create("bench-chat-template", MFD_CLOEXEC);
     snprintf(w.tokenizer_name, sizeof w.tokenizer_name, "tok512.bin");
     w.region_bytes = rsize;
     w.tokenizer_bytes = (uint64_t)st.st_size;
@@ -214,7 +216,7 @@ static void *fake_engine(void *arg)
     w.block_tokens = 16;
     w.vocab_size = 512;
     w.max_n = 1;
-    int fds[KVG_WELCOME_FDS] = { memfd, bell_in, bell_out, tok_fd, stats_fd, cidx_fd };
+    int fds[KVG_WELCOME_FDS] = { memfd, bell_in, bell_out, tok_fd, stats_fd, cidx_fd, chat_fd };
     kvg_proto_send_welcome(s, &w, fds, KVG_WELCOME_FDS, err, sizeof err);
     static unsigned char buf[1 << 16] __attribute__((aligned(8)));
     static unsigned char out[1 << 16] __attribute__((aligned(8)));

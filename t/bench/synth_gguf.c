@@ -3,6 +3,7 @@
  *
  *   build/bench/synth_gguf --shape 15M|110M|tiny --dtype f32|f16|bf16|q8_0|q4_0|q4_k|q6_k
  *                          --vocab VOCAB.gguf --out FILE.gguf [--seed N] [--ctx N]
+ *                          [--chat-template FILE.jinja]
  *
  * Weights: the generator of engine/model_synthetic.c, reproduced here (a counter-based
  * Weyl sequence through the murmur3 finalizer, uniform in +-1/sqrt(fan_in), tensor k
@@ -21,7 +22,9 @@
  * vocabulary: ~40 MiB in F32, for the test that keeps this writer from rotting.
  *
  * The tokenizer: every tokenizer.* key of VOCAB.gguf (a vocabulary-only GGUF, e.g.
- * ../shared/tokenizers/vectors/ggml-vocab-llama-spm.gguf), copied value for value.
+ * ../shared/tokenizers/vectors/ggml-vocab-llama-spm.gguf), copied value for value;
+ * --chat-template puts FILE's text in tokenizer.chat_template instead of the
+ * vocabulary's (a model that carries its template, for the gateway's tests).
  *
  * Exit status: 0 written, 1 error, 2 usage, 3 the dtype needs src/quant.h, which this
  * build does not have (the caller skips that row). */
@@ -243,13 +246,15 @@ static int convert_row(const dtype_info *d, const float *src, void *dst, int64_t
 static int usage(void)
 {
     fprintf(stderr, "usage: synth_gguf --shape 15M|110M|tiny --dtype f32|f16|bf16|q8_0|q4_0|q4_k|q6_k "
-                    "--vocab VOCAB.gguf --out FILE.gguf [--seed N] [--ctx N]\n");
+                    "--vocab VOCAB.gguf --out FILE.gguf [--seed N] [--ctx N] [--chat-template FILE]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
     const char *shape_name = "15M", *dtype_name = "f32", *vocab_path = NULL, *out_path = NULL;
+    const char *template_path = NULL;
+    char *template_text = NULL;
     uint32_t seed = DEFAULT_SEED;
     int ctx_len = 0;
     const shape *sh = NULL;
@@ -272,6 +277,8 @@ int main(int argc, char **argv)
             seed = (uint32_t)strtoul(v, NULL, 0);
         else if (strcmp(argv[i], "--ctx") == 0)
             ctx_len = atoi(v);
+        else if (strcmp(argv[i], "--chat-template") == 0)
+            template_path = v;
         else
             return usage();
     }
@@ -287,6 +294,20 @@ int main(int argc, char **argv)
         return usage();
     if (!ctx_len)
         ctx_len = sh->ctx;
+    if (template_path) {
+        FILE *tf = fopen(template_path, "rb");
+        long tn = -1;
+        if (tf && fseek(tf, 0, SEEK_END) == 0 && (tn = ftell(tf)) >= 0 && fseek(tf, 0, SEEK_SET) == 0
+            && (template_text = calloc(1, (size_t)tn + 1))
+            && fread(template_text, 1, (size_t)tn, tf) != (size_t)tn)
+            tn = -1;
+        if (tf)
+            fclose(tf);
+        if (tn < 0 || !template_text) {
+            fprintf(stderr, "synth_gguf: cannot read %s\n", template_path);
+            return 1;
+        }
+    }
     if (dt->quant >= 0 && !HAVE_QUANT) {
         fprintf(stderr, "synth_gguf: %s needs src/quant.h (not in this build)\n", dt->name);
         return 3;
@@ -367,9 +388,10 @@ int main(int argc, char **argv)
         off += ts[i].bytes;
     }
 
-    size_t n_tok_kv = 0;
+    size_t n_tok_kv = template_text ? 1 : 0;
     for (size_t i = 0; i < kvg_gguf_n_kv(vg); i++)
-        if (strncmp(kvg_gguf_kv_at(vg, i)->key, "tokenizer.", 10) == 0)
+        if (strncmp(kvg_gguf_kv_at(vg, i)->key, "tokenizer.", 10) == 0
+            && !(template_text && strcmp(kvg_gguf_kv_at(vg, i)->key, "tokenizer.chat_template") == 0))
             n_tok_kv++;
 
     out = fopen(out_path, "wb");
@@ -400,11 +422,15 @@ int main(int argc, char **argv)
     kv_u32("llama.vocab_size", (uint32_t)V);
     for (size_t i = 0; i < kvg_gguf_n_kv(vg); i++) {
         const kvg_gguf_kv *kv = kvg_gguf_kv_at(vg, i);
+        if (template_text && strcmp(kv->key, "tokenizer.chat_template") == 0)
+            continue;
         if (strncmp(kv->key, "tokenizer.", 10) == 0 && copy_kv(kv) < 0) {
             fprintf(stderr, "synth_gguf: cannot copy key %s\n", kv->key);
             return 1;
         }
     }
+    if (template_text)
+        kv_str("tokenizer.chat_template", template_text);
     for (int i = 0; i < nt; i++) {
         wstr(ts[i].name, strlen(ts[i].name));
         wle(ts[i].rows ? 2 : 1, 4);

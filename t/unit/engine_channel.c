@@ -48,7 +48,8 @@ static void test_handshake_and_golden(kvg_client *c)
     is_int(in->vocab_size, 512, "vocabulary");
     ok(in->bos == 1 && in->eos == 2 && in->add_bos == 1, "BOS/EOS and the BOS policy (bos %d eos %d add %d)",
        in->bos, in->eos, in->add_bos);
-    ok(in->chat_template == KVG_TPL_PLAIN, "chat template: plain (llama2.c files carry none)");
+    ok(in->chat.origin == KVG_CHAT_NONE && in->chat_template == NULL && strcmp(in->chat.name, "none") == 0,
+       "chat template: none (llama2.c files carry none, and the test names none)");
     kvg_model_load_opts lo = { tok_path, NULL, NULL, 0 };
     kvg_model *m = kvg_model_load(model_path, &lo, err, sizeof err);
     ok(m && strcmp(m->id_hex, in->model_id_hex) == 0, "model id equals the model's own identity (%.16s)",

@@ -9,7 +9,6 @@
 
 #include "request.h"
 
-static const char *const dump_role_names[] = { "system", "user", "assistant" };
 
 static json_t *dump_str_or_null(const char *s, size_t n)
 {
@@ -36,19 +35,8 @@ static json_t *dump_build(const kvg_request *r)
             bad |= json_array_append_new(a, json_integer(r->prompt_tokens[i]));
         bad |= json_object_set_new(o, "prompt", a);
     }
-    if (r->endpoint == KVG_ENDPOINT_CHAT) {
-        a = json_array();
-        for (size_t i = 0; a && i < r->n_messages; i++) {
-            const kvg_chat_message *m = &r->messages[i];
-            json_t *mo = json_object();
-            if (mo) {
-                bad |= json_object_set_new(mo, "role", json_string(dump_role_names[m->role]));
-                bad |= json_object_set_new(mo, "content", json_stringn(m->content, m->content_len));
-            }
-            bad |= json_array_append_new(a, mo);
-        }
-        bad |= json_object_set_new(o, "messages", a);
-    }
+    if (r->endpoint == KVG_ENDPOINT_CHAT)
+        bad |= json_object_set_new(o, "chat_data", json_deep_copy(r->chat_data));
     bad |= json_object_set_new(o, "max_tokens",
                                r->has_max_tokens ? json_integer(r->max_tokens) : json_null());
     bad |= json_object_set_new(o, "temperature", json_real(r->temperature));

@@ -50,7 +50,8 @@ sub bin {
 
 sub stories_args {
     my $d = shared_dir() . '/models/stories260K';
-    return ('--model', "$d/stories260K.bin", '--tokenizer', "$d/tok512.bin");
+    # a llama2.c checkpoint carries no chat template: name the plain built-in
+    return ('--model', "$d/stories260K.bin", '--tokenizer', "$d/tok512.bin", '--chat-template', 'plain');
 }
 
 # start(socket => PATH, args => [model args...] (default stories260K), extra => [...],
