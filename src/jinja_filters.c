@@ -1175,29 +1175,33 @@ FILTER(safe)
     return s;
 }
 
-FILTER(escape)
+jv jinja_html_escape(jctx *c, const jv *s)
 {
-    jv s = jv_to_str(c, at, x);
     jsb b;
 
-    (void)a;
-    if (x->t == JT_STR && (x->flags & JF_SAFE))
-        return *x;
-    jsb_init(c, &b, s.u.s.n + 16);
-    for (size_t i = 0; i < s.u.s.n; i++) {
-        int data = s.taint == JS_DATA || (s.taint == JS_MASK && s.u.s.mask[i]);
-        switch (s.u.s.p[i]) {
+    jsb_init(c, &b, s->u.s.n + 16);
+    for (size_t i = 0; i < s->u.s.n; i++) {
+        int data = s->taint == JS_DATA || (s->taint == JS_MASK && s->u.s.mask[i]);
+        switch (s->u.s.p[i]) {
         case '&': jsb_put(c, &b, "&amp;", 5, data); break;
         case '<': jsb_put(c, &b, "&lt;", 4, data); break;
         case '>': jsb_put(c, &b, "&gt;", 4, data); break;
         case '"': jsb_put(c, &b, "&#34;", 5, data); break;
         case '\'': jsb_put(c, &b, "&#39;", 5, data); break;
-        default: jsb_put_sub(c, &b, &s, i, 1);
+        default: jsb_put_sub(c, &b, s, i, 1);
         }
     }
     jv r = jsb_str(&b);
     r.flags |= JF_SAFE;
     return r;
+}
+
+FILTER(escape)
+{
+    if (x->t == JT_STR && (x->flags & JF_SAFE))
+        return *x;
+    jv s = jv_to_str(c, at, x);
+    return jinja_html_escape(c, &s);
 }
 
 FILTER(trim)
@@ -1531,8 +1535,9 @@ FILTER(batch)
 /* map('filter', args...) or map(attribute='x', default=...) */
 FILTER(map)
 {
-    size_t n;
-    jv *items = jv_items(c, at, x, &n);
+    size_t n = 0;
+    /* Jinja2 maps nothing over a falsy value (none|map(...) is empty) */
+    jv *items = jv_truthy(x) ? jv_items(c, at, x, &n) : NULL;
     jv r = jv_list_new(c, n);
     const jv *attr = jarg(a, -1, "attribute");
 
@@ -1556,8 +1561,9 @@ FILTER(map)
 
 static jv select_impl(jctx *c, const jnode *at, const jv *x, const jcall *a, int attr_mode, int want)
 {
-    size_t n, k = 0;
-    jv *items = jv_items(c, at, x, &n);
+    size_t n = 0, k = 0;
+    /* as map: a falsy value selects nothing, even none */
+    jv *items = jv_truthy(x) ? jv_items(c, at, x, &n) : NULL;
     jv r = jv_list_new(c, n);
     int off = attr_mode ? 1 : 0;
     const jv *attr = attr_mode ? jarg(a, 0, NULL) : NULL;

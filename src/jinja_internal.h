@@ -269,6 +269,8 @@ jv jinja_call_method(jctx *c, const jnode *at, const jv *recv, const char *name,
                      const jcall *a);
 int jinja_has_method(const jv *recv, const char *name);
 int jinja_unsafe_method(const jv *recv, const char *name);
+/* HTML-escapes s (& < > " '), marked safe: Markup's escape() */
+jv jinja_html_escape(jctx *c, const jv *s);
 jv jinja_tojson(jctx *c, const jnode *at, const jv *x, const jcall *a);
 /* Applies the filter or test named name (map('upper'), select('odd')). */
 jv jinja_apply_filter_by_name(jctx *c, const jnode *at, const jv *name, const jv *x,

@@ -507,6 +507,17 @@ static jv binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b)
     }
     if (op == OP_ADD && a->t == JT_STR && b->t == JT_STR) {
         jsb sb;
+        if ((a->flags | b->flags) & JF_SAFE) {
+            /* Markup + str escapes the str (even with autoescape off) */
+            jv x = a->flags & JF_SAFE ? *a : jinja_html_escape(c, a);
+            jv y = b->flags & JF_SAFE ? *b : jinja_html_escape(c, b);
+            jsb_init(c, &sb, x.u.s.n + y.u.s.n);
+            jsb_put_str(c, &sb, &x);
+            jsb_put_str(c, &sb, &y);
+            x = jsb_str(&sb);
+            x.flags |= JF_SAFE;
+            return x;
+        }
         jsb_init(c, &sb, a->u.s.n + b->u.s.n);
         jsb_put_str(c, &sb, a);
         jsb_put_str(c, &sb, b);
