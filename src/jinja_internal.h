@@ -79,7 +79,10 @@ typedef struct jv {
         struct jloop *loop;
         struct jmacro *m;
         struct { const struct jv *recv; const char *name; } meth;
-        struct { const char *msg; } undef;  /* why it is undefined (for errors) */
+        struct {                    /* why it is undefined, for the error if used */
+            const char *msg;        /* the message, or NULL: */
+            const char *name;       /* "'<aux type> object' has no attribute 'name'" */
+        } undef;
     } u;
 } jv;
 
@@ -153,6 +156,7 @@ struct kvg_jinja {
     char *name;
     const char **names;         /* interned names, by id */
     int n_names;
+    int id_loop, id_caller, id_varargs, id_kwargs;  /* their name ids, -1: unused */
 };
 
 /* ---- render context ---- */
@@ -161,6 +165,7 @@ typedef struct jsb {            /* string builder with taint mask (arena memory)
     char *p;
     uint8_t *m;                 /* NULL until a data byte is appended */
     size_t n, cap;
+    size_t ndata;               /* how many of the n bytes are data */
 } jsb;
 
 typedef struct jscope {
@@ -199,12 +204,19 @@ void jstep(jctx *c, const jnode *at);
 
 /* values (jinja_value.c) */
 jv jv_undef(const char *msg);
-jv jv_none(void);
-jv jv_bool(int b);
-jv jv_int(int64_t i);
-jv jv_float(double f);
+const char *jv_undef_msg(jctx *c, const jv *v);  /* the message of an undefined */
+static inline jv jv_none(void) { jv v = { .t = JT_NONE }; return v; }
+static inline jv jv_bool(int b) { jv v = { .t = JT_BOOL }; v.u.i = !!b; return v; }
+static inline jv jv_int(int64_t i) { jv v = { .t = JT_INT }; v.u.i = i; return v; }
+static inline jv jv_float(double f) { jv v = { .t = JT_FLOAT }; v.u.f = f; return v; }
+static inline jv jv_strn(const char *p, size_t n, int taint)
+{
+    jv v = { .t = JT_STR, .taint = (uint8_t)(n ? taint : JS_CLEAN) };
+    v.u.s.p = p;
+    v.u.s.n = n;
+    return v;
+}
 jv jv_lit(const char *s);                       /* static/arena C string, clean */
-jv jv_strn(const char *p, size_t n, int taint);
 jv jv_substr(const jv *s, size_t off, size_t n);
 jv jv_from_json(json_t *j, int data);
 jv jv_list_new(jctx *c, size_t n);              /* n items, to be filled */
@@ -267,8 +279,15 @@ jfilter_fn jinja_find_filter(const char *name, size_t n);
 jtest_fn jinja_find_test(const char *name, size_t n);
 jv jinja_call_method(jctx *c, const jnode *at, const jv *recv, const char *name,
                      const jcall *a);
-int jinja_has_method(const jv *recv, const char *name);
-int jinja_unsafe_method(const jv *recv, const char *name);
+/* What a name is as a method, computed once per N_ATTR node (its .op): */
+#define JM_STR        1u    /* a str method */
+#define JM_DICT       2u
+#define JM_LIST       4u
+#define JM_DICT_UNSAFE 8u   /* a mutating method the immutable sandbox refuses */
+#define JM_LIST_UNSAFE 16u
+unsigned jinja_method_mask(const char *name);
+int jinja_has_method(const jv *recv, unsigned mask);
+int jinja_unsafe_method(const jv *recv, unsigned mask);
 /* HTML-escapes s (& < > " '), marked safe: Markup's escape() */
 jv jinja_html_escape(jctx *c, const jv *s);
 jv jinja_tojson(jctx *c, const jnode *at, const jv *x, const jcall *a);

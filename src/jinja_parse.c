@@ -336,6 +336,8 @@ static jnode *parse_postfix(parser *p, jnode *n)
                 jnode *m = mk(p, N_ATTR, t);
                 m->a = n;
                 m->name = pstrdup(p, nm->p, nm->n);
+                m->op = (uint16_t)jinja_method_mask(m->name);
+                m->id = (int)nm->n;     /* N_ATTR: the name's length */
                 n = m;
             } else if (nm->type == TK_INT) {
                 jnode *m = mk(p, N_ITEM, t), *k = mk(p, N_CONST, nm);
@@ -1031,11 +1033,26 @@ static jnode *parse_body(parser *p, const char *const *ends, const jtok **end_to
     return body;
 }
 
+static int find_name(const kvg_jinja *t, const char *name)
+{
+    for (int i = 0; i < t->n_names; i++)
+        if (!strcmp(t->names[i], name))
+            return i;
+    return -1;
+}
+
 jnode *jinja_parse(kvg_jinja *t, const jtok *toks, size_t ntoks, char *err, size_t err_len)
 {
     parser p = { .t = t, .tk = toks, .n = ntoks, .err = err, .err_len = err_len };
+    jnode *root;
 
     if (setjmp(p.jb))
         return NULL;
-    return parse_body(&p, NULL, NULL);
+    root = parse_body(&p, NULL, NULL);
+    /* the names the renderer binds itself, if the template uses them */
+    t->id_loop = find_name(t, "loop");
+    t->id_caller = find_name(t, "caller");
+    t->id_varargs = find_name(t, "varargs");
+    t->id_kwargs = find_name(t, "kwargs");
+    return root;
 }

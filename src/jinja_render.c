@@ -81,12 +81,15 @@ static void frame_in(jctx *c, const jnode *at)
 
 static jscope *scope_new(jctx *c, jscope *parent)
 {
-    jscope *s = jalloc(c, sizeof *s);
+    /* room for a loop iteration's few names in the same allocation */
+    enum { INLINE = 4 };
+    jscope *s = jalloc(c, sizeof *s + INLINE * (sizeof(jv) + sizeof(int)));
 
     s->parent = parent;
-    s->n = s->cap = 0;
-    s->ids = NULL;
-    s->vals = NULL;
+    s->n = 0;
+    s->cap = INLINE;
+    s->vals = (jv *)(s + 1);
+    s->ids = (int *)(s->vals + INLINE);
     return s;
 }
 
@@ -159,11 +162,17 @@ static jv lookup(jctx *c, int id)
 __attribute__((noreturn))
 static void undef_error(jctx *c, const jnode *at, const jv *v)
 {
-    jerr(c, KVG_JINJA_ERROR, at, "%s", v->u.undef.msg ? v->u.undef.msg : "undefined value");
+    jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, v));
 }
 
 static jv undef_attr(jctx *c, const jv *obj, const char *name, int element, int64_t idx)
 {
+    if (!element) {
+        jv u = jv_undef(NULL);
+        u.u.undef.name = name;
+        u.aux = obj->t;
+        return u;
+    }
     const char *tn = jv_type_name(obj);
     size_t len = strlen(tn) + (name ? strlen(name) : 0) + 64;
     char *msg = jalloc(c, len);
@@ -206,8 +215,8 @@ static jv loop_attr(jctx *c, const jnode *at, const jv *lv, const char *name)
     return undef_attr(c, lv, name, 0, 0);
 }
 
-/* obj.name (Jinja2: attribute first, then item) */
-static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name)
+/* obj.name (Jinja2: attribute first, then item); mask: jinja_method_mask(name) */
+static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name, unsigned mask)
 {
     jv r;
 
@@ -217,13 +226,13 @@ static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name)
     case JT_LOOP:
         return loop_attr(c, at, obj, name);
     case JT_NS:
-        if (jv_dict_get_str(c, obj, name, strlen(name), &r))
+        if (jv_dict_get_str(c, obj, name, at && at->kind == N_ATTR ? (size_t)at->id : strlen(name), &r))
             return r;
         return undef_attr(c, obj, name, 0, 0);
     default:
         break;
     }
-    if (jinja_has_method(obj, name) || jinja_unsafe_method(obj, name)) {
+    if (jinja_has_method(obj, mask) || jinja_unsafe_method(obj, mask)) {
         jv m = { .t = JT_METHOD };
         jv *recv = jalloc(c, sizeof *recv);
         *recv = *obj;
@@ -231,7 +240,8 @@ static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name)
         m.u.meth.name = name;
         return m;
     }
-    if (jv_is_dict(obj) && jv_dict_get_str(c, obj, name, strlen(name), &r))
+    if (jv_is_dict(obj) &&
+        jv_dict_get_str(c, obj, name, at && at->kind == N_ATTR ? (size_t)at->id : strlen(name), &r))
         return r;
     return undef_attr(c, obj, name, 0, 0);
 }
@@ -274,9 +284,9 @@ static jv get_item(jctx *c, const jnode *at, const jv *obj, const jv *key)
         char *nm = jalloc(c, key->u.s.n + 1);
         memcpy(nm, key->u.s.p, key->u.s.n);
         nm[key->u.s.n] = 0;
-        if (memchr(key->u.s.p, 0, key->u.s.n) == NULL &&
-            (jinja_has_method(obj, nm) || jinja_unsafe_method(obj, nm)))
-            return get_attr(c, at, obj, nm);
+        unsigned mask = memchr(key->u.s.p, 0, key->u.s.n) ? 0 : jinja_method_mask(nm);
+        if (jinja_has_method(obj, mask) || jinja_unsafe_method(obj, mask))
+            return get_attr(c, at, obj, nm, mask);
         return undef_attr(c, obj, nm, 0, 0);
     }
     if (key->t == JT_INT)
@@ -549,6 +559,11 @@ overflow:
 static void eval_args(jctx *c, const jnode *n, jcall *a, const jv *first)
 {
     int off = first ? 1 : 0;
+
+    if (!n->nkids && !n->nkw && !first) {
+        memset(a, 0, sizeof *a);
+        return;
+    }
     jv *pos = jalloc(c, (n->nkids + (size_t)off + 1) * sizeof(jv));
     jv *kw = jalloc(c, (n->nkw + 1) * sizeof(jv));
 
@@ -635,19 +650,13 @@ static jv call_macro(jctx *c, const jnode *at, const jmacro *m, const jcall *a, 
         va.flags = JF_TUPLE;
         for (int i = np; i < a->npos; i++)
             va.u.l->v[i - np] = a->pos[i];
-        /* intern ids are per template: look the names up */
-        for (int id = 0; id < c->t->n_names; id++) {
-            if (!strcmp(c->t->names[id], "varargs"))
-                scope_set(c, s, id, &va);
-            else if (!strcmp(c->t->names[id], "kwargs"))
-                scope_set(c, s, id, &kwargs);
-        }
+        if (c->t->id_varargs >= 0)
+            scope_set(c, s, c->t->id_varargs, &va);
+        if (c->t->id_kwargs >= 0)
+            scope_set(c, s, c->t->id_kwargs, &kwargs);
     }
-    if (caller) {
-        for (int id = 0; id < c->t->n_names; id++)
-            if (!strcmp(c->t->names[id], "caller"))
-                scope_set(c, s, id, caller);
-    }
+    if (caller && c->t->id_caller >= 0)
+        scope_set(c, s, c->t->id_caller, caller);
     r = capture_body(c, def->b);
     c->scope = saved;
     c->depth--;
@@ -684,7 +693,7 @@ static jv call_func(jctx *c, const jnode *at, int id, const jcall *a)
         else if (v[2] < 0 && v[0] > v[1])
             cnt = ((uint64_t)v[0] - (uint64_t)v[1] - 1) / (uint64_t)(-(v[2] + 1) + 1ull) + 1;
         (void)s0; (void)s1; (void)s2; (void)start; (void)step;
-        if (cnt > c->max_steps - c->steps || cnt > c->max_output)
+        if (cnt > c->max_steps - c->steps)
             jerr(c, KVG_JINJA_LIMIT, at, "step limit (%llu) reached (range too long)",
                  (unsigned long long)c->max_steps);
         c->steps += cnt;
@@ -757,6 +766,41 @@ jv jinja_call_value(jctx *c, const jnode *at, const jv *fn, const jcall *a)
 
 /* ---- expressions ---- */
 
+/* a + b + c + ...: the operands in order, then one copy when all are plain
+ * strings (the common '<|im_start|>' + role + '\n' + content), else pairwise */
+static jv add_chain(jctx *c, const jnode *n)
+{
+    const jnode *ops[32];
+    jv v[32];
+    int k = 0, plain = 1;
+    size_t len = 0;
+    const jnode *x = n;
+
+    while (x->kind == N_BIN && x->op == OP_ADD && k < 31) {
+        ops[k++] = x;
+        x = x->a;
+    }
+    /* x is the leftmost operand; ops[k-1] is the innermost '+' */
+    v[0] = eval(c, x);
+    for (int i = 0; i < k; i++)
+        v[i + 1] = eval(c, ops[k - 1 - i]->b);
+    for (int i = 0; i <= k; i++) {
+        plain &= v[i].t == JT_STR && !(v[i].flags & JF_SAFE);
+        len += v[i].t == JT_STR ? v[i].u.s.n : 0;
+    }
+    if (plain) {
+        jsb sb;
+        jsb_init(c, &sb, len);
+        for (int i = 0; i <= k; i++)
+            jsb_put_str(c, &sb, &v[i]);
+        return jsb_str(&sb);
+    }
+    jv acc = v[0];
+    for (int i = 0; i < k; i++)
+        acc = binop(c, ops[k - 1 - i], OP_ADD, &acc, &v[i + 1]);
+    return acc;
+}
+
 static jv eval_inner(jctx *c, const jnode *n)
 {
     jv a, b, r;
@@ -787,7 +831,7 @@ static jv eval_inner(jctx *c, const jnode *n)
         return r;
     case N_ATTR:
         a = eval(c, n->a);
-        return get_attr(c, n, &a, n->name);
+        return get_attr(c, n, &a, n->name, n->op);
     case N_ITEM:
         a = eval(c, n->a);
         b = eval(c, n->b);
@@ -806,11 +850,11 @@ static jv eval_inner(jctx *c, const jnode *n)
         if (n->a->kind == N_ATTR) {
             a = eval(c, n->a->a);
             if (a.t != JT_UNDEF && a.t != JT_NS && a.t != JT_LOOP &&
-                (jinja_has_method(&a, n->a->name) || jinja_unsafe_method(&a, n->a->name))) {
+                (jinja_has_method(&a, n->a->op) || jinja_unsafe_method(&a, n->a->op))) {
                 eval_args(c, n, &args, NULL);
                 return jinja_call_method(c, n, &a, n->a->name, &args);
             }
-            b = get_attr(c, n->a, &a, n->a->name);
+            b = get_attr(c, n->a, &a, n->a->name, n->a->op);
         } else {
             b = eval(c, n->a);
         }
@@ -831,6 +875,8 @@ static jv eval_inner(jctx *c, const jnode *n)
         return jv_bool(n->test(c, n, &a, &args));
     }
     case N_BIN:
+        if (n->op == OP_ADD && n->a->kind == N_BIN && n->a->op == OP_ADD)
+            return add_chain(c, n);
         a = eval(c, n->a);
         b = eval(c, n->b);
         return binop(c, n, n->op, &a, &b);
@@ -966,14 +1012,11 @@ static int exec_for(jctx *c, const jnode *n)
     }
     jloop *lp = jalloc(c, sizeof *lp);
     jv lv = { .t = JT_LOOP };
-    int loop_id = -1;
+    int loop_id = c->t->id_loop;
 
     lp->n = cnt;
     lp->items = items;
     lv.u.loop = lp;
-    for (int id = 0; id < c->t->n_names; id++)
-        if (!strcmp(c->t->names[id], "loop"))
-            loop_id = id;
     for (size_t i = 0; i < cnt; i++) {
         jstep(c, n);
         lp->i = i;
@@ -1063,7 +1106,7 @@ static int exec_inner(jctx *c, const jnode *n)
         caller.u.m = m;
         if (call->a->kind == N_ATTR) {
             jv recv = eval(c, call->a->a);
-            fn = get_attr(c, call->a, &recv, call->a->name);
+            fn = get_attr(c, call->a, &recv, call->a->name, call->a->op);
         } else {
             fn = eval(c, call->a);
         }
@@ -1163,9 +1206,10 @@ void kvg_jinja_output_free(kvg_jinja_output *out)
     memset(out, 0, sizeof *out);
 }
 
-static int finish(jctx *c, const jsb *b, kvg_jinja_output *out)
+/* The output and its data spans, found with memchr over the taint mask. */
+static int finish(const jsb *b, kvg_jinja_output *out)
 {
-    size_t ns = 0;
+    size_t cap = 0, i = 0;
 
     out->text = malloc(b->n + 1);
     if (!out->text)
@@ -1173,25 +1217,26 @@ static int finish(jctx *c, const jsb *b, kvg_jinja_output *out)
     memcpy(out->text, b->p, b->n);
     out->text[b->n] = 0;
     out->len = b->n;
-    if (!b->m)
+    if (!b->m || !b->ndata)
         return 0;
-    for (size_t i = 0; i < b->n; i++)
-        ns += b->m[i] && (i == 0 || !b->m[i - 1]);
-    if (!ns)
-        return 0;
-    out->spans = malloc(ns * sizeof *out->spans);
-    if (!out->spans)
-        return -1;
-    for (size_t i = 0; i < b->n; i++) {
-        if (!b->m[i] || (i && b->m[i - 1]))
-            continue;
-        size_t j = i;
-        while (j < b->n && b->m[j])
-            j++;
-        out->spans[out->n_spans].off = i;
-        out->spans[out->n_spans++].len = j - i;
+    while (i < b->n) {
+        const uint8_t *d = memchr(b->m + i, 1, b->n - i);
+        if (!d)
+            break;
+        size_t start = (size_t)(d - b->m);
+        const uint8_t *e = memchr(d, 0, b->n - start);
+        size_t end = e ? (size_t)(e - b->m) : b->n;
+        if (out->n_spans == cap) {
+            cap = cap ? cap * 2 : 16;
+            kvg_text_span *sp = realloc(out->spans, cap * sizeof *sp);
+            if (!sp)
+                return -1;
+            out->spans = sp;
+        }
+        out->spans[out->n_spans].off = start;
+        out->spans[out->n_spans++].len = end - start;
+        i = end;
     }
-    (void)c;
     return 0;
 }
 
@@ -1214,6 +1259,8 @@ int kvg_jinja_render(const kvg_jinja *t, const json_t *trusted, const json_t *da
     c->trusted = trusted && json_is_object(trusted) ? trusted : NULL;
     c->data = data && json_is_object(data) ? data : NULL;
     c->max_output = lim && lim->max_output ? lim->max_output : KVG_JINJA_DEFAULT_MAX_OUTPUT;
+    if (c->max_output > (1u << 31))
+        c->max_output = 1u << 31;     /* a string's data count is kept in 32 bits */
     c->max_steps = lim && lim->max_steps ? lim->max_steps : KVG_JINJA_DEFAULT_MAX_STEPS;
     c->max_depth = lim && lim->max_depth ? lim->max_depth : KVG_JINJA_DEFAULT_MAX_DEPTH;
     c->now = lim && lim->now ? lim->now : time(NULL);
@@ -1232,7 +1279,7 @@ int kvg_jinja_render(const kvg_jinja *t, const json_t *trusted, const json_t *da
     jsb_init(c, &sb, 4096);
     c->out = &sb;
     exec(c, t->root);
-    if (finish(c, &sb, out) < 0) {
+    if (finish(&sb, out) < 0) {
         ja_free(&c->arena);
         kvg_jinja_output_free(out);
         snprintf(err, err_len, "%s: out of memory", t->name);
