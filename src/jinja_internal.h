@@ -11,6 +11,7 @@
 #ifndef KVG_JINJA_INTERNAL_H
 #define KVG_JINJA_INTERNAL_H
 
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -151,6 +152,7 @@ struct jnode {
 };
 
 struct kvg_jinja {
+    atomic_int refs;            /* kvg_jinja_ref / kvg_jinja_free */
     jarena arena;
     jnode *root;
     char *name;

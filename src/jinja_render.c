@@ -1156,6 +1156,7 @@ kvg_jinja *kvg_jinja_compile(const char *src, size_t len, const char *name,
         name = "template";
     if (!t)
         goto nomem;
+    atomic_init(&t->refs, 1);
     t->name = strdup(name);
     if (!t->name)
         goto nomem;
@@ -1188,9 +1189,17 @@ fail:
     return NULL;
 }
 
+kvg_jinja *kvg_jinja_ref(const kvg_jinja *t)
+{
+    kvg_jinja *m = (kvg_jinja *)t;   /* the count is the one mutable part */
+
+    atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
+    return m;
+}
+
 void kvg_jinja_free(kvg_jinja *t)
 {
-    if (!t)
+    if (!t || atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) != 1)
         return;
     ja_free(&t->arena);
     free(t->name);
