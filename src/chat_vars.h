@@ -32,7 +32,7 @@
  *                      such as image_url are refused, this server reads text),
  *                      except for an assistant message with tool_calls
  *   name               a string
- *   tool_calls         a non-empty array of {"id": STRING, "type": "function",
+ *   tool_calls         an array ([] is no tool calls) of {"id": STRING, "type": "function",
  *                      "function": {"name": STRING, "arguments": STRING}},
  *                      arguments valid JSON of an object (or "")
  *   tool_call_id       a string, required on a tool message
