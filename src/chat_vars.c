@@ -455,9 +455,7 @@ int kvg_chat_vars_build(const json_t *messages, const json_t *tools,
             return nomem(&c);
         }
     }
-    rc = KVG_CHAT_VARS_OK;
-    if (tools)
-        rc = put(&c, data, "tools", json_deep_copy(tools));
+    rc = put(&c, data, "tools", tools ? json_deep_copy(tools) : json_null());
     if (rc == KVG_CHAT_VARS_OK && chat_template_kwargs)
         rc = add_kwargs(&c, data, chat_template_kwargs);
     if (rc < 0) {

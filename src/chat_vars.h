@@ -3,8 +3,12 @@
  * checks them, and converted into the `data` object of kvg_jinja_render()
  * (jinja.h) the way vLLM converts them for Hugging Face templates.
  *
- * Output: {"messages": [...], "tools": [...] (only when tools is given), plus
- * every key of chat_template_kwargs}. Each output message is, in this key order
+ * Output: {"messages": [...], "tools": [...] or null, plus every key of
+ * chat_template_kwargs}. tools is null, not absent, when the request has none:
+ * transformers' apply_chat_template (the reference) renders with tools=None,
+ * and templates tell the two apart ("tools is not none" is true of an
+ * undefined tools: Mistral's would print an empty tool list). Each output
+ * message is, in this key order
  * (templates that print a message with tojson see this order):
  *   role               "system", "user", "assistant" or "tool"; the request's
  *                      "developer" becomes "system" (no template knows it)

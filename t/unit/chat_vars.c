@@ -73,10 +73,10 @@ static void test_roles(void)
     converts("[{\"role\":\"system\",\"content\":\"s\"}," USER("\"u\"") ","
              "{\"role\":\"assistant\",\"content\":\"a\"}]", NULL, NULL,
              "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"u\"},"
-             "{\"role\":\"assistant\",\"content\":\"a\"}]}",
-             "system, user, assistant as given; no tools key without tools");
+             "{\"role\":\"assistant\",\"content\":\"a\"}],\"tools\":null}",
+             "system, user, assistant as given; tools null without tools");
     converts("[{\"role\":\"developer\",\"content\":\"d\"}]", NULL, NULL,
-             "{\"messages\":[{\"role\":\"system\",\"content\":\"d\"}]}", "developer becomes system");
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"d\"}],\"tools\":null}", "developer becomes system");
     refuses("[{\"content\":\"x\"}]", NULL, NULL, "messages[0].role",
             "Missing required parameter: 'messages[0].role'", "no role");
     refuses("[" USER("\"u\"") ",{\"role\":7,\"content\":\"x\"}]", NULL, NULL, "messages[1].role",
@@ -101,14 +101,14 @@ static void test_messages(void)
 static void test_content(void)
 {
     converts("[" USER("\"  spaced \\n\"") "]", NULL, NULL,
-             "{\"messages\":[{\"role\":\"user\",\"content\":\"  spaced \\n\"}]}",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"  spaced \\n\"}],\"tools\":null}",
              "string content byte for byte");
     converts("[" USER("[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"},"
                       "{\"type\":\"text\",\"text\":\"\"}]") "]", NULL, NULL,
-             "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\nb\\n\"}]}",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\nb\\n\"}],\"tools\":null}",
              "text parts joined with \\n");
     converts("[" USER("[{\"text\":\"x\",\"type\":\"text\",\"extra\":1}]") "]", NULL, NULL,
-             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "a part's unknown fields ignored");
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":null}", "a part's unknown fields ignored");
     refuses("[{\"role\":\"user\"}]", NULL, NULL, "messages[0].content",
             "Missing required parameter: 'messages[0].content'", "user without content");
     refuses("[{\"role\":\"user\",\"content\":null}]", NULL, NULL, "messages[0].content",
@@ -135,15 +135,15 @@ static void test_fields(void)
 {
     converts("[{\"name\":\"bob\",\"content\":\"hi\",\"role\":\"user\",\"weird\":{\"x\":1},"
              "\"tool_calls\":[1],\"tool_call_id\":5,\"reasoning_content\":7}]", NULL, NULL,
-             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"name\":\"bob\"}]}",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"name\":\"bob\"}],\"tools\":null}",
              "name kept, unknown and other roles' fields ignored, fixed key order");
     refuses("[{\"role\":\"user\",\"content\":\"x\",\"name\":1}]", NULL, NULL, "messages[0].name",
             "expected a string, but got an integer", "name not a string");
     converts("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":\"why\"}]", NULL, NULL,
-             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":\"why\"}]}",
+             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":\"why\"}],\"tools\":null}",
              "assistant reasoning_content passed through");
     converts("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":null}]", NULL, NULL,
-             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\"}]}", "reasoning_content null: absent");
+             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\"}],\"tools\":null}", "reasoning_content null: absent");
     refuses("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":{}}]", NULL, NULL,
             "messages[0].reasoning_content", "expected a string, but got an object",
             "reasoning_content not a string");
@@ -153,18 +153,18 @@ static void test_tool_calls(void)
 {
     converts("[" ASSIST_CALL(CALL("\"{\\\"b\\\": [1, 2], \\\"a\\\": \\\"x\\\"}\"")) "]", NULL, NULL,
              "{\"messages\":[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\","
-             "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"b\":[1,2],\"a\":\"x\"}}}]}]}",
+             "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"b\":[1,2],\"a\":\"x\"}}}]}],\"tools\":null}",
              "tool call: arguments parsed in their order, content \"\" when absent");
     converts("[{\"role\":\"assistant\",\"content\":\"calling\",\"tool_calls\":[{\"function\":{\"arguments\":"
              "\"{}\",\"name\":\"g\",\"x\":1},\"type\":\"function\",\"id\":\"c2\",\"index\":0}]},"
              "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"42\"}]", NULL, NULL,
              "{\"messages\":[{\"role\":\"assistant\",\"content\":\"calling\",\"tool_calls\":[{\"function\":"
              "{\"arguments\":{},\"name\":\"g\",\"x\":1},\"type\":\"function\",\"id\":\"c2\",\"index\":0}]},"
-             "{\"role\":\"tool\",\"content\":\"42\",\"tool_call_id\":\"c2\"}]}",
+             "{\"role\":\"tool\",\"content\":\"42\",\"tool_call_id\":\"c2\"}],\"tools\":null}",
              "a call as given (its order, unknown fields); a tool result with its tool_call_id");
     converts("[" ASSIST_CALL(CALL("\"\"")) "]", NULL, NULL,
              "{\"messages\":[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\","
-             "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]}]}",
+             "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]}],\"tools\":null}",
              "empty arguments become {}");
     refuses("[" ASSIST_CALL(CALL("\"{\\\"a\\\": \"")) "]", NULL, NULL,
             "messages[0].tool_calls[0].function.arguments", "not valid JSON", "arguments not JSON");
@@ -192,7 +192,7 @@ static void test_tool_calls(void)
     refuses("[{\"role\":\"assistant\",\"tool_calls\":[]}]", NULL, NULL, "messages[0].content",
             "Missing required parameter", "tool_calls [] is none: content required");
     converts("[{\"role\":\"assistant\",\"content\":\"a\",\"tool_calls\":[]}]", NULL, NULL,
-             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\"}]}", "tool_calls [] dropped");
+             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\"}],\"tools\":null}", "tool_calls [] dropped");
     refuses("[{\"role\":\"assistant\",\"tool_calls\":{}}]", NULL, NULL, "messages[0].tool_calls",
             "expected an array, but got an object", "tool_calls an object");
     refuses("[" USER("\"u\"") ",{\"role\":\"tool\",\"content\":\"r\"}]", NULL, NULL,
@@ -212,8 +212,8 @@ static void test_tools(void)
              "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"tools\":[{\"type\":\"function\","
              "\"function\":{\"name\":\"get\",\"description\":\"d\",\"parameters\":{\"type\":\"object\","
              "\"properties\":{}}},\"extra\":true}]}", "tools passed as given");
-    converts("[" USER("\"u\"") "]", "null", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}]}",
-             "tools null: absent");
+    converts("[" USER("\"u\"") "]", "null", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"tools\":null}",
+             "tools null: null");
     converts("[" USER("\"u\"") "]", "[]", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"tools\":[]}",
              "tools empty: given, empty");
     refuses("[" USER("\"u\"") "]", "{}", NULL, "tools", "expected an array, but got an object",
@@ -235,7 +235,7 @@ static void test_tools(void)
 static void test_kwargs(void)
 {
     converts("[" USER("\"u\"") "]", NULL, "{\"enable_thinking\":false,\"reasoning_effort\":\"low\"}",
-             "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"enable_thinking\":false,"
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"tools\":null,\"enable_thinking\":false,"
              "\"reasoning_effort\":\"low\"}", "kwargs become top-level variables");
     converts("[" USER("\"u\"") "]", "[]", "{}",
              "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"tools\":[]}", "empty kwargs");
