@@ -211,18 +211,20 @@ static char *slurp_file(const char *path, size_t *len)
     return s;
 }
 
-/* The template's bos_token / eos_token when not given: the model's files', else
- * the vocabulary's token text, else "". */
-static const char *special_default(const char *given, const char *from_files, const kvg_tokenizer *t,
-                                   int32_t id, char *buf, size_t cap)
+/* The template's bos_token / eos_token when not given: what the model's files
+ * say (tokenizer_config.json, GGUF metadata: what the reference renders with),
+ * "" when they say nothing; without such files (a tokenizer.bin) the
+ * vocabulary's text of its BOS/EOS token, else "". */
+static const char *special_default(const char *given, const kvg_chat_source *src, const char *from_files,
+                                   const kvg_tokenizer *t, int32_t id, char *buf, size_t cap)
 {
     const unsigned char *b;
     size_t n;
 
     if (given)
         return given;
-    if (from_files)
-        return from_files;
+    if (src)
+        return from_files ? from_files : "";
     if (t && id >= 0 && (b = kvg_tokenizer_token_bytes(t, id, &n)) && n < cap) {
         memcpy(buf, b, n);
         buf[n] = '\0';
@@ -270,7 +272,9 @@ static int chat(const chat_opts *o, const char *tok_path)
             fprintf(stderr, "kvgate-tokenize: %s\n", err);
             return 1;
         }
-        if (!(t = kvg_tokenizer_load(have_src ? src.tokenizer_path : tok_path, err, sizeof err))) {
+        /* the vocabulary is for the ids, or for BOS/EOS texts no file gave */
+        if ((!o->text || (!have_src && (!o->bos || !o->eos)))
+            && !(t = kvg_tokenizer_load(have_src ? src.tokenizer_path : tok_path, err, sizeof err))) {
             fprintf(stderr, "kvgate-tokenize: %s\n", err);
             goto done;
         }
@@ -290,9 +294,9 @@ static int chat(const chat_opts *o, const char *tok_path)
     if (!(data = request_data(o)))
         goto done;
     trusted = json_pack("{s:s, s:s, s:b}",
-                        "bos_token", special_default(o->bos, have_src ? src.bos_token : NULL, t,
+                        "bos_token", special_default(o->bos, have_src ? &src : NULL, src.bos_token, t,
                                                      t ? kvg_tokenizer_bos(t) : -1, bos_buf, sizeof bos_buf),
-                        "eos_token", special_default(o->eos, have_src ? src.eos_token : NULL, t,
+                        "eos_token", special_default(o->eos, have_src ? &src : NULL, src.eos_token, t,
                                                      t ? kvg_tokenizer_eos(t) : -1, eos_buf, sizeof eos_buf),
                         "add_generation_prompt", o->add_generation_prompt);
     if (!trusted) {
