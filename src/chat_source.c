@@ -201,7 +201,9 @@ static int from_dir(const char *dir, kvg_chat_source *out, char *err, size_t err
         goto done;
     }
     if (access(cfg_path, F_OK) == 0) {
-        if (!(cfg = json_load_file(cfg_path, 0, &je))) {
+        /* every number as a double: model_max_length is often 1e30 written
+         * out as an integer, which jansson's integers cannot hold */
+        if (!(cfg = json_load_file(cfg_path, JSON_DECODE_INT_AS_REAL, &je))) {
             rc = fail(err, err_len, "%s:%d:%d: %s", cfg_path, je.line, je.column, je.text);
             goto done;
         }
