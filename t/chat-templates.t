@@ -156,8 +156,13 @@ diag(sprintf('%-55s %5d %5d %5d', $_, $count{$_}{pass} // 0, $count{$_}{fail} //
     for sort keys %count;
 
 # ---- token ids: the rendered text encoded with special tokens, data kept as text ----
+# A vocabulary kvgate's tokenizer cannot load yet (a pre-tokenizer it lacks) makes
+# these checks TODO: they run and show, and pass once it can.
 for my $t (grep { $_->[1][0] eq '--tokenizer' } @templates) {
     my ($name, $opts) = @$t;
+    my (undef, undef, $load_err) = run_kvgate('--tokenizer', "$opts->[1]/tokenizer.json");
+    local $TODO = $load_err =~ /not supported|unrecognised/ ? "kvgate cannot load $name/tokenizer.json yet: $load_err"
+                                                         : undef;
     for my $conv ("$FindBin::Bin/chat/multi-turn.json", "$FindBin::Bin/chat/special-text.json") {
         my ($rc, $text, $err) = run_kvgate('--chat', $conv, @$opts, '--add-generation-prompt', '--text');
         next unless $rc == 0;    # a template that refuses the conversation is checked above
