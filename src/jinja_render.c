@@ -1,0 +1,1243 @@
+/* Evaluation of a compiled template: kvg_jinja_compile and kvg_jinja_render.
+ *
+ * A tree walk over the AST. Variables live in scopes chained to their parent:
+ * the root scope, one per for-loop iteration (a `set` inside a loop does not
+ * leak out, as in Jinja2), one per macro call (parented to where the macro was
+ * defined, so it sees that scope's variables as they are at call time). A name
+ * found in no scope comes from `trusted`, then `data`, then the global
+ * functions; the jansson values are wrapped, not converted.
+ *
+ * Output goes to a string builder that carries a taint byte per output byte;
+ * macro calls, set blocks and filter blocks capture into their own builder and
+ * yield a string that keeps those bytes' taint. */
+#include "jinja_internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "utf8.h"
+
+enum { F_RANGE = 1, F_NAMESPACE, F_DICT, F_RAISE, F_STRFTIME };
+
+static const struct { const char *name; int id; } FUNCS[] = {
+    { "range", F_RANGE }, { "namespace", F_NAMESPACE }, { "dict", F_DICT },
+    { "raise_exception", F_RAISE }, { "strftime_now", F_STRFTIME },
+};
+
+typedef struct jmacro {
+    const jnode *def;           /* N_MACRO, or N_CALLBLOCK for a caller */
+    jscope *scope;              /* where it was defined */
+    const char *name;
+} jmacro;
+
+enum { FLOW_NORMAL, FLOW_BREAK, FLOW_CONTINUE };
+
+static jv eval(jctx *c, const jnode *n);
+static int exec(jctx *c, const jnode *n);
+
+void jerr(jctx *c, int rc, const jnode *at, const char *fmt, ...)
+{
+    va_list ap;
+    int k = 0;
+
+    if (rc == KVG_JINJA_RAISED) {
+        /* the message is the template's own */
+        va_start(ap, fmt);
+        vsnprintf(c->err, c->err_len, fmt, ap);
+        va_end(ap);
+        longjmp(c->jb, rc);
+    }
+    if (c->err_len) {
+        if (at)
+            k = snprintf(c->err, c->err_len, "%s:%u:%u: ", c->t->name, at->line, at->col);
+        else
+            k = snprintf(c->err, c->err_len, "%s: ", c->t->name);
+        if (k < 0 || (size_t)k >= c->err_len)
+            k = 0;
+        va_start(ap, fmt);
+        vsnprintf(c->err + k, c->err_len - (size_t)k, fmt, ap);
+        va_end(ap);
+    }
+    longjmp(c->jb, rc);
+}
+
+void jstep(jctx *c, const jnode *at)
+{
+    if (++c->steps > c->max_steps)
+        jerr(c, KVG_JINJA_LIMIT, at, "step limit (%llu) reached",
+             (unsigned long long)c->max_steps);
+}
+
+static void frame_in(jctx *c, const jnode *at)
+{
+    if (++c->frames > JINJA_MAX_FRAMES)
+        jerr(c, KVG_JINJA_LIMIT, at, "nesting depth limit reached (recursion too deep)");
+}
+
+/* ---- scopes ---- */
+
+static jscope *scope_new(jctx *c, jscope *parent)
+{
+    jscope *s = jalloc(c, sizeof *s);
+
+    s->parent = parent;
+    s->n = s->cap = 0;
+    s->ids = NULL;
+    s->vals = NULL;
+    return s;
+}
+
+static void scope_set(jctx *c, jscope *s, int id, const jv *v)
+{
+    for (int i = 0; i < s->n; i++) {
+        if (s->ids[i] == id) {
+            s->vals[i] = *v;
+            return;
+        }
+    }
+    if (s->n == s->cap) {
+        int cap = s->cap ? s->cap * 2 : 4;
+        int *ids = jalloc(c, (size_t)cap * sizeof *ids);
+        jv *vals = jalloc(c, (size_t)cap * sizeof *vals);
+        if (s->n) {
+            memcpy(ids, s->ids, (size_t)s->n * sizeof *ids);
+            memcpy(vals, s->vals, (size_t)s->n * sizeof *vals);
+        }
+        s->ids = ids;
+        s->vals = vals;
+        s->cap = cap;
+    }
+    s->ids[s->n] = id;
+    s->vals[s->n++] = *v;
+}
+
+static jv global(jctx *c, int id)
+{
+    const char *name = c->t->names[id];
+    json_t *j;
+
+    if (c->gdone[id])
+        return c->globals[id];
+    c->gdone[id] = 1;
+    if (c->trusted && (j = json_object_get(c->trusted, name))) {
+        c->globals[id] = jv_from_json(j, 0);
+    } else if (c->data && (j = json_object_get(c->data, name))) {
+        c->globals[id] = jv_from_json(j, 1);
+    } else {
+        size_t i;
+        for (i = 0; i < sizeof FUNCS / sizeof FUNCS[0]; i++) {
+            if (strcmp(FUNCS[i].name, name) == 0) {
+                jv f = { .t = JT_FUNC, .aux = (uint32_t)FUNCS[i].id };
+                c->globals[id] = f;
+                break;
+            }
+        }
+        if (i == sizeof FUNCS / sizeof FUNCS[0]) {
+            size_t len = strlen(name) + 20;
+            char *msg = jalloc(c, len);
+            snprintf(msg, len, "'%s' is undefined", name);
+            c->globals[id] = jv_undef(msg);
+        }
+    }
+    return c->globals[id];
+}
+
+static jv lookup(jctx *c, int id)
+{
+    for (jscope *s = c->scope; s; s = s->parent)
+        for (int i = 0; i < s->n; i++)
+            if (s->ids[i] == id)
+                return s->vals[i];
+    return global(c, id);
+}
+
+/* ---- helpers ---- */
+
+__attribute__((noreturn))
+static void undef_error(jctx *c, const jnode *at, const jv *v)
+{
+    jerr(c, KVG_JINJA_ERROR, at, "%s", v->u.undef.msg ? v->u.undef.msg : "undefined value");
+}
+
+static jv undef_attr(jctx *c, const jv *obj, const char *name, int element, int64_t idx)
+{
+    const char *tn = jv_type_name(obj);
+    size_t len = strlen(tn) + (name ? strlen(name) : 0) + 64;
+    char *msg = jalloc(c, len);
+
+    if (obj->t == JT_NONE)
+        snprintf(msg, len, "None has no attribute '%s'", name ? name : "");
+    else if (element)
+        snprintf(msg, len, "'%s object' has no element %lld", tn, (long long)idx);
+    else
+        snprintf(msg, len, "'%s object' has no attribute '%s'", tn, name);
+    return jv_undef(msg);
+}
+
+static jv loop_attr(jctx *c, const jnode *at, const jv *lv, const char *name)
+{
+    const jloop *l = lv->u.loop;
+
+    if (!strcmp(name, "index")) return jv_int((int64_t)l->i + 1);
+    if (!strcmp(name, "index0")) return jv_int((int64_t)l->i);
+    if (!strcmp(name, "revindex")) return jv_int((int64_t)(l->n - l->i));
+    if (!strcmp(name, "revindex0")) return jv_int((int64_t)(l->n - l->i - 1));
+    if (!strcmp(name, "first")) return jv_bool(l->i == 0);
+    if (!strcmp(name, "last")) return jv_bool(l->i + 1 == l->n);
+    if (!strcmp(name, "length")) return jv_int((int64_t)l->n);
+    if (!strcmp(name, "depth")) return jv_int(1);
+    if (!strcmp(name, "depth0")) return jv_int(0);
+    if (!strcmp(name, "previtem"))
+        return l->i ? l->items[l->i - 1] : jv_undef("there is no previous item");
+    if (!strcmp(name, "nextitem"))
+        return l->i + 1 < l->n ? l->items[l->i + 1] : jv_undef("there is no next item");
+    if (!strcmp(name, "cycle") || !strcmp(name, "changed")) {
+        jv m = { .t = JT_METHOD };
+        jv *recv = jalloc(c, sizeof *recv);
+        *recv = *lv;
+        m.u.meth.recv = recv;
+        m.u.meth.name = name;
+        return m;
+    }
+    (void)at;
+    return undef_attr(c, lv, name, 0, 0);
+}
+
+/* obj.name (Jinja2: attribute first, then item) */
+static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name)
+{
+    jv r;
+
+    switch (obj->t) {
+    case JT_UNDEF:
+        undef_error(c, at, obj);
+    case JT_LOOP:
+        return loop_attr(c, at, obj, name);
+    case JT_NS:
+        if (jv_dict_get_str(c, obj, name, strlen(name), &r))
+            return r;
+        return undef_attr(c, obj, name, 0, 0);
+    default:
+        break;
+    }
+    if (jinja_has_method(obj, name) || jinja_unsafe_method(obj, name)) {
+        jv m = { .t = JT_METHOD };
+        jv *recv = jalloc(c, sizeof *recv);
+        *recv = *obj;
+        m.u.meth.recv = recv;
+        m.u.meth.name = name;
+        return m;
+    }
+    if (jv_is_dict(obj) && jv_dict_get_str(c, obj, name, strlen(name), &r))
+        return r;
+    return undef_attr(c, obj, name, 0, 0);
+}
+
+static int64_t as_index(const jv *k)
+{
+    return k->u.i;
+}
+
+/* obj[key] (Jinja2: item first, then attribute for string keys) */
+static jv get_item(jctx *c, const jnode *at, const jv *obj, const jv *key)
+{
+    jv r;
+
+    if (obj->t == JT_UNDEF)
+        undef_error(c, at, obj);
+    if (jv_is_dict(obj) || obj->t == JT_NS) {
+        if (jv_dict_get(c, obj, key, &r))
+            return r;
+    } else if ((jv_is_list(obj) || obj->t == JT_STR) && (key->t == JT_INT || key->t == JT_BOOL)) {
+        int64_t i = as_index(key);
+        int64_t n = (int64_t)jv_len(c, at, obj);
+        if (i < 0)
+            i += n;
+        if (i >= 0 && i < n) {
+            if (obj->t == JT_STR) {
+                size_t off = jv_cp_off(obj, (size_t)i), end = jv_cp_off(obj, (size_t)i + 1);
+                return jv_substr(obj, off, end - off);
+            }
+            return jv_list_at(c, obj, (size_t)i);
+        }
+        return undef_attr(c, obj, NULL, 1, as_index(key));
+    } else if (obj->t == JT_LOOP && key->t == JT_STR) {
+        char *nm = jalloc(c, key->u.s.n + 1);
+        memcpy(nm, key->u.s.p, key->u.s.n);
+        nm[key->u.s.n] = 0;
+        return loop_attr(c, at, obj, nm);
+    }
+    if (key->t == JT_STR) {
+        char *nm = jalloc(c, key->u.s.n + 1);
+        memcpy(nm, key->u.s.p, key->u.s.n);
+        nm[key->u.s.n] = 0;
+        if (memchr(key->u.s.p, 0, key->u.s.n) == NULL &&
+            (jinja_has_method(obj, nm) || jinja_unsafe_method(obj, nm)))
+            return get_attr(c, at, obj, nm);
+        return undef_attr(c, obj, nm, 0, 0);
+    }
+    if (key->t == JT_INT)
+        return undef_attr(c, obj, NULL, 1, key->u.i);
+    return undef_attr(c, obj, "?", 0, 0);
+}
+
+/* Python's slice.indices(): start, stop, step -> the indices to take */
+static size_t slice_indices(jctx *c, const jnode *at, int64_t len, const jv *b, const jv *e,
+                            const jv *s, int64_t *start, int64_t *step)
+{
+    int64_t st = 1, lo, hi;
+
+    if (s && s->t != JT_NONE) {
+        if (s->t != JT_INT && s->t != JT_BOOL)
+            jerr(c, KVG_JINJA_ERROR, at, "slice indices must be integers or None");
+        st = s->u.i;
+        if (st == 0)
+            jerr(c, KVG_JINJA_ERROR, at, "slice step cannot be zero");
+    }
+    for (int k = 0; k < 2; k++) {
+        const jv *x = k ? e : b;
+        int64_t *out = k ? &hi : &lo;
+        if (!x || x->t == JT_NONE) {
+            *out = st < 0 ? (k ? -1 : len - 1) : (k ? len : 0);
+            continue;
+        }
+        if (x->t != JT_INT && x->t != JT_BOOL)
+            jerr(c, KVG_JINJA_ERROR, at, "slice indices must be integers or None");
+        int64_t v = x->u.i;
+        if (v < 0) {
+            v += len;
+            if (v < 0)
+                v = st < 0 ? -1 : 0;
+        } else if (v >= len) {
+            v = st < 0 ? len - 1 : len;
+        }
+        *out = v;
+    }
+    *start = lo;
+    *step = st;
+    if (st > 0)
+        return hi > lo ? (size_t)((hi - lo - 1) / st + 1) : 0;
+    return lo > hi ? (size_t)((lo - hi - 1) / (-st) + 1) : 0;
+}
+
+static jv do_slice(jctx *c, const jnode *at, const jv *obj, const jv *b, const jv *e, const jv *s)
+{
+    int64_t start, step;
+
+    if (obj->t == JT_UNDEF)
+        undef_error(c, at, obj);
+    if (obj->t == JT_STR) {
+        size_t ncp = jv_ncp(obj);
+        size_t cnt = slice_indices(c, at, (int64_t)ncp, b, e, s, &start, &step);
+        if (step == 1) {
+            size_t off = jv_cp_off(obj, (size_t)start);
+            size_t end = off + (cnt ? jv_cp_off(&(jv){ .t = JT_STR, .u.s = { obj->u.s.p + off,
+                                                     obj->u.s.n - off, NULL } }, cnt) : 0);
+            return jv_substr(obj, off, end - off);
+        }
+        /* code point offsets, then pick */
+        size_t *offs = jalloc(c, (ncp + 1) * sizeof *offs), k = 0;
+        for (size_t i = 0; i < obj->u.s.n; i++)
+            if (((unsigned char)obj->u.s.p[i] & 0xC0) != 0x80)
+                offs[k++] = i;
+        offs[k] = obj->u.s.n;
+        jsb sb;
+        jsb_init(c, &sb, obj->u.s.n);
+        for (size_t i = 0; i < cnt; i++) {
+            size_t cp = (size_t)(start + (int64_t)i * step);
+            jsb_put_sub(c, &sb, obj, offs[cp], offs[cp + 1] - offs[cp]);
+        }
+        return jsb_str(&sb);
+    }
+    if (jv_is_list(obj)) {
+        size_t n = jv_len(c, at, obj);
+        size_t cnt = slice_indices(c, at, (int64_t)n, b, e, s, &start, &step);
+        jv r = jv_list_new(c, cnt);
+        for (size_t i = 0; i < cnt; i++)
+            r.u.l->v[i] = jv_list_at(c, obj, (size_t)(start + (int64_t)i * step));
+        r.flags = obj->flags & JF_TUPLE;
+        return r;
+    }
+    jerr(c, KVG_JINJA_ERROR, at, "'%s' object is not subscriptable", jv_type_name(obj));
+}
+
+static int contains(jctx *c, const jnode *at, const jv *item, const jv *cont)
+{
+    switch (cont->t) {
+    case JT_STR:
+        if (item->t != JT_STR)
+            jerr(c, KVG_JINJA_ERROR, at, "'in <string>' requires string as left operand, not %s",
+                 jv_type_name(item));
+        if (!item->u.s.n)
+            return 1;
+        return memmem(cont->u.s.p, cont->u.s.n, item->u.s.p, item->u.s.n) != NULL;
+    case JT_LIST:
+    case JT_JLIST: {
+        size_t n = jv_len(c, at, cont);
+        for (size_t i = 0; i < n; i++) {
+            jv x = jv_list_at(c, cont, i);
+            if (jv_eq(c, &x, item))
+                return 1;
+        }
+        return 0;
+    }
+    case JT_DICT:
+    case JT_JDICT:
+    case JT_NS: {
+        jv r;
+        return jv_dict_get(c, cont, item, &r);
+    }
+    case JT_UNDEF:
+        return 0;
+    default:
+        jerr(c, KVG_JINJA_ERROR, at, "argument of type '%s' is not iterable", jv_type_name(cont));
+    }
+}
+
+static double as_f(const jv *v) { return v->t == JT_FLOAT ? v->u.f : (double)v->u.i; }
+static int is_num(const jv *v) { return v->t == JT_INT || v->t == JT_BOOL || v->t == JT_FLOAT; }
+
+static const char *const OPNAME[] = { "+", "-", "*", "/", "//", "%", "**" };
+
+static jv repeat(jctx *c, const jnode *at, const jv *seq, int64_t k)
+{
+    if (k < 0)
+        k = 0;
+    if (seq->t == JT_STR) {
+        jsb sb;
+        if (seq->u.s.n && (uint64_t)k > c->max_output / seq->u.s.n)
+            jerr(c, KVG_JINJA_LIMIT, at, "output limit (%zu bytes) reached", c->max_output);
+        jsb_init(c, &sb, seq->u.s.n * (size_t)k);
+        for (int64_t i = 0; i < k; i++)
+            jsb_put_str(c, &sb, seq);
+        return jsb_str(&sb);
+    }
+    size_t n = jv_len(c, at, seq);
+    if (n && (uint64_t)k > c->max_steps / n)
+        jerr(c, KVG_JINJA_LIMIT, at, "step limit reached (list repetition)");
+    jv r = jv_list_new(c, n * (size_t)k);
+    for (int64_t i = 0; i < k; i++)
+        for (size_t j = 0; j < n; j++)
+            r.u.l->v[(size_t)i * n + j] = jv_list_at(c, seq, j);
+    r.flags = seq->flags & JF_TUPLE;
+    return r;
+}
+
+static jv binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b)
+{
+    int64_t r;
+
+    if (a->t == JT_UNDEF)
+        undef_error(c, at, a);
+    if (b->t == JT_UNDEF)
+        undef_error(c, at, b);
+    if ((a->t == JT_INT || a->t == JT_BOOL) && (b->t == JT_INT || b->t == JT_BOOL)) {
+        int64_t x = a->u.i, y = b->u.i;
+        switch (op) {
+        case OP_ADD:
+            if (__builtin_add_overflow(x, y, &r))
+                goto overflow;
+            return jv_int(r);
+        case OP_SUB:
+            if (__builtin_sub_overflow(x, y, &r))
+                goto overflow;
+            return jv_int(r);
+        case OP_MUL:
+            if (__builtin_mul_overflow(x, y, &r))
+                goto overflow;
+            return jv_int(r);
+        case OP_DIV:
+            if (!y)
+                jerr(c, KVG_JINJA_ERROR, at, "division by zero");
+            return jv_float((double)x / (double)y);
+        case OP_FLOORDIV:
+        case OP_MOD: {
+            if (!y)
+                jerr(c, KVG_JINJA_ERROR, at, "integer division or modulo by zero");
+            if (x == INT64_MIN && y == -1)
+                goto overflow;
+            int64_t q = x / y, m = x % y;
+            if (m && ((m < 0) != (y < 0))) {
+                q--;
+                m += y;
+            }
+            return jv_int(op == OP_FLOORDIV ? q : m);
+        }
+        case OP_POW:
+            if (y < 0)
+                return jv_float(pow((double)x, (double)y));
+            r = 1;
+            while (y) {
+                if (y & 1 && __builtin_mul_overflow(r, x, &r))
+                    goto overflow;
+                y >>= 1;
+                if (y && __builtin_mul_overflow(x, x, &x))
+                    goto overflow;
+            }
+            return jv_int(r);
+        }
+    }
+    if (is_num(a) && is_num(b)) {
+        double x = as_f(a), y = as_f(b);
+        switch (op) {
+        case OP_ADD: return jv_float(x + y);
+        case OP_SUB: return jv_float(x - y);
+        case OP_MUL: return jv_float(x * y);
+        case OP_DIV:
+            if (y == 0)
+                jerr(c, KVG_JINJA_ERROR, at, "float division by zero");
+            return jv_float(x / y);
+        case OP_FLOORDIV:
+        case OP_MOD: {
+            if (y == 0)
+                jerr(c, KVG_JINJA_ERROR, at, "float modulo");
+            double m = fmod(x, y);
+            if (m != 0 && ((m < 0) != (y < 0)))
+                m += y;
+            if (op == OP_MOD)
+                return jv_float(m);
+            return jv_float(floor((x - m) / y + 0.5));
+        }
+        case OP_POW:
+            return jv_float(pow(x, y));
+        }
+    }
+    if (op == OP_ADD && a->t == JT_STR && b->t == JT_STR) {
+        jsb sb;
+        if ((a->flags | b->flags) & JF_SAFE) {
+            /* Markup + str escapes the str (even with autoescape off) */
+            jv x = a->flags & JF_SAFE ? *a : jinja_html_escape(c, a);
+            jv y = b->flags & JF_SAFE ? *b : jinja_html_escape(c, b);
+            jsb_init(c, &sb, x.u.s.n + y.u.s.n);
+            jsb_put_str(c, &sb, &x);
+            jsb_put_str(c, &sb, &y);
+            x = jsb_str(&sb);
+            x.flags |= JF_SAFE;
+            return x;
+        }
+        jsb_init(c, &sb, a->u.s.n + b->u.s.n);
+        jsb_put_str(c, &sb, a);
+        jsb_put_str(c, &sb, b);
+        return jsb_str(&sb);
+    }
+    if (op == OP_ADD && jv_is_list(a) && jv_is_list(b) &&
+        (a->flags & JF_TUPLE) == (b->flags & JF_TUPLE)) {
+        size_t na = jv_len(c, at, a), nb = jv_len(c, at, b);
+        jv l = jv_list_new(c, na + nb);
+        for (size_t i = 0; i < na; i++)
+            l.u.l->v[i] = jv_list_at(c, a, i);
+        for (size_t i = 0; i < nb; i++)
+            l.u.l->v[na + i] = jv_list_at(c, b, i);
+        l.flags = a->flags & JF_TUPLE;
+        return l;
+    }
+    if (op == OP_MUL && (a->t == JT_STR || jv_is_list(a)) && (b->t == JT_INT || b->t == JT_BOOL))
+        return repeat(c, at, a, b->u.i);
+    if (op == OP_MUL && (b->t == JT_STR || jv_is_list(b)) && (a->t == JT_INT || a->t == JT_BOOL))
+        return repeat(c, at, b, a->u.i);
+    jerr(c, KVG_JINJA_ERROR, at, "unsupported operand type(s) for %s: '%s' and '%s'",
+         OPNAME[op], jv_type_name(a), jv_type_name(b));
+overflow:
+    jerr(c, KVG_JINJA_ERROR, at, "integer overflow (beyond 64 bits)");
+}
+
+/* ---- calls ---- */
+
+static void eval_args(jctx *c, const jnode *n, jcall *a, const jv *first)
+{
+    int off = first ? 1 : 0;
+    jv *pos = jalloc(c, (n->nkids + (size_t)off + 1) * sizeof(jv));
+    jv *kw = jalloc(c, (n->nkw + 1) * sizeof(jv));
+
+    if (first)
+        pos[0] = *first;
+    for (uint32_t i = 0; i < n->nkids; i++)
+        pos[i + (uint32_t)off] = eval(c, n->kids[i]);
+    for (uint32_t i = 0; i < n->nkw; i++)
+        kw[i] = eval(c, n->kwval[i]);
+    a->npos = (int)n->nkids + off;
+    a->pos = pos;
+    a->nkw = (int)n->nkw;
+    a->kwname = n->kwname;
+    a->kwval = kw;
+}
+
+static jv capture_body(jctx *c, const jnode *body)
+{
+    jsb sb, *saved = c->out;
+
+    jsb_init(c, &sb, 256);
+    c->out = &sb;
+    exec(c, body);
+    c->out = saved;
+    return jsb_str(&sb);
+}
+
+static jv call_macro(jctx *c, const jnode *at, const jmacro *m, const jcall *a, const jv *caller)
+{
+    const jnode *def = m->def;
+    jscope *s = scope_new(c, m->scope), *saved = c->scope;
+    jv r;
+    int np = (int)def->nkids;
+    int uses_extra = def->kind == N_MACRO && def->flag;
+
+    jstep(c, at);
+    if (++c->depth > c->max_depth)
+        jerr(c, KVG_JINJA_LIMIT, at, "nesting depth limit (%u) reached (macro recursion)",
+             c->max_depth);
+    if (a->npos > np && !uses_extra)
+        jerr(c, KVG_JINJA_ERROR, at, "macro '%s' takes not more than %d argument(s)", m->name, np);
+    /* parameters: positional, then keywords, then defaults (evaluated in the
+     * macro's scope, so they may use earlier parameters) */
+    uint8_t *set = jalloc(c, (size_t)np + 1);
+    memset(set, 0, (size_t)np + 1);
+    for (int i = 0; i < np && i < a->npos; i++) {
+        scope_set(c, s, def->kids[i]->id, &a->pos[i]);
+        set[i] = 1;
+    }
+    jv kwargs = jv_dict_new(c, 4);
+    for (int k = 0; k < a->nkw; k++) {
+        int i;
+        for (i = 0; i < np; i++)
+            if (!strcmp(def->kids[i]->name, a->kwname[k]))
+                break;
+        if (i < np) {
+            scope_set(c, s, def->kids[i]->id, &a->kwval[k]);
+            set[i] = 1;
+        } else if (uses_extra) {
+            jv key = jv_lit(a->kwname[k]);
+            jv_dict_set(c, kwargs.u.d, &key, &a->kwval[k]);
+        } else {
+            jerr(c, KVG_JINJA_ERROR, at, "macro '%s' takes no keyword argument '%s'", m->name,
+                 a->kwname[k]);
+        }
+    }
+    c->scope = s;
+    for (int i = 0; i < np; i++) {
+        if (set[i])
+            continue;
+        jv v;
+        if (def->kwval[i]) {
+            v = eval(c, def->kwval[i]);
+        } else {
+            size_t len = strlen(def->kids[i]->name) + 64;
+            char *msg = jalloc(c, len);
+            snprintf(msg, len, "parameter '%s' was not provided", def->kids[i]->name);
+            v = jv_undef(msg);
+        }
+        scope_set(c, s, def->kids[i]->id, &v);
+    }
+    if (uses_extra) {
+        jv va = jv_list_new(c, a->npos > np ? (size_t)(a->npos - np) : 0);
+        va.flags = JF_TUPLE;
+        for (int i = np; i < a->npos; i++)
+            va.u.l->v[i - np] = a->pos[i];
+        /* intern ids are per template: look the names up */
+        for (int id = 0; id < c->t->n_names; id++) {
+            if (!strcmp(c->t->names[id], "varargs"))
+                scope_set(c, s, id, &va);
+            else if (!strcmp(c->t->names[id], "kwargs"))
+                scope_set(c, s, id, &kwargs);
+        }
+    }
+    if (caller) {
+        for (int id = 0; id < c->t->n_names; id++)
+            if (!strcmp(c->t->names[id], "caller"))
+                scope_set(c, s, id, caller);
+    }
+    r = capture_body(c, def->b);
+    c->scope = saved;
+    c->depth--;
+    return r;
+}
+
+static jv call_func(jctx *c, const jnode *at, int id, const jcall *a)
+{
+    switch (id) {
+    case F_RANGE: {
+        int64_t v[3] = { 0, 0, 1 };
+        if (a->npos < 1 || a->npos > 3 || a->nkw)
+            jerr(c, KVG_JINJA_ERROR, at, "range expected 1 to 3 integer arguments");
+        for (int i = 0; i < a->npos; i++)
+            if (a->pos[i].t != JT_INT && a->pos[i].t != JT_BOOL)
+                jerr(c, KVG_JINJA_ERROR, at, "'%s' object cannot be interpreted as an integer",
+                     jv_type_name(&a->pos[i]));
+        if (a->npos == 1) {
+            v[1] = a->pos[0].u.i;
+        } else {
+            v[0] = a->pos[0].u.i;
+            v[1] = a->pos[1].u.i;
+            if (a->npos == 3)
+                v[2] = a->pos[2].u.i;
+        }
+        if (!v[2])
+            jerr(c, KVG_JINJA_ERROR, at, "range() arg 3 must not be zero");
+        jv s0 = jv_int(v[0]), s1 = jv_int(v[1]), s2 = jv_int(v[2]);
+        int64_t start, step;
+        /* the count as Python computes it, without overflow */
+        uint64_t cnt = 0;
+        if (v[2] > 0 && v[1] > v[0])
+            cnt = ((uint64_t)v[1] - (uint64_t)v[0] - 1) / (uint64_t)v[2] + 1;
+        else if (v[2] < 0 && v[0] > v[1])
+            cnt = ((uint64_t)v[0] - (uint64_t)v[1] - 1) / (uint64_t)(-(v[2] + 1) + 1ull) + 1;
+        (void)s0; (void)s1; (void)s2; (void)start; (void)step;
+        if (cnt > c->max_steps - c->steps || cnt > c->max_output)
+            jerr(c, KVG_JINJA_LIMIT, at, "step limit (%llu) reached (range too long)",
+                 (unsigned long long)c->max_steps);
+        c->steps += cnt;
+        jv l = jv_list_new(c, (size_t)cnt);
+        for (uint64_t i = 0; i < cnt; i++)
+            l.u.l->v[i] = jv_int((int64_t)((uint64_t)v[0] + i * (uint64_t)v[2]));
+        return l;
+    }
+    case F_NAMESPACE:
+    case F_DICT: {
+        jv d = jv_dict_new(c, (size_t)a->nkw + 4);
+        if (a->npos > 1)
+            jerr(c, KVG_JINJA_ERROR, at, "expected at most 1 positional argument");
+        if (a->npos == 1) {
+            const jv *src = &a->pos[0];
+            if (!jv_is_dict(src) && src->t != JT_NS)
+                jerr(c, KVG_JINJA_ERROR, at, "cannot make a dict from a %s", jv_type_name(src));
+            jv *ks, *vs;
+            size_t n;
+            jv_dict_keys_vals(c, src, &ks, &vs, &n);
+            for (size_t i = 0; i < n; i++)
+                jv_dict_set(c, d.u.d, &ks[i], &vs[i]);
+        }
+        for (int i = 0; i < a->nkw; i++) {
+            jv k = jv_lit(a->kwname[i]);
+            jv_dict_set(c, d.u.d, &k, &a->kwval[i]);
+        }
+        if (id == F_NAMESPACE)
+            d.t = JT_NS;
+        return d;
+    }
+    case F_RAISE: {
+        const jv *m = jarg(a, 0, "message");
+        jv s = m ? jv_to_str(c, at, m) : jv_lit("");
+        jerr(c, KVG_JINJA_RAISED, at, "%.*s", (int)(s.u.s.n > 4000 ? 4000 : s.u.s.n), s.u.s.p);
+    }
+    case F_STRFTIME: {
+        const jv *f = jarg(a, 0, "format");
+        char fmt[256], buf[512];
+        struct tm tm;
+        if (!f || f->t != JT_STR || f->u.s.n >= sizeof fmt)
+            jerr(c, KVG_JINJA_ERROR, at, "strftime_now takes a format string");
+        memcpy(fmt, f->u.s.p, f->u.s.n);
+        fmt[f->u.s.n] = 0;
+        localtime_r(&c->now, &tm);
+        size_t n = strftime(buf, sizeof buf, fmt, &tm);
+        char *o = jalloc(c, n + 1);
+        memcpy(o, buf, n);
+        return jv_strn(o, n, JS_CLEAN);
+    }
+    }
+    jerr(c, KVG_JINJA_ERROR, at, "unknown function");
+}
+
+jv jinja_call_value(jctx *c, const jnode *at, const jv *fn, const jcall *a)
+{
+    switch (fn->t) {
+    case JT_MACRO:
+        return call_macro(c, at, fn->u.m, a, NULL);
+    case JT_FUNC:
+        return call_func(c, at, (int)fn->aux, a);
+    case JT_METHOD:
+        return jinja_call_method(c, at, fn->u.meth.recv, fn->u.meth.name, a);
+    case JT_UNDEF:
+        undef_error(c, at, fn);
+    default:
+        jerr(c, KVG_JINJA_ERROR, at, "'%s' object is not callable", jv_type_name(fn));
+    }
+}
+
+/* ---- expressions ---- */
+
+static jv eval_inner(jctx *c, const jnode *n)
+{
+    jv a, b, r;
+
+    switch (n->kind) {
+    case N_CONST:
+        return n->val;
+    case N_NAME:
+        return lookup(c, n->id);
+    case N_LIST:
+    case N_TUPLE:
+        r = jv_list_new(c, n->nkids);
+        for (uint32_t i = 0; i < n->nkids; i++)
+            r.u.l->v[i] = eval(c, n->kids[i]);
+        if (n->kind == N_TUPLE)
+            r.flags = JF_TUPLE;
+        return r;
+    case N_DICT:
+        r = jv_dict_new(c, n->nkids / 2 + 1);
+        for (uint32_t i = 0; i + 1 < n->nkids; i += 2) {
+            a = eval(c, n->kids[i]);
+            b = eval(c, n->kids[i + 1]);
+            if (a.t != JT_STR && a.t != JT_INT && a.t != JT_BOOL && a.t != JT_NONE &&
+                a.t != JT_FLOAT && !(a.t == JT_LIST && (a.flags & JF_TUPLE)))
+                jerr(c, KVG_JINJA_ERROR, n, "unhashable type: '%s'", jv_type_name(&a));
+            jv_dict_set(c, r.u.d, &a, &b);
+        }
+        return r;
+    case N_ATTR:
+        a = eval(c, n->a);
+        return get_attr(c, n, &a, n->name);
+    case N_ITEM:
+        a = eval(c, n->a);
+        b = eval(c, n->b);
+        return get_item(c, n, &a, &b);
+    case N_SLICE: {
+        jv s[3];
+        a = eval(c, n->a);
+        for (int i = 0; i < 3; i++) {
+            const jnode *x = i == 0 ? n->b : i == 1 ? n->c : n->d;
+            s[i] = x ? eval(c, x) : jv_none();
+        }
+        return do_slice(c, n, &a, &s[0], &s[1], &s[2]);
+    }
+    case N_CALL: {
+        jcall args;
+        if (n->a->kind == N_ATTR) {
+            a = eval(c, n->a->a);
+            if (a.t != JT_UNDEF && a.t != JT_NS && a.t != JT_LOOP &&
+                (jinja_has_method(&a, n->a->name) || jinja_unsafe_method(&a, n->a->name))) {
+                eval_args(c, n, &args, NULL);
+                return jinja_call_method(c, n, &a, n->a->name, &args);
+            }
+            b = get_attr(c, n->a, &a, n->a->name);
+        } else {
+            b = eval(c, n->a);
+        }
+        eval_args(c, n, &args, NULL);
+        return jinja_call_value(c, n, &b, &args);
+    }
+    case N_FILTER: {
+        jcall args;
+        a = eval(c, n->a);
+        eval_args(c, n, &args, NULL);
+        jstep(c, n);
+        return n->filter(c, n, &a, &args);
+    }
+    case N_TEST: {
+        jcall args;
+        a = eval(c, n->a);
+        eval_args(c, n, &args, NULL);
+        return jv_bool(n->test(c, n, &a, &args));
+    }
+    case N_BIN:
+        a = eval(c, n->a);
+        b = eval(c, n->b);
+        return binop(c, n, n->op, &a, &b);
+    case N_NEG:
+    case N_POS:
+        a = eval(c, n->a);
+        if (a.t == JT_UNDEF)
+            undef_error(c, n, &a);
+        if (a.t == JT_FLOAT)
+            return jv_float(n->kind == N_NEG ? -a.u.f : a.u.f);
+        if (a.t == JT_INT || a.t == JT_BOOL) {
+            if (n->kind == N_POS)
+                return jv_int(a.u.i);
+            if (a.u.i == INT64_MIN)
+                jerr(c, KVG_JINJA_ERROR, n, "integer overflow (beyond 64 bits)");
+            return jv_int(-a.u.i);
+        }
+        jerr(c, KVG_JINJA_ERROR, n, "bad operand type for unary %s: '%s'",
+             n->kind == N_NEG ? "-" : "+", jv_type_name(&a));
+    case N_NOT:
+        a = eval(c, n->a);
+        return jv_bool(!jv_truthy(&a));
+    case N_AND:
+        a = eval(c, n->a);
+        return jv_truthy(&a) ? eval(c, n->b) : a;
+    case N_OR:
+        a = eval(c, n->a);
+        return jv_truthy(&a) ? a : eval(c, n->b);
+    case N_CMP:
+        a = eval(c, n->kids[0]);
+        for (uint32_t i = 1; i < n->nkids; i++) {
+            int ok;
+            b = eval(c, n->kids[i]);
+            switch (n->cmpops[i]) {
+            case OP_EQ: ok = jv_eq(c, &a, &b); break;
+            case OP_NE: ok = !jv_eq(c, &a, &b); break;
+            case OP_LT: ok = jv_cmp(c, n, &a, &b) < 0; break;
+            case OP_LE: ok = jv_cmp(c, n, &a, &b) <= 0; break;
+            case OP_GT: ok = jv_cmp(c, n, &a, &b) > 0; break;
+            case OP_GE: ok = jv_cmp(c, n, &a, &b) >= 0; break;
+            case OP_IN: ok = contains(c, n, &a, &b); break;
+            default: ok = !contains(c, n, &a, &b); break;
+            }
+            if (!ok)
+                return jv_bool(0);
+            a = b;
+        }
+        return jv_bool(1);
+    case N_CONCAT: {
+        jsb sb;
+        jsb_init(c, &sb, 64);
+        for (uint32_t i = 0; i < n->nkids; i++) {
+            a = eval(c, n->kids[i]);
+            jv_str_into(c, n, &sb, &a);
+        }
+        return jsb_str(&sb);
+    }
+    case N_COND:
+        a = eval(c, n->a);
+        if (jv_truthy(&a))
+            return eval(c, n->b);
+        if (n->c)
+            return eval(c, n->c);
+        return jv_undef("the inline if-expression evaluated to false and no else section was defined");
+    }
+    jerr(c, KVG_JINJA_ERROR, n, "cannot evaluate this node");
+}
+
+static jv eval(jctx *c, const jnode *n)
+{
+    jv r;
+
+    frame_in(c, n);
+    r = eval_inner(c, n);
+    c->frames--;
+    return r;
+}
+
+/* ---- statements ---- */
+
+static void assign(jctx *c, const jnode *target, const jv *v)
+{
+    if (target->kind == N_NAME) {
+        scope_set(c, c->scope, target->id, v);
+        return;
+    }
+    if (target->kind == N_ATTR) {
+        jv ns = lookup(c, target->a->id);
+        if (ns.t != JT_NS)
+            jerr(c, KVG_JINJA_ERROR, target, "cannot assign attribute on non-namespace object");
+        jv k = jv_lit(target->name);
+        jv_dict_set(c, ns.u.d, &k, v);
+        return;
+    }
+    /* a tuple of names: unpack */
+    size_t n;
+    jv *items = jv_items(c, target, v, &n);
+    if (n != target->nkids)
+        jerr(c, KVG_JINJA_ERROR, target, n < target->nkids ?
+             "not enough values to unpack (expected %u, got %zu)" :
+             "too many values to unpack (expected %u, got %zu)", target->nkids, n);
+    for (size_t i = 0; i < n; i++)
+        assign(c, target->kids[i], &items[i]);
+}
+
+static int exec_for(jctx *c, const jnode *n)
+{
+    jv seq = eval(c, n->b);
+    size_t cnt;
+    jv *items;
+    jscope *saved = c->scope;
+
+    if (seq.t == JT_DICT || seq.t == JT_JDICT || seq.t == JT_STR || seq.t == JT_UNDEF ||
+        seq.t == JT_LIST || seq.t == JT_JLIST)
+        items = jv_items(c, n->b, &seq, &cnt);
+    else
+        jerr(c, KVG_JINJA_ERROR, n->b, "'%s' object is not iterable", jv_type_name(&seq));
+    if (n->c) {
+        /* for x in xs if cond: filter first, so loop.length counts what is kept */
+        jv *kept = jalloc(c, (cnt ? cnt : 1) * sizeof(jv));
+        size_t k = 0;
+        for (size_t i = 0; i < cnt; i++) {
+            jstep(c, n);
+            c->scope = scope_new(c, saved);
+            assign(c, n->a, &items[i]);
+            jv ok = eval(c, n->c);
+            if (jv_truthy(&ok))
+                kept[k++] = items[i];
+        }
+        c->scope = saved;
+        items = kept;
+        cnt = k;
+    }
+    jloop *lp = jalloc(c, sizeof *lp);
+    jv lv = { .t = JT_LOOP };
+    int loop_id = -1;
+
+    lp->n = cnt;
+    lp->items = items;
+    lv.u.loop = lp;
+    for (int id = 0; id < c->t->n_names; id++)
+        if (!strcmp(c->t->names[id], "loop"))
+            loop_id = id;
+    for (size_t i = 0; i < cnt; i++) {
+        jstep(c, n);
+        lp->i = i;
+        c->scope = scope_new(c, saved);
+        if (loop_id >= 0)
+            scope_set(c, c->scope, loop_id, &lv);
+        assign(c, n->a, &items[i]);
+        int flow = exec(c, n->d);
+        c->scope = saved;
+        if (flow == FLOW_BREAK)
+            break;
+    }
+    c->scope = saved;
+    if (!cnt && n->e)
+        return exec(c, n->e);
+    return FLOW_NORMAL;
+}
+
+static jv apply_chain(jctx *c, const jnode *f, const jv *body)
+{
+    jv x;
+    jcall args;
+
+    if (!f)
+        return *body;
+    x = apply_chain(c, f->a, body);
+    eval_args(c, f, &args, NULL);
+    jstep(c, f);
+    return f->filter(c, f, &x, &args);
+}
+
+static int exec_inner(jctx *c, const jnode *n)
+{
+    jv v;
+
+    switch (n->kind) {
+    case N_BODY:
+        for (uint32_t i = 0; i < n->nkids; i++) {
+            int flow = exec(c, n->kids[i]);
+            if (flow != FLOW_NORMAL)
+                return flow;
+        }
+        return FLOW_NORMAL;
+    case N_TEXT:
+        jsb_put(c, c->out, n->val.u.s.p, n->val.u.s.n, 0);
+        return FLOW_NORMAL;
+    case N_PRINT:
+        v = eval(c, n->a);
+        jv_str_into(c, n, c->out, &v);
+        return FLOW_NORMAL;
+    case N_IF:
+        v = eval(c, n->a);
+        if (jv_truthy(&v))
+            return exec(c, n->b);
+        return n->c ? exec(c, n->c) : FLOW_NORMAL;
+    case N_FOR:
+        return exec_for(c, n);
+    case N_SET:
+        v = eval(c, n->b);
+        assign(c, n->a, &v);
+        return FLOW_NORMAL;
+    case N_SETBLOCK:
+        v = capture_body(c, n->b);
+        v = apply_chain(c, n->c, &v);
+        assign(c, n->a, &v);
+        return FLOW_NORMAL;
+    case N_MACRO: {
+        jmacro *m = jalloc(c, sizeof *m);
+        m->def = n;
+        m->scope = c->scope;
+        m->name = n->name;
+        v.t = JT_MACRO;
+        v.flags = 0;
+        v.u.m = m;
+        scope_set(c, c->scope, n->id, &v);
+        return FLOW_NORMAL;
+    }
+    case N_CALLBLOCK: {
+        jmacro *m = jalloc(c, sizeof *m);
+        jv caller = { .t = JT_MACRO }, fn;
+        jcall args;
+        const jnode *call = n->a;
+
+        m->def = n;
+        m->scope = c->scope;
+        m->name = "caller";
+        caller.u.m = m;
+        if (call->a->kind == N_ATTR) {
+            jv recv = eval(c, call->a->a);
+            fn = get_attr(c, call->a, &recv, call->a->name);
+        } else {
+            fn = eval(c, call->a);
+        }
+        eval_args(c, call, &args, NULL);
+        if (fn.t == JT_MACRO)
+            v = call_macro(c, call, fn.u.m, &args, &caller);
+        else
+            v = jinja_call_value(c, call, &fn, &args);
+        jv_str_into(c, n, c->out, &v);
+        return FLOW_NORMAL;
+    }
+    case N_FILTERBLOCK:
+        v = capture_body(c, n->b);
+        v = apply_chain(c, n->a, &v);
+        jv_str_into(c, n, c->out, &v);
+        return FLOW_NORMAL;
+    case N_BREAK:
+        return FLOW_BREAK;
+    case N_CONTINUE:
+        return FLOW_CONTINUE;
+    }
+    jerr(c, KVG_JINJA_ERROR, n, "cannot execute this node");
+}
+
+static int exec(jctx *c, const jnode *n)
+{
+    int r;
+
+    frame_in(c, n);
+    r = exec_inner(c, n);
+    c->frames--;
+    return r;
+}
+
+/* ---- API ---- */
+
+kvg_jinja *kvg_jinja_compile(const char *src, size_t len, const char *name,
+                             char *err, size_t err_len)
+{
+    kvg_jinja *t = calloc(1, sizeof *t);
+    jtok *toks;
+    size_t ntoks;
+    char msg[512] = "";
+    size_t bad;
+
+    if (!name)
+        name = "template";
+    if (!t)
+        goto nomem;
+    t->name = strdup(name);
+    if (!t->name)
+        goto nomem;
+    bad = kvg_utf8_invalid_at((const unsigned char *)src, len);
+    if (bad != (size_t)-1) {
+        uint32_t line = 1, col = 1;
+        for (size_t i = 0; i < bad; i++) {
+            if (src[i] == '\n') {
+                line++;
+                col = 1;
+            } else if (((unsigned char)src[i] & 0xC0) != 0x80) {
+                col++;
+            }
+        }
+        snprintf(msg, sizeof msg, "%u:%u: invalid UTF-8", line, col);
+        goto fail;
+    }
+    if (jinja_lex(&t->arena, src, len, &toks, &ntoks, msg, sizeof msg) < 0)
+        goto fail;
+    t->root = jinja_parse(t, toks, ntoks, msg, sizeof msg);
+    if (!t->root)
+        goto fail;
+    return t;
+nomem:
+    snprintf(msg, sizeof msg, "0:0: out of memory");
+fail:
+    if (err_len)
+        snprintf(err, err_len, "%s:%s", name, msg[0] ? msg : "0:0: out of memory");
+    kvg_jinja_free(t);
+    return NULL;
+}
+
+void kvg_jinja_free(kvg_jinja *t)
+{
+    if (!t)
+        return;
+    ja_free(&t->arena);
+    free(t->name);
+    free(t);
+}
+
+void kvg_jinja_output_free(kvg_jinja_output *out)
+{
+    if (!out)
+        return;
+    free(out->text);
+    free(out->spans);
+    memset(out, 0, sizeof *out);
+}
+
+static int finish(jctx *c, const jsb *b, kvg_jinja_output *out)
+{
+    size_t ns = 0;
+
+    out->text = malloc(b->n + 1);
+    if (!out->text)
+        return -1;
+    memcpy(out->text, b->p, b->n);
+    out->text[b->n] = 0;
+    out->len = b->n;
+    if (!b->m)
+        return 0;
+    for (size_t i = 0; i < b->n; i++)
+        ns += b->m[i] && (i == 0 || !b->m[i - 1]);
+    if (!ns)
+        return 0;
+    out->spans = malloc(ns * sizeof *out->spans);
+    if (!out->spans)
+        return -1;
+    for (size_t i = 0; i < b->n; i++) {
+        if (!b->m[i] || (i && b->m[i - 1]))
+            continue;
+        size_t j = i;
+        while (j < b->n && b->m[j])
+            j++;
+        out->spans[out->n_spans].off = i;
+        out->spans[out->n_spans++].len = j - i;
+    }
+    (void)c;
+    return 0;
+}
+
+int kvg_jinja_render(const kvg_jinja *t, const json_t *trusted, const json_t *data,
+                     const kvg_jinja_limits *lim, kvg_jinja_output *out,
+                     char *err, size_t err_len)
+{
+    jctx ctx;
+    jctx *volatile c = &ctx;
+    jsb sb;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    memset(&ctx, 0, sizeof ctx);
+    if (err_len)
+        err[0] = 0;
+    c->t = t;
+    c->err = err;
+    c->err_len = err_len;
+    c->trusted = trusted && json_is_object(trusted) ? trusted : NULL;
+    c->data = data && json_is_object(data) ? data : NULL;
+    c->max_output = lim && lim->max_output ? lim->max_output : KVG_JINJA_DEFAULT_MAX_OUTPUT;
+    c->max_steps = lim && lim->max_steps ? lim->max_steps : KVG_JINJA_DEFAULT_MAX_STEPS;
+    c->max_depth = lim && lim->max_depth ? lim->max_depth : KVG_JINJA_DEFAULT_MAX_DEPTH;
+    c->now = lim && lim->now ? lim->now : time(NULL);
+    /* everything a render makes is bounded by a multiple of the output limit */
+    c->arena.limit = c->max_output * 8 + (1u << 20);
+    rc = setjmp(c->jb);
+    if (rc) {
+        ja_free(&c->arena);
+        kvg_jinja_output_free(out);
+        return rc;
+    }
+    c->globals = jalloc(c, ((size_t)t->n_names + 1) * sizeof(jv));
+    c->gdone = jalloc(c, (size_t)t->n_names + 1);
+    memset(c->gdone, 0, (size_t)t->n_names + 1);
+    c->scope = scope_new(c, NULL);
+    jsb_init(c, &sb, 4096);
+    c->out = &sb;
+    exec(c, t->root);
+    if (finish(c, &sb, out) < 0) {
+        ja_free(&c->arena);
+        kvg_jinja_output_free(out);
+        snprintf(err, err_len, "%s: out of memory", t->name);
+        return KVG_JINJA_NOMEM;
+    }
+    ja_free(&c->arena);
+    return KVG_JINJA_OK;
+}
