@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "chat_source.h"
 #include "chat_vars.h"
@@ -259,7 +260,7 @@ static int chat(const chat_opts *o, const char *tok_path)
     kvg_jinja_output out = { 0 };
     kvg_jinja_limits lim = { 0 };
     json_t *data = NULL, *trusted = NULL;
-    char err[1024], bos_buf[256], eos_buf[256], *tpl_text = NULL;
+    char err[1024], bos_buf[256], eos_buf[256], dir_tok[4096], *tpl_text = NULL;
     const char *tpl_name, *env = getenv("KVGATE_TEMPLATE_NOW");
     size_t tpl_len = 0;
     int have_src = 0, rc = 1, jrc;
@@ -272,7 +273,13 @@ static int chat(const chat_opts *o, const char *tok_path)
             fprintf(stderr, "kvgate-tokenize: %s\n", err);
             return 1;
         }
-        /* the vocabulary is for the ids, or for BOS/EOS texts no file gave */
+        /* the vocabulary is for the ids, or for BOS/EOS texts no file gave; a
+         * model directory's is its tokenizer.json */
+        struct stat st;
+        if (!have_src && stat(tok_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+            snprintf(dir_tok, sizeof dir_tok, "%s/tokenizer.json", tok_path);
+            tok_path = dir_tok;
+        }
         if ((!o->text || (!have_src && (!o->bos || !o->eos)))
             && !(t = kvg_tokenizer_load(have_src ? src.tokenizer_path : tok_path, err, sizeof err))) {
             fprintf(stderr, "kvgate-tokenize: %s\n", err);
