@@ -44,6 +44,23 @@ static int fail(cv_ctx *c, const char *param, const char *fmt, ...)
     return KVG_CHAT_VARS_INVALID;
 }
 
+const char *kvg_chat_vars_error_code(const char *err)
+{
+    static const struct {
+        const char *prefix, *code;
+    } CODES[] = {
+        { "Missing required parameter", "missing_required_parameter" },
+        { "Invalid type for", "invalid_type" },
+    };
+
+    for (size_t i = 0; err && i < sizeof CODES / sizeof CODES[0]; i++)
+        if (strncmp(err, CODES[i].prefix, strlen(CODES[i].prefix)) == 0)
+            return CODES[i].code;
+    if (err && strstr(err, "': empty array."))
+        return "empty_array";
+    return "invalid_value";
+}
+
 static int nomem(cv_ctx *c)
 {
     if (c->param_len)

@@ -75,4 +75,10 @@ int kvg_chat_vars_build(const json_t *messages, const json_t *tools,
                         const json_t *chat_template_kwargs, json_t **data_out,
                         char *err, size_t err_len, char *param, size_t param_len);
 
+/* The OpenAI error code of a KVG_CHAT_VARS_INVALID message: each message starts
+ * the way the API's own do, and the code follows from it
+ * ("missing_required_parameter", "invalid_type", "empty_array", else
+ * "invalid_value"). */
+const char *kvg_chat_vars_error_code(const char *err);
+
 #endif

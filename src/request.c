@@ -381,8 +381,8 @@ static int parse_messages(pctx *p, const json_t *root)
     if (rc == KVG_CHAT_VARS_NOMEM)
         return oom(p);
     if (rc != KVG_CHAT_VARS_OK)
-        return kvg_api_error_set(p->err, 400, "invalid_value", param[0] ? param : "messages", "%s",
-                                 msg);
+        return kvg_api_error_set(p->err, 400, kvg_chat_vars_error_code(msg),
+                                 param[0] ? param : "messages", "%s", msg);
     p->req->n_messages = json_array_size(v);
     return 0;
 }
@@ -485,7 +485,7 @@ static int is_default_value(const char *key, const json_t *v)
         return json_is_false(v);
     if (!strcmp(key, "suffix"))
         return json_is_string(v) && json_string_length(v) == 0;
-    if (!strcmp(key, "functions"))
+    if (!strcmp(key, "tools") || !strcmp(key, "functions"))
         return json_is_array(v) && json_array_size(v) == 0;
     if (!strcmp(key, "response_format")) {
         json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;

@@ -72,7 +72,7 @@ static void test_completions_shapes(void)
         ok(str_is(r->prompt, r->prompt_len, "Hello"), "  prompt text");
         ok(!r->has_max_tokens && r->temperature == 1.0 && r->top_p == 1.0 && r->top_k == -1
            && r->n == 1 && !r->has_seed && r->n_stop == 0 && !r->stream && !r->include_usage
-           && !r->has_logprobs && r->top_logprobs == 0 && r->user == NULL && r->messages == NULL,
+           && !r->has_logprobs && r->top_logprobs == 0 && r->user == NULL && r->chat_data == NULL,
            "  defaults");
     }
     kvg_request_free(r);
@@ -132,6 +132,14 @@ static void test_completions_shapes(void)
     kvg_request_free(r);
 }
 
+/* A field of the i-th message of a chat request's template data ("" when absent). */
+static const char *msg_field(const kvg_request *r, size_t i, const char *key)
+{
+    const char *v = json_string_value(json_object_get(
+        json_array_get(json_object_get(r->chat_data, "messages"), i), key));
+    return v ? v : "";
+}
+
 static void test_chat_shapes(void)
 {
     kvg_request *r;
@@ -155,15 +163,13 @@ static void test_chat_shapes(void)
         is_int(r->endpoint, CHAT, "  endpoint");
         is_int(r->prompt_kind, KVG_PROMPT_NONE, "  no prompt");
         is_int(r->n_messages, 5, "  5 messages");
-        ok(r->messages[0].role == KVG_ROLE_SYSTEM
-           && str_is(r->messages[0].content, r->messages[0].content_len, "You are helpful."),
-           "  system message");
-        ok(r->messages[1].role == KVG_ROLE_USER && str_is(r->messages[1].content, r->messages[1].content_len, "Hi"),
-           "  user message ('name' ignored)");
-        ok(r->messages[2].role == KVG_ROLE_ASSISTANT, "  assistant with empty tool_calls");
-        ok(r->messages[3].role == KVG_ROLE_SYSTEM, "  developer -> system");
-        ok(str_is(r->messages[4].content, r->messages[4].content_len, "Part one.\nPart two."),
-           "  text parts joined with \\n");
+        is_str(msg_field(r, 0, "role"), "system", "  system message");
+        is_str(msg_field(r, 0, "content"), "You are helpful.", "  its content");
+        ok(!strcmp(msg_field(r, 1, "role"), "user") && !strcmp(msg_field(r, 1, "content"), "Hi")
+           && !strcmp(msg_field(r, 1, "name"), "bob"), "  user message with its name");
+        is_str(msg_field(r, 2, "role"), "assistant", "  assistant with empty tool_calls");
+        is_str(msg_field(r, 3, "role"), "system", "  developer -> system");
+        is_str(msg_field(r, 4, "content"), "Part one.\nPart two.", "  text parts joined with \\n");
         ok(r->has_max_tokens && r->max_tokens == 100, "  max_completion_tokens wins over max_tokens");
         ok(r->temperature == 0.0 && r->top_p == 0.9 && r->top_k == 40 && r->n == 2, "  sampling");
         ok(r->has_seed && r->seed == INT64_MIN, "  seed INT64_MIN");
@@ -180,8 +186,7 @@ static void test_chat_shapes(void)
                    "\"temperature\":2,\"top_p\":1e-9,\"top_k\":-1,\"n\":128,\"seed\":9223372036854775807}",
              "chat boundaries");
     if (r) {
-        ok(r->messages[0].content_len == 0 && r->messages[0].content && r->messages[0].content[0] == '\0',
-           "  empty content allowed");
+        is_str(msg_field(r, 0, "content"), "", "  empty content allowed");
         ok(r->has_max_tokens && r->max_tokens == 7, "  max_tokens used in chat");
         ok(r->n_stop == 1 && str_is(r->stop[0], r->stop_len[0], "###"), "  stop string");
         ok(r->temperature == 2.0 && r->top_p == 1e-9 && r->top_k == -1 && r->n == 128, "  limits accepted");
@@ -248,7 +253,8 @@ static void test_cache_salt(void)
     ja = a ? kvg_request_to_json(a) : NULL;
     jb = b ? kvg_request_to_json(b) : NULL;
     ok(ja && jb && strcmp(ja, jb) == 0, "chat: cache_salt at top level and in a message change nothing");
-    is_str(jb, "{\"endpoint\":\"chat\",\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+    is_str(jb, "{\"endpoint\":\"chat\",\"model\":\"m\",\"chat_data\":{\"messages\":[{\"role\":\"user\","
+               "\"content\":\"hi\"}],\"tools\":null},"
                "\"max_tokens\":null,\"temperature\":1.0,\"top_p\":1.0,\"top_k\":-1,\"n\":1,"
                "\"seed\":null,\"stop\":[],\"stream\":false,\"include_usage\":false,"
                "\"logprobs\":false,\"top_logprobs\":0,\"user\":null}", "chat canonical dump");
@@ -366,10 +372,10 @@ static void test_field_errors(void)
     bad(CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":1,\"content\":\"x\"}]}", 400, "messages[0].role",
         "invalid_type", NULL, "numeric role");
     bad(CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"tool\","
-              "\"content\":\"r\",\"tool_call_id\":\"c\"}]}", 400, "messages[1].role", "unsupported_value",
-        "role 'tool' is not supported", "tool role");
+              "\"content\":\"r\"}]}", 400, "messages[1].tool_call_id", "missing_required_parameter",
+        NULL, "tool message without tool_call_id");
     bad(CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", 400,
-        "messages[0].role", "unsupported_value", NULL, "function role");
+        "messages[0].role", "invalid_value", NULL, "function role (deprecated; not accepted)");
     bad(CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", 400,
         "messages[0].role", "invalid_value", "'robot'", "unknown role");
     bad(CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"User\",\"content\":\"x\"}]}", 400,
@@ -379,8 +385,9 @@ static void test_field_errors(void)
     bad(CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":null}]}", 400,
         "messages[0].content", "missing_required_parameter", NULL, "null content");
     bad(CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
-              "[{\"id\":\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]}",
-        400, "messages[0].tool_calls", "unsupported_parameter", "tool calls", "assistant tool_calls");
+              "[{\"id\":\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{x\"}}]}]}",
+        400, "messages[0].tool_calls[0].function.arguments", "invalid_value", "not valid JSON",
+        "assistant tool_calls with arguments that are not JSON");
     bad(CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
         "messages[0].content", "invalid_type", NULL, "numeric content");
     bad(CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[]}]}", 400,
@@ -486,8 +493,12 @@ static void test_sampling_errors(void)
     bad(CMPL, CBODY("\"echo\":true"), 400, "echo", "unsupported_parameter", NULL, "echo true");
     bad(CMPL, CBODY("\"best_of\":3"), 400, "best_of", "unsupported_parameter", NULL, "best_of 3");
     bad(CMPL, CBODY("\"suffix\":\"end\""), 400, "suffix", "unsupported_parameter", NULL, "suffix");
-    bad(CHAT, HBODY("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"), 400, "tools",
-        "unsupported_parameter", NULL, "tools");
+    bad(CMPL, CBODY("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"), 400, "tools",
+        "unsupported_parameter", NULL, "tools on completions (chat passes them to the template)");
+    bad(CHAT, HBODY("\"tools\":[{\"type\":\"function\"}]"), 400, "tools[0].function",
+        "missing_required_parameter", NULL, "a tool without its function");
+    bad(CHAT, HBODY("\"chat_template_kwargs\":[1]"), 400, "chat_template_kwargs", "invalid_type", NULL,
+        "chat_template_kwargs not an object");
     bad(CHAT, HBODY("\"functions\":[{\"name\":\"f\"}]"), 400, "functions", "unsupported_parameter", NULL,
         "functions");
     bad(CHAT, HBODY("\"response_format\":{\"type\":\"json_object\"}"), 400, "response_format",
