@@ -877,6 +877,8 @@ ngx_http_kvgate_status_engines(ngx_http_request_t *r, json_t *root)
                                 json_string(info->model_id_hex));
             json_object_set_new(o, "context_length",
                                 json_integer(info->context_length));
+            json_object_set_new(o, "chat_template",
+                ngx_http_kvgate_chat_template_json(&info->chat));
             json_object_set_new(o, "pid", json_integer(info->engine_pid));
             json_object_set_new(o, "load_tokens", json_integer(
                 (json_int_t) ngx_http_kvgate_engine_load(all[i])));

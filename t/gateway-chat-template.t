@@ -78,7 +78,8 @@ like($g->engine->ready_line, qr/chat template the model's own \(GGUF tokenizer\.
     is($m->{chat_template}{sha256}, $tpl_sha, '  with the source\'s SHA-256');
     like($m->{chat_template}{source}, qr/tokenizer\.chat_template/, '  and where it came from');
     my $s = $g->status;
-    is($s->{engines}[0]{chat_template}{sha256}, $tpl_sha, '/status: the same template');
+    is($s->{engines}[0]{chat_template}{sha256}, $tpl_sha, '/status: the same template, per engine');
+    is($s->{engine}{chat_template}{name}, 'model', '  and for the first engine');
 }
 
 my @conv = ({ role => 'system', content => 'You are a terse assistant.' },
