@@ -358,8 +358,10 @@ static int bind_all(hf *h)
     return kvgm_bind_layers(&src);
 }
 
-/* tokenizer_config.json "chat_template" (a string, or a list of {name, template}),
- * else chat_template.jinja. Absent is fine. */
+/* The chat template as transformers finds it: chat_template.jinja when it
+ * exists (it wins over the config's), else tokenizer_config.json's
+ * "chat_template" (a string, or a list of {name, template}: the "default" one).
+ * Absent is fine: the engine then serves no chat unless told a template. */
 static int load_chat_template(kvg_model *m, const char *dir, char *err, size_t err_len)
 {
     char path[4096];
@@ -368,47 +370,47 @@ static int load_chat_template(kvg_model *m, const char *dir, char *err, size_t e
     const char *tpl = NULL;
     json_t *j = NULL;
 
-    join(path, sizeof path, dir, "tokenizer_config.json");
-    if (access(path, F_OK) == 0) {
-        j = load_json(m, dir, "tokenizer_config.json", &b, &len, err, err_len);
-        if (!j)
-            return -1;
-        json_t *ct = json_object_get(j, "chat_template");
-        if (json_is_string(ct)) {
-            tpl = json_string_value(ct);
-        } else if (json_is_array(ct)) {
-            size_t i;
-            json_t *e;
-            json_array_foreach(ct, i, e) {
-                const char *nm = json_string_value(json_object_get(e, "name"));
-                const char *t = json_string_value(json_object_get(e, "template"));
-                if (t && (!tpl || (nm && strcmp(nm, "default") == 0)))
-                    tpl = t;
-            }
-        }
-        if (tpl) {
-            snprintf(m->chat_template_from, sizeof m->chat_template_from, "chat_template of %.180s", path);
-            m->chat_template = strdup(tpl);
-            json_decref(j);
-            if (!m->chat_template) {
-                kvg_set_err(err, err_len, "%s: out of memory", path);
-                return -1;
-            }
-            return 0;
-        }
-        json_decref(j);
-    }
     join(path, sizeof path, dir, "chat_template.jinja");
     if (access(path, F_OK) == 0) {
         if (kvgm_map_file(m, path, &b, &len, err, err_len) < 0)
             return -1;
         m->chat_template = strndup((const char *)b, len);
-        snprintf(m->chat_template_from, sizeof m->chat_template_from, "%.190s", path);
         if (!m->chat_template) {
             kvg_set_err(err, err_len, "%s: out of memory", path);
             return -1;
         }
+        snprintf(m->chat_template_from, sizeof m->chat_template_from, "%.190s", path);
+        return 0;
     }
+    join(path, sizeof path, dir, "tokenizer_config.json");
+    if (access(path, F_OK) != 0)
+        return 0;
+    j = load_json(m, dir, "tokenizer_config.json", &b, &len, err, err_len);
+    if (!j)
+        return -1;
+    json_t *ct = json_object_get(j, "chat_template");
+    if (json_is_string(ct)) {
+        tpl = json_string_value(ct);
+    } else if (json_is_array(ct)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(ct, i, e) {
+            const char *nm = json_string_value(json_object_get(e, "name"));
+            const char *t = json_string_value(json_object_get(e, "template"));
+            if (t && nm && strcmp(nm, "default") == 0)
+                tpl = t;
+        }
+    }
+    if (tpl) {
+        snprintf(m->chat_template_from, sizeof m->chat_template_from, "chat_template of %.180s", path);
+        m->chat_template = strdup(tpl);
+        if (!m->chat_template) {
+            json_decref(j);
+            kvg_set_err(err, err_len, "%s: out of memory", path);
+            return -1;
+        }
+    }
+    json_decref(j);
     return 0;
 }
 
