@@ -122,7 +122,7 @@ sub routed {
     my $r = ask('t1', $syn, 'hello');
     is($r->{status}, 503, "$syn while its only engine is down: 503, not 404");
     # It comes back serving stories260K instead: it moves to that model's set.
-    $g->engine_named('s')->restart(args => [ Kvgate::Engine::stories_args() ]);
+    $g->engine_named('s')->restart(args => [ Kvgate::Engine::stories_args(), '--chat-template', 'plain' ]);
     ok($g->wait_status(sub { grep { $_->{name} eq 's' && $_->{up} && ($_->{model} // '') eq 'stories260K'
                                     && $_->{workers_connected} >= 2 } @{ $_[0]{engines} } },
                        'engine s back with stories260K'),

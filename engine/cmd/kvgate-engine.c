@@ -186,6 +186,9 @@ int main(int argc, char **argv)
     }
     if (!model_path)
         return usage_error("%s", "--model is required");
+    if (tpl_name && !kvg_chat_builtin(tpl_name) && access(tpl_name, R_OK) != 0)
+        return usage_error("--chat-template: '%s' is neither a built-in (" KVG_CHAT_BUILTIN_NAMES
+                           ") nor a readable file", tpl_name);
     if (!socket_path)
         return usage_error("%s", "--socket is required");
     int gid = -1;

@@ -50,8 +50,7 @@ sub bin {
 
 sub stories_args {
     my $d = shared_dir() . '/models/stories260K';
-    # a llama2.c checkpoint carries no chat template: name the plain built-in
-    return ('--model', "$d/stories260K.bin", '--tokenizer', "$d/tok512.bin", '--chat-template', 'plain');
+    return ('--model', "$d/stories260K.bin", '--tokenizer', "$d/tok512.bin");
 }
 
 # start(socket => PATH, args => [model args...] (default stories260K), extra => [...],
@@ -59,7 +58,8 @@ sub stories_args {
 sub start {
     my ($class, %o) = @_;
     my $self = bless { %o }, ref $class || $class;
-    $self->{args} //= [ stories_args() ];
+    # a llama2.c checkpoint carries no chat template: the engine names the plain built-in
+    $self->{args} //= [ stories_args(), '--chat-template', 'plain' ];
     $self->{extra} //= [];
     $self->_spawn;
     push @live, $self;
