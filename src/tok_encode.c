@@ -556,6 +556,8 @@ static int encode_fragment(enc *e, const char *s, size_t n, int after_special)
         return 0;
     if (t->mode == KVG_TOK_SPM)
         return encode_spm(e, s, n, t->add_dummy_prefix && after_special);
+    if (t->n_stages)
+        return kvg_pretok_run(t->stages, t->n_stages, s, n, encode_word, e) ? -1 : 0;
     return kvg_pretok_split(t->pretok, s, n, encode_word, e) ? -1 : 0;
 }
 

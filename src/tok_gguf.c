@@ -189,22 +189,23 @@ static int load(struct kvg_tokenizer *t, const kvg_gguf *g, const char *name, ch
     } else {
         t->kind = "gguf-gpt2";
         t->mode = KVG_TOK_BYTE_LEVEL;
-        t->pretok = KVG_PRETOK_GPT2;
-        if (kvg_gguf_get_str(g, "tokenizer.ggml.pre", &pre) == 0 && !str_is(pre, "gpt-2")
-            && !str_is(pre, "default")) {
-            if (str_is(pre, "llama3") || str_is(pre, "llama-bpe"))
-                t->pretok = KVG_PRETOK_LLAMA3;
-            else if (str_is(pre, "qwen2"))
-                t->pretok = KVG_PRETOK_QWEN2;
-            else
-                return kvg_fail(err, err_len, name, "GGUF pre-tokenizer '%.*s' is not supported "
-                            "(gpt-2, default, llama3, llama-bpe, qwen2)",
+        /* No name: the GPT-2 split (llama.cpp falls back to a cruder default
+         * list and warns that quality degrades; files that old are GPT-2-like). */
+        char why[200];
+        int rc = kvg_tok_gguf_pre(t, "gpt-2", 5, why, sizeof why);
+        if (rc == 0 && kvg_gguf_get_str(g, "tokenizer.ggml.pre", &pre) == 0)
+            rc = kvg_tok_gguf_pre(t, pre.s, pre.len, why, sizeof why);
+        if (rc < 0)
+            return kvg_fail(err, err_len, name, "GGUF pre-tokenizer: %s", why);
+        if (rc > 0)
+            return kvg_fail(err, err_len, name, "GGUF pre-tokenizer '%.*s' is not supported "
+                            "(no regex list is known for it)",
                             (int)(pre.len > 40 ? 40 : pre.len), pre.s);
-        }
-        t->ignore_merges = t->pretok == KVG_PRETOK_LLAMA3;
-        t->add_bos = kvg_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &flag) == 0 ? flag : 0;
+        int32_t bos_default = t->bos;
+        t->add_bos = kvg_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &flag) == 0 ? flag
+                                                                                     : t->add_bos;
         t->unk = get_id(g, "tokenizer.ggml.unknown_token_id", n, -1);
-        t->bos = get_id(g, "tokenizer.ggml.bos_token_id", n, -1);
+        t->bos = get_id(g, "tokenizer.ggml.bos_token_id", n, bos_default);
         t->eos = get_id(g, "tokenizer.ggml.eos_token_id", n, -1);
         if (load_merges(t, g, name, err, err_len) < 0)
             return -1;

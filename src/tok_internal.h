@@ -56,6 +56,26 @@ enum kvg_pretok {
     KVG_PRETOK_QWEN2 = 3         /* like Llama 3 but single digits */
 };
 
+/* How a split treats the text its pattern matches (HF SplitDelimiterBehavior). */
+enum kvg_split_behavior {
+    KVG_SPLIT_ISOLATED = 0,      /* matches and the text between them are pieces */
+    KVG_SPLIT_REMOVED,           /* matches are dropped */
+    KVG_SPLIT_MERGED_PREV,       /* a match joins the text before it */
+    KVG_SPLIT_MERGED_NEXT,       /* a match joins the text after it */
+    KVG_SPLIT_CONTIGUOUS         /* consecutive matches form one piece */
+};
+
+/* One stage of a pre-tokenizer pipeline (pretok_re.c): exactly one of scanner,
+ * re and lit is set. */
+typedef struct kvg_pretok_stage {
+    int scanner;                 /* enum kvg_pretok: a hand-written scanner (Isolated) */
+    void *re;                    /* a compiled regex (pcre2_code_8 *) */
+    char *lit;                   /* a literal string (HF Split on a String) */
+    size_t lit_len;
+    uint8_t behavior;            /* enum kvg_split_behavior */
+    uint8_t invert;              /* the pattern marks what is kept, not what splits */
+} kvg_pretok_stage;
+
 /* Open-addressing hash from piece bytes to id. */
 typedef struct kvg_piece_index {
     int32_t *slots;              /* id or -1 */
@@ -101,7 +121,9 @@ typedef struct kvg_added_token {
 struct kvg_tokenizer {
     const char *kind;            /* see kvg_tokenizer_kind() */
     int mode;                    /* enum kvg_tok_mode */
-    int pretok;                  /* enum kvg_pretok (byte-level only) */
+    int pretok;                  /* enum kvg_pretok (byte-level only), when n_stages == 0 */
+    kvg_pretok_stage *stages;    /* else the pre-tokenizer pipeline, in order (owned) */
+    size_t n_stages;
 
     int32_t n_vocab;
     char **piece;                /* raw pieces, NUL-terminated (may contain NULs only via len) */
@@ -275,6 +297,34 @@ int kvg_tok_encode(const struct kvg_tokenizer *t, const char *text, size_t len,
  * covering the whole input. Returns 0, or the first non-zero value emit returned. */
 typedef int (*kvg_pretok_emit)(void *ctx, const char *s, size_t len);
 int kvg_pretok_split(int kind, const char *s, size_t n, kvg_pretok_emit emit, void *ctx);
+
+/* ---- pretok_re.c: pipelines of splits ---- */
+/* The scanner (enum kvg_pretok) implementing exactly this regex text, or 0. */
+int kvg_pretok_scanner_for(const char *re, size_t len);
+/* A stage splitting by a regex (HF/Oniguruma syntax): a scanner when one
+ * implements it, else PCRE2. 0, or -1 with a message in err. */
+int kvg_pretok_stage_regex(kvg_pretok_stage *st, const char *re, size_t len, int behavior,
+                           int invert, char *err, size_t err_len);
+/* A stage splitting on a literal string. 0 or -1 (out of memory). */
+int kvg_pretok_stage_literal(kvg_pretok_stage *st, const char *s, size_t len, int behavior,
+                             int invert);
+/* Frees n stages and the array. */
+void kvg_pretok_stages_free(kvg_pretok_stage *st, size_t n);
+/* Runs the pipeline over s[0..n) (valid UTF-8: the regex engine does not check),
+ * calling emit for every final piece (non-empty, in order). Returns 0, the first
+ * non-zero emit result, or -1 (out of memory, regex match error). Thread-safe. */
+int kvg_pretok_run(const kvg_pretok_stage *st, size_t n_st, const char *s, size_t n,
+                   kvg_pretok_emit emit, void *ctx);
+/* Installs a pipeline on t (taking ownership of st): a lone scanner stage
+ * becomes t->pretok, the fast path. */
+void kvg_tok_set_stages(struct kvg_tokenizer *t, kvg_pretok_stage *st, size_t n);
+
+/* ---- tok_pre.c ---- */
+/* Sets t's pre-tokenizer (and the flags that go with it) for a GGUF
+ * tokenizer.ggml.pre name: 0, 1 when the name is unknown (t unchanged), or -1
+ * with a message in err. */
+int kvg_tok_gguf_pre(struct kvg_tokenizer *t, const char *pre, size_t len, char *err,
+                     size_t err_len);
 
 /* GPT-2 byte <-> printable code point mapping (bytes_to_unicode). */
 uint32_t kvg_byte_to_cp(unsigned char b);

@@ -59,6 +59,7 @@ void kvg_tok_release(struct kvg_tokenizer *t)
     free(t->arena);
     free(t->mapping);
     free(t->bytes_arena);
+    kvg_pretok_stages_free(t->stages, t->n_stages);
     memset(t, 0, sizeof *t);
 }
 

@@ -1,9 +1,11 @@
 /* Reference tokenizations from llama.cpp's test-tokenizer-0 fixtures: every
  * string of NAME.gguf.inp must encode (no BOS) to the ids on the matching line
  * of NAME.gguf.out, and decode back to itself. */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tap.h"
 #include "tokenizer.h"
@@ -120,9 +122,64 @@ static void run(const char *vocab, const char *kind)
     kvg_tokenizer_free(t);
 }
 
+/* Vector files whose GGUF is not in the folder (upstream's is too large to
+ * bring): named here so that a new one cannot go untested unnoticed. */
+static const char *const no_gguf[] = { "command-r", "qwen35", "gemma-4", NULL };
+
+static int listed(const char *name, size_t len)
+{
+    for (const char *const *n = no_gguf; *n; n++)
+        if (strlen(*n) == len && memcmp(*n, name, len) == 0)
+            return 1;
+    return 0;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every NAME.gguf.inp in the folder is tested against NAME.gguf, and every
+ * GGUF there loads. */
 int main(void)
 {
-    run("ggml-vocab-llama-spm.gguf", "gguf-llama");
-    run("ggml-vocab-gpt-2.gguf", "gguf-gpt2");
+    char dir[512], path[1024], err[256];
+    char *names[128];
+    size_t n = 0, tested = 0;
+
+    snprintf(dir, sizeof dir, "%s/tokenizers/vectors", shared_dir());
+    DIR *d = opendir(dir);
+    if (!ok(d != NULL, "%s is readable", dir))
+        return done_testing();
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 128)
+        if (de->d_name[0] != '.')
+            names[n++] = strdup(de->d_name);
+    closedir(d);
+    qsort(names, n, sizeof *names, by_name);
+
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(names[i]);
+        if (len > 9 && strcmp(names[i] + len - 9, ".gguf.inp") == 0) {
+            char gguf[256];
+            snprintf(gguf, sizeof gguf, "%.*s", (int)(len - 4), names[i]);
+            snprintf(path, sizeof path, "%s/%s", dir, gguf);
+            if (access(path, R_OK) == 0) {
+                run(gguf, strncmp(gguf, "ggml-vocab-llama-spm", 20) == 0
+                          || strncmp(gguf, "ggml-vocab-phi-3", 16) == 0 ? "gguf-llama" : "gguf-gpt2");
+                tested++;
+            } else {
+                ok(listed(names[i] + 11, len - 11 - 9), "%s: vectors without a GGUF are known ones", names[i]);
+            }
+        } else if (len > 5 && strcmp(names[i] + len - 5, ".gguf") == 0) {
+            snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+            kvg_tokenizer *t = kvg_tokenizer_load(path, err, sizeof err);
+            if (!ok(t != NULL, "%s loads", names[i]))
+                diag("%s", err);
+            kvg_tokenizer_free(t);
+        }
+        free(names[i]);
+    }
+    ok(tested >= 11, "%zu vocabularies with vectors tested", tested);
     return done_testing();
 }
