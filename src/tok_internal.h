@@ -56,6 +56,22 @@ enum kvg_pretok {
     KVG_PRETOK_QWEN2 = 3         /* like Llama 3 but single digits */
 };
 
+/* Unicode normalization applied to the text between added tokens. */
+enum kvg_tok_norm {
+    KVG_NORM_NONE = 0,
+    KVG_NORM_NFC,
+    KVG_NORM_NFKC
+};
+
+/* When a HF Metaspace pre-tokenizer prepends its "▁" (prepend_scheme): never,
+ * to the fragment at the very start of the text, or to every fragment; in both
+ * cases not to a fragment that already starts with one. */
+enum kvg_tok_prefix {
+    KVG_PREFIX_NONE = 0,
+    KVG_PREFIX_META_FIRST,
+    KVG_PREFIX_META_ALWAYS
+};
+
 /* How a split treats the text its pattern matches (HF SplitDelimiterBehavior). */
 enum kvg_split_behavior {
     KVG_SPLIT_ISOLATED = 0,      /* matches and the text between them are pieces */
@@ -114,6 +130,8 @@ typedef struct kvg_word_index {
 typedef struct kvg_added_token {
     int32_t id;
     int special;                 /* only matched with KVG_ENC_PARSE_SPECIAL */
+    uint8_t lstrip, rstrip;      /* HF: the match takes the whitespace before / after it */
+    uint8_t single_word;         /* HF: only where no word character touches it */
     const char *text;            /* points into the piece storage */
     uint32_t len;
 } kvg_added_token;
@@ -156,6 +174,12 @@ struct kvg_tokenizer {
     int add_bos;                 /* the vocabulary asks for BOS by default (GGUF add_bos_token) */
     int ignore_merges;           /* byte-level: a pre-token that is itself a piece is emitted
                                     without merging (HF "ignore_merges", Llama 3) */
+    int norm;                    /* enum kvg_tok_norm */
+    int meta_prefix;             /* SPM: enum kvg_tok_prefix; KVG_PREFIX_NONE keeps the
+                                    SentencePiece rule (add_dummy_prefix: every fragment) */
+    int meta_split;              /* SPM: HF Metaspace "split": a piece starts at every space */
+    int bl_prefix_space;         /* byte-level: a space before each fragment that does not
+                                    start with one (HF ByteLevel add_prefix_space) */
 
     /* Derived by kvg_tok_finish (tok_vocab.c, tok_encode.c); loaders leave these alone. */
     uint64_t uid;                /* unique per loaded tokenizer: tags per-thread encoder caches */
