@@ -690,11 +690,12 @@ static const kvg_added_token *added_at(const struct kvg_tokenizer *t, const char
 {
     const char *s = text + i;
     size_t n = len - i;
-    for (size_t j = 0; j < t->n_added; j++) {
+    unsigned char c = (unsigned char)s[0];
+    for (size_t j = t->added_from[c]; j < t->added_from[c + 1]; j++) {
         const kvg_added_token *a = &t->added[j];
         if (a->special && (!(flags & KVG_ENC_PARSE_SPECIAL) || a->len > special_n))
             continue;
-        if (a->len == 0 || a->len > n || a->text[0] != s[0] || memcmp(a->text, s, a->len) != 0)
+        if (a->len > n || (a->len > 1 && a->text[1] != s[1]) || memcmp(a->text, s, a->len) != 0)
             continue;
         if (a->single_word && ((i > 0 && word_char_at(text, len, char_before(text, i)))
                                || (a->len < n && word_char_at(text, len, i + a->len))))
@@ -725,7 +726,8 @@ int kvg_tok_encode(const struct kvg_tokenizer *t, const char *text, size_t len,
     int after_special = 1;
     if (use_added) {
         for (size_t i = 0; i < len; i++) {
-            if (!t->added_first[(unsigned char)text[i]])
+            unsigned pair = (unsigned char)text[i] << 8 | (i + 1 < len ? (unsigned char)text[i + 1] : 0);
+            if (!(t->added_pair[pair >> 6] >> (pair & 63) & 1))
                 continue;
             /* special tokens only between data spans: data[k] is the first span
              * not wholly before i */

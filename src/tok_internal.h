@@ -154,7 +154,7 @@ struct kvg_tokenizer {
     kvg_piece_index index;
     kvg_merge_table merges;
 
-    kvg_added_token *added;      /* longest first */
+    kvg_added_token *added;      /* by first byte, then longest first (see added_from) */
     size_t n_added;
 
     int32_t bos, eos, unk, pad;  /* -1 when absent */
@@ -201,7 +201,10 @@ struct kvg_tokenizer {
     kvg_word_index word_index;   /* decoded bytes -> id, for pieces that the merge turns
                                     back into exactly themselves: a whole word (pre-token or
                                     SPM space run) found here is one token, no merging */
-    uint8_t added_first[256];    /* 1 for bytes that start some added token */
+    uint32_t added_from[257];    /* added[added_from[b] .. added_from[b + 1]) start with byte b */
+    uint64_t added_pair[1024];   /* bit a << 8 | b: some added token starts with bytes a, b
+                                    (a one-byte token sets every b): most positions are
+                                    ruled out without a string compare */
     uint32_t max_token_text;     /* most input bytes one token can stand for, 0 when the
                                     encoder may drop text (see kvg_tokenizer_min_tokens) */
     int refs;                    /* references (kvg_tokenizer_ref); atomic */
