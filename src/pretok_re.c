@@ -195,6 +195,25 @@ int kvg_pretok_stage_regex(kvg_pretok_stage *st, const char *re, size_t len, int
      * gives the same matches, slower. */
     (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
     st->re = code;
+    /* The bytes a match can start with: a piece with none of them has no
+     * match and skips the matcher (most pieces, for a digit or CJK split).
+     * For each ASCII byte, an anchored partial match on that byte alone says
+     * whether some match can begin with it; bytes of other characters are
+     * assumed to. A lookbehind could see text before the match that this test
+     * does not have, so patterns with one are not filtered. */
+    uint32_t lookbehind = 1;
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (md && pcre2_pattern_info(code, PCRE2_INFO_MAXLOOKBEHIND, &lookbehind) == 0 && lookbehind == 0) {
+        memset(st->first + 16, 0xff, 16);
+        for (unsigned c = 0; c < 128; c++) {
+            unsigned char one = (unsigned char)c;
+            int rc = pcre2_match(code, &one, 1, 0, PCRE2_ANCHORED | PCRE2_PARTIAL_SOFT, md, NULL);
+            if (rc >= 0 || rc == PCRE2_ERROR_PARTIAL)
+                st->first[c >> 3] |= (uint8_t)(1u << (c & 7));
+        }
+        st->has_first = 1;
+    }
+    pcre2_match_data_free(md);
     return 0;
 }
 
@@ -353,9 +372,22 @@ static size_t char_len(const char *s, size_t n, size_t i)
     return l > 0 && (size_t)l <= n - i ? (size_t)l : 1;
 }
 
+/* Whether s[0..n) holds a byte a match of st can start with. */
+static int may_match(const kvg_pretok_stage *st, const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n; i++)
+        if (st->first[u[i] >> 3] >> (u[i] & 7) & 1)
+            return 1;
+    return 0;
+}
+
 static int split_by(const run *R, size_t k, const char *s, size_t n)
 {
     const kvg_pretok_stage *st = &R->st[k];
+    /* No match: the piece is one gap, which every behavior keeps whole. */
+    if (st->re && st->has_first && !st->invert && !may_match(st, s, n))
+        return run_stage(R, k + 1, s, n);
     splitter sp = { .R = R, .next = k + 1, .behavior = st->behavior, .base = s };
     size_t pos = 0, from = 0;
     int rc = 0;

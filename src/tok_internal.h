@@ -90,6 +90,8 @@ typedef struct kvg_pretok_stage {
     size_t lit_len;
     uint8_t behavior;            /* enum kvg_split_behavior */
     uint8_t invert;              /* the pattern marks what is kept, not what splits */
+    uint8_t has_first;           /* re: first[] lists every byte a match can start with */
+    uint8_t first[32];           /* bitmap over bytes (PCRE2's start bitmap) */
 } kvg_pretok_stage;
 
 /* Open-addressing hash from piece bytes to id. */
