@@ -2,6 +2,11 @@
  *
  *   kvgate-tokenize --tokenizer FILE [--bos] [--special] < text   -> "id id id\n"
  *   kvgate-tokenize --tokenizer FILE --decode < ids               -> the text
+ *   kvgate-tokenize --tokenizer FILE --lines [--special] < JSON lines -> a line of ids each
+ *
+ * --lines loads the vocabulary once for many texts (a reference comparison over a
+ * corpus: t/tokenizer-hf.t): each input line is one JSON string, any text at all
+ * (newlines, NUL, ...) written with JSON escapes.
  *
  * FILE is a llama2.c tokenizer.bin, a GGUF file or a tokenizer.json (detected
  * from its contents). Exit status: 0 ok, 1 bad tokenizer file or input, 2 usage. */
@@ -10,10 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "tokenizer.h"
 
 static const char USAGE[] =
-    "usage: kvgate-tokenize --tokenizer FILE [--bos] [--special] [--decode]\n"
+    "usage: kvgate-tokenize --tokenizer FILE [--bos] [--special] [--decode | --lines]\n"
     "\n"
     "Reads all of standard input. By default encodes it as one text and prints the\n"
     "token ids on one line, separated by spaces. With --decode, reads whitespace-\n"
@@ -23,6 +30,8 @@ static const char USAGE[] =
     "  --bos             prepend the BOS token (when the vocabulary has one)\n"
     "  --special         recognise special-token text such as <|im_start|> in the input\n"
     "  --decode          decode ids instead of encoding text\n"
+    "  --lines           each input line is a JSON string (JSON Lines): encode each\n"
+    "                    and print one line of ids per input line\n"
     "  --help            show this help\n";
 
 static char *read_all(FILE *f, size_t *len)
@@ -67,6 +76,33 @@ static int encode(kvg_tokenizer *t, const char *in, size_t len, unsigned flags)
         printf(i ? " %d" : "%d", ids[i]);
     putchar('\n');
     free(ids);
+    return 0;
+}
+
+/* --lines: in holds JSON Lines, one JSON string each (a last line without its
+ * newline counts; blank lines are errors, not empty texts: "" is the empty text). */
+static int encode_lines(kvg_tokenizer *t, char *in, size_t len, unsigned flags)
+{
+    size_t line = 0;
+    for (char *p = in; p < in + len; line++) {
+        char *nl = memchr(p, '\n', (size_t)(in + len - p));
+        char *end = nl ? nl : in + len;
+        json_error_t jerr;
+        json_t *s = json_loadb(p, (size_t)(end - p), JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+        if (!json_is_string(s)) {
+            fprintf(stderr, "kvgate-tokenize: --lines input line %zu is not a JSON string%s%s\n", line + 1,
+                    s ? "" : ": ", s ? "" : jerr.text);
+            json_decref(s);
+            return 1;
+        }
+        int rc = encode(t, json_string_value(s), json_string_length(s), flags);
+        json_decref(s);
+        if (rc != 0) {
+            fprintf(stderr, "kvgate-tokenize: (--lines input line %zu)\n", line + 1);
+            return rc;
+        }
+        p = nl ? nl + 1 : end;
+    }
     return 0;
 }
 
@@ -123,7 +159,7 @@ int main(int argc, char **argv)
 {
     const char *path = NULL;
     unsigned flags = 0;
-    int do_decode = 0;
+    int do_decode = 0, lines = 0;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -140,10 +176,16 @@ int main(int argc, char **argv)
             flags |= KVG_ENC_PARSE_SPECIAL;
         } else if (strcmp(a, "--decode") == 0) {
             do_decode = 1;
+        } else if (strcmp(a, "--lines") == 0) {
+            lines = 1;
         } else {
             fprintf(stderr, "kvgate-tokenize: unknown or incomplete option '%s'\n%s", a, USAGE);
             return 2;
         }
+    }
+    if (do_decode && lines) {
+        fprintf(stderr, "kvgate-tokenize: --lines encodes; it does not go with --decode\n%s", USAGE);
+        return 2;
     }
     if (!path) {
         fprintf(stderr, "kvgate-tokenize: --tokenizer FILE is required\n%s", USAGE);
@@ -163,7 +205,7 @@ int main(int argc, char **argv)
         kvg_tokenizer_free(t);
         return 1;
     }
-    int rc = do_decode ? decode(t, in) : encode(t, in, len, flags);
+    int rc = do_decode ? decode(t, in) : lines ? encode_lines(t, in, len, flags) : encode(t, in, len, flags);
     free(in);
     kvg_tokenizer_free(t);
     if (fflush(stdout) != 0) {
