@@ -98,6 +98,22 @@ sub difference {
                    $from > 0 ? '... ' : '', $p);
 }
 
+# --lines (the vocabulary loaded once for the corpus) gives what one run per text gives.
+{
+    my $file = Kvgate::Npm::tokenizer_json('llama3_1');
+    my @texts = map { $_->{text} } grep { $_->{name} =~ /^(crlf|control-chars|empty|chatml)$/ } @$corpus;
+    my $in = join '', map { JSON::PP->new->ascii->allow_nonref->encode($_) . "\n" } @texts;
+    for my $flags ([], ['--special']) {
+        my (undef, $batch) = run_cmd($in, $bin, '--tokenizer', $file, '--lines', @$flags);
+        my $one = join '', map { my $t = $_; utf8::encode($t); (run_cmd($t, $bin, '--tokenizer', $file, @$flags))[1] }
+                           @texts;
+        is($batch, $one, "--lines @$flags: one line of ids per text, as one run per text gives");
+    }
+    my ($rc, undef, $err) = run_cmd(qq("ok"\n\n), $bin, '--tokenizer', $file, '--lines');
+    ok($rc == 1 && $err =~ /--lines input line 2 is not a JSON string/, '--lines: a line that is not a JSON string')
+        or diag("exit $rc: $err");
+}
+
 my %matrix;
 for my $model (@Kvgate::Npm::MODELS) {
     my $file = Kvgate::Npm::tokenizer_json($model);
