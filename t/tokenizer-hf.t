@@ -16,6 +16,9 @@
 #              is plain text, non-special added tokens still cut) against the same
 #              ids, on the strings that hold no special token's content for that
 #              tokenizer (the others have no reference here).
+# Before that, the reference is checked against the Rust library itself: llama.cpp's test
+# vectors for the Llama 3, Qwen2 and Gemma 4 vocabularies (ids from Hugging Face
+# `tokenizers`) through the Llama 3.1, Qwen3 and Gemma 3 files.
 # One test per tokenizer, mode and string; a failure's diagnostics name the first
 # differing position and show both id lists (the reference's pieces beside them).
 # Nothing here expects a known difference: the test passes once the tokenizer is exact.
@@ -29,6 +32,7 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 
+use Encode ();
 use File::Temp qw(tempfile);
 use IPC::Open3 qw(open3);
 use JSON::PP;
@@ -101,6 +105,28 @@ sub difference {
                    $from > 0 ? '... ' : '', $p);
 }
 
+# The reference itself against the Rust library: llama.cpp's test vectors hold the ids
+# Hugging Face `tokenizers` gave for the same vocabularies (../shared/tokenizers/README.md;
+# Gemma 4's vocabulary is Gemma 3's).
+my $vectors = ($ENV{KVGATE_SHARED} || "$root/../shared") . '/tokenizers/vectors';
+for my $v (['llama-bpe', 'llama3_1'], ['qwen2', 'qwen3'], ['gemma-4', 'gemma3']) {
+    my ($vocab, $model) = @$v;
+    my @inp = split /\n__ggml_vocab_test__\n/, slurp("$vectors/ggml-vocab-$vocab.gguf.inp"), -1;
+    pop @inp;                   # after the last separator
+    my @out = map { [ split ' ' ] } split /\n/, slurp("$vectors/ggml-vocab-$vocab.gguf.out"), -1;
+    my ($fh, $name) = tempfile(UNLINK => 1);
+    print $fh JSON::PP->new->ascii->encode({ strings => [ map { { name => $_, text => Encode::decode('UTF-8', $inp[$_]) } }
+                                                           0 .. $#inp ] });
+    close $fh;
+    my ($rc, $out, $err) = run_cmd('', $node, "$FindBin::Bin/tools/hf_tokenize.mjs", $npm->{modules},
+                                   Kvgate::Npm::tokenizer_json($model), $name);
+    my $ref = $rc == 0 ? eval { JSON::PP->new->utf8->decode($out) } : undef;
+    my @bad = grep { "@{ $ref->{results}[$_]{ids} // [] }" ne "@{ $out[$_] // [] }" } 0 .. $#inp;
+    ok($ref && @inp && !@bad, "the reference with $model gives the Rust library's ids on llama.cpp's $vocab vectors ("
+       . scalar(@inp) . ' strings)')
+        or diag($ref ? "differ: strings @bad" : "exit $rc: $err");
+}
+
 # --lines (the vocabulary loaded once for the corpus) gives what one run per text gives.
 {
     my $file = Kvgate::Npm::tokenizer_json('llama3_1');
@@ -110,7 +136,7 @@ sub difference {
         my (undef, $batch) = run_cmd($in, $bin, '--tokenizer', $file, '--lines', @$flags);
         my $one = join '', map { my $t = $_; utf8::encode($t); (run_cmd($t, $bin, '--tokenizer', $file, @$flags))[1] }
                            @texts;
-        is($batch, $one, "--lines @$flags: one line of ids per text, as one run per text gives");
+        is($batch, $one, join(' ', '--lines', @$flags) . ': one line of ids per text, as one run per text gives');
     }
     my ($rc, undef, $err) = run_cmd(qq("ok"\n\n), $bin, '--tokenizer', $file, '--lines');
     ok($rc == 1 && $err =~ /--lines input line 2 is not a JSON string/, '--lines: a line that is not a JSON string')

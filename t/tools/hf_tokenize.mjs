@@ -31,7 +31,7 @@
 // a string that holds no special token's content (special_text false).
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 
 let args = process.argv.slice(2);
 let lib = 'hf';
@@ -45,7 +45,7 @@ if (!modules || !['hf', 'lenml'].includes(lib)) {
                 '       node hf_tokenize.mjs [--lib hf|lenml] MODULES --bench TOKENIZER_JSON TEXT LABEL CHUNK...');
   process.exit(2);
 }
-const require = createRequire(join(modules, 'hf_tokenize.cjs'));
+const require = createRequire(join(resolve(modules), 'hf_tokenize.cjs'));
 const pkgName = lib === 'hf' ? '@huggingface/tokenizers' : '@lenml/tokenizers';
 const version = JSON.parse(readFileSync(join(modules, pkgName, 'package.json'), 'utf8')).version;
 
@@ -64,7 +64,7 @@ function load(path) {
     const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON: json, tokenizerConfig: {} });
     encode = (text) => {
       const ids = tok.encode(text, { add_special_tokens: false });
-      return { ids, pieces: tok.convert_ids_to_tokens(ids) };
+      return { ids, pieces: tok.model.convert_ids_to_tokens(ids) };
     };
   }
   const specials = (json.added_tokens || []).filter((a) => a.special).map((a) => a.content);
