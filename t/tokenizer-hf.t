@@ -23,7 +23,7 @@
 # differing position and show both id lists (the reference's pieces beside them).
 # Nothing here expects a known difference: the test passes once the tokenizer is exact.
 #
-# The npm packages are installed on first use into $BUILD/npm (t/lib/Kvgate/Npm.pm); a
+# The npm packages are installed on first use into $BUILD/npm (t/lib/Kvgate/TokenizerRef.pm); a
 # machine without node or the npm registry fails this test rather than skip it.
 # BUILD=<dir> picks another build directory; KVGATE_ASAN=1 its ASan build of the CLI.
 use strict;
@@ -38,23 +38,20 @@ use IPC::Open3 qw(open3);
 use JSON::PP;
 use Symbol qw(gensym);
 use Test::More;
-use Kvgate::Npm;
+use Kvgate::Engine;
+use Kvgate::TokenizerRef;
 
-my $root = Kvgate::Npm::repo_root();
-my $build = $ENV{BUILD} || 'build';
-$build = "$root/$build" unless $build =~ m{^/};
 # The ASan pass of make test (KVGATE_ASAN=1) runs the ASan+UBSan build of the CLI.
-my $bin = "$build/bin/kvgate-tokenize";
-$bin = "$build/asan/bin/kvgate-tokenize" if ($ENV{KVGATE_ASAN} // '') eq '1' && -x "$build/asan/bin/kvgate-tokenize";
-ok(-x $bin, "$bin is built") or BAIL_OUT("build it first: make BUILD=$build $bin");
+my $bin = Kvgate::Engine::bin('kvgate-tokenize');
+ok(-x $bin, "$bin is built") or BAIL_OUT("build it first: make $bin");
 
 my $node = `command -v node 2>/dev/null`;
 chomp $node;
 # No node or no npm registry: this test fails (a reference comparison that cannot run
 # is not a pass), the rest of the suite goes on.
 ok($node, 'node is installed (the reference runs in it)') or do { done_testing; exit };
-my $npm = eval { Kvgate::Npm::install() };
-ok($npm, 'the reference npm packages are installed') or do { diag($@); done_testing; exit };
+my ($npm, $why) = Kvgate::TokenizerRef::install();
+ok($npm, 'the reference npm packages are installed') or do { diag($why); done_testing; exit };
 
 sub slurp { my ($f) = @_; open my $fh, '<:raw', $f or die "$f: $!"; local $/; my $s = <$fh>; $s // '' }
 
@@ -108,7 +105,7 @@ sub difference {
 # The reference itself against the Rust library: llama.cpp's test vectors hold the ids
 # Hugging Face `tokenizers` gave for the same vocabularies (../shared/tokenizers/README.md;
 # Gemma 4's vocabulary is Gemma 3's).
-my $vectors = ($ENV{KVGATE_SHARED} || "$root/../shared") . '/tokenizers/vectors';
+my $vectors = Kvgate::Engine::shared_dir() . '/tokenizers/vectors';
 for my $v (['llama-bpe', 'llama3_1'], ['qwen2', 'qwen3'], ['gemma-4', 'gemma3']) {
     my ($vocab, $model) = @$v;
     my @inp = split /\n__ggml_vocab_test__\n/, slurp("$vectors/ggml-vocab-$vocab.gguf.inp"), -1;
@@ -119,7 +116,7 @@ for my $v (['llama-bpe', 'llama3_1'], ['qwen2', 'qwen3'], ['gemma-4', 'gemma3'])
                                                            0 .. $#inp ] });
     close $fh;
     my ($rc, $out, $err) = run_cmd('', $node, "$FindBin::Bin/tools/hf_tokenize.mjs", $npm->{modules},
-                                   Kvgate::Npm::tokenizer_json($model), $name);
+                                   Kvgate::TokenizerRef::tokenizer_json($npm, $model), $name);
     my $ref = $rc == 0 ? eval { JSON::PP->new->utf8->decode($out) } : undef;
     my @bad = grep { "@{ $ref->{results}[$_]{ids} // [] }" ne "@{ $out[$_] // [] }" } 0 .. $#inp;
     ok($ref && @inp && !@bad, "the reference with $model gives the Rust library's ids on llama.cpp's $vocab vectors ("
@@ -129,7 +126,7 @@ for my $v (['llama-bpe', 'llama3_1'], ['qwen2', 'qwen3'], ['gemma-4', 'gemma3'])
 
 # --lines (the vocabulary loaded once for the corpus) gives what one run per text gives.
 {
-    my $file = Kvgate::Npm::tokenizer_json('llama3_1');
+    my $file = Kvgate::TokenizerRef::tokenizer_json($npm, 'llama3_1');
     my @texts = map { $_->{text} } grep { $_->{name} =~ /^(crlf|control-chars|empty|chatml)$/ } @$corpus;
     my $in = join '', map { JSON::PP->new->ascii->allow_nonref->encode($_) . "\n" } @texts;
     for my $flags ([], ['--special']) {
@@ -144,8 +141,8 @@ for my $v (['llama-bpe', 'llama3_1'], ['qwen2', 'qwen3'], ['gemma-4', 'gemma3'])
 }
 
 my %matrix;
-for my $model (@Kvgate::Npm::MODELS) {
-    my $file = Kvgate::Npm::tokenizer_json($model);
+for my $model (@Kvgate::TokenizerRef::MODELS) {
+    my $file = Kvgate::TokenizerRef::tokenizer_json($npm, $model);
     ok(-f $file, "$model: $file") or next;
 
     my ($rc, $out, $err) = run_cmd('', $node, "$FindBin::Bin/tools/hf_tokenize.mjs", $npm->{modules}, $file,
@@ -186,10 +183,10 @@ for my $model (@Kvgate::Npm::MODELS) {
 
 # The matrix, shown by a plain prove when something differs.
 my $all_exact = !grep { !/^(\d+)\/\1$/ } map { ($matrix{$_}{'--special'} // '', $matrix{$_}{plain} // '') }
-                                               @Kvgate::Npm::MODELS;
+                                               @Kvgate::TokenizerRef::MODELS;
 my $say = $all_exact ? \&note : \&diag;
 $say->('exact / compared, per tokenizer and mode:');
-for my $model (@Kvgate::Npm::MODELS) {
+for my $model (@Kvgate::TokenizerRef::MODELS) {
     $say->(sprintf('  %-12s %-9s %s', $model, $_, $matrix{$model}{$_} // 'not run')) for '--special', 'plain';
 }
 done_testing;

@@ -2,25 +2,19 @@
  *
  *   kvgate-tokenize --tokenizer FILE [--bos] [--special] < text   -> "id id id\n"
  *   kvgate-tokenize --tokenizer FILE --decode < ids               -> the text
- *   kvgate-tokenize --tokenizer FILE --lines [--special] < JSON lines -> a line of ids each
- *
- * --lines loads the vocabulary once for many texts (a reference comparison over a
- * corpus: t/tokenizer-hf.t): each input line is one JSON string, any text at all
- * (newlines, NUL, ...) written with JSON escapes.
  *
  * FILE is a llama2.c tokenizer.bin, a GGUF file or a tokenizer.json (detected
  * from its contents). Exit status: 0 ok, 1 bad tokenizer file or input, 2 usage. */
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <jansson.h>
-
 #include "tokenizer.h"
 
 static const char USAGE[] =
-    "usage: kvgate-tokenize --tokenizer FILE [--bos] [--special] [--decode | --lines]\n"
+    "usage: kvgate-tokenize --tokenizer FILE [--bos] [--special] [--decode]\n"
     "\n"
     "Reads all of standard input. By default encodes it as one text and prints the\n"
     "token ids on one line, separated by spaces. With --decode, reads whitespace-\n"
@@ -29,9 +23,9 @@ static const char USAGE[] =
     "  --tokenizer FILE  llama2.c tokenizer.bin, GGUF, or Hugging Face tokenizer.json\n"
     "  --bos             prepend the BOS token (when the vocabulary has one)\n"
     "  --special         recognise special-token text such as <|im_start|> in the input\n"
+    "  --lines           encode many texts, the vocabulary loaded once: each input line\n"
+    "                    is one JSON string; prints one line of ids per input line\n"
     "  --decode          decode ids instead of encoding text\n"
-    "  --lines           each input line is a JSON string (JSON Lines): encode each\n"
-    "                    and print one line of ids per input line\n"
     "  --help            show this help\n";
 
 static char *read_all(FILE *f, size_t *len)
@@ -79,8 +73,10 @@ static int encode(kvg_tokenizer *t, const char *in, size_t len, unsigned flags)
     return 0;
 }
 
-/* --lines: in holds JSON Lines, one JSON string each (a last line without its
- * newline counts; blank lines are errors, not empty texts: "" is the empty text). */
+/* --lines (a reference comparison over a corpus: t/tokenizer-hf.t): in holds JSON
+ * Lines, each one JSON string, so that a text may hold anything (newlines, NUL)
+ * written with JSON escapes. A last line without its newline counts; a blank line is
+ * an error, not an empty text ("" is the empty text). */
 static int encode_lines(kvg_tokenizer *t, char *in, size_t len, unsigned flags)
 {
     size_t line = 0;
@@ -157,9 +153,10 @@ static int decode(kvg_tokenizer *t, char *in)
 
 int main(int argc, char **argv)
 {
+    int lines = 0;
     const char *path = NULL;
     unsigned flags = 0;
-    int do_decode = 0, lines = 0;
+    int do_decode = 0;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -172,23 +169,23 @@ int main(int argc, char **argv)
             path = a + 12;
         } else if (strcmp(a, "--bos") == 0) {
             flags |= KVG_ENC_BOS;
+        } else if (strcmp(a, "--lines") == 0) {
+            lines = 1;
         } else if (strcmp(a, "--special") == 0) {
             flags |= KVG_ENC_PARSE_SPECIAL;
         } else if (strcmp(a, "--decode") == 0) {
             do_decode = 1;
-        } else if (strcmp(a, "--lines") == 0) {
-            lines = 1;
         } else {
             fprintf(stderr, "kvgate-tokenize: unknown or incomplete option '%s'\n%s", a, USAGE);
             return 2;
         }
     }
-    if (do_decode && lines) {
-        fprintf(stderr, "kvgate-tokenize: --lines encodes; it does not go with --decode\n%s", USAGE);
-        return 2;
-    }
     if (!path) {
         fprintf(stderr, "kvgate-tokenize: --tokenizer FILE is required\n%s", USAGE);
+        return 2;
+    }
+    if (do_decode && lines) {
+        fprintf(stderr, "kvgate-tokenize: --lines encodes; it does not go with --decode\n%s", USAGE);
         return 2;
     }
 
