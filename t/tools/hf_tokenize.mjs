@@ -21,6 +21,10 @@
 // older transformers.js) rewrites a fixed list of known patterns and runs the rest
 // as JavaScript regexes. Both read only tokenizer.json here, as the Rust
 // `tokenizers` library does (tokenizer_config.json is for transformers).
+// t/tokenizer-hf.t checks the reference against the Rust library's ids first
+// (llama.cpp's vectors). Unicode properties and NFC come from Node's own tables
+// (Node 20: Unicode 15.1, as Oniguruma 6.9.9 and later); the corpus's unicode15-*
+// strings check that kvgate's tables are as new.
 //
 // Added tokens: Hugging Face always cuts the text at every added token's content,
 // special or not (unless split_special_tokens, which neither port has), before
