@@ -76,6 +76,7 @@ void kvg_tok_scratch_free(kvg_tok_scratch *s)
     free(s->heap);
     free(s->pairs);
     free(s->buf);
+    free(s->frag);
     free(s->cache);
     free(s->cache_ids.v);
     free(s->keys);

@@ -12,10 +12,14 @@
  *     other working memory) and dropped when the thread moves to another
  *     tokenizer or the cache fills up. */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
+#include "nfc.h"
 #include "tok_merge.h"
 #include "utf8.h"
 
@@ -109,6 +113,11 @@ static void scratch_trim(kvg_tok_scratch *s)
         free(s->buf);
         s->buf = NULL;
         s->buf_cap = 0;
+    }
+    if (s->frag_cap > KEEP_MAX_SYMBOLS) {
+        free(s->frag);
+        s->frag = NULL;
+        s->frag_cap = 0;
     }
 }
 
@@ -488,7 +497,8 @@ static size_t run_end(const struct kvg_tokenizer *t, const unsigned char *s, siz
             if (sp)
                 len = 3;
         }
-        if ((sp && !prev_space) || iso || prev_iso)
+        /* HF Metaspace split: a piece starts at every space. */
+        if ((sp && (!prev_space || t->meta_split)) || iso || prev_iso)
             return i;
         prev_space = sp;
         prev_iso = iso;
@@ -509,7 +519,7 @@ static int encode_spm(enc *e, const char *text, size_t n, int prefix)
     /* init[0] is written before spm_symbols grows the array. */
     if (kvg_tok_grow((void **)&sc->init, &sc->init_cap, 1, sizeof *sc->init) < 0)
         return -1;
-    if (!t->spm_split) {
+    if (!t->spm_split && !t->meta_split) {
         if (with_prefix)
             sc->init[0] = t->spm_space;
         if ((k = spm_symbols(sc, t, s, n, with_prefix ? 1 : 0)) < 0)
@@ -548,28 +558,149 @@ static int encode_spm(enc *e, const char *text, size_t n, int prefix)
 
 /* ---- fragments between added tokens ---- */
 
-static int encode_fragment(enc *e, const char *s, size_t n, int after_special)
+static int all_ascii(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        if (kvg_tok_load64(u + i) & 0x8080808080808080ULL)
+            return 0;
+    for (; i < n; i++)
+        if (u[i] & 0x80)
+            return 0;
+    return 1;
+}
+
+/* The fragment as the model sees it: normalized (NFC/NFKC) and with the
+ * byte-level prefix space, in sc->frag when that differs from the input.
+ * Returns 0, or -1 when out of memory. */
+static int prepare_fragment(enc *e, const char **s, size_t *n)
+{
+    const struct kvg_tokenizer *t = e->t;
+    kvg_tok_scratch *sc = e->s;
+    int norm = t->norm != KVG_NORM_NONE && !all_ascii(*s, *n);
+    size_t pre = t->bl_prefix_space && (*s)[0] != ' ';
+
+    if (!norm && !pre)
+        return 0;
+    if (t->norm == KVG_NORM_NFKC && norm) {
+        utf8proc_uint8_t *m = NULL;
+        utf8proc_ssize_t l = utf8proc_map((const utf8proc_uint8_t *)*s, (utf8proc_ssize_t)*n, &m,
+                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+        if (l < 0 || kvg_tok_grow((void **)&sc->frag, &sc->frag_cap, pre + (size_t)l, 1) < 0) {
+            free(m);
+            return -1;
+        }
+        memcpy(sc->frag + pre, m, (size_t)l);
+        free(m);
+        *n = pre + (size_t)l;
+    } else if (norm) {
+        size_t bound = kvg_nfc_bound((const unsigned char *)*s, *n), len;
+        char err[64];
+        if (bound == SIZE_MAX || kvg_tok_grow((void **)&sc->frag, &sc->frag_cap, pre + bound, 1) < 0
+            || kvg_nfc((const unsigned char *)*s, *n, (unsigned char *)sc->frag + pre, bound, &len,
+                       err, sizeof err) < 0)
+            return -1;
+        *n = pre + len;
+    } else {
+        if (kvg_tok_grow((void **)&sc->frag, &sc->frag_cap, *n + 1, 1) < 0)
+            return -1;
+        memcpy(sc->frag + 1, *s, *n);
+        *n += 1;
+    }
+    if (pre)
+        sc->frag[0] = ' ';
+    *s = sc->frag;
+    return 0;
+}
+
+/* Whether the SPM dummy prefix goes before this fragment: SentencePiece's rule
+ * (every fragment, as HF's Prepend normalizer), or Metaspace's prepend_scheme. */
+static int spm_prefix(const struct kvg_tokenizer *t, const char *s, size_t n, int after_special,
+                      int at_start)
+{
+    if (!t->add_dummy_prefix)
+        return 0;
+    if (t->meta_prefix == KVG_PREFIX_NONE)
+        return after_special;
+    if (t->meta_prefix == KVG_PREFIX_META_FIRST && !at_start)
+        return 0;
+    return !(s[0] == ' ' || (n >= 3 && memcmp(s, "\xE2\x96\x81", 3) == 0));
+}
+
+static int encode_fragment(enc *e, const char *s, size_t n, int after_special, int at_start)
 {
     const struct kvg_tokenizer *t = e->t;
 
     if (n == 0)
         return 0;
+    if (prepare_fragment(e, &s, &n) < 0)
+        return -1;
     if (t->mode == KVG_TOK_SPM)
-        return encode_spm(e, s, n, t->add_dummy_prefix && after_special);
+        return encode_spm(e, s, n, spm_prefix(t, s, n, after_special, at_start));
+    if (t->n_stages)
+        return kvg_pretok_run(t->stages, t->n_stages, s, n, encode_word, e) ? -1 : 0;
     return kvg_pretok_split(t->pretok, s, n, encode_word, e) ? -1 : 0;
 }
 
-/* The added token matching at s[0..n) that flags allow, longest first; NULL if none.
- * A special token must also end within s[0..special_n): past that is data. */
-static const kvg_added_token *added_at(const struct kvg_tokenizer *t, const char *s, size_t n,
-                                       size_t special_n, unsigned flags)
+/* HF's whitespace (char::is_whitespace: the White_Space property) at s[i];
+ * its length, or 0. */
+static size_t space_at(const char *s, size_t n, size_t i)
 {
-    for (size_t j = 0; j < t->n_added; j++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c < 0x80)
+        return c == ' ' || (c >= '\t' && c <= '\r') ? 1 : 0;
+    uint32_t cp;
+    int l = kvg_utf8_decode((const unsigned char *)s + i, n - i, &cp);
+    if (l <= 0)
+        return 0;
+    int ws = cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A)
+             || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+    return ws ? (size_t)l : 0;
+}
+
+/* Start of the UTF-8 character that ends just before s[i] (i > 0). */
+static size_t char_before(const char *s, size_t i)
+{
+    size_t j = i - 1;
+    while (j > 0 && ((unsigned char)s[j] & 0xC0) == 0x80 && i - j < 4)
+        j--;
+    return j;
+}
+
+/* HF single_word: a word character is alphanumeric or '_'. */
+static int word_char_at(const char *s, size_t n, size_t i)
+{
+    unsigned char c = (unsigned char)s[i];
+    if (c < 0x80)
+        return c == '_' || (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+    uint32_t cp;
+    if (kvg_utf8_decode((const unsigned char *)s + i, n - i, &cp) <= 0)
+        return 0;
+    utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)cp);
+    return (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO)
+           || (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO);
+}
+
+/* The added token matching at text[i..) that flags allow, longest first; NULL
+ * if none. A special token must also end within text[i..i+special_n): past that
+ * is data. */
+static const kvg_added_token *added_at(const struct kvg_tokenizer *t, const char *text, size_t len,
+                                       size_t i, size_t special_n, unsigned flags)
+{
+    const char *s = text + i;
+    size_t n = len - i;
+    unsigned char c = (unsigned char)s[0];
+    for (size_t j = t->added_from[c]; j < t->added_from[c + 1]; j++) {
         const kvg_added_token *a = &t->added[j];
         if (a->special && (!(flags & KVG_ENC_PARSE_SPECIAL) || a->len > special_n))
             continue;
-        if (a->len > 0 && a->len <= n && a->text[0] == s[0] && memcmp(a->text, s, a->len) == 0)
-            return a;
+        if (a->len > n || (a->len > 1 && a->text[1] != s[1]) || memcmp(a->text, s, a->len) != 0)
+            continue;
+        if (a->single_word && ((i > 0 && word_char_at(text, len, char_before(text, i)))
+                               || (a->len < n && word_char_at(text, len, i + a->len))))
+            continue;
+        return a;
     }
     return NULL;
 }
@@ -595,7 +726,8 @@ int kvg_tok_encode(const struct kvg_tokenizer *t, const char *text, size_t len,
     int after_special = 1;
     if (use_added) {
         for (size_t i = 0; i < len; i++) {
-            if (!t->added_first[(unsigned char)text[i]])
+            unsigned pair = (unsigned char)text[i] << 8 | (i + 1 < len ? (unsigned char)text[i + 1] : 0);
+            if (!(t->added_pair[pair >> 6] >> (pair & 63) & 1))
                 continue;
             /* special tokens only between data spans: data[k] is the first span
              * not wholly before i */
@@ -603,20 +735,31 @@ int kvg_tok_encode(const struct kvg_tokenizer *t, const char *text, size_t len,
                 k++;
             size_t special_n = k == n_data ? len - i
                              : data[k].off <= i ? 0 : data[k].off - i;
-            const kvg_added_token *a = added_at(t, text + i, len - i, special_n, flags);
+            const kvg_added_token *a = added_at(t, text, len, i, special_n, flags);
             if (!a)
                 continue;
-            if (encode_fragment(&e, text + frag, i - frag, after_special) < 0
+            size_t end = i;
+            if (a->lstrip)
+                while (end > frag) {
+                    size_t b = char_before(text, end), l = space_at(text, len, b);
+                    if (!l || b + l != end)
+                        break;
+                    end = b;
+                }
+            if (encode_fragment(&e, text + frag, end - frag, after_special, frag == 0) < 0
                 || kvg_ids_push(out, a->id) < 0) {
                 rc = -1;
                 break;
             }
             after_special = 1;
             frag = i + a->len;
+            if (a->rstrip)
+                for (size_t l; frag < len && (l = space_at(text, len, frag)) != 0;)
+                    frag += l;
             i = frag - 1;
         }
     }
-    if (rc == 0 && encode_fragment(&e, text + frag, len - frag, after_special) < 0)
+    if (rc == 0 && encode_fragment(&e, text + frag, len - frag, after_special, frag == 0) < 0)
         rc = -1;
     scratch_trim(e.s);
     return rc;

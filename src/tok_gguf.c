@@ -1,7 +1,8 @@
 /* Tokenizer from GGUF metadata (tokenizer.ggml.*), as llama.cpp writes it:
  *   model "llama": SentencePiece BPE by scores (merges derived from the scores)
  *   model "gpt2":  byte-level BPE by merge rank; tokenizer.ggml.pre picks the
- *                  pre-tokenizer. */
+ *                  pre-tokenizer (tok_pre.c).
+ *   model "gemma4": SentencePiece-style text merged by merge rank. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -162,17 +163,33 @@ static int load(struct kvg_tokenizer *t, const kvg_gguf *g, const char *name, ch
 
     if (kvg_gguf_get_str(g, "tokenizer.ggml.model", &model) < 0)
         return kvg_fail(err, err_len, name, "GGUF has no tokenizer (no tokenizer.ggml.model string)");
-    int spm = str_is(model, "llama");
-    if (!spm && !str_is(model, "gpt2"))
-        return kvg_fail(err, err_len, name, "GGUF tokenizer model '%.*s' is not supported (only llama and gpt2)",
-                    (int)(model.len > 40 ? 40 : model.len), model.s);
+    int spm = str_is(model, "llama"), gemma4 = str_is(model, "gemma4");
+    if (!spm && !gemma4 && !str_is(model, "gpt2"))
+        return kvg_fail(err, err_len, name, "GGUF tokenizer model '%.*s' is not supported "
+                        "(only llama, gpt2 and gemma4)",
+                        (int)(model.len > 40 ? 40 : model.len), model.s);
     if (load_pieces(t, g, name, err, err_len) < 0)
         return -1;
     int32_t n = t->n_vocab;
     if (kvg_tok_build_index(t) < 0)
         return kvg_fail(err, err_len, name, "out of memory");
 
-    if (spm) {
+    if (gemma4) {
+        /* Gemma 4: SentencePiece text (spaces as U+2581, byte fallback, no
+         * dummy prefix) merged by a merge list, as Gemma 3's tokenizer.json
+         * does; llama.cpp always adds BOS for it. */
+        t->kind = "gguf-gemma4";
+        t->mode = KVG_TOK_SPM;
+        t->pretok = KVG_PRETOK_NONE;
+        t->byte_fallback = 1;
+        t->add_dummy_prefix = 0;
+        t->add_bos = 1;
+        t->unk = get_id(g, "tokenizer.ggml.unknown_token_id", n, -1);
+        t->bos = get_id(g, "tokenizer.ggml.bos_token_id", n, -1);
+        t->eos = get_id(g, "tokenizer.ggml.eos_token_id", n, -1);
+        if (load_merges(t, g, name, err, err_len) < 0)
+            return -1;
+    } else if (spm) {
         t->kind = "gguf-llama";
         t->mode = KVG_TOK_SPM;
         t->pretok = KVG_PRETOK_NONE;
@@ -189,22 +206,23 @@ static int load(struct kvg_tokenizer *t, const kvg_gguf *g, const char *name, ch
     } else {
         t->kind = "gguf-gpt2";
         t->mode = KVG_TOK_BYTE_LEVEL;
-        t->pretok = KVG_PRETOK_GPT2;
-        if (kvg_gguf_get_str(g, "tokenizer.ggml.pre", &pre) == 0 && !str_is(pre, "gpt-2")
-            && !str_is(pre, "default")) {
-            if (str_is(pre, "llama3") || str_is(pre, "llama-bpe"))
-                t->pretok = KVG_PRETOK_LLAMA3;
-            else if (str_is(pre, "qwen2"))
-                t->pretok = KVG_PRETOK_QWEN2;
-            else
-                return kvg_fail(err, err_len, name, "GGUF pre-tokenizer '%.*s' is not supported "
-                            "(gpt-2, default, llama3, llama-bpe, qwen2)",
+        /* No name: the GPT-2 split (llama.cpp falls back to a cruder default
+         * list and warns that quality degrades; files that old are GPT-2-like). */
+        char why[200];
+        int rc = kvg_tok_gguf_pre(t, "gpt-2", 5, why, sizeof why);
+        if (rc == 0 && kvg_gguf_get_str(g, "tokenizer.ggml.pre", &pre) == 0)
+            rc = kvg_tok_gguf_pre(t, pre.s, pre.len, why, sizeof why);
+        if (rc < 0)
+            return kvg_fail(err, err_len, name, "GGUF pre-tokenizer: %s", why);
+        if (rc > 0)
+            return kvg_fail(err, err_len, name, "GGUF pre-tokenizer '%.*s' is not supported "
+                            "(no regex list is known for it)",
                             (int)(pre.len > 40 ? 40 : pre.len), pre.s);
-        }
-        t->ignore_merges = t->pretok == KVG_PRETOK_LLAMA3;
-        t->add_bos = kvg_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &flag) == 0 ? flag : 0;
+        int32_t bos_default = t->bos;
+        t->add_bos = kvg_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &flag) == 0 ? flag
+                                                                                     : t->add_bos;
         t->unk = get_id(g, "tokenizer.ggml.unknown_token_id", n, -1);
-        t->bos = get_id(g, "tokenizer.ggml.bos_token_id", n, -1);
+        t->bos = get_id(g, "tokenizer.ggml.bos_token_id", n, bos_default);
         t->eos = get_id(g, "tokenizer.ggml.eos_token_id", n, -1);
         if (load_merges(t, g, name, err, err_len) < 0)
             return -1;

@@ -1,29 +1,24 @@
 /* Hugging Face tokenizer.json loader (model type BPE only).
  *
- * Two families are recognised from the normalizer / pre_tokenizer pipeline:
- *   byte-level BPE  pre_tokenizer ByteLevel (GPT-2), or a Sequence of a Split
- *                   with the Llama 3 / Qwen2 regex and ByteLevel(use_regex
- *                   false). The regex is recognised by its exact text (we run
- *                   hand-written scanners, not a regex engine), so any other
- *                   pattern is refused rather than silently approximated.
+ * Two families, told apart by the pipeline (read by tok_hfpipe.c):
+ *   byte-level BPE  a ByteLevel pre-tokenizer, after any splits (the file's own
+ *                   regexes: GPT-2, Llama 3, Qwen2, o200k, DeepSeek V3 ...).
  *   SentencePiece   normalizer Prepend("▁") + Replace(" " -> "▁") (Llama 2,
- *                   TinyLlama, Mistral) or the older Metaspace pre_tokenizer,
- *                   usually with byte_fallback.
+ *                   Mistral), Replace alone (Gemma 3: no dummy prefix), or the
+ *                   older Metaspace pre_tokenizer; usually with byte_fallback.
  * Merges come as "a b" strings or [a, b] pairs; rank = index, as in HF.
+ * Added tokens are matched in the raw text, longest first, with their lstrip /
+ * rstrip / single_word flags; "normalized" ones too (the same text unless the
+ * normalizer changes it: NFC/NFKC leave the ASCII of real added tokens alone).
  * What would change tokenization if ignored is an error naming the file and
- * the JSON path. Knowingly accepted approximations:
- *   - normalizer NFC (Qwen2) is not applied here: text already in NFC (the
- *     request normalizer's "nfc" step) tokenizes the same;
- *   - Metaspace with "split": true: HF cuts before every U+2581, so a run of
- *     spaces is tokenized one space per word; we follow SentencePiece, which
- *     HF matches for single spaces;
- *   - added tokens' lstrip / rstrip / single_word flags. */
+ * the JSON path. */
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "tok_hfpipe.h"
 #include "tok_internal.h"
 
 #define SPM_SPACE "\xe2\x96\x81"        /* U+2581, SentencePiece's visible space */
@@ -33,27 +28,12 @@
 #define MAX_ID_SLACK 4096
 #define MAX_VOCAB (1 << 24)
 
-static const char RE_GPT2[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-static const char RE_LLAMA3[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
-    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char RE_QWEN2[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
-    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-
 typedef struct hf_load {
     const char *name;
     char *err;
     size_t err_len;
 
-    /* What the pipeline says. */
-    int byte_level;              /* a ByteLevel pre-tokenizer was seen */
-    int pretok;                  /* enum kvg_pretok */
-    int spm_prepend;             /* normalizer Prepend("▁") */
-    int spm_replace;             /* normalizer Replace(" ", "▁") */
-    int metaspace;               /* pre_tokenizer Metaspace */
-    int metaspace_prefix;        /* ... with a dummy prefix */
+    kvg_hf_pipe pipe;            /* what the normalizer and pre_tokenizer say */
 } hf_load;
 
 /* One id's text before it is copied into the tokenizer's arena. */
@@ -120,148 +100,6 @@ static int require_empty_str(hf_load *L, const json_t *obj, const char *key,
     if (!v || json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0))
         return 0;
     return fail(L, path, "\"%s\" is not supported", key);
-}
-
-/* ---------------- pipeline recognition ---------------- */
-
-static int parse_normalizer(hf_load *L, const json_t *n, const char *path)
-{
-    char sub[128];
-    if (!n || json_is_null(n))
-        return 0;
-    if (!json_is_object(n))
-        return fail(L, path, "expected an object, not %s", jtype(n));
-    const json_t *type = json_object_get(n, "type");
-    if (!json_is_string(type))
-        return fail(L, path, "missing \"type\"");
-    const char *ty = json_string_value(type);
-
-    if (strcmp(ty, "Sequence") == 0) {
-        const json_t *list = json_object_get(n, "normalizers");
-        if (!json_is_array(list))
-            return fail(L, path, "Sequence without a \"normalizers\" array");
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(sub, sizeof sub, "%s.normalizers[%zu]", path, i);
-            if (parse_normalizer(L, json_array_get(list, i), sub) != 0)
-                return -1;
-        }
-        return 0;
-    }
-    if (strcmp(ty, "Prepend") == 0) {
-        if (!is_str(json_object_get(n, "prepend"), SPM_SPACE))
-            return fail(L, path, "Prepend of anything but \"\xe2\x96\x81\" is not supported");
-        L->spm_prepend = 1;
-        return 0;
-    }
-    if (strcmp(ty, "Replace") == 0) {
-        const json_t *pat = json_object_get(n, "pattern");
-        if (!json_is_object(pat) || !is_str(json_object_get(pat, "String"), " ")
-            || !is_str(json_object_get(n, "content"), SPM_SPACE))
-            return fail(L, path, "Replace other than \" \" -> \"\xe2\x96\x81\" is not supported");
-        L->spm_replace = 1;
-        return 0;
-    }
-    /* NFC (Qwen2) is accepted: it only changes text that is not already NFC,
-     * which the request normalizer can take care of (see normalize.h). */
-    if (strcmp(ty, "NFC") == 0)
-        return 0;
-    return fail(L, path, "normalizer type \"%s\" is not supported", ty);
-}
-
-static int regex_kind(const char *re, size_t len)
-{
-    if (len == sizeof RE_GPT2 - 1 && memcmp(re, RE_GPT2, len) == 0)
-        return KVG_PRETOK_GPT2;
-    if (len == sizeof RE_LLAMA3 - 1 && memcmp(re, RE_LLAMA3, len) == 0)
-        return KVG_PRETOK_LLAMA3;
-    if (len == sizeof RE_QWEN2 - 1 && memcmp(re, RE_QWEN2, len) == 0)
-        return KVG_PRETOK_QWEN2;
-    return KVG_PRETOK_NONE;
-}
-
-static int parse_pretok(hf_load *L, const json_t *p, const char *path)
-{
-    char sub[128];
-    if (!p || json_is_null(p))
-        return 0;
-    if (!json_is_object(p))
-        return fail(L, path, "expected an object, not %s", jtype(p));
-    const json_t *type = json_object_get(p, "type");
-    if (!json_is_string(type))
-        return fail(L, path, "missing \"type\"");
-    const char *ty = json_string_value(type);
-
-    if (strcmp(ty, "Sequence") == 0) {
-        const json_t *list = json_object_get(p, "pretokenizers");
-        if (!json_is_array(list))
-            return fail(L, path, "Sequence without a \"pretokenizers\" array");
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", path, i);
-            if (parse_pretok(L, json_array_get(list, i), sub) != 0)
-                return -1;
-        }
-        return 0;
-    }
-    if (strcmp(ty, "Split") == 0) {
-        const json_t *pat = json_object_get(p, "pattern");
-        const json_t *re = json_is_object(pat) ? json_object_get(pat, "Regex") : NULL;
-        int invert;
-        if (!json_is_string(re))
-            return fail(L, path, "Split without a \"pattern\": {\"Regex\": ...} is not supported");
-        if (!is_str(json_object_get(p, "behavior"), "Isolated"))
-            return fail(L, path, "Split behavior other than \"Isolated\" is not supported");
-        if (get_bool(L, p, "invert", path, 0, &invert) != 0)
-            return -1;
-        if (invert)
-            return fail(L, path, "Split with \"invert\": true is not supported");
-        int kind = regex_kind(json_string_value(re), json_string_length(re));
-        if (kind == KVG_PRETOK_NONE)
-            return fail(L, path, "unrecognised Split regex (supported: the GPT-2, Llama 3 "
-                        "and Qwen2 patterns): \"%.80s\"", json_string_value(re));
-        if (L->pretok != KVG_PRETOK_NONE || L->byte_level)
-            return fail(L, path, "more than one regex split, or a split after ByteLevel, "
-                        "is not supported");
-        L->pretok = kind;
-        return 0;
-    }
-    if (strcmp(ty, "ByteLevel") == 0) {
-        int prefix, use_regex;
-        if (get_bool(L, p, "add_prefix_space", path, 1, &prefix) != 0
-            || get_bool(L, p, "use_regex", path, 1, &use_regex) != 0)
-            return -1;
-        if (prefix)
-            return fail(L, path, "ByteLevel with \"add_prefix_space\": true is not supported");
-        if (L->byte_level)
-            return fail(L, path, "ByteLevel appears twice");
-        if (use_regex) {
-            if (L->pretok != KVG_PRETOK_NONE)
-                return fail(L, path, "a regex Split followed by ByteLevel with "
-                            "\"use_regex\": true is not supported");
-            L->pretok = KVG_PRETOK_GPT2;
-        }
-        L->byte_level = 1;
-        return 0;
-    }
-    if (strcmp(ty, "Metaspace") == 0) {
-        const json_t *scheme = json_object_get(p, "prepend_scheme");
-        int prefix;
-        if (!is_str(json_object_get(p, "replacement"), SPM_SPACE))
-            return fail(L, path, "Metaspace replacement other than \"\xe2\x96\x81\" is not supported");
-        if (get_bool(L, p, "add_prefix_space", path, 1, &prefix) != 0)
-            return -1;
-        if (scheme && !json_is_null(scheme)) {
-            if (is_str(scheme, "never"))
-                prefix = 0;
-            else if (is_str(scheme, "first") || is_str(scheme, "always"))
-                prefix = 1;
-            else
-                return fail(L, path, "unknown Metaspace prepend_scheme");
-        }
-        L->metaspace = 1;
-        L->metaspace_prefix = prefix;
-        return 0;
-    }
-    return fail(L, path, "pre_tokenizer type \"%s\" is not supported", ty);
 }
 
 /* ---------------- vocabulary ---------------- */
@@ -500,21 +338,25 @@ static int load(hf_load *L, struct kvg_tokenizer *t, const json_t *root)
     if (unk_tok && !json_is_null(unk_tok) && !json_is_string(unk_tok))
         return fail(L, "model.unk_token", "expected a string");
 
-    if (parse_normalizer(L, json_object_get(root, "normalizer"), "normalizer") != 0
-        || parse_pretok(L, json_object_get(root, "pre_tokenizer"), "pre_tokenizer") != 0)
-        return -1;
+    kvg_hf_pipe *P = &L->pipe;
+    char why[320];
+    if (kvg_hf_parse_normalizer(P, json_object_get(root, "normalizer"), "normalizer", why,
+                                sizeof why) != 0
+        || kvg_hf_parse_pretok(P, json_object_get(root, "pre_tokenizer"), "pre_tokenizer", why,
+                               sizeof why) != 0)
+        return fail(L, NULL, "%s", why);
 
-    int spm = L->spm_prepend || L->spm_replace || L->metaspace;
-    if (L->byte_level && spm)
+    int spm = P->spm_prepend || P->spm_replace || P->metaspace;
+    if (P->byte_level && spm)
         return fail(L, "pre_tokenizer", "mixes ByteLevel with SentencePiece-style "
                     "\xe2\x96\x81 handling");
-    if (!L->byte_level && !spm)
+    if (!P->byte_level && !spm)
         return fail(L, "pre_tokenizer", "neither byte-level (ByteLevel) nor SentencePiece-"
                     "style (Metaspace, or Prepend/Replace \xe2\x96\x81 normalizers): "
                     "not supported");
-    if (!L->byte_level && L->pretok != KVG_PRETOK_NONE)
-        return fail(L, "pre_tokenizer", "a regex Split without ByteLevel is not supported");
-    if (spm && !L->spm_replace && !L->metaspace)
+    if (!P->byte_level && P->n_st)
+        return fail(L, "pre_tokenizer", "a Split without ByteLevel is not supported");
+    if (spm && !P->spm_replace && !P->metaspace)
         return fail(L, "normalizer", "Prepend(\"\xe2\x96\x81\") without Replace(\" \", "
                     "\"\xe2\x96\x81\") is not supported");
 
@@ -578,22 +420,32 @@ static int load(hf_load *L, struct kvg_tokenizer *t, const json_t *root)
     }
     free(pieces);
 
-    if (L->byte_level) {
+    t->norm = P->norm;
+    if (P->byte_level) {
         t->kind = "hf-bpe";
         t->mode = KVG_TOK_BYTE_LEVEL;
-        t->pretok = L->pretok;
+        kvg_tok_set_stages(t, P->st, P->n_st);
+        P->st = NULL;
+        P->n_st = 0;
+        t->bl_prefix_space = P->byte_level_prefix;
     } else {
         t->kind = "hf-spm";
         t->mode = KVG_TOK_SPM;
         t->pretok = KVG_PRETOK_NONE;
-        t->add_dummy_prefix = L->spm_prepend || (L->metaspace && L->metaspace_prefix);
+        if (P->metaspace) {
+            t->add_dummy_prefix = P->metaspace_prefix != KVG_PREFIX_NONE;
+            t->meta_prefix = P->metaspace_prefix;
+            t->meta_split = P->metaspace_split;
+        } else {
+            t->add_dummy_prefix = P->spm_prepend;
+        }
         t->byte_fallback = byte_fallback;
         if (byte_fallback)
             for (size_t i = 0; i < n; i++)
                 if (t->type[i] == KVG_TT_NORMAL && is_byte_piece(t->piece[i], t->piece_len[i]))
                     t->type[i] = KVG_TT_BYTE;
     }
-    t->ignore_merges = L->byte_level && ignore_merges;
+    t->ignore_merges = P->byte_level && ignore_merges;
 
     if (kvg_tok_build_index(t) != 0)
         return fail(L, NULL, "out of memory");
@@ -614,15 +466,20 @@ static int load(hf_load *L, struct kvg_tokenizer *t, const json_t *root)
         for (size_t i = 0; i < na; i++) {
             const json_t *a = json_array_get(added, i);
             int32_t id = (int32_t)json_integer_value(json_object_get(a, "id"));
-            int special;
+            int special, lstrip, rstrip, single_word;
             char path[64];
             snprintf(path, sizeof path, "added_tokens[%zu]", i);
-            if (get_bool(L, a, "special", path, 0, &special) != 0)
+            if (get_bool(L, a, "special", path, 0, &special) != 0
+                || get_bool(L, a, "lstrip", path, 0, &lstrip) != 0
+                || get_bool(L, a, "rstrip", path, 0, &rstrip) != 0
+                || get_bool(L, a, "single_word", path, 0, &single_word) != 0)
                 return -1;
             if (t->type[id] != KVG_TT_UNKNOWN)
                 t->type[id] = special ? KVG_TT_CONTROL : KVG_TT_USER_DEFINED;
             t->added[t->n_added++] = (kvg_added_token){
                 .id = id, .special = special, .text = t->piece[id], .len = t->piece_len[id],
+                .lstrip = (uint8_t)lstrip, .rstrip = (uint8_t)rstrip,
+                .single_word = (uint8_t)single_word,
             };
         }
     }
@@ -654,6 +511,7 @@ int kvg_tok_load_hfjson(struct kvg_tokenizer *t, const unsigned char *data, size
         return fail(&L, NULL, "invalid JSON at line %d, column %d: %s", jerr.line,
                     jerr.column, jerr.text);
     int rc = load(&L, t, root);
+    kvg_hf_pipe_free(&L.pipe);
     json_decref(root);
     return rc;
 }

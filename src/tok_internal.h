@@ -56,6 +56,44 @@ enum kvg_pretok {
     KVG_PRETOK_QWEN2 = 3         /* like Llama 3 but single digits */
 };
 
+/* Unicode normalization applied to the text between added tokens. */
+enum kvg_tok_norm {
+    KVG_NORM_NONE = 0,
+    KVG_NORM_NFC,
+    KVG_NORM_NFKC
+};
+
+/* When a HF Metaspace pre-tokenizer prepends its "▁" (prepend_scheme): never,
+ * to the fragment at the very start of the text, or to every fragment; in both
+ * cases not to a fragment that already starts with one. */
+enum kvg_tok_prefix {
+    KVG_PREFIX_NONE = 0,
+    KVG_PREFIX_META_FIRST,
+    KVG_PREFIX_META_ALWAYS
+};
+
+/* How a split treats the text its pattern matches (HF SplitDelimiterBehavior). */
+enum kvg_split_behavior {
+    KVG_SPLIT_ISOLATED = 0,      /* matches and the text between them are pieces */
+    KVG_SPLIT_REMOVED,           /* matches are dropped */
+    KVG_SPLIT_MERGED_PREV,       /* a match joins the text before it */
+    KVG_SPLIT_MERGED_NEXT,       /* a match joins the text after it */
+    KVG_SPLIT_CONTIGUOUS         /* consecutive matches form one piece */
+};
+
+/* One stage of a pre-tokenizer pipeline (pretok_re.c): exactly one of scanner,
+ * re and lit is set. */
+typedef struct kvg_pretok_stage {
+    int scanner;                 /* enum kvg_pretok: a hand-written scanner (Isolated) */
+    void *re;                    /* a compiled regex (pcre2_code_8 *) */
+    char *lit;                   /* a literal string (HF Split on a String) */
+    size_t lit_len;
+    uint8_t behavior;            /* enum kvg_split_behavior */
+    uint8_t invert;              /* the pattern marks what is kept, not what splits */
+    uint8_t has_first;           /* re: first[] lists every byte a match can start with */
+    uint8_t first[32];           /* bitmap over bytes (PCRE2's start bitmap) */
+} kvg_pretok_stage;
+
 /* Open-addressing hash from piece bytes to id. */
 typedef struct kvg_piece_index {
     int32_t *slots;              /* id or -1 */
@@ -94,6 +132,8 @@ typedef struct kvg_word_index {
 typedef struct kvg_added_token {
     int32_t id;
     int special;                 /* only matched with KVG_ENC_PARSE_SPECIAL */
+    uint8_t lstrip, rstrip;      /* HF: the match takes the whitespace before / after it */
+    uint8_t single_word;         /* HF: only where no word character touches it */
     const char *text;            /* points into the piece storage */
     uint32_t len;
 } kvg_added_token;
@@ -101,7 +141,9 @@ typedef struct kvg_added_token {
 struct kvg_tokenizer {
     const char *kind;            /* see kvg_tokenizer_kind() */
     int mode;                    /* enum kvg_tok_mode */
-    int pretok;                  /* enum kvg_pretok (byte-level only) */
+    int pretok;                  /* enum kvg_pretok (byte-level only), when n_stages == 0 */
+    kvg_pretok_stage *stages;    /* else the pre-tokenizer pipeline, in order (owned) */
+    size_t n_stages;
 
     int32_t n_vocab;
     char **piece;                /* raw pieces, NUL-terminated (may contain NULs only via len) */
@@ -114,7 +156,7 @@ struct kvg_tokenizer {
     kvg_piece_index index;
     kvg_merge_table merges;
 
-    kvg_added_token *added;      /* longest first */
+    kvg_added_token *added;      /* by first byte, then longest first (see added_from) */
     size_t n_added;
 
     int32_t bos, eos, unk, pad;  /* -1 when absent */
@@ -134,6 +176,12 @@ struct kvg_tokenizer {
     int add_bos;                 /* the vocabulary asks for BOS by default (GGUF add_bos_token) */
     int ignore_merges;           /* byte-level: a pre-token that is itself a piece is emitted
                                     without merging (HF "ignore_merges", Llama 3) */
+    int norm;                    /* enum kvg_tok_norm */
+    int meta_prefix;             /* SPM: enum kvg_tok_prefix; KVG_PREFIX_NONE keeps the
+                                    SentencePiece rule (add_dummy_prefix: every fragment) */
+    int meta_split;              /* SPM: HF Metaspace "split": a piece starts at every space */
+    int bl_prefix_space;         /* byte-level: a space before each fragment that does not
+                                    start with one (HF ByteLevel add_prefix_space) */
 
     /* Derived by kvg_tok_finish (tok_vocab.c, tok_encode.c); loaders leave these alone. */
     uint64_t uid;                /* unique per loaded tokenizer: tags per-thread encoder caches */
@@ -155,7 +203,10 @@ struct kvg_tokenizer {
     kvg_word_index word_index;   /* decoded bytes -> id, for pieces that the merge turns
                                     back into exactly themselves: a whole word (pre-token or
                                     SPM space run) found here is one token, no merging */
-    uint8_t added_first[256];    /* 1 for bytes that start some added token */
+    uint32_t added_from[257];    /* added[added_from[b] .. added_from[b + 1]) start with byte b */
+    uint64_t added_pair[1024];   /* bit a << 8 | b: some added token starts with bytes a, b
+                                    (a one-byte token sets every b): most positions are
+                                    ruled out without a string compare */
     uint32_t max_token_text;     /* most input bytes one token can stand for, 0 when the
                                     encoder may drop text (see kvg_tokenizer_min_tokens) */
     int refs;                    /* references (kvg_tokenizer_ref); atomic */
@@ -275,6 +326,34 @@ int kvg_tok_encode(const struct kvg_tokenizer *t, const char *text, size_t len,
  * covering the whole input. Returns 0, or the first non-zero value emit returned. */
 typedef int (*kvg_pretok_emit)(void *ctx, const char *s, size_t len);
 int kvg_pretok_split(int kind, const char *s, size_t n, kvg_pretok_emit emit, void *ctx);
+
+/* ---- pretok_re.c: pipelines of splits ---- */
+/* The scanner (enum kvg_pretok) implementing exactly this regex text, or 0. */
+int kvg_pretok_scanner_for(const char *re, size_t len);
+/* A stage splitting by a regex (HF/Oniguruma syntax): a scanner when one
+ * implements it, else PCRE2. 0, or -1 with a message in err. */
+int kvg_pretok_stage_regex(kvg_pretok_stage *st, const char *re, size_t len, int behavior,
+                           int invert, char *err, size_t err_len);
+/* A stage splitting on a literal string. 0 or -1 (out of memory). */
+int kvg_pretok_stage_literal(kvg_pretok_stage *st, const char *s, size_t len, int behavior,
+                             int invert);
+/* Frees n stages and the array. */
+void kvg_pretok_stages_free(kvg_pretok_stage *st, size_t n);
+/* Runs the pipeline over s[0..n) (valid UTF-8: the regex engine does not check),
+ * calling emit for every final piece (non-empty, in order). Returns 0, the first
+ * non-zero emit result, or -1 (out of memory, regex match error). Thread-safe. */
+int kvg_pretok_run(const kvg_pretok_stage *st, size_t n_st, const char *s, size_t n,
+                   kvg_pretok_emit emit, void *ctx);
+/* Installs a pipeline on t (taking ownership of st): a lone scanner stage
+ * becomes t->pretok, the fast path. */
+void kvg_tok_set_stages(struct kvg_tokenizer *t, kvg_pretok_stage *st, size_t n);
+
+/* ---- tok_pre.c ---- */
+/* Sets t's pre-tokenizer (and the flags that go with it) for a GGUF
+ * tokenizer.ggml.pre name: 0, 1 when the name is unknown (t unchanged), or -1
+ * with a message in err. */
+int kvg_tok_gguf_pre(struct kvg_tokenizer *t, const char *pre, size_t len, char *err,
+                     size_t err_len);
 
 /* GPT-2 byte <-> printable code point mapping (bytes_to_unicode). */
 uint32_t kvg_byte_to_cp(unsigned char b);

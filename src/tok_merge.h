@@ -30,6 +30,8 @@ typedef struct kvg_tok_scratch {
     kvg_merge *pairs;            /* KVG_PAIR_CACHE recent merge lookups, or NULL */
     char *buf;                   /* byte-level text of a word (ignore_merges) */
     size_t buf_cap;
+    char *frag;                  /* a fragment normalized or given its prefix space */
+    size_t frag_cap;
     uint64_t *rq[65];            /* radix queue buckets (long words, monotone merges) */
     size_t rq_n[65], rq_cap[65];
     uint64_t rq_last;

@@ -59,6 +59,7 @@ void kvg_tok_release(struct kvg_tokenizer *t)
     free(t->arena);
     free(t->mapping);
     free(t->bytes_arena);
+    kvg_pretok_stages_free(t->stages, t->n_stages);
     memset(t, 0, sizeof *t);
 }
 
@@ -353,9 +354,14 @@ int kvg_tok_added_from_types(struct kvg_tokenizer *t)
     return 0;
 }
 
+/* By first byte (empty ones last), then longest first: the encoder tries only
+ * the tokens that start with the byte at hand, the longest match first. */
 static int cmp_added(const void *a, const void *b)
 {
     const kvg_added_token *x = a, *y = b;
+    int fx = x->len ? (unsigned char)x->text[0] : 256, fy = y->len ? (unsigned char)y->text[0] : 256;
+    if (fx != fy)
+        return fx < fy ? -1 : 1;
     if (x->len != y->len)
         return x->len > y->len ? -1 : 1;
     return (x->id > y->id) - (x->id < y->id);
@@ -569,10 +575,20 @@ int kvg_tok_finish_vocab(struct kvg_tokenizer *t, char *err, size_t err_len)
 
     if (t->n_added > 1)
         qsort(t->added, t->n_added, sizeof *t->added, cmp_added);
-    memset(t->added_first, 0, sizeof t->added_first);
-    for (size_t i = 0; i < t->n_added; i++)
-        if (t->added[i].len > 0)
-            t->added_first[(unsigned char)t->added[i].text[0]] = 1;
+    /* added_from[b] = first token starting with a byte >= b */
+    for (unsigned b = 0, i = 0; b <= 256; b++) {
+        while (i < t->n_added && t->added[i].len > 0 && (unsigned char)t->added[i].text[0] < b)
+            i++;
+        t->added_from[b] = i;
+    }
+    memset(t->added_pair, 0, sizeof t->added_pair);
+    for (size_t i = 0; i < t->n_added; i++) {
+        const kvg_added_token *a = &t->added[i];
+        unsigned f = a->len ? (unsigned char)a->text[0] : 0;
+        for (unsigned b = 0; a->len > 0 && b < 256; b++)
+            if (a->len == 1 || (unsigned char)a->text[1] == b)
+                t->added_pair[(f << 8 | b) >> 6] |= 1ULL << (b & 63);
+    }
     if (merges_compact(&t->merges) < 0)
         goto oom;
     t->merge_monotone = merges_monotone(t);

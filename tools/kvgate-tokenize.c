@@ -11,6 +11,7 @@
  * from its contents). Exit status: 0 ok, 1 bad tokenizer file or input (or a
  * template that raised), 2 usage. */
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,8 @@ static const char USAGE[] =
     "                    (with --chat also a model directory holding tokenizer.json)\n"
     "  --bos             prepend the BOS token (when the vocabulary has one)\n"
     "  --special         recognise special-token text such as <|im_start|> in the input\n"
+    "  --lines           encode many texts, the vocabulary loaded once: each input line\n"
+    "                    is one JSON string; prints one line of ids per input line\n"
     "  --decode          decode ids instead of encoding text\n"
     "  --help            show this help\n"
     "\n"
@@ -99,6 +102,35 @@ static int encode(kvg_tokenizer *t, const char *in, size_t len, unsigned flags)
         printf(i ? " %d" : "%d", ids[i]);
     putchar('\n');
     free(ids);
+    return 0;
+}
+
+/* --lines (a reference comparison over a corpus: t/tokenizer-hf.t): in holds JSON
+ * Lines, each one JSON string, so that a text may hold anything (newlines, NUL)
+ * written with JSON escapes. A last line without its newline counts; a blank line is
+ * an error, not an empty text ("" is the empty text). */
+static int encode_lines(kvg_tokenizer *t, char *in, size_t len, unsigned flags)
+{
+    size_t line = 0;
+    for (char *p = in; p < in + len; line++) {
+        char *nl = memchr(p, '\n', (size_t)(in + len - p));
+        char *end = nl ? nl : in + len;
+        json_error_t jerr;
+        json_t *s = json_loadb(p, (size_t)(end - p), JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+        if (!json_is_string(s)) {
+            fprintf(stderr, "kvgate-tokenize: --lines input line %zu is not a JSON string%s%s\n", line + 1,
+                    s ? "" : ": ", s ? "" : jerr.text);
+            json_decref(s);
+            return 1;
+        }
+        int rc = encode(t, json_string_value(s), json_string_length(s), flags);
+        json_decref(s);
+        if (rc != 0) {
+            fprintf(stderr, "kvgate-tokenize: (--lines input line %zu)\n", line + 1);
+            return rc;
+        }
+        p = nl ? nl + 1 : end;
+    }
     return 0;
 }
 
@@ -344,6 +376,7 @@ done:
 
 int main(int argc, char **argv)
 {
+    int lines = 0;
     const char *path = NULL;
     unsigned flags = 0;
     int do_decode = 0;
@@ -360,6 +393,8 @@ int main(int argc, char **argv)
             path = a + 12;
         } else if (strcmp(a, "--bos") == 0) {
             flags |= KVG_ENC_BOS;
+        } else if (strcmp(a, "--lines") == 0) {
+            lines = 1;
         } else if (strcmp(a, "--special") == 0) {
             flags |= KVG_ENC_PARSE_SPECIAL;
         } else if (strcmp(a, "--decode") == 0) {
@@ -407,6 +442,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvgate-tokenize: --tokenizer FILE is required\n%s", USAGE);
         return 2;
     }
+    if (do_decode && lines) {
+        fprintf(stderr, "kvgate-tokenize: --lines encodes; it does not go with --decode\n%s", USAGE);
+        return 2;
+    }
 
     char err[512];
     kvg_tokenizer *t = kvg_tokenizer_load(path, err, sizeof err);
@@ -421,7 +460,7 @@ int main(int argc, char **argv)
         kvg_tokenizer_free(t);
         return 1;
     }
-    int rc = do_decode ? decode(t, in) : encode(t, in, len, flags);
+    int rc = do_decode ? decode(t, in) : lines ? encode_lines(t, in, len, flags) : encode(t, in, len, flags);
     free(in);
     kvg_tokenizer_free(t);
     if (fflush(stdout) != 0) {

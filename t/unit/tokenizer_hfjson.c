@@ -576,13 +576,26 @@ static void test_errors(void)
                  "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
                  "added_tokens[0]", "id", "bad added token id");
     expect_error("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
-                 "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\w+|\\\\s+\"},\"behavior\":\"Isolated\"},"
+                 "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\\\\w+\"},\"behavior\":\"Isolated\"},"
                  "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
                  "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
-                 "pre_tokenizer.pretokenizers[0]", "unrecognised Split regex", "unknown regex");
+                 "pre_tokenizer.pretokenizers[0]", "does not compile", "bad regex");
+    expect_error("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+                 "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[\\\\p{L}&&[^a]]+\"},\"behavior\":\"Isolated\"},"
+                 "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
+                 "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+                 "pre_tokenizer.pretokenizers[0]", "intersection", "regex class intersection");
+    expect_error("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+                 "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Sideways\"},"
+                 "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
+                 "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+                 "pre_tokenizer.pretokenizers[0]", "unknown Split behavior Sideways", "bad behavior");
+    expect_error("{\"pre_tokenizer\":{\"type\":\"BertPreTokenizer\"},"
+                 "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+                 "pre_tokenizer", "\"BertPreTokenizer\" is not supported", "BERT pre-tokenizer");
     expect_error("{\"pre_tokenizer\":{\"type\":\"Whitespace\"},"
                  "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
-                 "pre_tokenizer", "\"Whitespace\" is not supported", "Whitespace pre-tokenizer");
+                 "pre_tokenizer", "neither byte-level", "Whitespace without ByteLevel");
     expect_error("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
                  "neither byte-level", NULL, "no pre-tokenizer or normalizer");
     expect_error("{\"normalizer\":{\"type\":\"Lowercase\"}," BL_PIPE
@@ -594,9 +607,11 @@ static void test_errors(void)
     expect_error("{" SPM_PIPE "\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\","
                  "\"vocab\":{\"a\":0},\"merges\":[]}}",
                  "model.unk_token", "not in the vocabulary", "unknown unk_token");
-    expect_error("{\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true},"
+    expect_error("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+                 "{\"type\":\"Digits\",\"individual_digits\":true},"
+                 "{\"type\":\"ByteLevel\",\"add_prefix_space\":true}]},"
                  "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
-                 "add_prefix_space", NULL, "ByteLevel add_prefix_space");
+                 "add_prefix_space", NULL, "ByteLevel add_prefix_space after a split");
 
     /* From a file: the message names the path. */
     char path[600], err[512];
