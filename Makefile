@@ -326,6 +326,9 @@ PROVE      := PERL5LIB=t/lib$${PERL5LIB:+:$$PERL5LIB} prove --harness Kvgate::Ch
 
 test: deps
 	$(MAKE) -j$(NPROC) all asan module-asan
+	@# the npm references (tokenizers, the SDK) before the unit tests, which read them too
+	BUILD=$(BUILD) perl -It/lib -MKvgate::TokenizerRef -e \
+	    'my ($$r, $$why) = Kvgate::TokenizerRef::install(); die "make test: $$why\n" unless $$r'
 	BUILD=$(BUILD) $(PROVE) $(PROVE_FLAGS) $(UNITS) $(wildcard t/*.t)
 	BUILD=$(BUILD) KVGATE_ASAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
