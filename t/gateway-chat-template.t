@@ -182,6 +182,26 @@ $g->stop;
     $g3->stop;
 }
 
+# ---- chat_template_kwargs reach the template ------------------------------------------
+
+{
+    my $g4 = Kvgate::Gateway->new(engine_args => [ '--model', "$shared/models/stories260K/stories260K.bin",
+                                                   '--tokenizer', "$shared/models/stories260K/tok512.bin",
+                                                   '--chat-template', "$shared/templates/Qwen-Qwen3-0.6B.jinja" ]);
+    my @m = ({ role => 'user', content => 'Hi' });
+    my $on = $g4->chat({ messages => \@m, max_tokens => 1 });
+    my $off = $g4->chat({ messages => \@m, max_tokens => 1,
+                          chat_template_kwargs => { enable_thinking => JSON::PP::false } });
+    is($on->{status}, 200, 'Qwen3\'s template: 200');
+    is($off->{status}, 200, '  with chat_template_kwargs {enable_thinking: false}: 200');
+    # Qwen3 writes an empty <think></think> block after the generation prompt when thinking is off
+    cmp_ok($off->{json}{usage}{prompt_tokens}, '>', $on->{json}{usage}{prompt_tokens},
+           '  the kwarg reached the template (its empty think block is in the prompt)');
+    my $bad = $g4->chat({ messages => \@m, chat_template_kwargs => { messages => [] } });
+    is($bad->{status}, 400, '  a kwarg that would replace the messages: 400');
+    $g4->stop;
+}
+
 # ---- a template that does not compile stops the engine at startup ---------------------
 
 {
