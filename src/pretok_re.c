@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "ucd_extra.h"
 #include "utf8.h"
 
 /* The JIT stack a thread may grow to: patterns with repeated groups (e.g.
@@ -155,6 +156,122 @@ static const struct {
     { "\\s+$", "(?<!\\s)\\s+$" },
 };
 
+/* A growable string. */
+typedef struct sbuf {
+    char *s;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *p = realloc(b->s, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->s = p;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = '\0';
+}
+
+static void sb_str(sbuf *b, const char *s)
+{
+    sb_add(b, s, strlen(s));
+}
+
+/* The pattern with each \p{X} widened by the characters that the reference's
+ * Unicode tables have in X and PCRE2's do not yet (ucd_extra.c): inside a
+ * class the extra ranges join it, outside \p{X} becomes [\p{X}...] and \P{X}
+ * [^\p{X}...]. (\P{X} inside a class is left as it is.) NULL when out of
+ * memory; *out_len is the new length. */
+static char *widen_props(const char *re, size_t len, size_t *out_len)
+{
+    sbuf b = { 0 };
+    int in_class = 0;
+    sb_add(&b, "", 0);
+    for (size_t i = 0; i < len;) {
+        char c = re[i];
+        if (c == '\\' && i + 1 < len && (re[i + 1] == 'p' || re[i + 1] == 'P') && i + 2 < len) {
+            size_t name = i + 2, name_len = 1, end = i + 3;
+            if (re[i + 2] == '{') {
+                const char *close = memchr(re + i + 3, '}', len - i - 3);
+                if (!close) {
+                    sb_add(&b, re + i, len - i);
+                    break;
+                }
+                name = i + 3;
+                name_len = (size_t)(close - (re + name));
+                end = (size_t)(close - re) + 1;
+            }
+            const char *extra = kvg_ucd_extra_class(re + name, name_len);
+            if (!extra || (in_class && re[i + 1] == 'P')) {
+                sb_add(&b, re + i, end - i);
+            } else {
+                if (!in_class)
+                    sb_str(&b, re[i + 1] == 'P' ? "[^" : "[");
+                sb_str(&b, "\\p{");
+                sb_add(&b, re + name, name_len);
+                sb_str(&b, "}");
+                sb_str(&b, extra);
+                if (!in_class)
+                    sb_str(&b, "]");
+            }
+            i = end;
+            continue;
+        }
+        if (c == '\\' && i + 1 < len && re[i + 1] == 'Q') {
+            /* \Q...\E is literal text */
+            const char *e = memmem(re + i + 2, len - i - 2, "\\E", 2);
+            size_t end = e ? (size_t)(e - re) + 2 : len;
+            sb_add(&b, re + i, end - i);
+            i = end;
+            continue;
+        }
+        if (c == '\\') {
+            sb_add(&b, re + i, i + 1 < len ? 2 : 1);
+            i += 2;
+            continue;
+        }
+        if (!in_class && c == '[') {
+            /* a ']' first in the class is literal */
+            size_t j = i + 1;
+            if (j < len && re[j] == '^')
+                j++;
+            if (j < len && re[j] == ']')
+                j++;
+            sb_add(&b, re + i, j - i);
+            in_class = 1;
+            i = j;
+            continue;
+        }
+        if (in_class && c == '[' && i + 1 < len && re[i + 1] == ':') {
+            const char *e = memmem(re + i + 2, len - i - 2, ":]", 2);
+            size_t end = e ? (size_t)(e - re) + 2 : len;
+            sb_add(&b, re + i, end - i);
+            i = end;
+            continue;
+        }
+        if (in_class && c == ']')
+            in_class = 0;
+        sb_add(&b, &c, 1);
+        i++;
+    }
+    if (b.oom) {
+        free(b.s);
+        return NULL;
+    }
+    *out_len = b.n;
+    return b.s;
+}
+
 int kvg_pretok_stage_regex(kvg_pretok_stage *st, const char *re, size_t len, int behavior,
                            int invert, char *err, size_t err_len)
 {
@@ -173,17 +290,22 @@ int kvg_pretok_stage_regex(kvg_pretok_stage *st, const char *re, size_t len, int
         snprintf(err, err_len, "regex class intersection (&&) is not supported: \"%.60s\"", re);
         return -1;
     }
+    size_t wide_len;
+    char *wide = widen_props(re, len, &wide_len);
     pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
-    if (!cc) {
+    if (!cc || !wide) {
+        pcre2_compile_context_free(cc);
+        free(wide);
         snprintf(err, err_len, "out of memory");
         return -1;
     }
     pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, len, PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE,
-                                     &ec, &eo, cc);
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)wide, wide_len,
+                                     PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &ec, &eo, cc);
     pcre2_compile_context_free(cc);
+    free(wide);
     if (!code) {
         PCRE2_UCHAR msg[120];
         pcre2_get_error_message(ec, msg, sizeof msg);
