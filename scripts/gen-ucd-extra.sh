@@ -130,6 +130,33 @@ print("            return pcre_extra[i].items;")
 print("    return NULL;")
 print("}")
 print()
+union = set()
+for c in cats:
+    union |= sets["node:" + c] - sets["pcre:" + c]
+print("/* Every code point above, for any property: a piece without one matches the same")
+print(" * with and without the extra ranges. */")
+print("static const struct {")
+print("    uint32_t lo, hi;")
+print("} pcre_any[] = {")
+for a, b in ranges(union):
+    print("    { 0x%X, 0x%X }," % (a, b))
+print("};")
+print()
+print("int kvg_ucd_extra_any(uint32_t cp)")
+print("{")
+print("    size_t lo = 0, hi = sizeof pcre_any / sizeof *pcre_any;")
+print("    while (lo < hi) {")
+print("        size_t mid = (lo + hi) / 2;")
+print("        if (cp < pcre_any[mid].lo)")
+print("            hi = mid;")
+print("        else if (cp > pcre_any[mid].hi)")
+print("            lo = mid + 1;")
+print("        else")
+print("            return 1;")
+print("    }")
+print("    return 0;")
+print("}")
+print()
 cn = sets["utf8proc:Cn"]
 rs = []
 for cls, key in ((1, "L"), (2, "N")):

@@ -156,6 +156,33 @@ static const struct {
     { "\\s+$", "(?<!\\s)\\s+$" },
 };
 
+/* A JIT-compiled regex (HF/Oniguruma syntax, see the top); NULL with err. */
+static pcre2_code *compile(const char *re, size_t len, char *err, size_t err_len)
+{
+    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
+    if (!cc) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, len, PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE,
+                                     &ec, &eo, cc);
+    pcre2_compile_context_free(cc);
+    if (!code) {
+        PCRE2_UCHAR msg[120];
+        pcre2_get_error_message(ec, msg, sizeof msg);
+        snprintf(err, err_len, "regex \"%.60s\" does not compile at offset %zu: %s", re,
+                 (size_t)eo, (const char *)msg);
+        return NULL;
+    }
+    /* Without JIT (not built in, or no executable memory) the interpreter
+     * gives the same matches, slower. */
+    (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+    return code;
+}
+
 /* A growable string. */
 typedef struct sbuf {
     char *s;
@@ -290,33 +317,30 @@ int kvg_pretok_stage_regex(kvg_pretok_stage *st, const char *re, size_t len, int
         snprintf(err, err_len, "regex class intersection (&&) is not supported: \"%.60s\"", re);
         return -1;
     }
+    pcre2_code *code = compile(re, len, err, err_len), *plain = NULL;
+    if (!code)
+        return -1;
     size_t wide_len;
     char *wide = widen_props(re, len, &wide_len);
-    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
-    if (!cc || !wide) {
-        pcre2_compile_context_free(cc);
-        free(wide);
+    if (!wide) {
+        pcre2_code_free(code);
         snprintf(err, err_len, "out of memory");
         return -1;
     }
-    pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
-    int ec;
-    PCRE2_SIZE eo;
-    pcre2_code *code = pcre2_compile((PCRE2_SPTR)wide, wide_len,
-                                     PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &ec, &eo, cc);
-    pcre2_compile_context_free(cc);
-    free(wide);
-    if (!code) {
-        PCRE2_UCHAR msg[120];
-        pcre2_get_error_message(ec, msg, sizeof msg);
-        snprintf(err, err_len, "regex \"%.60s\" does not compile at offset %zu: %s", re,
-                 (size_t)eo, (const char *)msg);
-        return -1;
+    if (wide_len != len) {
+        /* The widened classes are slower to match: the pattern as written
+         * stays for pieces without a newer character (has_newer_char). */
+        plain = code;
+        code = compile(wide, wide_len, err, err_len);
+        if (!code) {
+            pcre2_code_free(plain);
+            free(wide);
+            return -1;
+        }
     }
-    /* Without JIT (not built in, or no executable memory) the interpreter
-     * gives the same matches, slower. */
-    (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+    free(wide);
     st->re = code;
+    st->re_ascii = plain;
     /* The bytes a match can start with: a piece with none of them has no
      * match and skips the matcher (most pieces, for a digit or CJK split).
      * For each ASCII byte, an anchored partial match on that byte alone says
@@ -356,6 +380,7 @@ void kvg_pretok_stages_free(kvg_pretok_stage *st, size_t n)
 {
     for (size_t i = 0; st && i < n; i++) {
         pcre2_code_free(st[i].re);
+        pcre2_code_free(st[i].re_ascii);
         free(st[i].lit);
     }
     free(st);
@@ -460,8 +485,8 @@ static int sp_element(splitter *sp, size_t off, size_t len, int is_match)
 
 /* Next match of stage st in s[0..n) at or after `from`: 1 with [*ms, *me),
  * 0 when there is none, -1 on a matching error. */
-static int next_match(const run *R, const kvg_pretok_stage *st, const char *s, size_t n,
-                      size_t from, size_t *ms, size_t *me)
+static int next_match(const run *R, const kvg_pretok_stage *st, const pcre2_code *code,
+                      const char *s, size_t n, size_t from, size_t *ms, size_t *me)
 {
     if (st->lit) {
         if (st->lit_len == 0 || from >= n)
@@ -473,7 +498,6 @@ static int next_match(const run *R, const kvg_pretok_stage *st, const char *s, s
         *me = *ms + st->lit_len;
         return 1;
     }
-    const pcre2_code *code = st->re;
     int rc = pcre2_jit_match(code, (PCRE2_SPTR)s, n, from, 0, R->r->md, R->r->mctx);
     if (rc == PCRE2_ERROR_JIT_BADOPTION || rc == PCRE2_ERROR_JIT_STACKLIMIT)
         rc = pcre2_match(code, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, R->r->md, R->r->mctx);
@@ -504,6 +528,27 @@ static int may_match(const kvg_pretok_stage *st, const char *s, size_t n)
     return 0;
 }
 
+/* Whether s[0..n) holds a character that the widened pattern classifies
+ * differently (ucd_extra.c): without one, the pattern as written matches alike. */
+static int has_newer_char(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int l = kvg_utf8_decode(u + i, n - i, &cp);
+        if (l <= 0)
+            return 1;
+        if (kvg_ucd_extra_any(cp))
+            return 1;
+        i += (size_t)l;
+    }
+    return 0;
+}
+
 static int split_by(const run *R, size_t k, const char *s, size_t n)
 {
     const kvg_pretok_stage *st = &R->st[k];
@@ -513,10 +558,11 @@ static int split_by(const run *R, size_t k, const char *s, size_t n)
     splitter sp = { .R = R, .next = k + 1, .behavior = st->behavior, .base = s };
     size_t pos = 0, from = 0;
     int rc = 0;
+    const pcre2_code *code = st->re_ascii && !has_newer_char(s, n) ? st->re_ascii : st->re;
 
     while (from <= n) {
         size_t ms, me;
-        int m = next_match(R, st, s, n, from, &ms, &me);
+        int m = next_match(R, st, code, s, n, from, &ms, &me);
         if (m < 0)
             return -1;
         if (m == 0)

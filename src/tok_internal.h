@@ -86,6 +86,9 @@ enum kvg_split_behavior {
 typedef struct kvg_pretok_stage {
     int scanner;                 /* enum kvg_pretok: a hand-written scanner (Isolated) */
     void *re;                    /* a compiled regex (pcre2_code_8 *) */
+    void *re_ascii;              /* the same without the newer Unicode ranges (faster), for
+                                    pieces with no such character, on which both match
+                                    alike; NULL: use re */
     char *lit;                   /* a literal string (HF Split on a String) */
     size_t lit_len;
     uint8_t behavior;            /* enum kvg_split_behavior */

@@ -12,6 +12,9 @@
  * the pattern: "L", "Lu", "N", "P", "So" ...), or NULL when there are none. */
 const char *kvg_ucd_extra_class(const char *prop, size_t len);
 
+/* Whether cp is in any of those extra ranges. */
+int kvg_ucd_extra_any(uint32_t cp);
+
 /* For a code point utf8proc calls unassigned: 1 when the reference has it as a
  * letter (L*), 2 as a number (N*), 0 otherwise. */
 int kvg_ucd_extra_ln(uint32_t cp);
