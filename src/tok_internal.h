@@ -196,6 +196,9 @@ struct kvg_tokenizer {
     int merge_monotone;          /* every merge ranks after the merges that make its operands,
                                     so a merge only creates pairs of a later rank (true for
                                     trained merge lists): long words can use a radix queue */
+    uint8_t spm_join_space[129]; /* SPM: some mergeable piece has ASCII character c (128: any
+                                    other character) right before a space, so a merge may
+                                    join them; where none does, a run ends before the space */
     int spm_split;               /* SPM: no mergeable piece has a space right after a non-space,
                                     so merges never cross the start of a space run and the text
                                     can be merged run by run (exactly the same result) */
