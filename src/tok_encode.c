@@ -1,7 +1,7 @@
 /* Encoding around the BPE merge (tok_bpe.c).
  *
  * Added/special tokens are cut out of the text first. SPM text is then split
- * into runs that no merge can cross (see spm_split and spm_isolated), byte-level
+ * into runs that no merge can cross (see spm_join_space and spm_isolated), byte-level
  * text into pre-tokens (pretok.c); each such word is merged on its own, with
  * exactly the result merging the whole text would give.
  *

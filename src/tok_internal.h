@@ -20,7 +20,7 @@
  *   - pre-tokenization (byte-level: the GPT-2 / Llama-3 / Qwen2 split, pretok.c;
  *     SPM: none semantically, the whole text is one sequence; the encoder still
  *     merges it run by run where the vocabulary proves no merge can cross, see
- *     spm_split and spm_isolated, which gives the same ids).
+ *     spm_join_space and spm_isolated, which gives the same ids).
  * The merge is in tok_bpe.c, the encoding around it (added tokens, runs,
  * caches) in tok_encode.c, their shared working memory in tok_merge.h.
  */
