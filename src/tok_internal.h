@@ -17,7 +17,8 @@
  *     the dummy prefix and ' ' -> U+2581), unknown characters become byte-fallback
  *     pieces <0xNN> (or unk); byte-level mode maps every byte to its GPT-2
  *     printable code point first.
- *   - pre-tokenization (byte-level: the GPT-2 / Llama-3 / Qwen2 split, pretok.c;
+ *   - pre-tokenization (byte-level: the file's splits, on the hand-written
+ *     GPT-2 / Llama-3 / Qwen2 scanners of pretok.c or on PCRE2, pretok_re.c;
  *     SPM: none semantically, the whole text is one sequence; the encoder still
  *     merges it run by run where the vocabulary proves no merge can cross, see
  *     spm_join_space and spm_isolated, which gives the same ids).
