@@ -24,6 +24,20 @@ static const char *const regexes[] = {
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
     " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     "\\w+",
+    /* regexes no scanner implements (PCRE2): o200k's shape, DeepSeek's digits
+     * and CJK, an anchor, a lookahead */
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    "\\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "\\s+$",
+    "x*",
+};
+
+#define N_REGEXES (sizeof regexes / sizeof *regexes)
+
+static const char *const behaviors[] = {
+    "Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous",
 };
 
 typedef struct field {
@@ -39,13 +53,21 @@ static json_t *pipeline_pretok(unsigned sel)
     case 0:
         return bl;
     case 1:
-        return json_pack("{s:s, s:[{s:s, s:{s:s}, s:s}, o]}", "type", "Sequence",
+        /* a Split (regex or string, any behavior, maybe inverted), maybe Digits */
+        if (sel & 128)
+            return json_pack("{s:s, s:[{s:s, s:b}, {s:s, s:{s:s}, s:s, s:b}, o]}", "type", "Sequence",
+                             "pretokenizers", "type", "Digits", "individual_digits", (sel & 8) != 0,
+                             "type", "Split", "pattern", "String", (sel & 16) ? " " : "a",
+                             "behavior", behaviors[(sel >> 4) % 5], "invert", (sel & 64) != 0, bl);
+        return json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, o]}", "type", "Sequence",
                          "pretokenizers", "type", "Split", "pattern", "Regex",
-                         regexes[(sel >> 3) % 4], "behavior", "Isolated", bl);
+                         regexes[(sel >> 3) % N_REGEXES], "behavior", behaviors[(sel >> 2) % 5],
+                         "invert", (sel & 64) != 0, bl);
     case 2:
         json_decref(bl);
-        return json_pack("{s:s, s:s, s:b}", "type", "Metaspace", "replacement",
-                         "\xe2\x96\x81", "add_prefix_space", (sel & 8) != 0);
+        return json_pack("{s:s, s:s, s:s, s:b}", "type", "Metaspace", "replacement",
+                         "\xe2\x96\x81", "prepend_scheme",
+                         (sel & 8) ? "first" : (sel & 16) ? "always" : "never", "split", (sel & 32) != 0);
     default:
         json_decref(bl);
         return json_null();
@@ -116,16 +138,18 @@ static char *build(const uint8_t *data, size_t size, field *text)
 
     json_t *added = json_array();
     if (sel & 64)
-        json_array_append_new(added, json_pack("{s:i, s:s, s:b}", "id", (json_int_t)nv,
-                                               "content", "<|special|>", "special", 1));
+        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b}", "id", (json_int_t)nv,
+                                               "content", "<|special|>", "special", 1,
+                                               "lstrip", (sel & 1) != 0, "rstrip", (sel & 4) != 0));
     if (sel & 128)
-        json_array_append_new(added, json_pack("{s:i, s:s, s:b}", "id", (json_int_t)nv + 1,
-                                               "content", "<tool>", "special", 0));
+        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b}", "id", (json_int_t)nv + 1,
+                                               "content", "<tool>", "special", 0,
+                                               "single_word", (sel & 8) != 0, "rstrip", (sel & 2) != 0));
     json_t *normalizer = (sel & 3) == 3
         ? json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:{s:s}, s:s}]}", "type", "Sequence",
                     "normalizers", "type", "Prepend", "prepend", "\xe2\x96\x81",
                     "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81")
-        : json_null();
+        : (sel & 32) ? json_pack("{s:s}", "type", (sel & 16) ? "NFKC" : "NFC") : json_null();
     json_t *root = json_pack("{s:o, s:o, s:o, s:{s:s, s:b, s:o, s:o}}",
                              "added_tokens", added, "normalizer", normalizer,
                              "pre_tokenizer", pipeline_pretok(sel),

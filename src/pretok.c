@@ -18,6 +18,7 @@
 #include <utf8proc.h>
 
 #include "tok_internal.h"
+#include "ucd_extra.h"
 #include "utf8.h"
 
 enum { C_O = 0, C_L, C_N, C_WS, C_NL };   /* other, letter, number, space, \r \n */
@@ -48,6 +49,13 @@ static int class_of_cp(uint32_t cp)
         return C_L;
     case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
         return C_N;
+    case UTF8PROC_CATEGORY_CN:
+        /* assigned since utf8proc's tables: the reference knows them */
+        switch (kvg_ucd_extra_ln(cp)) {
+        case 1: return C_L;
+        case 2: return C_N;
+        default: return C_O;
+        }
     default:
         return C_O;
     }

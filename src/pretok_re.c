@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "ucd_extra.h"
 #include "utf8.h"
 
 /* The JIT stack a thread may grow to: patterns with repeated groups (e.g.
@@ -155,6 +156,149 @@ static const struct {
     { "\\s+$", "(?<!\\s)\\s+$" },
 };
 
+/* A JIT-compiled regex (HF/Oniguruma syntax, see the top); NULL with err. */
+static pcre2_code *compile(const char *re, size_t len, char *err, size_t err_len)
+{
+    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
+    if (!cc) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, len, PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE,
+                                     &ec, &eo, cc);
+    pcre2_compile_context_free(cc);
+    if (!code) {
+        PCRE2_UCHAR msg[120];
+        pcre2_get_error_message(ec, msg, sizeof msg);
+        snprintf(err, err_len, "regex \"%.60s\" does not compile at offset %zu: %s", re,
+                 (size_t)eo, (const char *)msg);
+        return NULL;
+    }
+    /* Without JIT (not built in, or no executable memory) the interpreter
+     * gives the same matches, slower. */
+    (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+    return code;
+}
+
+/* A growable string. */
+typedef struct sbuf {
+    char *s;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *p = realloc(b->s, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->s = p;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = '\0';
+}
+
+static void sb_str(sbuf *b, const char *s)
+{
+    sb_add(b, s, strlen(s));
+}
+
+/* The pattern with each \p{X} widened by the characters that the reference's
+ * Unicode tables have in X and PCRE2's do not yet (ucd_extra.c): inside a
+ * class the extra ranges join it, outside \p{X} becomes [\p{X}...] and \P{X}
+ * [^\p{X}...]. (\P{X} inside a class is left as it is.) NULL when out of
+ * memory; *out_len is the new length. */
+static char *widen_props(const char *re, size_t len, size_t *out_len)
+{
+    sbuf b = { 0 };
+    int in_class = 0;
+    sb_add(&b, "", 0);
+    for (size_t i = 0; i < len;) {
+        char c = re[i];
+        if (c == '\\' && i + 1 < len && (re[i + 1] == 'p' || re[i + 1] == 'P') && i + 2 < len) {
+            size_t name = i + 2, name_len = 1, end = i + 3;
+            if (re[i + 2] == '{') {
+                const char *close = memchr(re + i + 3, '}', len - i - 3);
+                if (!close) {
+                    sb_add(&b, re + i, len - i);
+                    break;
+                }
+                name = i + 3;
+                name_len = (size_t)(close - (re + name));
+                end = (size_t)(close - re) + 1;
+            }
+            const char *extra = kvg_ucd_extra_class(re + name, name_len);
+            if (!extra || (in_class && re[i + 1] == 'P')) {
+                sb_add(&b, re + i, end - i);
+            } else {
+                if (!in_class)
+                    sb_str(&b, re[i + 1] == 'P' ? "[^" : "[");
+                sb_str(&b, "\\p{");
+                sb_add(&b, re + name, name_len);
+                sb_str(&b, "}");
+                sb_str(&b, extra);
+                if (!in_class)
+                    sb_str(&b, "]");
+            }
+            i = end;
+            continue;
+        }
+        if (c == '\\' && i + 1 < len && re[i + 1] == 'Q') {
+            /* \Q...\E is literal text */
+            const char *e = memmem(re + i + 2, len - i - 2, "\\E", 2);
+            size_t end = e ? (size_t)(e - re) + 2 : len;
+            sb_add(&b, re + i, end - i);
+            i = end;
+            continue;
+        }
+        if (c == '\\') {
+            sb_add(&b, re + i, i + 1 < len ? 2 : 1);
+            i += 2;
+            continue;
+        }
+        if (!in_class && c == '[') {
+            /* a ']' first in the class is literal */
+            size_t j = i + 1;
+            if (j < len && re[j] == '^')
+                j++;
+            if (j < len && re[j] == ']')
+                j++;
+            sb_add(&b, re + i, j - i);
+            in_class = 1;
+            i = j;
+            continue;
+        }
+        if (in_class && c == '[' && i + 1 < len && re[i + 1] == ':') {
+            const char *e = memmem(re + i + 2, len - i - 2, ":]", 2);
+            size_t end = e ? (size_t)(e - re) + 2 : len;
+            sb_add(&b, re + i, end - i);
+            i = end;
+            continue;
+        }
+        if (in_class && c == ']')
+            in_class = 0;
+        sb_add(&b, &c, 1);
+        i++;
+    }
+    if (b.oom) {
+        free(b.s);
+        return NULL;
+    }
+    *out_len = b.n;
+    return b.s;
+}
+
 int kvg_pretok_stage_regex(kvg_pretok_stage *st, const char *re, size_t len, int behavior,
                            int invert, char *err, size_t err_len)
 {
@@ -173,28 +317,30 @@ int kvg_pretok_stage_regex(kvg_pretok_stage *st, const char *re, size_t len, int
         snprintf(err, err_len, "regex class intersection (&&) is not supported: \"%.60s\"", re);
         return -1;
     }
-    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
-    if (!cc) {
+    pcre2_code *code = compile(re, len, err, err_len), *plain = NULL;
+    if (!code)
+        return -1;
+    size_t wide_len;
+    char *wide = widen_props(re, len, &wide_len);
+    if (!wide) {
+        pcre2_code_free(code);
         snprintf(err, err_len, "out of memory");
         return -1;
     }
-    pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
-    int ec;
-    PCRE2_SIZE eo;
-    pcre2_code *code = pcre2_compile((PCRE2_SPTR)re, len, PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE,
-                                     &ec, &eo, cc);
-    pcre2_compile_context_free(cc);
-    if (!code) {
-        PCRE2_UCHAR msg[120];
-        pcre2_get_error_message(ec, msg, sizeof msg);
-        snprintf(err, err_len, "regex \"%.60s\" does not compile at offset %zu: %s", re,
-                 (size_t)eo, (const char *)msg);
-        return -1;
+    if (wide_len != len) {
+        /* The widened classes are slower to match: the pattern as written
+         * stays for pieces without a newer character (has_newer_char). */
+        plain = code;
+        code = compile(wide, wide_len, err, err_len);
+        if (!code) {
+            pcre2_code_free(plain);
+            free(wide);
+            return -1;
+        }
     }
-    /* Without JIT (not built in, or no executable memory) the interpreter
-     * gives the same matches, slower. */
-    (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+    free(wide);
     st->re = code;
+    st->re_ascii = plain;
     /* The bytes a match can start with: a piece with none of them has no
      * match and skips the matcher (most pieces, for a digit or CJK split).
      * For each ASCII byte, an anchored partial match on that byte alone says
@@ -234,6 +380,7 @@ void kvg_pretok_stages_free(kvg_pretok_stage *st, size_t n)
 {
     for (size_t i = 0; st && i < n; i++) {
         pcre2_code_free(st[i].re);
+        pcre2_code_free(st[i].re_ascii);
         free(st[i].lit);
     }
     free(st);
@@ -338,8 +485,8 @@ static int sp_element(splitter *sp, size_t off, size_t len, int is_match)
 
 /* Next match of stage st in s[0..n) at or after `from`: 1 with [*ms, *me),
  * 0 when there is none, -1 on a matching error. */
-static int next_match(const run *R, const kvg_pretok_stage *st, const char *s, size_t n,
-                      size_t from, size_t *ms, size_t *me)
+static int next_match(const run *R, const kvg_pretok_stage *st, const pcre2_code *code,
+                      const char *s, size_t n, size_t from, size_t *ms, size_t *me)
 {
     if (st->lit) {
         if (st->lit_len == 0 || from >= n)
@@ -351,7 +498,6 @@ static int next_match(const run *R, const kvg_pretok_stage *st, const char *s, s
         *me = *ms + st->lit_len;
         return 1;
     }
-    const pcre2_code *code = st->re;
     int rc = pcre2_jit_match(code, (PCRE2_SPTR)s, n, from, 0, R->r->md, R->r->mctx);
     if (rc == PCRE2_ERROR_JIT_BADOPTION || rc == PCRE2_ERROR_JIT_STACKLIMIT)
         rc = pcre2_match(code, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, R->r->md, R->r->mctx);
@@ -382,6 +528,27 @@ static int may_match(const kvg_pretok_stage *st, const char *s, size_t n)
     return 0;
 }
 
+/* Whether s[0..n) holds a character that the widened pattern classifies
+ * differently (ucd_extra.c): without one, the pattern as written matches alike. */
+static int has_newer_char(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int l = kvg_utf8_decode(u + i, n - i, &cp);
+        if (l <= 0)
+            return 1;
+        if (kvg_ucd_extra_any(cp))
+            return 1;
+        i += (size_t)l;
+    }
+    return 0;
+}
+
 static int split_by(const run *R, size_t k, const char *s, size_t n)
 {
     const kvg_pretok_stage *st = &R->st[k];
@@ -391,10 +558,11 @@ static int split_by(const run *R, size_t k, const char *s, size_t n)
     splitter sp = { .R = R, .next = k + 1, .behavior = st->behavior, .base = s };
     size_t pos = 0, from = 0;
     int rc = 0;
+    const pcre2_code *code = st->re_ascii && !has_newer_char(s, n) ? st->re_ascii : st->re;
 
     while (from <= n) {
         size_t ms, me;
-        int m = next_match(R, st, s, n, from, &ms, &me);
+        int m = next_match(R, st, code, s, n, from, &ms, &me);
         if (m < 0)
             return -1;
         if (m == 0)

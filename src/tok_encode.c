@@ -1,7 +1,7 @@
 /* Encoding around the BPE merge (tok_bpe.c).
  *
  * Added/special tokens are cut out of the text first. SPM text is then split
- * into runs that no merge can cross (see spm_split and spm_isolated), byte-level
+ * into runs that no merge can cross (see spm_join_space and spm_isolated), byte-level
  * text into pre-tokens (pretok.c); each such word is merged on its own, with
  * exactly the result merging the whole text would give.
  *
@@ -393,7 +393,7 @@ static int build_word_index(struct kvg_tokenizer *t)
     free(ix->keys);
     memset(ix, 0, sizeof *ix);
     /* Unsplit SPM text is never looked up by words; ids must fit in 24 bits. */
-    if ((t->mode == KVG_TOK_SPM && !t->spm_split) || t->n_vocab >= (1 << 24))
+    if ((t->mode == KVG_TOK_SPM && t->spm_space < 0) || t->n_vocab >= (1 << 24))
         return 0;
     if (!(words = malloc((size_t)t->n_vocab * sizeof *words)))
         return -1;
@@ -478,12 +478,16 @@ int kvg_tok_finish(struct kvg_tokenizer *t, char *err, size_t err_len)
 
 /* ---- SPM runs ---- */
 
-/* A run ends where a space follows a non-space (no piece joins them, see
- * spm_split) and around isolated characters (no piece contains them). Returns
- * the end of the run whose characters from i on are scanned, given the kind of
- * character before i. */
+/* What run_end needs to know of the character before: a space, or the class
+ * of spm_join_space (an ASCII character, 128 for any other). */
+#define PREV_SPACE 256
+
+/* A run ends where a space follows a character that no piece joins to a space
+ * (spm_join_space: in most vocabularies, any non-space) and around isolated
+ * characters (no piece contains them). Returns the end of the run whose
+ * characters from i on are scanned, given the character before i. */
 static size_t run_end(const struct kvg_tokenizer *t, const unsigned char *s, size_t n, size_t i,
-                      int prev_space, int prev_iso)
+                      int prev, int prev_iso)
 {
     while (i < n) {
         unsigned char c = s[i];
@@ -498,9 +502,9 @@ static size_t run_end(const struct kvg_tokenizer *t, const unsigned char *s, siz
                 len = 3;
         }
         /* HF Metaspace split: a piece starts at every space. */
-        if ((sp && (!prev_space || t->meta_split)) || iso || prev_iso)
+        if ((sp && (prev == PREV_SPACE ? t->meta_split : !t->spm_join_space[prev])) || iso || prev_iso)
             return i;
-        prev_space = sp;
+        prev = sp ? PREV_SPACE : c < 0x80 ? c : 128;
         prev_iso = iso;
         i += len;
     }
@@ -519,7 +523,7 @@ static int encode_spm(enc *e, const char *text, size_t n, int prefix)
     /* init[0] is written before spm_symbols grows the array. */
     if (kvg_tok_grow((void **)&sc->init, &sc->init_cap, 1, sizeof *sc->init) < 0)
         return -1;
-    if (!t->spm_split && !t->meta_split) {
+    if (t->spm_space < 0 && !t->meta_split) {
         if (with_prefix)
             sc->init[0] = t->spm_space;
         if ((k = spm_symbols(sc, t, s, n, with_prefix ? 1 : 0)) < 0)
@@ -528,7 +532,7 @@ static int encode_spm(enc *e, const char *text, size_t n, int prefix)
     }
     if (with_prefix) {
         /* The dummy prefix is a space in front of the text: it opens the first run. */
-        size_t end = run_end(t, s, n, 0, 1, 0);
+        size_t end = run_end(t, s, n, 0, PREV_SPACE, 0);
         sc->init[0] = t->spm_space;
         if ((k = spm_symbols(sc, t, s, end, 1)) < 0 || kvg_bpe_merge(sc, t, (size_t)k, e->out) < 0)
             return -1;
@@ -544,10 +548,10 @@ static int encode_spm(enc *e, const char *text, size_t n, int prefix)
                 start++;
                 continue;
             }
-            end = run_end(t, s, n, start + 1, c == ' ', t->spm_isolated[c]);
+            end = run_end(t, s, n, start + 1, c == ' ' ? PREV_SPACE : c, t->spm_isolated[c]);
         } else {
             int sp = is_spm_space(t, s, n, start);
-            end = run_end(t, s, n, start + (sp ? 3 : 1), sp, 0);
+            end = run_end(t, s, n, start + (sp ? 3 : 1), sp ? PREV_SPACE : 128, 0);
         }
         if (encode_word(e, text + start, end - start) < 0)
             return -1;

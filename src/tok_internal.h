@@ -17,10 +17,11 @@
  *     the dummy prefix and ' ' -> U+2581), unknown characters become byte-fallback
  *     pieces <0xNN> (or unk); byte-level mode maps every byte to its GPT-2
  *     printable code point first.
- *   - pre-tokenization (byte-level: the GPT-2 / Llama-3 / Qwen2 split, pretok.c;
+ *   - pre-tokenization (byte-level: the file's splits, on the hand-written
+ *     GPT-2 / Llama-3 / Qwen2 scanners of pretok.c or on PCRE2, pretok_re.c;
  *     SPM: none semantically, the whole text is one sequence; the encoder still
  *     merges it run by run where the vocabulary proves no merge can cross, see
- *     spm_split and spm_isolated, which gives the same ids).
+ *     spm_join_space and spm_isolated, which gives the same ids).
  * The merge is in tok_bpe.c, the encoding around it (added tokens, runs,
  * caches) in tok_encode.c, their shared working memory in tok_merge.h.
  */
@@ -86,6 +87,9 @@ enum kvg_split_behavior {
 typedef struct kvg_pretok_stage {
     int scanner;                 /* enum kvg_pretok: a hand-written scanner (Isolated) */
     void *re;                    /* a compiled regex (pcre2_code_8 *) */
+    void *re_ascii;              /* the same without the newer Unicode ranges (faster), for
+                                    pieces with no such character, on which both match
+                                    alike; NULL: use re */
     char *lit;                   /* a literal string (HF Split on a String) */
     size_t lit_len;
     uint8_t behavior;            /* enum kvg_split_behavior */
@@ -193,6 +197,9 @@ struct kvg_tokenizer {
     int merge_monotone;          /* every merge ranks after the merges that make its operands,
                                     so a merge only creates pairs of a later rank (true for
                                     trained merge lists): long words can use a radix queue */
+    uint8_t spm_join_space[129]; /* SPM: some mergeable piece has ASCII character c (128: any
+                                    other character) right before a space, so a merge may
+                                    join them; where none does, a run ends before the space */
     int spm_split;               /* SPM: no mergeable piece has a space right after a non-space,
                                     so merges never cross the start of a space run and the text
                                     can be merged run by run (exactly the same result) */

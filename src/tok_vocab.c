@@ -440,31 +440,37 @@ static uint32_t decode_piece(const struct kvg_tokenizer *t, int32_t id, unsigned
 
 /* SPM: whether merges can never join a non-space character to a following
  * space, which makes merging each space-led run separately exact. */
-static int spm_runs_independent(const struct kvg_tokenizer *t)
+/* Fills t->spm_join_space from the pieces; returns whether no piece has a
+ * space right after a non-space at all (spm_split). */
+static int spm_runs_independent(struct kvg_tokenizer *t)
 {
     const char *sp = t->piece[t->spm_space];
     uint32_t sl = t->piece_len[t->spm_space];
+    int none = 1;
 
+    memset(t->spm_join_space, 0, sizeof t->spm_join_space);
     for (int32_t id = 0; id < t->n_vocab; id++) {
-        const char *p = t->piece[id];
+        const unsigned char *p = (const unsigned char *)t->piece[id];
         uint32_t len = t->piece_len[id];
-        int prev = 0;           /* 0 none yet, 1 space, 2 other */
+        int prev = -1;          /* -1 none yet or a space, else the class of the character */
         if (!kvg_tok_mergeable(t->type[id]) || !p)
             continue;
         for (uint32_t i = 0; i < len;) {
             if (i + sl <= len && memcmp(p + i, sp, sl) == 0) {
-                if (prev == 2)
-                    return 0;
-                prev = 1;
+                if (prev >= 0) {
+                    t->spm_join_space[prev] = 1;
+                    none = 0;
+                }
+                prev = -1;
                 i += sl;
             } else {
-                int n = kvg_utf8_seq_len((unsigned char)p[i]);
-                prev = 2;
+                int n = kvg_utf8_seq_len(p[i]);
+                prev = p[i] < 0x80 ? p[i] : 128;
                 i += n > 0 ? (uint32_t)n : 1;
             }
         }
     }
-    return 1;
+    return none;
 }
 
 static void mark_isolated(struct kvg_tokenizer *t)
@@ -538,7 +544,12 @@ int kvg_tok_finish_vocab(struct kvg_tokenizer *t, char *err, size_t err_len)
                 sp = -1;
         }
         t->spm_space = sp;
-        t->spm_split = sp >= 0 && spm_runs_independent(t);
+        if (sp >= 0) {
+            t->spm_split = spm_runs_independent(t);
+        } else {
+            t->spm_split = 0;
+            memset(t->spm_join_space, 1, sizeof t->spm_join_space);
+        }
         mark_isolated(t);
         for (int c = 0; c < 128; c++) {
             char ch = (char)c;

@@ -54,9 +54,20 @@ static uint32_t max_token_text(const struct kvg_tokenizer *t)
         if (n > most)
             most = n;
     }
-    for (size_t j = 0; j < t->n_added; j++)
+    for (size_t j = 0; j < t->n_added; j++) {
+        /* a token that takes the whitespace around it can stand for any amount */
+        if (t->added[j].lstrip || t->added[j].rstrip)
+            return 0;
         if (t->added[j].len > most)
             most = (uint32_t)t->added[j].len;
+    }
+    /* Normalization can make the text shorter than what it encodes: NFC at most
+     * 3 to 1 (Hangul jamo L V T into one syllable), NFKC 4 to 1 (a 4-byte
+     * mathematical letter into ASCII). */
+    if (t->norm == KVG_NORM_NFC)
+        most *= 3;
+    else if (t->norm == KVG_NORM_NFKC)
+        most *= 4;
     return most;
 }
 

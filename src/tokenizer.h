@@ -35,9 +35,11 @@ kvg_tokenizer *kvg_tokenizer_ref(const kvg_tokenizer *t);
 
 /* The most bytes of input text that one token of any encoding can stand for
  * (the longest piece, counting a literal U+2581 an SPM vocabulary reads as a
- * space as its 3 bytes, added tokens' text, an unknown character), or 0 when the
+ * space as its 3 bytes, added tokens' text, an unknown character; times 3 or 4
+ * when the file asks for NFC or NFKC, which can shorten the text), or 0 when the
  * encoder may drop text it has no piece for (no unknown token and no complete
- * byte fallback), so that no such bound exists. */
+ * byte fallback) or an added token takes the whitespace around it
+ * (lstrip/rstrip), so that no such bound exists. */
 size_t kvg_tokenizer_max_token_bytes(const kvg_tokenizer *t);
 
 /* A lower bound on the tokens encoding len bytes of text gives (without BOS):

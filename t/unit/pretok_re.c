@@ -109,6 +109,18 @@ static void test_semantics(void)
              "a|\xc2\x85|b|\xe3\x80\x80|c\x1c" "d", "\\s is White_Space");
     /* (?i) folds U+017F LATIN SMALL LETTER LONG S to s, as Oniguruma does */
     check_re("(?i:'s)|\\p{L}+", KVG_SPLIT_ISOLATED, 0, "it'\xc5\xbf", "it|'\xc5\xbf", "(?i) folds long s");
+    /* Unicode 15 letters (Kawi U+11F04..) and a Unicode 16 one are letters, as in
+     * the reference's tables, on PCRE2 (whose own tables are older) ... */
+    check_re("\\p{L}+|[^\\p{L}]+", KVG_SPLIT_ISOLATED, 0, "a\xf0\x91\xbc\x84\xf0\x91\xbc\x85 b\xf0\x9e\x93\x90",
+             "a\xf0\x91\xbc\x84\xf0\x91\xbc\x85| |b\xf0\x9e\x93\x90", "newer letters in \\p{L} and out of [^\\p{L}]");
+    check_re("\\P{L}+", KVG_SPLIT_ISOLATED, 0, "1\xf0\x91\xbc\x84" "2", "1|\xf0\x91\xbc\x84|2", "\\P{L} outside a class");
+    /* ... and on the scanners (utf8proc's tables, older still) */
+    {
+        struct pieces ps;
+        memset(&ps, 0, sizeof ps);
+        kvg_pretok_split(KVG_PRETOK_GPT2, " a\xf0\x91\xbc\x84 x", 8, collect, &ps);
+        ok(strcmp(ps.buf, " a\xf0\x91\xbc\x84| x") == 0, "scanner: a newer letter is a letter (%s)", ps.buf);
+    }
     /* $ is a line anchor (Ruby syntax), before \n only */
     check_re("\\s+$", KVG_SPLIT_ISOLATED, 0, "a  \nb \r", "a|  |\nb| \r", "$ before \\n");
     /* a lookahead sees only its piece: the earlier stage cut before the x */

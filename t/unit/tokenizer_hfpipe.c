@@ -133,6 +133,28 @@ static void test_normalizers(void)
     kvg_tokenizer_free(t);
 }
 
+/* The encoder's lower bound on tokens must hold when NFC shortens the text:
+ * Hangul jamo L V T (9 bytes) compose into one syllable, here one token. */
+static void test_bound_nfc(void)
+{
+    unsigned char a[4], b[4], c[4];
+    char p1[16], p2[24], m1[24], m2[32];
+    int la = kvg_utf8_encode(kvg_byte_to_cp(0xEA), a), lb = kvg_utf8_encode(kvg_byte_to_cp(0xB0), b);
+    int lc = kvg_utf8_encode(kvg_byte_to_cp(0x81), c);
+    snprintf(p1, sizeof p1, "%.*s%.*s", la, a, lb, b);
+    snprintf(p2, sizeof p2, "%s%.*s", p1, lc, c);
+    snprintf(m1, sizeof m1, "%.*s %.*s", la, a, lb, b);
+    snprintf(m2, sizeof m2, "%s %.*s", p1, lc, c);
+    const char *pieces[] = { p1, p2, NULL }, *merges[] = { m1, m2, NULL };
+    kvg_tokenizer *t = byte_level(json_pack("{s:s}", "type", "NFC"), bl(0, 0), pieces, merges, NULL,
+                                  "NFC file with a Hangul syllable piece");
+    static const char jamo2[] = "\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8";
+    EXPECT(t, jamo2, 0, "two composed syllables, two tokens", 257, 257);
+    ok(t && kvg_tokenizer_min_tokens(t, sizeof jamo2 - 1) <= 2, "min_tokens(18 bytes) = %zu <= 2",
+       t ? kvg_tokenizer_min_tokens(t, sizeof jamo2 - 1) : 0);
+    kvg_tokenizer_free(t);
+}
+
 static void test_byte_level_prefix(void)
 {
     static const char *const pieces[] = { "\xc4\xa0h", NULL };     /* "Ġh" = 256 */
@@ -185,6 +207,7 @@ static void test_added_flags(void)
     EXPECT(t, "x <b>  y", 0, "rstrip takes the spaces after", 'x', ' ', 301, 'y');
     EXPECT(t, "cd cdx xcd cd", 0, "single_word only between non-word characters",
            302, ' ', 'c', 'd', 'x', ' ', 'x', 'c', 'd', ' ', 302);
+    ok(t && kvg_tokenizer_max_token_bytes(t) == 0, "lstrip/rstrip tokens: no bound on bytes per token");
     kvg_tokenizer_free(t);
 }
 
@@ -237,6 +260,7 @@ static void test_metaspace(void)
 int main(void)
 {
     test_normalizers();
+    test_bound_nfc();
     test_byte_level_prefix();
     test_splits();
     test_added_flags();
