@@ -299,9 +299,44 @@ static char *widen_props(const char *re, size_t len, size_t *out_len)
     return b.s;
 }
 
+/* Which pieces can hold a match of `code` (the stage's pattern, or one whose
+ * matches include the stage's): most pieces, for a digit, CJK or punctuation
+ * split, cannot, and skip the matcher. For each ASCII byte a, and each pair of
+ * ASCII bytes a b, an anchored partial match on that text alone says whether
+ * some match can begin with it; characters beyond ASCII are assumed to begin
+ * one. A lookbehind could see text before the match that this test does not
+ * have, so patterns with one get no filter. */
+static void build_filter(kvg_pretok_stage *st, const pcre2_code *code)
+{
+    uint32_t lookbehind = 1;
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md || pcre2_pattern_info(code, PCRE2_INFO_MAXLOOKBEHIND, &lookbehind) != 0 || lookbehind) {
+        pcre2_match_data_free(md);
+        return;
+    }
+    memset(st->first + 16, 0xff, 16);
+    for (unsigned a = 0; a < 128; a++) {
+        unsigned char text[2] = { (unsigned char)a, 0 };
+        int rc = pcre2_match(code, text, 1, 0, PCRE2_ANCHORED | PCRE2_PARTIAL_SOFT, md, NULL);
+        if (rc < 0 && rc != PCRE2_ERROR_PARTIAL)
+            continue;
+        st->first[a >> 3] |= (uint8_t)(1u << (a & 7));
+        for (unsigned b = 0; b < 128; b++) {
+            text[1] = (unsigned char)b;
+            rc = pcre2_match(code, text, 2, 0, PCRE2_ANCHORED | PCRE2_PARTIAL_SOFT, md, NULL);
+            if (rc >= 0 || rc == PCRE2_ERROR_PARTIAL)
+                st->pair[a][b >> 3] |= (uint8_t)(1u << (b & 7));
+        }
+    }
+    st->has_first = 1;
+    pcre2_match_data_free(md);
+}
+
 int kvg_pretok_stage_regex(kvg_pretok_stage *st, const char *re, size_t len, int behavior,
                            int invert, char *err, size_t err_len)
 {
+    const char *orig = re;
+    size_t orig_len = len;
     for (size_t i = 0; i < sizeof faster / sizeof *faster; i++)
         if (strlen(faster[i].from) == len && memcmp(faster[i].from, re, len) == 0) {
             re = faster[i].to;
@@ -341,25 +376,18 @@ int kvg_pretok_stage_regex(kvg_pretok_stage *st, const char *re, size_t len, int
     free(wide);
     st->re = code;
     st->re_ascii = plain;
-    /* The bytes a match can start with: a piece with none of them has no
-     * match and skips the matcher (most pieces, for a digit or CJK split).
-     * For each ASCII byte, an anchored partial match on that byte alone says
-     * whether some match can begin with it; bytes of other characters are
-     * assumed to. A lookbehind could see text before the match that this test
-     * does not have, so patterns with one are not filtered. */
-    uint32_t lookbehind = 1;
-    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    if (md && pcre2_pattern_info(code, PCRE2_INFO_MAXLOOKBEHIND, &lookbehind) == 0 && lookbehind == 0) {
-        memset(st->first + 16, 0xff, 16);
-        for (unsigned c = 0; c < 128; c++) {
-            unsigned char one = (unsigned char)c;
-            int rc = pcre2_match(code, &one, 1, 0, PCRE2_ANCHORED | PCRE2_PARTIAL_SOFT, md, NULL);
-            if (rc >= 0 || rc == PCRE2_ERROR_PARTIAL)
-                st->first[c >> 3] |= (uint8_t)(1u << (c & 7));
+    /* The filter of a faster rewrite comes from the pattern as the file has it
+     * (the rewrite only adds a lookbehind, which rules matches out). ASCII
+     * pairs match alike with and without the widened classes. */
+    if (orig != re) {
+        pcre2_code *o = compile(orig, orig_len, err, err_len);
+        if (o) {
+            build_filter(st, o);
+            pcre2_code_free(o);
         }
-        st->has_first = 1;
+    } else {
+        build_filter(st, plain ? plain : code);
     }
-    pcre2_match_data_free(md);
     return 0;
 }
 
@@ -518,13 +546,22 @@ static size_t char_len(const char *s, size_t n, size_t i)
     return l > 0 && (size_t)l <= n - i ? (size_t)l : 1;
 }
 
-/* Whether s[0..n) holds a byte a match of st can start with. */
+/* Whether a match of st can start anywhere in s[0..n) (see build_filter). */
 static int may_match(const kvg_pretok_stage *st, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n; i++)
-        if (st->first[u[i] >> 3] >> (u[i] & 7) & 1)
+    for (size_t i = 0; i < n; i++) {
+        unsigned a = u[i];
+        if (a >= 0x80)
             return 1;
+        if (!(st->first[a >> 3] >> (a & 7) & 1))
+            continue;
+        if (i + 1 == n || u[i + 1] >= 0x80)
+            return 1;
+        unsigned b = u[i + 1];
+        if (st->pair[a][b >> 3] >> (b & 7) & 1)
+            return 1;
+    }
     return 0;
 }
 

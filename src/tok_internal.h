@@ -94,8 +94,9 @@ typedef struct kvg_pretok_stage {
     size_t lit_len;
     uint8_t behavior;            /* enum kvg_split_behavior */
     uint8_t invert;              /* the pattern marks what is kept, not what splits */
-    uint8_t has_first;           /* re: first[] lists every byte a match can start with */
-    uint8_t first[32];           /* bitmap over bytes (PCRE2's start bitmap) */
+    uint8_t has_first;           /* re: first[] and pair[] are filled in */
+    uint8_t first[32];           /* bytes a match can start with */
+    uint8_t pair[128][16];       /* ASCII a, ASCII b: a match can start with "ab" */
 } kvg_pretok_stage;
 
 /* Open-addressing hash from piece bytes to id. */

@@ -252,7 +252,8 @@ int kvg_tokenizer_encode_spans(const kvg_tokenizer *t, const char *text, size_t 
         }
     if (kvg_tok_encode(t, len ? text : "", len, flags, data, n_data, &out) < 0) {
         free(out.v);
-        kvg_set_err(err, err_len, "out of memory encoding %zu bytes", len);
+        kvg_set_err(err, err_len, "out of memory (or a pre-tokenizer regex over its match "
+                    "limit) encoding %zu bytes", len);
         return -1;
     }
     if (!out.v && !(out.v = malloc(sizeof *out.v))) {

@@ -227,6 +227,23 @@ static void test_gguf_names(void)
     char err[200];
     memset(&t, 0, sizeof t);
     ok(kvg_tok_gguf_pre(&t, "no-such-model", 13, err, sizeof err) == 1, "unknown pre name -> 1");
+    /* the flags llama.cpp sets with the names */
+    static const struct {
+        const char *name;
+        int ignore_merges, add_bos, bos_cleared;
+    } flags[] = {
+        { "llama-bpe", 1, 1, 0 }, { "tekken", 1, 1, 0 }, { "qwen2", 0, 0, 0 },
+        { "glm4", 0, 0, 1 }, { "dbrx", 0, 0, 0 }, { "gpt-4o", 0, 0, 0 },
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
+        memset(&t, 0, sizeof t);
+        t.bos = 7;
+        kvg_tok_gguf_pre(&t, flags[i].name, strlen(flags[i].name), err, sizeof err);
+        ok(t.ignore_merges == flags[i].ignore_merges && t.add_bos == flags[i].add_bos
+           && (t.bos == -1) == flags[i].bos_cleared, "%s: ignore_merges %d, add_bos %d, bos %d",
+           flags[i].name, t.ignore_merges, t.add_bos, t.bos);
+        kvg_pretok_stages_free(t.stages, t.n_stages);
+    }
     /* o200k splits words at case changes; tekken keeps digits single */
     memset(&t, 0, sizeof t);
     if (kvg_tok_gguf_pre(&t, "gpt-4o", 6, err, sizeof err) == 0) {
