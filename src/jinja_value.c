@@ -397,7 +397,7 @@ jv *jv_items(jctx *c, const jnode *at, const jv *v, size_t *n)
     }
     case JT_UNDEF:
         *n = 0;
-        return NULL;
+        return jalloc(c, sizeof(jv));   /* empty, but never NULL (memcpy of 0 items) */
     default:
         jerr(c, KVG_JINJA_ERROR, at, "'%s' object is not iterable", jv_type_name(v));
     }
