@@ -1057,19 +1057,7 @@ FILTER(sum)
 
     for (size_t i = 0; i < n; i++) {
         jv v = attr && attr->t != JT_NONE ? get_path(c, &items[i], attr) : items[i];
-        if ((acc.t == JT_INT || acc.t == JT_BOOL) && (v.t == JT_INT || v.t == JT_BOOL)) {
-            int64_t r;
-            if (__builtin_add_overflow(acc.u.i, v.u.i, &r))
-                jerr(c, KVG_JINJA_ERROR, at, "integer overflow (beyond 64 bits)");
-            acc = jv_int(r);
-        } else if ((acc.t == JT_INT || acc.t == JT_BOOL || acc.t == JT_FLOAT) &&
-                   (v.t == JT_INT || v.t == JT_BOOL || v.t == JT_FLOAT)) {
-            acc = jv_float((acc.t == JT_FLOAT ? acc.u.f : (double)acc.u.i) +
-                           (v.t == JT_FLOAT ? v.u.f : (double)v.u.i));
-        } else {
-            jerr(c, KVG_JINJA_ERROR, at, "unsupported operand type(s) for +: '%s' and '%s'",
-                 jv_type_name(&acc), jv_type_name(&v));
-        }
+        acc = jinja_binop(c, at, OP_ADD, &acc, &v);
     }
     return acc;
 }

@@ -299,7 +299,9 @@ int jinja_apply_test_by_name(jctx *c, const jnode *at, const jv *name, const jv 
 /* call args helper: positional i, or keyword name, or NULL */
 const jv *jarg(const jcall *a, int i, const char *name);
 
-/* render (jinja_render.c): call a macro or global function */
+/* render (jinja_render.c): a op b with Python's rules (OP_ADD ... OP_POW) */
+jv jinja_binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b);
+/* call a macro or global function */
 jv jinja_call_value(jctx *c, const jnode *at, const jv *fn, const jcall *a);
 
 #endif

@@ -399,7 +399,8 @@ static int lx_raw(lexer *L, size_t open_len, char close_sign)
     uint32_t line = L->line, col = L->col;
 
     lx_adv(L, open_len);
-    lx_after_tag(L, close_sign, 1);
+    /* Jinja2 strips after "{% raw -%}" but does not trim_blocks "{% raw %}" */
+    lx_after_tag(L, close_sign == '-' ? '-' : '+', 1);
     size_t start = L->pos;
     for (size_t i = L->pos; i + 1 < L->n; i++) {
         if (L->s[i] != '{' || L->s[i + 1] != '%')

@@ -800,17 +800,13 @@ static jnode *parse_for(parser *p, const jtok *at)
     return n;
 }
 
+/* A filter block's or set block's filters, "name(args) | name ...", applied to
+ * the body: the innermost N_FILTER's operand is NULL. */
 static jnode *parse_filter_chain(parser *p)
 {
-    /* a filter block's or set block's filters: name(args) | name ... applied to
-     * the body (operand NULL) */
     jnode *n = NULL;
-    jtok fake = *cur(p);
 
-    fake.type = TK_OP;
-    fake.op = P_PIPE;
     for (;;) {
-        /* parse_filter expects to be on the '|': step back by faking it */
         const jtok *nm = cur(p);
         expect_type(p, TK_NAME, "a filter name");
         jnode *f = mk(p, N_FILTER, nm);
@@ -823,11 +819,9 @@ static jnode *parse_filter_chain(parser *p)
             parse_args(p, f);
         n = f;
         if (!is_op(cur(p), P_PIPE))
-            break;
+            return n;
         next(p);
     }
-    (void)fake;
-    return n;
 }
 
 static jnode *parse_set(parser *p, const jtok *at)

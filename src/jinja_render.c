@@ -436,7 +436,7 @@ static jv repeat(jctx *c, const jnode *at, const jv *seq, int64_t k)
     return r;
 }
 
-static jv binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b)
+jv jinja_binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b)
 {
     int64_t r;
 
@@ -684,15 +684,12 @@ static jv call_func(jctx *c, const jnode *at, int id, const jcall *a)
         }
         if (!v[2])
             jerr(c, KVG_JINJA_ERROR, at, "range() arg 3 must not be zero");
-        jv s0 = jv_int(v[0]), s1 = jv_int(v[1]), s2 = jv_int(v[2]);
-        int64_t start, step;
-        /* the count as Python computes it, without overflow */
+        /* the count as Python computes it, in unsigned arithmetic: no overflow */
         uint64_t cnt = 0;
         if (v[2] > 0 && v[1] > v[0])
             cnt = ((uint64_t)v[1] - (uint64_t)v[0] - 1) / (uint64_t)v[2] + 1;
         else if (v[2] < 0 && v[0] > v[1])
-            cnt = ((uint64_t)v[0] - (uint64_t)v[1] - 1) / (uint64_t)(-(v[2] + 1) + 1ull) + 1;
-        (void)s0; (void)s1; (void)s2; (void)start; (void)step;
+            cnt = ((uint64_t)v[0] - (uint64_t)v[1] - 1) / (0 - (uint64_t)v[2]) + 1;
         if (cnt > c->max_steps - c->steps)
             jerr(c, KVG_JINJA_LIMIT, at, "step limit (%llu) reached (range too long)",
                  (unsigned long long)c->max_steps);
@@ -797,7 +794,7 @@ static jv add_chain(jctx *c, const jnode *n)
     }
     jv acc = v[0];
     for (int i = 0; i < k; i++)
-        acc = binop(c, ops[k - 1 - i], OP_ADD, &acc, &v[i + 1]);
+        acc = jinja_binop(c, ops[k - 1 - i], OP_ADD, &acc, &v[i + 1]);
     return acc;
 }
 
@@ -879,7 +876,7 @@ static jv eval_inner(jctx *c, const jnode *n)
             return add_chain(c, n);
         a = eval(c, n->a);
         b = eval(c, n->b);
-        return binop(c, n, n->op, &a, &b);
+        return jinja_binop(c, n, n->op, &a, &b);
     case N_NEG:
     case N_POS:
         a = eval(c, n->a);
