@@ -190,17 +190,26 @@ typedef struct jctx {
     size_t max_output;
     uint64_t steps, max_steps;
     unsigned depth, max_depth;  /* macro calls and value recursion */
-    unsigned frames;            /* C recursion guard */
+    const char *stack_base;     /* where the render's stack starts (jstack_check) */
     time_t now;
 } jctx;
 
-#define JINJA_MAX_FRAMES 3000
+/* C stack a render may use below kvg_jinja_render's frame: evaluation recurses
+ * over the AST and nested values; past this it stops with KVG_JINJA_LIMIT. */
+#define JINJA_STACK_BUDGET (512u << 10)
 #define JINJA_PARSE_MAX_NEST 200
 
 __attribute__((noreturn, format(printf, 4, 5)))
 void jerr(jctx *c, int rc, const jnode *at, const char *fmt, ...);
 void *jalloc(jctx *c, size_t n);
 void jstep(jctx *c, const jnode *at);
+
+__attribute__((noreturn)) void jstack_exceeded(jctx *c, const jnode *at);
+static inline void jstack_check(jctx *c, const jnode *at)
+{
+    if ((size_t)(c->stack_base - (const char *)__builtin_frame_address(0)) > JINJA_STACK_BUDGET)
+        jstack_exceeded(c, at);
+}
 
 /* values (jinja_value.c) */
 jv jv_undef(const char *msg);

@@ -71,10 +71,9 @@ void jstep(jctx *c, const jnode *at)
              (unsigned long long)c->max_steps);
 }
 
-static void frame_in(jctx *c, const jnode *at)
+void jstack_exceeded(jctx *c, const jnode *at)
 {
-    if (++c->frames > JINJA_MAX_FRAMES)
-        jerr(c, KVG_JINJA_LIMIT, at, "nesting depth limit reached (recursion too deep)");
+    jerr(c, KVG_JINJA_LIMIT, at, "nesting depth limit reached (recursion too deep)");
 }
 
 /* ---- scopes ---- */
@@ -798,10 +797,11 @@ static jv add_chain(jctx *c, const jnode *n)
     return acc;
 }
 
-static jv eval_inner(jctx *c, const jnode *n)
+static jv eval(jctx *c, const jnode *n)
 {
     jv a, b, r;
 
+    jstack_check(c, n);
     switch (n->kind) {
     case N_CONST:
         return n->val;
@@ -942,16 +942,6 @@ static jv eval_inner(jctx *c, const jnode *n)
     jerr(c, KVG_JINJA_ERROR, n, "cannot evaluate this node");
 }
 
-static jv eval(jctx *c, const jnode *n)
-{
-    jv r;
-
-    frame_in(c, n);
-    r = eval_inner(c, n);
-    c->frames--;
-    return r;
-}
-
 /* ---- statements ---- */
 
 static void assign(jctx *c, const jnode *target, const jv *v)
@@ -1045,10 +1035,11 @@ static jv apply_chain(jctx *c, const jnode *f, const jv *body)
     return f->filter(c, f, &x, &args);
 }
 
-static int exec_inner(jctx *c, const jnode *n)
+static int exec(jctx *c, const jnode *n)
 {
     jv v;
 
+    jstack_check(c, n);
     switch (n->kind) {
     case N_BODY:
         for (uint32_t i = 0; i < n->nkids; i++) {
@@ -1126,16 +1117,6 @@ static int exec_inner(jctx *c, const jnode *n)
         return FLOW_CONTINUE;
     }
     jerr(c, KVG_JINJA_ERROR, n, "cannot execute this node");
-}
-
-static int exec(jctx *c, const jnode *n)
-{
-    int r;
-
-    frame_in(c, n);
-    r = exec_inner(c, n);
-    c->frames--;
-    return r;
 }
 
 /* ---- API ---- */
@@ -1263,6 +1244,7 @@ int kvg_jinja_render(const kvg_jinja *t, const json_t *trusted, const json_t *da
     c->now = lim && lim->now ? lim->now : time(NULL);
     /* everything a render makes is bounded by a multiple of the output limit */
     c->arena.limit = c->max_output * 8 + (1u << 20);
+    c->stack_base = (const char *)__builtin_frame_address(0);
     rc = setjmp(c->jb);
     if (rc) {
         ja_free(&c->arena);

@@ -424,6 +424,7 @@ static int is_num(const jv *v) { return v->t == JT_BOOL || v->t == JT_INT || v->
 
 static void deeper(jctx *c)
 {
+    jstack_check(c, NULL);
     if (++c->depth > c->max_depth)
         jerr(c, KVG_JINJA_LIMIT, NULL, "nesting depth limit (%u) reached", c->max_depth);
 }
