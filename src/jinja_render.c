@@ -156,6 +156,17 @@ static jv lookup(jctx *c, int id)
     return global(c, id);
 }
 
+/* eval, with the leaves (constants, names) done in line: they are half the
+ * nodes a template evaluates */
+static inline jv ev(jctx *c, const jnode *n)
+{
+    if (n->kind == N_CONST)
+        return n->val;
+    if (n->kind == N_NAME)
+        return lookup(c, n->id);
+    return eval(c, n);
+}
+
 /* ---- helpers ---- */
 
 __attribute__((noreturn))
@@ -569,9 +580,9 @@ static void eval_args(jctx *c, const jnode *n, jcall *a, const jv *first)
     if (first)
         pos[0] = *first;
     for (uint32_t i = 0; i < n->nkids; i++)
-        pos[i + (uint32_t)off] = eval(c, n->kids[i]);
+        pos[i + (uint32_t)off] = ev(c, n->kids[i]);
     for (uint32_t i = 0; i < n->nkw; i++)
-        kw[i] = eval(c, n->kwval[i]);
+        kw[i] = ev(c, n->kwval[i]);
     a->npos = (int)n->nkids + off;
     a->pos = pos;
     a->nkw = (int)n->nkw;
@@ -635,7 +646,7 @@ static jv call_macro(jctx *c, const jnode *at, const jmacro *m, const jcall *a, 
             continue;
         jv v;
         if (def->kwval[i]) {
-            v = eval(c, def->kwval[i]);
+            v = ev(c, def->kwval[i]);
         } else {
             size_t len = strlen(def->kids[i]->name) + 64;
             char *msg = jalloc(c, len);
@@ -777,9 +788,9 @@ static jv add_chain(jctx *c, const jnode *n)
         x = x->a;
     }
     /* x is the leftmost operand; ops[k-1] is the innermost '+' */
-    v[0] = eval(c, x);
+    v[0] = ev(c, x);
     for (int i = 0; i < k; i++)
-        v[i + 1] = eval(c, ops[k - 1 - i]->b);
+        v[i + 1] = ev(c, ops[k - 1 - i]->b);
     for (int i = 0; i <= k; i++) {
         plain &= v[i].t == JT_STR && !(v[i].flags & JF_SAFE);
         len += v[i].t == JT_STR ? v[i].u.s.n : 0;
@@ -811,15 +822,15 @@ static jv eval(jctx *c, const jnode *n)
     case N_TUPLE:
         r = jv_list_new(c, n->nkids);
         for (uint32_t i = 0; i < n->nkids; i++)
-            r.u.l->v[i] = eval(c, n->kids[i]);
+            r.u.l->v[i] = ev(c, n->kids[i]);
         if (n->kind == N_TUPLE)
             r.flags = JF_TUPLE;
         return r;
     case N_DICT:
         r = jv_dict_new(c, n->nkids / 2 + 1);
         for (uint32_t i = 0; i + 1 < n->nkids; i += 2) {
-            a = eval(c, n->kids[i]);
-            b = eval(c, n->kids[i + 1]);
+            a = ev(c, n->kids[i]);
+            b = ev(c, n->kids[i + 1]);
             if (a.t != JT_STR && a.t != JT_INT && a.t != JT_BOOL && a.t != JT_NONE &&
                 a.t != JT_FLOAT && !(a.t == JT_LIST && (a.flags & JF_TUPLE)))
                 jerr(c, KVG_JINJA_ERROR, n, "unhashable type: '%s'", jv_type_name(&a));
@@ -827,25 +838,25 @@ static jv eval(jctx *c, const jnode *n)
         }
         return r;
     case N_ATTR:
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         return get_attr(c, n, &a, n->name, n->op);
     case N_ITEM:
-        a = eval(c, n->a);
-        b = eval(c, n->b);
+        a = ev(c, n->a);
+        b = ev(c, n->b);
         return get_item(c, n, &a, &b);
     case N_SLICE: {
         jv s[3];
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         for (int i = 0; i < 3; i++) {
             const jnode *x = i == 0 ? n->b : i == 1 ? n->c : n->d;
-            s[i] = x ? eval(c, x) : jv_none();
+            s[i] = x ? ev(c, x) : jv_none();
         }
         return do_slice(c, n, &a, &s[0], &s[1], &s[2]);
     }
     case N_CALL: {
         jcall args;
         if (n->a->kind == N_ATTR) {
-            a = eval(c, n->a->a);
+            a = ev(c, n->a->a);
             if (a.t != JT_UNDEF && a.t != JT_NS && a.t != JT_LOOP &&
                 (jinja_has_method(&a, n->a->op) || jinja_unsafe_method(&a, n->a->op))) {
                 eval_args(c, n, &args, NULL);
@@ -853,33 +864,33 @@ static jv eval(jctx *c, const jnode *n)
             }
             b = get_attr(c, n->a, &a, n->a->name, n->a->op);
         } else {
-            b = eval(c, n->a);
+            b = ev(c, n->a);
         }
         eval_args(c, n, &args, NULL);
         return jinja_call_value(c, n, &b, &args);
     }
     case N_FILTER: {
         jcall args;
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         eval_args(c, n, &args, NULL);
         jstep(c, n);
         return n->filter(c, n, &a, &args);
     }
     case N_TEST: {
         jcall args;
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         eval_args(c, n, &args, NULL);
         return jv_bool(n->test(c, n, &a, &args));
     }
     case N_BIN:
         if (n->op == OP_ADD && n->a->kind == N_BIN && n->a->op == OP_ADD)
             return add_chain(c, n);
-        a = eval(c, n->a);
-        b = eval(c, n->b);
+        a = ev(c, n->a);
+        b = ev(c, n->b);
         return jinja_binop(c, n, n->op, &a, &b);
     case N_NEG:
     case N_POS:
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         if (a.t == JT_UNDEF)
             undef_error(c, n, &a);
         if (a.t == JT_FLOAT)
@@ -894,19 +905,19 @@ static jv eval(jctx *c, const jnode *n)
         jerr(c, KVG_JINJA_ERROR, n, "bad operand type for unary %s: '%s'",
              n->kind == N_NEG ? "-" : "+", jv_type_name(&a));
     case N_NOT:
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         return jv_bool(!jv_truthy(&a));
     case N_AND:
-        a = eval(c, n->a);
-        return jv_truthy(&a) ? eval(c, n->b) : a;
+        a = ev(c, n->a);
+        return jv_truthy(&a) ? ev(c, n->b) : a;
     case N_OR:
-        a = eval(c, n->a);
-        return jv_truthy(&a) ? a : eval(c, n->b);
+        a = ev(c, n->a);
+        return jv_truthy(&a) ? a : ev(c, n->b);
     case N_CMP:
-        a = eval(c, n->kids[0]);
+        a = ev(c, n->kids[0]);
         for (uint32_t i = 1; i < n->nkids; i++) {
             int ok;
-            b = eval(c, n->kids[i]);
+            b = ev(c, n->kids[i]);
             switch (n->cmpops[i]) {
             case OP_EQ: ok = jv_eq(c, &a, &b); break;
             case OP_NE: ok = !jv_eq(c, &a, &b); break;
@@ -926,17 +937,17 @@ static jv eval(jctx *c, const jnode *n)
         jsb sb;
         jsb_init(c, &sb, 64);
         for (uint32_t i = 0; i < n->nkids; i++) {
-            a = eval(c, n->kids[i]);
+            a = ev(c, n->kids[i]);
             jv_str_into(c, n, &sb, &a);
         }
         return jsb_str(&sb);
     }
     case N_COND:
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         if (jv_truthy(&a))
-            return eval(c, n->b);
+            return ev(c, n->b);
         if (n->c)
-            return eval(c, n->c);
+            return ev(c, n->c);
         return jv_undef("the inline if-expression evaluated to false and no else section was defined");
     }
     jerr(c, KVG_JINJA_ERROR, n, "cannot evaluate this node");
@@ -971,7 +982,7 @@ static void assign(jctx *c, const jnode *target, const jv *v)
 
 static int exec_for(jctx *c, const jnode *n)
 {
-    jv seq = eval(c, n->b);
+    jv seq = ev(c, n->b);
     size_t cnt;
     jv *items;
     jscope *saved = c->scope;
@@ -989,7 +1000,7 @@ static int exec_for(jctx *c, const jnode *n)
             jstep(c, n);
             c->scope = scope_new(c, saved);
             assign(c, n->a, &items[i]);
-            jv ok = eval(c, n->c);
+            jv ok = ev(c, n->c);
             if (jv_truthy(&ok))
                 kept[k++] = items[i];
         }
@@ -1052,18 +1063,18 @@ static int exec(jctx *c, const jnode *n)
         jsb_put(c, c->out, n->val.u.s.p, n->val.u.s.n, 0);
         return FLOW_NORMAL;
     case N_PRINT:
-        v = eval(c, n->a);
+        v = ev(c, n->a);
         jv_str_into(c, n, c->out, &v);
         return FLOW_NORMAL;
     case N_IF:
-        v = eval(c, n->a);
+        v = ev(c, n->a);
         if (jv_truthy(&v))
             return exec(c, n->b);
         return n->c ? exec(c, n->c) : FLOW_NORMAL;
     case N_FOR:
         return exec_for(c, n);
     case N_SET:
-        v = eval(c, n->b);
+        v = ev(c, n->b);
         assign(c, n->a, &v);
         return FLOW_NORMAL;
     case N_SETBLOCK:
@@ -1093,10 +1104,10 @@ static int exec(jctx *c, const jnode *n)
         m->name = "caller";
         caller.u.m = m;
         if (call->a->kind == N_ATTR) {
-            jv recv = eval(c, call->a->a);
+            jv recv = ev(c, call->a->a);
             fn = get_attr(c, call->a, &recv, call->a->name, call->a->op);
         } else {
-            fn = eval(c, call->a);
+            fn = ev(c, call->a);
         }
         eval_args(c, call, &args, NULL);
         if (fn.t == JT_MACRO)
