@@ -308,7 +308,9 @@ int jinja_apply_test_by_name(jctx *c, const jnode *at, const jv *name, const jv 
 /* call args helper: positional i, or keyword name, or NULL */
 const jv *jarg(const jcall *a, int i, const char *name);
 
-/* render (jinja_render.c): a op b with Python's rules (OP_ADD ... OP_POW) */
+/* render (jinja_render.c): which loop.NAME name is (0: none), for N_ATTR's flag */
+int jinja_loop_attr(const char *name);
+/* a op b with Python's rules (OP_ADD ... OP_POW) */
 jv jinja_binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b);
 /* call a macro or global function */
 jv jinja_call_value(jctx *c, const jnode *at, const jv *fn, const jcall *a);

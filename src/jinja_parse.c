@@ -322,6 +322,9 @@ static jnode *parse_subscript(parser *p, jnode *obj, const jtok *at)
     n->b = args[0];
     n->c = args[1];
     n->d = args[2];
+    if (!colons && n->b->kind == N_CONST && n->b->val.t == JT_STR &&
+        !memchr(n->b->val.u.s.p, 0, n->b->val.u.s.n))
+        n->op = (uint16_t)jinja_method_mask(n->b->val.u.s.p);    /* x['name'] */
     return n;
 }
 
@@ -338,6 +341,7 @@ static jnode *parse_postfix(parser *p, jnode *n)
                 m->name = pstrdup(p, nm->p, nm->n);
                 m->op = (uint16_t)jinja_method_mask(m->name);
                 m->id = (int)nm->n;     /* N_ATTR: the name's length */
+                m->flag = jinja_loop_attr(m->name);
                 n = m;
             } else if (nm->type == TK_INT) {
                 jnode *m = mk(p, N_ITEM, t), *k = mk(p, N_CONST, nm);

@@ -196,32 +196,52 @@ static jv undef_attr(jctx *c, const jv *obj, const char *name, int element, int6
     return jv_undef(msg);
 }
 
-static jv loop_attr(jctx *c, const jnode *at, const jv *lv, const char *name)
+enum { LA_INDEX = 1, LA_INDEX0, LA_REVINDEX, LA_REVINDEX0, LA_FIRST, LA_LAST, LA_LENGTH,
+       LA_DEPTH, LA_DEPTH0, LA_PREVITEM, LA_NEXTITEM, LA_CYCLE, LA_CHANGED };
+static const char *const LOOP_ATTRS[] = {
+    NULL, "index", "index0", "revindex", "revindex0", "first", "last", "length", "depth",
+    "depth0", "previtem", "nextitem", "cycle", "changed"
+};
+
+int jinja_loop_attr(const char *name)
+{
+    for (int i = 1; i < (int)(sizeof LOOP_ATTRS / sizeof LOOP_ATTRS[0]); i++)
+        if (!strcmp(LOOP_ATTRS[i], name))
+            return i;
+    return 0;
+}
+
+/* loop.name; code: jinja_loop_attr(name) when known (the parser's), else -1 */
+static jv loop_attr(jctx *c, const jv *lv, const char *name, int code)
 {
     const jloop *l = lv->u.loop;
 
-    if (!strcmp(name, "index")) return jv_int((int64_t)l->i + 1);
-    if (!strcmp(name, "index0")) return jv_int((int64_t)l->i);
-    if (!strcmp(name, "revindex")) return jv_int((int64_t)(l->n - l->i));
-    if (!strcmp(name, "revindex0")) return jv_int((int64_t)(l->n - l->i - 1));
-    if (!strcmp(name, "first")) return jv_bool(l->i == 0);
-    if (!strcmp(name, "last")) return jv_bool(l->i + 1 == l->n);
-    if (!strcmp(name, "length")) return jv_int((int64_t)l->n);
-    if (!strcmp(name, "depth")) return jv_int(1);
-    if (!strcmp(name, "depth0")) return jv_int(0);
-    if (!strcmp(name, "previtem"))
+    if (code < 0)
+        code = jinja_loop_attr(name);
+    switch (code) {
+    case LA_INDEX: return jv_int((int64_t)l->i + 1);
+    case LA_INDEX0: return jv_int((int64_t)l->i);
+    case LA_REVINDEX: return jv_int((int64_t)(l->n - l->i));
+    case LA_REVINDEX0: return jv_int((int64_t)(l->n - l->i - 1));
+    case LA_FIRST: return jv_bool(l->i == 0);
+    case LA_LAST: return jv_bool(l->i + 1 == l->n);
+    case LA_LENGTH: return jv_int((int64_t)l->n);
+    case LA_DEPTH: return jv_int(1);
+    case LA_DEPTH0: return jv_int(0);
+    case LA_PREVITEM:
         return l->i ? l->items[l->i - 1] : jv_undef("there is no previous item");
-    if (!strcmp(name, "nextitem"))
+    case LA_NEXTITEM:
         return l->i + 1 < l->n ? l->items[l->i + 1] : jv_undef("there is no next item");
-    if (!strcmp(name, "cycle") || !strcmp(name, "changed")) {
+    case LA_CYCLE:
+    case LA_CHANGED: {
         jv m = { .t = JT_METHOD };
         jv *recv = jalloc(c, sizeof *recv);
         *recv = *lv;
         m.u.meth.recv = recv;
-        m.u.meth.name = name;
+        m.u.meth.name = LOOP_ATTRS[code];
         return m;
     }
-    (void)at;
+    }
     return undef_attr(c, lv, name, 0, 0);
 }
 
@@ -234,7 +254,7 @@ static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name, un
     case JT_UNDEF:
         undef_error(c, at, obj);
     case JT_LOOP:
-        return loop_attr(c, at, obj, name);
+        return loop_attr(c, obj, name, at && at->kind == N_ATTR ? at->flag : -1);
     case JT_NS:
         if (jv_dict_get_str(c, obj, name, at && at->kind == N_ATTR ? (size_t)at->id : strlen(name), &r))
             return r;
@@ -288,13 +308,22 @@ static jv get_item(jctx *c, const jnode *at, const jv *obj, const jv *key)
         char *nm = jalloc(c, key->u.s.n + 1);
         memcpy(nm, key->u.s.p, key->u.s.n);
         nm[key->u.s.n] = 0;
-        return loop_attr(c, at, obj, nm);
+        return loop_attr(c, obj, nm, -1);
     }
     if (key->t == JT_STR) {
-        char *nm = jalloc(c, key->u.s.n + 1);
-        memcpy(nm, key->u.s.p, key->u.s.n);
-        nm[key->u.s.n] = 0;
-        unsigned mask = memchr(key->u.s.p, 0, key->u.s.n) ? 0 : jinja_method_mask(nm);
+        const char *nm;
+        unsigned mask;
+        if (at && at->kind == N_ITEM && at->b->kind == N_CONST) {
+            /* x['name']: the parser worked the mask out (and the literal ends in NUL) */
+            nm = key->u.s.p;
+            mask = at->op;
+        } else {
+            char *z = jalloc(c, key->u.s.n + 1);
+            memcpy(z, key->u.s.p, key->u.s.n);
+            z[key->u.s.n] = 0;
+            nm = z;
+            mask = memchr(key->u.s.p, 0, key->u.s.n) ? 0 : jinja_method_mask(nm);
+        }
         if (jinja_has_method(obj, mask) || jinja_unsafe_method(obj, mask))
             return get_attr(c, at, obj, nm, mask);
         return undef_attr(c, obj, nm, 0, 0);
