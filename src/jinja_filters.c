@@ -718,7 +718,9 @@ jv jinja_call_method(jctx *c, const jnode *at, const jv *recv, const char *name,
             jerr(c, KVG_JINJA_ERROR, at, "no items for cycling given");
         return a->pos[recv->u.loop->i % (size_t)a->npos];
     }
-    if (jinja_unsafe_method(recv, jinja_method_mask(name)))
+    if (((jv_is_dict(recv) && in_list(DICT_UNSAFE, name)) ||
+         (((recv->t == JT_LIST && !(recv->flags & JF_TUPLE)) || recv->t == JT_JLIST) &&
+          in_list(LIST_UNSAFE, name))))
         jerr(c, KVG_JINJA_ERROR, at, "access to attribute '%s' of '%s' object is unsafe.", name,
              jv_type_name(recv));
     if (recv->t == JT_STR && in_list(STR_METHODS, name))
