@@ -473,6 +473,8 @@ FILTER(int)
     jv dflt = d ? *d : jv_int(0);
 
     switch (x->t) {
+    case JT_UNDEF:      /* Undefined.__int__ raises */
+        jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, x));
     case JT_INT: case JT_BOOL:
         return jv_int(x->u.i);
     case JT_FLOAT:
@@ -514,6 +516,8 @@ FILTER(float)
     jv dflt = d ? *d : jv_float(0.0);
 
     switch (x->t) {
+    case JT_UNDEF:
+        jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, x));
     case JT_INT: case JT_BOOL:
         return jv_float((double)x->u.i);
     case JT_FLOAT:
@@ -541,6 +545,23 @@ FILTER(round)
     double v;
     char buf[400];
 
+    if ((x->t == JT_INT || x->t == JT_BOOL) && (!m || (m->t == JT_STR && m->u.s.n == 6 &&
+                                                     !memcmp(m->u.s.p, "common", 6)))) {
+        /* Python's round() of an int is an int (half to even below the units) */
+        int64_t i = x->u.i, p10 = 1;
+        if (prec >= 0)
+            return jv_int(i);
+        for (int64_t k = prec; k < 0 && p10 < INT64_MAX / 10; k++)
+            p10 *= 10;
+        int64_t q = i / p10, r = i % p10;
+        if (r < 0) {
+            q--;
+            r += p10;
+        }
+        if (2 * r > p10 || (2 * r == p10 && (q & 1)))
+            q++;
+        return jv_int(q * p10);
+    }
     if (x->t == JT_INT || x->t == JT_BOOL)
         v = (double)x->u.i;
     else if (x->t == JT_FLOAT)
@@ -578,8 +599,11 @@ FILTER(indent)
         memset(sp, ' ', (size_t)n);
         ind = jv_strn(sp, (size_t)n, JS_CLEAN);
     }
-    /* s + "\n", split into lines, as Jinja2 does */
-    jv s = jarg_sstr(c, at, x);
+    /* s + "\n", split into lines, as Jinja2 does (so anything but a string fails) */
+    if (x->t != JT_STR)
+        jerr(c, KVG_JINJA_ERROR, at, "unsupported operand type(s) for +=: '%s' and 'str'",
+             jv_type_name(x));
+    jv s = *x;
     jsb_init(c, &b, s.u.s.n + 1);
     jsb_put_str(c, &b, &s);
     jsb_putc(c, &b, '\n');

@@ -437,6 +437,10 @@ static int contains(jctx *c, const jnode *at, const jv *item, const jv *cont)
     case JT_JDICT:
     case JT_NS: {
         jv r;
+        if (jv_is_list(item) && !(item->flags & JF_TUPLE))
+            jerr(c, KVG_JINJA_ERROR, at, "unhashable type: 'list'");
+        if (jv_is_dict(item) || item->t == JT_NS)
+            jerr(c, KVG_JINJA_ERROR, at, "unhashable type: '%s'", jv_type_name(item));
         return jv_dict_get(c, cont, item, &r);
     }
     case JT_UNDEF:

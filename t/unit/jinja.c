@@ -219,6 +219,19 @@ static const struct { const char *src, *want; } CASES[] = {
     { "{% for a, b in xs %}{% endfor %}", ERROR },
     { "{{ 1 < 'a' }}", ERROR },
     { "{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", ERROR },
+    { "{{ 15|round(-1) }}{{ 25|round(-1) }}{{ 3|round(2) }}{{ [none, zz] }}",
+      "20203[None, Undefined]" },
+    { "{{ [] in d }}", ERROR },
+    { "{{ []|last|int }}", ERROR },
+    { "{{ f|indent(2) }}", ERROR },
+    { "{{ ' a b c '.split(None, 1) }}{{ ' a b c '.rsplit(None, 1) }}",
+      "['a', 'b c '][' a b', 'c']" },
+    { "{{ none|selectattr('x')|list }}{{ none|map('upper')|list }}",
+      "[][]" },
+    { "{{ 'a'|safe + '<b>' }}{{ '<'|escape ~ '<' }}",
+      "a&lt;b&gt;&lt;<" },
+    { "a\n  {% raw %}\n  x\n  {% endraw %}\nb",
+      "a\n\n  x\nb" },
 };
 
 static json_t *js(const char *text)
