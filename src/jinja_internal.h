@@ -110,7 +110,7 @@ enum {
     N_COND,
     /* statements */
     N_BODY, N_TEXT, N_PRINT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_CALLBLOCK,
-    N_FILTERBLOCK, N_BREAK, N_CONTINUE
+    N_FILTERBLOCK, N_BREAK, N_CONTINUE, N_WITH
 };
 
 /* N_BIN ops and N_CMP ops */

@@ -1155,6 +1155,19 @@ static int exec(jctx *c, const jnode *n)
         v = apply_chain(c, n->a, &v);
         jv_str_into(c, n, c->out, &v);
         return FLOW_NORMAL;
+    case N_WITH: {
+        /* the values first, in the outer scope; then a scope of their own */
+        jv *vals = jalloc(c, (n->nkids + 1) * sizeof(jv));
+        jscope *saved = c->scope;
+        for (uint32_t i = 0; i < n->nkids; i++)
+            vals[i] = ev(c, n->kwval[i]);
+        c->scope = scope_new(c, saved);
+        for (uint32_t i = 0; i < n->nkids; i++)
+            assign(c, n->kids[i], &vals[i]);
+        int flow = exec(c, n->b);
+        c->scope = saved;
+        return flow;
+    }
     case N_BREAK:
         return FLOW_BREAK;
     case N_CONTINUE:

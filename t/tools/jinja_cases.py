@@ -57,6 +57,7 @@ CASES = [
     "{% set g = 1 %}{% macro m() %}{{ g }}{% endmacro %}{% set g = 2 %}{{ m() }}",
     "{% filter upper %}ab{{ s }}{% endfilter %}", "{% raw %}{{ x }}{% endraw %}", "{# c #}a{# d #}",
     "{% generation %}gen{{ 1 }}{% endgeneration %}",
+    "{% set a = 5 %}{% with a = 1, b = a %}{{ a }}{{ b }}{% endwith %}{{ a }}{% with %}{% set q = 1 %}{{ q }}{% endwith %}{{ q }}",
     # whitespace control
     "a  {%- if 1 %}  b  {% endif -%}  c", "a\n  {% if 1 %}\n  b\n  {% endif %}\nc", "a {{- ' b ' -}} c",
     "x\n    {%+ if 1 %}y{% endif +%}\nz", "  {# c #}\nx", "a {#- c -#} b", "<{{ 1 }}>\n",
