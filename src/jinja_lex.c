@@ -259,8 +259,8 @@ static int lx_number(lexer *L, jtok *t)
             for (size_t m = i + 1; m < k; m++)
                 PUTB(L->s[m]);
             i = k;
-            while (i < L->n && L->s[i] >= '0' && L->s[i] <= '9')
-                PUTB(L->s[i++]);
+            for (; i < L->n && L->s[i] >= '0' && L->s[i] <= '9'; i++)
+                PUTB(L->s[i]);
         }
     }
 #undef PUTB

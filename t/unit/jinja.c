@@ -402,6 +402,9 @@ static void test_compile_errors(void)
         { "{{ 99999999999999999999 }}", "t:1:4: integer literal out of 64-bit range" },
         { "{% include 'x' %}", "t:1:4: Encountered unknown tag 'include'" },
         { "ok\n{{ \xff }}", "t:2:4: invalid UTF-8" },
+        /* found by fuzzing: a long exponent looped forever */
+        { "{{ 1e7777777777777777777777777777777777777777777777777777777777777777777777777777 }}",
+          "t:1:4: number literal too long" },
     };
     char err[256];
 
