@@ -124,6 +124,7 @@ static void msort(jctx *c, const jnode *at, sortkey *v, sortkey *tmp, size_t n, 
 {
     if (n < 2)
         return;
+    jsteps(c, at, n);       /* n per level: n log n in all */
     size_t h = n / 2;
     msort(c, at, v, tmp, h, ci, rev);
     msort(c, at, v + h, tmp, n - h, ci, rev);
@@ -290,6 +291,7 @@ FILTER(unique)
         jv key = attr && attr->t != JT_NONE ? jinja_get_path(c, &items[i], attr) : items[i];
         key = lower_if(c, &key, ci);
         size_t j;
+        jsteps(c, at, k);       /* unique is quadratic */
         for (j = 0; j < k; j++)
             if (jv_eq(c, &keys[j], &key))
                 break;

@@ -203,6 +203,7 @@ __attribute__((noreturn, format(printf, 4, 5)))
 void jerr(jctx *c, int rc, const jnode *at, const char *fmt, ...);
 void *jalloc(jctx *c, size_t n);
 void jstep(jctx *c, const jnode *at);
+void jsteps(jctx *c, const jnode *at, uint64_t k);   /* k steps of work at once */
 
 __attribute__((noreturn)) void jstack_exceeded(jctx *c, const jnode *at);
 static inline void jstack_check(jctx *c, const jnode *at)

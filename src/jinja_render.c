@@ -71,6 +71,16 @@ void jstep(jctx *c, const jnode *at)
              (unsigned long long)c->max_steps);
 }
 
+/* Work hidden inside one operation (comparing long lists, membership, sorting)
+ * counts too, so that a loop of cheap-looking steps stays bounded in time. */
+void jsteps(jctx *c, const jnode *at, uint64_t k)
+{
+    if (k > c->max_steps - c->steps)
+        jerr(c, KVG_JINJA_LIMIT, at, "step limit (%llu) reached",
+             (unsigned long long)c->max_steps);
+    c->steps += k;
+}
+
 void jstack_exceeded(jctx *c, const jnode *at)
 {
     jerr(c, KVG_JINJA_LIMIT, at, "nesting depth limit reached (recursion too deep)");
@@ -420,12 +430,14 @@ static int contains(jctx *c, const jnode *at, const jv *item, const jv *cont)
         if (item->t != JT_STR)
             jerr(c, KVG_JINJA_ERROR, at, "'in <string>' requires string as left operand, not %s",
                  jv_type_name(item));
+        jsteps(c, at, cont->u.s.n / 256);
         if (!item->u.s.n)
             return 1;
         return memmem(cont->u.s.p, cont->u.s.n, item->u.s.p, item->u.s.n) != NULL;
     case JT_LIST:
     case JT_JLIST: {
         size_t n = jv_len(c, at, cont);
+        jsteps(c, at, n);
         for (size_t i = 0; i < n; i++) {
             jv x = jv_list_at(c, cont, i);
             if (jv_eq(c, &x, item))

@@ -450,6 +450,7 @@ int jv_eq(jctx *c, const jv *a, const jv *b)
         size_t n = jv_len(c, NULL, a);
         if (n != jv_len(c, NULL, b))
             return 0;
+        jsteps(c, NULL, n);
         deeper(c);
         r = 1;
         for (size_t i = 0; i < n && r; i++) {
@@ -465,6 +466,7 @@ int jv_eq(jctx *c, const jv *a, const jv *b)
 
         if (jv_len(c, NULL, a) != jv_len(c, NULL, b))
             return 0;
+        jsteps(c, NULL, jv_len(c, NULL, a));
         deeper(c);
         jv_dict_keys_vals(c, a, &ks, &vs, &n);
         r = 1;
@@ -510,6 +512,7 @@ int jv_cmp(jctx *c, const jnode *at, const jv *a, const jv *b)
         size_t na = jv_len(c, at, a), nb = jv_len(c, at, b);
         int r = 0;
 
+        jsteps(c, at, na < nb ? na : nb);
         deeper(c);
         for (size_t i = 0; i < na && i < nb && !r; i++) {
             jv x = jv_list_at(c, a, i), y = jv_list_at(c, b, i);
