@@ -842,7 +842,8 @@ static jv select_impl(jctx *c, const jnode *at, const jv *x, const jcall *a, int
     int off = attr_mode ? 1 : 0;
     const jv *attr = attr_mode ? jarg(a, 0, NULL) : NULL;
     const jv *test = jarg(a, off, NULL);
-    jcall rest = { .npos = a->npos > off + 1 ? a->npos - off - 1 : 0, .pos = a->pos + off + 1,
+    jcall rest = { .npos = a->npos > off + 1 ? a->npos - off - 1 : 0,
+                   .pos = a->npos > off + 1 ? a->pos + off + 1 : NULL,
                    .nkw = a->nkw, .kwname = a->kwname, .kwval = a->kwval };
 
     if (attr_mode && !attr)
