@@ -109,6 +109,7 @@ CASES = [
     "{{ []|last|int }}", "{{ f|indent(2) }}", "{{ ' a b c '.split(None, 1) }}{{ ' a b c '.rsplit(None, 1) }}",
     "{{ none|selectattr('x')|list }}{{ none|map('upper')|list }}", "{{ 'a'|safe + '<b>' }}{{ '<'|escape ~ '<' }}",
     "a\n  {% raw %}\n  x\n  {% endraw %}\nb",
+    "{{ [0, 1, 2]|reject|list }}{{ [0, 1]|select|list }}",
 ]
 
 # where kvg_jinja fails on purpose while Python succeeds (64-bit integers)

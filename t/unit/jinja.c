@@ -235,6 +235,8 @@ static const struct { const char *src, *want; } CASES[] = {
       "a&lt;b&gt;&lt;<" },
     { "a\n  {% raw %}\n  x\n  {% endraw %}\nb",
       "a\n\n  x\nb" },
+    { "{{ [0, 1, 2]|reject|list }}{{ [0, 1]|select|list }}",
+      "[0][1]" },
 };
 
 static json_t *js(const char *text)
