@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Compares kvg_jinja (t/tools/jinja_render, built by hand) with Jinja2 configured as
-transformers' apply_chat_template, over templates x conversations.
+"""Compares kvg_jinja (t/tools/jinja_render.c, built by hand: see its comment) with Jinja2
+configured as transformers' apply_chat_template, over templates x conversations.
+Each case prints '.' (same output), 'r' (both raise or fail alike), 'e' (Jinja2 fails at
+render time where kvg_jinja refuses to compile) or 'X' (differs; V=1 shows how).
 
   jinja_cmp.py RENDER_BIN TEMPLATE... [--npm DIR]   prints one line per case, a summary
   jinja_cmp.py RENDER_BIN --expr 'SRC' ...            small templates, a fixed context

@@ -1,5 +1,8 @@
 /* Renders a template with kvg_jinja for t/tools/jinja_cmp.py:
  *   jinja_render TEMPLATE CONTEXT.json [ITERATIONS]
+ * Not built by the Makefile; after `make build/libkvgate.a`:
+ *   gcc -std=gnu11 -O2 -Isrc t/tools/jinja_render.c build/libkvgate.a \
+ *       -ljansson -lutf8proc -lpcre2-8 -lcrypto -lm -o /tmp/jr
  * CONTEXT.json is {"trusted": {...}, "data": {...}, "now": SECONDS}. Prints the
  * output; exits 0 (ok), 1 (raised), 2 (error), 3 (limit), 4 (compile error), the
  * message on stderr. With ITERATIONS, prints the mean render time instead. */
