@@ -140,9 +140,12 @@ def main():
         else:
             templates.append((os.path.basename(args[i]), open(args[i]).read())); i += 1
     total = bad = 0
+    cases = convs()
+    # transformers passes tools=None and documents=None when the request has none
+    cases += [(n + "+none", dict(d, tools=d.get("tools"), documents=None)) for n, d in cases]
     for name, src in templates:
         res = []
-        for cname, data in convs():
+        for cname, data in cases:
             for agp in (False, True):
                 trusted = {"bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": agp}
                 r, o = ref(src, trusted, data), ours(binary, src, trusted, data)
