@@ -3,7 +3,10 @@
  *   jinja_parse.c    tokens -> AST (one generic node type), names interned
  *   jinja_value.c    arena, values, strings with per-byte taint, Python str/repr
  *   jinja_render.c   evaluation of the AST into an output with data spans
- *   jinja_filters.c  filters, tests and methods (by name, resolved at compile time)
+ *   jinja_ops.c      attribute/item access, slices, membership, arithmetic
+ *   jinja_filters.c, jinja_tests.c, jinja_methods.c: filters, tests, methods (by
+ *                    name, resolved at compile time); jinja_str.c: str operations;
+ *                    jinja_json.c: tojson
  *
  * Errors while rendering unwind with longjmp to kvg_jinja_render: every value lives
  * in the render's arena, so nothing needs cleaning on the way out, and each of the
@@ -334,10 +337,18 @@ jv jinja_apply_filter_by_name(jctx *c, const jnode *at, const jv *name, const jv
 int jinja_apply_test_by_name(jctx *c, const jnode *at, const jv *name, const jv *x,
                              const jcall *rest);
 
-/* render (jinja_render.c): which loop.NAME name is (0: none), for N_ATTR's flag */
+/* operators (jinja_ops.c): which loop.NAME name is (0: none), for N_ATTR's flag */
 int jinja_loop_attr(const char *name);
 /* a op b with Python's rules (OP_ADD ... OP_POW) */
 jv jinja_binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b);
+/* obj.name (mask: jinja_method_mask(name)), obj[key], obj[b:e:s], item in cont */
+jv jinja_getattr(jctx *c, const jnode *at, const jv *obj, const char *name, unsigned mask);
+jv jinja_getitem(jctx *c, const jnode *at, const jv *obj, const jv *key);
+jv jinja_slice(jctx *c, const jnode *at, const jv *obj, const jv *b, const jv *e, const jv *s);
+int jinja_contains(jctx *c, const jnode *at, const jv *item, const jv *cont);
+__attribute__((noreturn)) void jinja_undef_error(jctx *c, const jnode *at, const jv *v);
+
+/* render (jinja_render.c) */
 /* call a macro or global function */
 jv jinja_call_value(jctx *c, const jnode *at, const jv *fn, const jcall *a);
 
