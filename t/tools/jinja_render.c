@@ -60,6 +60,8 @@ int main(int argc, char **argv)
     t = kvg_jinja_compile(src, len, argv[1], err, sizeof err);
     if (!t) {
         fprintf(stderr, "%s\n", err);
+        json_decref(ctx);
+        free(src);
         return 4;
     }
     lim.now = (time_t)json_integer_value(json_object_get(ctx, "now"));
@@ -76,6 +78,9 @@ int main(int argc, char **argv)
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
         printf("%.2f us/render, CPU time (rc %d)\n",
                ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / 1e3 / iters, rc);
+        kvg_jinja_free(t);
+        json_decref(ctx);
+        free(src);
         return 0;
     }
     rc = kvg_jinja_render(t, json_object_get(ctx, "trusted"), json_object_get(ctx, "data"), &lim,
@@ -83,6 +88,8 @@ int main(int argc, char **argv)
     if (rc) {
         fprintf(stderr, "%s\n", err);
         kvg_jinja_free(t);
+        json_decref(ctx);
+        free(src);
         return rc;
     }
     fwrite(out.text, 1, out.len, stdout);
