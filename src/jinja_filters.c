@@ -152,12 +152,12 @@ static jv lower_if(jctx *c, const jv *v, int ci)
 /* ---- filters ---- */
 
 #define UNUSED __attribute__((unused))
-#define FILTER(name) static jv f_##name(UNUSED jctx *c, UNUSED const jnode *at, UNUSED const jv *x, \
+#define FILTER(name) static jv f_##name(UNUSED jctx *c, UNUSED const jnode *at, \
+                                     UNUSED const jv *x, \
                                      UNUSED const jcall *a)
 
 FILTER(abs)
 {
-    (void)a;
     if (x->t == JT_INT || x->t == JT_BOOL) {
         if (x->u.i == INT64_MIN)
             jerr(c, KVG_JINJA_ERROR, at, "integer overflow (beyond 64 bits)");
@@ -168,10 +168,10 @@ FILTER(abs)
     jerr(c, KVG_JINJA_ERROR, at, "bad operand type for abs(): '%s'", jv_type_name(x));
 }
 
-FILTER(capitalize) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_CAPITALIZE); }
-FILTER(upper) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_UPPER); }
-FILTER(lower) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_LOWER); }
-FILTER(title) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_JTITLE); }
+FILTER(capitalize) { jv s = jarg_sstr(c, at, x); return jstr_case(c, &s, CASE_CAPITALIZE); }
+FILTER(upper) { jv s = jarg_sstr(c, at, x); return jstr_case(c, &s, CASE_UPPER); }
+FILTER(lower) { jv s = jarg_sstr(c, at, x); return jstr_case(c, &s, CASE_LOWER); }
+FILTER(title) { jv s = jarg_sstr(c, at, x); return jstr_case(c, &s, CASE_JTITLE); }
 
 FILTER(center)
 {
@@ -185,7 +185,6 @@ FILTER(center)
 
 FILTER(length)
 {
-    (void)a;
     return jv_int((int64_t)jv_len(c, at, x));
 }
 
@@ -220,7 +219,6 @@ static jv dict_pairs(jctx *c, const jnode *at, const jv *x)
 
 FILTER(items)
 {
-    (void)a;
     if (x->t == JT_UNDEF)
         return jv_list_new(c, 0);
     jv r = dict_pairs(c, at, x);
@@ -352,7 +350,6 @@ FILTER(first)
     size_t n;
     jv *items;
 
-    (void)a;
     if (x->t == JT_JLIST)
         return json_array_size(x->u.j) ? jv_list_at(c, x, 0)
                                        : jv_undef("No first item, sequence was empty.");
@@ -365,7 +362,6 @@ FILTER(last)
     size_t n;
     jv *items;
 
-    (void)a;
     if (x->t == JT_LIST && (x->flags & JF_GEN))
         jerr(c, KVG_JINJA_ERROR, at, "'generator' object is not reversible");
     items = jv_items(c, at, x, &n);
@@ -378,14 +374,12 @@ FILTER(list)
     jv *items = jv_items(c, at, x, &n);
     jv r = jv_list_new(c, n);
 
-    (void)a;
     memcpy(r.u.l->v, items, n * sizeof(jv));
     return r;
 }
 
 FILTER(reverse)
 {
-    (void)a;
     if (x->t == JT_STR) {
         size_t n;
         jv *chars = jv_items(c, at, x, &n);
@@ -434,14 +428,12 @@ FILTER(join)
 
 FILTER(string)
 {
-    (void)a;
     return jv_to_str(c, at, x);
 }
 
 FILTER(safe)
 {
     jv s = jv_to_str(c, at, x);
-    (void)a;
     s.flags |= JF_SAFE;
     return s;
 }
@@ -575,7 +567,8 @@ FILTER(round)
     if (m && m->t == JT_STR && m->u.s.n == 5 && !memcmp(m->u.s.p, "floor", 5))
         return jv_float(floor(v * pow(10, (double)prec)) / pow(10, (double)prec));
     if (!isfinite(v) || prec > 300 || prec < 0)
-        return jv_float(prec < 0 ? nearbyint(v / pow(10, (double)-prec)) * pow(10, (double)-prec) : v);
+        return jv_float(prec < 0 ? nearbyint(v / pow(10, (double)-prec)) * pow(10, (double)-prec)
+                                 : v);
     /* printf rounds the exact binary value half to even, as Python's round() */
     snprintf(buf, sizeof buf, "%.*f", (int)prec, v);
     return jv_float(strtod(buf, NULL));
@@ -633,7 +626,6 @@ FILTER(wordcount)
     int64_t n = 0;
     int in = 0;
 
-    (void)a;
     for (size_t i = 0; i < s.u.s.n;) {
         uint32_t cp;
         i += jstr_cp_at(&s, i, &cp);
@@ -690,7 +682,8 @@ FILTER(format)
     int ai = 0;
 
     if (a->nkw && a->npos)
-        jerr(c, KVG_JINJA_ERROR, at, "can't handle positional and keyword arguments at the same time");
+        jerr(c, KVG_JINJA_ERROR, at,
+             "can't handle positional and keyword arguments at the same time");
     jsb_init(c, &b, s.u.s.n + 32);
     for (size_t i = 0; i < s.u.s.n; i++) {
         if (s.u.s.p[i] != '%') {
@@ -833,7 +826,8 @@ FILTER(map)
     return r;
 }
 
-static jv select_impl(jctx *c, const jnode *at, const jv *x, const jcall *a, int attr_mode, int want)
+static jv select_impl(jctx *c, const jnode *at, const jv *x, const jcall *a, int attr_mode,
+                      int want)
 {
     size_t n = 0, k = 0;
     /* as map: a falsy value selects nothing, even none */
@@ -897,7 +891,8 @@ jv jinja_apply_filter_by_name(jctx *c, const jnode *at, const jv *name, const jv
         jerr(c, KVG_JINJA_ERROR, at, "a filter name must be a string");
     jfilter_fn f = jinja_find_filter(name->u.s.p, name->u.s.n);
     if (!f)
-        jerr(c, KVG_JINJA_ERROR, at, "No filter named '%.*s'.", (int)(name->u.s.n > 40 ? 40 : name->u.s.n),
+        jerr(c, KVG_JINJA_ERROR, at, "No filter named '%.*s'.",
+             (int)(name->u.s.n > 40 ? 40 : name->u.s.n),
              name->u.s.p);
     jstep(c, at);
     return f(c, at, x, rest);

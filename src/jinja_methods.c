@@ -17,7 +17,7 @@
 
 static int affix(jctx *c, const jnode *at, const jv *s, const jv *arg, int end)
 {
-    if (arg && (arg->t == JT_LIST || arg->t == JT_JLIST) && (arg->flags & JF_TUPLE || arg->t == JT_LIST)) {
+    if (arg && arg->t == JT_LIST && (arg->flags & JF_TUPLE)) {     /* a tuple of affixes */
         size_t n = jv_len(c, at, arg);
         for (size_t i = 0; i < n; i++) {
             jv x = jv_list_at(c, arg, i);
@@ -64,7 +64,8 @@ static jv str_format(jctx *c, const jnode *at, const jv *s, const jcall *a)
             v = jarg(a, atoi(s->u.s.p + fb), NULL);
         } else {
             for (int k = 0; k < a->nkw; k++)
-                if (strlen(a->kwname[k]) == fe - fb && !memcmp(a->kwname[k], s->u.s.p + fb, fe - fb))
+                if (strlen(a->kwname[k]) == fe - fb &&
+                    !memcmp(a->kwname[k], s->u.s.p + fb, fe - fb))
                     v = &a->kwval[k];
         }
         if (!v)
@@ -212,7 +213,8 @@ static jv str_method(jctx *c, const jnode *at, const jv *s, const char *m, const
     if (!strcmp(m, "isspace")) return jv_bool(jstr_all(s, 's'));
     if (!strcmp(m, "isupper")) return jv_bool(jstr_all(s, 'u'));
     if (!strcmp(m, "islower")) return jv_bool(jstr_all(s, 'l'));
-    if (!strcmp(m, "splitlines")) return jstr_splitlines(c, s, jarg_bool(jarg(a, 0, "keepends"), 0));
+    if (!strcmp(m, "splitlines"))
+        return jstr_splitlines(c, s, jarg_bool(jarg(a, 0, "keepends"), 0));
     if (!strcmp(m, "removeprefix") || !strcmp(m, "removesuffix")) {
         jv p = jarg_str(c, at, jarg(a, 0, NULL), "the affix");
         int end = m[6] == 's';

@@ -95,7 +95,8 @@ jv jinja_getattr(jctx *c, const jnode *at, const jv *obj, const char *name, unsi
     case JT_LOOP:
         return loop_attr(c, obj, name, at && at->kind == N_ATTR ? at->flag : -1);
     case JT_NS:
-        if (jv_dict_get_str(c, obj, name, at && at->kind == N_ATTR ? (size_t)at->id : strlen(name), &r))
+        if (jv_dict_get_str(c, obj, name, at && at->kind == N_ATTR ? (size_t)at->id : strlen(name),
+                            &r))
             return r;
         return undef_attr(c, obj, name, 0, 0);
     default:

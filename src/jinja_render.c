@@ -561,7 +561,8 @@ static jv eval(jctx *c, const jnode *n)
             return ev(c, n->b);
         if (n->c)
             return ev(c, n->c);
-        return jv_undef("the inline if-expression evaluated to false and no else section was defined");
+        return jv_undef("the inline if-expression evaluated to false and no else section was"
+                        " defined");
     }
     jerr(c, KVG_JINJA_ERROR, n, "cannot evaluate this node");
 }

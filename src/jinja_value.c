@@ -65,7 +65,8 @@ void *jalloc(jctx *c, size_t n)
 
     if (!p) {
         if (c->arena.limit && c->arena.total + n > c->arena.limit)
-            jerr(c, KVG_JINJA_LIMIT, NULL, "render memory limit reached (the output limit times 8)");
+            jerr(c, KVG_JINJA_LIMIT, NULL,
+                 "render memory limit reached (the output limit times 8)");
         jerr(c, KVG_JINJA_NOMEM, NULL, "out of memory");
     }
     return p;
@@ -100,7 +101,8 @@ const char *jv_undef_msg(jctx *c, const jv *v)
         snprintf(msg, len, "'None' has no attribute '%s'", v->u.undef.name);
     else
         snprintf(msg, len, "'%s object' has no attribute '%s'",
-                 v->aux < sizeof TYPES / sizeof TYPES[0] && TYPES[v->aux] ? TYPES[v->aux] : "object",
+                 v->aux < sizeof TYPES / sizeof TYPES[0] && TYPES[v->aux] ? TYPES[v->aux]
+                                                                        : "object",
                  v->u.undef.name);
     return msg;
 }
@@ -826,7 +828,8 @@ void jv_str_into(jctx *c, const jnode *at, jsb *b, const jv *v)
         return;
     case JT_LIST:
         if (v->flags & JF_GEN)
-            jerr(c, KVG_JINJA_ERROR, at, "cannot print a generator (its text is a memory address): add |list");
+            jerr(c, KVG_JINJA_ERROR, at,
+                 "cannot print a generator (its text is a memory address): add |list");
         if (v->aux >= 1 && v->aux <= 3) {
             /* dict.keys()/values()/items() */
             static const char *const VIEW[] = { "dict_keys(", "dict_values(", "dict_items(" };
