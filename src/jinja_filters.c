@@ -678,12 +678,22 @@ FILTER(truncate)
 FILTER(format)
 {
     jv s = jarg_sstr(c, at, x);
-    jsb b;
-    int ai = 0;
 
     if (a->nkw && a->npos)
         jerr(c, KVG_JINJA_ERROR, at,
              "can't handle positional and keyword arguments at the same time");
+    return jinja_percent(c, at, &s, a->pos, a->npos, 0);
+}
+
+jv jinja_percent(jctx *c, const jnode *at, const jv *fmt, const jv *args, int nargs,
+                 int mapping_ok)
+{
+    jv s = *fmt;
+    jsb b;
+    int ai = 0;
+    const jcall call = { .npos = nargs, .pos = args };
+    const jcall *a = &call;
+
     jsb_init(c, &b, s.u.s.n + 32);
     for (size_t i = 0; i < s.u.s.n; i++) {
         if (s.u.s.p[i] != '%') {
@@ -771,7 +781,8 @@ FILTER(format)
             jerr(c, KVG_JINJA_ERROR, at, "unsupported format character '%c'", conv);
         }
     }
-    if (ai < a->npos)
+    /* Python lets a mapping argument go unused ('x' % {} is 'x') */
+    if (ai < a->npos && !(mapping_ok && ai == 0))
         jerr(c, KVG_JINJA_ERROR, at, "not all arguments converted during string formatting");
     return jsb_str(&b);
 }

@@ -296,6 +296,10 @@ int jarg_bool(const jv *v, int dflt);
 jv jarg_sstr(jctx *c, const jnode *at, const jv *v);     /* str(v), undefined: "" */
 const char *jstr_z(jctx *c, const jv *s);               /* a NUL-terminated copy */
 jv jinja_join(jctx *c, const jnode *at, const jv *sep, const jv *seq, const char *attr);
+/* fmt % args, Python's printf-style formatting (%s %r %d %i %x %o %f %e %g %%);
+ * mapping_ok: the one argument is a mapping, which may go unused */
+jv jinja_percent(jctx *c, const jnode *at, const jv *fmt, const jv *args, int nargs,
+                 int mapping_ok);
 jv jinja_get_path(jctx *c, const jv *x, const jv *attr);  /* x.a.b / x[0] for map & co */
 
 /* Python str operations keeping taint (jinja_str.c) */

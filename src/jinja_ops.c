@@ -429,6 +429,12 @@ jv jinja_binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b)
         l.flags = a->flags & JF_TUPLE;
         return l;
     }
+    if (op == OP_MOD && a->t == JT_STR) {
+        /* 'fmt' % x: a tuple gives the arguments, anything else is the one argument */
+        if (b->t == JT_LIST && (b->flags & JF_TUPLE))
+            return jinja_percent(c, at, a, b->u.l->v, (int)b->u.l->n, 0);
+        return jinja_percent(c, at, a, b, 1, jv_is_dict(b));
+    }
     if (op == OP_MUL && (a->t == JT_STR || jv_is_list(a)) && (b->t == JT_INT || b->t == JT_BOOL))
         return repeat(c, at, a, b->u.i);
     if (op == OP_MUL && (b->t == JT_STR || jv_is_list(b)) && (a->t == JT_INT || a->t == JT_BOOL))

@@ -110,6 +110,7 @@ CASES = [
     "{{ none|selectattr('x')|list }}{{ none|map('upper')|list }}", "{{ 'a'|safe + '<b>' }}{{ '<'|escape ~ '<' }}",
     "a\n  {% raw %}\n  x\n  {% endraw %}\nb",
     "{{ [0, 1, 2]|reject|list }}{{ [0, 1]|select|list }}",
+    "{{ '%s-%d' % ('a', 3) }}{{ 'A b' % d }}{{ '%s' % xs }}{{ '%5.1f%%' % 2.25 }}", "{{ 'x' % 1 }}",
 ]
 
 # where kvg_jinja fails on purpose while Python succeeds (64-bit integers)

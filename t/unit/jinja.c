@@ -237,6 +237,9 @@ static const struct { const char *src, *want; } CASES[] = {
       "a\n\n  x\nb" },
     { "{{ [0, 1, 2]|reject|list }}{{ [0, 1]|select|list }}",
       "[0][1]" },
+    { "{{ '%s-%d' % ('a', 3) }}{{ 'A b' % d }}{{ '%s' % xs }}{{ '%5.1f%%' % 2.25 }}",
+      "a-3A b[1, 2, 3]  2.2%" },
+    { "{{ 'x' % 1 }}", ERROR },
 };
 
 static json_t *js(const char *text)
