@@ -871,8 +871,24 @@ FILTER(rejectattr) { return select_impl(c, at, x, a, 1, 0); }
 
 FILTER(tojson) { return jinja_tojson(c, at, x, a); }
 
+/* x|attr('name'): the attribute only, never the item (a dict's keys are not) */
+FILTER(attr)
+{
+    jv name = jarg_str(c, at, jarg(a, 0, "name"), "attr's name");
+    const char *z = jstr_z(c, &name);
+    unsigned mask = memchr(name.u.s.p, 0, name.u.s.n) ? 0 : jinja_method_mask(z);
+
+    if (jv_is_dict(x) && !jinja_has_method(x, mask) && !jinja_unsafe_method(x, mask)) {
+        jv u = jv_undef(NULL);
+        u.u.undef.name = z;
+        u.aux = x->t;
+        return u;
+    }
+    return jinja_getattr(c, at, x, z, mask);
+}
+
 static const struct { const char *name; jfilter_fn fn; } FILTERS[] = {
-    { "abs", f_abs }, { "batch", f_batch }, { "capitalize", f_capitalize },
+    { "abs", f_abs }, { "attr", f_attr }, { "batch", f_batch }, { "capitalize", f_capitalize },
     { "center", f_center }, { "count", f_length }, { "d", f_default },
     { "default", f_default }, { "dictsort", f_dictsort }, { "e", f_escape },
     { "escape", f_escape }, { "first", f_first }, { "float", f_float },

@@ -102,7 +102,15 @@ jv jinja_getattr(jctx *c, const jnode *at, const jv *obj, const char *name, unsi
     default:
         break;
     }
-    if (jinja_has_method(obj, mask) || jinja_unsafe_method(obj, mask)) {
+    if (jinja_unsafe_method(obj, mask)) {
+        /* the sandbox's unsafe_undefined: prints as "", fails when called */
+        size_t len = strlen(name) + 64;
+        char *msg = jalloc(c, len);
+        snprintf(msg, len, "access to attribute '%s' of '%s' object is unsafe.", name,
+                 jv_type_name(obj));
+        return jv_undef(msg);
+    }
+    if (jinja_has_method(obj, mask)) {
         jv m = { .t = JT_METHOD };
         jv *recv = jalloc(c, sizeof *recv);
         *recv = *obj;

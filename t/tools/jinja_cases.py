@@ -111,6 +111,7 @@ CASES = [
     "a\n  {% raw %}\n  x\n  {% endraw %}\nb",
     "{{ [0, 1, 2]|reject|list }}{{ [0, 1]|select|list }}",
     "{{ '%s-%d' % ('a', 3) }}{{ 'A b' % d }}{{ '%s' % xs }}{{ '%5.1f%%' % 2.25 }}", "{{ 'x' % 1 }}",
+    "{{ d|attr('a') }}|{{ s|attr('upper') is callable }}|{{ xs|attr('append') }}|{{ xs.append }}", "{{ xs['append'](1) }}",
 ]
 
 # where kvg_jinja fails on purpose while Python succeeds (64-bit integers)

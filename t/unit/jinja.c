@@ -240,6 +240,9 @@ static const struct { const char *src, *want; } CASES[] = {
     { "{{ '%s-%d' % ('a', 3) }}{{ 'A b' % d }}{{ '%s' % xs }}{{ '%5.1f%%' % 2.25 }}",
       "a-3A b[1, 2, 3]  2.2%" },
     { "{{ 'x' % 1 }}", ERROR },
+    { "{{ d|attr('a') }}|{{ s|attr('upper') is callable }}|{{ xs|attr('append') }}|{{ xs.append }}",
+      "|True||" },
+    { "{{ xs['append'](1) }}", ERROR },
 };
 
 static json_t *js(const char *text)
