@@ -3,8 +3,7 @@
 as transformers' apply_chat_template, see jinja_cmp.py): run it and paste its output
 over the table when cases change. Each case renders with the context CTX below
 (data) and bos_token (trusted)."""
-import json, sys, os
-sys.path.insert(0, os.path.dirname(__file__))
+import os
 import importlib.util
 spec = importlib.util.spec_from_file_location("cmp", os.path.join(os.path.dirname(__file__), "jinja_cmp.py"))
 
@@ -132,7 +131,6 @@ def ctype(src):
 
 def main():
     cmp = importlib.util.module_from_spec(spec)
-    sys.argv = ["x", "/bin/true", "--expr"]   # jinja_cmp's main() runs on import: harmless
     spec.loader.exec_module(cmp)
     for src in CASES:
         kind, text = cmp.ref(src, TRUSTED, CTX)

@@ -207,4 +207,5 @@ def main():
         print("%-55s %s" % (name, "".join(res)))
     print("%d cases, %d differ" % (total, bad))
 
-main()
+if __name__ == "__main__":
+    main()
