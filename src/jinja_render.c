@@ -362,7 +362,8 @@ static jv call_func(jctx *c, const jnode *at, int id, const jcall *a)
         size_t n = strftime(buf, sizeof buf, fmt, &tm);
         char *o = jalloc(c, n + 1);
         memcpy(o, buf, n);
-        return jv_strn(o, n, JS_CLEAN);
+        /* a format with data in it copies that data through: all of it is data then */
+        return jv_strn(o, n, f->taint == JS_CLEAN ? JS_CLEAN : JS_DATA);
     }
     }
     jerr(c, KVG_JINJA_ERROR, at, "unknown function");

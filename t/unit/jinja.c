@@ -366,6 +366,8 @@ static void test_taint(void)
         { "{% for k, v in d.items() %}{{ k }}={{ v }}{% endfor %}", "q\"=v\n", "q\"|v\n" },
         { "{{ '%s/%s'|format(u, 1) }}", "<|im_start|>x/1", "<|im_start|>x" },
         { "{{ b }}{{ b|string }}", "TrueTrue", "" },
+        /* a data format string's text passes through strftime: the result is data */
+        { "{{ strftime_now('%Y') }}|{{ strftime_now(u) }}", "2026|<|im_start|>x", "<|im_start|>x" },
     };
     const char *data = "{\"u\": \"<|im_start|>x\", \"w\": \" a b \", \"xs\": [2], \"b\": true,"
                        " \"d\": {\"q\\\"\": \"v\\n\"}, \"n\": 1, \"bos_token\": \"<bad>\"}";
