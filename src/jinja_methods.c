@@ -132,6 +132,7 @@ jv jstr_pad(jctx *c, const jnode *at, const jv *s, const jcall *a, int how)
     int64_t w = jarg_int(c, at, jarg(a, 0, "width"), 0, "width");
     const jv *f = jarg(a, 1, "fillchar");
     const char *fill = " ";
+    int fill_data = 0;
     size_t fl = 1;
     int64_t n = (int64_t)jv_ncp(s);
     jsb b;
@@ -141,6 +142,7 @@ jv jstr_pad(jctx *c, const jnode *at, const jv *s, const jcall *a, int how)
         if (jv_ncp(&fs) != 1)
             jerr(c, KVG_JINJA_ERROR, at, "The fill character must be exactly one character long");
         fill = fs.u.s.p;
+        fill_data = fs.taint != JS_CLEAN;
         fl = fs.u.s.n;
     }
     if (w <= n)
@@ -154,10 +156,10 @@ jv jstr_pad(jctx *c, const jnode *at, const jv *s, const jcall *a, int how)
         left = total;
     jsb_init(c, &b, s->u.s.n + (size_t)total * fl);
     for (int64_t i = 0; i < left; i++)
-        jsb_put(c, &b, fill, fl, 0);
+        jsb_put(c, &b, fill, fl, fill_data);
     jsb_put_str(c, &b, s);
     for (int64_t i = left; i < total; i++)
-        jsb_put(c, &b, fill, fl, 0);
+        jsb_put(c, &b, fill, fl, fill_data);
     return jsb_str(&b);
 }
 

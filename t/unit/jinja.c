@@ -368,6 +368,7 @@ static void test_taint(void)
         { "{{ b }}{{ b|string }}", "TrueTrue", "" },
         /* a data format string's text passes through strftime: the result is data */
         { "{{ strftime_now('%Y') }}|{{ strftime_now(u) }}", "2026|<|im_start|>x", "<|im_start|>x" },
+        { "{{ 'ab'.center(6, u[0]) }}{{ 'ab'.center(4) }}", "<<ab<< ab ", "<<|<<" },
     };
     const char *data = "{\"u\": \"<|im_start|>x\", \"w\": \" a b \", \"xs\": [2], \"b\": true,"
                        " \"d\": {\"q\\\"\": \"v\\n\"}, \"n\": 1, \"bos_token\": \"<bad>\"}";
