@@ -710,7 +710,7 @@ jv jinja_percent(jctx *c, const jnode *at, const jv *fmt, const jv *args, int na
             jerr(c, KVG_JINJA_ERROR, at, "incomplete format");
         char conv = s.u.s.p[i];
         if (conv == '%') {
-            jsb_putc(c, &b, '%');
+            jsb_put_sub(c, &b, &s, i, 1);     /* keeps a data format's taint */
             continue;
         }
         if (ai >= a->npos)
