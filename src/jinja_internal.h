@@ -3,7 +3,10 @@
  *   jinja_parse.c    tokens -> AST (one generic node type), names interned
  *   jinja_value.c    arena, values, strings with per-byte taint, Python str/repr
  *   jinja_render.c   evaluation of the AST into an output with data spans
- *   jinja_filters.c  filters, tests and methods (by name, resolved at compile time)
+ *   jinja_ops.c      attribute/item access, slices, membership, arithmetic
+ *   jinja_filters.c, jinja_tests.c, jinja_methods.c: filters, tests, methods (by
+ *                    name, resolved at compile time); jinja_str.c: str operations;
+ *                    jinja_json.c: tojson
  *
  * Errors while rendering unwind with longjmp to kvg_jinja_render: every value lives
  * in the render's arena, so nothing needs cleaning on the way out, and each of the
@@ -111,7 +114,7 @@ enum {
     N_COND,
     /* statements */
     N_BODY, N_TEXT, N_PRINT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_CALLBLOCK,
-    N_FILTERBLOCK, N_BREAK, N_CONTINUE
+    N_FILTERBLOCK, N_BREAK, N_CONTINUE, N_WITH
 };
 
 /* N_BIN ops and N_CMP ops */
@@ -192,17 +195,27 @@ typedef struct jctx {
     size_t max_output;
     uint64_t steps, max_steps;
     unsigned depth, max_depth;  /* macro calls and value recursion */
-    unsigned frames;            /* C recursion guard */
+    const char *stack_base;     /* where the render's stack starts (jstack_check) */
     time_t now;
 } jctx;
 
-#define JINJA_MAX_FRAMES 3000
+/* C stack a render may use below kvg_jinja_render's frame: evaluation recurses
+ * over the AST and nested values; past this it stops with KVG_JINJA_LIMIT. */
+#define JINJA_STACK_BUDGET (512u << 10)
 #define JINJA_PARSE_MAX_NEST 200
 
 __attribute__((noreturn, format(printf, 4, 5)))
 void jerr(jctx *c, int rc, const jnode *at, const char *fmt, ...);
 void *jalloc(jctx *c, size_t n);
 void jstep(jctx *c, const jnode *at);
+void jsteps(jctx *c, const jnode *at, uint64_t k);   /* k steps of work at once */
+
+__attribute__((noreturn)) void jstack_exceeded(jctx *c, const jnode *at);
+static inline void jstack_check(jctx *c, const jnode *at)
+{
+    if ((size_t)(c->stack_base - (const char *)__builtin_frame_address(0)) > JINJA_STACK_BUDGET)
+        jstack_exceeded(c, at);
+}
 
 /* values (jinja_value.c) */
 jv jv_undef(const char *msg);
@@ -276,7 +289,38 @@ int jinja_lex(jarena *a, const char *src, size_t len, jtok **toks, size_t *ntoks
               char *err, size_t err_len);       /* err: "LINE:COL: msg" */
 jnode *jinja_parse(kvg_jinja *t, const jtok *toks, size_t ntoks, char *err, size_t err_len);
 
-/* filters, tests, methods (jinja_filters.c) */
+/* arguments of filters, tests and methods (jinja_filters.c): positional i or
+ * keyword name; the typed ones fail the render on a wrong type */
+const jv *jarg(const jcall *a, int i, const char *name);
+jv jarg_str(jctx *c, const jnode *at, const jv *v, const char *what);
+int64_t jarg_int(jctx *c, const jnode *at, const jv *v, int64_t dflt, const char *what);
+int jarg_bool(const jv *v, int dflt);
+jv jarg_sstr(jctx *c, const jnode *at, const jv *v);     /* str(v), undefined: "" */
+const char *jstr_z(jctx *c, const jv *s);               /* a NUL-terminated copy */
+jv jinja_join(jctx *c, const jnode *at, const jv *sep, const jv *seq, const char *attr);
+/* fmt % args, Python's printf-style formatting (%s %r %d %i %x %o %f %e %g %%);
+ * mapping_ok: the one argument is a mapping, which may go unused */
+jv jinja_percent(jctx *c, const jnode *at, const jv *fmt, const jv *args, int nargs,
+                 int mapping_ok);
+jv jinja_get_path(jctx *c, const jv *x, const jv *attr);  /* x.a.b / x[0] for map & co */
+
+/* Python str operations keeping taint (jinja_str.c) */
+enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAPITALIZE, CASE_JTITLE, CASE_SWAP };
+size_t jstr_cp_at(const jv *s, size_t i, uint32_t *cp);   /* code point at byte i: length */
+int jstr_isspace(uint32_t cp);
+jv jstr_strip(jctx *c, const jnode *at, const jv *s, const jv *chars, int which); /* 1 l 2 r 3 */
+jv jstr_case(jctx *c, const jv *s, int mode);
+jv jstr_split(jctx *c, const jnode *at, const jv *s, const jv *sep, int64_t maxsplit, int right);
+jv jstr_splitlines(jctx *c, const jv *s, int keepends);
+jv jstr_replace(jctx *c, const jv *s, const jv *old, const jv *nw, int64_t count);
+int64_t jstr_find(const jv *s, const jv *sub, int right);  /* code point index, -1 */
+int64_t jstr_count(const jv *s, const jv *sub);
+int jstr_all(const jv *s, int kind);    /* isdigit 'd', isnumeric 'n', isalpha 'a',
+                                           isalnum 'A', isspace 's', isupper 'u', islower 'l' */
+jv jstr_pad(jctx *c, const jnode *at, const jv *s, const jcall *a, int how);  /* center 'c'
+                                           ljust 'l' rjust 'r' (jinja_methods.c) */
+
+/* filters, tests (jinja_filters.c, jinja_tests.c), methods (jinja_methods.c) */
 jfilter_fn jinja_find_filter(const char *name, size_t n);
 jtest_fn jinja_find_test(const char *name, size_t n);
 jv jinja_call_method(jctx *c, const jnode *at, const jv *recv, const char *name,
@@ -298,10 +342,20 @@ jv jinja_apply_filter_by_name(jctx *c, const jnode *at, const jv *name, const jv
                               const jcall *rest);
 int jinja_apply_test_by_name(jctx *c, const jnode *at, const jv *name, const jv *x,
                              const jcall *rest);
-/* call args helper: positional i, or keyword name, or NULL */
-const jv *jarg(const jcall *a, int i, const char *name);
 
-/* render (jinja_render.c): call a macro or global function */
+/* operators (jinja_ops.c): which loop.NAME name is (0: none), for N_ATTR's flag */
+int jinja_loop_attr(const char *name);
+/* a op b with Python's rules (OP_ADD ... OP_POW) */
+jv jinja_binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b);
+/* obj.name (mask: jinja_method_mask(name)), obj[key], obj[b:e:s], item in cont */
+jv jinja_getattr(jctx *c, const jnode *at, const jv *obj, const char *name, unsigned mask);
+jv jinja_getitem(jctx *c, const jnode *at, const jv *obj, const jv *key);
+jv jinja_slice(jctx *c, const jnode *at, const jv *obj, const jv *b, const jv *e, const jv *s);
+int jinja_contains(jctx *c, const jnode *at, const jv *item, const jv *cont);
+__attribute__((noreturn)) void jinja_undef_error(jctx *c, const jnode *at, const jv *v);
+
+/* render (jinja_render.c) */
+/* call a macro or global function */
 jv jinja_call_value(jctx *c, const jnode *at, const jv *fn, const jcall *a);
 
 #endif

@@ -17,6 +17,10 @@
  *   N_FOR a=target b=iter c=filter d=body e=else; N_SET a=target b=value
  *   N_SETBLOCK a=target b=body c=filter chain; N_MACRO name kids=params kwval=defaults b=body
  *   N_CALLBLOCK a=call b=body kids=caller params kwval=defaults; N_FILTERBLOCK a=chain b=body
+ *   N_WITH kids=targets kwval=values b=body
+ * Worked out here once so that rendering need not: N_ATTR's id (the name's length),
+ * op (jinja_method_mask) and flag (jinja_loop_attr); N_ITEM's op for a literal key;
+ * N_MACRO's flag (its body uses varargs or kwargs).
  *
  * Nesting is bounded (JINJA_PARSE_MAX_NEST): a template of 100k '(' is refused,
  * not a stack overflow. Unknown filters, tests and tags fail here. */
@@ -322,6 +326,9 @@ static jnode *parse_subscript(parser *p, jnode *obj, const jtok *at)
     n->b = args[0];
     n->c = args[1];
     n->d = args[2];
+    if (!colons && n->b->kind == N_CONST && n->b->val.t == JT_STR &&
+        !memchr(n->b->val.u.s.p, 0, n->b->val.u.s.n))
+        n->op = (uint16_t)jinja_method_mask(n->b->val.u.s.p);    /* x['name'] */
     return n;
 }
 
@@ -338,6 +345,7 @@ static jnode *parse_postfix(parser *p, jnode *n)
                 m->name = pstrdup(p, nm->p, nm->n);
                 m->op = (uint16_t)jinja_method_mask(m->name);
                 m->id = (int)nm->n;     /* N_ATTR: the name's length */
+                m->flag = jinja_loop_attr(m->name);
                 n = m;
             } else if (nm->type == TK_INT) {
                 jnode *m = mk(p, N_ITEM, t), *k = mk(p, N_CONST, nm);
@@ -800,17 +808,13 @@ static jnode *parse_for(parser *p, const jtok *at)
     return n;
 }
 
+/* A filter block's or set block's filters, "name(args) | name ...", applied to
+ * the body: the innermost N_FILTER's operand is NULL. */
 static jnode *parse_filter_chain(parser *p)
 {
-    /* a filter block's or set block's filters: name(args) | name ... applied to
-     * the body (operand NULL) */
     jnode *n = NULL;
-    jtok fake = *cur(p);
 
-    fake.type = TK_OP;
-    fake.op = P_PIPE;
     for (;;) {
-        /* parse_filter expects to be on the '|': step back by faking it */
         const jtok *nm = cur(p);
         expect_type(p, TK_NAME, "a filter name");
         jnode *f = mk(p, N_FILTER, nm);
@@ -823,11 +827,9 @@ static jnode *parse_filter_chain(parser *p)
             parse_args(p, f);
         n = f;
         if (!is_op(cur(p), P_PIPE))
-            break;
+            return n;
         next(p);
     }
-    (void)fake;
-    return n;
 }
 
 static jnode *parse_set(parser *p, const jtok *at)
@@ -956,6 +958,25 @@ static jnode *parse_statement(parser *p)
         const jtok *e;
         n = mk(p, N_FILTERBLOCK, at);
         n->a = parse_filter_chain(p);
+        end_block(p);
+        n->b = parse_body(p, ends, &e);
+        end_block(p);
+    } else if (is_name(at, "with")) {
+        static const char *const ends[] = { "endwith", NULL };
+        nlist targets = { 0 }, values = { 0 };
+        const jtok *e;
+        n = mk(p, N_WITH, at);
+        while (cur(p)->type != TK_BLOCK_END) {
+            if (targets.n)
+                expect_op(p, P_COMMA, ",");
+            nl_push(p, &targets, parse_target(p, 0));
+            expect_op(p, P_ASSIGN, "=");
+            nl_push(p, &values, parse_expr(p));
+        }
+        n->kids = targets.v;
+        n->nkids = targets.n;
+        n->kwval = values.v;
+        n->nkw = values.n;
         end_block(p);
         n->b = parse_body(p, ends, &e);
         end_block(p);

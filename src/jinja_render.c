@@ -71,10 +71,19 @@ void jstep(jctx *c, const jnode *at)
              (unsigned long long)c->max_steps);
 }
 
-static void frame_in(jctx *c, const jnode *at)
+/* Work hidden inside one operation (comparing long lists, membership, sorting)
+ * counts too, so that a loop of cheap-looking steps stays bounded in time. */
+void jsteps(jctx *c, const jnode *at, uint64_t k)
 {
-    if (++c->frames > JINJA_MAX_FRAMES)
-        jerr(c, KVG_JINJA_LIMIT, at, "nesting depth limit reached (recursion too deep)");
+    if (k > c->max_steps - c->steps)
+        jerr(c, KVG_JINJA_LIMIT, at, "step limit (%llu) reached",
+             (unsigned long long)c->max_steps);
+    c->steps += k;
+}
+
+void jstack_exceeded(jctx *c, const jnode *at)
+{
+    jerr(c, KVG_JINJA_LIMIT, at, "nesting depth limit reached (recursion too deep)");
 }
 
 /* ---- scopes ---- */
@@ -157,401 +166,15 @@ static jv lookup(jctx *c, int id)
     return global(c, id);
 }
 
-/* ---- helpers ---- */
-
-__attribute__((noreturn))
-static void undef_error(jctx *c, const jnode *at, const jv *v)
+/* eval, with the leaves (constants, names) done in line: they are half the
+ * nodes a template evaluates */
+static inline jv ev(jctx *c, const jnode *n)
 {
-    jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, v));
-}
-
-static jv undef_attr(jctx *c, const jv *obj, const char *name, int element, int64_t idx)
-{
-    if (!element) {
-        jv u = jv_undef(NULL);
-        u.u.undef.name = name;
-        u.aux = obj->t;
-        return u;
-    }
-    const char *tn = jv_type_name(obj);
-    size_t len = strlen(tn) + (name ? strlen(name) : 0) + 64;
-    char *msg = jalloc(c, len);
-
-    if (obj->t == JT_NONE)
-        snprintf(msg, len, "None has no attribute '%s'", name ? name : "");
-    else if (element)
-        snprintf(msg, len, "'%s object' has no element %lld", tn, (long long)idx);
-    else
-        snprintf(msg, len, "'%s object' has no attribute '%s'", tn, name);
-    return jv_undef(msg);
-}
-
-static jv loop_attr(jctx *c, const jnode *at, const jv *lv, const char *name)
-{
-    const jloop *l = lv->u.loop;
-
-    if (!strcmp(name, "index")) return jv_int((int64_t)l->i + 1);
-    if (!strcmp(name, "index0")) return jv_int((int64_t)l->i);
-    if (!strcmp(name, "revindex")) return jv_int((int64_t)(l->n - l->i));
-    if (!strcmp(name, "revindex0")) return jv_int((int64_t)(l->n - l->i - 1));
-    if (!strcmp(name, "first")) return jv_bool(l->i == 0);
-    if (!strcmp(name, "last")) return jv_bool(l->i + 1 == l->n);
-    if (!strcmp(name, "length")) return jv_int((int64_t)l->n);
-    if (!strcmp(name, "depth")) return jv_int(1);
-    if (!strcmp(name, "depth0")) return jv_int(0);
-    if (!strcmp(name, "previtem"))
-        return l->i ? l->items[l->i - 1] : jv_undef("there is no previous item");
-    if (!strcmp(name, "nextitem"))
-        return l->i + 1 < l->n ? l->items[l->i + 1] : jv_undef("there is no next item");
-    if (!strcmp(name, "cycle") || !strcmp(name, "changed")) {
-        jv m = { .t = JT_METHOD };
-        jv *recv = jalloc(c, sizeof *recv);
-        *recv = *lv;
-        m.u.meth.recv = recv;
-        m.u.meth.name = name;
-        return m;
-    }
-    (void)at;
-    return undef_attr(c, lv, name, 0, 0);
-}
-
-/* obj.name (Jinja2: attribute first, then item); mask: jinja_method_mask(name) */
-static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name, unsigned mask)
-{
-    jv r;
-
-    switch (obj->t) {
-    case JT_UNDEF:
-        undef_error(c, at, obj);
-    case JT_LOOP:
-        return loop_attr(c, at, obj, name);
-    case JT_NS:
-        if (jv_dict_get_str(c, obj, name, at && at->kind == N_ATTR ? (size_t)at->id : strlen(name), &r))
-            return r;
-        return undef_attr(c, obj, name, 0, 0);
-    default:
-        break;
-    }
-    if (jinja_has_method(obj, mask) || jinja_unsafe_method(obj, mask)) {
-        jv m = { .t = JT_METHOD };
-        jv *recv = jalloc(c, sizeof *recv);
-        *recv = *obj;
-        m.u.meth.recv = recv;
-        m.u.meth.name = name;
-        return m;
-    }
-    if (jv_is_dict(obj) &&
-        jv_dict_get_str(c, obj, name, at && at->kind == N_ATTR ? (size_t)at->id : strlen(name), &r))
-        return r;
-    return undef_attr(c, obj, name, 0, 0);
-}
-
-static int64_t as_index(const jv *k)
-{
-    return k->u.i;
-}
-
-/* obj[key] (Jinja2: item first, then attribute for string keys) */
-static jv get_item(jctx *c, const jnode *at, const jv *obj, const jv *key)
-{
-    jv r;
-
-    if (obj->t == JT_UNDEF)
-        undef_error(c, at, obj);
-    if (jv_is_dict(obj) || obj->t == JT_NS) {
-        if (jv_dict_get(c, obj, key, &r))
-            return r;
-    } else if ((jv_is_list(obj) || obj->t == JT_STR) && (key->t == JT_INT || key->t == JT_BOOL)) {
-        int64_t i = as_index(key);
-        int64_t n = (int64_t)jv_len(c, at, obj);
-        if (i < 0)
-            i += n;
-        if (i >= 0 && i < n) {
-            if (obj->t == JT_STR) {
-                size_t off = jv_cp_off(obj, (size_t)i), end = jv_cp_off(obj, (size_t)i + 1);
-                return jv_substr(obj, off, end - off);
-            }
-            return jv_list_at(c, obj, (size_t)i);
-        }
-        return undef_attr(c, obj, NULL, 1, as_index(key));
-    } else if (obj->t == JT_LOOP && key->t == JT_STR) {
-        char *nm = jalloc(c, key->u.s.n + 1);
-        memcpy(nm, key->u.s.p, key->u.s.n);
-        nm[key->u.s.n] = 0;
-        return loop_attr(c, at, obj, nm);
-    }
-    if (key->t == JT_STR) {
-        char *nm = jalloc(c, key->u.s.n + 1);
-        memcpy(nm, key->u.s.p, key->u.s.n);
-        nm[key->u.s.n] = 0;
-        unsigned mask = memchr(key->u.s.p, 0, key->u.s.n) ? 0 : jinja_method_mask(nm);
-        if (jinja_has_method(obj, mask) || jinja_unsafe_method(obj, mask))
-            return get_attr(c, at, obj, nm, mask);
-        return undef_attr(c, obj, nm, 0, 0);
-    }
-    if (key->t == JT_INT)
-        return undef_attr(c, obj, NULL, 1, key->u.i);
-    return undef_attr(c, obj, "?", 0, 0);
-}
-
-/* Python's slice.indices(): start, stop, step -> the indices to take */
-static size_t slice_indices(jctx *c, const jnode *at, int64_t len, const jv *b, const jv *e,
-                            const jv *s, int64_t *start, int64_t *step)
-{
-    int64_t st = 1, lo, hi;
-
-    if (s && s->t != JT_NONE) {
-        if (s->t != JT_INT && s->t != JT_BOOL)
-            jerr(c, KVG_JINJA_ERROR, at, "slice indices must be integers or None");
-        st = s->u.i;
-        if (st == 0)
-            jerr(c, KVG_JINJA_ERROR, at, "slice step cannot be zero");
-    }
-    for (int k = 0; k < 2; k++) {
-        const jv *x = k ? e : b;
-        int64_t *out = k ? &hi : &lo;
-        if (!x || x->t == JT_NONE) {
-            *out = st < 0 ? (k ? -1 : len - 1) : (k ? len : 0);
-            continue;
-        }
-        if (x->t != JT_INT && x->t != JT_BOOL)
-            jerr(c, KVG_JINJA_ERROR, at, "slice indices must be integers or None");
-        int64_t v = x->u.i;
-        if (v < 0) {
-            v += len;
-            if (v < 0)
-                v = st < 0 ? -1 : 0;
-        } else if (v >= len) {
-            v = st < 0 ? len - 1 : len;
-        }
-        *out = v;
-    }
-    *start = lo;
-    *step = st;
-    if (st > 0)
-        return hi > lo ? (size_t)((hi - lo - 1) / st + 1) : 0;
-    return lo > hi ? (size_t)((lo - hi - 1) / (-st) + 1) : 0;
-}
-
-static jv do_slice(jctx *c, const jnode *at, const jv *obj, const jv *b, const jv *e, const jv *s)
-{
-    int64_t start, step;
-
-    if (obj->t == JT_UNDEF)
-        undef_error(c, at, obj);
-    if (obj->t == JT_STR) {
-        size_t ncp = jv_ncp(obj);
-        size_t cnt = slice_indices(c, at, (int64_t)ncp, b, e, s, &start, &step);
-        if (step == 1) {
-            size_t off = jv_cp_off(obj, (size_t)start);
-            size_t end = off + (cnt ? jv_cp_off(&(jv){ .t = JT_STR, .u.s = { obj->u.s.p + off,
-                                                     obj->u.s.n - off, NULL } }, cnt) : 0);
-            return jv_substr(obj, off, end - off);
-        }
-        /* code point offsets, then pick */
-        size_t *offs = jalloc(c, (ncp + 1) * sizeof *offs), k = 0;
-        for (size_t i = 0; i < obj->u.s.n; i++)
-            if (((unsigned char)obj->u.s.p[i] & 0xC0) != 0x80)
-                offs[k++] = i;
-        offs[k] = obj->u.s.n;
-        jsb sb;
-        jsb_init(c, &sb, obj->u.s.n);
-        for (size_t i = 0; i < cnt; i++) {
-            size_t cp = (size_t)(start + (int64_t)i * step);
-            jsb_put_sub(c, &sb, obj, offs[cp], offs[cp + 1] - offs[cp]);
-        }
-        return jsb_str(&sb);
-    }
-    if (jv_is_list(obj)) {
-        size_t n = jv_len(c, at, obj);
-        size_t cnt = slice_indices(c, at, (int64_t)n, b, e, s, &start, &step);
-        jv r = jv_list_new(c, cnt);
-        for (size_t i = 0; i < cnt; i++)
-            r.u.l->v[i] = jv_list_at(c, obj, (size_t)(start + (int64_t)i * step));
-        r.flags = obj->flags & JF_TUPLE;
-        return r;
-    }
-    jerr(c, KVG_JINJA_ERROR, at, "'%s' object is not subscriptable", jv_type_name(obj));
-}
-
-static int contains(jctx *c, const jnode *at, const jv *item, const jv *cont)
-{
-    switch (cont->t) {
-    case JT_STR:
-        if (item->t != JT_STR)
-            jerr(c, KVG_JINJA_ERROR, at, "'in <string>' requires string as left operand, not %s",
-                 jv_type_name(item));
-        if (!item->u.s.n)
-            return 1;
-        return memmem(cont->u.s.p, cont->u.s.n, item->u.s.p, item->u.s.n) != NULL;
-    case JT_LIST:
-    case JT_JLIST: {
-        size_t n = jv_len(c, at, cont);
-        for (size_t i = 0; i < n; i++) {
-            jv x = jv_list_at(c, cont, i);
-            if (jv_eq(c, &x, item))
-                return 1;
-        }
-        return 0;
-    }
-    case JT_DICT:
-    case JT_JDICT:
-    case JT_NS: {
-        jv r;
-        return jv_dict_get(c, cont, item, &r);
-    }
-    case JT_UNDEF:
-        return 0;
-    default:
-        jerr(c, KVG_JINJA_ERROR, at, "argument of type '%s' is not iterable", jv_type_name(cont));
-    }
-}
-
-static double as_f(const jv *v) { return v->t == JT_FLOAT ? v->u.f : (double)v->u.i; }
-static int is_num(const jv *v) { return v->t == JT_INT || v->t == JT_BOOL || v->t == JT_FLOAT; }
-
-static const char *const OPNAME[] = { "+", "-", "*", "/", "//", "%", "**" };
-
-static jv repeat(jctx *c, const jnode *at, const jv *seq, int64_t k)
-{
-    if (k < 0)
-        k = 0;
-    if (seq->t == JT_STR) {
-        jsb sb;
-        if (seq->u.s.n && (uint64_t)k > c->max_output / seq->u.s.n)
-            jerr(c, KVG_JINJA_LIMIT, at, "output limit (%zu bytes) reached", c->max_output);
-        jsb_init(c, &sb, seq->u.s.n * (size_t)k);
-        for (int64_t i = 0; i < k; i++)
-            jsb_put_str(c, &sb, seq);
-        return jsb_str(&sb);
-    }
-    size_t n = jv_len(c, at, seq);
-    if (n && (uint64_t)k > c->max_steps / n)
-        jerr(c, KVG_JINJA_LIMIT, at, "step limit reached (list repetition)");
-    jv r = jv_list_new(c, n * (size_t)k);
-    for (int64_t i = 0; i < k; i++)
-        for (size_t j = 0; j < n; j++)
-            r.u.l->v[(size_t)i * n + j] = jv_list_at(c, seq, j);
-    r.flags = seq->flags & JF_TUPLE;
-    return r;
-}
-
-static jv binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b)
-{
-    int64_t r;
-
-    if (a->t == JT_UNDEF)
-        undef_error(c, at, a);
-    if (b->t == JT_UNDEF)
-        undef_error(c, at, b);
-    if ((a->t == JT_INT || a->t == JT_BOOL) && (b->t == JT_INT || b->t == JT_BOOL)) {
-        int64_t x = a->u.i, y = b->u.i;
-        switch (op) {
-        case OP_ADD:
-            if (__builtin_add_overflow(x, y, &r))
-                goto overflow;
-            return jv_int(r);
-        case OP_SUB:
-            if (__builtin_sub_overflow(x, y, &r))
-                goto overflow;
-            return jv_int(r);
-        case OP_MUL:
-            if (__builtin_mul_overflow(x, y, &r))
-                goto overflow;
-            return jv_int(r);
-        case OP_DIV:
-            if (!y)
-                jerr(c, KVG_JINJA_ERROR, at, "division by zero");
-            return jv_float((double)x / (double)y);
-        case OP_FLOORDIV:
-        case OP_MOD: {
-            if (!y)
-                jerr(c, KVG_JINJA_ERROR, at, "integer division or modulo by zero");
-            if (x == INT64_MIN && y == -1)
-                goto overflow;
-            int64_t q = x / y, m = x % y;
-            if (m && ((m < 0) != (y < 0))) {
-                q--;
-                m += y;
-            }
-            return jv_int(op == OP_FLOORDIV ? q : m);
-        }
-        case OP_POW:
-            if (y < 0)
-                return jv_float(pow((double)x, (double)y));
-            r = 1;
-            while (y) {
-                if (y & 1 && __builtin_mul_overflow(r, x, &r))
-                    goto overflow;
-                y >>= 1;
-                if (y && __builtin_mul_overflow(x, x, &x))
-                    goto overflow;
-            }
-            return jv_int(r);
-        }
-    }
-    if (is_num(a) && is_num(b)) {
-        double x = as_f(a), y = as_f(b);
-        switch (op) {
-        case OP_ADD: return jv_float(x + y);
-        case OP_SUB: return jv_float(x - y);
-        case OP_MUL: return jv_float(x * y);
-        case OP_DIV:
-            if (y == 0)
-                jerr(c, KVG_JINJA_ERROR, at, "float division by zero");
-            return jv_float(x / y);
-        case OP_FLOORDIV:
-        case OP_MOD: {
-            if (y == 0)
-                jerr(c, KVG_JINJA_ERROR, at, "float modulo");
-            double m = fmod(x, y);
-            if (m != 0 && ((m < 0) != (y < 0)))
-                m += y;
-            if (op == OP_MOD)
-                return jv_float(m);
-            return jv_float(floor((x - m) / y + 0.5));
-        }
-        case OP_POW:
-            return jv_float(pow(x, y));
-        }
-    }
-    if (op == OP_ADD && a->t == JT_STR && b->t == JT_STR) {
-        jsb sb;
-        if ((a->flags | b->flags) & JF_SAFE) {
-            /* Markup + str escapes the str (even with autoescape off) */
-            jv x = a->flags & JF_SAFE ? *a : jinja_html_escape(c, a);
-            jv y = b->flags & JF_SAFE ? *b : jinja_html_escape(c, b);
-            jsb_init(c, &sb, x.u.s.n + y.u.s.n);
-            jsb_put_str(c, &sb, &x);
-            jsb_put_str(c, &sb, &y);
-            x = jsb_str(&sb);
-            x.flags |= JF_SAFE;
-            return x;
-        }
-        jsb_init(c, &sb, a->u.s.n + b->u.s.n);
-        jsb_put_str(c, &sb, a);
-        jsb_put_str(c, &sb, b);
-        return jsb_str(&sb);
-    }
-    if (op == OP_ADD && jv_is_list(a) && jv_is_list(b) &&
-        (a->flags & JF_TUPLE) == (b->flags & JF_TUPLE)) {
-        size_t na = jv_len(c, at, a), nb = jv_len(c, at, b);
-        jv l = jv_list_new(c, na + nb);
-        for (size_t i = 0; i < na; i++)
-            l.u.l->v[i] = jv_list_at(c, a, i);
-        for (size_t i = 0; i < nb; i++)
-            l.u.l->v[na + i] = jv_list_at(c, b, i);
-        l.flags = a->flags & JF_TUPLE;
-        return l;
-    }
-    if (op == OP_MUL && (a->t == JT_STR || jv_is_list(a)) && (b->t == JT_INT || b->t == JT_BOOL))
-        return repeat(c, at, a, b->u.i);
-    if (op == OP_MUL && (b->t == JT_STR || jv_is_list(b)) && (a->t == JT_INT || a->t == JT_BOOL))
-        return repeat(c, at, b, a->u.i);
-    jerr(c, KVG_JINJA_ERROR, at, "unsupported operand type(s) for %s: '%s' and '%s'",
-         OPNAME[op], jv_type_name(a), jv_type_name(b));
-overflow:
-    jerr(c, KVG_JINJA_ERROR, at, "integer overflow (beyond 64 bits)");
+    if (n->kind == N_CONST)
+        return n->val;
+    if (n->kind == N_NAME)
+        return lookup(c, n->id);
+    return eval(c, n);
 }
 
 /* ---- calls ---- */
@@ -570,9 +193,9 @@ static void eval_args(jctx *c, const jnode *n, jcall *a, const jv *first)
     if (first)
         pos[0] = *first;
     for (uint32_t i = 0; i < n->nkids; i++)
-        pos[i + (uint32_t)off] = eval(c, n->kids[i]);
+        pos[i + (uint32_t)off] = ev(c, n->kids[i]);
     for (uint32_t i = 0; i < n->nkw; i++)
-        kw[i] = eval(c, n->kwval[i]);
+        kw[i] = ev(c, n->kwval[i]);
     a->npos = (int)n->nkids + off;
     a->pos = pos;
     a->nkw = (int)n->nkw;
@@ -636,7 +259,7 @@ static jv call_macro(jctx *c, const jnode *at, const jmacro *m, const jcall *a, 
             continue;
         jv v;
         if (def->kwval[i]) {
-            v = eval(c, def->kwval[i]);
+            v = ev(c, def->kwval[i]);
         } else {
             size_t len = strlen(def->kids[i]->name) + 64;
             char *msg = jalloc(c, len);
@@ -684,15 +307,12 @@ static jv call_func(jctx *c, const jnode *at, int id, const jcall *a)
         }
         if (!v[2])
             jerr(c, KVG_JINJA_ERROR, at, "range() arg 3 must not be zero");
-        jv s0 = jv_int(v[0]), s1 = jv_int(v[1]), s2 = jv_int(v[2]);
-        int64_t start, step;
-        /* the count as Python computes it, without overflow */
+        /* the count as Python computes it, in unsigned arithmetic: no overflow */
         uint64_t cnt = 0;
         if (v[2] > 0 && v[1] > v[0])
             cnt = ((uint64_t)v[1] - (uint64_t)v[0] - 1) / (uint64_t)v[2] + 1;
         else if (v[2] < 0 && v[0] > v[1])
-            cnt = ((uint64_t)v[0] - (uint64_t)v[1] - 1) / (uint64_t)(-(v[2] + 1) + 1ull) + 1;
-        (void)s0; (void)s1; (void)s2; (void)start; (void)step;
+            cnt = ((uint64_t)v[0] - (uint64_t)v[1] - 1) / (0 - (uint64_t)v[2]) + 1;
         if (cnt > c->max_steps - c->steps)
             jerr(c, KVG_JINJA_LIMIT, at, "step limit (%llu) reached (range too long)",
                  (unsigned long long)c->max_steps);
@@ -742,7 +362,8 @@ static jv call_func(jctx *c, const jnode *at, int id, const jcall *a)
         size_t n = strftime(buf, sizeof buf, fmt, &tm);
         char *o = jalloc(c, n + 1);
         memcpy(o, buf, n);
-        return jv_strn(o, n, JS_CLEAN);
+        /* a format with data in it copies that data through: all of it is data then */
+        return jv_strn(o, n, f->taint == JS_CLEAN ? JS_CLEAN : JS_DATA);
     }
     }
     jerr(c, KVG_JINJA_ERROR, at, "unknown function");
@@ -758,7 +379,7 @@ jv jinja_call_value(jctx *c, const jnode *at, const jv *fn, const jcall *a)
     case JT_METHOD:
         return jinja_call_method(c, at, fn->u.meth.recv, fn->u.meth.name, a);
     case JT_UNDEF:
-        undef_error(c, at, fn);
+        jinja_undef_error(c, at, fn);
     default:
         jerr(c, KVG_JINJA_ERROR, at, "'%s' object is not callable", jv_type_name(fn));
     }
@@ -781,9 +402,9 @@ static jv add_chain(jctx *c, const jnode *n)
         x = x->a;
     }
     /* x is the leftmost operand; ops[k-1] is the innermost '+' */
-    v[0] = eval(c, x);
+    v[0] = ev(c, x);
     for (int i = 0; i < k; i++)
-        v[i + 1] = eval(c, ops[k - 1 - i]->b);
+        v[i + 1] = ev(c, ops[k - 1 - i]->b);
     for (int i = 0; i <= k; i++) {
         plain &= v[i].t == JT_STR && !(v[i].flags & JF_SAFE);
         len += v[i].t == JT_STR ? v[i].u.s.n : 0;
@@ -797,14 +418,15 @@ static jv add_chain(jctx *c, const jnode *n)
     }
     jv acc = v[0];
     for (int i = 0; i < k; i++)
-        acc = binop(c, ops[k - 1 - i], OP_ADD, &acc, &v[i + 1]);
+        acc = jinja_binop(c, ops[k - 1 - i], OP_ADD, &acc, &v[i + 1]);
     return acc;
 }
 
-static jv eval_inner(jctx *c, const jnode *n)
+static jv eval(jctx *c, const jnode *n)
 {
     jv a, b, r;
 
+    jstack_check(c, n);
     switch (n->kind) {
     case N_CONST:
         return n->val;
@@ -814,15 +436,15 @@ static jv eval_inner(jctx *c, const jnode *n)
     case N_TUPLE:
         r = jv_list_new(c, n->nkids);
         for (uint32_t i = 0; i < n->nkids; i++)
-            r.u.l->v[i] = eval(c, n->kids[i]);
+            r.u.l->v[i] = ev(c, n->kids[i]);
         if (n->kind == N_TUPLE)
             r.flags = JF_TUPLE;
         return r;
     case N_DICT:
         r = jv_dict_new(c, n->nkids / 2 + 1);
         for (uint32_t i = 0; i + 1 < n->nkids; i += 2) {
-            a = eval(c, n->kids[i]);
-            b = eval(c, n->kids[i + 1]);
+            a = ev(c, n->kids[i]);
+            b = ev(c, n->kids[i + 1]);
             if (a.t != JT_STR && a.t != JT_INT && a.t != JT_BOOL && a.t != JT_NONE &&
                 a.t != JT_FLOAT && !(a.t == JT_LIST && (a.flags & JF_TUPLE)))
                 jerr(c, KVG_JINJA_ERROR, n, "unhashable type: '%s'", jv_type_name(&a));
@@ -830,61 +452,61 @@ static jv eval_inner(jctx *c, const jnode *n)
         }
         return r;
     case N_ATTR:
-        a = eval(c, n->a);
-        return get_attr(c, n, &a, n->name, n->op);
+        a = ev(c, n->a);
+        return jinja_getattr(c, n, &a, n->name, n->op);
     case N_ITEM:
-        a = eval(c, n->a);
-        b = eval(c, n->b);
-        return get_item(c, n, &a, &b);
+        a = ev(c, n->a);
+        b = ev(c, n->b);
+        return jinja_getitem(c, n, &a, &b);
     case N_SLICE: {
         jv s[3];
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         for (int i = 0; i < 3; i++) {
             const jnode *x = i == 0 ? n->b : i == 1 ? n->c : n->d;
-            s[i] = x ? eval(c, x) : jv_none();
+            s[i] = x ? ev(c, x) : jv_none();
         }
-        return do_slice(c, n, &a, &s[0], &s[1], &s[2]);
+        return jinja_slice(c, n, &a, &s[0], &s[1], &s[2]);
     }
     case N_CALL: {
         jcall args;
         if (n->a->kind == N_ATTR) {
-            a = eval(c, n->a->a);
+            a = ev(c, n->a->a);
             if (a.t != JT_UNDEF && a.t != JT_NS && a.t != JT_LOOP &&
                 (jinja_has_method(&a, n->a->op) || jinja_unsafe_method(&a, n->a->op))) {
                 eval_args(c, n, &args, NULL);
                 return jinja_call_method(c, n, &a, n->a->name, &args);
             }
-            b = get_attr(c, n->a, &a, n->a->name, n->a->op);
+            b = jinja_getattr(c, n->a, &a, n->a->name, n->a->op);
         } else {
-            b = eval(c, n->a);
+            b = ev(c, n->a);
         }
         eval_args(c, n, &args, NULL);
         return jinja_call_value(c, n, &b, &args);
     }
     case N_FILTER: {
         jcall args;
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         eval_args(c, n, &args, NULL);
         jstep(c, n);
         return n->filter(c, n, &a, &args);
     }
     case N_TEST: {
         jcall args;
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         eval_args(c, n, &args, NULL);
         return jv_bool(n->test(c, n, &a, &args));
     }
     case N_BIN:
         if (n->op == OP_ADD && n->a->kind == N_BIN && n->a->op == OP_ADD)
             return add_chain(c, n);
-        a = eval(c, n->a);
-        b = eval(c, n->b);
-        return binop(c, n, n->op, &a, &b);
+        a = ev(c, n->a);
+        b = ev(c, n->b);
+        return jinja_binop(c, n, n->op, &a, &b);
     case N_NEG:
     case N_POS:
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         if (a.t == JT_UNDEF)
-            undef_error(c, n, &a);
+            jinja_undef_error(c, n, &a);
         if (a.t == JT_FLOAT)
             return jv_float(n->kind == N_NEG ? -a.u.f : a.u.f);
         if (a.t == JT_INT || a.t == JT_BOOL) {
@@ -897,19 +519,19 @@ static jv eval_inner(jctx *c, const jnode *n)
         jerr(c, KVG_JINJA_ERROR, n, "bad operand type for unary %s: '%s'",
              n->kind == N_NEG ? "-" : "+", jv_type_name(&a));
     case N_NOT:
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         return jv_bool(!jv_truthy(&a));
     case N_AND:
-        a = eval(c, n->a);
-        return jv_truthy(&a) ? eval(c, n->b) : a;
+        a = ev(c, n->a);
+        return jv_truthy(&a) ? ev(c, n->b) : a;
     case N_OR:
-        a = eval(c, n->a);
-        return jv_truthy(&a) ? a : eval(c, n->b);
+        a = ev(c, n->a);
+        return jv_truthy(&a) ? a : ev(c, n->b);
     case N_CMP:
-        a = eval(c, n->kids[0]);
+        a = ev(c, n->kids[0]);
         for (uint32_t i = 1; i < n->nkids; i++) {
             int ok;
-            b = eval(c, n->kids[i]);
+            b = ev(c, n->kids[i]);
             switch (n->cmpops[i]) {
             case OP_EQ: ok = jv_eq(c, &a, &b); break;
             case OP_NE: ok = !jv_eq(c, &a, &b); break;
@@ -917,8 +539,8 @@ static jv eval_inner(jctx *c, const jnode *n)
             case OP_LE: ok = jv_cmp(c, n, &a, &b) <= 0; break;
             case OP_GT: ok = jv_cmp(c, n, &a, &b) > 0; break;
             case OP_GE: ok = jv_cmp(c, n, &a, &b) >= 0; break;
-            case OP_IN: ok = contains(c, n, &a, &b); break;
-            default: ok = !contains(c, n, &a, &b); break;
+            case OP_IN: ok = jinja_contains(c, n, &a, &b); break;
+            default: ok = !jinja_contains(c, n, &a, &b); break;
             }
             if (!ok)
                 return jv_bool(0);
@@ -929,30 +551,21 @@ static jv eval_inner(jctx *c, const jnode *n)
         jsb sb;
         jsb_init(c, &sb, 64);
         for (uint32_t i = 0; i < n->nkids; i++) {
-            a = eval(c, n->kids[i]);
+            a = ev(c, n->kids[i]);
             jv_str_into(c, n, &sb, &a);
         }
         return jsb_str(&sb);
     }
     case N_COND:
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         if (jv_truthy(&a))
-            return eval(c, n->b);
+            return ev(c, n->b);
         if (n->c)
-            return eval(c, n->c);
-        return jv_undef("the inline if-expression evaluated to false and no else section was defined");
+            return ev(c, n->c);
+        return jv_undef("the inline if-expression evaluated to false and no else section was"
+                        " defined");
     }
     jerr(c, KVG_JINJA_ERROR, n, "cannot evaluate this node");
-}
-
-static jv eval(jctx *c, const jnode *n)
-{
-    jv r;
-
-    frame_in(c, n);
-    r = eval_inner(c, n);
-    c->frames--;
-    return r;
 }
 
 /* ---- statements ---- */
@@ -984,7 +597,7 @@ static void assign(jctx *c, const jnode *target, const jv *v)
 
 static int exec_for(jctx *c, const jnode *n)
 {
-    jv seq = eval(c, n->b);
+    jv seq = ev(c, n->b);
     size_t cnt;
     jv *items;
     jscope *saved = c->scope;
@@ -1002,7 +615,7 @@ static int exec_for(jctx *c, const jnode *n)
             jstep(c, n);
             c->scope = scope_new(c, saved);
             assign(c, n->a, &items[i]);
-            jv ok = eval(c, n->c);
+            jv ok = ev(c, n->c);
             if (jv_truthy(&ok))
                 kept[k++] = items[i];
         }
@@ -1048,10 +661,11 @@ static jv apply_chain(jctx *c, const jnode *f, const jv *body)
     return f->filter(c, f, &x, &args);
 }
 
-static int exec_inner(jctx *c, const jnode *n)
+static int exec(jctx *c, const jnode *n)
 {
     jv v;
 
+    jstack_check(c, n);
     switch (n->kind) {
     case N_BODY:
         for (uint32_t i = 0; i < n->nkids; i++) {
@@ -1064,18 +678,18 @@ static int exec_inner(jctx *c, const jnode *n)
         jsb_put(c, c->out, n->val.u.s.p, n->val.u.s.n, 0);
         return FLOW_NORMAL;
     case N_PRINT:
-        v = eval(c, n->a);
+        v = ev(c, n->a);
         jv_str_into(c, n, c->out, &v);
         return FLOW_NORMAL;
     case N_IF:
-        v = eval(c, n->a);
+        v = ev(c, n->a);
         if (jv_truthy(&v))
             return exec(c, n->b);
         return n->c ? exec(c, n->c) : FLOW_NORMAL;
     case N_FOR:
         return exec_for(c, n);
     case N_SET:
-        v = eval(c, n->b);
+        v = ev(c, n->b);
         assign(c, n->a, &v);
         return FLOW_NORMAL;
     case N_SETBLOCK:
@@ -1105,10 +719,10 @@ static int exec_inner(jctx *c, const jnode *n)
         m->name = "caller";
         caller.u.m = m;
         if (call->a->kind == N_ATTR) {
-            jv recv = eval(c, call->a->a);
-            fn = get_attr(c, call->a, &recv, call->a->name, call->a->op);
+            jv recv = ev(c, call->a->a);
+            fn = jinja_getattr(c, call->a, &recv, call->a->name, call->a->op);
         } else {
-            fn = eval(c, call->a);
+            fn = ev(c, call->a);
         }
         eval_args(c, call, &args, NULL);
         if (fn.t == JT_MACRO)
@@ -1123,22 +737,25 @@ static int exec_inner(jctx *c, const jnode *n)
         v = apply_chain(c, n->a, &v);
         jv_str_into(c, n, c->out, &v);
         return FLOW_NORMAL;
+    case N_WITH: {
+        /* the values first, in the outer scope; then a scope of their own */
+        jv *vals = jalloc(c, (n->nkids + 1) * sizeof(jv));
+        jscope *saved = c->scope;
+        for (uint32_t i = 0; i < n->nkids; i++)
+            vals[i] = ev(c, n->kwval[i]);
+        c->scope = scope_new(c, saved);
+        for (uint32_t i = 0; i < n->nkids; i++)
+            assign(c, n->kids[i], &vals[i]);
+        int flow = exec(c, n->b);
+        c->scope = saved;
+        return flow;
+    }
     case N_BREAK:
         return FLOW_BREAK;
     case N_CONTINUE:
         return FLOW_CONTINUE;
     }
     jerr(c, KVG_JINJA_ERROR, n, "cannot execute this node");
-}
-
-static int exec(jctx *c, const jnode *n)
-{
-    int r;
-
-    frame_in(c, n);
-    r = exec_inner(c, n);
-    c->frames--;
-    return r;
 }
 
 /* ---- API ---- */
@@ -1275,6 +892,7 @@ int kvg_jinja_render(const kvg_jinja *t, const json_t *trusted, const json_t *da
     c->now = lim && lim->now ? lim->now : time(NULL);
     /* everything a render makes is bounded by a multiple of the output limit */
     c->arena.limit = c->max_output * 8 + (1u << 20);
+    c->stack_base = (const char *)__builtin_frame_address(0);
     rc = setjmp(c->jb);
     if (rc) {
         ja_free(&c->arena);

@@ -4,6 +4,7 @@
  * CASES' expected outputs come from Jinja2 itself: t/tools/jinja_cases.py prints
  * the table (rerun it when adding cases). The whole-template comparison against
  * Jinja2 over real chat templates is t/tools/jinja_cmp.py. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -121,6 +122,8 @@ static const struct { const char *src, *want; } CASES[] = {
       "a" },
     { "{% generation %}gen{{ 1 }}{% endgeneration %}",
       "gen1" },
+    { "{% set a = 5 %}{% with a = 1, b = a %}{{ a }}{{ b }}{% endwith %}{{ a }}{% with %}{% set q = 1 %}{{ q }}{% endwith %}{{ q }}",
+      "1551" },
     { "a  {%- if 1 %}  b  {% endif -%}  c",
       "a  b  c" },
     { "a\n  {% if 1 %}\n  b\n  {% endif %}\nc",
@@ -219,6 +222,27 @@ static const struct { const char *src, *want; } CASES[] = {
     { "{% for a, b in xs %}{% endfor %}", ERROR },
     { "{{ 1 < 'a' }}", ERROR },
     { "{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", ERROR },
+    { "{{ 15|round(-1) }}{{ 25|round(-1) }}{{ 3|round(2) }}{{ [none, zz] }}",
+      "20203[None, Undefined]" },
+    { "{{ [] in d }}", ERROR },
+    { "{{ []|last|int }}", ERROR },
+    { "{{ f|indent(2) }}", ERROR },
+    { "{{ ' a b c '.split(None, 1) }}{{ ' a b c '.rsplit(None, 1) }}",
+      "['a', 'b c '][' a b', 'c']" },
+    { "{{ none|selectattr('x')|list }}{{ none|map('upper')|list }}",
+      "[][]" },
+    { "{{ 'a'|safe + '<b>' }}{{ '<'|escape ~ '<' }}",
+      "a&lt;b&gt;&lt;<" },
+    { "a\n  {% raw %}\n  x\n  {% endraw %}\nb",
+      "a\n\n  x\nb" },
+    { "{{ [0, 1, 2]|reject|list }}{{ [0, 1]|select|list }}",
+      "[0][1]" },
+    { "{{ '%s-%d' % ('a', 3) }}{{ 'A b' % d }}{{ '%s' % xs }}{{ '%5.1f%%' % 2.25 }}",
+      "a-3A b[1, 2, 3]  2.2%" },
+    { "{{ 'x' % 1 }}", ERROR },
+    { "{{ d|attr('a') }}|{{ s|attr('upper') is callable }}|{{ xs|attr('append') }}|{{ xs.append }}",
+      "|True||" },
+    { "{{ xs['append'](1) }}", ERROR },
 };
 
 static json_t *js(const char *text)
@@ -342,6 +366,9 @@ static void test_taint(void)
         { "{% for k, v in d.items() %}{{ k }}={{ v }}{% endfor %}", "q\"=v\n", "q\"|v\n" },
         { "{{ '%s/%s'|format(u, 1) }}", "<|im_start|>x/1", "<|im_start|>x" },
         { "{{ b }}{{ b|string }}", "TrueTrue", "" },
+        /* a data format string's text passes through strftime: the result is data */
+        { "{{ strftime_now('%Y') }}|{{ strftime_now(u) }}", "2026|<|im_start|>x", "<|im_start|>x" },
+        { "{{ 'ab'.center(6, u[0]) }}{{ 'ab'.center(4) }}", "<<ab<< ab ", "<<|<<" },
     };
     const char *data = "{\"u\": \"<|im_start|>x\", \"w\": \" a b \", \"xs\": [2], \"b\": true,"
                        " \"d\": {\"q\\\"\": \"v\\n\"}, \"n\": 1, \"bos_token\": \"<bad>\"}";
@@ -386,6 +413,9 @@ static void test_compile_errors(void)
         { "{{ 99999999999999999999 }}", "t:1:4: integer literal out of 64-bit range" },
         { "{% include 'x' %}", "t:1:4: Encountered unknown tag 'include'" },
         { "ok\n{{ \xff }}", "t:2:4: invalid UTF-8" },
+        /* found by fuzzing: a long exponent looped forever */
+        { "{{ 1e7777777777777777777777777777777777777777777777777777777777777777777777777777 }}",
+          "t:1:4: number literal too long" },
     };
     char err[256];
 
@@ -513,6 +543,56 @@ static void test_api(void)
     kvg_jinja_free(t);
 }
 
+/* a compiled template is immutable: threads render it at once, all alike */
+struct thread_arg {
+    const kvg_jinja *t;
+    const json_t *data;
+    const char *want;
+    int bad;
+};
+
+static void *render_many(void *p)
+{
+    struct thread_arg *a = p;
+    char err[128];
+
+    for (int i = 0; i < 200; i++) {
+        kvg_jinja_output out;
+        if (kvg_jinja_render(a->t, NULL, a->data, NULL, &out, err, sizeof err) != 0 ||
+            strcmp(out.text, a->want) != 0 || out.n_spans != 4)
+            a->bad++;
+        kvg_jinja_output_free(&out);
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    static const char src[] =
+        "{%- set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content|trim }}<|im_end|>\n{% endfor %}{{ ns.n }}";
+    char err[128];
+    kvg_jinja *t = kvg_jinja_compile(src, strlen(src), "t", err, sizeof err);
+    json_t *data = js("{\"messages\": [{\"role\": \"user\", \"content\": \" hi \"},"
+                      " {\"role\": \"assistant\", \"content\": \"yo\"}]}");
+    struct thread_arg args[4];
+    pthread_t th[4];
+
+    for (int i = 0; i < 4; i++) {
+        args[i] = (struct thread_arg){ t, data,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n2", 0 };
+        pthread_create(&th[i], NULL, render_many, &args[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        bad += args[i].bad;
+    }
+    is_int(bad, 0, "4 threads x 200 renders of one compiled template agree");
+    json_decref(data);
+    kvg_jinja_free(t);
+}
+
 int main(void)
 {
     setenv("TZ", "UTC", 1);
@@ -523,5 +603,6 @@ int main(void)
     test_render_errors();
     test_limits();
     test_api();
+    test_threads();
     return done_testing();
 }
