@@ -233,6 +233,13 @@ static void parse_args(parser *p, jnode *n)
     n->nkw = nkw;
 }
 
+/* An unknown filter's or test's errors point at its name. */
+static void at_token(jnode *n, const jtok *t)
+{
+    n->line = t->line;
+    n->col = t->col;
+}
+
 static jnode *parse_filter(parser *p, jnode *operand)
 {
     const jtok *at = next(p);   /* '|' */
@@ -243,9 +250,9 @@ static jnode *parse_filter(parser *p, jnode *operand)
     n = mk(p, N_FILTER, at);
     n->a = operand;
     n->name = pstrdup(p, nm->p, nm->n);
-    n->filter = jinja_find_filter(nm->p, nm->n);
+    n->filter = jinja_find_filter(nm->p, nm->n);   /* NULL: check_unknown decides */
     if (!n->filter)
-        pfail(p, nm, "no filter named '%s'", n->name);
+        at_token(n, nm);
     if (is_op(cur(p), P_LPAREN))
         parse_args(p, n);
     return n;
@@ -266,9 +273,9 @@ static jnode *parse_test(parser *p, jnode *operand)
     n = mk(p, N_TEST, at);
     n->a = operand;
     n->name = pstrdup(p, nm->p, nm->n);
-    n->test = jinja_find_test(nm->p, nm->n);
+    n->test = jinja_find_test(nm->p, nm->n);       /* NULL: check_unknown decides */
     if (!n->test)
-        pfail(p, nm, "no test named '%s'", n->name);
+        at_token(n, nm);
     const jtok *t = cur(p);
     if (is_op(t, P_LPAREN)) {
         parse_args(p, n);
@@ -820,9 +827,8 @@ static jnode *parse_filter_chain(parser *p)
         jnode *f = mk(p, N_FILTER, nm);
         f->a = n;
         f->name = pstrdup(p, nm->p, nm->n);
-        f->filter = jinja_find_filter(nm->p, nm->n);
-        if (!f->filter)
-            pfail(p, nm, "no filter named '%s'", f->name);
+        f->filter = jinja_find_filter(nm->p, nm->n);   /* NULL: check_unknown decides, and
+                                                          f is already at the name */
         if (is_op(cur(p), P_LPAREN))
             parse_args(p, f);
         n = f;
@@ -1062,6 +1068,58 @@ static int find_name(const kvg_jinja *t, const char *name)
     return -1;
 }
 
+/* A filter or test this engine lacks is a compile error, as in Jinja2, except
+ * where Jinja2 defers it to the moment it runs: directly under an if/elif/else
+ * (test or body) or an inline "a if c else b" -- Jinja2's "soft" frames, which
+ * real templates rely on (DeepSeek V3.2's "args | from_json" in a branch never
+ * taken). A for, macro, call, filter, set or with block starts a frame of its
+ * own, strict again. The renderer raises "No filter named 'X' found." if such a
+ * node ever runs. */
+static void check_unknown(parser *p, const jnode *n, int soft)
+{
+    if (!n)
+        return;
+    if ((n->kind == N_FILTER && !n->filter) || (n->kind == N_TEST && !n->test)) {
+        if (!soft) {
+            snprintf(p->err, p->err_len, "%u:%u: no %s named '%s'", n->line, n->col,
+                     n->kind == N_FILTER ? "filter" : "test", n->name);
+            longjmp(p->jb, 1);
+        }
+    }
+    switch (n->kind) {
+    case N_IF:
+    case N_COND:
+        soft = 1;
+        break;
+    case N_FOR:
+        check_unknown(p, n->a, soft);
+        check_unknown(p, n->b, soft);   /* the iterable: the enclosing frame's */
+        soft = 0;
+        check_unknown(p, n->c, soft);
+        check_unknown(p, n->d, soft);
+        check_unknown(p, n->e, soft);
+        return;
+    case N_SETBLOCK:
+    case N_MACRO:
+    case N_CALLBLOCK:
+    case N_FILTERBLOCK:
+    case N_WITH:
+        soft = 0;
+        break;
+    default:
+        break;
+    }
+    check_unknown(p, n->a, soft);
+    check_unknown(p, n->b, soft);
+    check_unknown(p, n->c, soft);
+    check_unknown(p, n->d, soft);
+    check_unknown(p, n->e, soft);
+    for (uint32_t i = 0; i < n->nkids; i++)
+        check_unknown(p, n->kids[i], soft);
+    for (uint32_t i = 0; i < n->nkw; i++)
+        check_unknown(p, n->kwval[i], soft);
+}
+
 jnode *jinja_parse(kvg_jinja *t, const jtok *toks, size_t ntoks, char *err, size_t err_len)
 {
     parser p = { .t = t, .tk = toks, .n = ntoks, .err = err, .err_len = err_len };
@@ -1070,6 +1128,7 @@ jnode *jinja_parse(kvg_jinja *t, const jtok *toks, size_t ntoks, char *err, size
     if (setjmp(p.jb))
         return NULL;
     root = parse_body(&p, NULL, NULL);
+    check_unknown(&p, root, 0);
     /* the names the renderer binds itself, if the template uses them */
     t->id_loop = find_name(t, "loop");
     t->id_caller = find_name(t, "caller");

@@ -488,12 +488,16 @@ static jv eval(jctx *c, const jnode *n)
         a = ev(c, n->a);
         eval_args(c, n, &args, NULL);
         jstep(c, n);
+        if (!n->filter)   /* unknown, in a branch Jinja2 compiles lazily (jinja_parse.c) */
+            jerr(c, KVG_JINJA_ERROR, n, "No filter named '%s' found.", n->name);
         return n->filter(c, n, &a, &args);
     }
     case N_TEST: {
         jcall args;
         a = ev(c, n->a);
         eval_args(c, n, &args, NULL);
+        if (!n->test)
+            jerr(c, KVG_JINJA_ERROR, n, "No test named '%s' found.", n->name);
         return jv_bool(n->test(c, n, &a, &args));
     }
     case N_BIN:

@@ -402,7 +402,14 @@ static void test_compile_errors(void)
 {
     static const struct { const char *src, *err; } E[] = {
         { "a\n{{ x|nosuch }}", "t:2:6: no filter named 'nosuch'" },
-        { "{% if x is nosuch %}{% endif %}", "t:1:12: no test named 'nosuch'" },
+        { "{% for m in x if m is nosuch %}{% endfor %}", "t:1:23: no test named 'nosuch'" },
+        /* Jinja2's strict frames inside a soft one: for, macro, set block */
+        { "{% if 0 %}{% for a in [1] %}{{ a|from_json }}{% endfor %}{% endif %}",
+          "t:1:34: no filter named 'from_json'" },
+        { "{% if 0 %}{% macro m() %}{{ x|from_json }}{% endmacro %}{% endif %}",
+          "t:1:31: no filter named 'from_json'" },
+        { "{% if 0 %}{% set y %}{{ x|from_json }}{% endset %}{% endif %}",
+          "t:1:27: no filter named 'from_json'" },
         { "\n\n  {% frobnicate %}", "t:3:6: Encountered unknown tag 'frobnicate'" },
         { "{{ 1 + }}", "t:1:8: unexpected '}}'" },
         { "{% if 1 %}", "t:1:11: unexpected end of template, expected 'elif'" },
@@ -450,6 +457,30 @@ static void test_render_errors(void)
 {
     char err[256];
     kvg_jinja_output out;
+
+    /* An unknown filter or test right under an if or an inline if compiles, as in
+     * Jinja2 (DeepSeek V3.2's "args | from_json" in a branch never taken), and
+     * raises only when it runs. */
+    static const struct { const char *src, *want; } SOFT[] = {
+        { "{%- if false -%}{{ x | from_json }}{%- endif -%}ok", "ok" },
+        { "{%- if true -%}a{%- else -%}{{ x | from_json }}{%- endif -%}ok", "aok" },
+        { "{%- if false -%}a{%- elif false and (x | from_json) -%}b{%- endif -%}ok", "ok" },
+        { "{%- if x is defined and x | from_json -%}A{%- endif -%}ok", "ok" },
+        { "{%- for m in [1] -%}{%- if false -%}{% set y = x | from_json %}{%- endif -%}{%- endfor -%}ok",
+          "ok" },
+        { "{{ 'ok' if true else (x | from_json) }}", "ok" },
+        { "{%- if false -%}{{ x is foo }}{%- endif -%}ok", "ok" },
+    };
+    for (size_t i = 0; i < sizeof SOFT / sizeof SOFT[0]; i++) {
+        int rc = run(SOFT[i].src, NULL, NULL, NULL, &out, err, sizeof err);
+        ok(rc == KVG_JINJA_OK && strcmp(out.text, SOFT[i].want) == 0, "lazy unknown filter/test: %s",
+           SOFT[i].src);
+        if (rc == KVG_JINJA_OK)
+            kvg_jinja_output_free(&out);
+    }
+    is_int(run("{%- if true -%}{{ '1' | from_json }}{%- endif -%}", NULL, NULL, NULL, &out, err, sizeof err),
+           KVG_JINJA_ERROR, "  and raises when it runs");
+    is_str(err, "t:1:25: No filter named 'from_json' found.", "  with Jinja2's message");
 
     is_int(run("{{ raise_exception('no system role') }}", NULL, NULL, NULL, &out, err, sizeof err),
            KVG_JINJA_RAISED, "raise_exception: RAISED");
