@@ -89,7 +89,7 @@ if [ ! -f "$cuda_home/lib64/libcudart_static.a" ]; then
     cudart=(-lcudart)
 fi
 ldflags=(-Wl,--start-group "$objb/libkvgate-engine.a" "$cuda_part" -Wl,--end-group "$objb/libkvgate.a"
-         -Wl,-Bstatic -ljansson -lutf8proc -lcrypto -Wl,-Bdynamic
+         -Wl,-Bstatic -ljansson -lutf8proc -lpcre2-8 -lcrypto -Wl,-Bdynamic
          -L"$cuda_home/lib64" -Wl,--as-needed -lcublasLt -lcublas -Wl,--no-as-needed
          "${cudart[@]}" -static-libgcc -static-libstdc++ -lpthread -ldl -lrt -lm
          -Wl,--gc-sections -Wl,-rpath,"$rpath")
