@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_json.h"
 #include "chat_vars.h"
 
 typedef struct cv_ctx {
@@ -14,20 +15,6 @@ typedef struct cv_ctx {
 
 /* Paths are built in a local buffer first: the message quotes the path too. */
 #define PATH_MAX_LEN 128
-
-static const char *type_name(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:  return "an object";
-    case JSON_ARRAY:   return "an array";
-    case JSON_STRING:  return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL:    return "a decimal number";
-    case JSON_TRUE:
-    case JSON_FALSE:   return "a boolean";
-    default:           return "null";
-    }
-}
 
 __attribute__((format(printf, 3, 4)))
 static int fail(cv_ctx *c, const char *param, const char *fmt, ...)
@@ -78,7 +65,7 @@ static int missing(cv_ctx *c, const char *param)
 static int type_error(cv_ctx *c, const char *param, const char *expected, const json_t *got)
 {
     return fail(c, param, "Invalid type for '%s': expected %s, but got %s instead.",
-                param, expected, type_name(got));
+                param, expected, kvg_api_json_type(got));
 }
 
 static int empty_array(cv_ctx *c, const char *param)
@@ -87,48 +74,17 @@ static int empty_array(cv_ctx *c, const char *param)
                 "but got an empty array instead.", param);
 }
 
-/* A user-supplied string quoted in a message, cut at a character boundary. */
-static void quoted(const char *s, size_t n, char *buf, size_t cap)
-{
-    size_t keep = n, max = cap > 8 ? cap - 8 : 0;
-
-    if (keep > max) {
-        keep = max;
-        while (keep > 0 && ((unsigned char)s[keep] & 0xC0) == 0x80)
-            keep--;
-    }
-    snprintf(buf, cap, "'%.*s'%s", (int)keep, s, keep < n ? "..." : "");
-}
-
-__attribute__((format(printf, 3, 4)))
-static const char *path(char *buf, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(buf, cap, fmt, ap);
-    va_end(ap);
-    return buf;
-}
-
-/* The member, or NULL when absent or null. */
-static json_t *field(const json_t *obj, const char *key)
-{
-    json_t *v = json_object_get(obj, key);
-    return json_is_null(v) ? NULL : v;
-}
-
 /* An optional string member: 0 when absent or a string (*out set, NULL when
  * absent), else the error. */
 static int opt_string(cv_ctx *c, const json_t *obj, const char *key, const char *base,
                       json_t **out)
 {
     char p[PATH_MAX_LEN];
-    json_t *v = field(obj, key);
+    json_t *v = kvg_api_field(obj, key);
 
     *out = v;
     if (v && !json_is_string(v))
-        return type_error(c, path(p, sizeof p, "%s.%s", base, key), "a string", v);
+        return type_error(c, kvg_api_param(p, sizeof p, "%s.%s", base, key), "a string", v);
     return 0;
 }
 
@@ -140,7 +96,7 @@ static int req_string(cv_ctx *c, const json_t *obj, const char *key, const char 
     if (opt_string(c, obj, key, base, out) < 0)
         return KVG_CHAT_VARS_INVALID;
     if (!*out)
-        return missing(c, path(p, sizeof p, "%s.%s", base, key));
+        return missing(c, kvg_api_param(p, sizeof p, "%s.%s", base, key));
     return 0;
 }
 
@@ -153,8 +109,8 @@ static int check_type(cv_ctx *c, const json_t *obj, const char *base, const char
     if (req_string(c, obj, "type", base, &v) < 0)
         return KVG_CHAT_VARS_INVALID;
     if (strcmp(json_string_value(v), want) != 0) {
-        quoted(json_string_value(v), json_string_length(v), q, sizeof q);
-        path(p, sizeof p, "%s.type", base);
+        kvg_api_quote(json_string_value(v), json_string_length(v), q, sizeof q);
+        kvg_api_param(p, sizeof p, "%s.type", base);
         return fail(c, p, "Invalid value for '%s': %s. Supported values are: '%s'.", p, q, want);
     }
     return 0;
@@ -168,7 +124,7 @@ static int build_content(cv_ctx *c, const json_t *v, const char *base, json_t **
     size_t n, total = 0, off = 0;
     char *buf;
 
-    path(p, sizeof p, "%s.content", base);
+    kvg_api_param(p, sizeof p, "%s.content", base);
     if (json_is_string(v)) {
         *out = json_stringn(json_string_value(v), json_string_length(v));
         return *out ? 0 : nomem(c);
@@ -180,15 +136,15 @@ static int build_content(cv_ctx *c, const json_t *v, const char *base, json_t **
     for (size_t j = 0; j < n; j++) {
         json_t *part = json_array_get(v, j), *type, *text;
 
-        path(part_path, sizeof part_path, "%s[%zu]", p, j);
+        kvg_api_param(part_path, sizeof part_path, "%s[%zu]", p, j);
         if (!json_is_object(part))
             return type_error(c, part_path, "an object", part);
         if (req_string(c, part, "type", part_path, &type) < 0)
             return KVG_CHAT_VARS_INVALID;
         if (strcmp(json_string_value(type), "text") != 0) {
             char tp[PATH_MAX_LEN];
-            quoted(json_string_value(type), json_string_length(type), q, sizeof q);
-            path(tp, sizeof tp, "%s.type", part_path);
+            kvg_api_quote(json_string_value(type), json_string_length(type), q, sizeof q);
+            kvg_api_param(tp, sizeof tp, "%s.type", part_path);
             return fail(c, tp, "Invalid value for '%s': only 'text' content parts are "
                         "supported, got %s.", tp, q);
         }
@@ -226,7 +182,7 @@ static int parse_arguments(cv_ctx *c, const json_t *v, const char *p, json_t **o
         return fail(c, p, "Invalid '%s': not valid JSON (%s at character %d).", p, je.text,
                     je.position);
     if (!json_is_object(obj)) {
-        const char *t = type_name(obj);
+        const char *t = kvg_api_json_type(obj);
         json_decref(obj);
         return fail(c, p, "Invalid '%s': expected the JSON text of an object, but got %s "
                     "instead.", p, t);
@@ -246,14 +202,14 @@ static int build_call(cv_ctx *c, const json_t *call, const char *base, json_t **
         return type_error(c, base, "an object", call);
     if (req_string(c, call, "id", base, &id) < 0 || check_type(c, call, base, "function") < 0)
         return KVG_CHAT_VARS_INVALID;
-    path(fp, sizeof fp, "%s.function", base);
-    if (!(fn = field(call, "function")))
+    kvg_api_param(fp, sizeof fp, "%s.function", base);
+    if (!(fn = kvg_api_field(call, "function")))
         return missing(c, fp);
     if (!json_is_object(fn))
         return type_error(c, fp, "an object", fn);
     if (req_string(c, fn, "name", fp, &name) < 0 || req_string(c, fn, "arguments", fp, &args) < 0)
         return KVG_CHAT_VARS_INVALID;
-    path(ap, sizeof ap, "%s.arguments", fp);
+    kvg_api_param(ap, sizeof ap, "%s.arguments", fp);
     if ((rc = parse_arguments(c, args, ap, &parsed)) < 0)
         return rc;
     /* json_object_set on a key it has keeps the key's place: the copy prints
@@ -273,7 +229,7 @@ static int build_calls(cv_ctx *c, const json_t *calls, const char *base, json_t 
     char p[PATH_MAX_LEN], cp[PATH_MAX_LEN];
     json_t *list;
 
-    path(p, sizeof p, "%s.tool_calls", base);
+    kvg_api_param(p, sizeof p, "%s.tool_calls", base);
     if (!json_is_array(calls))
         return type_error(c, p, "an array", calls);
     if (json_array_size(calls) == 0)
@@ -282,7 +238,7 @@ static int build_calls(cv_ctx *c, const json_t *calls, const char *base, json_t 
         return nomem(c);
     for (size_t i = 0; i < json_array_size(calls); i++) {
         json_t *one = NULL;
-        int rc = build_call(c, json_array_get(calls, i), path(cp, sizeof cp, "%s[%zu]", p, i), &one);
+        int rc = build_call(c, json_array_get(calls, i), kvg_api_param(cp, sizeof cp, "%s[%zu]", p, i), &one);
         if (rc < 0) {
             json_decref(list);
             return rc;
@@ -319,8 +275,8 @@ static int parse_role(cv_ctx *c, const json_t *msg, const char *base, const char
             return 0;
         }
     }
-    quoted(json_string_value(v), json_string_length(v), q, sizeof q);
-    path(p, sizeof p, "%s.role", base);
+    kvg_api_quote(json_string_value(v), json_string_length(v), q, sizeof q);
+    kvg_api_param(p, sizeof p, "%s.role", base);
     return fail(c, p, "Invalid value for '%s': %s. Supported values are: 'system', 'developer', "
                 "'user', 'assistant' and 'tool'.", p, q);
 }
@@ -333,7 +289,7 @@ static int build_message(cv_ctx *c, const json_t *msg, size_t i, json_t **out)
     json_t *m, *content = NULL, *calls = NULL, *name, *call_id = NULL, *reasoning = NULL, *v;
     int assistant, tool, rc, ok;
 
-    path(base, sizeof base, "messages[%zu]", i);
+    kvg_api_param(base, sizeof base, "messages[%zu]", i);
     if (!json_is_object(msg))
         return type_error(c, base, "an object", msg);
     if (parse_role(c, msg, base, &role) < 0)
@@ -346,9 +302,9 @@ static int build_message(cv_ctx *c, const json_t *msg, size_t i, json_t **out)
         return KVG_CHAT_VARS_INVALID;
     if (tool && req_string(c, msg, "tool_call_id", base, &call_id) < 0)
         return KVG_CHAT_VARS_INVALID;
-    if (assistant && (v = field(msg, "tool_calls")) && (rc = build_calls(c, v, base, &calls)) < 0)
+    if (assistant && (v = kvg_api_field(msg, "tool_calls")) && (rc = build_calls(c, v, base, &calls)) < 0)
         return rc;
-    if ((v = field(msg, "content"))) {
+    if ((v = kvg_api_field(msg, "content"))) {
         if ((rc = build_content(c, v, base, &content)) < 0) {
             json_decref(calls);
             return rc;
@@ -359,7 +315,7 @@ static int build_message(cv_ctx *c, const json_t *msg, size_t i, json_t **out)
             return nomem(c);
         }
     } else {
-        return missing(c, path(p, sizeof p, "%s.content", base));
+        return missing(c, kvg_api_param(p, sizeof p, "%s.content", base));
     }
     /* json_object_set (not _new) takes its own reference: content and calls
      * are dropped once below whatever happened */
@@ -389,20 +345,20 @@ static int check_tools(cv_ctx *c, const json_t *tools)
     for (size_t i = 0; i < json_array_size(tools); i++) {
         json_t *t = json_array_get(tools, i);
 
-        path(base, sizeof base, "tools[%zu]", i);
+        kvg_api_param(base, sizeof base, "tools[%zu]", i);
         if (!json_is_object(t))
             return type_error(c, base, "an object", t);
         if (check_type(c, t, base, "function") < 0)
             return KVG_CHAT_VARS_INVALID;
-        path(fp, sizeof fp, "%s.function", base);
-        if (!(fn = field(t, "function")))
+        kvg_api_param(fp, sizeof fp, "%s.function", base);
+        if (!(fn = kvg_api_field(t, "function")))
             return missing(c, fp);
         if (!json_is_object(fn))
             return type_error(c, fp, "an object", fn);
         if (req_string(c, fn, "name", fp, &s) < 0 || opt_string(c, fn, "description", fp, &s) < 0)
             return KVG_CHAT_VARS_INVALID;
-        if ((params = field(fn, "parameters")) && !json_is_object(params))
-            return type_error(c, path(pp, sizeof pp, "%s.parameters", fp), "an object", params);
+        if ((params = kvg_api_field(fn, "parameters")) && !json_is_object(params))
+            return type_error(c, kvg_api_param(pp, sizeof pp, "%s.parameters", fp), "an object", params);
     }
     return 0;
 }
@@ -417,7 +373,7 @@ static int add_kwargs(cv_ctx *c, json_t *data, const json_t *kwargs)
         return type_error(c, "chat_template_kwargs", "an object", kwargs);
     json_object_foreach((json_t *)kwargs, key, v) {
         if (strcmp(key, "messages") == 0 || strcmp(key, "tools") == 0) {
-            path(p, sizeof p, "chat_template_kwargs.%s", key);
+            kvg_api_param(p, sizeof p, "chat_template_kwargs.%s", key);
             return fail(c, p, "Invalid '%s': the request's own %s cannot be replaced through "
                         "chat_template_kwargs.", p, key);
         }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_json.h"
 #include "chat_vars.h"
 #include "utf8.h"
 
@@ -93,25 +94,11 @@ static char *copy_str(pctx *p, const char *s, size_t n)
     return d;
 }
 
-static const char *type_name(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:  return "an object";
-    case JSON_ARRAY:   return "an array";
-    case JSON_STRING:  return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL:    return "a decimal number";
-    case JSON_TRUE:
-    case JSON_FALSE:   return "a boolean";
-    default:           return "null";
-    }
-}
-
 static int type_error(pctx *p, const char *param, const char *expected, const json_t *got)
 {
     return kvg_api_error_set(p->err, 400, "invalid_type", param,
                              "Invalid type for '%s': expected %s, but got %s instead.",
-                             param, expected, type_name(got));
+                             param, expected, kvg_api_json_type(got));
 }
 
 /* Shortest of %.15g / %.17g that reads back as the same double, so a message
@@ -121,38 +108,6 @@ static void fmt_num(double d, char *buf, size_t cap)
     snprintf(buf, cap, "%.15g", d);
     if (strtod(buf, NULL) != d)
         snprintf(buf, cap, "%.17g", d);
-}
-
-/* A user-supplied string quoted in a message, cut at a character boundary. */
-static void fmt_quoted(const char *s, size_t n, char *buf, size_t cap)
-{
-    size_t keep = n, max = cap > 8 ? cap - 8 : 0;
-
-    if (keep > max) {
-        keep = max;
-        while (keep > 0 && ((unsigned char)s[keep] & 0xC0) == 0x80)
-            keep--;
-    }
-    snprintf(buf, cap, "'%.*s'%s", (int)keep, s, keep < n ? "..." : "");
-}
-
-/* Formats a parameter path like "messages[3].content[0].type"; a path cut
- * short by the buffer still names the field well enough. */
-__attribute__((format(printf, 3, 4)))
-static void pname(char *buf, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(buf, cap, fmt, ap);
-    va_end(ap);
-}
-
-/* The member, or NULL when absent or null (the SDKs send null for unset). */
-static json_t *field(const json_t *obj, const char *key)
-{
-    json_t *v = json_object_get(obj, key);
-    return json_is_null(v) ? NULL : v;
 }
 
 static int get_int(pctx *p, const json_t *v, const char *param, int64_t lo, int64_t hi,
@@ -257,7 +212,7 @@ static int empty_array(pctx *p, const char *param)
 
 static int parse_model(pctx *p, const json_t *root)
 {
-    json_t *v = field(root, "model");
+    json_t *v = kvg_api_field(root, "model");
     size_t n;
 
     if (!v)
@@ -292,7 +247,7 @@ static int parse_tokens(pctx *p, const json_t *arr, const char *param)
     if (!(ids = alloc(p, n * sizeof(int32_t))))
         return -1;
     for (size_t i = 0; i < n; i++) {
-        pname(sub, sizeof sub, "%s[%zu]", param, i);
+        kvg_api_param(sub, sizeof sub, "%s[%zu]", param, i);
         if (get_int32(p, json_array_get(arr, i), sub, 0, INT32_MAX, &ids[i]) < 0)
             return -1;
     }
@@ -325,7 +280,7 @@ static int batched(pctx *p)
 
 static int parse_prompt(pctx *p, const json_t *root)
 {
-    json_t *v = field(root, "prompt"), *first;
+    json_t *v = kvg_api_field(root, "prompt"), *first;
     size_t n;
     char sub[KVG_API_ERROR_PARAM_MAX];
 
@@ -347,7 +302,7 @@ static int parse_prompt(pctx *p, const json_t *root)
     for (size_t i = 1; i < n; i++) {
         json_t *e = json_array_get(v, i);
         if (json_typeof(e) != json_typeof(first)) {
-            pname(sub, sizeof sub, "prompt[%zu]", i);
+            kvg_api_param(sub, sizeof sub, "prompt[%zu]", i);
             return type_error(p, sub, json_is_string(first) ? "a string" : "an array", e);
         }
     }
@@ -362,7 +317,7 @@ static int parse_prompt(pctx *p, const json_t *root)
  * (chat_vars.h validates them as the OpenAI API does). */
 static int parse_messages(pctx *p, const json_t *root)
 {
-    json_t *v = field(root, "messages"), *tools = field(root, "tools"), *kw;
+    json_t *v = kvg_api_field(root, "messages"), *tools = kvg_api_field(root, "tools"), *kw;
     char msg[512], param[KVG_API_ERROR_PARAM_MAX];
     int rc;
 
@@ -372,7 +327,7 @@ static int parse_messages(pctx *p, const json_t *root)
         return type_error(p, "messages", "an array", v);
     if (json_array_size(v) == 0)
         return empty_array(p, "messages");
-    if ((kw = field(root, "chat_template_kwargs")) && !json_is_object(kw))
+    if ((kw = kvg_api_field(root, "chat_template_kwargs")) && !json_is_object(kw))
         return type_error(p, "chat_template_kwargs", "an object", kw);
     if (json_is_null(tools))
         tools = NULL;
@@ -389,7 +344,7 @@ static int parse_messages(pctx *p, const json_t *root)
 
 static int parse_stop(pctx *p, const json_t *root)
 {
-    json_t *v = field(root, "stop");
+    json_t *v = kvg_api_field(root, "stop");
     kvg_request *r = p->req;
     char param[KVG_API_ERROR_PARAM_MAX];
     size_t n;
@@ -412,9 +367,9 @@ static int parse_stop(pctx *p, const json_t *root)
         json_t *s = json_is_string(v) ? v : json_array_get(v, i);
 
         if (json_is_string(v))
-            pname(param, sizeof param, "stop");
+            kvg_api_param(param, sizeof param, "stop");
         else
-            pname(param, sizeof param, "stop[%zu]", i);
+            kvg_api_param(param, sizeof param, "stop[%zu]", i);
         if (!json_is_string(s))
             return type_error(p, param, "a string", s);
         if (json_string_length(s) == 0)
@@ -431,18 +386,18 @@ static int parse_stop(pctx *p, const json_t *root)
 
 static int parse_stream(pctx *p, const json_t *root)
 {
-    json_t *v = field(root, "stream"), *opts, *usage;
+    json_t *v = kvg_api_field(root, "stream"), *opts, *usage;
 
     if (v && get_bool(p, v, "stream", &p->req->stream) < 0)
         return -1;
-    if (!(opts = field(root, "stream_options")))
+    if (!(opts = kvg_api_field(root, "stream_options")))
         return 0;
     if (!p->req->stream)
         return kvg_api_error_set(p->err, 400, "invalid_value", "stream_options",
                                  "Invalid 'stream_options': only allowed when 'stream' is true.");
     if (!json_is_object(opts))
         return type_error(p, "stream_options", "an object", opts);
-    usage = field(opts, "include_usage");
+    usage = kvg_api_field(opts, "include_usage");
     if (usage && get_bool(p, usage, "stream_options.include_usage", &p->req->include_usage) < 0)
         return -1;
     return 0;
@@ -451,7 +406,7 @@ static int parse_stream(pctx *p, const json_t *root)
 static int parse_logprobs(pctx *p, const json_t *root)
 {
     kvg_request *r = p->req;
-    json_t *v = field(root, "logprobs"), *top;
+    json_t *v = kvg_api_field(root, "logprobs"), *top;
 
     if (p->ep == KVG_ENDPOINT_COMPLETIONS) {
         if (!v)
@@ -463,7 +418,7 @@ static int parse_logprobs(pctx *p, const json_t *root)
     }
     if (v && get_bool(p, v, "logprobs", &r->has_logprobs) < 0)
         return -1;
-    if (!(top = field(root, "top_logprobs")))
+    if (!(top = kvg_api_field(root, "top_logprobs")))
         return 0;
     if (!r->has_logprobs)
         return kvg_api_error_set(p->err, 400, "invalid_value", "top_logprobs",
@@ -500,7 +455,7 @@ static int check_unsupported(pctx *p, const json_t *root)
                                         "best_of", "echo", "suffix", "tools", "functions",
                                         "response_format" };
     for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++) {
-        json_t *v = field(root, KEYS[i]);
+        json_t *v = kvg_api_field(root, KEYS[i]);
         /* chat passes tools to the template (parse_messages) */
         if (p->ep == KVG_ENDPOINT_CHAT && !strcmp(KEYS[i], "tools"))
             continue;
@@ -518,12 +473,12 @@ static int parse_sampling(pctx *p, const json_t *root)
     json_t *v;
 
     /* chat: max_completion_tokens supersedes the deprecated max_tokens */
-    if (p->ep == KVG_ENDPOINT_CHAT && (v = field(root, "max_completion_tokens"))) {
+    if (p->ep == KVG_ENDPOINT_CHAT && (v = kvg_api_field(root, "max_completion_tokens"))) {
         if (get_int32(p, v, "max_completion_tokens", 1, INT32_MAX, &r->max_tokens) < 0)
             return -1;
         r->has_max_tokens = 1;
     }
-    if ((v = field(root, "max_tokens"))) {
+    if ((v = kvg_api_field(root, "max_tokens"))) {
         int32_t mt;
         if (get_int32(p, v, "max_tokens", 1, INT32_MAX, &mt) < 0)
             return -1;
@@ -532,11 +487,11 @@ static int parse_sampling(pctx *p, const json_t *root)
             r->has_max_tokens = 1;
         }
     }
-    if ((v = field(root, "temperature")) && get_number(p, v, "temperature", 0, 0, 2, &r->temperature) < 0)
+    if ((v = kvg_api_field(root, "temperature")) && get_number(p, v, "temperature", 0, 0, 2, &r->temperature) < 0)
         return -1;
-    if ((v = field(root, "top_p")) && get_number(p, v, "top_p", 0, 1, 1, &r->top_p) < 0)
+    if ((v = kvg_api_field(root, "top_p")) && get_number(p, v, "top_p", 0, 1, 1, &r->top_p) < 0)
         return -1;
-    if ((v = field(root, "top_k"))) {
+    if ((v = kvg_api_field(root, "top_k"))) {
         if (get_int32(p, v, "top_k", -1, INT32_MAX, &r->top_k) < 0)
             return -1;
         if (r->top_k == 0)
@@ -544,14 +499,14 @@ static int parse_sampling(pctx *p, const json_t *root)
                                      "Invalid 'top_k': expected -1 (disabled) or a value >= 1, "
                                      "but got 0 instead.");
     }
-    if ((v = field(root, "n")) && get_int32(p, v, "n", 1, KVG_REQ_MAX_N, &r->n) < 0)
+    if ((v = kvg_api_field(root, "n")) && get_int32(p, v, "n", 1, KVG_REQ_MAX_N, &r->n) < 0)
         return -1;
-    if ((v = field(root, "seed"))) {
+    if ((v = kvg_api_field(root, "seed"))) {
         if (get_int(p, v, "seed", INT64_MIN, INT64_MAX, &r->seed) < 0)
             return -1;
         r->has_seed = 1;
     }
-    if ((v = field(root, "user"))) {
+    if ((v = kvg_api_field(root, "user"))) {
         if (!json_is_string(v))
             return type_error(p, "user", "a string", v);
         r->user_len = json_string_length(v);
@@ -567,7 +522,7 @@ static int parse_kvgate(pctx *p, const json_t *root)
     static const char *const KEYS[] = { "vote", "answer_pattern", "min_samples", "agreement",
                                         "wave" };
     kvg_request *r = p->req;
-    json_t *obj = field(root, "kvgate"), *v, *val;
+    json_t *obj = kvg_api_field(root, "kvgate"), *v, *val;
     const char *key;
     char param[KVG_API_ERROR_PARAM_MAX];
     int any = 0;
@@ -582,7 +537,7 @@ static int parse_kvgate(pctx *p, const json_t *root)
             if (!strcmp(key, KEYS[i]))
                 break;
         if (i == sizeof KEYS / sizeof KEYS[0]) {
-            pname(param, sizeof param, "kvgate.%s", key);
+            kvg_api_param(param, sizeof param, "kvgate.%s", key);
             return kvg_api_error_set(p->err, 400, "unknown_parameter", param,
                                      "Unknown parameter: '%s'. The kvgate object accepts 'vote', "
                                      "'answer_pattern', 'min_samples', 'agreement' and 'wave'.",
@@ -593,7 +548,7 @@ static int parse_kvgate(pctx *p, const json_t *root)
     }
     if (!any)
         return 0;
-    if (!(v = field(obj, "vote")))
+    if (!(v = kvg_api_field(obj, "vote")))
         return kvg_api_error_set(p->err, 400, "missing_required_parameter", "kvgate.vote",
                                  "Missing required parameter: 'kvgate.vote' ('majority' or "
                                  "'logprob') is required when the kvgate object is given.");
@@ -605,13 +560,13 @@ static int parse_kvgate(pctx *p, const json_t *root)
         r->vote = KVG_VOTE_LOGPROB;
     } else {
         char q[80];
-        fmt_quoted(json_string_value(v), json_string_length(v), q, sizeof q);
+        kvg_api_quote(json_string_value(v), json_string_length(v), q, sizeof q);
         return kvg_api_error_set(p->err, 400, "invalid_value", "kvgate.vote",
                                  "Invalid value for 'kvgate.vote': %s. Supported values are: "
                                  "'majority' and 'logprob'.", q);
     }
     r->has_vote = 1;
-    if ((v = field(obj, "answer_pattern"))) {
+    if ((v = kvg_api_field(obj, "answer_pattern"))) {
         size_t n;
         if (!json_is_string(v))
             return type_error(p, "kvgate.answer_pattern", "a string", v);
@@ -630,13 +585,13 @@ static int parse_kvgate(pctx *p, const json_t *root)
             return -1;
         r->answer_pattern_len = n;
     }
-    if ((v = field(obj, "min_samples"))
+    if ((v = kvg_api_field(obj, "min_samples"))
         && get_int32(p, v, "kvgate.min_samples", 1, r->n, &r->min_samples) < 0)
         return -1;
-    if ((v = field(obj, "agreement"))
+    if ((v = kvg_api_field(obj, "agreement"))
         && get_number(p, v, "kvgate.agreement", 0, 1, 1, &r->agreement) < 0)
         return -1;
-    if ((v = field(obj, "wave")) && get_int32(p, v, "kvgate.wave", 1, INT32_MAX, &r->wave) < 0)
+    if ((v = kvg_api_field(obj, "wave")) && get_int32(p, v, "kvgate.wave", 1, INT32_MAX, &r->wave) < 0)
         return -1;
     if (r->n > KVG_SC_MAX_N)
         return kvg_api_error_set(p->err, 400, "integer_above_max_value", "n",
@@ -716,7 +671,7 @@ kvg_request *kvg_request_parse(kvg_endpoint ep, const char *body, size_t len,
     if (!json_is_object(root)) {
         kvg_api_error_set(err, 400, "invalid_json", NULL,
                           "The request body must be a JSON object, but got %s instead.",
-                          type_name(root));
+                          kvg_api_json_type(root));
         json_decref(root);
         return NULL;
     }
