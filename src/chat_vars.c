@@ -153,8 +153,8 @@ static int build_content(cv_ctx *c, const json_t *v, const char *base, json_t **
 
     path(p, sizeof p, "%s.content", base);
     if (json_is_string(v)) {
-        *out = json_stringn(json_string_value(v), json_string_length(v));
-        return *out ? 0 : nomem(c);
+        *out = json_incref((json_t *)v);    /* shared: see the header */
+        return 0;
     }
     if (!json_is_array(v))
         return type_error(c, p, "a string or an array of content parts", v);
@@ -348,10 +348,10 @@ static int build_message(cv_ctx *c, const json_t *msg, size_t i, json_t **out)
      * are dropped once below whatever happened */
     ok = (m = json_object()) && json_object_set_new(m, "role", json_string(role)) == 0
          && json_object_set(m, "content", content) == 0
-         && (!name || json_object_set_new(m, "name", json_copy(name)) == 0)
+         && (!name || json_object_set(m, "name", name) == 0)
          && (!calls || json_object_set(m, "tool_calls", calls) == 0)
-         && (!call_id || json_object_set_new(m, "tool_call_id", json_copy(call_id)) == 0)
-         && (!reasoning || json_object_set_new(m, "reasoning_content", json_copy(reasoning)) == 0);
+         && (!call_id || json_object_set(m, "tool_call_id", call_id) == 0)
+         && (!reasoning || json_object_set(m, "reasoning_content", reasoning) == 0);
     json_decref(content);
     json_decref(calls);
     if (!ok) {

@@ -70,7 +70,9 @@ enum {
  * tools and chat_template_kwargs (either may be NULL or JSON null: absent).
  * On KVG_CHAT_VARS_OK *data_out is a new reference (json_decref it); otherwise
  * *data_out is NULL, err (capacity err_len) holds the message and param
- * (capacity param_len) the parameter's path. The inputs are not modified. */
+ * (capacity param_len) the parameter's path. The inputs are not modified; the
+ * data shares their strings (it holds references to them rather than copies),
+ * so they must not be changed (json_string_set) while it lives. */
 int kvg_chat_vars_build(const json_t *messages, const json_t *tools,
                         const json_t *chat_template_kwargs, json_t **data_out,
                         char *err, size_t err_len, char *param, size_t param_len);
