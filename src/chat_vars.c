@@ -325,7 +325,9 @@ static int build_message(cv_ctx *c, const json_t *msg, size_t i, json_t **out)
     tool = strcmp(role, "tool") == 0;
     if (opt_string(c, msg, "name", base, &name) < 0)
         return KVG_CHAT_VARS_INVALID;
-    if (assistant && opt_string(c, msg, "reasoning_content", base, &reasoning) < 0)
+    /* reasoning_content, or vLLM's newer name for it */
+    if (assistant && (opt_string(c, msg, "reasoning_content", base, &reasoning) < 0
+                      || (!reasoning && opt_string(c, msg, "reasoning", base, &reasoning) < 0)))
         return KVG_CHAT_VARS_INVALID;
     if (tool && req_string(c, msg, "tool_call_id", base, &call_id) < 0)
         return KVG_CHAT_VARS_INVALID;
@@ -348,10 +350,11 @@ static int build_message(cv_ctx *c, const json_t *msg, size_t i, json_t **out)
      * are dropped once below whatever happened */
     ok = (m = json_object()) && json_object_set_new(m, "role", json_string(role)) == 0
          && json_object_set(m, "content", content) == 0
-         && (!name || json_object_set(m, "name", name) == 0)
          && (!calls || json_object_set(m, "tool_calls", calls) == 0)
+         && (!reasoning || (json_object_set(m, "reasoning", reasoning) == 0
+                            && json_object_set(m, "reasoning_content", reasoning) == 0))
          && (!call_id || json_object_set(m, "tool_call_id", call_id) == 0)
-         && (!reasoning || json_object_set(m, "reasoning_content", reasoning) == 0);
+         && (!name || json_object_set(m, "name", name) == 0);
     json_decref(content);
     json_decref(calls);
     if (!ok) {
