@@ -255,17 +255,8 @@ static jv do_split(jctx *c, const jnode *at, const jv *s, const jv *sep, int64_t
                 if (i >= len)
                     break;
                 if (maxsplit-- <= 0) {
-                    size_t e = len;
-                    while (e > i) {
-                        size_t k = e - 1;
-                        while (k > i && ((unsigned char)s->u.s.p[k] & 0xC0) == 0x80)
-                            k--;
-                        cp_at(s, k, &cp);
-                        if (!py_isspace(cp))
-                            break;
-                        e = k;
-                    }
-                    PUSH(jv_substr(s, i, e - i));
+                    /* the rest, trailing whitespace included (as Python) */
+                    PUSH(jv_substr(s, i, len - i));
                     break;
                 }
                 size_t b = i;
@@ -309,10 +300,7 @@ static jv do_split(jctx *c, const jnode *at, const jv *s, const jv *sep, int64_t
                 if (!e)
                     break;
                 if (maxsplit-- <= 0) {
-                    size_t b = 0;
-                    while (b < e && py_isspace((cp_at(s, b, &cp), cp)))
-                        b += cp_at(s, b, &cp);
-                    PUSH(jv_substr(s, b, e - b));
+                    PUSH(jv_substr(s, 0, e));
                     break;
                 }
                 size_t end = e;
@@ -558,23 +546,31 @@ static int in_list(const char *const *l, const char *name)
     return 0;
 }
 
-int jinja_has_method(const jv *recv, const char *name)
+unsigned jinja_method_mask(const char *name)
+{
+    return (in_list(STR_METHODS, name) ? JM_STR : 0) | (in_list(DICT_METHODS, name) ? JM_DICT : 0) |
+           (in_list(LIST_METHODS, name) ? JM_LIST : 0) |
+           (in_list(DICT_UNSAFE, name) ? JM_DICT_UNSAFE : 0) |
+           (in_list(LIST_UNSAFE, name) ? JM_LIST_UNSAFE : 0);
+}
+
+int jinja_has_method(const jv *recv, unsigned mask)
 {
     if (recv->t == JT_STR)
-        return in_list(STR_METHODS, name);
+        return mask & JM_STR;
     if (jv_is_dict(recv))
-        return in_list(DICT_METHODS, name);
+        return mask & JM_DICT;
     if (recv->t == JT_LIST || recv->t == JT_JLIST)
-        return in_list(LIST_METHODS, name);
+        return mask & JM_LIST;
     return 0;
 }
 
-int jinja_unsafe_method(const jv *recv, const char *name)
+int jinja_unsafe_method(const jv *recv, unsigned mask)
 {
     if (jv_is_dict(recv))
-        return in_list(DICT_UNSAFE, name);
+        return mask & JM_DICT_UNSAFE;
     if ((recv->t == JT_LIST && !(recv->flags & JF_TUPLE)) || recv->t == JT_JLIST)
-        return in_list(LIST_UNSAFE, name);
+        return mask & JM_LIST_UNSAFE;
     return 0;
 }
 
@@ -722,7 +718,9 @@ jv jinja_call_method(jctx *c, const jnode *at, const jv *recv, const char *name,
             jerr(c, KVG_JINJA_ERROR, at, "no items for cycling given");
         return a->pos[recv->u.loop->i % (size_t)a->npos];
     }
-    if (jinja_unsafe_method(recv, name))
+    if (((jv_is_dict(recv) && in_list(DICT_UNSAFE, name)) ||
+         (((recv->t == JT_LIST && !(recv->flags & JF_TUPLE)) || recv->t == JT_JLIST) &&
+          in_list(LIST_UNSAFE, name))))
         jerr(c, KVG_JINJA_ERROR, at, "access to attribute '%s' of '%s' object is unsafe.", name,
              jv_type_name(recv));
     if (recv->t == JT_STR && in_list(STR_METHODS, name))
@@ -743,6 +741,8 @@ jv jinja_call_method(jctx *c, const jnode *at, const jv *recv, const char *name,
         size_t n;
         jv_dict_keys_vals(c, recv, &ks, &vs, &n);
         jv r = jv_list_new(c, n);
+        /* a view prints as dict_keys([...]) (jv_str_into) */
+        r.aux = !strcmp(name, "keys") ? 1 : !strcmp(name, "values") ? 2 : 3;
         for (size_t i = 0; i < n; i++) {
             if (!strcmp(name, "keys")) {
                 r.u.l->v[i] = ks[i];
@@ -954,7 +954,7 @@ FILTER(dictsort)
     int pos = 0;
 
     if (x->t == JT_UNDEF)
-        jerr(c, KVG_JINJA_ERROR, at, "%s", x->u.undef.msg ? x->u.undef.msg : "undefined");
+        jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, x));
     if (by) {
         jv b = need_str(c, at, by, "by");
         if (b.u.s.n == 5 && !memcmp(b.u.s.p, "value", 5))
@@ -1059,19 +1059,7 @@ FILTER(sum)
 
     for (size_t i = 0; i < n; i++) {
         jv v = attr && attr->t != JT_NONE ? get_path(c, &items[i], attr) : items[i];
-        if ((acc.t == JT_INT || acc.t == JT_BOOL) && (v.t == JT_INT || v.t == JT_BOOL)) {
-            int64_t r;
-            if (__builtin_add_overflow(acc.u.i, v.u.i, &r))
-                jerr(c, KVG_JINJA_ERROR, at, "integer overflow (beyond 64 bits)");
-            acc = jv_int(r);
-        } else if ((acc.t == JT_INT || acc.t == JT_BOOL || acc.t == JT_FLOAT) &&
-                   (v.t == JT_INT || v.t == JT_BOOL || v.t == JT_FLOAT)) {
-            acc = jv_float((acc.t == JT_FLOAT ? acc.u.f : (double)acc.u.i) +
-                           (v.t == JT_FLOAT ? v.u.f : (double)v.u.i));
-        } else {
-            jerr(c, KVG_JINJA_ERROR, at, "unsupported operand type(s) for +: '%s' and '%s'",
-                 jv_type_name(&acc), jv_type_name(&v));
-        }
+        acc = jinja_binop(c, at, OP_ADD, &acc, &v);
     }
     return acc;
 }
@@ -1669,7 +1657,7 @@ static int64_t int_of(jctx *c, const jnode *at, const jv *x)
     if (x->t == JT_FLOAT && x->u.f == floor(x->u.f) && fabs(x->u.f) < 9.2e18)
         return (int64_t)x->u.f;
     if (x->t == JT_UNDEF)
-        jerr(c, KVG_JINJA_ERROR, at, "%s", x->u.undef.msg ? x->u.undef.msg : "undefined");
+        jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, x));
     if (x->t == JT_FLOAT)
         return 1;       /* a fraction is neither even nor divisible: odd */
     jerr(c, KVG_JINJA_ERROR, at, "unsupported operand type(s) for %%: '%s' and 'int'",

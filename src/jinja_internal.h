@@ -79,7 +79,10 @@ typedef struct jv {
         struct jloop *loop;
         struct jmacro *m;
         struct { const struct jv *recv; const char *name; } meth;
-        struct { const char *msg; } undef;  /* why it is undefined (for errors) */
+        struct {                    /* why it is undefined, for the error if used */
+            const char *msg;        /* the message, or NULL: */
+            const char *name;       /* "'<aux type> object' has no attribute 'name'" */
+        } undef;
     } u;
 } jv;
 
@@ -153,6 +156,7 @@ struct kvg_jinja {
     char *name;
     const char **names;         /* interned names, by id */
     int n_names;
+    int id_loop, id_caller, id_varargs, id_kwargs;  /* their name ids, -1: unused */
 };
 
 /* ---- render context ---- */
@@ -161,6 +165,7 @@ typedef struct jsb {            /* string builder with taint mask (arena memory)
     char *p;
     uint8_t *m;                 /* NULL until a data byte is appended */
     size_t n, cap;
+    size_t ndata;               /* how many of the n bytes are data */
 } jsb;
 
 typedef struct jscope {
@@ -185,11 +190,13 @@ typedef struct jctx {
     size_t max_output;
     uint64_t steps, max_steps;
     unsigned depth, max_depth;  /* macro calls and value recursion */
-    unsigned frames;            /* C recursion guard */
+    const char *stack_base;     /* where the render's stack starts (jstack_check) */
     time_t now;
 } jctx;
 
-#define JINJA_MAX_FRAMES 3000
+/* C stack a render may use below kvg_jinja_render's frame: evaluation recurses
+ * over the AST and nested values; past this it stops with KVG_JINJA_LIMIT. */
+#define JINJA_STACK_BUDGET (512u << 10)
 #define JINJA_PARSE_MAX_NEST 200
 
 __attribute__((noreturn, format(printf, 4, 5)))
@@ -197,14 +204,28 @@ void jerr(jctx *c, int rc, const jnode *at, const char *fmt, ...);
 void *jalloc(jctx *c, size_t n);
 void jstep(jctx *c, const jnode *at);
 
+__attribute__((noreturn)) void jstack_exceeded(jctx *c, const jnode *at);
+static inline void jstack_check(jctx *c, const jnode *at)
+{
+    if ((size_t)(c->stack_base - (const char *)__builtin_frame_address(0)) > JINJA_STACK_BUDGET)
+        jstack_exceeded(c, at);
+}
+
 /* values (jinja_value.c) */
 jv jv_undef(const char *msg);
-jv jv_none(void);
-jv jv_bool(int b);
-jv jv_int(int64_t i);
-jv jv_float(double f);
+const char *jv_undef_msg(jctx *c, const jv *v);  /* the message of an undefined */
+static inline jv jv_none(void) { jv v = { .t = JT_NONE }; return v; }
+static inline jv jv_bool(int b) { jv v = { .t = JT_BOOL }; v.u.i = !!b; return v; }
+static inline jv jv_int(int64_t i) { jv v = { .t = JT_INT }; v.u.i = i; return v; }
+static inline jv jv_float(double f) { jv v = { .t = JT_FLOAT }; v.u.f = f; return v; }
+static inline jv jv_strn(const char *p, size_t n, int taint)
+{
+    jv v = { .t = JT_STR, .taint = (uint8_t)(n ? taint : JS_CLEAN) };
+    v.u.s.p = p;
+    v.u.s.n = n;
+    return v;
+}
 jv jv_lit(const char *s);                       /* static/arena C string, clean */
-jv jv_strn(const char *p, size_t n, int taint);
 jv jv_substr(const jv *s, size_t off, size_t n);
 jv jv_from_json(json_t *j, int data);
 jv jv_list_new(jctx *c, size_t n);              /* n items, to be filled */
@@ -267,8 +288,15 @@ jfilter_fn jinja_find_filter(const char *name, size_t n);
 jtest_fn jinja_find_test(const char *name, size_t n);
 jv jinja_call_method(jctx *c, const jnode *at, const jv *recv, const char *name,
                      const jcall *a);
-int jinja_has_method(const jv *recv, const char *name);
-int jinja_unsafe_method(const jv *recv, const char *name);
+/* What a name is as a method, computed once per N_ATTR node (its .op): */
+#define JM_STR        1u    /* a str method */
+#define JM_DICT       2u
+#define JM_LIST       4u
+#define JM_DICT_UNSAFE 8u   /* a mutating method the immutable sandbox refuses */
+#define JM_LIST_UNSAFE 16u
+unsigned jinja_method_mask(const char *name);
+int jinja_has_method(const jv *recv, unsigned mask);
+int jinja_unsafe_method(const jv *recv, unsigned mask);
 /* HTML-escapes s (& < > " '), marked safe: Markup's escape() */
 jv jinja_html_escape(jctx *c, const jv *s);
 jv jinja_tojson(jctx *c, const jnode *at, const jv *x, const jcall *a);
@@ -280,7 +308,11 @@ int jinja_apply_test_by_name(jctx *c, const jnode *at, const jv *name, const jv 
 /* call args helper: positional i, or keyword name, or NULL */
 const jv *jarg(const jcall *a, int i, const char *name);
 
-/* render (jinja_render.c): call a macro or global function */
+/* render (jinja_render.c): which loop.NAME name is (0: none), for N_ATTR's flag */
+int jinja_loop_attr(const char *name);
+/* a op b with Python's rules (OP_ADD ... OP_POW) */
+jv jinja_binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b);
+/* call a macro or global function */
 jv jinja_call_value(jctx *c, const jnode *at, const jv *fn, const jcall *a);
 
 #endif

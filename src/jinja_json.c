@@ -143,6 +143,7 @@ static void dump(jctx *c, const jnode *at, jsb *b, const jv *v, const jopts *o, 
     default:
         break;
     }
+    jstack_check(c, at);
     if (++c->depth > c->max_depth)
         jerr(c, KVG_JINJA_LIMIT, at, "nesting depth limit (%u) reached", c->max_depth);
     if (jv_is_list(v)) {

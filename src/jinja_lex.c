@@ -231,20 +231,21 @@ static int lx_number(lexer *L, jtok *t)
     size_t i = L->pos;
     char buf[64];
     size_t o = 0;
-    int is_float = 0;
+    int is_float = 0, too_long = 0;
 
+#define PUTB(ch) do { if (o < sizeof buf - 1) buf[o++] = (ch); else too_long = 1; } while (0)
     while (i < L->n && ((L->s[i] >= '0' && L->s[i] <= '9') || L->s[i] == '_')) {
-        if (L->s[i] != '_' && o < sizeof buf - 1)
-            buf[o++] = L->s[i];
+        if (L->s[i] != '_')
+            PUTB(L->s[i]);
         i++;
     }
     if (i + 1 < L->n && L->s[i] == '.' && L->s[i + 1] >= '0' && L->s[i + 1] <= '9') {
         is_float = 1;
-        buf[o++] = '.';
+        PUTB('.');
         i++;
         while (i < L->n && ((L->s[i] >= '0' && L->s[i] <= '9') || L->s[i] == '_')) {
-            if (L->s[i] != '_' && o < sizeof buf - 1)
-                buf[o++] = L->s[i];
+            if (L->s[i] != '_')
+                PUTB(L->s[i]);
             i++;
         }
     }
@@ -254,29 +255,24 @@ static int lx_number(lexer *L, jtok *t)
             k++;
         if (k < L->n && L->s[k] >= '0' && L->s[k] <= '9') {
             is_float = 1;
-            if (o < sizeof buf - 1)
-                buf[o++] = 'e';
+            PUTB('e');
             for (size_t m = i + 1; m < k; m++)
-                if (o < sizeof buf - 1)
-                    buf[o++] = L->s[m];
+                PUTB(L->s[m]);
             i = k;
-            while (i < L->n && L->s[i] >= '0' && L->s[i] <= '9') {
-                if (o < sizeof buf - 1)
-                    buf[o++] = L->s[i];
-                i++;
-            }
+            while (i < L->n && L->s[i] >= '0' && L->s[i] <= '9')
+                PUTB(L->s[i++]);
         }
     }
+#undef PUTB
     buf[o] = 0;
-    if (o >= sizeof buf - 1)
+    if (too_long)
         return lx_fail(L, t->line, t->col, "number literal too long");
     if (is_float) {
         t->type = TK_FLOAT;
         t->f = strtod(buf, NULL);
     } else {
-        char *end;
-        unsigned long long v = strtoull(buf, &end, 10);
-        if (v > INT64_MAX || strlen(buf) > 19)
+        unsigned long long v = strtoull(buf, NULL, 10);
+        if (o > 19 || v > INT64_MAX)
             return lx_fail(L, t->line, t->col, "integer literal out of 64-bit range");
         t->type = TK_INT;
         t->i = (int64_t)v;
@@ -403,7 +399,8 @@ static int lx_raw(lexer *L, size_t open_len, char close_sign)
     uint32_t line = L->line, col = L->col;
 
     lx_adv(L, open_len);
-    lx_after_tag(L, close_sign, 1);
+    /* Jinja2 strips after "{% raw -%}" but does not trim_blocks "{% raw %}" */
+    lx_after_tag(L, close_sign == '-' ? '-' : '+', 1);
     size_t start = L->pos;
     for (size_t i = L->pos; i + 1 < L->n; i++) {
         if (L->s[i] != '{' || L->s[i + 1] != '%')

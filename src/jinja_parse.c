@@ -322,6 +322,9 @@ static jnode *parse_subscript(parser *p, jnode *obj, const jtok *at)
     n->b = args[0];
     n->c = args[1];
     n->d = args[2];
+    if (!colons && n->b->kind == N_CONST && n->b->val.t == JT_STR &&
+        !memchr(n->b->val.u.s.p, 0, n->b->val.u.s.n))
+        n->op = (uint16_t)jinja_method_mask(n->b->val.u.s.p);    /* x['name'] */
     return n;
 }
 
@@ -336,6 +339,9 @@ static jnode *parse_postfix(parser *p, jnode *n)
                 jnode *m = mk(p, N_ATTR, t);
                 m->a = n;
                 m->name = pstrdup(p, nm->p, nm->n);
+                m->op = (uint16_t)jinja_method_mask(m->name);
+                m->id = (int)nm->n;     /* N_ATTR: the name's length */
+                m->flag = jinja_loop_attr(m->name);
                 n = m;
             } else if (nm->type == TK_INT) {
                 jnode *m = mk(p, N_ITEM, t), *k = mk(p, N_CONST, nm);
@@ -798,17 +804,13 @@ static jnode *parse_for(parser *p, const jtok *at)
     return n;
 }
 
+/* A filter block's or set block's filters, "name(args) | name ...", applied to
+ * the body: the innermost N_FILTER's operand is NULL. */
 static jnode *parse_filter_chain(parser *p)
 {
-    /* a filter block's or set block's filters: name(args) | name ... applied to
-     * the body (operand NULL) */
     jnode *n = NULL;
-    jtok fake = *cur(p);
 
-    fake.type = TK_OP;
-    fake.op = P_PIPE;
     for (;;) {
-        /* parse_filter expects to be on the '|': step back by faking it */
         const jtok *nm = cur(p);
         expect_type(p, TK_NAME, "a filter name");
         jnode *f = mk(p, N_FILTER, nm);
@@ -821,11 +823,9 @@ static jnode *parse_filter_chain(parser *p)
             parse_args(p, f);
         n = f;
         if (!is_op(cur(p), P_PIPE))
-            break;
+            return n;
         next(p);
     }
-    (void)fake;
-    return n;
 }
 
 static jnode *parse_set(parser *p, const jtok *at)
@@ -1031,11 +1031,26 @@ static jnode *parse_body(parser *p, const char *const *ends, const jtok **end_to
     return body;
 }
 
+static int find_name(const kvg_jinja *t, const char *name)
+{
+    for (int i = 0; i < t->n_names; i++)
+        if (!strcmp(t->names[i], name))
+            return i;
+    return -1;
+}
+
 jnode *jinja_parse(kvg_jinja *t, const jtok *toks, size_t ntoks, char *err, size_t err_len)
 {
     parser p = { .t = t, .tk = toks, .n = ntoks, .err = err, .err_len = err_len };
+    jnode *root;
 
     if (setjmp(p.jb))
         return NULL;
-    return parse_body(&p, NULL, NULL);
+    root = parse_body(&p, NULL, NULL);
+    /* the names the renderer binds itself, if the template uses them */
+    t->id_loop = find_name(t, "loop");
+    t->id_caller = find_name(t, "caller");
+    t->id_varargs = find_name(t, "varargs");
+    t->id_kwargs = find_name(t, "kwargs");
+    return root;
 }

@@ -71,22 +71,24 @@ void jstep(jctx *c, const jnode *at)
              (unsigned long long)c->max_steps);
 }
 
-static void frame_in(jctx *c, const jnode *at)
+void jstack_exceeded(jctx *c, const jnode *at)
 {
-    if (++c->frames > JINJA_MAX_FRAMES)
-        jerr(c, KVG_JINJA_LIMIT, at, "nesting depth limit reached (recursion too deep)");
+    jerr(c, KVG_JINJA_LIMIT, at, "nesting depth limit reached (recursion too deep)");
 }
 
 /* ---- scopes ---- */
 
 static jscope *scope_new(jctx *c, jscope *parent)
 {
-    jscope *s = jalloc(c, sizeof *s);
+    /* room for a loop iteration's few names in the same allocation */
+    enum { INLINE = 4 };
+    jscope *s = jalloc(c, sizeof *s + INLINE * (sizeof(jv) + sizeof(int)));
 
     s->parent = parent;
-    s->n = s->cap = 0;
-    s->ids = NULL;
-    s->vals = NULL;
+    s->n = 0;
+    s->cap = INLINE;
+    s->vals = (jv *)(s + 1);
+    s->ids = (int *)(s->vals + INLINE);
     return s;
 }
 
@@ -154,16 +156,33 @@ static jv lookup(jctx *c, int id)
     return global(c, id);
 }
 
+/* eval, with the leaves (constants, names) done in line: they are half the
+ * nodes a template evaluates */
+static inline jv ev(jctx *c, const jnode *n)
+{
+    if (n->kind == N_CONST)
+        return n->val;
+    if (n->kind == N_NAME)
+        return lookup(c, n->id);
+    return eval(c, n);
+}
+
 /* ---- helpers ---- */
 
 __attribute__((noreturn))
 static void undef_error(jctx *c, const jnode *at, const jv *v)
 {
-    jerr(c, KVG_JINJA_ERROR, at, "%s", v->u.undef.msg ? v->u.undef.msg : "undefined value");
+    jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, v));
 }
 
 static jv undef_attr(jctx *c, const jv *obj, const char *name, int element, int64_t idx)
 {
+    if (!element) {
+        jv u = jv_undef(NULL);
+        u.u.undef.name = name;
+        u.aux = obj->t;
+        return u;
+    }
     const char *tn = jv_type_name(obj);
     size_t len = strlen(tn) + (name ? strlen(name) : 0) + 64;
     char *msg = jalloc(c, len);
@@ -177,37 +196,57 @@ static jv undef_attr(jctx *c, const jv *obj, const char *name, int element, int6
     return jv_undef(msg);
 }
 
-static jv loop_attr(jctx *c, const jnode *at, const jv *lv, const char *name)
+enum { LA_INDEX = 1, LA_INDEX0, LA_REVINDEX, LA_REVINDEX0, LA_FIRST, LA_LAST, LA_LENGTH,
+       LA_DEPTH, LA_DEPTH0, LA_PREVITEM, LA_NEXTITEM, LA_CYCLE, LA_CHANGED };
+static const char *const LOOP_ATTRS[] = {
+    NULL, "index", "index0", "revindex", "revindex0", "first", "last", "length", "depth",
+    "depth0", "previtem", "nextitem", "cycle", "changed"
+};
+
+int jinja_loop_attr(const char *name)
+{
+    for (int i = 1; i < (int)(sizeof LOOP_ATTRS / sizeof LOOP_ATTRS[0]); i++)
+        if (!strcmp(LOOP_ATTRS[i], name))
+            return i;
+    return 0;
+}
+
+/* loop.name; code: jinja_loop_attr(name) when known (the parser's), else -1 */
+static jv loop_attr(jctx *c, const jv *lv, const char *name, int code)
 {
     const jloop *l = lv->u.loop;
 
-    if (!strcmp(name, "index")) return jv_int((int64_t)l->i + 1);
-    if (!strcmp(name, "index0")) return jv_int((int64_t)l->i);
-    if (!strcmp(name, "revindex")) return jv_int((int64_t)(l->n - l->i));
-    if (!strcmp(name, "revindex0")) return jv_int((int64_t)(l->n - l->i - 1));
-    if (!strcmp(name, "first")) return jv_bool(l->i == 0);
-    if (!strcmp(name, "last")) return jv_bool(l->i + 1 == l->n);
-    if (!strcmp(name, "length")) return jv_int((int64_t)l->n);
-    if (!strcmp(name, "depth")) return jv_int(1);
-    if (!strcmp(name, "depth0")) return jv_int(0);
-    if (!strcmp(name, "previtem"))
+    if (code < 0)
+        code = jinja_loop_attr(name);
+    switch (code) {
+    case LA_INDEX: return jv_int((int64_t)l->i + 1);
+    case LA_INDEX0: return jv_int((int64_t)l->i);
+    case LA_REVINDEX: return jv_int((int64_t)(l->n - l->i));
+    case LA_REVINDEX0: return jv_int((int64_t)(l->n - l->i - 1));
+    case LA_FIRST: return jv_bool(l->i == 0);
+    case LA_LAST: return jv_bool(l->i + 1 == l->n);
+    case LA_LENGTH: return jv_int((int64_t)l->n);
+    case LA_DEPTH: return jv_int(1);
+    case LA_DEPTH0: return jv_int(0);
+    case LA_PREVITEM:
         return l->i ? l->items[l->i - 1] : jv_undef("there is no previous item");
-    if (!strcmp(name, "nextitem"))
+    case LA_NEXTITEM:
         return l->i + 1 < l->n ? l->items[l->i + 1] : jv_undef("there is no next item");
-    if (!strcmp(name, "cycle") || !strcmp(name, "changed")) {
+    case LA_CYCLE:
+    case LA_CHANGED: {
         jv m = { .t = JT_METHOD };
         jv *recv = jalloc(c, sizeof *recv);
         *recv = *lv;
         m.u.meth.recv = recv;
-        m.u.meth.name = name;
+        m.u.meth.name = LOOP_ATTRS[code];
         return m;
     }
-    (void)at;
+    }
     return undef_attr(c, lv, name, 0, 0);
 }
 
-/* obj.name (Jinja2: attribute first, then item) */
-static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name)
+/* obj.name (Jinja2: attribute first, then item); mask: jinja_method_mask(name) */
+static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name, unsigned mask)
 {
     jv r;
 
@@ -215,15 +254,15 @@ static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name)
     case JT_UNDEF:
         undef_error(c, at, obj);
     case JT_LOOP:
-        return loop_attr(c, at, obj, name);
+        return loop_attr(c, obj, name, at && at->kind == N_ATTR ? at->flag : -1);
     case JT_NS:
-        if (jv_dict_get_str(c, obj, name, strlen(name), &r))
+        if (jv_dict_get_str(c, obj, name, at && at->kind == N_ATTR ? (size_t)at->id : strlen(name), &r))
             return r;
         return undef_attr(c, obj, name, 0, 0);
     default:
         break;
     }
-    if (jinja_has_method(obj, name) || jinja_unsafe_method(obj, name)) {
+    if (jinja_has_method(obj, mask) || jinja_unsafe_method(obj, mask)) {
         jv m = { .t = JT_METHOD };
         jv *recv = jalloc(c, sizeof *recv);
         *recv = *obj;
@@ -231,7 +270,8 @@ static jv get_attr(jctx *c, const jnode *at, const jv *obj, const char *name)
         m.u.meth.name = name;
         return m;
     }
-    if (jv_is_dict(obj) && jv_dict_get_str(c, obj, name, strlen(name), &r))
+    if (jv_is_dict(obj) &&
+        jv_dict_get_str(c, obj, name, at && at->kind == N_ATTR ? (size_t)at->id : strlen(name), &r))
         return r;
     return undef_attr(c, obj, name, 0, 0);
 }
@@ -268,15 +308,24 @@ static jv get_item(jctx *c, const jnode *at, const jv *obj, const jv *key)
         char *nm = jalloc(c, key->u.s.n + 1);
         memcpy(nm, key->u.s.p, key->u.s.n);
         nm[key->u.s.n] = 0;
-        return loop_attr(c, at, obj, nm);
+        return loop_attr(c, obj, nm, -1);
     }
     if (key->t == JT_STR) {
-        char *nm = jalloc(c, key->u.s.n + 1);
-        memcpy(nm, key->u.s.p, key->u.s.n);
-        nm[key->u.s.n] = 0;
-        if (memchr(key->u.s.p, 0, key->u.s.n) == NULL &&
-            (jinja_has_method(obj, nm) || jinja_unsafe_method(obj, nm)))
-            return get_attr(c, at, obj, nm);
+        const char *nm;
+        unsigned mask;
+        if (at && at->kind == N_ITEM && at->b->kind == N_CONST) {
+            /* x['name']: the parser worked the mask out (and the literal ends in NUL) */
+            nm = key->u.s.p;
+            mask = at->op;
+        } else {
+            char *z = jalloc(c, key->u.s.n + 1);
+            memcpy(z, key->u.s.p, key->u.s.n);
+            z[key->u.s.n] = 0;
+            nm = z;
+            mask = memchr(key->u.s.p, 0, key->u.s.n) ? 0 : jinja_method_mask(nm);
+        }
+        if (jinja_has_method(obj, mask) || jinja_unsafe_method(obj, mask))
+            return get_attr(c, at, obj, nm, mask);
         return undef_attr(c, obj, nm, 0, 0);
     }
     if (key->t == JT_INT)
@@ -426,7 +475,7 @@ static jv repeat(jctx *c, const jnode *at, const jv *seq, int64_t k)
     return r;
 }
 
-static jv binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b)
+jv jinja_binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b)
 {
     int64_t r;
 
@@ -549,15 +598,20 @@ overflow:
 static void eval_args(jctx *c, const jnode *n, jcall *a, const jv *first)
 {
     int off = first ? 1 : 0;
+
+    if (!n->nkids && !n->nkw && !first) {
+        memset(a, 0, sizeof *a);
+        return;
+    }
     jv *pos = jalloc(c, (n->nkids + (size_t)off + 1) * sizeof(jv));
     jv *kw = jalloc(c, (n->nkw + 1) * sizeof(jv));
 
     if (first)
         pos[0] = *first;
     for (uint32_t i = 0; i < n->nkids; i++)
-        pos[i + (uint32_t)off] = eval(c, n->kids[i]);
+        pos[i + (uint32_t)off] = ev(c, n->kids[i]);
     for (uint32_t i = 0; i < n->nkw; i++)
-        kw[i] = eval(c, n->kwval[i]);
+        kw[i] = ev(c, n->kwval[i]);
     a->npos = (int)n->nkids + off;
     a->pos = pos;
     a->nkw = (int)n->nkw;
@@ -621,7 +675,7 @@ static jv call_macro(jctx *c, const jnode *at, const jmacro *m, const jcall *a, 
             continue;
         jv v;
         if (def->kwval[i]) {
-            v = eval(c, def->kwval[i]);
+            v = ev(c, def->kwval[i]);
         } else {
             size_t len = strlen(def->kids[i]->name) + 64;
             char *msg = jalloc(c, len);
@@ -635,19 +689,13 @@ static jv call_macro(jctx *c, const jnode *at, const jmacro *m, const jcall *a, 
         va.flags = JF_TUPLE;
         for (int i = np; i < a->npos; i++)
             va.u.l->v[i - np] = a->pos[i];
-        /* intern ids are per template: look the names up */
-        for (int id = 0; id < c->t->n_names; id++) {
-            if (!strcmp(c->t->names[id], "varargs"))
-                scope_set(c, s, id, &va);
-            else if (!strcmp(c->t->names[id], "kwargs"))
-                scope_set(c, s, id, &kwargs);
-        }
+        if (c->t->id_varargs >= 0)
+            scope_set(c, s, c->t->id_varargs, &va);
+        if (c->t->id_kwargs >= 0)
+            scope_set(c, s, c->t->id_kwargs, &kwargs);
     }
-    if (caller) {
-        for (int id = 0; id < c->t->n_names; id++)
-            if (!strcmp(c->t->names[id], "caller"))
-                scope_set(c, s, id, caller);
-    }
+    if (caller && c->t->id_caller >= 0)
+        scope_set(c, s, c->t->id_caller, caller);
     r = capture_body(c, def->b);
     c->scope = saved;
     c->depth--;
@@ -675,16 +723,13 @@ static jv call_func(jctx *c, const jnode *at, int id, const jcall *a)
         }
         if (!v[2])
             jerr(c, KVG_JINJA_ERROR, at, "range() arg 3 must not be zero");
-        jv s0 = jv_int(v[0]), s1 = jv_int(v[1]), s2 = jv_int(v[2]);
-        int64_t start, step;
-        /* the count as Python computes it, without overflow */
+        /* the count as Python computes it, in unsigned arithmetic: no overflow */
         uint64_t cnt = 0;
         if (v[2] > 0 && v[1] > v[0])
             cnt = ((uint64_t)v[1] - (uint64_t)v[0] - 1) / (uint64_t)v[2] + 1;
         else if (v[2] < 0 && v[0] > v[1])
-            cnt = ((uint64_t)v[0] - (uint64_t)v[1] - 1) / (uint64_t)(-(v[2] + 1) + 1ull) + 1;
-        (void)s0; (void)s1; (void)s2; (void)start; (void)step;
-        if (cnt > c->max_steps - c->steps || cnt > c->max_output)
+            cnt = ((uint64_t)v[0] - (uint64_t)v[1] - 1) / (0 - (uint64_t)v[2]) + 1;
+        if (cnt > c->max_steps - c->steps)
             jerr(c, KVG_JINJA_LIMIT, at, "step limit (%llu) reached (range too long)",
                  (unsigned long long)c->max_steps);
         c->steps += cnt;
@@ -757,10 +802,46 @@ jv jinja_call_value(jctx *c, const jnode *at, const jv *fn, const jcall *a)
 
 /* ---- expressions ---- */
 
-static jv eval_inner(jctx *c, const jnode *n)
+/* a + b + c + ...: the operands in order, then one copy when all are plain
+ * strings (the common '<|im_start|>' + role + '\n' + content), else pairwise */
+static jv add_chain(jctx *c, const jnode *n)
+{
+    const jnode *ops[32];
+    jv v[32];
+    int k = 0, plain = 1;
+    size_t len = 0;
+    const jnode *x = n;
+
+    while (x->kind == N_BIN && x->op == OP_ADD && k < 31) {
+        ops[k++] = x;
+        x = x->a;
+    }
+    /* x is the leftmost operand; ops[k-1] is the innermost '+' */
+    v[0] = ev(c, x);
+    for (int i = 0; i < k; i++)
+        v[i + 1] = ev(c, ops[k - 1 - i]->b);
+    for (int i = 0; i <= k; i++) {
+        plain &= v[i].t == JT_STR && !(v[i].flags & JF_SAFE);
+        len += v[i].t == JT_STR ? v[i].u.s.n : 0;
+    }
+    if (plain) {
+        jsb sb;
+        jsb_init(c, &sb, len);
+        for (int i = 0; i <= k; i++)
+            jsb_put_str(c, &sb, &v[i]);
+        return jsb_str(&sb);
+    }
+    jv acc = v[0];
+    for (int i = 0; i < k; i++)
+        acc = jinja_binop(c, ops[k - 1 - i], OP_ADD, &acc, &v[i + 1]);
+    return acc;
+}
+
+static jv eval(jctx *c, const jnode *n)
 {
     jv a, b, r;
 
+    jstack_check(c, n);
     switch (n->kind) {
     case N_CONST:
         return n->val;
@@ -770,15 +851,15 @@ static jv eval_inner(jctx *c, const jnode *n)
     case N_TUPLE:
         r = jv_list_new(c, n->nkids);
         for (uint32_t i = 0; i < n->nkids; i++)
-            r.u.l->v[i] = eval(c, n->kids[i]);
+            r.u.l->v[i] = ev(c, n->kids[i]);
         if (n->kind == N_TUPLE)
             r.flags = JF_TUPLE;
         return r;
     case N_DICT:
         r = jv_dict_new(c, n->nkids / 2 + 1);
         for (uint32_t i = 0; i + 1 < n->nkids; i += 2) {
-            a = eval(c, n->kids[i]);
-            b = eval(c, n->kids[i + 1]);
+            a = ev(c, n->kids[i]);
+            b = ev(c, n->kids[i + 1]);
             if (a.t != JT_STR && a.t != JT_INT && a.t != JT_BOOL && a.t != JT_NONE &&
                 a.t != JT_FLOAT && !(a.t == JT_LIST && (a.flags & JF_TUPLE)))
                 jerr(c, KVG_JINJA_ERROR, n, "unhashable type: '%s'", jv_type_name(&a));
@@ -786,57 +867,59 @@ static jv eval_inner(jctx *c, const jnode *n)
         }
         return r;
     case N_ATTR:
-        a = eval(c, n->a);
-        return get_attr(c, n, &a, n->name);
+        a = ev(c, n->a);
+        return get_attr(c, n, &a, n->name, n->op);
     case N_ITEM:
-        a = eval(c, n->a);
-        b = eval(c, n->b);
+        a = ev(c, n->a);
+        b = ev(c, n->b);
         return get_item(c, n, &a, &b);
     case N_SLICE: {
         jv s[3];
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         for (int i = 0; i < 3; i++) {
             const jnode *x = i == 0 ? n->b : i == 1 ? n->c : n->d;
-            s[i] = x ? eval(c, x) : jv_none();
+            s[i] = x ? ev(c, x) : jv_none();
         }
         return do_slice(c, n, &a, &s[0], &s[1], &s[2]);
     }
     case N_CALL: {
         jcall args;
         if (n->a->kind == N_ATTR) {
-            a = eval(c, n->a->a);
+            a = ev(c, n->a->a);
             if (a.t != JT_UNDEF && a.t != JT_NS && a.t != JT_LOOP &&
-                (jinja_has_method(&a, n->a->name) || jinja_unsafe_method(&a, n->a->name))) {
+                (jinja_has_method(&a, n->a->op) || jinja_unsafe_method(&a, n->a->op))) {
                 eval_args(c, n, &args, NULL);
                 return jinja_call_method(c, n, &a, n->a->name, &args);
             }
-            b = get_attr(c, n->a, &a, n->a->name);
+            b = get_attr(c, n->a, &a, n->a->name, n->a->op);
         } else {
-            b = eval(c, n->a);
+            b = ev(c, n->a);
         }
         eval_args(c, n, &args, NULL);
         return jinja_call_value(c, n, &b, &args);
     }
     case N_FILTER: {
         jcall args;
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         eval_args(c, n, &args, NULL);
         jstep(c, n);
         return n->filter(c, n, &a, &args);
     }
     case N_TEST: {
         jcall args;
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         eval_args(c, n, &args, NULL);
         return jv_bool(n->test(c, n, &a, &args));
     }
     case N_BIN:
-        a = eval(c, n->a);
-        b = eval(c, n->b);
-        return binop(c, n, n->op, &a, &b);
+        if (n->op == OP_ADD && n->a->kind == N_BIN && n->a->op == OP_ADD)
+            return add_chain(c, n);
+        a = ev(c, n->a);
+        b = ev(c, n->b);
+        return jinja_binop(c, n, n->op, &a, &b);
     case N_NEG:
     case N_POS:
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         if (a.t == JT_UNDEF)
             undef_error(c, n, &a);
         if (a.t == JT_FLOAT)
@@ -851,19 +934,19 @@ static jv eval_inner(jctx *c, const jnode *n)
         jerr(c, KVG_JINJA_ERROR, n, "bad operand type for unary %s: '%s'",
              n->kind == N_NEG ? "-" : "+", jv_type_name(&a));
     case N_NOT:
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         return jv_bool(!jv_truthy(&a));
     case N_AND:
-        a = eval(c, n->a);
-        return jv_truthy(&a) ? eval(c, n->b) : a;
+        a = ev(c, n->a);
+        return jv_truthy(&a) ? ev(c, n->b) : a;
     case N_OR:
-        a = eval(c, n->a);
-        return jv_truthy(&a) ? a : eval(c, n->b);
+        a = ev(c, n->a);
+        return jv_truthy(&a) ? a : ev(c, n->b);
     case N_CMP:
-        a = eval(c, n->kids[0]);
+        a = ev(c, n->kids[0]);
         for (uint32_t i = 1; i < n->nkids; i++) {
             int ok;
-            b = eval(c, n->kids[i]);
+            b = ev(c, n->kids[i]);
             switch (n->cmpops[i]) {
             case OP_EQ: ok = jv_eq(c, &a, &b); break;
             case OP_NE: ok = !jv_eq(c, &a, &b); break;
@@ -883,30 +966,20 @@ static jv eval_inner(jctx *c, const jnode *n)
         jsb sb;
         jsb_init(c, &sb, 64);
         for (uint32_t i = 0; i < n->nkids; i++) {
-            a = eval(c, n->kids[i]);
+            a = ev(c, n->kids[i]);
             jv_str_into(c, n, &sb, &a);
         }
         return jsb_str(&sb);
     }
     case N_COND:
-        a = eval(c, n->a);
+        a = ev(c, n->a);
         if (jv_truthy(&a))
-            return eval(c, n->b);
+            return ev(c, n->b);
         if (n->c)
-            return eval(c, n->c);
+            return ev(c, n->c);
         return jv_undef("the inline if-expression evaluated to false and no else section was defined");
     }
     jerr(c, KVG_JINJA_ERROR, n, "cannot evaluate this node");
-}
-
-static jv eval(jctx *c, const jnode *n)
-{
-    jv r;
-
-    frame_in(c, n);
-    r = eval_inner(c, n);
-    c->frames--;
-    return r;
 }
 
 /* ---- statements ---- */
@@ -938,7 +1011,7 @@ static void assign(jctx *c, const jnode *target, const jv *v)
 
 static int exec_for(jctx *c, const jnode *n)
 {
-    jv seq = eval(c, n->b);
+    jv seq = ev(c, n->b);
     size_t cnt;
     jv *items;
     jscope *saved = c->scope;
@@ -956,7 +1029,7 @@ static int exec_for(jctx *c, const jnode *n)
             jstep(c, n);
             c->scope = scope_new(c, saved);
             assign(c, n->a, &items[i]);
-            jv ok = eval(c, n->c);
+            jv ok = ev(c, n->c);
             if (jv_truthy(&ok))
                 kept[k++] = items[i];
         }
@@ -966,14 +1039,11 @@ static int exec_for(jctx *c, const jnode *n)
     }
     jloop *lp = jalloc(c, sizeof *lp);
     jv lv = { .t = JT_LOOP };
-    int loop_id = -1;
+    int loop_id = c->t->id_loop;
 
     lp->n = cnt;
     lp->items = items;
     lv.u.loop = lp;
-    for (int id = 0; id < c->t->n_names; id++)
-        if (!strcmp(c->t->names[id], "loop"))
-            loop_id = id;
     for (size_t i = 0; i < cnt; i++) {
         jstep(c, n);
         lp->i = i;
@@ -1005,10 +1075,11 @@ static jv apply_chain(jctx *c, const jnode *f, const jv *body)
     return f->filter(c, f, &x, &args);
 }
 
-static int exec_inner(jctx *c, const jnode *n)
+static int exec(jctx *c, const jnode *n)
 {
     jv v;
 
+    jstack_check(c, n);
     switch (n->kind) {
     case N_BODY:
         for (uint32_t i = 0; i < n->nkids; i++) {
@@ -1021,18 +1092,18 @@ static int exec_inner(jctx *c, const jnode *n)
         jsb_put(c, c->out, n->val.u.s.p, n->val.u.s.n, 0);
         return FLOW_NORMAL;
     case N_PRINT:
-        v = eval(c, n->a);
+        v = ev(c, n->a);
         jv_str_into(c, n, c->out, &v);
         return FLOW_NORMAL;
     case N_IF:
-        v = eval(c, n->a);
+        v = ev(c, n->a);
         if (jv_truthy(&v))
             return exec(c, n->b);
         return n->c ? exec(c, n->c) : FLOW_NORMAL;
     case N_FOR:
         return exec_for(c, n);
     case N_SET:
-        v = eval(c, n->b);
+        v = ev(c, n->b);
         assign(c, n->a, &v);
         return FLOW_NORMAL;
     case N_SETBLOCK:
@@ -1062,10 +1133,10 @@ static int exec_inner(jctx *c, const jnode *n)
         m->name = "caller";
         caller.u.m = m;
         if (call->a->kind == N_ATTR) {
-            jv recv = eval(c, call->a->a);
-            fn = get_attr(c, call->a, &recv, call->a->name);
+            jv recv = ev(c, call->a->a);
+            fn = get_attr(c, call->a, &recv, call->a->name, call->a->op);
         } else {
-            fn = eval(c, call->a);
+            fn = ev(c, call->a);
         }
         eval_args(c, call, &args, NULL);
         if (fn.t == JT_MACRO)
@@ -1086,16 +1157,6 @@ static int exec_inner(jctx *c, const jnode *n)
         return FLOW_CONTINUE;
     }
     jerr(c, KVG_JINJA_ERROR, n, "cannot execute this node");
-}
-
-static int exec(jctx *c, const jnode *n)
-{
-    int r;
-
-    frame_in(c, n);
-    r = exec_inner(c, n);
-    c->frames--;
-    return r;
 }
 
 /* ---- API ---- */
@@ -1163,9 +1224,10 @@ void kvg_jinja_output_free(kvg_jinja_output *out)
     memset(out, 0, sizeof *out);
 }
 
-static int finish(jctx *c, const jsb *b, kvg_jinja_output *out)
+/* The output and its data spans, found with memchr over the taint mask. */
+static int finish(const jsb *b, kvg_jinja_output *out)
 {
-    size_t ns = 0;
+    size_t cap = 0, i = 0;
 
     out->text = malloc(b->n + 1);
     if (!out->text)
@@ -1173,25 +1235,26 @@ static int finish(jctx *c, const jsb *b, kvg_jinja_output *out)
     memcpy(out->text, b->p, b->n);
     out->text[b->n] = 0;
     out->len = b->n;
-    if (!b->m)
+    if (!b->m || !b->ndata)
         return 0;
-    for (size_t i = 0; i < b->n; i++)
-        ns += b->m[i] && (i == 0 || !b->m[i - 1]);
-    if (!ns)
-        return 0;
-    out->spans = malloc(ns * sizeof *out->spans);
-    if (!out->spans)
-        return -1;
-    for (size_t i = 0; i < b->n; i++) {
-        if (!b->m[i] || (i && b->m[i - 1]))
-            continue;
-        size_t j = i;
-        while (j < b->n && b->m[j])
-            j++;
-        out->spans[out->n_spans].off = i;
-        out->spans[out->n_spans++].len = j - i;
+    while (i < b->n) {
+        const uint8_t *d = memchr(b->m + i, 1, b->n - i);
+        if (!d)
+            break;
+        size_t start = (size_t)(d - b->m);
+        const uint8_t *e = memchr(d, 0, b->n - start);
+        size_t end = e ? (size_t)(e - b->m) : b->n;
+        if (out->n_spans == cap) {
+            cap = cap ? cap * 2 : 16;
+            kvg_text_span *sp = realloc(out->spans, cap * sizeof *sp);
+            if (!sp)
+                return -1;
+            out->spans = sp;
+        }
+        out->spans[out->n_spans].off = start;
+        out->spans[out->n_spans++].len = end - start;
+        i = end;
     }
-    (void)c;
     return 0;
 }
 
@@ -1214,11 +1277,14 @@ int kvg_jinja_render(const kvg_jinja *t, const json_t *trusted, const json_t *da
     c->trusted = trusted && json_is_object(trusted) ? trusted : NULL;
     c->data = data && json_is_object(data) ? data : NULL;
     c->max_output = lim && lim->max_output ? lim->max_output : KVG_JINJA_DEFAULT_MAX_OUTPUT;
+    if (c->max_output > (1u << 31))
+        c->max_output = 1u << 31;     /* a string's data count is kept in 32 bits */
     c->max_steps = lim && lim->max_steps ? lim->max_steps : KVG_JINJA_DEFAULT_MAX_STEPS;
     c->max_depth = lim && lim->max_depth ? lim->max_depth : KVG_JINJA_DEFAULT_MAX_DEPTH;
     c->now = lim && lim->now ? lim->now : time(NULL);
     /* everything a render makes is bounded by a multiple of the output limit */
     c->arena.limit = c->max_output * 8 + (1u << 20);
+    c->stack_base = (const char *)__builtin_frame_address(0);
     rc = setjmp(c->jb);
     if (rc) {
         ja_free(&c->arena);
@@ -1232,7 +1298,7 @@ int kvg_jinja_render(const kvg_jinja *t, const json_t *trusted, const json_t *da
     jsb_init(c, &sb, 4096);
     c->out = &sb;
     exec(c, t->root);
-    if (finish(c, &sb, out) < 0) {
+    if (finish(&sb, out) < 0) {
         ja_free(&c->arena);
         kvg_jinja_output_free(out);
         snprintf(err, err_len, "%s: out of memory", t->name);

@@ -80,17 +80,29 @@ jv jv_undef(const char *msg)
     return v;
 }
 
-jv jv_none(void) { jv v = { .t = JT_NONE }; return v; }
-jv jv_bool(int b) { jv v = { .t = JT_BOOL }; v.u.i = !!b; return v; }
-jv jv_int(int64_t i) { jv v = { .t = JT_INT }; v.u.i = i; return v; }
-jv jv_float(double f) { jv v = { .t = JT_FLOAT }; v.u.f = f; return v; }
-
-jv jv_strn(const char *p, size_t n, int taint)
+const char *jv_undef_msg(jctx *c, const jv *v)
 {
-    jv v = { .t = JT_STR, .taint = (uint8_t)(n ? taint : JS_CLEAN) };
-    v.u.s.p = p;
-    v.u.s.n = n;
-    return v;
+    static const char *const TYPES[] = {
+        [JT_NONE] = "NoneType", [JT_BOOL] = "bool", [JT_INT] = "int", [JT_FLOAT] = "float",
+        [JT_STR] = "str", [JT_LIST] = "list", [JT_DICT] = "dict", [JT_JLIST] = "list",
+        [JT_JDICT] = "dict", [JT_NS] = "Namespace", [JT_LOOP] = "LoopContext",
+        [JT_MACRO] = "Macro", [JT_FUNC] = "function", [JT_METHOD] = "method",
+    };
+
+    if (v->u.undef.msg)
+        return v->u.undef.msg;
+    if (!v->u.undef.name)
+        return "undefined value";
+    /* made only now: most undefined attributes are only tested, never used */
+    size_t len = strlen(v->u.undef.name) + 64;
+    char *msg = jalloc(c, len);
+    if (v->aux == JT_NONE)
+        snprintf(msg, len, "'None' has no attribute '%s'", v->u.undef.name);
+    else
+        snprintf(msg, len, "'%s object' has no attribute '%s'",
+                 v->aux < sizeof TYPES / sizeof TYPES[0] && TYPES[v->aux] ? TYPES[v->aux] : "object",
+                 v->u.undef.name);
+    return msg;
 }
 
 jv jv_lit(const char *s)
@@ -105,20 +117,17 @@ jv jv_substr(const jv *s, size_t off, size_t n)
     v.u.s.p = s->u.s.p + off;
     v.u.s.n = n;
     if (s->taint == JS_MASK) {
-        size_t i;
+        size_t ones = 0;
 
         v.u.s.mask = s->u.s.mask + off;
+        for (size_t i = 0; i < n; i++)
+            ones += v.u.s.mask[i] != 0;
         /* a slice may be all clean or all data: say so, cheaper to copy */
-        for (i = 0; i < n && v.u.s.mask[i]; i++)
-            ;
-        if (i == n) {
+        if (ones == n)
             v.taint = n ? JS_DATA : JS_CLEAN;
-        } else {
-            for (i = 0; i < n && !v.u.s.mask[i]; i++)
-                ;
-            if (i == n)
-                v.taint = JS_CLEAN;
-        }
+        else if (!ones)
+            v.taint = JS_CLEAN;
+        v.aux = (uint32_t)ones;
     }
     if (!n)
         v.taint = JS_CLEAN;
@@ -205,6 +214,7 @@ void jv_dict_set(jctx *c, jdict *d, const jv *k, const jv *v)
 
 int jv_dict_get_str(jctx *c, const jv *d, const char *k, size_t kn, jv *out)
 {
+    (void)c;
     if (d->t == JT_JDICT) {
         json_t *j = json_object_getn(d->u.j, k, kn);
 
@@ -214,20 +224,24 @@ int jv_dict_get_str(jctx *c, const jv *d, const char *k, size_t kn, jv *out)
         return 1;
     }
     if (d->t == JT_DICT || d->t == JT_NS) {
-        jv key = jv_strn(k, kn, JS_CLEAN);
-
-        return jv_dict_get(c, d, &key, out);
+        /* string keys compare as bytes: no need for jv_eq */
+        const jdict *m = d->u.d;
+        for (size_t i = 0; i < m->n; i++) {
+            if (m->k[i].t == JT_STR && m->k[i].u.s.n == kn && !memcmp(m->k[i].u.s.p, k, kn)) {
+                *out = m->v[i];
+                return 1;
+            }
+        }
     }
     return 0;
 }
 
 int jv_dict_get(jctx *c, const jv *d, const jv *k, jv *out)
 {
-    if (d->t == JT_JDICT) {
-        if (k->t != JT_STR)
-            return 0;
+    if (k->t == JT_STR)
         return jv_dict_get_str(c, d, k->u.s.p, k->u.s.n, out);
-    }
+    if (d->t == JT_JDICT)
+        return 0;
     if (d->t != JT_DICT && d->t != JT_NS)
         return 0;
     for (size_t i = 0; i < d->u.d->n; i++) {
@@ -383,7 +397,7 @@ jv *jv_items(jctx *c, const jnode *at, const jv *v, size_t *n)
     }
     case JT_UNDEF:
         *n = 0;
-        return NULL;
+        return jalloc(c, sizeof(jv));   /* empty, but never NULL (memcpy of 0 items) */
     default:
         jerr(c, KVG_JINJA_ERROR, at, "'%s' object is not iterable", jv_type_name(v));
     }
@@ -410,6 +424,7 @@ static int is_num(const jv *v) { return v->t == JT_BOOL || v->t == JT_INT || v->
 
 static void deeper(jctx *c)
 {
+    jstack_check(c, NULL);
     if (++c->depth > c->max_depth)
         jerr(c, KVG_JINJA_LIMIT, NULL, "nesting depth limit (%u) reached", c->max_depth);
 }
@@ -518,16 +533,17 @@ void jsb_init(jctx *c, jsb *b, size_t cap)
     b->p = jalloc(c, b->cap);
     b->m = NULL;
     b->n = 0;
+    b->ndata = 0;
 }
 
 static void jsb_grow(jctx *c, jsb *b, size_t more)
 {
     size_t need = b->n + more, cap = b->cap;
 
-    if (need <= cap)
-        return;
     if (need > c->max_output)
         jerr(c, KVG_JINJA_LIMIT, NULL, "output limit (%zu bytes) reached", c->max_output);
+    if (need <= cap)
+        return;
     while (cap < need)
         cap *= 2;
     char *p = jalloc(c, cap);
@@ -541,7 +557,10 @@ static void jsb_grow(jctx *c, jsb *b, size_t more)
     b->cap = cap;
 }
 
-static void jsb_mark(jctx *c, jsb *b, size_t off, size_t n, const uint8_t *src, int all)
+/* marks b's bytes [off, off+n): from src (ones: how many are set, or SIZE_MAX to
+ * count them), else all data or all clean */
+static void jsb_mark(jctx *c, jsb *b, size_t off, size_t n, const uint8_t *src, int all,
+                     size_t ones)
 {
     if (!b->m) {
         if (!all && !src)
@@ -549,17 +568,25 @@ static void jsb_mark(jctx *c, jsb *b, size_t off, size_t n, const uint8_t *src, 
         b->m = jalloc(c, b->cap);
         memset(b->m, 0, off);
     }
-    if (src)
+    if (src) {
         memcpy(b->m + off, src, n);
-    else
+        if (ones == SIZE_MAX) {
+            ones = 0;
+            for (size_t i = 0; i < n; i++)
+                ones += src[i] != 0;
+        }
+        b->ndata += ones;
+    } else {
         memset(b->m + off, all ? 1 : 0, n);
+        b->ndata += all ? n : 0;
+    }
 }
 
 void jsb_put(jctx *c, jsb *b, const char *p, size_t n, int data)
 {
     jsb_grow(c, b, n);
     memcpy(b->p + b->n, p, n);
-    jsb_mark(c, b, b->n, n, NULL, data);
+    jsb_mark(c, b, b->n, n, NULL, data, 0);
     b->n += n;
 }
 
@@ -573,9 +600,10 @@ void jsb_put_sub(jctx *c, jsb *b, const jv *s, size_t off, size_t n)
     jsb_grow(c, b, n);
     memcpy(b->p + b->n, s->u.s.p + off, n);
     if (s->taint == JS_MASK)
-        jsb_mark(c, b, b->n, n, s->u.s.mask + off, 0);
+        jsb_mark(c, b, b->n, n, s->u.s.mask + off, 0,
+                 off == 0 && n == s->u.s.n ? s->aux : SIZE_MAX);
     else
-        jsb_mark(c, b, b->n, n, NULL, s->taint == JS_DATA);
+        jsb_mark(c, b, b->n, n, NULL, s->taint == JS_DATA, 0);
     b->n += n;
 }
 
@@ -602,15 +630,12 @@ jv jsb_str(jsb *b)
     jv v = jv_strn(b->p, b->n, JS_CLEAN);
 
     if (b->m && b->n) {
-        size_t i, ones = 0;
-
-        for (i = 0; i < b->n; i++)
-            ones += b->m[i] != 0;
-        if (ones == b->n) {
+        if (b->ndata == b->n) {
             v.taint = JS_DATA;
-        } else if (ones) {
+        } else if (b->ndata) {
             v.taint = JS_MASK;
             v.u.s.mask = b->m;
+            v.aux = (uint32_t)b->ndata;     /* strings stay below 4 GiB: max_output */
         }
     }
     return v;
@@ -797,6 +822,14 @@ void jv_str_into(jctx *c, const jnode *at, jsb *b, const jv *v)
     case JT_LIST:
         if (v->flags & JF_GEN)
             jerr(c, KVG_JINJA_ERROR, at, "cannot print a generator (its text is a memory address): add |list");
+        if (v->aux >= 1 && v->aux <= 3) {
+            /* dict.keys()/values()/items() */
+            static const char *const VIEW[] = { "dict_keys(", "dict_values(", "dict_items(" };
+            jsb_put(c, b, VIEW[v->aux - 1], strlen(VIEW[v->aux - 1]), 0);
+            put_seq(c, at, b, v);
+            jsb_putc(c, b, ')');
+            return;
+        }
         put_seq(c, at, b, v);
         return;
     case JT_JLIST:

@@ -62,15 +62,16 @@ int main(int argc, char **argv)
     lim.now = (time_t)json_integer_value(json_object_get(ctx, "now"));
     if (argc > 3) {
         int iters = atoi(argv[3]);
+        /* CPU time: the machine may be shared, wall time then says little */
         struct timespec a, b;
-        clock_gettime(CLOCK_MONOTONIC, &a);
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
         for (int i = 0; i < iters; i++) {
             rc = kvg_jinja_render(t, json_object_get(ctx, "trusted"), json_object_get(ctx, "data"),
                                   &lim, &out, err, sizeof err);
             kvg_jinja_output_free(&out);
         }
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        printf("%.2f us/render (rc %d)\n",
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+        printf("%.2f us/render, CPU time (rc %d)\n",
                ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / 1e3 / iters, rc);
         return 0;
     }
