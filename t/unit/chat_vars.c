@@ -96,6 +96,11 @@ static void test_messages(void)
     refuses("[]", NULL, NULL, "messages", "empty array", "messages empty");
     refuses("[\"hi\"]", NULL, NULL, "messages[0]", "expected an object, but got a string",
             "a message that is not an object");
+    refuses("[" USER("\"0\"") "," USER("\"1\"") "," USER("\"2\"") "," USER("\"3\"") "," USER("\"4\"") ","
+            USER("\"5\"") "," USER("\"6\"") "," USER("\"7\"") "," USER("\"8\"") "," USER("\"9\"") ","
+            USER("[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\"}]") "]", NULL, NULL,
+            "messages[10].content[1].text", "Missing required parameter: 'messages[10].content[1].text'",
+            "paths with indexes of two digits");
 }
 
 static void test_content(void)
