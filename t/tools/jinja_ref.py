@@ -128,6 +128,10 @@ def special_text(cfg, key):
 
 def model_template(path):
     """(template source, bos, eos) of a model directory or tokenizer.json."""
+    if not os.path.isdir(path):
+        with open(path, "rb") as f:
+            if f.read(4) == b"GGUF":
+                raise Invalid("%s: GGUF files are not read here: give --template" % path)
     d = path if os.path.isdir(path) else os.path.dirname(path) or "."
     cfg = {}
     cfg_path = os.path.join(d, "tokenizer_config.json")
