@@ -172,7 +172,7 @@ static int check_type(cv_ctx *c, const json_t *obj, const char *base, const char
 }
 
 /* content: a string, or a non-empty array of text parts joined with "\n".
- * *out is a new string. */
+ * *out is a new reference (to the request's own string when it is one). */
 static int build_content(cv_ctx *c, const json_t *v, const char *base, json_t **out)
 {
     char p[PATH_MAX_LEN], part_path[PATH_MAX_LEN], q[80];
