@@ -1,8 +1,7 @@
-/* Jinja filters, tests and the methods of str, dict and list, as Jinja2 3.1 and
- * Python define them. A filter's result keeps the taint of the bytes it copies:
- * a byte of output that came from a data byte stays data (upper/lower map each
- * character with its taint; replace marks the inserted text with the taint of
- * the replacement string, which a template literal has none of). */
+/* Jinja filters, as Jinja2 3.1 defines them (tojson is transformers' json.dumps:
+ * jinja_json.c), and the argument helpers filters, tests and methods share. A
+ * filter's result keeps the taint of the bytes it copies. Filter names resolve
+ * at compile time: an unknown one fails kvg_jinja_compile. */
 #include "jinja_internal.h"
 
 #include <errno.h>
@@ -27,7 +26,7 @@ const jv *jarg(const jcall *a, int i, const char *name)
     return NULL;
 }
 
-static const char *str_z(jctx *c, const jv *s)
+const char *jstr_z(jctx *c, const jv *s)
 {
     char *z = jalloc(c, s->u.s.n + 1);
     memcpy(z, s->u.s.p, s->u.s.n);
@@ -35,7 +34,7 @@ static const char *str_z(jctx *c, const jv *s)
     return z;
 }
 
-static jv need_str(jctx *c, const jnode *at, const jv *v, const char *what)
+jv jarg_str(jctx *c, const jnode *at, const jv *v, const char *what)
 {
     if (!v || v->t != JT_STR)
         jerr(c, KVG_JINJA_ERROR, at, "%s must be a string, not %s", what,
@@ -43,7 +42,7 @@ static jv need_str(jctx *c, const jnode *at, const jv *v, const char *what)
     return *v;
 }
 
-static int64_t need_int(jctx *c, const jnode *at, const jv *v, int64_t dflt, const char *what)
+int64_t jarg_int(jctx *c, const jnode *at, const jv *v, int64_t dflt, const char *what)
 {
     if (!v || v->t == JT_NONE)
         return dflt;
@@ -52,738 +51,20 @@ static int64_t need_int(jctx *c, const jnode *at, const jv *v, int64_t dflt, con
     return v->u.i;
 }
 
-static int opt_bool(const jv *v, int dflt)
+int jarg_bool(const jv *v, int dflt)
 {
     return v ? jv_truthy(v) : dflt;
 }
 
 /* soft_str: what Jinja2's string filters work on (undefined -> "") */
-static jv sstr(jctx *c, const jnode *at, const jv *v)
+jv jarg_sstr(jctx *c, const jnode *at, const jv *v)
 {
     return jv_to_str(c, at, v);
 }
 
-/* one code point at s[i]: its length */
-static size_t cp_at(const jv *s, size_t i, uint32_t *cp)
-{
-    int n = kvg_utf8_decode((const unsigned char *)s->u.s.p + i, s->u.s.n - i, cp);
-    if (n <= 0) {
-        *cp = (unsigned char)s->u.s.p[i];
-        return 1;
-    }
-    return (size_t)n;
-}
-
-static int py_isspace(uint32_t cp)
-{
-    return (cp >= 9 && cp <= 13) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 ||
-           cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
-           cp == 0x202f || cp == 0x205f || cp == 0x3000;
-}
-
-static int in_chars(const jv *chars, uint32_t cp)
-{
-    for (size_t i = 0; i < chars->u.s.n;) {
-        uint32_t x;
-        i += cp_at(chars, i, &x);
-        if (x == cp)
-            return 1;
-    }
-    return 0;
-}
-
-/* str.strip/lstrip/rstrip: which: 1 left, 2 right, 3 both */
-static jv do_strip(jctx *c, const jnode *at, const jv *s, const jv *chars, int which)
-{
-    size_t b = 0, e = s->u.s.n;
-
-    if (chars && chars->t == JT_NONE)
-        chars = NULL;
-    if (chars && chars->t != JT_STR)
-        jerr(c, KVG_JINJA_ERROR, at, "strip arg must be None or str");
-    if (which & 1) {
-        while (b < e) {
-            uint32_t cp;
-            size_t k = cp_at(s, b, &cp);
-            if (chars ? !in_chars(chars, cp) : !py_isspace(cp))
-                break;
-            b += k;
-        }
-    }
-    if (which & 2) {
-        while (e > b) {
-            size_t k = e - 1;
-            uint32_t cp;
-            while (k > b && ((unsigned char)s->u.s.p[k] & 0xC0) == 0x80)
-                k--;
-            cp_at(s, k, &cp);
-            if (chars ? !in_chars(chars, cp) : !py_isspace(cp))
-                break;
-            e = k;
-        }
-    }
-    return jv_substr(s, b, e - b);
-}
-
-enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAPITALIZE, CASE_JTITLE, CASE_SWAP };
-
-static int is_cased_letter(uint32_t cp)
-{
-    utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
-    return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT;
-}
-
-static void put_cp(jctx *c, jsb *b, uint32_t cp, int data)
-{
-    unsigned char buf[4];
-    int n = kvg_utf8_encode(cp, buf);
-    jsb_put(c, b, (const char *)buf, (size_t)n, data);
-}
-
-static void put_upper(jctx *c, jsb *b, uint32_t cp, int data)
-{
-    if (cp == 0xDF) {           /* Python: 'ß'.upper() == 'SS' */
-        jsb_put(c, b, "SS", 2, data);
-        return;
-    }
-    put_cp(c, b, (uint32_t)utf8proc_toupper((utf8proc_int32_t)cp), data);
-}
-
-/* Case mappings; each output character keeps its source character's taint. */
-static jv map_case(jctx *c, const jv *s, int mode)
-{
-    jsb b;
-    int prev_cased = 0, first = 1, word_start = 1;
-
-    jsb_init(c, &b, s->u.s.n + 8);
-    for (size_t i = 0; i < s->u.s.n;) {
-        uint32_t cp;
-        size_t k = cp_at(s, i, &cp);
-        int data = s->taint == JS_DATA || (s->taint == JS_MASK && s->u.s.mask[i]);
-        uint32_t lo = (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
-
-        switch (mode) {
-        case CASE_UPPER:
-            put_upper(c, &b, cp, data);
-            break;
-        case CASE_LOWER:
-            put_cp(c, &b, lo, data);
-            break;
-        case CASE_SWAP:
-            if (lo != cp)
-                put_cp(c, &b, lo, data);
-            else
-                put_upper(c, &b, cp, data);
-            break;
-        case CASE_CAPITALIZE:
-            if (first)
-                put_cp(c, &b, (uint32_t)utf8proc_totitle((utf8proc_int32_t)cp), data);
-            else
-                put_cp(c, &b, lo, data);
-            break;
-        case CASE_TITLE:        /* str.title: words are runs of cased letters */
-            if (is_cased_letter(cp)) {
-                if (prev_cased)
-                    put_cp(c, &b, lo, data);
-                else
-                    put_cp(c, &b, (uint32_t)utf8proc_totitle((utf8proc_int32_t)cp), data);
-                prev_cased = 1;
-            } else {
-                put_cp(c, &b, cp, data);
-                prev_cased = 0;
-            }
-            break;
-        case CASE_JTITLE:       /* Jinja's |title: words start after [-\s({\[<] */
-            if (py_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<') {
-                put_cp(c, &b, cp, data);
-                word_start = 1;
-            } else if (word_start) {
-                put_upper(c, &b, cp, data);
-                word_start = 0;
-            } else {
-                put_cp(c, &b, lo, data);
-            }
-            break;
-        }
-        first = 0;
-        i += k;
-    }
-    return jsb_str(&b);
-}
-
-/* str.split / rsplit (sep NULL: runs of whitespace) */
-static jv do_split(jctx *c, const jnode *at, const jv *s, const jv *sep, int64_t maxsplit, int right)
-{
-    jv parts[64], *all = parts;
-    size_t n = 0, cap = 64;
-
-#define PUSH(x) do {                                                          \
-        if (n == cap) {                                                       \
-            jv *nv = jalloc(c, cap * 2 * sizeof(jv));                         \
-            memcpy(nv, all, n * sizeof(jv));                                  \
-            all = nv;                                                         \
-            cap *= 2;                                                         \
-        }                                                                     \
-        all[n++] = (x);                                                       \
-    } while (0)
-
-    if (sep && sep->t == JT_NONE)
-        sep = NULL;
-    if (sep && sep->t != JT_STR)
-        jerr(c, KVG_JINJA_ERROR, at, "must be str or None, not %s", jv_type_name(sep));
-    if (sep && !sep->u.s.n)
-        jerr(c, KVG_JINJA_ERROR, at, "empty separator");
-    if (maxsplit < 0)
-        maxsplit = INT64_MAX;
-    if (!right) {
-        size_t i = 0, len = s->u.s.n;
-        if (sep) {
-            while (maxsplit-- > 0) {
-                const char *f = memmem(s->u.s.p + i, len - i, sep->u.s.p, sep->u.s.n);
-                if (!f)
-                    break;
-                size_t pos = (size_t)(f - s->u.s.p);
-                PUSH(jv_substr(s, i, pos - i));
-                i = pos + sep->u.s.n;
-            }
-            PUSH(jv_substr(s, i, len - i));
-        } else {
-            for (;;) {
-                uint32_t cp;
-                while (i < len && py_isspace((cp_at(s, i, &cp), cp)))
-                    i += cp_at(s, i, &cp);
-                if (i >= len)
-                    break;
-                if (maxsplit-- <= 0) {
-                    /* the rest, trailing whitespace included (as Python) */
-                    PUSH(jv_substr(s, i, len - i));
-                    break;
-                }
-                size_t b = i;
-                while (i < len && !py_isspace((cp_at(s, i, &cp), cp)))
-                    i += cp_at(s, i, &cp);
-                PUSH(jv_substr(s, b, i - b));
-            }
-        }
-    } else {
-        /* from the right, collected reversed */
-        size_t e = s->u.s.n;
-        if (sep) {
-            while (maxsplit-- > 0) {
-                const char *f = NULL;
-                for (size_t k = e; k >= sep->u.s.n; k--) {
-                    if (!memcmp(s->u.s.p + k - sep->u.s.n, sep->u.s.p, sep->u.s.n)) {
-                        f = s->u.s.p + k - sep->u.s.n;
-                        break;
-                    }
-                }
-                if (!f)
-                    break;
-                size_t pos = (size_t)(f - s->u.s.p);
-                PUSH(jv_substr(s, pos + sep->u.s.n, e - pos - sep->u.s.n));
-                e = pos;
-            }
-            PUSH(jv_substr(s, 0, e));
-        } else {
-            for (;;) {
-                uint32_t cp;
-                size_t k;
-                while (e > 0) {
-                    k = e - 1;
-                    while (k > 0 && ((unsigned char)s->u.s.p[k] & 0xC0) == 0x80)
-                        k--;
-                    cp_at(s, k, &cp);
-                    if (!py_isspace(cp))
-                        break;
-                    e = k;
-                }
-                if (!e)
-                    break;
-                if (maxsplit-- <= 0) {
-                    PUSH(jv_substr(s, 0, e));
-                    break;
-                }
-                size_t end = e;
-                while (e > 0) {
-                    k = e - 1;
-                    while (k > 0 && ((unsigned char)s->u.s.p[k] & 0xC0) == 0x80)
-                        k--;
-                    cp_at(s, k, &cp);
-                    if (py_isspace(cp))
-                        break;
-                    e = k;
-                }
-                PUSH(jv_substr(s, e, end - e));
-            }
-        }
-        for (size_t i = 0; i < n / 2; i++) {
-            jv t = all[i];
-            all[i] = all[n - 1 - i];
-            all[n - 1 - i] = t;
-        }
-    }
-#undef PUSH
-    jv r = jv_list_new(c, n);
-    memcpy(r.u.l->v, all, n * sizeof(jv));
-    return r;
-}
-
-/* str.splitlines: \n \r \r\n \v \f \x1c-\x1e \x85 \u2028 \u2029 */
-static jv do_splitlines(jctx *c, const jv *s, int keepends)
-{
-    size_t n = 0, i = 0, b = 0;
-    jv *v = jalloc(c, (s->u.s.n + 1) * sizeof(jv));
-
-    while (i < s->u.s.n) {
-        uint32_t cp;
-        size_t k = cp_at(s, i, &cp);
-        if (cp == '\n' || cp == '\r' || cp == 0x0b || cp == 0x0c || (cp >= 0x1c && cp <= 0x1e) ||
-            cp == 0x85 || cp == 0x2028 || cp == 0x2029) {
-            size_t e = i + k;
-            if (cp == '\r' && e < s->u.s.n && s->u.s.p[e] == '\n')
-                e++;
-            v[n++] = jv_substr(s, b, (keepends ? e : i) - b);
-            b = i = e;
-        } else {
-            i += k;
-        }
-    }
-    if (b < s->u.s.n)
-        v[n++] = jv_substr(s, b, s->u.s.n - b);
-    jv r = jv_list_new(c, n);
-    memcpy(r.u.l->v, v, n * sizeof(jv));
-    return r;
-}
-
-static jv do_replace(jctx *c, const jv *s, const jv *old, const jv *nw, int64_t count)
-{
-    jsb b;
-    size_t i = 0;
-
-    if (count < 0)
-        count = INT64_MAX;
-    jsb_init(c, &b, s->u.s.n + 16);
-    if (!old->u.s.n) {
-        /* Python inserts new between every character (and at both ends) */
-        for (;;) {
-            if (count-- > 0)
-                jsb_put_str(c, &b, nw);
-            if (i >= s->u.s.n)
-                break;
-            uint32_t cp;
-            size_t k = cp_at(s, i, &cp);
-            jsb_put_sub(c, &b, s, i, k);
-            i += k;
-        }
-        return jsb_str(&b);
-    }
-    while (count-- > 0) {
-        const char *f = memmem(s->u.s.p + i, s->u.s.n - i, old->u.s.p, old->u.s.n);
-        if (!f)
-            break;
-        size_t pos = (size_t)(f - s->u.s.p);
-        jsb_put_sub(c, &b, s, i, pos - i);
-        jsb_put_str(c, &b, nw);
-        i = pos + old->u.s.n;
-    }
-    jsb_put_sub(c, &b, s, i, s->u.s.n - i);
-    return jsb_str(&b);
-}
-
-/* code point index of byte offset */
-static int64_t cp_index(const jv *s, size_t off)
-{
-    int64_t n = 0;
-    for (size_t i = 0; i < off; i++)
-        n += ((unsigned char)s->u.s.p[i] & 0xC0) != 0x80;
-    return n;
-}
-
-static int64_t do_find(const jv *s, const jv *sub, int right)
-{
-    if (sub->u.s.n > s->u.s.n)
-        return -1;
-    if (!right) {
-        const char *f = memmem(s->u.s.p, s->u.s.n, sub->u.s.p, sub->u.s.n);
-        return f ? cp_index(s, (size_t)(f - s->u.s.p)) : -1;
-    }
-    for (size_t k = s->u.s.n - sub->u.s.n + 1; k-- > 0;)
-        if (!memcmp(s->u.s.p + k, sub->u.s.p, sub->u.s.n))
-            return cp_index(s, k);
-    return -1;
-}
-
-static int64_t do_count_sub(const jv *s, const jv *sub)
-{
-    int64_t n = 0;
-    size_t i = 0;
-
-    if (!sub->u.s.n)
-        return (int64_t)jv_ncp(s) + 1;
-    for (;;) {
-        const char *f = memmem(s->u.s.p + i, s->u.s.n - i, sub->u.s.p, sub->u.s.n);
-        if (!f)
-            return n;
-        n++;
-        i = (size_t)(f - s->u.s.p) + sub->u.s.n;
-    }
-}
-
-static int affix(jctx *c, const jnode *at, const jv *s, const jv *arg, int end)
-{
-    if (arg && (arg->t == JT_LIST || arg->t == JT_JLIST) && (arg->flags & JF_TUPLE || arg->t == JT_LIST)) {
-        size_t n = jv_len(c, at, arg);
-        for (size_t i = 0; i < n; i++) {
-            jv x = jv_list_at(c, arg, i);
-            if (affix(c, at, s, &x, end))
-                return 1;
-        }
-        return 0;
-    }
-    jv p = need_str(c, at, arg, end ? "endswith's argument" : "startswith's argument");
-    if (p.u.s.n > s->u.s.n)
-        return 0;
-    return !memcmp(s->u.s.p + (end ? s->u.s.n - p.u.s.n : 0), p.u.s.p, p.u.s.n);
-}
-
-static jv join_items(jctx *c, const jnode *at, const jv *sep, const jv *seq, const char *attr);
-
-/* str.isX(): all characters (at least one) pass */
-static int str_all(const jv *s, int kind)
-{
-    int cased = 0;
-
-    if (!s->u.s.n)
-        return 0;
-    for (size_t i = 0; i < s->u.s.n;) {
-        uint32_t cp;
-        i += cp_at(s, i, &cp);
-        utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
-        int letter = k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
-        int digit = k == UTF8PROC_CATEGORY_ND;
-        int num = digit || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
-        switch (kind) {
-        case 'd': if (!digit) return 0; break;
-        case 'n': if (!num) return 0; break;
-        case 'a': if (!letter) return 0; break;
-        case 'A': if (!letter && !num) return 0; break;
-        case 's': if (!py_isspace(cp)) return 0; break;
-        case 'u':
-            if (k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT) return 0;
-            cased |= k == UTF8PROC_CATEGORY_LU;
-            break;
-        case 'l':
-            if (k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LT) return 0;
-            cased |= k == UTF8PROC_CATEGORY_LL;
-            break;
-        }
-    }
-    return kind == 'u' || kind == 'l' ? cased : 1;
-}
-
-/* "{} {0} {name}".format(...) without format specs */
-static jv str_format(jctx *c, const jnode *at, const jv *s, const jcall *a)
-{
-    jsb b;
-    int auto_i = 0;
-
-    jsb_init(c, &b, s->u.s.n + 32);
-    for (size_t i = 0; i < s->u.s.n; i++) {
-        char ch = s->u.s.p[i];
-        if ((ch == '{' || ch == '}') && i + 1 < s->u.s.n && s->u.s.p[i + 1] == ch) {
-            jsb_put_sub(c, &b, s, i, 1);
-            i++;
-            continue;
-        }
-        if (ch == '}')
-            jerr(c, KVG_JINJA_ERROR, at, "Single '}' encountered in format string");
-        if (ch != '{') {
-            jsb_put_sub(c, &b, s, i, 1);
-            continue;
-        }
-        const char *close = memchr(s->u.s.p + i, '}', s->u.s.n - i);
-        if (!close)
-            jerr(c, KVG_JINJA_ERROR, at, "Single '{' encountered in format string");
-        size_t fb = i + 1, fe = (size_t)(close - s->u.s.p);
-        const jv *v = NULL;
-        if (fb == fe) {
-            v = jarg(a, auto_i++, NULL);
-        } else if (s->u.s.p[fb] >= '0' && s->u.s.p[fb] <= '9') {
-            v = jarg(a, atoi(s->u.s.p + fb), NULL);
-        } else {
-            for (int k = 0; k < a->nkw; k++)
-                if (strlen(a->kwname[k]) == fe - fb && !memcmp(a->kwname[k], s->u.s.p + fb, fe - fb))
-                    v = &a->kwval[k];
-        }
-        if (!v)
-            jerr(c, KVG_JINJA_ERROR, at, "format: replacement field {%.*s} has no argument",
-                 (int)(fe - fb > 40 ? 40 : fe - fb), s->u.s.p + fb);
-        jv_str_into(c, at, &b, v);
-        i = fe;
-    }
-    return jsb_str(&b);
-}
-
-static const char *const STR_METHODS[] = {
-    "strip", "lstrip", "rstrip", "split", "rsplit", "startswith", "endswith", "upper", "lower",
-    "title", "capitalize", "swapcase", "replace", "find", "rfind", "index", "rindex", "count",
-    "join", "format", "isdigit", "isnumeric", "isdecimal", "isalpha", "isalnum", "isspace",
-    "isupper", "islower", "splitlines", "removeprefix", "removesuffix", "partition",
-    "rpartition", "zfill", "center", "ljust", "rjust", "casefold", NULL
-};
-static const char *const DICT_METHODS[] = { "items", "keys", "values", "get", "copy", NULL };
-static const char *const LIST_METHODS[] = { "index", "count", "copy", NULL };
-static const char *const LIST_UNSAFE[] = { "append", "extend", "insert", "pop", "remove", "clear",
-                                           "sort", "reverse", NULL };
-static const char *const DICT_UNSAFE[] = { "pop", "popitem", "clear", "update", "setdefault",
-                                           NULL };
-
-static int in_list(const char *const *l, const char *name)
-{
-    for (; *l; l++)
-        if (!strcmp(*l, name))
-            return 1;
-    return 0;
-}
-
-unsigned jinja_method_mask(const char *name)
-{
-    return (in_list(STR_METHODS, name) ? JM_STR : 0) | (in_list(DICT_METHODS, name) ? JM_DICT : 0) |
-           (in_list(LIST_METHODS, name) ? JM_LIST : 0) |
-           (in_list(DICT_UNSAFE, name) ? JM_DICT_UNSAFE : 0) |
-           (in_list(LIST_UNSAFE, name) ? JM_LIST_UNSAFE : 0);
-}
-
-int jinja_has_method(const jv *recv, unsigned mask)
-{
-    if (recv->t == JT_STR)
-        return mask & JM_STR;
-    if (jv_is_dict(recv))
-        return mask & JM_DICT;
-    if (recv->t == JT_LIST || recv->t == JT_JLIST)
-        return mask & JM_LIST;
-    return 0;
-}
-
-int jinja_unsafe_method(const jv *recv, unsigned mask)
-{
-    if (jv_is_dict(recv))
-        return mask & JM_DICT_UNSAFE;
-    if ((recv->t == JT_LIST && !(recv->flags & JF_TUPLE)) || recv->t == JT_JLIST)
-        return mask & JM_LIST_UNSAFE;
-    return 0;
-}
-
-static jv pad(jctx *c, const jnode *at, const jv *s, const jcall *a, int how)
-{
-    int64_t w = need_int(c, at, jarg(a, 0, "width"), 0, "width");
-    const jv *f = jarg(a, 1, "fillchar");
-    const char *fill = " ";
-    size_t fl = 1;
-    int64_t n = (int64_t)jv_ncp(s);
-    jsb b;
-
-    if (f) {
-        jv fs = need_str(c, at, f, "fillchar");
-        if (jv_ncp(&fs) != 1)
-            jerr(c, KVG_JINJA_ERROR, at, "The fill character must be exactly one character long");
-        fill = fs.u.s.p;
-        fl = fs.u.s.n;
-    }
-    if (w <= n)
-        return *s;
-    if (w - n > (int64_t)c->max_output)
-        jerr(c, KVG_JINJA_LIMIT, at, "output limit (%zu bytes) reached", c->max_output);
-    int64_t total = w - n, left = 0;
-    if (how == 'c')
-        left = total / 2 + (total & w & 1);
-    else if (how == 'r')
-        left = total;
-    jsb_init(c, &b, s->u.s.n + (size_t)total * fl);
-    for (int64_t i = 0; i < left; i++)
-        jsb_put(c, &b, fill, fl, 0);
-    jsb_put_str(c, &b, s);
-    for (int64_t i = left; i < total; i++)
-        jsb_put(c, &b, fill, fl, 0);
-    return jsb_str(&b);
-}
-
-static jv str_method(jctx *c, const jnode *at, const jv *s, const char *m, const jcall *a)
-{
-    if (!strcmp(m, "strip")) return do_strip(c, at, s, jarg(a, 0, "chars"), 3);
-    if (!strcmp(m, "lstrip")) return do_strip(c, at, s, jarg(a, 0, "chars"), 1);
-    if (!strcmp(m, "rstrip")) return do_strip(c, at, s, jarg(a, 0, "chars"), 2);
-    if (!strcmp(m, "split") || !strcmp(m, "rsplit"))
-        return do_split(c, at, s, jarg(a, 0, "sep"), need_int(c, at, jarg(a, 1, "maxsplit"), -1,
-                        "maxsplit"), m[0] == 'r');
-    if (!strcmp(m, "startswith") || !strcmp(m, "endswith"))
-        return jv_bool(affix(c, at, s, jarg(a, 0, NULL), m[0] == 'e'));
-    if (!strcmp(m, "upper")) return map_case(c, s, CASE_UPPER);
-    if (!strcmp(m, "lower") || !strcmp(m, "casefold")) return map_case(c, s, CASE_LOWER);
-    if (!strcmp(m, "title")) return map_case(c, s, CASE_TITLE);
-    if (!strcmp(m, "capitalize")) return map_case(c, s, CASE_CAPITALIZE);
-    if (!strcmp(m, "swapcase")) return map_case(c, s, CASE_SWAP);
-    if (!strcmp(m, "replace")) {
-        jv o = need_str(c, at, jarg(a, 0, "old"), "replace's old");
-        jv nw = need_str(c, at, jarg(a, 1, "new"), "replace's new");
-        return do_replace(c, s, &o, &nw, need_int(c, at, jarg(a, 2, "count"), -1, "count"));
-    }
-    if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "index") || !strcmp(m, "rindex")) {
-        jv sub = need_str(c, at, jarg(a, 0, NULL), "the substring");
-        int64_t r = do_find(s, &sub, m[0] == 'r');
-        if (r < 0 && strstr(m, "index"))
-            jerr(c, KVG_JINJA_ERROR, at, "substring not found");
-        return jv_int(r);
-    }
-    if (!strcmp(m, "count")) {
-        jv sub = need_str(c, at, jarg(a, 0, NULL), "the substring");
-        return jv_int(do_count_sub(s, &sub));
-    }
-    if (!strcmp(m, "join")) {
-        const jv *seq = jarg(a, 0, NULL);
-        if (!seq)
-            jerr(c, KVG_JINJA_ERROR, at, "join() takes exactly one argument");
-        size_t n;
-        jv *items = jv_items(c, at, seq, &n);
-        for (size_t i = 0; i < n; i++)
-            if (items[i].t != JT_STR)
-                jerr(c, KVG_JINJA_ERROR, at, "sequence item %zu: expected str instance, %s found",
-                     i, jv_type_name(&items[i]));
-        return join_items(c, at, s, seq, NULL);
-    }
-    if (!strcmp(m, "format")) return str_format(c, at, s, a);
-    if (!strcmp(m, "isdigit")) return jv_bool(str_all(s, 'd'));
-    if (!strcmp(m, "isdecimal")) return jv_bool(str_all(s, 'd'));
-    if (!strcmp(m, "isnumeric")) return jv_bool(str_all(s, 'n'));
-    if (!strcmp(m, "isalpha")) return jv_bool(str_all(s, 'a'));
-    if (!strcmp(m, "isalnum")) return jv_bool(str_all(s, 'A'));
-    if (!strcmp(m, "isspace")) return jv_bool(str_all(s, 's'));
-    if (!strcmp(m, "isupper")) return jv_bool(str_all(s, 'u'));
-    if (!strcmp(m, "islower")) return jv_bool(str_all(s, 'l'));
-    if (!strcmp(m, "splitlines")) return do_splitlines(c, s, opt_bool(jarg(a, 0, "keepends"), 0));
-    if (!strcmp(m, "removeprefix") || !strcmp(m, "removesuffix")) {
-        jv p = need_str(c, at, jarg(a, 0, NULL), "the affix");
-        int end = m[6] == 's';
-        if (p.u.s.n <= s->u.s.n &&
-            !memcmp(s->u.s.p + (end ? s->u.s.n - p.u.s.n : 0), p.u.s.p, p.u.s.n))
-            return jv_substr(s, end ? 0 : p.u.s.n, s->u.s.n - p.u.s.n);
-        return *s;
-    }
-    if (!strcmp(m, "partition") || !strcmp(m, "rpartition")) {
-        jv sep = need_str(c, at, jarg(a, 0, NULL), "the separator");
-        jv r = jv_list_new(c, 3);
-        int right = m[0] == 'r';
-        if (!sep.u.s.n)
-            jerr(c, KVG_JINJA_ERROR, at, "empty separator");
-        r.flags = JF_TUPLE;
-        int64_t cpi = do_find(s, &sep, right);
-        if (cpi < 0) {
-            r.u.l->v[0] = right ? jv_lit("") : *s;
-            r.u.l->v[1] = jv_lit("");
-            r.u.l->v[2] = right ? *s : jv_lit("");
-            return r;
-        }
-        size_t off = jv_cp_off(s, (size_t)cpi);
-        r.u.l->v[0] = jv_substr(s, 0, off);
-        r.u.l->v[1] = jv_substr(s, off, sep.u.s.n);
-        r.u.l->v[2] = jv_substr(s, off + sep.u.s.n, s->u.s.n - off - sep.u.s.n);
-        return r;
-    }
-    if (!strcmp(m, "center")) return pad(c, at, s, a, 'c');
-    if (!strcmp(m, "ljust")) return pad(c, at, s, a, 'l');
-    if (!strcmp(m, "rjust")) return pad(c, at, s, a, 'r');
-    if (!strcmp(m, "zfill")) {
-        int64_t w = need_int(c, at, jarg(a, 0, NULL), 0, "width");
-        int64_t n = (int64_t)jv_ncp(s);
-        if (w <= n)
-            return *s;
-        if (w - n > (int64_t)c->max_output)
-            jerr(c, KVG_JINJA_LIMIT, at, "output limit (%zu bytes) reached", c->max_output);
-        jsb b;
-        size_t sign = s->u.s.n && (s->u.s.p[0] == '-' || s->u.s.p[0] == '+');
-        jsb_init(c, &b, (size_t)w + 4);
-        jsb_put_sub(c, &b, s, 0, sign);
-        for (int64_t i = 0; i < w - n; i++)
-            jsb_putc(c, &b, '0');
-        jsb_put_sub(c, &b, s, sign, s->u.s.n - sign);
-        return jsb_str(&b);
-    }
-    jerr(c, KVG_JINJA_ERROR, at, "'str object' has no attribute '%s'", m);
-}
-
-jv jinja_call_method(jctx *c, const jnode *at, const jv *recv, const char *name, const jcall *a)
-{
-    if (recv->t == JT_LOOP && !strcmp(name, "cycle")) {
-        if (!a->npos)
-            jerr(c, KVG_JINJA_ERROR, at, "no items for cycling given");
-        return a->pos[recv->u.loop->i % (size_t)a->npos];
-    }
-    if (((jv_is_dict(recv) && in_list(DICT_UNSAFE, name)) ||
-         (((recv->t == JT_LIST && !(recv->flags & JF_TUPLE)) || recv->t == JT_JLIST) &&
-          in_list(LIST_UNSAFE, name))))
-        jerr(c, KVG_JINJA_ERROR, at, "access to attribute '%s' of '%s' object is unsafe.", name,
-             jv_type_name(recv));
-    if (recv->t == JT_STR && in_list(STR_METHODS, name))
-        return str_method(c, at, recv, name, a);
-    if (jv_is_dict(recv)) {
-        if (!strcmp(name, "get")) {
-            const jv *k = jarg(a, 0, "key"), *d = jarg(a, 1, "default");
-            jv r;
-            if (!k)
-                jerr(c, KVG_JINJA_ERROR, at, "get expected at least 1 argument, got 0");
-            if (jv_dict_get(c, recv, k, &r))
-                return r;
-            return d ? *d : jv_none();
-        }
-        if (!strcmp(name, "copy"))
-            return *recv;
-        jv *ks, *vs;
-        size_t n;
-        jv_dict_keys_vals(c, recv, &ks, &vs, &n);
-        jv r = jv_list_new(c, n);
-        /* a view prints as dict_keys([...]) (jv_str_into) */
-        r.aux = !strcmp(name, "keys") ? 1 : !strcmp(name, "values") ? 2 : 3;
-        for (size_t i = 0; i < n; i++) {
-            if (!strcmp(name, "keys")) {
-                r.u.l->v[i] = ks[i];
-            } else if (!strcmp(name, "values")) {
-                r.u.l->v[i] = vs[i];
-            } else {
-                jv t = jv_list_new(c, 2);
-                t.flags = JF_TUPLE;
-                t.u.l->v[0] = ks[i];
-                t.u.l->v[1] = vs[i];
-                r.u.l->v[i] = t;
-            }
-        }
-        return r;
-    }
-    if ((recv->t == JT_LIST || recv->t == JT_JLIST) && in_list(LIST_METHODS, name)) {
-        if (!strcmp(name, "copy"))
-            return *recv;
-        const jv *x = jarg(a, 0, NULL);
-        size_t n = jv_len(c, at, recv);
-        int64_t cnt = 0;
-        if (!x)
-            jerr(c, KVG_JINJA_ERROR, at, "%s() takes exactly one argument", name);
-        for (size_t i = 0; i < n; i++) {
-            jv y = jv_list_at(c, recv, i);
-            if (jv_eq(c, &y, x)) {
-                if (name[0] == 'i')
-                    return jv_int((int64_t)i);
-                cnt++;
-            }
-        }
-        if (name[0] == 'i')
-            jerr(c, KVG_JINJA_ERROR, at, "value is not in list");
-        return jv_int(cnt);
-    }
-    jerr(c, KVG_JINJA_ERROR, at, "'%s object' has no attribute '%s'", jv_type_name(recv), name);
-}
-
 /* ---- attribute paths (selectattr, map, sort, ...): "a.b.0" ---- */
 
-static jv get_path(jctx *c, const jv *x, const jv *attr)
+jv jinja_get_path(jctx *c, const jv *x, const jv *attr)
 {
     jv cur = *x;
     jv path = attr->t == JT_STR ? *attr : jv_none();
@@ -812,7 +93,7 @@ static jv get_path(jctx *c, const jv *x, const jv *attr)
                 return jv_undef("no such attribute");
             cur = r;
         } else if (jv_is_list(&cur) && part.u.s.n && part.u.s.p[0] >= '0' && part.u.s.p[0] <= '9') {
-            size_t k = (size_t)strtoull(str_z(c, &part), NULL, 10);
+            size_t k = (size_t)strtoull(jstr_z(c, &part), NULL, 10);
             if (k >= jv_len(c, NULL, &cur))
                 return jv_undef("no such element");
             cur = jv_list_at(c, &cur, k);
@@ -833,7 +114,7 @@ typedef struct sortkey { jv key, val; } sortkey;
 static int key_cmp(jctx *c, const jnode *at, const jv *a, const jv *b, int ci)
 {
     if (ci && a->t == JT_STR && b->t == JT_STR) {
-        jv la = map_case(c, a, CASE_LOWER), lb = map_case(c, b, CASE_LOWER);
+        jv la = jstr_case(c, a, CASE_LOWER), lb = jstr_case(c, b, CASE_LOWER);
         return jv_cmp(c, at, &la, &lb);
     }
     return jv_cmp(c, at, a, b);
@@ -864,7 +145,7 @@ static void msort(jctx *c, const jnode *at, sortkey *v, sortkey *tmp, size_t n, 
 
 static jv lower_if(jctx *c, const jv *v, int ci)
 {
-    return ci && v->t == JT_STR ? map_case(c, v, CASE_LOWER) : *v;
+    return ci && v->t == JT_STR ? jstr_case(c, v, CASE_LOWER) : *v;
 }
 
 /* ---- filters ---- */
@@ -886,19 +167,19 @@ FILTER(abs)
     jerr(c, KVG_JINJA_ERROR, at, "bad operand type for abs(): '%s'", jv_type_name(x));
 }
 
-FILTER(capitalize) { jv s = sstr(c, at, x); (void)a; return map_case(c, &s, CASE_CAPITALIZE); }
-FILTER(upper) { jv s = sstr(c, at, x); (void)a; return map_case(c, &s, CASE_UPPER); }
-FILTER(lower) { jv s = sstr(c, at, x); (void)a; return map_case(c, &s, CASE_LOWER); }
-FILTER(title) { jv s = sstr(c, at, x); (void)a; return map_case(c, &s, CASE_JTITLE); }
+FILTER(capitalize) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_CAPITALIZE); }
+FILTER(upper) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_UPPER); }
+FILTER(lower) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_LOWER); }
+FILTER(title) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_JTITLE); }
 
 FILTER(center)
 {
-    jv s = sstr(c, at, x);
+    jv s = jarg_sstr(c, at, x);
     jcall b = { .npos = 1, .pos = jarg(a, 0, "width") };
     jv w80 = jv_int(80);
     if (!b.pos)
         b.pos = &w80;
-    return pad(c, at, &s, &b, 'c');
+    return jstr_pad(c, at, &s, &b, 'c');
 }
 
 FILTER(length)
@@ -910,7 +191,7 @@ FILTER(length)
 FILTER(default)
 {
     const jv *d = jarg(a, 0, "default_value");
-    int boolean = opt_bool(jarg(a, 1, "boolean"), 0);
+    int boolean = jarg_bool(jarg(a, 1, "boolean"), 0);
     if (x->t == JT_UNDEF || (boolean && !jv_truthy(x)))
         return d ? *d : jv_lit("");
     return *x;
@@ -948,15 +229,15 @@ FILTER(items)
 
 FILTER(dictsort)
 {
-    int ci = !opt_bool(jarg(a, 0, "case_sensitive"), 0);
+    int ci = !jarg_bool(jarg(a, 0, "case_sensitive"), 0);
     const jv *by = jarg(a, 1, "by");
-    int rev = opt_bool(jarg(a, 2, "reverse"), 0);
+    int rev = jarg_bool(jarg(a, 2, "reverse"), 0);
     int pos = 0;
 
     if (x->t == JT_UNDEF)
         jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, x));
     if (by) {
-        jv b = need_str(c, at, by, "by");
+        jv b = jarg_str(c, at, by, "by");
         if (b.u.s.n == 5 && !memcmp(b.u.s.p, "value", 5))
             pos = 1;
         else if (!(b.u.s.n == 3 && !memcmp(b.u.s.p, "key", 3)))
@@ -977,8 +258,8 @@ FILTER(dictsort)
 
 FILTER(sort)
 {
-    int rev = opt_bool(jarg(a, 0, "reverse"), 0);
-    int ci = !opt_bool(jarg(a, 1, "case_sensitive"), 0);
+    int rev = jarg_bool(jarg(a, 0, "reverse"), 0);
+    int ci = !jarg_bool(jarg(a, 1, "case_sensitive"), 0);
     const jv *attr = jarg(a, 2, "attribute");
     size_t n;
     jv *items = jv_items(c, at, x, &n);
@@ -986,7 +267,7 @@ FILTER(sort)
 
     for (size_t i = 0; i < n; i++) {
         v[i].val = items[i];
-        v[i].key = attr && attr->t != JT_NONE ? get_path(c, &items[i], attr) : items[i];
+        v[i].key = attr && attr->t != JT_NONE ? jinja_get_path(c, &items[i], attr) : items[i];
         v[i].key = lower_if(c, &v[i].key, ci);
     }
     msort(c, at, v, tmp, n, 0, rev);
@@ -998,7 +279,7 @@ FILTER(sort)
 
 FILTER(unique)
 {
-    int ci = !opt_bool(jarg(a, 0, "case_sensitive"), 0);
+    int ci = !jarg_bool(jarg(a, 0, "case_sensitive"), 0);
     const jv *attr = jarg(a, 1, "attribute");
     size_t n, k = 0;
     jv *items = jv_items(c, at, x, &n);
@@ -1006,7 +287,7 @@ FILTER(unique)
     jv r = jv_list_new(c, n);
 
     for (size_t i = 0; i < n; i++) {
-        jv key = attr && attr->t != JT_NONE ? get_path(c, &items[i], attr) : items[i];
+        jv key = attr && attr->t != JT_NONE ? jinja_get_path(c, &items[i], attr) : items[i];
         key = lower_if(c, &key, ci);
         size_t j;
         for (j = 0; j < k; j++)
@@ -1024,7 +305,7 @@ FILTER(unique)
 
 static jv minmax(jctx *c, const jnode *at, const jv *x, const jcall *a, int want)
 {
-    int ci = !opt_bool(jarg(a, 0, "case_sensitive"), 0);
+    int ci = !jarg_bool(jarg(a, 0, "case_sensitive"), 0);
     const jv *attr = jarg(a, 1, "attribute");
     size_t n;
     jv *items = jv_items(c, at, x, &n);
@@ -1033,10 +314,10 @@ static jv minmax(jctx *c, const jnode *at, const jv *x, const jcall *a, int want
     if (!n)
         return jv_undef("No aggregated item, sequence was empty.");
     best = items[0];
-    bkey = attr && attr->t != JT_NONE ? get_path(c, &best, attr) : best;
+    bkey = attr && attr->t != JT_NONE ? jinja_get_path(c, &best, attr) : best;
     bkey = lower_if(c, &bkey, ci);
     for (size_t i = 1; i < n; i++) {
-        jv k = attr && attr->t != JT_NONE ? get_path(c, &items[i], attr) : items[i];
+        jv k = attr && attr->t != JT_NONE ? jinja_get_path(c, &items[i], attr) : items[i];
         k = lower_if(c, &k, ci);
         if (jv_cmp(c, at, &k, &bkey) * want > 0) {
             best = items[i];
@@ -1058,7 +339,7 @@ FILTER(sum)
     jv *items = jv_items(c, at, x, &n);
 
     for (size_t i = 0; i < n; i++) {
-        jv v = attr && attr->t != JT_NONE ? get_path(c, &items[i], attr) : items[i];
+        jv v = attr && attr->t != JT_NONE ? jinja_get_path(c, &items[i], attr) : items[i];
         acc = jinja_binop(c, at, OP_ADD, &acc, &v);
     }
     return acc;
@@ -1124,7 +405,7 @@ FILTER(reverse)
     return r;
 }
 
-static jv join_items(jctx *c, const jnode *at, const jv *sep, const jv *seq, const char *attr)
+jv jinja_join(jctx *c, const jnode *at, const jv *sep, const jv *seq, const char *attr)
 {
     size_t n;
     jv *items = jv_items(c, at, seq, &n);
@@ -1135,7 +416,7 @@ static jv join_items(jctx *c, const jnode *at, const jv *sep, const jv *seq, con
     for (size_t i = 0; i < n; i++) {
         if (i)
             jsb_put_str(c, &b, sep);
-        jv v = attr ? get_path(c, &items[i], &av) : items[i];
+        jv v = attr ? jinja_get_path(c, &items[i], &av) : items[i];
         jv_str_into(c, at, &b, &v);
     }
     return jsb_str(&b);
@@ -1146,7 +427,7 @@ FILTER(join)
     const jv *d = jarg(a, 0, "d");
     const jv *attr = jarg(a, 1, "attribute");
     jv sep = d ? jv_to_str(c, at, d) : jv_lit("");
-    return join_items(c, at, &sep, x, attr && attr->t == JT_STR ? str_z(c, attr) : NULL);
+    return jinja_join(c, at, &sep, x, attr && attr->t == JT_STR ? jstr_z(c, attr) : NULL);
 }
 
 FILTER(string)
@@ -1163,27 +444,6 @@ FILTER(safe)
     return s;
 }
 
-jv jinja_html_escape(jctx *c, const jv *s)
-{
-    jsb b;
-
-    jsb_init(c, &b, s->u.s.n + 16);
-    for (size_t i = 0; i < s->u.s.n; i++) {
-        int data = s->taint == JS_DATA || (s->taint == JS_MASK && s->u.s.mask[i]);
-        switch (s->u.s.p[i]) {
-        case '&': jsb_put(c, &b, "&amp;", 5, data); break;
-        case '<': jsb_put(c, &b, "&lt;", 4, data); break;
-        case '>': jsb_put(c, &b, "&gt;", 4, data); break;
-        case '"': jsb_put(c, &b, "&#34;", 5, data); break;
-        case '\'': jsb_put(c, &b, "&#39;", 5, data); break;
-        default: jsb_put_sub(c, &b, s, i, 1);
-        }
-    }
-    jv r = jsb_str(&b);
-    r.flags |= JF_SAFE;
-    return r;
-}
-
 FILTER(escape)
 {
     if (x->t == JT_STR && (x->flags & JF_SAFE))
@@ -1194,25 +454,27 @@ FILTER(escape)
 
 FILTER(trim)
 {
-    jv s = sstr(c, at, x);
-    return do_strip(c, at, &s, jarg(a, 0, "chars"), 3);
+    jv s = jarg_sstr(c, at, x);
+    return jstr_strip(c, at, &s, jarg(a, 0, "chars"), 3);
 }
 
 FILTER(replace)
 {
-    jv s = sstr(c, at, x);
+    jv s = jarg_sstr(c, at, x);
     jv o = jv_to_str(c, at, jarg(a, 0, "old") ? jarg(a, 0, "old") : &(jv){ .t = JT_UNDEF });
     jv nw = jv_to_str(c, at, jarg(a, 1, "new") ? jarg(a, 1, "new") : &(jv){ .t = JT_UNDEF });
-    return do_replace(c, &s, &o, &nw, need_int(c, at, jarg(a, 2, "count"), -1, "count"));
+    return jstr_replace(c, &s, &o, &nw, jarg_int(c, at, jarg(a, 2, "count"), -1, "count"));
 }
 
 FILTER(int)
 {
     const jv *d = jarg(a, 0, "default");
-    int64_t base = need_int(c, at, jarg(a, 1, "base"), 10, "base");
+    int64_t base = jarg_int(c, at, jarg(a, 1, "base"), 10, "base");
     jv dflt = d ? *d : jv_int(0);
 
     switch (x->t) {
+    case JT_UNDEF:      /* Undefined.__int__ raises */
+        jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, x));
     case JT_INT: case JT_BOOL:
         return jv_int(x->u.i);
     case JT_FLOAT:
@@ -1222,7 +484,7 @@ FILTER(int)
     case JT_STR: {
         char buf[80];
         size_t o = 0;
-        jv s = do_strip(c, at, x, NULL, 3);
+        jv s = jstr_strip(c, at, x, NULL, 3);
         if (s.u.s.n == 0 || s.u.s.n >= sizeof buf)
             return dflt;
         for (size_t i = 0; i < s.u.s.n; i++) {
@@ -1254,13 +516,15 @@ FILTER(float)
     jv dflt = d ? *d : jv_float(0.0);
 
     switch (x->t) {
+    case JT_UNDEF:
+        jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, x));
     case JT_INT: case JT_BOOL:
         return jv_float((double)x->u.i);
     case JT_FLOAT:
         return *x;
     case JT_STR: {
-        jv s = do_strip(c, at, x, NULL, 3);
-        const char *z = str_z(c, &s);
+        jv s = jstr_strip(c, at, x, NULL, 3);
+        const char *z = jstr_z(c, &s);
         char *end;
         if (!s.u.s.n)
             return dflt;
@@ -1276,11 +540,28 @@ FILTER(float)
 
 FILTER(round)
 {
-    int64_t prec = need_int(c, at, jarg(a, 0, "precision"), 0, "precision");
+    int64_t prec = jarg_int(c, at, jarg(a, 0, "precision"), 0, "precision");
     const jv *m = jarg(a, 1, "method");
     double v;
     char buf[400];
 
+    if ((x->t == JT_INT || x->t == JT_BOOL) && (!m || (m->t == JT_STR && m->u.s.n == 6 &&
+                                                     !memcmp(m->u.s.p, "common", 6)))) {
+        /* Python's round() of an int is an int (half to even below the units) */
+        int64_t i = x->u.i, p10 = 1;
+        if (prec >= 0)
+            return jv_int(i);
+        for (int64_t k = prec; k < 0 && p10 < INT64_MAX / 10; k++)
+            p10 *= 10;
+        int64_t q = i / p10, r = i % p10;
+        if (r < 0) {
+            q--;
+            r += p10;
+        }
+        if (2 * r > p10 || (2 * r == p10 && (q & 1)))
+            q++;
+        return jv_int(q * p10);
+    }
     if (x->t == JT_INT || x->t == JT_BOOL)
         v = (double)x->u.i;
     else if (x->t == JT_FLOAT)
@@ -1301,15 +582,15 @@ FILTER(round)
 FILTER(indent)
 {
     const jv *w = jarg(a, 0, "width");
-    int first = opt_bool(jarg(a, 1, "first"), 0);
-    int blank = opt_bool(jarg(a, 2, "blank"), 0);
+    int first = jarg_bool(jarg(a, 1, "first"), 0);
+    int blank = jarg_bool(jarg(a, 2, "blank"), 0);
     jv ind;
     jsb b;
 
     if (w && w->t == JT_STR) {
         ind = *w;
     } else {
-        int64_t n = need_int(c, at, w, 4, "width");
+        int64_t n = jarg_int(c, at, w, 4, "width");
         if (n < 0)
             n = 0;
         if ((uint64_t)n > c->max_output)
@@ -1318,13 +599,16 @@ FILTER(indent)
         memset(sp, ' ', (size_t)n);
         ind = jv_strn(sp, (size_t)n, JS_CLEAN);
     }
-    /* s + "\n", split into lines, as Jinja2 does */
-    jv s = sstr(c, at, x);
+    /* s + "\n", split into lines, as Jinja2 does (so anything but a string fails) */
+    if (x->t != JT_STR)
+        jerr(c, KVG_JINJA_ERROR, at, "unsupported operand type(s) for +=: '%s' and 'str'",
+             jv_type_name(x));
+    jv s = *x;
     jsb_init(c, &b, s.u.s.n + 1);
     jsb_put_str(c, &b, &s);
     jsb_putc(c, &b, '\n');
     jv s2 = jsb_str(&b);
-    jv lines = do_splitlines(c, &s2, 0);
+    jv lines = jstr_splitlines(c, &s2, 0);
     size_t n = lines.u.l->n;
     jsb_init(c, &b, s.u.s.n + 64);
     if (first)
@@ -1343,14 +627,14 @@ FILTER(indent)
 
 FILTER(wordcount)
 {
-    jv s = sstr(c, at, x);
+    jv s = jarg_sstr(c, at, x);
     int64_t n = 0;
     int in = 0;
 
     (void)a;
     for (size_t i = 0; i < s.u.s.n;) {
         uint32_t cp;
-        i += cp_at(&s, i, &cp);
+        i += jstr_cp_at(&s, i, &cp);
         utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
         int w = cp == '_' || (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
                 (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO) ||
@@ -1364,11 +648,11 @@ FILTER(wordcount)
 
 FILTER(truncate)
 {
-    jv s = sstr(c, at, x);
-    int64_t len = need_int(c, at, jarg(a, 0, "length"), 255, "length");
-    int killwords = opt_bool(jarg(a, 1, "killwords"), 0);
+    jv s = jarg_sstr(c, at, x);
+    int64_t len = jarg_int(c, at, jarg(a, 0, "length"), 255, "length");
+    int killwords = jarg_bool(jarg(a, 1, "killwords"), 0);
     const jv *endp = jarg(a, 2, "end");
-    int64_t leeway = need_int(c, at, jarg(a, 3, "leeway"), 5, "leeway");
+    int64_t leeway = jarg_int(c, at, jarg(a, 3, "leeway"), 5, "leeway");
     jv end = endp ? jv_to_str(c, at, endp) : jv_lit("...");
     int64_t n = (int64_t)jv_ncp(&s), el = (int64_t)jv_ncp(&end);
     jsb b;
@@ -1399,7 +683,7 @@ FILTER(truncate)
 /* "%s %d %r %f %x %%" % args (format filter) */
 FILTER(format)
 {
-    jv s = sstr(c, at, x);
+    jv s = jarg_sstr(c, at, x);
     jsb b;
     int ai = 0;
 
@@ -1499,7 +783,7 @@ FILTER(format)
 
 FILTER(batch)
 {
-    int64_t size = need_int(c, at, jarg(a, 0, "linecount"), 1, "linecount");
+    int64_t size = jarg_int(c, at, jarg(a, 0, "linecount"), 1, "linecount");
     const jv *fill = jarg(a, 1, "fill_with");
     size_t n;
     jv *items = jv_items(c, at, x, &n);
@@ -1533,7 +817,7 @@ FILTER(map)
     if (attr) {
         const jv *d = jarg(a, -1, "default");
         for (size_t i = 0; i < n; i++) {
-            jv v = get_path(c, &items[i], attr);
+            jv v = jinja_get_path(c, &items[i], attr);
             r.u.l->v[i] = v.t == JT_UNDEF && d ? *d : v;
         }
         return r;
@@ -1562,7 +846,7 @@ static jv select_impl(jctx *c, const jnode *at, const jv *x, const jcall *a, int
     if (attr_mode && !attr)
         jerr(c, KVG_JINJA_ERROR, at, "selectattr needs an attribute");
     for (size_t i = 0; i < n; i++) {
-        jv v = attr ? get_path(c, &items[i], attr) : items[i];
+        jv v = attr ? jinja_get_path(c, &items[i], attr) : items[i];
         int ok = test ? jinja_apply_test_by_name(c, at, test, &v, &rest) : jv_truthy(&v);
         if (ok == want)
             r.u.l->v[k++] = items[i];
@@ -1614,171 +898,4 @@ jv jinja_apply_filter_by_name(jctx *c, const jnode *at, const jv *name, const jv
              name->u.s.p);
     jstep(c, at);
     return f(c, at, x, rest);
-}
-
-/* ---- tests ---- */
-
-#define TEST(name) static int t_##name(UNUSED jctx *c, UNUSED const jnode *at, UNUSED const jv *x, \
-                                   UNUSED const jcall *a)
-
-TEST(defined) { (void)c; (void)at; (void)a; return x->t != JT_UNDEF; }
-TEST(undefined) { (void)c; (void)at; (void)a; return x->t == JT_UNDEF; }
-TEST(none) { (void)c; (void)at; (void)a; return x->t == JT_NONE; }
-TEST(string) { (void)c; (void)at; (void)a; return x->t == JT_STR; }
-TEST(number) { (void)c; (void)at; (void)a; return x->t == JT_INT || x->t == JT_FLOAT || x->t == JT_BOOL; }
-TEST(integer) { (void)c; (void)at; (void)a; return x->t == JT_INT; }
-TEST(float) { (void)c; (void)at; (void)a; return x->t == JT_FLOAT; }
-TEST(boolean) { (void)c; (void)at; (void)a; return x->t == JT_BOOL; }
-TEST(true) { (void)c; (void)at; (void)a; return x->t == JT_BOOL && x->u.i; }
-TEST(false) { (void)c; (void)at; (void)a; return x->t == JT_BOOL && !x->u.i; }
-TEST(mapping) { (void)c; (void)at; (void)a; return jv_is_dict(x); }
-TEST(iterable)
-{
-    (void)c; (void)at; (void)a;
-    return x->t == JT_STR || x->t == JT_LIST || x->t == JT_JLIST || jv_is_dict(x) ||
-           x->t == JT_UNDEF;
-}
-TEST(sequence)
-{
-    (void)c; (void)at; (void)a;
-    return x->t == JT_STR || jv_is_list(x) || jv_is_dict(x) || x->t == JT_UNDEF;
-}
-TEST(callable)
-{
-    (void)c; (void)at; (void)a;
-    return x->t == JT_MACRO || x->t == JT_FUNC || x->t == JT_METHOD;
-}
-TEST(escaped) { (void)c; (void)at; (void)a; return x->t == JT_STR && (x->flags & JF_SAFE); }
-
-static int64_t int_of(jctx *c, const jnode *at, const jv *x)
-{
-    if (x->t == JT_INT || x->t == JT_BOOL)
-        return x->u.i;
-    if (x->t == JT_FLOAT && x->u.f == floor(x->u.f) && fabs(x->u.f) < 9.2e18)
-        return (int64_t)x->u.f;
-    if (x->t == JT_UNDEF)
-        jerr(c, KVG_JINJA_ERROR, at, "%s", jv_undef_msg(c, x));
-    if (x->t == JT_FLOAT)
-        return 1;       /* a fraction is neither even nor divisible: odd */
-    jerr(c, KVG_JINJA_ERROR, at, "unsupported operand type(s) for %%: '%s' and 'int'",
-         jv_type_name(x));
-}
-
-TEST(even) { (void)a; return x->t == JT_FLOAT && x->u.f != floor(x->u.f) ? 0 : int_of(c, at, x) % 2 == 0; }
-TEST(odd) { (void)a; return x->t == JT_FLOAT && x->u.f != floor(x->u.f) ? 0 : int_of(c, at, x) % 2 != 0; }
-TEST(divisibleby)
-{
-    const jv *n = jarg(a, 0, "num");
-    if (!n)
-        jerr(c, KVG_JINJA_ERROR, at, "divisibleby needs a number");
-    int64_t d = int_of(c, at, n);
-    if (!d)
-        jerr(c, KVG_JINJA_ERROR, at, "integer division or modulo by zero");
-    if (x->t == JT_FLOAT && x->u.f != floor(x->u.f))
-        return 0;
-    return d == -1 || int_of(c, at, x) % d == 0;
-}
-
-static const jv *other(jctx *c, const jnode *at, const jcall *a)
-{
-    const jv *o = jarg(a, 0, NULL);
-    if (!o)
-        jerr(c, KVG_JINJA_ERROR, at, "the test needs an argument");
-    return o;
-}
-
-TEST(eq) { return jv_eq(c, x, other(c, at, a)); }
-TEST(ne) { return !jv_eq(c, x, other(c, at, a)); }
-TEST(lt) { return jv_cmp(c, at, x, other(c, at, a)) < 0; }
-TEST(le) { return jv_cmp(c, at, x, other(c, at, a)) <= 0; }
-TEST(gt) { return jv_cmp(c, at, x, other(c, at, a)) > 0; }
-TEST(ge) { return jv_cmp(c, at, x, other(c, at, a)) >= 0; }
-TEST(in)
-{
-    const jv *seq = other(c, at, a);
-    if (seq->t == JT_STR) {
-        if (x->t != JT_STR)
-            jerr(c, KVG_JINJA_ERROR, at, "'in <string>' requires string as left operand");
-        return x->u.s.n == 0 || memmem(seq->u.s.p, seq->u.s.n, x->u.s.p, x->u.s.n) != NULL;
-    }
-    if (jv_is_dict(seq)) {
-        jv r;
-        return jv_dict_get(c, seq, x, &r);
-    }
-    size_t n;
-    jv *items = jv_items(c, at, seq, &n);
-    for (size_t i = 0; i < n; i++)
-        if (jv_eq(c, &items[i], x))
-            return 1;
-    return 0;
-}
-TEST(sameas)
-{
-    const jv *o = other(c, at, a);
-    if (x->t != o->t)
-        return 0;
-    switch (x->t) {
-    case JT_NONE: case JT_UNDEF: return x->t == JT_NONE;
-    case JT_BOOL: return x->u.i == o->u.i;
-    case JT_INT: return x->u.i == o->u.i && x->u.i >= -5 && x->u.i <= 256;
-    case JT_JLIST: case JT_JDICT: return x->u.j == o->u.j;
-    case JT_LIST: return x->u.l == o->u.l;
-    case JT_DICT: case JT_NS: return x->u.d == o->u.d;
-    default: return 0;
-    }
-}
-TEST(lower)
-{
-    jv s = jv_to_str(c, at, x);
-    (void)a;
-    return str_all(&s, 'l');
-}
-TEST(upper)
-{
-    jv s = jv_to_str(c, at, x);
-    (void)a;
-    return str_all(&s, 'u');
-}
-TEST(filter)
-{
-    (void)c; (void)at; (void)a;
-    return x->t == JT_STR && jinja_find_filter(x->u.s.p, x->u.s.n) != NULL;
-}
-TEST(test)
-{
-    (void)c; (void)at; (void)a;
-    return x->t == JT_STR && jinja_find_test(x->u.s.p, x->u.s.n) != NULL;
-}
-
-static const struct { const char *name; jtest_fn fn; } TESTS[] = {
-    { "boolean", t_boolean }, { "callable", t_callable }, { "defined", t_defined },
-    { "divisibleby", t_divisibleby }, { "eq", t_eq }, { "equalto", t_eq }, { "==", t_eq },
-    { "escaped", t_escaped }, { "even", t_even }, { "false", t_false }, { "filter", t_filter },
-    { "float", t_float }, { "ge", t_ge }, { ">=", t_ge }, { "gt", t_gt },
-    { "greaterthan", t_gt }, { ">", t_gt }, { "in", t_in }, { "integer", t_integer },
-    { "iterable", t_iterable }, { "le", t_le }, { "<=", t_le }, { "lower", t_lower },
-    { "lt", t_lt }, { "lessthan", t_lt }, { "<", t_lt }, { "mapping", t_mapping },
-    { "ne", t_ne }, { "!=", t_ne }, { "none", t_none }, { "number", t_number }, { "odd", t_odd },
-    { "sameas", t_sameas }, { "sequence", t_sequence }, { "string", t_string },
-    { "test", t_test }, { "true", t_true }, { "undefined", t_undefined }, { "upper", t_upper },
-};
-
-jtest_fn jinja_find_test(const char *name, size_t n)
-{
-    for (size_t i = 0; i < sizeof TESTS / sizeof TESTS[0]; i++)
-        if (strlen(TESTS[i].name) == n && !memcmp(TESTS[i].name, name, n))
-            return TESTS[i].fn;
-    return NULL;
-}
-
-int jinja_apply_test_by_name(jctx *c, const jnode *at, const jv *name, const jv *x,
-                             const jcall *rest)
-{
-    if (name->t != JT_STR)
-        jerr(c, KVG_JINJA_ERROR, at, "a test name must be a string");
-    jtest_fn t = jinja_find_test(name->u.s.p, name->u.s.n);
-    if (!t)
-        jerr(c, KVG_JINJA_ERROR, at, "No test named '%.*s'.", (int)(name->u.s.n > 40 ? 40 : name->u.s.n),
-             name->u.s.p);
-    return t(c, at, x, rest);
 }

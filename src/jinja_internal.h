@@ -110,7 +110,7 @@ enum {
     N_COND,
     /* statements */
     N_BODY, N_TEXT, N_PRINT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_CALLBLOCK,
-    N_FILTERBLOCK, N_BREAK, N_CONTINUE
+    N_FILTERBLOCK, N_BREAK, N_CONTINUE, N_WITH
 };
 
 /* N_BIN ops and N_CMP ops */
@@ -283,7 +283,34 @@ int jinja_lex(jarena *a, const char *src, size_t len, jtok **toks, size_t *ntoks
               char *err, size_t err_len);       /* err: "LINE:COL: msg" */
 jnode *jinja_parse(kvg_jinja *t, const jtok *toks, size_t ntoks, char *err, size_t err_len);
 
-/* filters, tests, methods (jinja_filters.c) */
+/* arguments of filters, tests and methods (jinja_filters.c): positional i or
+ * keyword name; the typed ones fail the render on a wrong type */
+const jv *jarg(const jcall *a, int i, const char *name);
+jv jarg_str(jctx *c, const jnode *at, const jv *v, const char *what);
+int64_t jarg_int(jctx *c, const jnode *at, const jv *v, int64_t dflt, const char *what);
+int jarg_bool(const jv *v, int dflt);
+jv jarg_sstr(jctx *c, const jnode *at, const jv *v);     /* str(v), undefined: "" */
+const char *jstr_z(jctx *c, const jv *s);               /* a NUL-terminated copy */
+jv jinja_join(jctx *c, const jnode *at, const jv *sep, const jv *seq, const char *attr);
+jv jinja_get_path(jctx *c, const jv *x, const jv *attr);  /* x.a.b / x[0] for map & co */
+
+/* Python str operations keeping taint (jinja_str.c) */
+enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAPITALIZE, CASE_JTITLE, CASE_SWAP };
+size_t jstr_cp_at(const jv *s, size_t i, uint32_t *cp);   /* code point at byte i: length */
+int jstr_isspace(uint32_t cp);
+jv jstr_strip(jctx *c, const jnode *at, const jv *s, const jv *chars, int which); /* 1 l 2 r 3 */
+jv jstr_case(jctx *c, const jv *s, int mode);
+jv jstr_split(jctx *c, const jnode *at, const jv *s, const jv *sep, int64_t maxsplit, int right);
+jv jstr_splitlines(jctx *c, const jv *s, int keepends);
+jv jstr_replace(jctx *c, const jv *s, const jv *old, const jv *nw, int64_t count);
+int64_t jstr_find(const jv *s, const jv *sub, int right);  /* code point index, -1 */
+int64_t jstr_count(const jv *s, const jv *sub);
+int jstr_all(const jv *s, int kind);    /* isdigit 'd', isnumeric 'n', isalpha 'a',
+                                           isalnum 'A', isspace 's', isupper 'u', islower 'l' */
+jv jstr_pad(jctx *c, const jnode *at, const jv *s, const jcall *a, int how);  /* center 'c'
+                                           ljust 'l' rjust 'r' (jinja_methods.c) */
+
+/* filters, tests (jinja_filters.c, jinja_tests.c), methods (jinja_methods.c) */
 jfilter_fn jinja_find_filter(const char *name, size_t n);
 jtest_fn jinja_find_test(const char *name, size_t n);
 jv jinja_call_method(jctx *c, const jnode *at, const jv *recv, const char *name,
@@ -305,8 +332,6 @@ jv jinja_apply_filter_by_name(jctx *c, const jnode *at, const jv *name, const jv
                               const jcall *rest);
 int jinja_apply_test_by_name(jctx *c, const jnode *at, const jv *name, const jv *x,
                              const jcall *rest);
-/* call args helper: positional i, or keyword name, or NULL */
-const jv *jarg(const jcall *a, int i, const char *name);
 
 /* render (jinja_render.c): which loop.NAME name is (0: none), for N_ATTR's flag */
 int jinja_loop_attr(const char *name);

@@ -17,6 +17,7 @@
  *   N_FOR a=target b=iter c=filter d=body e=else; N_SET a=target b=value
  *   N_SETBLOCK a=target b=body c=filter chain; N_MACRO name kids=params kwval=defaults b=body
  *   N_CALLBLOCK a=call b=body kids=caller params kwval=defaults; N_FILTERBLOCK a=chain b=body
+ *   N_WITH kids=targets kwval=values b=body
  *
  * Nesting is bounded (JINJA_PARSE_MAX_NEST): a template of 100k '(' is refused,
  * not a stack overflow. Unknown filters, tests and tags fail here. */
@@ -954,6 +955,25 @@ static jnode *parse_statement(parser *p)
         const jtok *e;
         n = mk(p, N_FILTERBLOCK, at);
         n->a = parse_filter_chain(p);
+        end_block(p);
+        n->b = parse_body(p, ends, &e);
+        end_block(p);
+    } else if (is_name(at, "with")) {
+        static const char *const ends[] = { "endwith", NULL };
+        nlist targets = { 0 }, values = { 0 };
+        const jtok *e;
+        n = mk(p, N_WITH, at);
+        while (cur(p)->type != TK_BLOCK_END) {
+            if (targets.n)
+                expect_op(p, P_COMMA, ",");
+            nl_push(p, &targets, parse_target(p, 0));
+            expect_op(p, P_ASSIGN, "=");
+            nl_push(p, &values, parse_expr(p));
+        }
+        n->kids = targets.v;
+        n->nkids = targets.n;
+        n->kwval = values.v;
+        n->nkw = values.n;
         end_block(p);
         n->b = parse_body(p, ends, &e);
         end_block(p);

@@ -437,6 +437,10 @@ static int contains(jctx *c, const jnode *at, const jv *item, const jv *cont)
     case JT_JDICT:
     case JT_NS: {
         jv r;
+        if (jv_is_list(item) && !(item->flags & JF_TUPLE))
+            jerr(c, KVG_JINJA_ERROR, at, "unhashable type: 'list'");
+        if (jv_is_dict(item) || item->t == JT_NS)
+            jerr(c, KVG_JINJA_ERROR, at, "unhashable type: '%s'", jv_type_name(item));
         return jv_dict_get(c, cont, item, &r);
     }
     case JT_UNDEF:
@@ -1151,6 +1155,19 @@ static int exec(jctx *c, const jnode *n)
         v = apply_chain(c, n->a, &v);
         jv_str_into(c, n, c->out, &v);
         return FLOW_NORMAL;
+    case N_WITH: {
+        /* the values first, in the outer scope; then a scope of their own */
+        jv *vals = jalloc(c, (n->nkids + 1) * sizeof(jv));
+        jscope *saved = c->scope;
+        for (uint32_t i = 0; i < n->nkids; i++)
+            vals[i] = ev(c, n->kwval[i]);
+        c->scope = scope_new(c, saved);
+        for (uint32_t i = 0; i < n->nkids; i++)
+            assign(c, n->kids[i], &vals[i]);
+        int flow = exec(c, n->b);
+        c->scope = saved;
+        return flow;
+    }
     case N_BREAK:
         return FLOW_BREAK;
     case N_CONTINUE:

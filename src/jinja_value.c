@@ -789,6 +789,8 @@ void jv_repr_into(jctx *c, const jnode *at, jsb *b, const jv *v)
 {
     if (v->t == JT_STR)
         put_repr_str(c, b, v);
+    else if (v->t == JT_UNDEF)
+        jsb_put(c, b, "Undefined", 9, 0);       /* Jinja2's Undefined.__repr__ */
     else
         jv_str_into(c, at, b, v);
 }

@@ -57,6 +57,7 @@ CASES = [
     "{% set g = 1 %}{% macro m() %}{{ g }}{% endmacro %}{% set g = 2 %}{{ m() }}",
     "{% filter upper %}ab{{ s }}{% endfilter %}", "{% raw %}{{ x }}{% endraw %}", "{# c #}a{# d #}",
     "{% generation %}gen{{ 1 }}{% endgeneration %}",
+    "{% set a = 5 %}{% with a = 1, b = a %}{{ a }}{{ b }}{% endwith %}{{ a }}{% with %}{% set q = 1 %}{{ q }}{% endwith %}{{ q }}",
     # whitespace control
     "a  {%- if 1 %}  b  {% endif -%}  c", "a\n  {% if 1 %}\n  b\n  {% endif %}\nc", "a {{- ' b ' -}} c",
     "x\n    {%+ if 1 %}y{% endif +%}\nz", "  {# c #}\nx", "a {#- c -#} b", "<{{ 1 }}>\n",
@@ -103,7 +104,15 @@ CASES = [
     "{{ s.nosuch() }}", "{{ n|length }}", "{{ zz|tojson }}", "{{ 9223372036854775807 + 1 }}",
     "{{ xs|map('upper')|length }}", "{% for a, b in xs %}{% endfor %}", "{{ 1 < 'a' }}",
     "{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}",
+    # found by random differential testing
+    "{{ 15|round(-1) }}{{ 25|round(-1) }}{{ 3|round(2) }}{{ [none, zz] }}", "{{ [] in d }}",
+    "{{ []|last|int }}", "{{ f|indent(2) }}", "{{ ' a b c '.split(None, 1) }}{{ ' a b c '.rsplit(None, 1) }}",
+    "{{ none|selectattr('x')|list }}{{ none|map('upper')|list }}", "{{ 'a'|safe + '<b>' }}{{ '<'|escape ~ '<' }}",
+    "a\n  {% raw %}\n  x\n  {% endraw %}\nb",
 ]
+
+# where kvg_jinja fails on purpose while Python succeeds (64-bit integers)
+OURS_ERROR = {"{{ 9223372036854775807 + 1 }}"}
 
 def ctype(src):
     out = '"'
@@ -124,7 +133,10 @@ def main():
     spec.loader.exec_module(cmp)
     for src in CASES:
         kind, text = cmp.ref(src, TRUSTED, CTX)
-        if kind == "ok":
+        if src in OURS_ERROR:
+            print("    /* Python's ints grow; ours stop at 64 bits with an error (on purpose) */")
+            print("    { %s, ERROR }," % ctype(src))
+        elif kind == "ok":
             print("    { %s,\n      %s }," % (ctype(src), ctype(text)))
         else:
             print("    { %s, %s }," % (ctype(src), "RAISED" if kind == "raised" else "ERROR"))

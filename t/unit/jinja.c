@@ -4,6 +4,7 @@
  * CASES' expected outputs come from Jinja2 itself: t/tools/jinja_cases.py prints
  * the table (rerun it when adding cases). The whole-template comparison against
  * Jinja2 over real chat templates is t/tools/jinja_cmp.py. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -121,6 +122,8 @@ static const struct { const char *src, *want; } CASES[] = {
       "a" },
     { "{% generation %}gen{{ 1 }}{% endgeneration %}",
       "gen1" },
+    { "{% set a = 5 %}{% with a = 1, b = a %}{{ a }}{{ b }}{% endwith %}{{ a }}{% with %}{% set q = 1 %}{{ q }}{% endwith %}{{ q }}",
+      "1551" },
     { "a  {%- if 1 %}  b  {% endif -%}  c",
       "a  b  c" },
     { "a\n  {% if 1 %}\n  b\n  {% endif %}\nc",
@@ -219,6 +222,19 @@ static const struct { const char *src, *want; } CASES[] = {
     { "{% for a, b in xs %}{% endfor %}", ERROR },
     { "{{ 1 < 'a' }}", ERROR },
     { "{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", ERROR },
+    { "{{ 15|round(-1) }}{{ 25|round(-1) }}{{ 3|round(2) }}{{ [none, zz] }}",
+      "20203[None, Undefined]" },
+    { "{{ [] in d }}", ERROR },
+    { "{{ []|last|int }}", ERROR },
+    { "{{ f|indent(2) }}", ERROR },
+    { "{{ ' a b c '.split(None, 1) }}{{ ' a b c '.rsplit(None, 1) }}",
+      "['a', 'b c '][' a b', 'c']" },
+    { "{{ none|selectattr('x')|list }}{{ none|map('upper')|list }}",
+      "[][]" },
+    { "{{ 'a'|safe + '<b>' }}{{ '<'|escape ~ '<' }}",
+      "a&lt;b&gt;&lt;<" },
+    { "a\n  {% raw %}\n  x\n  {% endraw %}\nb",
+      "a\n\n  x\nb" },
 };
 
 static json_t *js(const char *text)
@@ -513,6 +529,56 @@ static void test_api(void)
     kvg_jinja_free(t);
 }
 
+/* a compiled template is immutable: threads render it at once, all alike */
+struct thread_arg {
+    const kvg_jinja *t;
+    const json_t *data;
+    const char *want;
+    int bad;
+};
+
+static void *render_many(void *p)
+{
+    struct thread_arg *a = p;
+    char err[128];
+
+    for (int i = 0; i < 200; i++) {
+        kvg_jinja_output out;
+        if (kvg_jinja_render(a->t, NULL, a->data, NULL, &out, err, sizeof err) != 0 ||
+            strcmp(out.text, a->want) != 0 || out.n_spans != 4)
+            a->bad++;
+        kvg_jinja_output_free(&out);
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    static const char src[] =
+        "{%- set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content|trim }}<|im_end|>\n{% endfor %}{{ ns.n }}";
+    char err[128];
+    kvg_jinja *t = kvg_jinja_compile(src, strlen(src), "t", err, sizeof err);
+    json_t *data = js("{\"messages\": [{\"role\": \"user\", \"content\": \" hi \"},"
+                      " {\"role\": \"assistant\", \"content\": \"yo\"}]}");
+    struct thread_arg args[4];
+    pthread_t th[4];
+
+    for (int i = 0; i < 4; i++) {
+        args[i] = (struct thread_arg){ t, data,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n2", 0 };
+        pthread_create(&th[i], NULL, render_many, &args[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        bad += args[i].bad;
+    }
+    is_int(bad, 0, "4 threads x 200 renders of one compiled template agree");
+    json_decref(data);
+    kvg_jinja_free(t);
+}
+
 int main(void)
 {
     setenv("TZ", "UTC", 1);
@@ -523,5 +589,6 @@ int main(void)
     test_render_errors();
     test_limits();
     test_api();
+    test_threads();
     return done_testing();
 }
