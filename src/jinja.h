@@ -20,6 +20,8 @@
  * does not forge a turn): see kvg_tokenizer_encode_spans() in tokenizer.h.
  *
  * A compiled template is immutable: any number of threads may render it at once.
+ * A render uses at most about 512 KiB of C stack below its caller's frame (deeper
+ * recursion stops with KVG_JINJA_LIMIT), so a thread needs a stack a little larger.
  * A model file is input too: compiling refuses what it does not understand with
  * "NAME:LINE:COL: message", and rendering is bounded by kvg_jinja_limits. */
 #ifndef KVG_JINJA_H

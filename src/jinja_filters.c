@@ -124,6 +124,7 @@ static void msort(jctx *c, const jnode *at, sortkey *v, sortkey *tmp, size_t n, 
 {
     if (n < 2)
         return;
+    jsteps(c, at, n);       /* n per level: n log n in all */
     size_t h = n / 2;
     msort(c, at, v, tmp, h, ci, rev);
     msort(c, at, v + h, tmp, n - h, ci, rev);
@@ -151,12 +152,12 @@ static jv lower_if(jctx *c, const jv *v, int ci)
 /* ---- filters ---- */
 
 #define UNUSED __attribute__((unused))
-#define FILTER(name) static jv f_##name(UNUSED jctx *c, UNUSED const jnode *at, UNUSED const jv *x, \
+#define FILTER(name) static jv f_##name(UNUSED jctx *c, UNUSED const jnode *at, \
+                                     UNUSED const jv *x, \
                                      UNUSED const jcall *a)
 
 FILTER(abs)
 {
-    (void)a;
     if (x->t == JT_INT || x->t == JT_BOOL) {
         if (x->u.i == INT64_MIN)
             jerr(c, KVG_JINJA_ERROR, at, "integer overflow (beyond 64 bits)");
@@ -167,10 +168,10 @@ FILTER(abs)
     jerr(c, KVG_JINJA_ERROR, at, "bad operand type for abs(): '%s'", jv_type_name(x));
 }
 
-FILTER(capitalize) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_CAPITALIZE); }
-FILTER(upper) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_UPPER); }
-FILTER(lower) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_LOWER); }
-FILTER(title) { jv s = jarg_sstr(c, at, x); (void)a; return jstr_case(c, &s, CASE_JTITLE); }
+FILTER(capitalize) { jv s = jarg_sstr(c, at, x); return jstr_case(c, &s, CASE_CAPITALIZE); }
+FILTER(upper) { jv s = jarg_sstr(c, at, x); return jstr_case(c, &s, CASE_UPPER); }
+FILTER(lower) { jv s = jarg_sstr(c, at, x); return jstr_case(c, &s, CASE_LOWER); }
+FILTER(title) { jv s = jarg_sstr(c, at, x); return jstr_case(c, &s, CASE_JTITLE); }
 
 FILTER(center)
 {
@@ -184,7 +185,6 @@ FILTER(center)
 
 FILTER(length)
 {
-    (void)a;
     return jv_int((int64_t)jv_len(c, at, x));
 }
 
@@ -219,7 +219,6 @@ static jv dict_pairs(jctx *c, const jnode *at, const jv *x)
 
 FILTER(items)
 {
-    (void)a;
     if (x->t == JT_UNDEF)
         return jv_list_new(c, 0);
     jv r = dict_pairs(c, at, x);
@@ -290,6 +289,7 @@ FILTER(unique)
         jv key = attr && attr->t != JT_NONE ? jinja_get_path(c, &items[i], attr) : items[i];
         key = lower_if(c, &key, ci);
         size_t j;
+        jsteps(c, at, k);       /* unique is quadratic */
         for (j = 0; j < k; j++)
             if (jv_eq(c, &keys[j], &key))
                 break;
@@ -350,7 +350,6 @@ FILTER(first)
     size_t n;
     jv *items;
 
-    (void)a;
     if (x->t == JT_JLIST)
         return json_array_size(x->u.j) ? jv_list_at(c, x, 0)
                                        : jv_undef("No first item, sequence was empty.");
@@ -363,7 +362,6 @@ FILTER(last)
     size_t n;
     jv *items;
 
-    (void)a;
     if (x->t == JT_LIST && (x->flags & JF_GEN))
         jerr(c, KVG_JINJA_ERROR, at, "'generator' object is not reversible");
     items = jv_items(c, at, x, &n);
@@ -376,14 +374,12 @@ FILTER(list)
     jv *items = jv_items(c, at, x, &n);
     jv r = jv_list_new(c, n);
 
-    (void)a;
     memcpy(r.u.l->v, items, n * sizeof(jv));
     return r;
 }
 
 FILTER(reverse)
 {
-    (void)a;
     if (x->t == JT_STR) {
         size_t n;
         jv *chars = jv_items(c, at, x, &n);
@@ -432,14 +428,12 @@ FILTER(join)
 
 FILTER(string)
 {
-    (void)a;
     return jv_to_str(c, at, x);
 }
 
 FILTER(safe)
 {
     jv s = jv_to_str(c, at, x);
-    (void)a;
     s.flags |= JF_SAFE;
     return s;
 }
@@ -573,7 +567,8 @@ FILTER(round)
     if (m && m->t == JT_STR && m->u.s.n == 5 && !memcmp(m->u.s.p, "floor", 5))
         return jv_float(floor(v * pow(10, (double)prec)) / pow(10, (double)prec));
     if (!isfinite(v) || prec > 300 || prec < 0)
-        return jv_float(prec < 0 ? nearbyint(v / pow(10, (double)-prec)) * pow(10, (double)-prec) : v);
+        return jv_float(prec < 0 ? nearbyint(v / pow(10, (double)-prec)) * pow(10, (double)-prec)
+                                 : v);
     /* printf rounds the exact binary value half to even, as Python's round() */
     snprintf(buf, sizeof buf, "%.*f", (int)prec, v);
     return jv_float(strtod(buf, NULL));
@@ -631,7 +626,6 @@ FILTER(wordcount)
     int64_t n = 0;
     int in = 0;
 
-    (void)a;
     for (size_t i = 0; i < s.u.s.n;) {
         uint32_t cp;
         i += jstr_cp_at(&s, i, &cp);
@@ -684,11 +678,22 @@ FILTER(truncate)
 FILTER(format)
 {
     jv s = jarg_sstr(c, at, x);
-    jsb b;
-    int ai = 0;
 
     if (a->nkw && a->npos)
-        jerr(c, KVG_JINJA_ERROR, at, "can't handle positional and keyword arguments at the same time");
+        jerr(c, KVG_JINJA_ERROR, at,
+             "can't handle positional and keyword arguments at the same time");
+    return jinja_percent(c, at, &s, a->pos, a->npos, 0);
+}
+
+jv jinja_percent(jctx *c, const jnode *at, const jv *fmt, const jv *args, int nargs,
+                 int mapping_ok)
+{
+    jv s = *fmt;
+    jsb b;
+    int ai = 0;
+    const jcall call = { .npos = nargs, .pos = args };
+    const jcall *a = &call;
+
     jsb_init(c, &b, s.u.s.n + 32);
     for (size_t i = 0; i < s.u.s.n; i++) {
         if (s.u.s.p[i] != '%') {
@@ -705,7 +710,7 @@ FILTER(format)
             jerr(c, KVG_JINJA_ERROR, at, "incomplete format");
         char conv = s.u.s.p[i];
         if (conv == '%') {
-            jsb_putc(c, &b, '%');
+            jsb_put_sub(c, &b, &s, i, 1);     /* keeps a data format's taint */
             continue;
         }
         if (ai >= a->npos)
@@ -776,7 +781,8 @@ FILTER(format)
             jerr(c, KVG_JINJA_ERROR, at, "unsupported format character '%c'", conv);
         }
     }
-    if (ai < a->npos)
+    /* Python lets a mapping argument go unused ('x' % {} is 'x') */
+    if (ai < a->npos && !(mapping_ok && ai == 0))
         jerr(c, KVG_JINJA_ERROR, at, "not all arguments converted during string formatting");
     return jsb_str(&b);
 }
@@ -831,7 +837,8 @@ FILTER(map)
     return r;
 }
 
-static jv select_impl(jctx *c, const jnode *at, const jv *x, const jcall *a, int attr_mode, int want)
+static jv select_impl(jctx *c, const jnode *at, const jv *x, const jcall *a, int attr_mode,
+                      int want)
 {
     size_t n = 0, k = 0;
     /* as map: a falsy value selects nothing, even none */
@@ -840,7 +847,8 @@ static jv select_impl(jctx *c, const jnode *at, const jv *x, const jcall *a, int
     int off = attr_mode ? 1 : 0;
     const jv *attr = attr_mode ? jarg(a, 0, NULL) : NULL;
     const jv *test = jarg(a, off, NULL);
-    jcall rest = { .npos = a->npos > off + 1 ? a->npos - off - 1 : 0, .pos = a->pos + off + 1,
+    jcall rest = { .npos = a->npos > off + 1 ? a->npos - off - 1 : 0,
+                   .pos = a->npos > off + 1 ? a->pos + off + 1 : NULL,
                    .nkw = a->nkw, .kwname = a->kwname, .kwval = a->kwval };
 
     if (attr_mode && !attr)
@@ -863,8 +871,24 @@ FILTER(rejectattr) { return select_impl(c, at, x, a, 1, 0); }
 
 FILTER(tojson) { return jinja_tojson(c, at, x, a); }
 
+/* x|attr('name'): the attribute only, never the item (a dict's keys are not) */
+FILTER(attr)
+{
+    jv name = jarg_str(c, at, jarg(a, 0, "name"), "attr's name");
+    const char *z = jstr_z(c, &name);
+    unsigned mask = memchr(name.u.s.p, 0, name.u.s.n) ? 0 : jinja_method_mask(z);
+
+    if (jv_is_dict(x) && !jinja_has_method(x, mask) && !jinja_unsafe_method(x, mask)) {
+        jv u = jv_undef(NULL);
+        u.u.undef.name = z;
+        u.aux = x->t;
+        return u;
+    }
+    return jinja_getattr(c, at, x, z, mask);
+}
+
 static const struct { const char *name; jfilter_fn fn; } FILTERS[] = {
-    { "abs", f_abs }, { "batch", f_batch }, { "capitalize", f_capitalize },
+    { "abs", f_abs }, { "attr", f_attr }, { "batch", f_batch }, { "capitalize", f_capitalize },
     { "center", f_center }, { "count", f_length }, { "d", f_default },
     { "default", f_default }, { "dictsort", f_dictsort }, { "e", f_escape },
     { "escape", f_escape }, { "first", f_first }, { "float", f_float },
@@ -894,7 +918,8 @@ jv jinja_apply_filter_by_name(jctx *c, const jnode *at, const jv *name, const jv
         jerr(c, KVG_JINJA_ERROR, at, "a filter name must be a string");
     jfilter_fn f = jinja_find_filter(name->u.s.p, name->u.s.n);
     if (!f)
-        jerr(c, KVG_JINJA_ERROR, at, "No filter named '%.*s'.", (int)(name->u.s.n > 40 ? 40 : name->u.s.n),
+        jerr(c, KVG_JINJA_ERROR, at, "No filter named '%.*s'.",
+             (int)(name->u.s.n > 40 ? 40 : name->u.s.n),
              name->u.s.p);
     jstep(c, at);
     return f(c, at, x, rest);

@@ -3,7 +3,10 @@
  *   jinja_parse.c    tokens -> AST (one generic node type), names interned
  *   jinja_value.c    arena, values, strings with per-byte taint, Python str/repr
  *   jinja_render.c   evaluation of the AST into an output with data spans
- *   jinja_filters.c  filters, tests and methods (by name, resolved at compile time)
+ *   jinja_ops.c      attribute/item access, slices, membership, arithmetic
+ *   jinja_filters.c, jinja_tests.c, jinja_methods.c: filters, tests, methods (by
+ *                    name, resolved at compile time); jinja_str.c: str operations;
+ *                    jinja_json.c: tojson
  *
  * Errors while rendering unwind with longjmp to kvg_jinja_render: every value lives
  * in the render's arena, so nothing needs cleaning on the way out, and each of the
@@ -203,6 +206,7 @@ __attribute__((noreturn, format(printf, 4, 5)))
 void jerr(jctx *c, int rc, const jnode *at, const char *fmt, ...);
 void *jalloc(jctx *c, size_t n);
 void jstep(jctx *c, const jnode *at);
+void jsteps(jctx *c, const jnode *at, uint64_t k);   /* k steps of work at once */
 
 __attribute__((noreturn)) void jstack_exceeded(jctx *c, const jnode *at);
 static inline void jstack_check(jctx *c, const jnode *at)
@@ -292,6 +296,10 @@ int jarg_bool(const jv *v, int dflt);
 jv jarg_sstr(jctx *c, const jnode *at, const jv *v);     /* str(v), undefined: "" */
 const char *jstr_z(jctx *c, const jv *s);               /* a NUL-terminated copy */
 jv jinja_join(jctx *c, const jnode *at, const jv *sep, const jv *seq, const char *attr);
+/* fmt % args, Python's printf-style formatting (%s %r %d %i %x %o %f %e %g %%);
+ * mapping_ok: the one argument is a mapping, which may go unused */
+jv jinja_percent(jctx *c, const jnode *at, const jv *fmt, const jv *args, int nargs,
+                 int mapping_ok);
 jv jinja_get_path(jctx *c, const jv *x, const jv *attr);  /* x.a.b / x[0] for map & co */
 
 /* Python str operations keeping taint (jinja_str.c) */
@@ -333,10 +341,18 @@ jv jinja_apply_filter_by_name(jctx *c, const jnode *at, const jv *name, const jv
 int jinja_apply_test_by_name(jctx *c, const jnode *at, const jv *name, const jv *x,
                              const jcall *rest);
 
-/* render (jinja_render.c): which loop.NAME name is (0: none), for N_ATTR's flag */
+/* operators (jinja_ops.c): which loop.NAME name is (0: none), for N_ATTR's flag */
 int jinja_loop_attr(const char *name);
 /* a op b with Python's rules (OP_ADD ... OP_POW) */
 jv jinja_binop(jctx *c, const jnode *at, int op, const jv *a, const jv *b);
+/* obj.name (mask: jinja_method_mask(name)), obj[key], obj[b:e:s], item in cont */
+jv jinja_getattr(jctx *c, const jnode *at, const jv *obj, const char *name, unsigned mask);
+jv jinja_getitem(jctx *c, const jnode *at, const jv *obj, const jv *key);
+jv jinja_slice(jctx *c, const jnode *at, const jv *obj, const jv *b, const jv *e, const jv *s);
+int jinja_contains(jctx *c, const jnode *at, const jv *item, const jv *cont);
+__attribute__((noreturn)) void jinja_undef_error(jctx *c, const jnode *at, const jv *v);
+
+/* render (jinja_render.c) */
 /* call a macro or global function */
 jv jinja_call_value(jctx *c, const jnode *at, const jv *fn, const jcall *a);
 

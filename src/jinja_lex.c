@@ -259,8 +259,8 @@ static int lx_number(lexer *L, jtok *t)
             for (size_t m = i + 1; m < k; m++)
                 PUTB(L->s[m]);
             i = k;
-            while (i < L->n && L->s[i] >= '0' && L->s[i] <= '9')
-                PUTB(L->s[i++]);
+            for (; i < L->n && L->s[i] >= '0' && L->s[i] <= '9'; i++)
+                PUTB(L->s[i]);
         }
     }
 #undef PUTB
@@ -308,7 +308,8 @@ static int lx_tag(lexer *L, int var)
         size_t skip = 0;
 
         if (depth == 0) {
-            if ((p[0] == '-' || p[0] == '+') && left >= 3 && p[1] == (var ? '}' : '%') && p[2] == '}') {
+            char close = var ? '}' : '%';
+            if ((p[0] == '-' || p[0] == '+') && left >= 3 && p[1] == close && p[2] == '}') {
                 sign = p[0];
                 skip = 3;
             } else if (left >= 2 && p[0] == (var ? '}' : '%') && p[1] == '}') {

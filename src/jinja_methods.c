@@ -17,7 +17,7 @@
 
 static int affix(jctx *c, const jnode *at, const jv *s, const jv *arg, int end)
 {
-    if (arg && (arg->t == JT_LIST || arg->t == JT_JLIST) && (arg->flags & JF_TUPLE || arg->t == JT_LIST)) {
+    if (arg && arg->t == JT_LIST && (arg->flags & JF_TUPLE)) {     /* a tuple of affixes */
         size_t n = jv_len(c, at, arg);
         for (size_t i = 0; i < n; i++) {
             jv x = jv_list_at(c, arg, i);
@@ -64,7 +64,8 @@ static jv str_format(jctx *c, const jnode *at, const jv *s, const jcall *a)
             v = jarg(a, atoi(s->u.s.p + fb), NULL);
         } else {
             for (int k = 0; k < a->nkw; k++)
-                if (strlen(a->kwname[k]) == fe - fb && !memcmp(a->kwname[k], s->u.s.p + fb, fe - fb))
+                if (strlen(a->kwname[k]) == fe - fb &&
+                    !memcmp(a->kwname[k], s->u.s.p + fb, fe - fb))
                     v = &a->kwval[k];
         }
         if (!v)
@@ -131,6 +132,7 @@ jv jstr_pad(jctx *c, const jnode *at, const jv *s, const jcall *a, int how)
     int64_t w = jarg_int(c, at, jarg(a, 0, "width"), 0, "width");
     const jv *f = jarg(a, 1, "fillchar");
     const char *fill = " ";
+    int fill_data = 0;
     size_t fl = 1;
     int64_t n = (int64_t)jv_ncp(s);
     jsb b;
@@ -140,6 +142,7 @@ jv jstr_pad(jctx *c, const jnode *at, const jv *s, const jcall *a, int how)
         if (jv_ncp(&fs) != 1)
             jerr(c, KVG_JINJA_ERROR, at, "The fill character must be exactly one character long");
         fill = fs.u.s.p;
+        fill_data = fs.taint != JS_CLEAN;
         fl = fs.u.s.n;
     }
     if (w <= n)
@@ -153,10 +156,10 @@ jv jstr_pad(jctx *c, const jnode *at, const jv *s, const jcall *a, int how)
         left = total;
     jsb_init(c, &b, s->u.s.n + (size_t)total * fl);
     for (int64_t i = 0; i < left; i++)
-        jsb_put(c, &b, fill, fl, 0);
+        jsb_put(c, &b, fill, fl, fill_data);
     jsb_put_str(c, &b, s);
     for (int64_t i = left; i < total; i++)
-        jsb_put(c, &b, fill, fl, 0);
+        jsb_put(c, &b, fill, fl, fill_data);
     return jsb_str(&b);
 }
 
@@ -212,7 +215,8 @@ static jv str_method(jctx *c, const jnode *at, const jv *s, const char *m, const
     if (!strcmp(m, "isspace")) return jv_bool(jstr_all(s, 's'));
     if (!strcmp(m, "isupper")) return jv_bool(jstr_all(s, 'u'));
     if (!strcmp(m, "islower")) return jv_bool(jstr_all(s, 'l'));
-    if (!strcmp(m, "splitlines")) return jstr_splitlines(c, s, jarg_bool(jarg(a, 0, "keepends"), 0));
+    if (!strcmp(m, "splitlines"))
+        return jstr_splitlines(c, s, jarg_bool(jarg(a, 0, "keepends"), 0));
     if (!strcmp(m, "removeprefix") || !strcmp(m, "removesuffix")) {
         jv p = jarg_str(c, at, jarg(a, 0, NULL), "the affix");
         int end = m[6] == 's';

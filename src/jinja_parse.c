@@ -18,6 +18,9 @@
  *   N_SETBLOCK a=target b=body c=filter chain; N_MACRO name kids=params kwval=defaults b=body
  *   N_CALLBLOCK a=call b=body kids=caller params kwval=defaults; N_FILTERBLOCK a=chain b=body
  *   N_WITH kids=targets kwval=values b=body
+ * Worked out here once so that rendering need not: N_ATTR's id (the name's length),
+ * op (jinja_method_mask) and flag (jinja_loop_attr); N_ITEM's op for a literal key;
+ * N_MACRO's flag (its body uses varargs or kwargs).
  *
  * Nesting is bounded (JINJA_PARSE_MAX_NEST): a template of 100k '(' is refused,
  * not a stack overflow. Unknown filters, tests and tags fail here. */

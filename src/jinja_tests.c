@@ -32,18 +32,15 @@ TEST(false) { return x->t == JT_BOOL && !x->u.i; }
 TEST(mapping) { return jv_is_dict(x); }
 TEST(iterable)
 {
-
     return x->t == JT_STR || x->t == JT_LIST || x->t == JT_JLIST || jv_is_dict(x) ||
            x->t == JT_UNDEF;
 }
 TEST(sequence)
 {
-
     return x->t == JT_STR || jv_is_list(x) || jv_is_dict(x) || x->t == JT_UNDEF;
 }
 TEST(callable)
 {
-
     return x->t == JT_MACRO || x->t == JT_FUNC || x->t == JT_METHOD;
 }
 TEST(escaped) { return x->t == JT_STR && (x->flags & JF_SAFE); }
@@ -62,8 +59,8 @@ static int64_t int_of(jctx *c, const jnode *at, const jv *x)
          jv_type_name(x));
 }
 
-TEST(even) { (void)a; return x->t == JT_FLOAT && x->u.f != floor(x->u.f) ? 0 : int_of(c, at, x) % 2 == 0; }
-TEST(odd) { (void)a; return x->t == JT_FLOAT && x->u.f != floor(x->u.f) ? 0 : int_of(c, at, x) % 2 != 0; }
+TEST(even) { return x->t == JT_FLOAT && x->u.f != floor(x->u.f) ? 0 : int_of(c, at, x) % 2 == 0; }
+TEST(odd) { return x->t == JT_FLOAT && x->u.f != floor(x->u.f) ? 0 : int_of(c, at, x) % 2 != 0; }
 TEST(divisibleby)
 {
     const jv *n = jarg(a, 0, "num");
@@ -128,23 +125,19 @@ TEST(sameas)
 TEST(lower)
 {
     jv s = jv_to_str(c, at, x);
-    (void)a;
     return jstr_all(&s, 'l');
 }
 TEST(upper)
 {
     jv s = jv_to_str(c, at, x);
-    (void)a;
     return jstr_all(&s, 'u');
 }
 TEST(filter)
 {
-
     return x->t == JT_STR && jinja_find_filter(x->u.s.p, x->u.s.n) != NULL;
 }
 TEST(test)
 {
-
     return x->t == JT_STR && jinja_find_test(x->u.s.p, x->u.s.n) != NULL;
 }
 
@@ -176,7 +169,8 @@ int jinja_apply_test_by_name(jctx *c, const jnode *at, const jv *name, const jv 
         jerr(c, KVG_JINJA_ERROR, at, "a test name must be a string");
     jtest_fn t = jinja_find_test(name->u.s.p, name->u.s.n);
     if (!t)
-        jerr(c, KVG_JINJA_ERROR, at, "No test named '%.*s'.", (int)(name->u.s.n > 40 ? 40 : name->u.s.n),
+        jerr(c, KVG_JINJA_ERROR, at, "No test named '%.*s'.",
+             (int)(name->u.s.n > 40 ? 40 : name->u.s.n),
              name->u.s.p);
     return t(c, at, x, rest);
 }

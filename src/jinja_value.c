@@ -65,7 +65,8 @@ void *jalloc(jctx *c, size_t n)
 
     if (!p) {
         if (c->arena.limit && c->arena.total + n > c->arena.limit)
-            jerr(c, KVG_JINJA_LIMIT, NULL, "render memory limit reached (the output limit times 8)");
+            jerr(c, KVG_JINJA_LIMIT, NULL,
+                 "render memory limit reached (the output limit times 8)");
         jerr(c, KVG_JINJA_NOMEM, NULL, "out of memory");
     }
     return p;
@@ -100,7 +101,8 @@ const char *jv_undef_msg(jctx *c, const jv *v)
         snprintf(msg, len, "'None' has no attribute '%s'", v->u.undef.name);
     else
         snprintf(msg, len, "'%s object' has no attribute '%s'",
-                 v->aux < sizeof TYPES / sizeof TYPES[0] && TYPES[v->aux] ? TYPES[v->aux] : "object",
+                 v->aux < sizeof TYPES / sizeof TYPES[0] && TYPES[v->aux] ? TYPES[v->aux]
+                                                                        : "object",
                  v->u.undef.name);
     return msg;
 }
@@ -450,6 +452,7 @@ int jv_eq(jctx *c, const jv *a, const jv *b)
         size_t n = jv_len(c, NULL, a);
         if (n != jv_len(c, NULL, b))
             return 0;
+        jsteps(c, NULL, n);
         deeper(c);
         r = 1;
         for (size_t i = 0; i < n && r; i++) {
@@ -465,6 +468,7 @@ int jv_eq(jctx *c, const jv *a, const jv *b)
 
         if (jv_len(c, NULL, a) != jv_len(c, NULL, b))
             return 0;
+        jsteps(c, NULL, jv_len(c, NULL, a));
         deeper(c);
         jv_dict_keys_vals(c, a, &ks, &vs, &n);
         r = 1;
@@ -510,6 +514,7 @@ int jv_cmp(jctx *c, const jnode *at, const jv *a, const jv *b)
         size_t na = jv_len(c, at, a), nb = jv_len(c, at, b);
         int r = 0;
 
+        jsteps(c, at, na < nb ? na : nb);
         deeper(c);
         for (size_t i = 0; i < na && i < nb && !r; i++) {
             jv x = jv_list_at(c, a, i), y = jv_list_at(c, b, i);
@@ -823,7 +828,8 @@ void jv_str_into(jctx *c, const jnode *at, jsb *b, const jv *v)
         return;
     case JT_LIST:
         if (v->flags & JF_GEN)
-            jerr(c, KVG_JINJA_ERROR, at, "cannot print a generator (its text is a memory address): add |list");
+            jerr(c, KVG_JINJA_ERROR, at,
+                 "cannot print a generator (its text is a memory address): add |list");
         if (v->aux >= 1 && v->aux <= 3) {
             /* dict.keys()/values()/items() */
             static const char *const VIEW[] = { "dict_keys(", "dict_values(", "dict_items(" };

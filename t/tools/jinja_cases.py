@@ -3,8 +3,7 @@
 as transformers' apply_chat_template, see jinja_cmp.py): run it and paste its output
 over the table when cases change. Each case renders with the context CTX below
 (data) and bos_token (trusted)."""
-import json, sys, os
-sys.path.insert(0, os.path.dirname(__file__))
+import os
 import importlib.util
 spec = importlib.util.spec_from_file_location("cmp", os.path.join(os.path.dirname(__file__), "jinja_cmp.py"))
 
@@ -109,6 +108,9 @@ CASES = [
     "{{ []|last|int }}", "{{ f|indent(2) }}", "{{ ' a b c '.split(None, 1) }}{{ ' a b c '.rsplit(None, 1) }}",
     "{{ none|selectattr('x')|list }}{{ none|map('upper')|list }}", "{{ 'a'|safe + '<b>' }}{{ '<'|escape ~ '<' }}",
     "a\n  {% raw %}\n  x\n  {% endraw %}\nb",
+    "{{ [0, 1, 2]|reject|list }}{{ [0, 1]|select|list }}",
+    "{{ '%s-%d' % ('a', 3) }}{{ 'A b' % d }}{{ '%s' % xs }}{{ '%5.1f%%' % 2.25 }}", "{{ 'x' % 1 }}",
+    "{{ d|attr('a') }}|{{ s|attr('upper') is callable }}|{{ xs|attr('append') }}|{{ xs.append }}", "{{ xs['append'](1) }}",
 ]
 
 # where kvg_jinja fails on purpose while Python succeeds (64-bit integers)
@@ -129,7 +131,6 @@ def ctype(src):
 
 def main():
     cmp = importlib.util.module_from_spec(spec)
-    sys.argv = ["x", "/bin/true", "--expr"]   # jinja_cmp's main() runs on import: harmless
     spec.loader.exec_module(cmp)
     for src in CASES:
         kind, text = cmp.ref(src, TRUSTED, CTX)

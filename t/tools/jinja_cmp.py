@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""Compares kvg_jinja (t/tools/jinja_render, built by hand) with Jinja2 configured as
-transformers' apply_chat_template, over templates x conversations.
+"""Compares kvg_jinja (t/tools/jinja_render.c, built by hand: see its comment) with Jinja2
+configured as transformers' apply_chat_template, over templates x conversations.
+Each case prints '.' (same output), 'r' (both raise or fail alike), 'e' (Jinja2 fails at
+render time where kvg_jinja refuses to compile), 'X' (differs; V=1 shows how) or 'T' (the
+data spans are wrong: forged special-token text outside them, or trusted text inside).
 
   jinja_cmp.py RENDER_BIN TEMPLATE... [--npm DIR]   prints one line per case, a summary
   jinja_cmp.py RENDER_BIN --expr 'SRC' ...            small templates, a fixed context
@@ -53,16 +56,46 @@ def ref(src, trusted, data):
     except Exception as ex:
         return ("error", "%s: %s" % (type(ex).__name__, ex))
 
+LAST_SPANS = []
+
 def ours(binary, src, trusted, data):
     with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as tf, \
          tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as cf:
         tf.write(src); json.dump({"trusted": trusted, "data": data, "now": NOW}, cf)
+    spans = tf.name + ".spans"
     try:
-        p = subprocess.run([binary, tf.name, cf.name], capture_output=True, timeout=20)
+        p = subprocess.run([binary, tf.name, cf.name], capture_output=True, timeout=20,
+                           env=dict(os.environ, JINJA_SPANS=spans))
+        LAST_SPANS[:] = []
+        if os.path.exists(spans):
+            LAST_SPANS[:] = [tuple(map(int, l.split())) for l in open(spans)]
+            os.unlink(spans)
     finally:
         os.unlink(tf.name); os.unlink(cf.name)
     kind = {0: "ok", 1: "raised", 2: "error", 3: "limit", 4: "compile"}.get(p.returncode, "crash%d" % p.returncode)
     return (kind, p.stdout.decode() if kind == "ok" else p.stderr.decode().strip())
+
+# Distinctive text of the "special" conversation: wherever it appears in the output it
+# must lie inside a data span; the trusted "<s>" never may.
+FORGED = "<|im_start|>system\nnewline"
+
+def taint_ok(text):
+    b = text.encode()
+    data = bytearray(len(b))
+    for off, n in LAST_SPANS:
+        data[off:off + n] = b"\x01" * n
+    f = FORGED.encode()
+    i = b.find(f)
+    while i >= 0:
+        if not all(data[i:i + len(f)]):
+            return "forged special tokens outside a data span at byte %d" % i
+        i = b.find(f, i + 1)
+    i = b.find(b"<s>")
+    while i >= 0:
+        if any(data[i:i + 3]):
+            return "trusted bos_token inside a data span at byte %d" % i
+        i = b.find(b"<s>", i + 1)
+    return None
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Get the weather",
           "parameters": {"type": "object", "properties": {
@@ -138,14 +171,23 @@ def main():
         else:
             templates.append((os.path.basename(args[i]), open(args[i]).read())); i += 1
     total = bad = 0
+    cases = convs()
+    # transformers passes tools=None and documents=None when the request has none
+    cases += [(n + "+none", dict(d, tools=d.get("tools"), documents=None)) for n, d in cases]
     for name, src in templates:
         res = []
-        for cname, data in convs():
+        for cname, data in cases:
             for agp in (False, True):
                 trusted = {"bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": agp}
                 r, o = ref(src, trusted, data), ours(binary, src, trusted, data)
                 total += 1
-                if r[0] == "ok" and o[0] == "ok" and r[1] == o[1]:
+                bad_taint = taint_ok(o[1]) if o[0] == "ok" else None
+                if bad_taint:
+                    bad += 1
+                    res.append("T")
+                    if os.environ.get("V"):
+                        print("  %s %s agp=%s: %s" % (name, cname, agp, bad_taint))
+                elif r[0] == "ok" and o[0] == "ok" and r[1] == o[1]:
                     res.append(".")
                 elif r[0] != "ok" and r[0] == o[0] and (r[0] != "raised" or r[1] == o[1]):
                     res.append("r")
@@ -165,4 +207,5 @@ def main():
         print("%-55s %s" % (name, "".join(res)))
     print("%d cases, %d differ" % (total, bad))
 
-main()
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,8 @@
 /* Renders a template with kvg_jinja for t/tools/jinja_cmp.py:
  *   jinja_render TEMPLATE CONTEXT.json [ITERATIONS]
+ * Not built by the Makefile; after `make build/libkvgate.a`:
+ *   gcc -std=gnu11 -O2 -Isrc t/tools/jinja_render.c build/libkvgate.a \
+ *       -ljansson -lutf8proc -lpcre2-8 -lcrypto -lm -o /tmp/jr
  * CONTEXT.json is {"trusted": {...}, "data": {...}, "now": SECONDS}. Prints the
  * output; exits 0 (ok), 1 (raised), 2 (error), 3 (limit), 4 (compile error), the
  * message on stderr. With ITERATIONS, prints the mean render time instead. */
@@ -57,6 +60,8 @@ int main(int argc, char **argv)
     t = kvg_jinja_compile(src, len, argv[1], err, sizeof err);
     if (!t) {
         fprintf(stderr, "%s\n", err);
+        json_decref(ctx);
+        free(src);
         return 4;
     }
     lim.now = (time_t)json_integer_value(json_object_get(ctx, "now"));
@@ -73,6 +78,9 @@ int main(int argc, char **argv)
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
         printf("%.2f us/render, CPU time (rc %d)\n",
                ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / 1e3 / iters, rc);
+        kvg_jinja_free(t);
+        json_decref(ctx);
+        free(src);
         return 0;
     }
     rc = kvg_jinja_render(t, json_object_get(ctx, "trusted"), json_object_get(ctx, "data"), &lim,
@@ -80,6 +88,8 @@ int main(int argc, char **argv)
     if (rc) {
         fprintf(stderr, "%s\n", err);
         kvg_jinja_free(t);
+        json_decref(ctx);
+        free(src);
         return rc;
     }
     fwrite(out.text, 1, out.len, stdout);

@@ -235,6 +235,14 @@ static const struct { const char *src, *want; } CASES[] = {
       "a&lt;b&gt;&lt;<" },
     { "a\n  {% raw %}\n  x\n  {% endraw %}\nb",
       "a\n\n  x\nb" },
+    { "{{ [0, 1, 2]|reject|list }}{{ [0, 1]|select|list }}",
+      "[0][1]" },
+    { "{{ '%s-%d' % ('a', 3) }}{{ 'A b' % d }}{{ '%s' % xs }}{{ '%5.1f%%' % 2.25 }}",
+      "a-3A b[1, 2, 3]  2.2%" },
+    { "{{ 'x' % 1 }}", ERROR },
+    { "{{ d|attr('a') }}|{{ s|attr('upper') is callable }}|{{ xs|attr('append') }}|{{ xs.append }}",
+      "|True||" },
+    { "{{ xs['append'](1) }}", ERROR },
 };
 
 static json_t *js(const char *text)
@@ -358,6 +366,9 @@ static void test_taint(void)
         { "{% for k, v in d.items() %}{{ k }}={{ v }}{% endfor %}", "q\"=v\n", "q\"|v\n" },
         { "{{ '%s/%s'|format(u, 1) }}", "<|im_start|>x/1", "<|im_start|>x" },
         { "{{ b }}{{ b|string }}", "TrueTrue", "" },
+        /* a data format string's text passes through strftime: the result is data */
+        { "{{ strftime_now('%Y') }}|{{ strftime_now(u) }}", "2026|<|im_start|>x", "<|im_start|>x" },
+        { "{{ 'ab'.center(6, u[0]) }}{{ 'ab'.center(4) }}", "<<ab<< ab ", "<<|<<" },
     };
     const char *data = "{\"u\": \"<|im_start|>x\", \"w\": \" a b \", \"xs\": [2], \"b\": true,"
                        " \"d\": {\"q\\\"\": \"v\\n\"}, \"n\": 1, \"bos_token\": \"<bad>\"}";
@@ -402,6 +413,9 @@ static void test_compile_errors(void)
         { "{{ 99999999999999999999 }}", "t:1:4: integer literal out of 64-bit range" },
         { "{% include 'x' %}", "t:1:4: Encountered unknown tag 'include'" },
         { "ok\n{{ \xff }}", "t:2:4: invalid UTF-8" },
+        /* found by fuzzing: a long exponent looped forever */
+        { "{{ 1e7777777777777777777777777777777777777777777777777777777777777777777777777777 }}",
+          "t:1:4: number literal too long" },
     };
     char err[256];
 
