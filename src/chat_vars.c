@@ -74,6 +74,45 @@ static int empty_array(cv_ctx *c, const char *param)
                 "but got an empty array instead.", param);
 }
 
+/* Parameter paths, built for every message and part (not only on errors, so
+ * that the deeper checks can name them): by hand, since snprintf cost as much
+ * as the rest of a message's conversion. A path cut by cap still ends in a NUL. */
+static const char *append(char *buf, size_t cap, size_t at, const char *s, size_t n)
+{
+    if (at < cap) {
+        size_t room = cap - 1 - at;
+        memcpy(buf + at, s, n < room ? n : room);
+        buf[at + (n < room ? n : room)] = '\0';
+    }
+    return buf;
+}
+
+/* "base.key" */
+static const char *member(char *buf, size_t cap, const char *base, const char *key)
+{
+    size_t n = strlen(base);
+
+    append(buf, cap, 0, base, n);
+    append(buf, cap, n, ".", 1);
+    return append(buf, cap, n + 1, key, strlen(key));
+}
+
+/* "base[i]" */
+static const char *element(char *buf, size_t cap, const char *base, size_t i)
+{
+    char digits[24];
+    size_t n = strlen(base), d = sizeof digits;
+
+    digits[--d] = ']';
+    do {
+        digits[--d] = (char)('0' + i % 10);
+        i /= 10;
+    } while (i);
+    digits[--d] = '[';
+    append(buf, cap, 0, base, n);
+    return append(buf, cap, n, digits + d, sizeof digits - d);
+}
+
 /* An optional string member: 0 when absent or a string (*out set, NULL when
  * absent), else the error. */
 static int opt_string(cv_ctx *c, const json_t *obj, const char *key, const char *base,
@@ -84,7 +123,7 @@ static int opt_string(cv_ctx *c, const json_t *obj, const char *key, const char 
 
     *out = v;
     if (v && !json_is_string(v))
-        return type_error(c, kvg_api_param(p, sizeof p, "%s.%s", base, key), "a string", v);
+        return type_error(c, member(p, sizeof p, base, key), "a string", v);
     return 0;
 }
 
@@ -96,7 +135,7 @@ static int req_string(cv_ctx *c, const json_t *obj, const char *key, const char 
     if (opt_string(c, obj, key, base, out) < 0)
         return KVG_CHAT_VARS_INVALID;
     if (!*out)
-        return missing(c, kvg_api_param(p, sizeof p, "%s.%s", base, key));
+        return missing(c, member(p, sizeof p, base, key));
     return 0;
 }
 
@@ -110,24 +149,24 @@ static int check_type(cv_ctx *c, const json_t *obj, const char *base, const char
         return KVG_CHAT_VARS_INVALID;
     if (strcmp(json_string_value(v), want) != 0) {
         kvg_api_quote(json_string_value(v), json_string_length(v), q, sizeof q);
-        kvg_api_param(p, sizeof p, "%s.type", base);
+        member(p, sizeof p, base, "type");
         return fail(c, p, "Invalid value for '%s': %s. Supported values are: '%s'.", p, q, want);
     }
     return 0;
 }
 
 /* content: a string, or a non-empty array of text parts joined with "\n".
- * *out is a new string. */
+ * *out is a new reference (to the request's own string when it is one). */
 static int build_content(cv_ctx *c, const json_t *v, const char *base, json_t **out)
 {
     char p[PATH_MAX_LEN], part_path[PATH_MAX_LEN], q[80];
     size_t n, total = 0, off = 0;
     char *buf;
 
-    kvg_api_param(p, sizeof p, "%s.content", base);
+    member(p, sizeof p, base, "content");
     if (json_is_string(v)) {
-        *out = json_stringn(json_string_value(v), json_string_length(v));
-        return *out ? 0 : nomem(c);
+        *out = json_incref((json_t *)v);    /* shared: see the header */
+        return 0;
     }
     if (!json_is_array(v))
         return type_error(c, p, "a string or an array of content parts", v);
@@ -136,7 +175,7 @@ static int build_content(cv_ctx *c, const json_t *v, const char *base, json_t **
     for (size_t j = 0; j < n; j++) {
         json_t *part = json_array_get(v, j), *type, *text;
 
-        kvg_api_param(part_path, sizeof part_path, "%s[%zu]", p, j);
+        element(part_path, sizeof part_path, p, j);
         if (!json_is_object(part))
             return type_error(c, part_path, "an object", part);
         if (req_string(c, part, "type", part_path, &type) < 0)
@@ -144,7 +183,7 @@ static int build_content(cv_ctx *c, const json_t *v, const char *base, json_t **
         if (strcmp(json_string_value(type), "text") != 0) {
             char tp[PATH_MAX_LEN];
             kvg_api_quote(json_string_value(type), json_string_length(type), q, sizeof q);
-            kvg_api_param(tp, sizeof tp, "%s.type", part_path);
+            member(tp, sizeof tp, part_path, "type");
             return fail(c, tp, "Invalid value for '%s': only 'text' content parts are "
                         "supported, got %s.", tp, q);
         }
@@ -202,14 +241,14 @@ static int build_call(cv_ctx *c, const json_t *call, const char *base, json_t **
         return type_error(c, base, "an object", call);
     if (req_string(c, call, "id", base, &id) < 0 || check_type(c, call, base, "function") < 0)
         return KVG_CHAT_VARS_INVALID;
-    kvg_api_param(fp, sizeof fp, "%s.function", base);
+    member(fp, sizeof fp, base, "function");
     if (!(fn = kvg_api_field(call, "function")))
         return missing(c, fp);
     if (!json_is_object(fn))
         return type_error(c, fp, "an object", fn);
     if (req_string(c, fn, "name", fp, &name) < 0 || req_string(c, fn, "arguments", fp, &args) < 0)
         return KVG_CHAT_VARS_INVALID;
-    kvg_api_param(ap, sizeof ap, "%s.arguments", fp);
+    member(ap, sizeof ap, fp, "arguments");
     if ((rc = parse_arguments(c, args, ap, &parsed)) < 0)
         return rc;
     /* json_object_set on a key it has keeps the key's place: the copy prints
@@ -229,7 +268,7 @@ static int build_calls(cv_ctx *c, const json_t *calls, const char *base, json_t 
     char p[PATH_MAX_LEN], cp[PATH_MAX_LEN];
     json_t *list;
 
-    kvg_api_param(p, sizeof p, "%s.tool_calls", base);
+    member(p, sizeof p, base, "tool_calls");
     if (!json_is_array(calls))
         return type_error(c, p, "an array", calls);
     if (json_array_size(calls) == 0)
@@ -238,7 +277,7 @@ static int build_calls(cv_ctx *c, const json_t *calls, const char *base, json_t 
         return nomem(c);
     for (size_t i = 0; i < json_array_size(calls); i++) {
         json_t *one = NULL;
-        int rc = build_call(c, json_array_get(calls, i), kvg_api_param(cp, sizeof cp, "%s[%zu]", p, i), &one);
+        int rc = build_call(c, json_array_get(calls, i), element(cp, sizeof cp, p, i), &one);
         if (rc < 0) {
             json_decref(list);
             return rc;
@@ -276,7 +315,7 @@ static int parse_role(cv_ctx *c, const json_t *msg, const char *base, const char
         }
     }
     kvg_api_quote(json_string_value(v), json_string_length(v), q, sizeof q);
-    kvg_api_param(p, sizeof p, "%s.role", base);
+    member(p, sizeof p, base, "role");
     return fail(c, p, "Invalid value for '%s': %s. Supported values are: 'system', 'developer', "
                 "'user', 'assistant' and 'tool'.", p, q);
 }
@@ -289,7 +328,7 @@ static int build_message(cv_ctx *c, const json_t *msg, size_t i, json_t **out)
     json_t *m, *content = NULL, *calls = NULL, *name, *call_id = NULL, *reasoning = NULL, *v;
     int assistant, tool, rc, ok;
 
-    kvg_api_param(base, sizeof base, "messages[%zu]", i);
+    element(base, sizeof base, "messages", i);
     if (!json_is_object(msg))
         return type_error(c, base, "an object", msg);
     if (parse_role(c, msg, base, &role) < 0)
@@ -298,7 +337,9 @@ static int build_message(cv_ctx *c, const json_t *msg, size_t i, json_t **out)
     tool = strcmp(role, "tool") == 0;
     if (opt_string(c, msg, "name", base, &name) < 0)
         return KVG_CHAT_VARS_INVALID;
-    if (assistant && opt_string(c, msg, "reasoning_content", base, &reasoning) < 0)
+    /* reasoning_content, or vLLM's newer name for it */
+    if (assistant && (opt_string(c, msg, "reasoning_content", base, &reasoning) < 0
+                      || (!reasoning && opt_string(c, msg, "reasoning", base, &reasoning) < 0)))
         return KVG_CHAT_VARS_INVALID;
     if (tool && req_string(c, msg, "tool_call_id", base, &call_id) < 0)
         return KVG_CHAT_VARS_INVALID;
@@ -315,16 +356,17 @@ static int build_message(cv_ctx *c, const json_t *msg, size_t i, json_t **out)
             return nomem(c);
         }
     } else {
-        return missing(c, kvg_api_param(p, sizeof p, "%s.content", base));
+        return missing(c, member(p, sizeof p, base, "content"));
     }
     /* json_object_set (not _new) takes its own reference: content and calls
      * are dropped once below whatever happened */
     ok = (m = json_object()) && json_object_set_new(m, "role", json_string(role)) == 0
          && json_object_set(m, "content", content) == 0
-         && (!name || json_object_set_new(m, "name", json_copy(name)) == 0)
          && (!calls || json_object_set(m, "tool_calls", calls) == 0)
-         && (!call_id || json_object_set_new(m, "tool_call_id", json_copy(call_id)) == 0)
-         && (!reasoning || json_object_set_new(m, "reasoning_content", json_copy(reasoning)) == 0);
+         && (!reasoning || (json_object_set(m, "reasoning", reasoning) == 0
+                            && json_object_set(m, "reasoning_content", reasoning) == 0))
+         && (!call_id || json_object_set(m, "tool_call_id", call_id) == 0)
+         && (!name || json_object_set(m, "name", name) == 0);
     json_decref(content);
     json_decref(calls);
     if (!ok) {
@@ -345,12 +387,12 @@ static int check_tools(cv_ctx *c, const json_t *tools)
     for (size_t i = 0; i < json_array_size(tools); i++) {
         json_t *t = json_array_get(tools, i);
 
-        kvg_api_param(base, sizeof base, "tools[%zu]", i);
+        element(base, sizeof base, "tools", i);
         if (!json_is_object(t))
             return type_error(c, base, "an object", t);
         if (check_type(c, t, base, "function") < 0)
             return KVG_CHAT_VARS_INVALID;
-        kvg_api_param(fp, sizeof fp, "%s.function", base);
+        member(fp, sizeof fp, base, "function");
         if (!(fn = kvg_api_field(t, "function")))
             return missing(c, fp);
         if (!json_is_object(fn))
@@ -358,7 +400,7 @@ static int check_tools(cv_ctx *c, const json_t *tools)
         if (req_string(c, fn, "name", fp, &s) < 0 || opt_string(c, fn, "description", fp, &s) < 0)
             return KVG_CHAT_VARS_INVALID;
         if ((params = kvg_api_field(fn, "parameters")) && !json_is_object(params))
-            return type_error(c, kvg_api_param(pp, sizeof pp, "%s.parameters", fp), "an object", params);
+            return type_error(c, member(pp, sizeof pp, fp, "parameters"), "an object", params);
     }
     return 0;
 }
@@ -373,7 +415,7 @@ static int add_kwargs(cv_ctx *c, json_t *data, const json_t *kwargs)
         return type_error(c, "chat_template_kwargs", "an object", kwargs);
     json_object_foreach((json_t *)kwargs, key, v) {
         if (strcmp(key, "messages") == 0 || strcmp(key, "tools") == 0) {
-            kvg_api_param(p, sizeof p, "chat_template_kwargs.%s", key);
+            member(p, sizeof p, "chat_template_kwargs", key);
             return fail(c, p, "Invalid '%s': the request's own %s cannot be replaced through "
                         "chat_template_kwargs.", p, key);
         }

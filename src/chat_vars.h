@@ -8,8 +8,8 @@
  * transformers' apply_chat_template (the reference) renders with tools=None,
  * and templates tell the two apart ("tools is not none" is true of an
  * undefined tools: Mistral's would print an empty tool list). Each output
- * message is, in this key order
- * (templates that print a message with tojson see this order):
+ * message is, in vLLM's key order (templates that print a message with tojson
+ * or iterate its items see it):
  *   role               "system", "user", "assistant" or "tool"; the request's
  *                      "developer" becomes "system" (no template knows it)
  *   content            a string: the request's string, or its text parts joined
@@ -17,14 +17,18 @@
  *                      templates that index message.content as text expect);
  *                      "" for an assistant message that has tool_calls and no
  *                      content (vLLM turns the absent content into no parts)
- *   name               when given (a string)
  *   tool_calls         assistant only, when given: each call as given (its
  *                      unknown fields kept, in order) except function.arguments,
  *                      the JSON text of an object, which becomes that object
  *                      ("" becomes {}) because templates iterate it and print
  *                      it with tojson (vLLM and transformers do the same)
+ *   reasoning, reasoning_content
+ *                      assistant only, when given: the request's
+ *                      reasoning_content, or else its reasoning (vLLM's newer
+ *                      name), under both names as vLLM passes it (Qwen reads
+ *                      reasoning_content, Gemma 4 reasoning)
  *   tool_call_id       tool only (required there)
- *   reasoning_content  assistant only, when given (a string)
+ *   name               when given (a string)
  * Every other field is ignored, as OpenAI ignores fields it does not know; a
  * field that is JSON null counts as absent (the SDKs send null for unset).
  *
@@ -40,7 +44,7 @@
  *                      "function": {"name": STRING, "arguments": STRING}},
  *                      arguments valid JSON of an object (or "")
  *   tool_call_id       a string, required on a tool message
- *   reasoning_content  a string
+ *   reasoning_content, reasoning   a string
  *   tools              an array of {"type": "function", "function": {"name":
  *                      STRING, "description": STRING?, "parameters": OBJECT?}},
  *                      passed on as given (unknown fields included)
@@ -70,7 +74,9 @@ enum {
  * tools and chat_template_kwargs (either may be NULL or JSON null: absent).
  * On KVG_CHAT_VARS_OK *data_out is a new reference (json_decref it); otherwise
  * *data_out is NULL, err (capacity err_len) holds the message and param
- * (capacity param_len) the parameter's path. The inputs are not modified. */
+ * (capacity param_len) the parameter's path. The inputs are not modified; the
+ * data shares their strings (it holds references to them rather than copies),
+ * so they must not be changed (json_string_set) while it lives. */
 int kvg_chat_vars_build(const json_t *messages, const json_t *tools,
                         const json_t *chat_template_kwargs, json_t **data_out,
                         char *err, size_t err_len, char *param, size_t param_len);

@@ -349,8 +349,11 @@ static int chat(const chat_opts *o, const char *tok_path)
     if (env && *env)
         lim.now = (time_t)strtoll(env, NULL, 10);
     if ((jrc = kvg_jinja_render(tpl, trusted, data, &lim, &out, err, sizeof err)) != KVG_JINJA_OK) {
-        fprintf(stderr, "kvgate-tokenize: %s: %s%s\n", tpl_name,
-                jrc == KVG_JINJA_RAISED ? "the template raised an exception: " : "", err);
+        if (jrc == KVG_JINJA_ERROR)     /* err names the template and line itself */
+            fprintf(stderr, "kvgate-tokenize: %s\n", err);
+        else
+            fprintf(stderr, "kvgate-tokenize: %s: %s%s\n", tpl_name,
+                    jrc == KVG_JINJA_RAISED ? "the template raised an exception: " : "", err);
         goto done;
     }
     if (o->text) {

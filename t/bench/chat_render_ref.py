@@ -3,7 +3,7 @@
 (transformers' environment, from t/tools/jinja_ref.py): the request's variables
 converted and the template rendered with add_generation_prompt, the template
 compiled once. Prints "RESULT <label> <microseconds per request> <output bytes>
-<reps>", process CPU time, the median of batches after a warm-up batch, as
+<reps> <microseconds of it building the variables>", process CPU time, the median of batches after a warm-up batch, as
 chat_render_bench.c does.
 
     chat_render_ref.py TEMPLATE.jinja CONVERSATION.json LABEL
@@ -18,7 +18,11 @@ import jinja_ref  # noqa: E402
 
 
 def one(template, conv):
+    """One request: variables built, template rendered (template None: the
+    variables only)."""
     messages = [jinja_ref.convert_message(m) for m in conv["messages"]]
+    if template is None:
+        return ""
     variables = dict(conv.get("chat_template_kwargs") or {})
     variables.update(messages=messages, tools=conv.get("tools"), documents=None,
                      add_generation_prompt=True, bos_token="<s>", eos_token="</s>")
@@ -34,6 +38,13 @@ def main(path, conv_path, label):
     while time.process_time() - t0 < 0.05 or reps == 0:
         out = one(template, conv)
         reps += 1
+    whole, variables = measure(template, conv, reps), measure(None, conv, reps)
+    print("RESULT %s %.2f %d %d %.2f" % (label, whole * 1e6, len(out.encode("utf-8")), reps * 7,
+                                         variables * 1e6))
+
+
+def measure(template, conv, reps):
+    """Median CPU seconds per one(template, conv) over 7 batches of reps."""
     per = []
     for _ in range(7):
         t0 = time.process_time()
@@ -41,7 +52,7 @@ def main(path, conv_path, label):
             one(template, conv)
         per.append((time.process_time() - t0) / reps)
     per.sort()
-    print("RESULT %s %.2f %d %d" % (label, per[3] * 1e6, len(out.encode("utf-8")), reps * 7))
+    return per[3]
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ test needs Jinja2 only: Debian's python3-jinja2), from the same inputs as
 
 and with the same request -> variables conversion as src/chat_vars.c (vLLM's):
 developer -> system, text parts joined with "\\n", tool-call arguments parsed,
-tools None when absent. Prints the rendered prompt byte for byte; a template
+reasoning_content (or reasoning) under both names, vLLM's key order, tools None
+when absent. Prints the rendered prompt byte for byte; a template
 that raises (or fails) exits 1 with its message on stderr ("raise_exception:
 MESSAGE" for the template's own refusals). --jobs FILE renders many at once.
 
@@ -95,8 +96,6 @@ def convert_message(m):
         role = "system"
     calls = m.get("tool_calls") if role == "assistant" else None
     out = {"role": role, "content": content_text(m.get("content"), role, bool(calls))}
-    if m.get("name") is not None:
-        out["name"] = m["name"]
     if calls:
         converted = []
         for call in calls:
@@ -107,10 +106,16 @@ def convert_message(m):
             call["function"] = fn
             converted.append(call)
         out["tool_calls"] = converted
+    if role == "assistant":
+        reasoning = m.get("reasoning_content")
+        if reasoning is None:
+            reasoning = m.get("reasoning")
+        if reasoning is not None:
+            out["reasoning"] = out["reasoning_content"] = reasoning
     if role == "tool":
         out["tool_call_id"] = m["tool_call_id"]
-    if role == "assistant" and m.get("reasoning_content") is not None:
-        out["reasoning_content"] = m["reasoning_content"]
+    if m.get("name") is not None:
+        out["name"] = m["name"]
     return out
 
 
@@ -123,6 +128,10 @@ def special_text(cfg, key):
 
 def model_template(path):
     """(template source, bos, eos) of a model directory or tokenizer.json."""
+    if not os.path.isdir(path):
+        with open(path, "rb") as f:
+            if f.read(4) == b"GGUF":
+                raise Invalid("%s: GGUF files are not read here: give --template" % path)
     d = path if os.path.isdir(path) else os.path.dirname(path) or "."
     cfg = {}
     cfg_path = os.path.join(d, "tokenizer_config.json")

@@ -96,6 +96,11 @@ static void test_messages(void)
     refuses("[]", NULL, NULL, "messages", "empty array", "messages empty");
     refuses("[\"hi\"]", NULL, NULL, "messages[0]", "expected an object, but got a string",
             "a message that is not an object");
+    refuses("[" USER("\"0\"") "," USER("\"1\"") "," USER("\"2\"") "," USER("\"3\"") "," USER("\"4\"") ","
+            USER("\"5\"") "," USER("\"6\"") "," USER("\"7\"") "," USER("\"8\"") "," USER("\"9\"") ","
+            USER("[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\"}]") "]", NULL, NULL,
+            "messages[10].content[1].text", "Missing required parameter: 'messages[10].content[1].text'",
+            "paths with indexes of two digits");
 }
 
 static void test_content(void)
@@ -137,11 +142,31 @@ static void test_fields(void)
              "\"tool_calls\":[1],\"tool_call_id\":5,\"reasoning_content\":7}]", NULL, NULL,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"name\":\"bob\"}],\"tools\":null}",
              "name kept, unknown and other roles' fields ignored, fixed key order");
+    converts("[{\"name\":\"n\",\"reasoning_content\":\"r\",\"tool_calls\":[" CALL("\"\"") "],\"content\":\"c\","
+             "\"role\":\"assistant\"},{\"name\":\"t\",\"tool_call_id\":\"c1\",\"content\":\"x\",\"role\":\"tool\"}]",
+             NULL, NULL,
+             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"c\",\"tool_calls\":[{\"id\":\"c1\","
+             "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}],\"reasoning\":\"r\","
+             "\"reasoning_content\":\"r\",\"name\":\"n\"},{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":\"c1\","
+             "\"name\":\"t\"}],\"tools\":null}",
+             "vLLM's key order: role, content, tool_calls, reasoning(_content), tool_call_id, name");
     refuses("[{\"role\":\"user\",\"content\":\"x\",\"name\":1}]", NULL, NULL, "messages[0].name",
             "expected a string, but got an integer", "name not a string");
     converts("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":\"why\"}]", NULL, NULL,
-             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":\"why\"}],\"tools\":null}",
-             "assistant reasoning_content passed through");
+             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning\":\"why\","
+             "\"reasoning_content\":\"why\"}],\"tools\":null}",
+             "assistant reasoning_content passed through, as reasoning too");
+    converts("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning\":\"r\"}]", NULL, NULL,
+             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning\":\"r\","
+             "\"reasoning_content\":\"r\"}],\"tools\":null}",
+             "assistant reasoning (vLLM's newer name) the same");
+    converts("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning\":\"r\",\"reasoning_content\":\"rc\"}]",
+             NULL, NULL,
+             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning\":\"rc\","
+             "\"reasoning_content\":\"rc\"}],\"tools\":null}",
+             "both: reasoning_content wins");
+    refuses("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning\":1}]", NULL, NULL,
+            "messages[0].reasoning", "expected a string, but got an integer", "reasoning not a string");
     converts("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":null}]", NULL, NULL,
              "{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\"}],\"tools\":null}", "reasoning_content null: absent");
     refuses("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":{}}]", NULL, NULL,
