@@ -164,18 +164,13 @@ static void put_kv_u32(FILE *f, const char *key, uint32_t v)
     put_u32(f, v);
 }
 
-static int32_t added_type(const json_t *added, int32_t id, const char *unk)
+/* The GGUF token type of an added token (a in tokenizer.json's added_tokens). */
+static int32_t added_type(const json_t *a, const char *unk)
 {
-    for (size_t i = 0; i < json_array_size(added); i++) {
-        const json_t *a = json_array_get(added, i);
-        if (json_integer_value(json_object_get(a, "id")) != id)
-            continue;
-        const char *c = json_string_value(json_object_get(a, "content"));
-        if (unk && c && strcmp(c, unk) == 0)
-            return 2;           /* UNKNOWN */
-        return json_is_true(json_object_get(a, "special")) ? 3 : 4;   /* CONTROL : USER_DEFINED */
-    }
-    return 0;
+    const char *c = json_string_value(json_object_get(a, "content"));
+    if (unk && c && strcmp(c, unk) == 0)
+        return 2;               /* UNKNOWN */
+    return json_is_true(json_object_get(a, "special")) ? 3 : 4;   /* CONTROL : USER_DEFINED */
 }
 
 static int write_gemma4_gguf(const char *json_path, const char *out)
@@ -201,9 +196,11 @@ static int write_gemma4_gguf(const char *json_path, const char *out)
             n = id + 1;
     }
     const char **tok = calloc(n, sizeof *tok);
+    int32_t *type = calloc(n, sizeof *type);   /* by id: 0 unless an added token */
     FILE *f = fopen(out, "wb");
-    if (!tok || !f) {
+    if (!tok || !type || !f) {
         free(tok);
+        free(type);
         if (f)
             fclose(f);
         json_decref(root);
@@ -214,6 +211,7 @@ static int write_gemma4_gguf(const char *json_path, const char *out)
     for (size_t i = 0; i < json_array_size(added); i++) {
         const json_t *a = json_array_get(added, i);
         tok[json_integer_value(json_object_get(a, "id"))] = json_string_value(json_object_get(a, "content"));
+        type[json_integer_value(json_object_get(a, "id"))] = added_type(a, unk);
     }
     fwrite("GGUF", 1, 4, f);
     put_u32(f, 3);
@@ -238,7 +236,7 @@ static int write_gemma4_gguf(const char *json_path, const char *out)
     put_u32(f, 5);              /* of int32 */
     put_u64(f, n);
     for (size_t i = 0; i < n; i++) {
-        int32_t ty = added_type(added, (int32_t)i, unk);
+        int32_t ty = type[i];
         if (!ty)
             ty = tok[i] && strlen(tok[i]) == 6 && strncmp(tok[i], "<0x", 3) == 0 ? 6 : 1;
         fwrite(&ty, 4, 1, f);
@@ -261,6 +259,7 @@ static int write_gemma4_gguf(const char *json_path, const char *out)
     if (fclose(f) != 0)
         rc = -1;
     free(tok);
+    free(type);
     json_decref(root);
     return rc;
 }
