@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 const char *kvg_api_json_type(const json_t *v)
 {
@@ -43,4 +44,10 @@ json_t *kvg_api_field(const json_t *obj, const char *key)
 {
     json_t *v = json_object_get(obj, key);
     return json_is_null(v) ? NULL : v;
+}
+
+int kvg_api_is_str(const json_t *v, const char *want)
+{
+    return json_is_string(v) && json_string_length(v) == strlen(want)
+           && memcmp(json_string_value(v), want, strlen(want)) == 0;
 }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_json.h"
 #include "tok_hfpipe.h"
 #include "tok_internal.h"
 
@@ -57,25 +58,6 @@ static int fail(hf_load *L, const char *path, const char *fmt, ...)
     return -1;
 }
 
-/* Type name of a JSON value for messages. */
-static const char *jtype(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
-static int is_str(const json_t *v, const char *want)
-{
-    return json_is_string(v) && json_string_length(v) == strlen(want)
-           && memcmp(json_string_value(v), want, strlen(want)) == 0;
-}
 
 /* Optional boolean member: absent or null gives dflt. */
 static int get_bool(hf_load *L, const json_t *obj, const char *key, const char *path,
@@ -87,7 +69,7 @@ static int get_bool(hf_load *L, const json_t *obj, const char *key, const char *
         return 0;
     }
     if (!json_is_boolean(v))
-        return fail(L, path, "\"%s\" must be a boolean, not %s", key, jtype(v));
+        return fail(L, path, "\"%s\" must be a boolean, not %s", key, kvg_api_json_type(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -131,7 +113,7 @@ static int scan_ids(hf_load *L, const json_t *vocab, const json_t *added, json_i
     json_object_keylen_foreach((json_t *)vocab, key, key_len, val) {
         if (!json_is_integer(val))
             return fail(L, "model.vocab", "the id of \"%.40s\" is %s, not an integer",
-                        key, jtype(val));
+                        key, kvg_api_json_type(val));
         json_int_t id = json_integer_value(val);
         if (id < 0 || id >= MAX_VOCAB)
             return fail(L, "model.vocab", "id %lld of \"%.40s\" is out of range",
@@ -146,7 +128,7 @@ static int scan_ids(hf_load *L, const json_t *vocab, const json_t *added, json_i
         const json_t *a = json_array_get(added, i);
         snprintf(path, sizeof path, "added_tokens[%zu]", i);
         if (!json_is_object(a))
-            return fail(L, path, "expected an object, not %s", jtype(a));
+            return fail(L, path, "expected an object, not %s", kvg_api_json_type(a));
         const json_t *id = json_object_get(a, "id");
         const json_t *content = json_object_get(a, "content");
         if (!json_is_integer(id) || json_integer_value(id) < 0
@@ -271,13 +253,13 @@ static void template_specials(const struct kvg_tokenizer *t, const json_t *pp,
     if (!json_is_object(pp))
         return;
     const json_t *type = json_object_get(pp, "type");
-    if (is_str(type, "Sequence")) {
+    if (kvg_api_is_str(type, "Sequence")) {
         const json_t *list = json_object_get(pp, "processors");
         for (size_t i = 0; i < json_array_size(list); i++)
             template_specials(t, json_array_get(list, i), bos, eos);
         return;
     }
-    if (!is_str(type, "TemplateProcessing"))
+    if (!kvg_api_is_str(type, "TemplateProcessing"))
         return;
     const json_t *single = json_object_get(pp, "single");
     int seen_seq = 0;
@@ -306,14 +288,14 @@ static void template_specials(const struct kvg_tokenizer *t, const json_t *pp,
 static int load(hf_load *L, struct kvg_tokenizer *t, const json_t *root)
 {
     if (!json_is_object(root))
-        return fail(L, NULL, "not a tokenizer.json (top level is %s)", jtype(root));
+        return fail(L, NULL, "not a tokenizer.json (top level is %s)", kvg_api_json_type(root));
     const json_t *model = json_object_get(root, "model");
     if (!json_is_object(model))
         return fail(L, "model", "%s", model ? "expected an object" : "missing");
     const json_t *mtype = json_object_get(model, "type");
     if (mtype && !json_is_string(mtype))
         return fail(L, "model.type", "expected a string");
-    if (mtype && !is_str(mtype, "BPE"))
+    if (mtype && !kvg_api_is_str(mtype, "BPE"))
         return fail(L, "model.type", "unsupported model type \"%s\" (only BPE is supported)",
                     json_string_value(mtype));
     const json_t *vocab = json_object_get(model, "vocab");

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_json.h"
 #include "tok_hfpipe.h"
 
 #define SPM_SPACE "\xe2\x96\x81"        /* U+2581 */
@@ -38,24 +39,6 @@ static int fail(char *err, size_t err_len, const char *path, const char *fmt, ..
     return -1;
 }
 
-static const char *jtype(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
-static int is_str(const json_t *v, const char *want)
-{
-    return json_is_string(v) && json_string_length(v) == strlen(want)
-           && memcmp(json_string_value(v), want, strlen(want)) == 0;
-}
 
 static int get_bool(const json_t *obj, const char *key, const char *path, int dflt, int *out,
                     char *err, size_t err_len)
@@ -66,7 +49,7 @@ static int get_bool(const json_t *obj, const char *key, const char *path, int df
         return 0;
     }
     if (!json_is_boolean(v))
-        return fail(err, err_len, path, "\"%s\" must be a boolean, not %s", key, jtype(v));
+        return fail(err, err_len, path, "\"%s\" must be a boolean, not %s", key, kvg_api_json_type(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -75,7 +58,7 @@ static int get_bool(const json_t *obj, const char *key, const char *path, int df
 static const char *elem_type(const json_t *n, const char *path, char *err, size_t err_len)
 {
     if (!json_is_object(n)) {
-        fail(err, err_len, path, "expected an object, not %s", jtype(n));
+        fail(err, err_len, path, "expected an object, not %s", kvg_api_json_type(n));
         return NULL;
     }
     const json_t *type = json_object_get(n, "type");
@@ -110,7 +93,7 @@ int kvg_hf_parse_normalizer(kvg_hf_pipe *p, const json_t *n, const char *path, c
         return 0;
     }
     if (strcmp(ty, "Prepend") == 0) {
-        if (!is_str(json_object_get(n, "prepend"), SPM_SPACE))
+        if (!kvg_api_is_str(json_object_get(n, "prepend"), SPM_SPACE))
             return fail(err, err_len, path, "Prepend of anything but \"" SPM_SPACE "\" is not supported");
         if (p->spm_replace)
             return fail(err, err_len, path, "Prepend after Replace is not supported");
@@ -119,8 +102,8 @@ int kvg_hf_parse_normalizer(kvg_hf_pipe *p, const json_t *n, const char *path, c
     }
     if (strcmp(ty, "Replace") == 0) {
         const json_t *pat = json_object_get(n, "pattern");
-        if (!json_is_object(pat) || !is_str(json_object_get(pat, "String"), " ")
-            || !is_str(json_object_get(n, "content"), SPM_SPACE))
+        if (!json_is_object(pat) || !kvg_api_is_str(json_object_get(pat, "String"), " ")
+            || !kvg_api_is_str(json_object_get(n, "content"), SPM_SPACE))
             return fail(err, err_len, path, "Replace other than \" \" -> \"" SPM_SPACE "\" is not supported");
         p->spm_replace = 1;
         return 0;
@@ -190,7 +173,7 @@ static int parse_behavior(const json_t *n, const char *path, int *out, char *err
             }
         }
         snake[o] = '\0';
-        if (is_str(b, names[i].name) || is_str(b, snake)) {
+        if (kvg_api_is_str(b, names[i].name) || kvg_api_is_str(b, snake)) {
             *out = names[i].behavior;
             return 0;
         }
@@ -300,7 +283,7 @@ int kvg_hf_parse_pretok(kvg_hf_pipe *p, const json_t *n, const char *path, char 
     if (strcmp(ty, "Metaspace") == 0) {
         const json_t *scheme = json_object_get(n, "prepend_scheme");
         int prefix, split;
-        if (!is_str(json_object_get(n, "replacement"), SPM_SPACE))
+        if (!kvg_api_is_str(json_object_get(n, "replacement"), SPM_SPACE))
             return fail(err, err_len, path, "Metaspace replacement other than \"" SPM_SPACE "\" is not supported");
         if (get_bool(n, "add_prefix_space", path, 1, &prefix, err, err_len) != 0
             || get_bool(n, "split", path, 1, &split, err, err_len) != 0)
@@ -309,11 +292,11 @@ int kvg_hf_parse_pretok(kvg_hf_pipe *p, const json_t *n, const char *path, char 
             return fail(err, err_len, path, "Metaspace after another pre-tokenizer is not supported");
         p->metaspace_prefix = prefix ? KVG_PREFIX_META_ALWAYS : KVG_PREFIX_NONE;
         if (scheme && !json_is_null(scheme)) {
-            if (is_str(scheme, "never"))
+            if (kvg_api_is_str(scheme, "never"))
                 p->metaspace_prefix = KVG_PREFIX_NONE;
-            else if (is_str(scheme, "first"))
+            else if (kvg_api_is_str(scheme, "first"))
                 p->metaspace_prefix = KVG_PREFIX_META_FIRST;
-            else if (is_str(scheme, "always"))
+            else if (kvg_api_is_str(scheme, "always"))
                 p->metaspace_prefix = KVG_PREFIX_META_ALWAYS;
             else
                 return fail(err, err_len, path, "unknown Metaspace prepend_scheme");
