@@ -60,19 +60,32 @@ typedef struct kvg_backend_ops {
     void (*matmul)(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
                    const float *bias, float *y);
     /* Rotates q ([n_rows][n_heads*head_dim]) and k ([n_rows][n_kv_heads*head_dim]) in
-     * place for each row's position (layout, theta and scaling from the model). */
-    void (*rope)(kvg_backend *be, float *q, float *k);
+     * place for each row's position, as `layer` rotates (layout, theta, scaling and
+     * factors from the model; rope.h: a layer's kind). */
+    void (*rope)(kvg_backend *be, int layer, float *q, float *k);
     /* Stores each row's k and v ([n_rows][n_kv_heads*head_dim]) at its position in its
      * sequence's blocks for `layer`. The blocks must be writable (refcount 1). */
     void (*kv_write)(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *k, const float *v);
     /* out[r] = causal softmax attention of q[r] over positions [0, pos[r]] of the row's
      * sequence for `layer` (GQA: query head h uses kv head h / (n_heads/n_kv_heads)).
-     * kv_write for the whole step comes first, so a prefill chunk sees its own tokens. */
+     * kv_write for the whole step comes first, so a prefill chunk sees its own tokens.
+     * The model sets the rest: a sliding layer sees [pos[r] - swa_window + 1, pos[r]]
+     * only, scores are divided by sqrt(attn_query_scalar or head_dim), and soft-capped
+     * when attn_softcap > 0 (kvg_model_config). */
     void (*attention)(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *q, float *out);
     /* gate[i] = silu(gate[i]) * up[i] for i < n. */
     void (*swiglu)(kvg_backend *be, float *gate, const float *up, size_t n);
     /* x[i] += y[i] for i < n. */
     void (*add)(kvg_backend *be, float *x, const float *y, size_t n);
+
+    /* The other families' operations; NULL in a backend that cannot run them yet
+     * (kvg_forward_new then refuses a model that needs one, naming it). */
+    /* gate[i] = gelu_tanh(gate[i]) * up[i] for i < n (Gemma's GeGLU). */
+    void (*geglu)(kvg_backend *be, float *gate, const float *up, size_t n);
+    /* x[i] *= s for i < n (Gemma's embedding scale). */
+    void (*scale)(kvg_backend *be, float *x, float s, size_t n);
+    /* x[i] = cap * tanh(x[i] / cap) for i < n (Gemma 2's final logits). */
+    void (*softcap)(kvg_backend *be, float *x, float cap, size_t n);
     /* out[i][:] = x[out_rows[i]][:] (width floats) for the step's n_out rows. */
     void (*gather_out_rows)(kvg_backend *be, const float *x, int width, float *out);
 

@@ -72,6 +72,18 @@ kvg_forward *kvg_forward_new(const kvg_model *m, kvg_backend *be, kvg_kv_pool *k
               kv->geom.head_dim, c->n_layers, c->n_kv_heads, c->head_dim);
         return NULL;
     }
+    {
+        /* The family's operations the backend must have. */
+        const kvg_backend_ops *o = be->ops;
+        const char *need = c->ffn_act == KVG_ACT_GELU_TANH && !o->geglu ? "GeGLU"
+                           : c->embed_scale > 0.0f && !o->scale ? "the embedding scale"
+                           : c->final_softcap > 0.0f && !o->softcap ? "logit soft-capping" : NULL;
+        if (need) {
+            kvg_set_err(err, err_len, "forward: the %s backend cannot run %s models yet (no %s)", o->name,
+                        c->arch, need);
+            return NULL;
+        }
+    }
     f = calloc(1, sizeof *f);
     if (!f) {
         kvg_set_err(err, err_len, "forward: out of memory");
@@ -295,6 +307,8 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
         goto fail;
 
     ops->embed(be, &m->tok_embedding, f->x);
+    if (c->embed_scale > 0.0f)
+        ops->scale(be, f->x, c->embed_scale, (size_t)R * dim);
     for (int l = 0; l < c->n_layers; l++) {
         const kvg_layer_weights *w = &m->layers[l];
         int last = l == c->n_layers - 1;
@@ -310,7 +324,12 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
             float *yt[3] = { f->q, f->k, f->v };
             matmuls(be, f->xb, R, dim, 3, wt, bt, yt);
         }
-        ops->rope(be, f->q, f->k);
+        if (c->qk_norm) {
+            /* Each head's q and k normed on its own: rows of head_dim floats. */
+            ops->rmsnorm(be, f->q, w->q_norm, c->norm_eps, R * c->n_heads, c->head_dim, f->q);
+            ops->rmsnorm(be, f->k, w->k_norm, c->norm_eps, R * c->n_kv_heads, c->head_dim, f->k);
+        }
+        ops->rope(be, l, f->q, f->k);
         ops->kv_write(be, f->kv, l, f->k, f->v);
         if (last && n_out == 0)
             break;          /* only this layer's K/V were needed */
@@ -327,6 +346,8 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
             rows = n_out;
         }
         ops->matmul(be, att, rows, qd, &w->wo, NULL, f->ob);
+        if (c->post_norms)
+            ops->rmsnorm(be, f->ob, w->post_attn_norm, c->norm_eps, rows, dim, f->ob);
         ops->add(be, x, f->ob, (size_t)rows * dim);
         ops->rmsnorm(be, x, w->ffn_norm, c->norm_eps, rows, dim, xn);
         {
@@ -335,8 +356,13 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
             float *yt[2] = { f->hb, f->hb2 };
             matmuls(be, xn, rows, dim, 2, wt, bt, yt);
         }
-        ops->swiglu(be, f->hb, f->hb2, (size_t)rows * hid);
+        if (c->ffn_act == KVG_ACT_GELU_TANH)
+            ops->geglu(be, f->hb, f->hb2, (size_t)rows * hid);
+        else
+            ops->swiglu(be, f->hb, f->hb2, (size_t)rows * hid);
         ops->matmul(be, f->hb, rows, hid, &w->w_down, NULL, f->ob);
+        if (c->post_norms)
+            ops->rmsnorm(be, f->ob, w->post_ffn_norm, c->norm_eps, rows, dim, f->ob);
         ops->add(be, x, f->ob, (size_t)rows * dim);
         if (last) {
             /* Final norm and classifier on the output rows, now compact in x. */
@@ -347,6 +373,8 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
                 ops->rmsnorm(be, x, m->final_norm, c->norm_eps, n_out, dim, f->ob);
             }
             ops->matmul(be, f->ob, n_out, dim, &m->output, NULL, f->logits);
+            if (c->final_softcap > 0.0f)
+                ops->softcap(be, f->logits, c->final_softcap, (size_t)n_out * c->vocab_size);
         }
     }
     if (n_out)

@@ -40,6 +40,12 @@ typedef struct kvg_tensor {
     int64_t rows, cols;
 } kvg_tensor;
 
+/* The activation of the gated feed-forward network: act(gate) * up. */
+typedef enum kvg_ffn_act {
+    KVG_ACT_SILU = 0,            /* SwiGLU: Llama, Qwen, Mistral, Phi-3 */
+    KVG_ACT_GELU_TANH = 1        /* GeGLU with the tanh approximation: Gemma */
+} kvg_ffn_act;
+
 /* How RoPE pairs the dimensions of a head. */
 typedef enum kvg_rope_layout {
     KVG_ROPE_ADJACENT = 0,       /* (0,1),(2,3),...   llama2.c and GGUF */
@@ -66,6 +72,33 @@ typedef struct kvg_model_config {
     int rope_orig_max_pos;
     int tied_embeddings;         /* output projection == token embedding */
     int has_qkv_bias;            /* Qwen2 */
+
+    /* ---- what sets the other families apart (model_family.c fills them from the
+     * family's table; zero everywhere is the Llama forward pass) ---- */
+    kvg_ffn_act ffn_act;         /* the gated FFN's activation */
+    int qk_norm;                 /* Qwen3, Gemma 3: RMSNorm of each head of q and k (own
+                                    [head_dim] weights, the model's eps) before RoPE */
+    int post_norms;              /* Gemma 2/3: RMSNorm of the attention output and of the
+                                    FFN output before each is added to the residual */
+    float embed_scale;           /* 0: none; Gemma: the embeddings times sqrt(dim) */
+    float attn_query_scalar;     /* scores are q.k / sqrt(this); 0: head_dim */
+    float attn_softcap;          /* 0: none; Gemma 2: scores -> c tanh(scores / c) */
+    float final_softcap;         /* 0: none; Gemma 2: logits -> c tanh(logits / c) */
+    /* Sliding-window attention: a layer with kvg_layer_weights.sliding set attends to
+     * the last swa_window positions only, itself included (query position p sees keys
+     * p - swa_window + 1 .. p), as llama.cpp's standard SWA mask. */
+    int swa_window;
+    /* RoPE of the sliding-window layers when it differs (Gemma 3: base 10,000 there,
+     * 1,000,000 with linear scaling on the global layers); 0: the global one. */
+    float rope_theta_swa;
+    /* Linear RoPE scaling (positions times this; "rope.scaling.type" linear); 0 or 1:
+     * none. Applies to the global layers only, as llama.cpp's per-layer freq scale. */
+    float rope_freq_scale;
+    /* Per-pair divisors of the frequencies ([head_dim/2] F32, owned by the model):
+     * Llama 3.1's rope_freqs, Phi-3's LongRoPE factors (the set chosen at load for the
+     * context length); NULL: none. */
+    const float *rope_freq_factors;
+    float rope_attn_factor;      /* cos and sin times this (LongRoPE); 0 or 1: none */
 } kvg_model_config;
 
 typedef struct kvg_layer_weights {
@@ -79,6 +112,9 @@ typedef struct kvg_layer_weights {
     kvg_tensor w_gate;           /* w1: [hidden][dim] */
     kvg_tensor w_down;           /* w2: [dim][hidden] */
     kvg_tensor w_up;             /* w3: [hidden][dim] */
+    const float *q_norm, *k_norm;            /* [head_dim] when cfg.qk_norm */
+    const float *post_attn_norm, *post_ffn_norm; /* [dim] when cfg.post_norms */
+    int sliding;                 /* attends to the last cfg.swa_window positions only */
 } kvg_layer_weights;
 
 typedef struct kvg_model {

@@ -423,12 +423,39 @@ int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, 
     return 0;
 }
 
+/* Rows [r0, r0 + n) of t, as a matrix of its own (rows are contiguous in every dtype). */
+static kvg_tensor row_slice(const kvg_tensor *t, int64_t r0, int64_t n)
+{
+    kvg_tensor v = *t;
+    v.data = (const unsigned char *)t->data + (size_t)r0 * kvg_dtype_row_bytes(t->dtype, t->cols);
+    v.rows = n;
+    return v;
+}
+
+/* q, k and v: three matrices, or one [Q + 2 KV][D] matrix split into three views. */
+static int bind_qkv(const kvgm_source *s, kvg_layer_weights *w, int l, int64_t D, int64_t Q, int64_t KV)
+{
+    kvg_tensor qkv = { 0 };
+    if (s->names && s->names[KVGM_WQKV] && kvgm_mat(s, &qkv, KVGM_WQKV, l, Q + 2 * KV, D, 1) < 0)
+        return -1;
+    if (qkv.data) {
+        w->wq = row_slice(&qkv, 0, Q);
+        w->wk = row_slice(&qkv, Q, KV);
+        w->wv = row_slice(&qkv, Q + KV, KV);
+        return 0;
+    }
+    if (kvgm_mat(s, &w->wq, KVGM_WQ, l, Q, D, 0) < 0 || kvgm_mat(s, &w->wk, KVGM_WK, l, KV, D, 0) < 0
+        || kvgm_mat(s, &w->wv, KVGM_WV, l, KV, D, 0) < 0)
+        return -1;
+    return 0;
+}
+
 int kvgm_bind_layers(const kvgm_source *s)
 {
     kvg_model *m = s->m;
     const kvg_model_config *c = &m->cfg;
     int64_t D = c->dim, H = c->hidden_dim, Q = (int64_t)c->n_heads * c->head_dim,
-            KV = (int64_t)c->n_kv_heads * c->head_dim;
+            KV = (int64_t)c->n_kv_heads * c->head_dim, HD = c->head_dim;
 
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) {
@@ -438,18 +465,33 @@ int kvgm_bind_layers(const kvgm_source *s)
     for (int l = 0; l < c->n_layers; l++) {
         kvg_layer_weights *w = &m->layers[l];
         if (kvgm_vec(s, &w->attn_norm, KVGM_ATTN_NORM, l, D, 0) < 0
-            || kvgm_mat(s, &w->wq, KVGM_WQ, l, Q, D, 0) < 0
-            || kvgm_mat(s, &w->wk, KVGM_WK, l, KV, D, 0) < 0
-            || kvgm_mat(s, &w->wv, KVGM_WV, l, KV, D, 0) < 0
+            || bind_qkv(s, w, l, D, Q, KV) < 0
             || kvgm_mat(s, &w->wo, KVGM_WO, l, D, Q, 0) < 0
-            || kvgm_vec(s, &w->ffn_norm, KVGM_FFN_NORM, l, D, 0) < 0
-            || kvgm_mat(s, &w->w_gate, KVGM_W_GATE, l, H, D, 0) < 0
-            || kvgm_mat(s, &w->w_down, KVGM_W_DOWN, l, D, H, 0) < 0
-            || kvgm_mat(s, &w->w_up, KVGM_W_UP, l, H, D, 0) < 0)
+            || kvgm_vec(s, &w->ffn_norm, KVGM_FFN_NORM, l, D, 0) < 0)
             return -1;
+        if (s->fused_gate_up) {
+            kvg_tensor gu = { 0 };
+            if (kvgm_mat(s, &gu, KVGM_W_GATE_UP, l, 2 * H, D, 0) < 0
+                || kvgm_mat(s, &w->w_down, KVGM_W_DOWN, l, D, H, 0) < 0)
+                return -1;
+            w->w_gate = row_slice(&gu, 0, H);
+            w->w_up = row_slice(&gu, H, H);
+        } else if (kvgm_mat(s, &w->w_gate, KVGM_W_GATE, l, H, D, 0) < 0
+                   || kvgm_mat(s, &w->w_down, KVGM_W_DOWN, l, D, H, 0) < 0
+                   || kvgm_mat(s, &w->w_up, KVGM_W_UP, l, H, D, 0) < 0) {
+            return -1;
+        }
         if (c->has_qkv_bias
             && (kvgm_vec(s, &w->bq, KVGM_BQ, l, Q, 0) < 0 || kvgm_vec(s, &w->bk, KVGM_BK, l, KV, 0) < 0
                 || kvgm_vec(s, &w->bv, KVGM_BV, l, KV, 0) < 0))
+            return -1;
+        if (c->qk_norm
+            && (kvgm_vec(s, &w->q_norm, KVGM_Q_NORM, l, HD, 0) < 0
+                || kvgm_vec(s, &w->k_norm, KVGM_K_NORM, l, HD, 0) < 0))
+            return -1;
+        if (c->post_norms
+            && (kvgm_vec(s, &w->post_attn_norm, KVGM_POST_ATTN_NORM, l, D, 0) < 0
+                || kvgm_vec(s, &w->post_ffn_norm, KVGM_POST_FFN_NORM, l, D, 0) < 0))
             return -1;
     }
     return 0;

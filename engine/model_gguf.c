@@ -1,12 +1,18 @@
-/* GGUF models of architecture "llama" (Llama 2/3, TinyLlama, Mistral, SmolLM2 as
- * llama.cpp converts them) and "qwen2".
+/* GGUF models of the architectures in `families` below, as llama.cpp converts them:
+ * "llama" (Llama 2/3, TinyLlama, Mistral Small, SmolLM2), "qwen2", "qwen3", "gemma2",
+ * "gemma3" and "phi3".
  *
  * Hyperparameters come from the ARCH.* keys, tensors from llama.cpp's names
  * (token_embd, blk.N.attn_q, ..., output_norm, output; no output = tied). A GGUF
  * tensor's ne[0] is its row length, so [ne1][ne0] is our [rows][cols] unchanged and
  * the matrices stay in the mapping. llama.cpp's converter permutes Llama Q/K rows to
  * the adjacent RoPE pairing (its "normal" rope); Qwen2 keeps Hugging Face's
- * rotate-half pairing (its "neox" rope). The tokenizer is read from the same file. */
+ * rotate-half pairing (its "neox" rope), as do the other families. The tokenizer is read
+ * from the same file.
+ *
+ * A family is a row of `families`: the RoPE pairing, a few flags that kvg_model_config
+ * carries to the forward pass, and the defaults llama.cpp assumes where a file has no key
+ * (its load_hparams). Everything else is common: the keys, the tensor names, the checks. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,7 +84,66 @@ static const char *const names[KVGM_N_WEIGHTS] = {
     [KVGM_W_DOWN] = "ffn_down.weight",       [KVGM_W_UP] = "ffn_up.weight",
     [KVGM_BQ] = "attn_q.bias",               [KVGM_BK] = "attn_k.bias",
     [KVGM_BV] = "attn_v.bias",
+    [KVGM_Q_NORM] = "attn_q_norm.weight",    [KVGM_K_NORM] = "attn_k_norm.weight",
+    [KVGM_POST_ATTN_NORM] = "post_attention_norm.weight",
+    [KVGM_POST_FFN_NORM] = "post_ffw_norm.weight",
+    [KVGM_WQKV] = "attn_qkv.weight",         [KVGM_W_GATE_UP] = "ffn_up.weight",
 };
+
+/* What sets a family apart, as llama.cpp's graph for it computes. */
+enum {
+    F_QKV_BIAS = 1 << 0,         /* q/k/v biases (Qwen2) */
+    F_QK_NORM = 1 << 1,          /* per-head RMSNorm of q and k before RoPE */
+    F_POST_NORMS = 1 << 2,       /* RMSNorm of the attention and FFN outputs */
+    F_GELU = 1 << 3,             /* GeGLU (tanh GELU) instead of SwiGLU */
+    F_EMBED_SCALE = 1 << 4,      /* embeddings times sqrt(dim) */
+    F_FUSED_GATE_UP = 1 << 5,    /* ffn_up holds gate then up */
+    F_SOFTCAP = 1 << 6,          /* attention and final logit soft-capping */
+    F_SWA_KEY_REQUIRED = 1 << 7  /* attention.sliding_window must be in the file */
+};
+
+typedef struct family {
+    const char *arch;
+    kvg_rope_layout rope;
+    unsigned flags;
+    int swa_period;              /* 0: no sliding window; P: of each P layers the first
+                                    P - 1 slide and the last is global (llama.cpp's
+                                    set_swa_pattern), unless the file gives the pattern */
+    int swa_window;              /* the window when the file has no key */
+    float swa_rope_theta;        /* RoPE base of the window layers (0: the global one) */
+    float attn_softcap, final_softcap;   /* defaults for F_SOFTCAP */
+    int big_layers;              /* the layer count llama.cpp takes for the 27B model,
+                                    whose scores are scaled by 1/sqrt(dim / n_heads)
+                                    instead of 1/sqrt(head_dim) */
+} family;
+
+static const family families[] = {
+    { "llama", KVG_ROPE_ADJACENT, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen2", KVG_ROPE_HALF, F_QKV_BIAS, 0, 0, 0, 0, 0, 0 },
+    { "qwen3", KVG_ROPE_HALF, F_QK_NORM, 0, 0, 0, 0, 0, 0 },
+    { "gemma2", KVG_ROPE_HALF, F_POST_NORMS | F_GELU | F_EMBED_SCALE | F_SOFTCAP, 2, 4096, 0, 50.0f, 30.0f, 46 },
+    { "gemma3", KVG_ROPE_HALF, F_QK_NORM | F_POST_NORMS | F_GELU | F_EMBED_SCALE | F_SWA_KEY_REQUIRED, 6, 0,
+      10000.0f, 0, 0, 62 },
+    { "phi3", KVG_ROPE_HALF, F_FUSED_GATE_UP, 0, 0, 0, 0, 0, 0 },
+};
+
+static const family *find_family(const char *arch)
+{
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (strcmp(families[i].arch, arch) == 0)
+            return &families[i];
+    return NULL;
+}
+
+/* "llama, qwen2, ..." into buf. */
+static const char *family_list(char *buf, size_t len)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof families / sizeof families[0] && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? ", " : "", families[i].arch);
+    return buf;
+}
 
 /* kvgm_source's find: the tensor `name`, its dtype and its shape checked ([rows][cols];
  * rows 0 = a vector of cols). */
@@ -149,9 +214,143 @@ static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer
     return 0;
 }
 
+/* "ARCH.rope.scaling.*": none, or linear (positions times 1 / factor). Llama 3's
+ * per-pair factors come as a tensor (read_rope_factors); YaRN is refused, naming it. */
+static int read_rope_scaling(ctx *c, kvg_model_config *cf)
+{
+    char k[96];
+    kvg_gguf_str s;
+    float factor;
+    snprintf(k, sizeof k, "%s.rope.scaling.type", c->arch);
+    if (kvg_gguf_get_str(c->g, k, &s) != 0 || (s.len == 4 && memcmp(s.s, "none", 4) == 0))
+        return 0;
+    if (!(s.len == 6 && memcmp(s.s, "linear", 6) == 0)) {
+        kvg_set_err(c->err, c->err_len, "%s: rope scaling \"%.*s\" is not supported (supported: none, linear)",
+                    c->path, (int)(s.len < 32 ? s.len : 32), s.s);
+        return -1;
+    }
+    if (get_float(c, "rope.scaling.factor", 1.0f, &factor) < 0)
+        return -1;
+    cf->rope_freq_scale = 1.0f / factor;
+    return 0;
+}
+
+/* The sliding-window layers from "ARCH.attention.sliding_window_pattern": a period P
+ * (of each P layers the first P - 1 slide) or one bool per layer (true: slides). */
+static int read_swa_pattern(ctx *c, const family *fam, kvg_model *m)
+{
+    char k[96];
+    int period = fam->swa_period;
+    const kvg_gguf_kv *arr;
+    snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", c->arch);
+    arr = kvg_gguf_get_arr(c->g, k, KVG_GGUF_BOOL);
+    if (arr) {
+        if (arr->arr_n != (uint64_t)m->cfg.n_layers) {
+            kvg_set_err(c->err, c->err_len, "%s: key %s has %llu entries for %d layers", c->path, k,
+                        (unsigned long long)arr->arr_n, m->cfg.n_layers);
+            return -1;
+        }
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            int64_t b = 0;
+            if (kvg_gguf_arr_i64(arr, (uint64_t)l, &b) < 0)
+                return -1;
+            m->layers[l].sliding = b != 0;
+        }
+        return 0;
+    }
+    if (kvg_gguf_find(c->g, k) && get_int(c, "attention.sliding_window_pattern", 1, 0, &period) < 0)
+        return -1;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        m->layers[l].sliding = l % period < period - 1;
+    return 0;
+}
+
+/* The family's flags into the config, with its keys: the window, the soft caps, the
+ * attention scale of the 27B Gemmas. */
+static int read_family(ctx *c, const family *fam, kvg_model_config *cf)
+{
+    cf->rope_layout = fam->rope;
+    cf->has_qkv_bias = (fam->flags & F_QKV_BIAS) != 0;
+    cf->qk_norm = (fam->flags & F_QK_NORM) != 0;
+    cf->post_norms = (fam->flags & F_POST_NORMS) != 0;
+    cf->ffn_act = fam->flags & F_GELU ? KVG_ACT_GELU_TANH : KVG_ACT_SILU;
+    if (fam->flags & F_EMBED_SCALE)
+        cf->embed_scale = sqrtf((float)cf->dim);
+    if (fam->flags & F_SOFTCAP) {
+        if (get_float(c, "attn_logit_softcapping", fam->attn_softcap, &cf->attn_softcap) < 0
+            || get_float(c, "final_logit_softcapping", fam->final_softcap, &cf->final_softcap) < 0)
+            return -1;
+    }
+    if (fam->swa_period) {
+        if (get_int(c, "attention.sliding_window", (fam->flags & F_SWA_KEY_REQUIRED) != 0, fam->swa_window,
+                    &cf->swa_window) < 0)
+            return -1;
+        cf->rope_theta_swa = fam->swa_rope_theta;
+    }
+    if (fam->big_layers && cf->n_layers == fam->big_layers)
+        cf->attn_query_scalar = (float)(cf->dim / cf->n_heads);
+    return 0;
+}
+
+/* A [head_dim / 2] F32 vector of RoPE factors, owned by the model; 0 when absent. */
+static int rope_factor_vec(const kvgm_source *src, const char *name, const float **out)
+{
+    ctx *c = src->ctx;
+    const kvg_gguf_tensor *t = kvg_gguf_find_tensor(c->g, name);
+    int64_t half = src->m->cfg.head_dim / 2;
+    float *f;
+    *out = NULL;
+    if (!t)
+        return 0;
+    if (t->type != GGML_F32 || t->n_dims != 1 || t->ne[0] != (uint64_t)half || !t->data) {
+        kvg_set_err(c->err, c->err_len, "%s: tensor %s must be F32 [%lld] (head_dim / 2)", c->path, name,
+                    (long long)half);
+        return -1;
+    }
+    f = kvgm_alloc(src->m, (size_t)half * sizeof *f);
+    if (!f) {
+        kvg_set_err(c->err, c->err_len, "%s: out of memory", c->path);
+        return -1;
+    }
+    memcpy(f, t->data, (size_t)half * sizeof *f);
+    *out = f;
+    return 0;
+}
+
+/* Per-pair frequency divisors: Llama 3.1's rope_freqs, or Phi-3's LongRoPE pair, of
+ * which llama.cpp takes the long one when the context exceeds the original one
+ * (rope.scaling.original_context_length) -- here the engine's context, known once
+ * kvgm_finish has applied the max_seq_len option -- with cos and sin scaled by
+ * rope.scaling.attn_factor. */
+static int read_rope_factors(ctx *c, const kvgm_source *src)
+{
+    kvg_model_config *cf = &src->m->cfg;
+    const float *freqs, *lng, *shrt;
+    int orig;
+    if (rope_factor_vec(src, "rope_freqs.weight", &freqs) < 0
+        || rope_factor_vec(src, "rope_factors_long.weight", &lng) < 0
+        || rope_factor_vec(src, "rope_factors_short.weight", &shrt) < 0)
+        return -1;
+    if (freqs) {
+        cf->rope_freq_factors = freqs;
+        return 0;
+    }
+    if (!lng && !shrt)
+        return 0;
+    if (!lng || !shrt) {
+        kvg_set_err(c->err, c->err_len, "%s: LongRoPE needs both rope_factors_long.weight and "
+                    "rope_factors_short.weight", c->path);
+        return -1;
+    }
+    if (get_int(c, "rope.scaling.original_context_length", 0, cf->max_seq_len, &orig) < 0
+        || get_float(c, "rope.scaling.attn_factor", 1.0f, &cf->rope_attn_factor) < 0)
+        return -1;
+    cf->rope_freq_factors = cf->max_seq_len > orig ? lng : shrt;
+    return 0;
+}
+
 kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, char *err, size_t err_len)
 {
-    char tn[96];
     const unsigned char *d, *tok_bytes = NULL;
     size_t len, tok_len = 0;
     kvg_gguf_str s;
@@ -170,9 +369,11 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
         goto fail;
     }
     snprintf(arch, sizeof arch, "%.*s", (int)(s.len < 31 ? s.len : 31), s.s);
-    if (strcmp(arch, "llama") != 0 && strcmp(arch, "qwen2") != 0) {
-        kvg_set_err(err, err_len, "%s: unknown architecture \"%.*s\" (supported: llama, qwen2)", path,
-                 (int)(s.len < 64 ? s.len : 64), s.s);
+    const family *fam = find_family(arch);
+    if (!fam) {
+        char list[160];
+        kvg_set_err(err, err_len, "%s: unknown architecture \"%.*s\" (supported: %s)", path,
+                 (int)(s.len < 64 ? s.len : 64), s.s, family_list(list, sizeof list));
         goto fail;
     }
     ctx c = { m, g, path, arch, err, err_len };
@@ -195,24 +396,23 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
                  cf->n_layers, cf->n_heads, cf->n_kv_heads);
         goto fail;
     }
+    {
+        int v_len;
+        if (get_int(&c, "attention.value_length", 0, cf->head_dim, &v_len) < 0)
+            goto fail;
+        if (v_len != cf->head_dim) {
+            kvg_set_err(err, err_len, "%s: attention.value_length %d differs from attention.key_length %d, which "
+                     "is not supported", path, v_len, cf->head_dim);
+            goto fail;
+        }
+    }
     if (rope_dims != cf->head_dim) {
         kvg_set_err(err, err_len, "%s: partial RoPE (rope.dimension_count %d of head size %d) is not supported",
                  path, rope_dims, cf->head_dim);
         goto fail;
     }
-    snprintf(tn, sizeof tn, "%s.rope.scaling.type", arch);
-    if (kvg_gguf_get_str(g, tn, &s) == 0 && !(s.len == 4 && memcmp(s.s, "none", 4) == 0)) {
-        kvg_set_err(err, err_len, "%s: rope scaling \"%.*s\" is not supported", path, (int)(s.len < 32 ? s.len : 32),
-                 s.s);
+    if (read_rope_scaling(&c, cf) < 0 || read_family(&c, fam, cf) < 0)
         goto fail;
-    }
-    if (kvg_gguf_find_tensor(g, "rope_freqs.weight")) {
-        kvg_set_err(err, err_len, "%s: per-dimension RoPE factors (rope_freqs.weight, Llama 3.1 scaling) are not "
-                 "supported", path);
-        goto fail;
-    }
-    cf->rope_layout = strcmp(arch, "qwen2") == 0 ? KVG_ROPE_HALF : KVG_ROPE_ADJACENT;
-    cf->has_qkv_bias = strcmp(arch, "qwen2") == 0;
 
     const kvg_gguf_tensor *emb = kvg_gguf_find_tensor(g, "token_embd.weight");
     if (!emb) {
@@ -226,7 +426,7 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
     }
     cf->vocab_size = (int)emb->ne[1];
     int64_t D = cf->dim, V = cf->vocab_size;
-    kvgm_source src = { m, find, &c, names, "blk.", path, err, err_len };
+    kvgm_source src = { m, find, &c, names, "blk.", path, err, err_len, (fam->flags & F_FUSED_GATE_UP) != 0 };
     if (kvgm_mat(&src, &m->tok_embedding, KVGM_EMBEDDING, -1, V, D, 0) < 0
         || kvgm_mat(&src, &m->output, KVGM_OUTPUT, -1, V, D, 1) < 0
         || kvgm_vec(&src, &m->final_norm, KVGM_FINAL_NORM, -1, D, 0) < 0)
@@ -235,7 +435,7 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
         m->output = m->tok_embedding;
         cf->tied_embeddings = 1;
     }
-    if (kvgm_bind_layers(&src) < 0)
+    if (kvgm_bind_layers(&src) < 0 || (fam->swa_period && read_swa_pattern(&c, fam, m) < 0))
         goto fail;
 
     if (opts->tokenizer_path) {
@@ -262,7 +462,7 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
         snprintf(m->chat_template_from, sizeof m->chat_template_from, "GGUF tokenizer.chat_template of %s",
                  path);
     }
-    if (kvgm_finish(m, opts, path, 0, err, err_len) < 0)
+    if (kvgm_finish(m, opts, path, 0, err, err_len) < 0 || read_rope_factors(&c, &src) < 0)
         goto fail;
     kvgm_part parts[2] = { { "gguf", d, len }, { "tokenizer", tok_bytes, tok_len } };
     if (kvgm_identity(m, parts, tok_bytes ? 2 : 1, opts, err, err_len) < 0)

@@ -345,7 +345,7 @@ static int bind_all(hf *h)
 {
     kvg_model *m = h->m;
     int64_t D = m->cfg.dim, V = m->cfg.vocab_size;
-    kvgm_source src = { m, find, h, names, "model.layers.", h->dir, h->err, h->err_len };
+    kvgm_source src = { m, find, h, names, "model.layers.", h->dir, h->err, h->err_len, 0 };
 
     if (kvgm_mat(&src, &m->tok_embedding, KVGM_EMBEDDING, -1, V, D, 0) < 0
         || kvgm_vec(&src, &m->final_norm, KVGM_FINAL_NORM, -1, D, 0) < 0)

@@ -64,6 +64,11 @@ typedef enum kvgm_weight {
     KVGM_ATTN_NORM, KVGM_WQ, KVGM_WK, KVGM_WV, KVGM_WO,
     KVGM_FFN_NORM, KVGM_W_GATE, KVGM_W_DOWN, KVGM_W_UP,
     KVGM_BQ, KVGM_BK, KVGM_BV,
+    KVGM_Q_NORM, KVGM_K_NORM,            /* cfg.qk_norm */
+    KVGM_POST_ATTN_NORM, KVGM_POST_FFN_NORM, /* cfg.post_norms */
+    KVGM_WQKV,                           /* q, k and v in one matrix (Phi-3), when present */
+    KVGM_W_GATE_UP,                      /* gate then up in one matrix (Phi-3), with
+                                            kvgm_source.fused_gate_up */
     KVGM_N_WEIGHTS
 } kvgm_weight;
 
@@ -83,6 +88,7 @@ struct kvgm_source {
     const char *where;           /* names the model in an out-of-memory error */
     char *err;
     size_t err_len;
+    int fused_gate_up;           /* the FFN's gate and up are one [2 hidden][dim] matrix */
 };
 
 /* Finds a matrix and binds it (kvgm_bind). Missing and optional: 0, *out untouched. */
@@ -94,7 +100,9 @@ int kvgm_mat(const kvgm_source *s, kvg_tensor *out, kvgm_weight w, int layer, in
 int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, int64_t n,
              int optional);
 /* Allocates m->layers and binds every layer's weights with the config's shapes: the
- * norms, q/k/v/o, gate/down/up, and the q/k/v biases when cfg.has_qkv_bias. */
+ * norms, q/k/v/o (or one fused qkv matrix when the file has it), gate/down/up (or the
+ * fused gate-up one), the q/k/v biases when cfg.has_qkv_bias, q/k norms when
+ * cfg.qk_norm, the post-norms when cfg.post_norms. */
 int kvgm_bind_layers(const kvgm_source *s);
 
 /* One piece of the identity: a label and bytes. */

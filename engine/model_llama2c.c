@@ -186,7 +186,7 @@ kvg_model *kvgm_load_llama2c(const char *path, const kvg_model_load_opts *opts, 
     c->rope_layout = KVG_ROPE_ADJACENT;
     c->tied_embeddings = shared;
 
-    kvgm_source src = { m, find, r, NULL, NULL, path, err, err_len };
+    kvgm_source src = { m, find, r, NULL, NULL, path, err, err_len, 0 };
     if (kvgm_mat(&src, &m->tok_embedding, KVGM_EMBEDDING, -1, vocab, dim, 0) < 0
         || (!shared && kvgm_mat(&src, &m->output, KVGM_OUTPUT, -1, vocab, dim, 0) < 0)
         || kvgm_vec(&src, &m->final_norm, KVGM_FINAL_NORM, -1, dim, 0) < 0

@@ -1,6 +1,10 @@
 /* RoPE angles shared by every backend: the CPU backend and the CUDA backend (which
  * computes them on the host and uploads them with the step) must rotate by the very same
- * floats, so both call these. */
+ * floats, so both call these.
+ *
+ * A model has one or two kinds of rotation: the global layers', and, when it differs,
+ * the sliding-window layers' (Gemma 3: another base, no scaling). A layer's kind is
+ * kvg_rope_kind; each kind has its own frequencies and table of cos/sin per row. */
 #ifndef KVG_ROPE_H
 #define KVG_ROPE_H
 
@@ -12,11 +16,19 @@
  * every backend refuses such a model at creation with this message. */
 const char *kvg_rope_config_error(const kvg_model_config *cfg);
 
-/* f[p] (p < head_dim/2) = theta^(-2p/head_dim), with Llama 3's rescaling of the long
- * wavelengths when configured. */
-void kvg_rope_frequencies(const kvg_model_config *cfg, float *f);
+/* 1 or 2: how many kinds of rotation the model's layers use. */
+int kvg_rope_n_kinds(const kvg_model *m);
+/* The kind of `layer`: 0 (global) or 1 (a sliding-window layer with its own RoPE). */
+int kvg_rope_kind(const kvg_model *m, int layer);
 
-/* cs[2p], cs[2p+1] = cos, sin of pos * inv_freq[p] for p < half. */
-void kvg_rope_cos_sin(const float *inv_freq, int half, int32_t pos, float *cs);
+/* f[p] (p < head_dim/2) of kind `kind` = theta^(-2p/head_dim) (theta: rope_theta, or
+ * rope_theta_swa for kind 1), with Llama 3's rescaling of the long wavelengths when
+ * configured, times the linear scale (kind 0), divided by the per-pair factors. */
+void kvg_rope_frequencies(const kvg_model_config *cfg, int kind, float *f);
+/* What cos and sin are multiplied by (LongRoPE's attention factor): 1 when none. */
+float kvg_rope_mscale(const kvg_model_config *cfg);
+
+/* cs[2p], cs[2p+1] = mscale cos, mscale sin of pos * inv_freq[p] for p < half. */
+void kvg_rope_cos_sin(const float *inv_freq, int half, int32_t pos, float mscale, float *cs);
 
 #endif

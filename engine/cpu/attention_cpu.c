@@ -20,6 +20,13 @@
  * other than explicit fmaf, which the compiler could otherwise contract differently per
  * ISA.
  *
+ * The family's variations keep these chains: a sliding-window layer starts them at the
+ * 16-key group holding its first visible position (p - window + 1), the positions of
+ * that group before it masked (-inf: weight exactly 0); soft-capping (Gemma 2) replaces
+ * each scaled score s by cap tanh(s / cap) before the softmax, which then divides by 1;
+ * the scale is 1/sqrt(attn_query_scalar) where the family sets one. All depend on the
+ * position alone.
+ *
  * The rows of one sequence in a step (a prefill, a cached prompt's recomputed tail) read
  * the same K and V. Done one item at a time, every load of them comes from L2 and the
  * FMAs wait on it; so KVG_ATTN_ROWS items of one head and consecutive rows of one
@@ -72,6 +79,9 @@ typedef struct attn_job {
     size_t n_items;              /* n_heads * n_rows */
     int n_chunks;
     kvg_attn_kernels k;
+    int window;                  /* the layer's sliding window; 0: none */
+    float div;                   /* scores are q.k / div */
+    float softcap;               /* 0: none */
 } attn_job;
 
 /* Scores sc[from..T) of one row (from: the first position of a 16-key group): full
@@ -128,6 +138,26 @@ static void vacc_keys(const attn_job *j, float *out, const float *w, const int32
     }
 }
 
+/* The first position a row at `pos` sees in this layer: 0, or the window's start. */
+static int first_visible(const attn_job *j, int32_t pos)
+{
+    return j->window && pos >= j->window ? pos - j->window + 1 : 0;
+}
+
+/* Scores sc[from..T) made ready for the softmax: [from, lo) masked, soft-capped when
+ * the model caps; returns the divisor the softmax applies. */
+static float prepare_scores(const attn_job *j, float *sc, int from, int lo, int T)
+{
+    for (int t = from; t < lo; t++)
+        sc[t] = -INFINITY;
+    if (j->softcap > 0.0f) {
+        for (int t = lo; t < T; t++)
+            sc[t] = j->softcap * tanhf(sc[t] / j->div / j->softcap);
+        return 1.0f;
+    }
+    return j->div;
+}
+
 static void attend_one(const attn_job *j, int h, int r, float *sc)
 {
     const kvg_cpu *c = j->c;
@@ -137,13 +167,14 @@ static void attend_one(const attn_job *j, int h, int r, float *sc)
     const float *q = j->q + ((size_t)r * cfg->n_heads + (size_t)h) * hd;
     float *out = j->out + ((size_t)r * cfg->n_heads + (size_t)h) * hd;
     const int32_t *blocks = c->blocks + c->seq_blocks_off[c->row_seq[r]];
-    int T = c->pos[r] + 1;
-    float sum;
+    int T = c->pos[r] + 1, lo = first_visible(j, c->pos[r]), from = lo / 16 * 16;
+    float sum, div;
 
-    score_keys(j, q, blocks, g, 0, T, sc);
-    sum = j->k.softmax(sc, T, sqrtf((float)hd));
+    score_keys(j, q, blocks, g, from, T, sc);
+    div = prepare_scores(j, sc, from, lo, T);
+    sum = j->k.softmax(sc + from, T - from, div);
     memset(out, 0, (size_t)hd * sizeof(float));
-    vacc_keys(j, out, sc, blocks, g, 0, T);
+    vacc_keys(j, out, sc, blocks, g, from, T);
     for (int d = 0; d < hd; d++)
         out[d] /= sum;
 }
@@ -188,7 +219,7 @@ static void attend_rows(const attn_job *j, int h, int r0, float *sc0)
     }
     for (int i = 0; i < KVG_ATTN_ROWS; i++) {
         score_keys(j, q[i], blocks, g, shared, T[i], sc[i]);
-        sum[i] = j->k.softmax(sc[i], T[i], sqrtf((float)hd));
+        sum[i] = j->k.softmax(sc[i], T[i], prepare_scores(j, sc[i], 0, 0, T[i]));
         memset(out[i], 0, (size_t)hd * sizeof(float));
     }
     /* V: every position below t_min for all rows at once, block by block. */
@@ -211,7 +242,7 @@ static void attend_rows(const attn_job *j, int h, int r0, float *sc0)
 static int rows_share_keys(const attn_job *j, int r)
 {
     const kvg_cpu *c = j->c;
-    if (r + KVG_ATTN_ROWS > c->n_rows || j->kv->geom.block_tokens % 16 != 0)
+    if (r + KVG_ATTN_ROWS > c->n_rows || j->kv->geom.block_tokens % 16 != 0 || j->window)
         return 0;
     for (int i = 1; i < KVG_ATTN_ROWS; i++)
         if (c->row_seq[r + i] != c->row_seq[r] || c->pos[r + i] < 64)
@@ -257,6 +288,9 @@ void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, f
     j.c = c;
     j.kv = kv;
     j.layer = layer;
+    j.window = c->m->layers[layer].sliding ? c->m->cfg.swa_window : 0;
+    j.div = sqrtf(c->m->cfg.attn_query_scalar > 0.0f ? c->m->cfg.attn_query_scalar : (float)c->m->cfg.head_dim);
+    j.softcap = c->m->cfg.attn_softcap;
     j.q = q;
     j.out = out;
     j.n_items = (size_t)c->m->cfg.n_heads * (size_t)c->n_rows;

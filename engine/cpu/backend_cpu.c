@@ -71,11 +71,16 @@ typedef struct rope_table_job {
     int half;
 } rope_table_job;
 
+/* Row r's cos/sin of every kind: kind k's table follows kind k - 1's (cap_rows rows). */
 static void rope_table_range(void *arg, size_t b, size_t e)
 {
     rope_table_job *j = arg;
-    for (size_t r = b; r < e; r++)
-        kvg_rope_cos_sin(j->c->inv_freq, j->half, j->c->pos[r], j->c->rope_cs + r * (size_t)j->half * 2);
+    kvg_cpu *c = j->c;
+    float mscale = kvg_rope_mscale(&c->m->cfg);
+    for (int k = 0; k < c->n_rope_kinds; k++)
+        for (size_t r = b; r < e; r++)
+            kvg_rope_cos_sin(c->inv_freq + (size_t)k * j->half, j->half, c->pos[r],  mscale,
+                             c->rope_cs + ((size_t)k * c->cap_rows + r) * (size_t)j->half * 2);
 }
 
 static int grow(void **p, int *cap, int need, size_t elem)
@@ -121,7 +126,8 @@ static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t 
         if (grow((void **)&ids, &cap, s->n_rows, 4 * sizeof(int32_t)) != 0)
             goto oom;
         c->tokens = ids;
-        cs = realloc(c->rope_cs, (size_t)cap * (size_t)(half > 0 ? half : 1) * 2 * sizeof(float));
+        cs = realloc(c->rope_cs, (size_t)c->n_rope_kinds * (size_t)cap * (size_t)(half > 0 ? half : 1) * 2 *
+                                 sizeof(float));
         if (!cs)
             goto oom;
         c->rope_cs = cs;
@@ -187,7 +193,7 @@ static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t 
     /* cos/sin once per step, shared by every layer. */
     {
         rope_table_job j = { c, half };
-        cpu_par(c, (size_t)s->n_rows, 40.0 * half * s->n_rows, rope_table_range, &j);
+        cpu_par(c, (size_t)s->n_rows, 40.0 * half * s->n_rows * c->n_rope_kinds, rope_table_range, &j);
     }
     return 0;
 oom:
@@ -282,6 +288,7 @@ static void cpu_matmul_n(kvg_backend *be, const float *x, int M, int K, int n,
 
 typedef struct rope_job {
     kvg_cpu *c;
+    const float *cs;             /* the layer's kind's table */
     float *q, *k;
 } rope_job;
 
@@ -307,18 +314,19 @@ static void rope_range(void *arg, size_t b, size_t e)
     const kvg_model_config *cfg = &j->c->m->cfg;
     int hd = cfg->head_dim;
     for (size_t r = b; r < e; r++) {
-        const float *cs = j->c->rope_cs + r * (size_t)(hd / 2) * 2;
+        const float *cs = j->cs + r * (size_t)(hd / 2) * 2;
         rotate_heads(j->q + r * (size_t)cfg->n_heads * hd, cfg->n_heads, hd, cs, cfg->rope_layout);
         rotate_heads(j->k + r * (size_t)cfg->n_kv_heads * hd, cfg->n_kv_heads, hd, cs,
                      cfg->rope_layout);
     }
 }
 
-static void cpu_rope(kvg_backend *be, float *q, float *k)
+static void cpu_rope(kvg_backend *be, int layer, float *q, float *k)
 {
     kvg_cpu *c = cpu_of(be);
     const kvg_model_config *cfg = &c->m->cfg;
-    rope_job j = { c, q, k };
+    size_t kind = (size_t)kvg_rope_kind(c->m, layer);
+    rope_job j = { c, c->rope_cs + kind * (size_t)c->cap_rows * (size_t)(cfg->head_dim / 2) * 2, q, k };
     cpu_par(c, (size_t)c->n_rows,
             3.0 * c->n_rows * (cfg->n_heads + cfg->n_kv_heads) * cfg->head_dim, rope_range, &j);
 }
@@ -393,6 +401,55 @@ static void cpu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
     cpu_par(cpu_of(be), n, 4.0 * (double)n, swiglu_range, &j);
 }
 
+/* gelu(gate) * up, GELU's tanh approximation as llama.cpp and Hugging Face's
+ * gelu_pytorch_tanh compute it: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))). */
+static void geglu_range(void *arg, size_t b, size_t e)
+{
+    swiglu_job *j = arg;
+    for (size_t i = b; i < e; i++) {
+        float g = j->gate[i];
+        float t = tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g));
+        j->gate[i] = 0.5f * g * (1.0f + t) * j->up[i];
+    }
+}
+
+static void cpu_geglu(kvg_backend *be, float *gate, const float *up, size_t n)
+{
+    swiglu_job j = { gate, up, NULL };
+    cpu_par(cpu_of(be), n, 20.0 * (double)n, geglu_range, &j);
+}
+
+typedef struct scale_job {
+    float *x;
+    float s;
+} scale_job;
+
+static void scale_range(void *arg, size_t b, size_t e)
+{
+    scale_job *j = arg;
+    for (size_t i = b; i < e; i++)
+        j->x[i] *= j->s;
+}
+
+static void cpu_scale(kvg_backend *be, float *x, float s, size_t n)
+{
+    scale_job j = { x, s };
+    cpu_par(cpu_of(be), n, (double)n, scale_range, &j);
+}
+
+static void softcap_range(void *arg, size_t b, size_t e)
+{
+    scale_job *j = arg;
+    for (size_t i = b; i < e; i++)
+        j->x[i] = j->s * tanhf(j->x[i] / j->s);
+}
+
+static void cpu_softcap(kvg_backend *be, float *x, float cap, size_t n)
+{
+    scale_job j = { x, cap };
+    cpu_par(cpu_of(be), n, 20.0 * (double)n, softcap_range, &j);
+}
+
 static void add_range(void *arg, size_t b, size_t e)
 {
     elt_job *j = arg;
@@ -451,6 +508,9 @@ static const kvg_backend_ops cpu_ops = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
+    .scale = cpu_scale,
+    .softcap = cpu_softcap,
     .add = cpu_add,
     .gather_out_rows = cpu_gather_out_rows,
 };
@@ -468,7 +528,8 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
         return NULL;
     c = be->ctx;
     c->m = m;
-    c->inv_freq = malloc((size_t)(cfg->head_dim / 2) * sizeof(float));
+    c->n_rope_kinds = kvg_rope_n_kinds(m);
+    c->inv_freq = malloc((size_t)c->n_rope_kinds * (size_t)(cfg->head_dim / 2) * sizeof(float));
     c->tp = kvg_threadpool_new(n_threads);
     if (!c->inv_freq || !c->tp) {
         kvg_set_err(err, err_len, "cpu backend: cannot start %d threads", n_threads);
@@ -506,6 +567,7 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
         kvg_cpu_weights_kinds(c->weights, &float_w, &int8_w);
         kvg_gemm_ws_kinds(c->gemm_ws, float_w, int8_w);
     }
-    kvg_rope_frequencies(cfg, c->inv_freq);
+    for (int k = 0; k < c->n_rope_kinds; k++)
+        kvg_rope_frequencies(cfg, k, c->inv_freq + (size_t)k * (cfg->head_dim / 2));
     return be;
 }

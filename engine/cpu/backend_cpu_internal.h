@@ -28,14 +28,15 @@ typedef struct kvg_cpu {
                                     X grown by begin_step to the step's rows */
     const kvg_model *m;
     int n_threads;
-    float *inv_freq;             /* [head_dim/2] RoPE frequency of each pair */
+    int n_rope_kinds;            /* 1, or 2 with the window layers' own RoPE (rope.h) */
+    float *inv_freq;             /* [n_rope_kinds][head_dim/2] RoPE frequency of each pair */
 
     /* The current step (copied by begin_step). */
     int n_rows, n_seqs, n_out;
     int32_t *tokens, *pos, *row_seq, *out_rows;   /* one allocation, cap_rows each */
     int32_t *seq_blocks_off;     /* [n_seqs + 1] offsets into blocks */
     int32_t *blocks;             /* every sequence's block table, concatenated */
-    float *rope_cs;              /* [n_rows][head_dim/2][2] cos, sin */
+    float *rope_cs;              /* [n_rope_kinds][cap_rows][head_dim/2][2] cos, sin */
     float *att_scratch;          /* n_threads * KVG_ATTN_ROWS slices of att_stride floats */
     size_t att_stride, att_cap;
     int cap_rows, cap_seqs, cap_blocks;

@@ -167,7 +167,8 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
     {
         float *cs = (float *)(void *)((unsigned char *)c->h_plan + c->plan.off_cs);
         for (int r = 0; r < s->n_rows; r++)
-            kvg_rope_cos_sin(c->inv_freq, half, s->pos[r], cs + (size_t)r * c->plan.cs_floats);
+            kvg_rope_cos_sin(c->inv_freq, half, s->pos[r], kvg_rope_mscale(cfg),
+                             cs + (size_t)r * c->plan.cs_floats);
     }
     partials = (size_t)c->plan.n_partials * (size_t)cfg->n_heads * (size_t)(cfg->head_dim + 2);
     if (grow_dev(c, (void **)&c->d_partials, &c->partials_cap, partials * sizeof(float),
@@ -252,9 +253,10 @@ static void cu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_t
     kvg_cu_matmul(c, x, M, K, w, bias, y);
 }
 
-static void cu_rope(kvg_backend *be, float *q, float *k)
+static void cu_rope(kvg_backend *be, int layer, float *q, float *k)
 {
     kvg_cuda *c = cu(be);
+    (void)layer;                 /* one kind of rotation (cuda_family_error) */
     const kvg_model_config *cfg = &c->m->cfg;
     if (!op_begin(c, "rope"))
         return;
@@ -456,9 +458,26 @@ int kvg_backend_cuda_probe(int dev, char *err, size_t err_len)
     return 0;
 }
 
+/* What of the model's family this backend does not run yet, or NULL. */
+static const char *cuda_family_error(const kvg_model *m)
+{
+    const kvg_model_config *c = &m->cfg;
+    for (int l = 0; l < c->n_layers; l++)
+        if (m->layers[l].sliding)
+            return "sliding-window attention";
+    return c->qk_norm ? "q/k norms" : c->post_norms ? "post-norms" : c->attn_softcap > 0.0f ? "attention soft-capping"
+           : c->attn_query_scalar > 0.0f ? "an attention scale other than 1/sqrt(head_dim)" : NULL;
+}
+
 kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
                                   char *err, size_t err_len)
 {
+    const char *missing = cuda_family_error(m);
+    if (missing) {
+        kvg_set_err(err, err_len, "cuda: %s models need %s, which this backend does not run yet", m->cfg.arch,
+                    missing);
+        return NULL;
+    }
     const kvg_model_config *cfg = &m->cfg;
     kvg_backend *be;
     kvg_cuda *c;
@@ -496,7 +515,7 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
         kvg_set_err(err, err_len, "cuda: out of memory");
         goto fail;
     }
-    kvg_rope_frequencies(cfg, c->inv_freq);
+    kvg_rope_frequencies(cfg, 0, c->inv_freq);
     if (kvg_cu_weights_upload(c, err, err_len) != 0 || kvg_cu_gemm_init(c, err, err_len) != 0)
         goto fail;
     return be;

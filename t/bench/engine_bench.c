@@ -246,9 +246,9 @@ static void prof_matmul_n(kvg_backend *be, const float *x, int M, int K, int n, 
     }
     PROF(slot, p_inner->matmul_n(be, x, M, K, n, w, bias, y));
 }
-static void prof_rope(kvg_backend *be, float *q, float *k)
+static void prof_rope(kvg_backend *be, int layer, float *q, float *k)
 {
-    PROF(P_ROPE, p_inner->rope(be, q, k));
+    PROF(P_ROPE, p_inner->rope(be, layer, q, k));
 }
 static void prof_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *k, const float *v)
 {
