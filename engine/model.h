@@ -177,6 +177,12 @@ size_t kvg_model_release_pages(const kvg_model *m, const kvg_tensor *t);
  * hand them back: a backend's copy of them then costs no memory). */
 int kvg_model_in_file(const kvg_model *m, const kvg_tensor *t);
 
+/* What the model's family adds to the Llama forward pass, for a log line: e.g.
+ * "gemma3: q/k norms, post-norms, GeGLU, embeddings x 45.25, sliding window 512 on 5 of
+ * 6 layers (RoPE base 10000 there; at the full context they could give back 69% of the
+ * KV)"; "llama: the plain Llama forward pass". Returns buf. */
+const char *kvg_model_features(const kvg_model *m, char *buf, size_t len);
+
 /* Bytes per element (F32, F16, BF16; 0 for the block formats) and row conversion
  * helpers shared by loaders and kernels. */
 size_t kvg_dtype_size(kvg_dtype t);

@@ -688,3 +688,69 @@ int kvgm_load_tokenizer_file(kvg_model *m, const char *path, const unsigned char
         return -1;
     return kvgm_set_tokenizer_source(m, path, NULL, *len, err, err_len);
 }
+
+/* ---- a model's family, in words ---- */
+
+static void feature(char *buf, size_t len, size_t *o, int *n, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void feature(char *buf, size_t len, size_t *o, int *n, const char *fmt, ...)
+{
+    va_list ap;
+    if (*o >= len)
+        return;
+    *o += (size_t)snprintf(buf + *o, len - *o, "%s", (*n)++ ? ", " : ": ");
+    if (*o >= len)
+        return;
+    va_start(ap, fmt);
+    *o += (size_t)vsnprintf(buf + *o, len - *o, fmt, ap);
+    va_end(ap);
+}
+
+const char *kvg_model_features(const kvg_model *m, char *buf, size_t len)
+{
+    const kvg_model_config *c = &m->cfg;
+    size_t o = 0;
+    int n = 0, sliding = 0;
+    if (len == 0)
+        return buf;
+    o = (size_t)snprintf(buf, len, "%s", c->arch);
+    for (int l = 0; l < c->n_layers; l++)
+        sliding += m->layers[l].sliding;
+    if (c->has_qkv_bias)
+        feature(buf, len, &o, &n, "q/k/v biases");
+    if (c->qk_norm)
+        feature(buf, len, &o, &n, "q/k norms");
+    if (c->post_norms)
+        feature(buf, len, &o, &n, "post-norms");
+    if (c->ffn_act == KVG_ACT_GELU_TANH)
+        feature(buf, len, &o, &n, "GeGLU");
+    if (c->embed_scale > 0.0f)
+        feature(buf, len, &o, &n, "embeddings x %.4g", c->embed_scale);
+    if (c->attn_query_scalar > 0.0f)
+        feature(buf, len, &o, &n, "scores / sqrt(%g)", c->attn_query_scalar);
+    if (c->attn_softcap > 0.0f)
+        feature(buf, len, &o, &n, "attention soft-cap %g", c->attn_softcap);
+    if (c->final_softcap > 0.0f)
+        feature(buf, len, &o, &n, "logit soft-cap %g", c->final_softcap);
+    if (c->rope_freq_scale > 0.0f && c->rope_freq_scale != 1.0f)
+        feature(buf, len, &o, &n, "linear RoPE scaling x%g", 1.0f / c->rope_freq_scale);
+    if (c->rope_freq_factors)
+        feature(buf, len, &o, &n, "per-pair RoPE factors%s", c->rope_attn_factor > 0.0f ? " with an attention factor" : "");
+    if (sliding && c->swa_window > 0) {
+        /* Blocks hold every layer's K/V of their tokens, so the window layers' share of
+         * the positions before their window stays allocated: what a per-layer-group
+         * pool would give back at the full context. */
+        double keep = c->max_seq_len > c->swa_window ? (double)c->swa_window / c->max_seq_len : 1.0;
+        double back = 100.0 * sliding / c->n_layers * (1.0 - keep);
+        feature(buf, len, &o, &n, "sliding window %d on %d of %d layers", c->swa_window, sliding, c->n_layers);
+        if (c->rope_theta_swa > 0.0f && o < len)
+            o += (size_t)snprintf(buf + o, len - o, " (RoPE base %g there)", c->rope_theta_swa);
+        if (o < len)
+            o += (size_t)snprintf(buf + o, len - o, "; at the full context of %d the window layers could give back "
+                                  "%.0f%% of the KV", c->max_seq_len, back);
+    }
+    if (n == 0 && o < len)
+        snprintf(buf + o, len - o, ": the plain Llama forward pass");
+    return buf;
+}

@@ -222,6 +222,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvgate-engine: %s\n", err);
         return 1;
     }
+    {
+        char feat[512];
+        fprintf(stderr, "kvgate-engine: model family %s\n", kvg_model_features(m, feat, sizeof feat));
+    }
     if (kvg_chat_choose(&chat, tpl_name, m, err, sizeof err) != 0) {
         fprintf(stderr, "kvgate-engine: %s\n", err);
         kvg_model_free(m);
