@@ -50,9 +50,9 @@ static const char USAGE[] =
     "  --prefill-chunk N   prefill the prompt N tokens per step (default: all at once)\n"
     "  --block-tokens N    tokens per KV block (default 16)\n"
     "  --prompt-logits F   write the logits at the last prompt position to F, one per line\n"
-    "  --top2-gap          print on stderr the smallest margin of a choice over the run:\n"
-    "                      the top logit minus the second, and the step it was at (0: the\n"
-    "                      last prompt position)\n"
+    "  --top2-gap          print on stderr each choice's margin, the top logit minus the\n"
+    "                      second (\"top2-gap[K]: G\", K = 0 at the last prompt position),\n"
+    "                      then the smallest (\"top2-gap: G at step K of N\")\n"
     "  --export-llama2c F  write the loaded model as a llama2.c checkpoint (F32) to F and\n"
     "                      exit (no prompt needed): identical weights for other engines\n"
     "  --help              show this help\n";
@@ -412,6 +412,7 @@ static int run(gen *g, char *err, size_t err_len)
                 min_gap = gap;
                 gap_step = n_choices;
             }
+            fprintf(stderr, "top2-gap[%ld]: %.9g\n", n_choices, gap);
             n_choices++;
         }
         int32_t tok = kvg_sample(&g->smp, &o->sp, g->logits, g->m->cfg.vocab_size, 0,

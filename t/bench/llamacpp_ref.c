@@ -8,8 +8,9 @@
  * line for line: "id logprob" per generated token on stdout (the log-softmax of the
  * logits over the whole vocabulary at the chosen token, "%.6f"; the first line is the
  * choice at the last prompt position), the logits at the last prompt position one per
- * line ("%.9g") into --prompt-logits F, and "top2-gap: G at step S of N" on stderr with
- * --top2-gap (the smallest top-1 minus top-2 logit margin over the choices). The choice
+ * line ("%.9g") into --prompt-logits F, and with --top2-gap on stderr each choice's margin
+ * (top-1 minus top-2 logit: "top2-gap[K]: G", K = 0 at the last prompt position) then the
+ * smallest ("top2-gap: G at step K of N"). The choice
  * and its logprob are kvgate's own (kvg_sample at temperature 0: highest logit, ties to
  * the lowest id; the log-softmax in double), so the two outputs differ only where the
  * logits do. Generation stops at the vocabulary's end-of-sequence id (not printed), as
@@ -18,6 +19,10 @@
  *   build/bench/llamacpp_ref --model F.gguf --lib DIR|libllama.so --prompt-ids "1 2 3"
  *       [--steps 64] [--threads 2] [--prompt-logits F] [--top2-gap] [--stop none]
  *       [--default-ctx] [--verbose]
+ *
+ * kvgate-generate's spellings are taken too, so that one argument list runs either:
+ * --max-tokens N is --steps N, and --ids, --logprobs and --temperature 0 say what this
+ * program does anyway (another temperature is refused).
  *
  * llama.cpp's settings, chosen for the most precise result on the CPU: one sequence,
  * n_ctx = prompt + steps rounded up to 256, n_batch = n_ubatch = the prompt (one ubatch,
@@ -65,6 +70,12 @@ int main(int argc, char **argv)
             *(a[2] == 't' ? &top2 : a[2] == 'd' ? &exact : &lc_verbose) = a[2] != 'd';
             continue;
         }
+        if (!strcmp(a, "--ids") || !strcmp(a, "--logprobs"))
+            continue;
+        if (!strcmp(a, "--temperature") && v && strtod(v, NULL) == 0.0) {
+            i++;
+            continue;
+        }
         if (!v)
             return usage(!strcmp(a, "--help") ? "" : "an option without its value, or an unknown one");
         if (!strcmp(a, "--model"))
@@ -75,7 +86,7 @@ int main(int argc, char **argv)
             ids_arg = v;
         else if (!strcmp(a, "--prompt-logits"))
             logits_path = v;
-        else if (!strcmp(a, "--steps"))
+        else if (!strcmp(a, "--steps") || !strcmp(a, "--max-tokens"))
             steps = strtol(v, NULL, 10);
         else if (!strcmp(a, "--threads"))
             threads = strtol(v, NULL, 10);
@@ -141,6 +152,8 @@ int main(int argc, char **argv)
             min_gap = gap;
             gap_step = n_choices;
         }
+        if (top2)
+            fprintf(stderr, "top2-gap[%ld]: %.9g\n", n_choices, gap);
         n_choices++;
         int32_t tok = kvg_sample(&smp, &greedy, logits, V, 0, 0, &lp);
         if (tok < 0)
