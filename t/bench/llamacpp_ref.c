@@ -66,11 +66,14 @@ int main(int argc, char **argv)
     lc_who = "llamacpp_ref";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--top2-gap") || !strcmp(a, "--default-ctx") || !strcmp(a, "--verbose")) {
-            *(a[2] == 't' ? &top2 : a[2] == 'd' ? &exact : &lc_verbose) = a[2] != 'd';
-            continue;
-        }
-        if (!strcmp(a, "--ids") || !strcmp(a, "--logprobs"))
+        if (!strcmp(a, "--top2-gap"))
+            top2 = 1;
+        else if (!strcmp(a, "--default-ctx"))
+            exact = 0;
+        else if (!strcmp(a, "--verbose"))
+            lc_verbose = 1;
+        if (!strcmp(a, "--top2-gap") || !strcmp(a, "--default-ctx") || !strcmp(a, "--verbose")
+            || !strcmp(a, "--ids") || !strcmp(a, "--logprobs"))
             continue;
         if (!strcmp(a, "--temperature") && v && strtod(v, NULL) == 0.0) {
             i++;
