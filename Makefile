@@ -12,6 +12,8 @@
 #   build/bin/NAME                 tools/NAME.c
 #   build/t/NAME                   t/unit/NAME.c  (C unit tests, emit TAP)
 #   build/bench/NAME               t/bench/NAME.c
+#   build/t/family_check           t/tools/family_check.c (t/engine-families.t; also in
+#                                  build/emu/t/ and build/asan/t/)
 #   build/asan/...                 the library and unit tests again under ASan+UBSan
 #   build/fuzz/NAME                fuzz/NAME.c (clang, -fsanitize=fuzzer)
 #   build/ngx_http_kvgate_module.so
@@ -66,6 +68,11 @@ ASAN_UNITS := $(UNIT_SRCS:t/unit/%.c=$(BUILD)/asan/t/%)
 ASAN_BINS  := $(ENGINE_CMDS:engine/cmd/%.c=$(BUILD)/asan/bin/%) $(TOOL_SRCS:tools/%.c=$(BUILD)/asan/bin/%)
 
 FUZZERS    := $(FUZZ_SRCS:fuzz/%.c=$(BUILD)/fuzz/%)
+# The engine's exactness checks on one model file (t/engine-families.t runs them per model
+# family): not a unit test (it takes a --model), so not in UNITS.
+FAMILY_CHECK := $(BUILD)/t/family_check
+EMU_FAMILY_CHECK := $(BUILD)/emu/t/family_check
+ASAN_FAMILY_CHECK := $(BUILD)/asan/t/family_check
 FUZZ_SECONDS ?= 30
 
 # The CUDA backend is built whenever nvcc is found (CUDA=0 skips it). Its emulated twin is
@@ -124,9 +131,9 @@ all: lib tools engine units benches module emu
 lib: $(LIB)
 engine: $(ENGINE_LIB) $(ENGINE_BINS)
 tools: $(TOOLS)
-units: $(UNITS) $(SHIMS)
+units: $(UNITS) $(SHIMS) $(FAMILY_CHECK)
 benches: $(BENCHES)
-asan: $(ASAN_UNITS) $(ASAN_BINS)
+asan: $(ASAN_UNITS) $(ASAN_BINS) $(ASAN_FAMILY_CHECK)
 
 # LD_PRELOAD shims some tests start nginx with (t/shim/NAME.c -> build/t/NAME.so; SHIMS
 # is defined with the other lists above, before `units` names it).
@@ -163,6 +170,20 @@ $(CUDA_UNITS): $(BUILD)/t/%: t/unit/%.c $(ENGINE_LIB) $(EMU_LIB) $(LIB) $(HDRS) 
 
 $(BUILD)/t/%: t/unit/%.c $(ENGINE_LIB) $(ABSENT_OBJ) $(LIB) $(HDRS) | $(BUILD)/t
 	$(CC) $(CFLAGS) -It/unit -Iengine $< -o $@ $(ENGINE_LIB) $(ABSENT_OBJ) $(LIB) $(LDLIBS)
+
+# family_check links what an engine command links (--backend cuda: the real backend where
+# this build has one), the emulated backend in build/emu/t/, the CPU alone under ASan.
+$(FAMILY_CHECK): t/tools/family_check.c $(ENGINE_LIB) $(ENGINE_CUDA) $(LIB) $(HDRS) | $(BUILD)/t
+	$(CC) $(CFLAGS) -It/unit -Iengine $< -o $@ -Wl,--start-group $(ENGINE_LIB) $(ENGINE_CUDA) -Wl,--end-group \
+	    $(LIB) $(LDLIBS) $(ENGINE_CUDA_LDLIBS)
+
+$(EMU_FAMILY_CHECK): t/tools/family_check.c $(ENGINE_LIB) $(EMU_LIB) $(LIB) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DKVG_CUDA_EMU -It/unit -Iengine $< -o $@ -Wl,--start-group $(ENGINE_LIB) $(EMU_LIB) -Wl,--end-group \
+	    $(LIB) $(LDLIBS) $(EMU_LDLIBS)
+
+$(ASAN_FAMILY_CHECK): t/tools/family_check.c $(ASAN_ENGINE_LIB) $(ASAN_ABSENT_OBJ) $(ASAN_LIB) $(HDRS) | $(BUILD)/asan/t
+	$(CC) $(ASAN_CFLAGS) -It/unit -Iengine $< -o $@ $(ASAN_ENGINE_LIB) $(ASAN_ABSENT_OBJ) $(ASAN_LIB) $(LDLIBS)
 
 $(BUILD)/bench/%: t/bench/%.c $(ENGINE_LIB) $(ENGINE_CUDA) $(LIB) $(HDRS) | $(BUILD)/bench
 	$(CC) $(CFLAGS) -O3 -Iengine $< -o $@ -Wl,--start-group $(ENGINE_LIB) $(ENGINE_CUDA) -Wl,--end-group \
@@ -234,7 +255,7 @@ $(BUILD)/asan/t/cuda_emu: $(BUILD)/asan/emu/obj/t/unit/cuda_emu_kernels.o
 EMU_BINS   := $(ENGINE_CMDS:engine/cmd/%.c=$(BUILD)/emu/bin/%)
 # The GPU benchmark too (t/gpu/run.sh with KVG_RUN_EMU=1 runs it emulated).
 EMU_BENCHES := $(BUILD)/emu/bench/gpu_bench
-emu: $(EMU_BINS) $(EMU_BENCHES) $(CUDA_UNITS)
+emu: $(EMU_BINS) $(EMU_BENCHES) $(CUDA_UNITS) $(EMU_FAMILY_CHECK)
 
 $(BUILD)/emu/bench/%: t/bench/%.c $(ENGINE_LIB) $(EMU_LIB) $(LIB) $(HDRS)
 	@mkdir -p $(dir $@)

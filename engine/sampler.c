@@ -165,6 +165,23 @@ static int ensure_cap(kvg_sampler *s, int vocab)
     return 0;
 }
 
+double kvg_top2_gap(const float *logits, int vocab)
+{
+    double a = -INFINITY, b = -INFINITY;     /* the best and the second best */
+    if (vocab < 2)
+        return INFINITY;
+    for (int i = 0; i < vocab; i++) {
+        double v = (double)val_of(logits[i]);
+        if (v > a) {
+            b = a;
+            a = v;
+        } else if (v > b) {
+            b = v;
+        }
+    }
+    return isinf(b) && isinf(a) ? 0.0 : a - b;
+}
+
 int32_t kvg_sample(kvg_sampler *s, const kvg_sampler_params *p, const float *logits, int vocab,
                    uint64_t sample_index, uint64_t position, float *logprob)
 {

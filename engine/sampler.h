@@ -51,4 +51,10 @@ int kvg_sampler_params_check(const kvg_sampler_params *p, char *err, size_t err_
 int32_t kvg_sample(kvg_sampler *s, const kvg_sampler_params *p, const float *logits, int vocab,
                    uint64_t sample_index, uint64_t position, float *logprob);
 
+/* The greedy choice's margin: the highest logit minus the second highest (NaN counts as
+ * -infinity; 0 for a tie, +infinity when vocab < 2). Rounding that moves every logit by
+ * less than half of it cannot change the greedy choice: the tests comparing greedy
+ * continuations across engines check it (kvgate-generate --top2-gap). */
+double kvg_top2_gap(const float *logits, int vocab);
+
 #endif

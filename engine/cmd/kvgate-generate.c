@@ -50,6 +50,9 @@ static const char USAGE[] =
     "  --prefill-chunk N   prefill the prompt N tokens per step (default: all at once)\n"
     "  --block-tokens N    tokens per KV block (default 16)\n"
     "  --prompt-logits F   write the logits at the last prompt position to F, one per line\n"
+    "  --top2-gap          print on stderr each choice's margin, the top logit minus the\n"
+    "                      second (\"top2-gap[K]: G\", K = 0 at the last prompt position),\n"
+    "                      then the smallest (\"top2-gap: G at step K of N\")\n"
     "  --export-llama2c F  write the loaded model as a llama2.c checkpoint (F32) to F and\n"
     "                      exit (no prompt needed): identical weights for other engines\n"
     "  --help              show this help\n";
@@ -60,7 +63,7 @@ typedef struct opts {
     long max_tokens, steps, threads, prefill_chunk, block_tokens, device;
     int batch_invariant;
     kvg_sampler_params sp;
-    int ids, logprobs, no_bos;
+    int ids, logprobs, no_bos, top2_gap;
 } opts;
 
 static int usage_error(const char *fmt, const char *a)
@@ -118,6 +121,7 @@ static int parse_args(int argc, char **argv, opts *o)
         { "--block-tokens", KVG_OPT_LONG, &o->block_tokens, 1, 4096,
           "--block-tokens needs an integer in [1, 4096], got '%s'", NULL },
         { "--prompt-logits", KVG_OPT_STR, &o->prompt_logits, 0, 0, NULL, NULL },
+        { "--top2-gap", KVG_OPT_FLAG, &o->top2_gap, 0, 0, NULL, NULL },
         { "--export-llama2c", KVG_OPT_STR, &o->export_path, 0, 0, NULL, NULL },
     };
     int rc;
@@ -298,7 +302,8 @@ static int run(gen *g, char *err, size_t err_len)
     kvg_model_load_opts lo;
     kvg_kv_geom geom;
     kvg_detok dt;
-    long max_gen, n_gen = 0, n_decode = 0;
+    long max_gen, n_gen = 0, n_decode = 0, gap_step = -1, n_choices = 0;
+    double min_gap = INFINITY;
     int64_t max_pos;
     double t0, t1, t2;
     char out[1024];
@@ -401,6 +406,15 @@ static int run(gen *g, char *err, size_t err_len)
     while (n_gen < max_gen) {
         float lp = 0.0f;
         int32_t pos = g->seq.n_tokens;
+        if (o->top2_gap) {
+            double gap = kvg_top2_gap(g->logits, g->m->cfg.vocab_size);
+            if (gap < min_gap || gap_step < 0) {
+                min_gap = gap;
+                gap_step = n_choices;
+            }
+            fprintf(stderr, "top2-gap[%ld]: %.9g\n", n_choices, gap);
+            n_choices++;
+        }
         int32_t tok = kvg_sample(&g->smp, &o->sp, g->logits, g->m->cfg.vocab_size, 0,
                                  (uint64_t)pos, o->logprobs ? &lp : NULL);
         if (tok < 0) {
@@ -432,6 +446,8 @@ static int run(gen *g, char *err, size_t err_len)
     }
     t2 = kvg_mono_s();
     char bdesc[200];
+    if (o->top2_gap)
+        fprintf(stderr, "top2-gap: %.9g at step %ld of %ld\n", min_gap, gap_step, n_choices);
     if (!o->ids) {
         long w = kvg_detok_flush(&dt, out, sizeof out);
         if (w > 0)

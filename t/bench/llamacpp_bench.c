@@ -11,182 +11,23 @@
  *   build/bench/llamacpp_bench --model F.gguf --lib DIR|libllama.so [--prompt 1000]
  *       [--threads 2] [--decode-steps 32] [--reps 3] [--batches 1,8,32] [--t1] [--verbose]
  *
- * The library is dlopened (node-llama-cpp's prebuilt build, npm package
- * @node-llama-cpp/linux-x64): nothing here needs llama.cpp headers. The structs passed
- * or returned by value (llama_model_params, llama_context_params, llama_batch) are
- * declared below for the one llama.cpp version whose llama.h was checked
- * (llama_version() "0.5.0-dev", node-llama-cpp 3.22.1, ggml 0.25.1): the two params
- * structs are opaque byte arrays of their exact size (80 and 160 bytes, 8-aligned;
- * over 16 bytes they travel in memory in the x86-64 SysV ABI whatever their fields),
- * obtained from the *_default_params functions, and only the fields whose offsets were
- * checked against that llama.h are written. Another version is refused (exit 3) unless
- * KVG_LLAMA_ABI_FORCE=1. Exit 3 also when the library is absent: the caller skips.
+ * The library is dlopened through llamacpp_api.h (the ABI declarations, the loader and
+ * the version check, shared with llamacpp_ref); exit 3 when it is absent: the caller skips.
  *
  * Figures only: nothing asserts a speed. Prints "RESULT llamacpp=1 ..." for the script. */
-#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <dirent.h>
 
 #include "bench_stats.h"
+#include "llamacpp_api.h"
 #include "monoclock.h"
 #include "sampler.h"
 #include "sampler_testing.h"
 
-/* ---- the ABI of llama.cpp 0.5.0-dev (llama.h as shipped by node-llama-cpp 3.22.1) ---- */
-typedef struct { _Alignas(8) unsigned char b[80]; } lc_model_params;
-typedef struct { _Alignas(8) unsigned char b[160]; } lc_context_params;
-enum {
-    CP_N_CTX = 0, CP_N_BATCH = 4, CP_N_UBATCH = 8, CP_N_SEQ_MAX = 12, CP_N_THREADS = 28,
-    CP_N_THREADS_BATCH = 32, CP_NO_PERF = 130
-};
-_Static_assert(sizeof(lc_model_params) == 80 && sizeof(lc_context_params) == 160, "llama.h 0.5.0 sizes");
-
-typedef struct lc_batch {
-    int32_t n_tokens;
-    int32_t *token;
-    float *embd;
-    int32_t *pos;
-    int32_t *n_seq_id;
-    int32_t **seq_id;
-    int8_t *logits;
-} lc_batch;
-_Static_assert(sizeof(lc_batch) == 56, "llama_batch");
-
-typedef struct lc_api {
-    const char *(*version)(void);
-    void (*backend_init)(void);
-    void (*log_set)(void (*cb)(int, const char *, void *), void *ud);
-    void (*load_all_from_path)(const char *dir);
-    lc_model_params (*model_default_params)(void);
-    lc_context_params (*context_default_params)(void);
-    void *(*model_load_from_file)(const char *path, lc_model_params p);
-    void (*model_free)(void *model);
-    void *(*init_from_model)(void *model, lc_context_params p);
-    void (*free_ctx)(void *ctx);
-    const void *(*model_get_vocab)(const void *model);
-    int32_t (*vocab_n_tokens)(const void *vocab);
-    void *(*get_memory)(const void *ctx);
-    void (*memory_clear)(void *mem, _Bool data);
-    lc_batch (*batch_get_one)(int32_t *tokens, int32_t n);
-    lc_batch (*batch_init)(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
-    void (*batch_free)(lc_batch b);
-    int32_t (*decode)(void *ctx, lc_batch b);
-    void (*synchronize)(void *ctx);
-    float *(*get_logits_ith)(void *ctx, int32_t i);
-    void (*set_n_threads)(void *ctx, int32_t n, int32_t n_batch);
-} lc_api;
-
-static int verbose, single_thread_row;
-
-static void quiet_log(int level, const char *text, void *ud)
-{
-    (void)ud;
-    if (verbose || level == 4 /* GGML_LOG_LEVEL_ERROR */)
-        fputs(text, stderr);
-}
-
-static void die(const char *what)
-{
-    fprintf(stderr, "llamacpp_bench: %s\n", what);
-    exit(1);
-}
-
-static void skip(const char *why, const char *detail)
-{
-    fprintf(stderr, "llamacpp_bench: skipped: %s%s%s\n", why, detail ? ": " : "", detail ? detail : "");
-    exit(3);
-}
-
-/* The library file: the path itself, or libllama*.so in a directory (not libllama-common). */
-static void find_lib(const char *arg, char *path, size_t n, char *dir, size_t dn)
-{
-    DIR *d = opendir(arg);
-    if (!d) {
-        const char *slash = strrchr(arg, '/');
-        snprintf(path, n, "%s", arg);
-        snprintf(dir, dn, "%.*s", slash ? (int)(slash - arg) : 1, slash ? arg : ".");
-        return;
-    }
-    struct dirent *e;
-    path[0] = '\0';
-    while ((e = readdir(d)))
-        if (strncmp(e->d_name, "libllama", 8) == 0 && strncmp(e->d_name, "libllama-", 9) != 0
-            && strstr(e->d_name, ".so"))
-            snprintf(path, n, "%s/%s", arg, e->d_name);
-    closedir(d);
-    snprintf(dir, dn, "%s", arg);
-}
-
-#define SYM(field, name) do {                                                       \
-        *(void **)&api->field = dlsym(h, name);                                     \
-        if (!api->field)                                                            \
-            skip("symbol missing in the library", name);                            \
-    } while (0)
-
-static void load_api(lc_api *api, const char *lib_arg)
-{
-    char path[4096], dir[4096];
-    find_lib(lib_arg, path, sizeof path, dir, sizeof dir);
-    if (!path[0])
-        skip("no libllama*.so in", lib_arg);
-    /* RUNPATH $ORIGIN finds libggml*.so next to it. */
-    void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-    if (!h)
-        skip("cannot load libllama", dlerror());
-    SYM(version, "llama_version");
-    const char *v = api->version();
-    if (strncmp(v, "0.5.0", 5) != 0 && !getenv("KVG_LLAMA_ABI_FORCE")) {
-        fprintf(stderr, "llamacpp_bench: llama.cpp %s: its structs were checked for 0.5.0 only "
-                        "(KVG_LLAMA_ABI_FORCE=1 to try anyway)\n", v);
-        exit(3);
-    }
-    SYM(backend_init, "llama_backend_init");
-    SYM(log_set, "llama_log_set");
-    SYM(load_all_from_path, "ggml_backend_load_all_from_path");
-    SYM(model_default_params, "llama_model_default_params");
-    SYM(context_default_params, "llama_context_default_params");
-    SYM(model_load_from_file, "llama_model_load_from_file");
-    SYM(model_free, "llama_model_free");
-    SYM(init_from_model, "llama_init_from_model");
-    SYM(free_ctx, "llama_free");
-    SYM(model_get_vocab, "llama_model_get_vocab");
-    SYM(vocab_n_tokens, "llama_vocab_n_tokens");
-    SYM(get_memory, "llama_get_memory");
-    SYM(memory_clear, "llama_memory_clear");
-    SYM(batch_get_one, "llama_batch_get_one");
-    SYM(batch_init, "llama_batch_init");
-    SYM(batch_free, "llama_batch_free");
-    SYM(decode, "llama_decode");
-    SYM(synchronize, "llama_synchronize");
-    SYM(get_logits_ith, "llama_get_logits_ith");
-    SYM(set_n_threads, "llama_set_n_threads");
-    api->log_set(quiet_log, NULL);
-    /* The CPU backends are separate libraries (one per ISA level): the best one loads. */
-    api->load_all_from_path(dir);
-    api->backend_init();
-}
-
-static void *new_ctx(const lc_api *api, void *model, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
-                     int32_t threads)
-{
-    lc_context_params cp = api->context_default_params();
-    _Bool no_perf = 1;
-    memcpy(cp.b + CP_N_CTX, &n_ctx, 4);
-    memcpy(cp.b + CP_N_BATCH, &n_batch, 4);
-    memcpy(cp.b + CP_N_UBATCH, &n_batch, 4);
-    memcpy(cp.b + CP_N_SEQ_MAX, &n_seq, 4);
-    memcpy(cp.b + CP_N_THREADS, &threads, 4);
-    memcpy(cp.b + CP_N_THREADS_BATCH, &threads, 4);
-    memcpy(cp.b + CP_NO_PERF, &no_perf, 1);
-    void *ctx = api->init_from_model(model, cp);
-    if (!ctx)
-        die("llama_init_from_model failed");
-    return ctx;
-}
+static int single_thread_row;
 
 /* Batch-B decode: B sequences after a dec_prompt-token prompt each (sequence b starts at
  * toks + b, as engine_bench), then `steps` greedy steps of B tokens. Seconds for the steps. */
@@ -207,7 +48,7 @@ static double decode_run(const lc_api *api, void *ctx, const int32_t *toks, int 
             bt.logits[k] = i == dec_prompt - 1;
         }
     if (api->decode(ctx, bt) != 0)
-        die("llama_decode (decode prompt) failed");
+        lc_die("llama_decode (decode prompt) failed");
     for (int b = 0; b < B; b++)
         next[b] = kvg_argmax(api->get_logits_ith(ctx, (b + 1) * dec_prompt - 1), V);
     double t0 = kvg_mono_s();
@@ -223,7 +64,7 @@ static double decode_run(const lc_api *api, void *ctx, const int32_t *toks, int 
         if (first && st < 8)
             first[st] = next[0];
         if (api->decode(ctx, bt) != 0)
-            die("llama_decode (decode step) failed");
+            lc_die("llama_decode (decode step) failed");
         for (int b = 0; b < B; b++)
             next[b] = kvg_argmax(api->get_logits_ith(ctx, b), V);
     }
@@ -243,7 +84,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "--verbose") == 0 || strcmp(argv[i], "--t1") == 0) {
-            *(argv[i][2] == 'v' ? &verbose : &single_thread_row) = 1;
+            *(argv[i][2] == 'v' ? &lc_verbose : &single_thread_row) = 1;
             continue;
         }
         if (!v) {
@@ -286,14 +127,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "llamacpp_bench: --model and sane numbers are needed\n");
         return 2;
     }
-    if (!lib)
-        skip("no --lib given", NULL);
-    load_api(&api, lib);
+    lc_who = "llamacpp_bench";
+    lc_load_api(&api, lib);
 
     lc_model_params mp = api.model_default_params();
     void *model = api.model_load_from_file(model_path, mp);
     if (!model)
-        die("llama_model_load_from_file failed (--verbose shows why)");
+        lc_die("llama_model_load_from_file failed (--verbose shows why)");
     const int V = api.vocab_n_tokens(api.model_get_vocab(model));
 
     int32_t *toks = malloc((size_t)(prompt + 64) * sizeof *toks);
@@ -311,13 +151,13 @@ int main(int argc, char **argv)
     double t_prefill;
     {
         uint32_t n_ctx = (uint32_t)(prompt + 64 + 255) / 256 * 256;
-        void *ctx = new_ctx(&api, model, n_ctx, (uint32_t)prompt, 1, threads);
+        void *ctx = lc_new_ctx(&api, model, n_ctx, (uint32_t)prompt, 1, threads, 0);
         double t[99];
         for (int r = -1; r < reps; r++) {       /* r = -1: warm-up (graph allocation) */
             api.memory_clear(api.get_memory(ctx), 1);
             double t0 = kvg_mono_s();
             if (api.decode(ctx, api.batch_get_one(toks, prompt)) != 0)
-                die("llama_decode (prefill) failed");
+                lc_die("llama_decode (prefill) failed");
             api.synchronize(ctx);
             if (r >= 0)
                 t[r] = kvg_mono_s() - t0;
@@ -333,7 +173,7 @@ int main(int argc, char **argv)
         int B = batches[bi];
         uint32_t per_seq = (uint32_t)(dec_prompt + steps + 8);
         uint32_t n_ctx = ((uint32_t)B * per_seq + 255) / 256 * 256;
-        void *ctx = new_ctx(&api, model, n_ctx, (uint32_t)(B * dec_prompt), (uint32_t)B, threads);
+        void *ctx = lc_new_ctx(&api, model, n_ctx, (uint32_t)(B * dec_prompt), (uint32_t)B, threads, 0);
         double t[99];
         decode_run(&api, ctx, toks, B, dec_prompt, 2, V, NULL);   /* warm-up */
         for (int r = 0; r < reps; r++)

