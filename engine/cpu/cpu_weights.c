@@ -4,7 +4,10 @@
  * one) is prepared once, when the backend starts, and the matmuls look it up by the
  * address of the model's tensor (the forward pass passes the model's own kvg_tensor
  * structs). Other matrices are used where they are. The products are the same bits
- * either way; only their speed differs. */
+ * either way; only their speed differs. A MoE layer's experts are matrices of their own
+ * here (the model's row slices of the stacked tensors), each prepared on its own: an
+ * expert's int8 layout is then as a dense matrix's, and a decode step streams only the
+ * experts it runs. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -69,7 +72,8 @@ static int add(kvg_cpu_weights *pw, const kvg_model *m, kvg_threadpool *tp, cons
 
 kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, char *err, size_t err_len)
 {
-    size_t n = (size_t)m->cfg.n_layers * 7 + 2, cap = 16;
+    size_t E = m->cfg.n_experts > 0 ? (size_t)m->cfg.n_experts : 0;
+    size_t n = (size_t)m->cfg.n_layers * (7 + 1 + 3 * E) + 2, cap = 16;
     kvg_cpu_weights *pw = calloc(1, sizeof *pw);
     int rc = 0;
 
@@ -87,7 +91,17 @@ kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, cha
         const kvg_layer_weights *lw = &m->layers[l];
         const kvg_tensor *mats[7] = { &lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_down, &lw->w_up };
         for (int i = 0; i < 7 && rc == 0; i++)
-            rc = add(pw, m, tp, mats[i]);
+            if (mats[i]->data)          /* a MoE layer has no dense gate/down/up */
+                rc = add(pw, m, tp, mats[i]);
+        if (E && rc == 0)
+            rc = add(pw, m, tp, &lw->moe_router);
+        for (size_t e = 0; e < E && rc == 0; e++) {
+            rc = add(pw, m, tp, &lw->moe_gate[e]);
+            if (rc == 0)
+                rc = add(pw, m, tp, &lw->moe_up[e]);
+            if (rc == 0)
+                rc = add(pw, m, tp, &lw->moe_down[e]);
+        }
     }
     if (rc == 0)
         rc = add(pw, m, tp, &m->output);
