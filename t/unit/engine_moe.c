@@ -22,200 +22,9 @@
 #include "tap.h"
 #include "backend.h"
 #include "forward.h"
-#include "gguf_builder.h"
 #include "kv_cache.h"
 #include "model.h"
-#include "quant.h"
-#include "quant_testing.h"
-
-/* ---- a tiny qwen3moe GGUF ---- */
-
-typedef struct spec {
-    int dim, heads, kv_heads, head_dim, layers, E, K, EH, vocab, ctx;
-    kvg_dtype exp_dt, down_dt;   /* the experts' gate/up and down dtypes */
-    int write_ff;                /* write feed_forward_length (else the expert width is
-                                    its only width) */
-    int router_ties;             /* layer 0's router all zeros; layer 1's rows 2, 5, 6
-                                    identical */
-    int bad_stack;               /* ffn_up_exps of layer 0 with one expert too few */
-    uint32_t seed;
-} spec;
-
-static uint64_t rs;
-static float unif(void)
-{
-    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((double)(uint32_t)(rs >> 32) / 2147483648.0 - 1.0);
-}
-
-typedef struct tensor_out {
-    char name[64];
-    int n_dims;
-    uint64_t ne[3];
-    kvg_dtype dt;
-    unsigned char *data;
-    size_t len;
-} tensor_out;
-
-static uint32_t ggml_type(kvg_dtype dt)
-{
-    return dt == KVG_DT_F32 ? 0 : kvg_quant_ggml_type((kvg_qtype)(dt - KVG_DT_Q8_0));
-}
-
-/* A tensor of nmat x rows x cols (ne = cols, rows, nmat) of uniform values times scale
- * (or `fill` when non-NULL: rows of cols floats), encoded as dt. */
-static void make_tensor(tensor_out *t, const char *name, int n_dims, int64_t nmat, int64_t rows, int64_t cols,
-                        kvg_dtype dt, float scale, float add, const float *fill)
-{
-    int64_t nrows = nmat * rows;
-    float *row = malloc((size_t)cols * sizeof *row);
-    size_t rb = kvg_dtype_is_quant(dt) ? kvg_dtype_row_bytes(dt, cols) : (size_t)cols * 4;
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->n_dims = n_dims;
-    t->ne[0] = (uint64_t)cols;
-    t->ne[1] = (uint64_t)rows;
-    t->ne[2] = (uint64_t)nmat;
-    t->dt = dt;
-    t->len = (size_t)nrows * rb;
-    t->data = malloc(t->len);
-    for (int64_t r = 0; r < nrows; r++) {
-        for (int64_t k = 0; k < cols; k++)
-            row[k] = fill ? fill[r * cols + k] : add + scale * unif();
-        if (kvg_dtype_is_quant(dt))
-            kvg_quant_row((kvg_qtype)(dt - KVG_DT_Q8_0), row, t->data + (size_t)r * rb, cols);
-        else
-            memcpy(t->data + (size_t)r * rb, row, rb);
-    }
-    free(row);
-}
-
-static int write_model(const spec *s, const char *path)
-{
-    int nt_max = 3 + s->layers * 12, nt = 0;
-    tensor_out *ts = calloc((size_t)nt_max, sizeof *ts);
-    int64_t D = s->dim, Q = (int64_t)s->heads * s->head_dim, KV = (int64_t)s->kv_heads * s->head_dim;
-    float wscale = 1.0f / sqrtf((float)D), hscale = 1.0f / sqrtf((float)s->EH);
-    char n[64];
-    gb b;
-    int n_vocab_kv = 7, n_kv = 15 + (s->write_ff ? 1 : 0) + n_vocab_kv;
-    uint64_t off = 0;
-
-    rs = s->seed;
-    make_tensor(&ts[nt++], "token_embd.weight", 2, 1, s->vocab, D, KVG_DT_F32, 1.0f, 0, NULL);
-    make_tensor(&ts[nt++], "output_norm.weight", 1, 1, 1, D, KVG_DT_F32, 0.2f, 1.0f, NULL);
-    make_tensor(&ts[nt++], "output.weight", 2, 1, s->vocab, D, KVG_DT_F32, wscale, 0, NULL);
-    for (int l = 0; l < s->layers; l++) {
-#define NM(x) (snprintf(n, sizeof n, "blk.%d." x, l), n)
-        make_tensor(&ts[nt++], NM("attn_norm.weight"), 1, 1, 1, D, KVG_DT_F32, 0.2f, 1.0f, NULL);
-        make_tensor(&ts[nt++], NM("attn_q.weight"), 2, 1, Q, D, KVG_DT_F32, wscale, 0, NULL);
-        make_tensor(&ts[nt++], NM("attn_k.weight"), 2, 1, KV, D, KVG_DT_F32, wscale, 0, NULL);
-        make_tensor(&ts[nt++], NM("attn_v.weight"), 2, 1, KV, D, KVG_DT_F32, wscale, 0, NULL);
-        make_tensor(&ts[nt++], NM("attn_output.weight"), 2, 1, D, Q, KVG_DT_F32, wscale, 0, NULL);
-        make_tensor(&ts[nt++], NM("attn_q_norm.weight"), 1, 1, 1, s->head_dim, KVG_DT_F32, 0.2f, 1.0f, NULL);
-        make_tensor(&ts[nt++], NM("attn_k_norm.weight"), 1, 1, 1, s->head_dim, KVG_DT_F32, 0.2f, 1.0f, NULL);
-        make_tensor(&ts[nt++], NM("ffn_norm.weight"), 1, 1, 1, D, KVG_DT_F32, 0.2f, 1.0f, NULL);
-        {
-            float *rt = malloc((size_t)s->E * D * sizeof *rt);
-            for (int64_t i = 0; i < s->E * D; i++)
-                rt[i] = 3.0f * wscale * unif();
-            if (s->router_ties && l == 0)
-                memset(rt, 0, (size_t)s->E * D * sizeof *rt);
-            if (s->router_ties && l == 1) {
-                memcpy(rt + 5 * D, rt + 2 * D, (size_t)D * sizeof *rt);
-                memcpy(rt + 6 * D, rt + 2 * D, (size_t)D * sizeof *rt);
-            }
-            make_tensor(&ts[nt++], NM("ffn_gate_inp.weight"), 2, 1, s->E, D, KVG_DT_F32, 0, 0, rt);
-            free(rt);
-        }
-        make_tensor(&ts[nt++], NM("ffn_gate_exps.weight"), 3, s->E, s->EH, D, s->exp_dt, 2 * wscale, 0, NULL);
-        make_tensor(&ts[nt++], NM("ffn_up_exps.weight"), 3, s->bad_stack && l == 0 ? s->E - 1 : s->E, s->EH, D,
-                    s->exp_dt, 2 * wscale, 0, NULL);
-        make_tensor(&ts[nt++], NM("ffn_down_exps.weight"), 3, s->E, D, s->EH, s->down_dt, 2 * hscale, 0, NULL);
-#undef NM
-    }
-
-    gb_init(&b, 3, (uint64_t)nt, (uint64_t)n_kv);
-    gb_key(&b, "general.architecture", 8), gb_str(&b, "qwen3moe");
-    gb_key(&b, "general.name", 8), gb_str(&b, "tiny-moe");
-#define U32K(K, V) (gb_key(&b, "qwen3moe." K, 4), gb_u32(&b, (uint32_t)(V)))
-#define F32K(K, V) (gb_key(&b, "qwen3moe." K, 6), gb_f32(&b, (V)))
-    U32K("context_length", s->ctx);
-    U32K("embedding_length", s->dim);
-    U32K("block_count", s->layers);
-    if (s->write_ff)
-        U32K("feed_forward_length", 6 * s->EH);
-    U32K("attention.head_count", s->heads);
-    U32K("attention.head_count_kv", s->kv_heads);
-    U32K("attention.key_length", s->head_dim);
-    U32K("attention.value_length", s->head_dim);
-    U32K("rope.dimension_count", s->head_dim);
-    F32K("attention.layer_norm_rms_epsilon", 1e-6f);
-    F32K("rope.freq_base", 1000000.0f);
-    U32K("expert_count", s->E);
-    U32K("expert_used_count", s->K);
-    U32K("expert_feed_forward_length", s->EH);
-#undef U32K
-#undef F32K
-    /* A vocabulary: <unk> <s> </s>, the 256 byte tokens, then plain pieces. */
-    gb_key(&b, "tokenizer.ggml.model", 8), gb_str(&b, "llama");
-    gb_key(&b, "tokenizer.ggml.tokens", 9), gb_arr(&b, 8, (uint64_t)s->vocab);
-    for (int i = 0; i < s->vocab; i++) {
-        char p[16];
-        if (i < 3)
-            snprintf(p, sizeof p, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
-        else if (i < 259)
-            snprintf(p, sizeof p, "<0x%02X>", i - 3);
-        else
-            snprintf(p, sizeof p, "p%d", i);
-        gb_str(&b, p);
-    }
-    gb_key(&b, "tokenizer.ggml.scores", 9), gb_arr(&b, 6, (uint64_t)s->vocab);
-    for (int i = 0; i < s->vocab; i++)
-        gb_f32(&b, -(float)i);
-    gb_key(&b, "tokenizer.ggml.token_type", 9), gb_arr(&b, 5, (uint64_t)s->vocab);
-    for (int i = 0; i < s->vocab; i++)
-        gb_u32(&b, i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1);
-    gb_key(&b, "tokenizer.ggml.bos_token_id", 4), gb_u32(&b, 1);
-    gb_key(&b, "tokenizer.ggml.eos_token_id", 4), gb_u32(&b, 2);
-    gb_key(&b, "tokenizer.ggml.unknown_token_id", 4), gb_u32(&b, 0);
-    for (int i = 0; i < nt; i++) {
-        gb_str(&b, ts[i].name);
-        gb_u32(&b, (uint32_t)ts[i].n_dims);
-        for (int d = 0; d < ts[i].n_dims; d++)
-            gb_u64(&b, ts[i].ne[d]);
-        gb_u32(&b, ggml_type(ts[i].dt));
-        gb_u64(&b, off);
-        off += (ts[i].len + 31) / 32 * 32;
-    }
-    gb_pad(&b, 32);
-    for (int i = 0; i < nt; i++) {
-        gb_bytes(&b, ts[i].data, ts[i].len);
-        gb_pad(&b, 32);
-        free(ts[i].data);
-    }
-    free(ts);
-    FILE *f = fopen(path, "wb");
-    int rc = f && fwrite(b.p, 1, b.n, f) == b.n ? 0 : -1;
-    if (f)
-        fclose(f);
-    gb_free(&b);
-    return rc;
-}
-
-static kvg_model *load(const spec *s, const char *tag, char *err, size_t err_len)
-{
-    char path[128];
-    kvg_model_load_opts o = { 0 };
-    kvg_model *m;
-    snprintf(path, sizeof path, "/tmp/kvg-moe-%d-%s.gguf", (int)getpid(), tag);
-    if (write_model(s, path) != 0) {
-        snprintf(err, err_len, "cannot write %s", path);
-        return NULL;
-    }
-    m = kvg_model_load(path, &o, err, err_len);
-    unlink(path);
-    return m;
-}
+#include "moe_model.h"
 
 /* ---- the reference: plain loops, double sums ---- */
 
@@ -321,9 +130,9 @@ static int begin(kvg_backend *be, int n, char *err, size_t err_len)
 static float *rand_rows(int n, int dim, uint32_t seed)
 {
     float *x = malloc((size_t)n * dim * sizeof *x);
-    rs = seed;
+    moe_rs = seed;
     for (int i = 0; i < n * dim; i++)
-        x[i] = 1.5f * unif();
+        x[i] = 1.5f * moe_unif();
     return x;
 }
 
@@ -507,9 +316,9 @@ static void test_forward(const kvg_model *m, const char *name)
 
 static void test_load(void)
 {
-    spec s = { 64, 4, 2, 16, 2, 8, 2, 32, 300, 256, KVG_DT_F32, KVG_DT_F32, 1, 0, 0, 7 };
+    moe_spec s = { 64, 4, 2, 16, 2, 8, 2, 32, 300, 256, KVG_DT_F32, KVG_DT_F32, 1, 0, 0, 7 };
     char err[512];
-    kvg_model *m = load(&s, "load", err, sizeof err);
+    kvg_model *m = moe_load(&s, "load", err, sizeof err);
     if (!ok(m != NULL, "qwen3moe GGUF loads")) {
         diag("%s", err);
         return;
@@ -536,14 +345,14 @@ static void test_load(void)
     kvg_model_free(m);
 
     s.write_ff = 0;
-    m = load(&s, "noff", err, sizeof err);
+    m = moe_load(&s, "noff", err, sizeof err);
     ok(m && m->cfg.hidden_dim == 32, "no feed_forward_length: the expert width stands in");
     if (!m)
         diag("%s", err);
     kvg_model_free(m);
 
     s.bad_stack = 1;
-    m = load(&s, "bad", err, sizeof err);
+    m = moe_load(&s, "bad", err, sizeof err);
     ok(!m && strstr(err, "blk.0.ffn_up_exps.weight") && strstr(err, "[7][32][64]") && strstr(err, "[8][32][64]"),
        "a stack with an expert missing is refused, naming the tensor and both shapes");
     diag("%s", err);
@@ -551,10 +360,10 @@ static void test_load(void)
 }
 
 /* The moe operation against the reference, the ties, the gatings, per-row invariance. */
-static void test_op(const char *name, const spec *s, double tol)
+static void test_op(const char *name, const moe_spec *s, double tol)
 {
     char err[512];
-    kvg_model *m = load(s, name, err, sizeof err);
+    kvg_model *m = moe_load(s, name, err, sizeof err);
     kvg_backend *be;
     int D = s->dim, n = 8;
     float *x;
@@ -630,10 +439,10 @@ static void test_op(const char *name, const spec *s, double tol)
     kvg_model_free(m);
 }
 
-static void test_model_forward(const char *name, const spec *s)
+static void test_model_forward(const char *name, const moe_spec *s)
 {
     char err[512];
-    kvg_model *m = load(s, name, err, sizeof err);
+    kvg_model *m = moe_load(s, name, err, sizeof err);
     if (!ok(m != NULL, "%s: loads", name)) {
         diag("%s", err);
         return;
@@ -642,14 +451,48 @@ static void test_model_forward(const char *name, const spec *s)
     kvg_model_free(m);
 }
 
+/* A backend without the moe operation: kvg_forward_new refuses the model, naming it. */
+static void test_no_moe_op(void)
+{
+    moe_spec s = { 64, 4, 2, 16, 1, 4, 2, 32, 300, 64, KVG_DT_F32, KVG_DT_F32, 1, 0, 0, 5 };
+    char err[512] = "";
+    kvg_model *m = moe_load(&s, "noop", err, sizeof err);
+    kvg_backend *be = m ? kvg_backend_cpu_new(m, 1, err, sizeof err) : NULL;
+    kvg_kv_geom g;
+    kvg_kv_pool *kv;
+    kvg_forward *fw;
+    kvg_backend_ops ops;
+    const kvg_backend_ops *real;
+    if (!ok(be != NULL, "no moe op: model and backend")) {
+        diag("%s", err);
+        kvg_model_free(m);
+        return;
+    }
+    real = be->ops;
+    ops = *real;
+    ops.moe = NULL;
+    be->ops = &ops;
+    kvg_forward_kv_geom(m, 16, &g);
+    kv = kvg_kv_pool_new(&g, 8, err, sizeof err);
+    fw = kvg_forward_new(m, be, kv, err, sizeof err);
+    ok(!fw && strstr(err, "cpu backend cannot run qwen3moe models") && strstr(err, "mixture-of-experts"),
+       "a backend without moe refuses a MoE model by name (%s)", err);
+    kvg_forward_free(fw);
+    be->ops = real;
+    kvg_kv_pool_free(kv);
+    kvg_backend_free(be);
+    kvg_model_free(m);
+}
+
 int main(void)
 {
     /*            dim h kv hd  L  E  K  EH  V    ctx  gate/up      down         ff ties bad seed */
-    spec f32 = { 64, 4, 2, 16, 2, 8, 2, 32, 300, 256, KVG_DT_F32, KVG_DT_F32, 1, 1, 0, 11 };
-    spec q8 = { 64, 4, 2, 16, 2, 8, 3, 32, 300, 256, KVG_DT_Q8_0, KVG_DT_Q8_0, 1, 0, 0, 12 };
-    spec qk = { 256, 4, 2, 64, 1, 6, 2, 256, 300, 256, KVG_DT_Q4_K, KVG_DT_Q6_K, 1, 0, 0, 13 };
+    moe_spec f32 = { 64, 4, 2, 16, 2, 8, 2, 32, 300, 256, KVG_DT_F32, KVG_DT_F32, 1, 1, 0, 11 };
+    moe_spec q8 = { 64, 4, 2, 16, 2, 8, 3, 32, 300, 256, KVG_DT_Q8_0, KVG_DT_Q8_0, 1, 0, 0, 12 };
+    moe_spec qk = { 256, 4, 2, 64, 1, 6, 2, 256, 300, 256, KVG_DT_Q4_K, KVG_DT_Q6_K, 1, 0, 0, 13 };
 
     test_load();
+    test_no_moe_op();
     test_op("f32", &f32, 1e-5);
     test_op("q8_0", &q8, 3e-2);
     test_op("q4_k+q6_k", &qk, 5e-2);
