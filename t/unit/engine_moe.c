@@ -10,6 +10,8 @@
  *     identical router rows);
  *   - both gatings (softmax then top-k; top-k then softmax) with and without the
  *     renormalization of the k weights;
+ *   - a row reads only its experts: the others' prepared (int8) copies poisoned, the
+ *     same bits;
  *   - a row's output is bit-identical alone and among 8 rows, and the forward pass's
  *     logits are bit-identical for whole vs chunked prefill, batch 1 vs 8, 1 vs 2
  *     threads. */
@@ -21,6 +23,8 @@
 
 #include "tap.h"
 #include "backend.h"
+#include "cpu/backend_cpu_internal.h"
+#include "cpu/gemm_int8.h"
 #include "forward.h"
 #include "kv_cache.h"
 #include "model.h"
@@ -186,6 +190,50 @@ static int rows_invariant(kvg_backend *be, const kvg_model *m, int l, const floa
     free(all);
     free(one);
     return same;
+}
+
+/* One row of quantized experts reads only the k experts it chose: every other expert of
+ * the layer has its prepared int8 copy (the bytes the GEMMs stream) overwritten with
+ * 0xff -- NaN scales -- and the row's output keeps its bits; poisoning a chosen one
+ * makes it NaN. */
+static void test_reads_chosen_only(kvg_backend *be, const kvg_model *m, int l, const float *x, const char *name)
+{
+    const kvg_cpu *c = be->ctx;
+    const kvg_layer_weights *L = &m->layers[l];
+    int D = m->cfg.dim, E = m->cfg.n_experts, K = m->cfg.n_experts_used, sel[64], chosen[64] = { 0 }, nan = 0;
+    double w[64], *ref = malloc((size_t)D * sizeof *ref);
+    float *before = malloc((size_t)D * sizeof *before), *after = malloc((size_t)D * sizeof *after);
+    ref_moe(m, l, x, NULL, sel, w, ref);
+    for (int j = 0; j < K; j++)
+        chosen[sel[j]] = 1;
+    be->ops->moe(be, l, x, 1, before);
+    for (int e = 0; e <= E; e++) {
+        /* e == E: then a chosen expert, sel[0] */
+        int ex = e < E ? e : sel[0];
+        const kvg_tensor *ts[3] = { &L->moe_gate[ex], &L->moe_up[ex], &L->moe_down[ex] };
+        if (e < E && chosen[e])
+            continue;
+        if (e == E)
+            be->ops->moe(be, l, x, 1, after);
+        for (int i = 0; i < 3; i++) {
+            const kvg_tensor *p = kvg_cpu_weights_get(c->weights, ts[i]);
+            if (p == ts[i] || !kvg_int8_dt_packed(p->dtype)) {
+                ok(0, "%s: expert %d has a prepared int8 copy", name, ex);
+                goto out;
+            }
+            memset((void *)p->data, 0xff, kvg_int8_packed_bytes(p->dtype, (int)p->rows, (int)p->cols));
+        }
+    }
+    ok(memcmp(before, after, (size_t)D * sizeof *after) == 0,
+       "%s: layer %d: the %d experts a row did not choose poisoned: its output keeps its bits", name, l, E - K);
+    be->ops->moe(be, l, x, 1, after);
+    for (int d = 0; d < D; d++)
+        nan |= isnan(after[d]);
+    ok(nan, "%s: (poisoning a chosen expert makes the row NaN)", name);
+out:
+    free(ref);
+    free(before);
+    free(after);
 }
 
 /* ---- the forward pass ---- */
@@ -434,6 +482,9 @@ static void test_op(const char *name, const moe_spec *s, double tol)
         m->cfg.moe_gating = g0;
         m->cfg.moe_norm_topk = n0;
     }
+    /* last: it breaks the layer's experts */
+    if (kvg_dtype_is_quant(s->exp_dt))
+        test_reads_chosen_only(be, m, 0, x, name);
     free(x);
     kvg_backend_free(be);
     kvg_model_free(m);
