@@ -70,6 +70,25 @@ static int add(kvg_cpu_weights *pw, const kvg_model *m, kvg_threadpool *tp, cons
     return 0;
 }
 
+/* A MoE layer's n experts of one matrix (row slices of one stacked tensor), each
+ * prepared on its own. Each add() hands back the whole pages inside its slice; the page
+ * two neighbouring slices share (one per boundary: ~75 MB over Qwen3-30B-A3B's 18k
+ * slices) goes back here, with the whole stack, once every expert has its own copy. */
+static int add_stack(kvg_cpu_weights *pw, const kvg_model *m, kvg_threadpool *tp, const kvg_tensor *x, size_t n)
+{
+    kvg_tensor all = x[0];
+    int all_copied = 1;
+    for (size_t e = 0; e < n; e++) {
+        if (add(pw, m, tp, &x[e]) != 0)
+            return -1;
+        all_copied &= kvg_cpu_weights_get(pw, &x[e]) != &x[e];
+    }
+    all.rows = x[0].rows * (int64_t)n;
+    if (all_copied)
+        kvg_model_release_pages(m, &all);
+    return 0;
+}
+
 kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, char *err, size_t err_len)
 {
     size_t E = m->cfg.n_experts > 0 ? (size_t)m->cfg.n_experts : 0;
@@ -95,13 +114,12 @@ kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, cha
                 rc = add(pw, m, tp, mats[i]);
         if (E && rc == 0)
             rc = add(pw, m, tp, &lw->moe_router);
-        for (size_t e = 0; e < E && rc == 0; e++) {
-            rc = add(pw, m, tp, &lw->moe_gate[e]);
-            if (rc == 0)
-                rc = add(pw, m, tp, &lw->moe_up[e]);
-            if (rc == 0)
-                rc = add(pw, m, tp, &lw->moe_down[e]);
-        }
+        if (E && rc == 0)
+            rc = add_stack(pw, m, tp, lw->moe_gate, E);
+        if (E && rc == 0)
+            rc = add_stack(pw, m, tp, lw->moe_up, E);
+        if (E && rc == 0)
+            rc = add_stack(pw, m, tp, lw->moe_down, E);
     }
     if (rc == 0)
         rc = add(pw, m, tp, &m->output);

@@ -117,8 +117,9 @@ int kvg_cpu_moe_reserve(kvg_cpu_moe *mo, int rows)
 
 /* ---- gating ---- */
 
-/* The index of the largest v[e] not yet taken (taken[e] != 0), the lower index on a tie;
- * a NaN never wins, so a row of NaNs takes the lowest free indices. */
+/* The index of the largest v[e] not yet taken (taken[e] != 0), the lower index on a tie.
+ * A NaN compares false either way: the answer is still one fixed index (a row of NaNs
+ * takes the lowest free ones), and the NaN reaches the output through the weights. */
 static int argmax_free(const float *v, const unsigned char *taken, int E)
 {
     int best = -1;

@@ -323,7 +323,7 @@ static int run(rig *r, const kvg_model *m, int first, int n, int chunk, int batc
     if (rc != 0)
         diag("run: %s", err);
     for (int i = 0; i < n; i++)
-        kvg_kv_seq_truncate(r->kv, &seqs[i], 0);
+        kvg_kv_seq_release(r->kv, &seqs[i]);
     return rc;
 }
 
