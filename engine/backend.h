@@ -88,6 +88,15 @@ typedef struct kvg_backend_ops {
     void (*softcap)(kvg_backend *be, float *x, float cap, size_t n);
     /* out[i][:] = x[out_rows[i]][:] (width floats) for the step's n_out rows. */
     void (*gather_out_rows)(kvg_backend *be, const float *x, int width, float *out);
+    /* The mixture-of-experts FFN of `layer` (cfg.n_experts > 0) on `rows` rows of x
+     * ([rows][dim], the normed FFN input; rows <= the step's rows): for each row, the
+     * router's logits (moe_router x), gated into n_experts_used (expert, weight) pairs as
+     * cfg.moe_gating and moe_norm_topk say (ties toward the lower expert index), and
+     *   out[r] = sum over the pairs in rank order (the highest weight first) of
+     *            weight * moe_down[e] (silu(moe_gate[e] x[r]) * moe_up[e] x[r]),
+     * out [rows][dim]. Batch-invariant like every operation: a row's result never depends
+     * on which other rows chose the same experts. */
+    void (*moe)(kvg_backend *be, int layer, const float *x, int rows, float *out);
 
     /* Optional ---- */
 

@@ -25,7 +25,8 @@ struct kvg_forward {
     float *q;                    /* [R, qd]: queries (rotated) */
     float *k, *v;                /* [R, kvd]: this step's keys and values, then in the cache */
     float *att;                  /* [R, qd]: attention output, heads side by side */
-    float *hb, *hb2;             /* [R, hidden_dim]: FFN gate and up, swiglu into hb */
+    float *hb, *hb2;             /* [R, hidden_dim]: FFN gate and up, swiglu into hb (a
+                                    MoE model's backend keeps its own: 1 float per row) */
     int cap_out;
     float *logits;               /* [n_out, vocab_size] of [cap_out, vocab_size] */
     float *host_logits;          /* host copy of logits, read in one go: a device
@@ -77,7 +78,8 @@ kvg_forward *kvg_forward_new(const kvg_model *m, kvg_backend *be, kvg_kv_pool *k
         const kvg_backend_ops *o = be->ops;
         const char *need = c->ffn_act == KVG_ACT_GELU_TANH && !o->geglu ? "GeGLU"
                            : c->embed_scale > 0.0f && !o->scale ? "the embedding scale"
-                           : c->final_softcap > 0.0f && !o->softcap ? "logit soft-capping" : NULL;
+                           : c->final_softcap > 0.0f && !o->softcap ? "logit soft-capping"
+                           : c->n_experts > 0 && !o->moe ? "mixture-of-experts layers" : NULL;
         if (need) {
             kvg_set_err(err, err_len, "forward: the %s backend cannot run %s models yet (no %s)", o->name,
                         c->arch, need);
@@ -124,6 +126,7 @@ static int ensure_acts(kvg_forward *f, int rows, int n_out, char *err, size_t er
 {
     const kvg_model_config *c = &f->m->cfg;
     size_t r, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t hw = c->n_experts > 0 ? 1 : (size_t)c->hidden_dim;
     if (rows > f->cap_rows) {
         int cap = f->cap_rows ? f->cap_rows : 16;
         while (cap < rows)
@@ -137,8 +140,8 @@ static int ensure_acts(kvg_forward *f, int rows, int n_out, char *err, size_t er
         f->k = f->be->ops->alloc(f->be, r * kvd);
         f->v = f->be->ops->alloc(f->be, r * kvd);
         f->att = f->be->ops->alloc(f->be, r * qd);
-        f->hb = f->be->ops->alloc(f->be, r * c->hidden_dim);
-        f->hb2 = f->be->ops->alloc(f->be, r * c->hidden_dim);
+        f->hb = f->be->ops->alloc(f->be, r * hw);
+        f->hb2 = f->be->ops->alloc(f->be, r * hw);
         if (!f->x || !f->xb || !f->ob || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2) {
             free_acts(f);
             kvg_set_err(err, err_len, "forward: out of memory for activations of %d rows", cap);
@@ -350,17 +353,19 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
             ops->rmsnorm(be, f->ob, w->post_attn_norm, c->norm_eps, rows, dim, f->ob);
         ops->add(be, x, f->ob, (size_t)rows * dim);
         ops->rmsnorm(be, x, w->ffn_norm, c->norm_eps, rows, dim, xn);
-        {
+        if (c->n_experts > 0) {
+            ops->moe(be, l, xn, rows, f->ob);
+        } else {
             const kvg_tensor *wt[2] = { &w->w_gate, &w->w_up };
             const float *bt[2] = { NULL, NULL };
             float *yt[2] = { f->hb, f->hb2 };
             matmuls(be, xn, rows, dim, 2, wt, bt, yt);
+            if (c->ffn_act == KVG_ACT_GELU_TANH)
+                ops->geglu(be, f->hb, f->hb2, (size_t)rows * hid);
+            else
+                ops->swiglu(be, f->hb, f->hb2, (size_t)rows * hid);
+            ops->matmul(be, f->hb, rows, hid, &w->w_down, NULL, f->ob);
         }
-        if (c->ffn_act == KVG_ACT_GELU_TANH)
-            ops->geglu(be, f->hb, f->hb2, (size_t)rows * hid);
-        else
-            ops->swiglu(be, f->hb, f->hb2, (size_t)rows * hid);
-        ops->matmul(be, f->hb, rows, hid, &w->w_down, NULL, f->ob);
         if (c->post_norms)
             ops->rmsnorm(be, f->ob, w->post_ffn_norm, c->norm_eps, rows, dim, f->ob);
         ops->add(be, x, f->ob, (size_t)rows * dim);

@@ -46,6 +46,17 @@ typedef enum kvg_ffn_act {
     KVG_ACT_GELU_TANH = 1        /* GeGLU with the tanh approximation: Gemma */
 } kvg_ffn_act;
 
+/* How a mixture-of-experts layer turns its router's logits into the weights of the
+ * experts it runs (each row: n_experts logits -> n_experts_used (expert, weight) pairs,
+ * ties between equal values broken toward the lower expert index). */
+typedef enum kvg_moe_gating {
+    KVG_MOE_SOFTMAX = 0,         /* softmax over all n_experts logits, then the top k of
+                                    those probabilities (Qwen MoE, Mixtral; llama.cpp's
+                                    GATING_FUNC_TYPE_SOFTMAX) */
+    KVG_MOE_TOPK_SOFTMAX = 1     /* the top k logits, then a softmax over those k alone
+                                    (gpt-oss; llama.cpp's SOFTMAX_WEIGHT) */
+} kvg_moe_gating;
+
 /* How RoPE pairs the dimensions of a head. */
 typedef enum kvg_rope_layout {
     KVG_ROPE_ADJACENT = 0,       /* (0,1),(2,3),...   llama2.c and GGUF */
@@ -99,6 +110,17 @@ typedef struct kvg_model_config {
      * context length); NULL: none. */
     const float *rope_freq_factors;
     float rope_attn_factor;      /* cos and sin times this (LongRoPE); 0 or 1: none */
+
+    /* Mixture-of-experts feed-forward (Qwen3-MoE): n_experts > 0 makes every layer's FFN
+     * a router ([n_experts][dim]) choosing n_experts_used of n_experts gated FFNs of width
+     * expert_hidden_dim (kvg_layer_weights.moe_*); hidden_dim is then unused by the
+     * forward pass. 0: dense FFN. */
+    int n_experts;
+    int n_experts_used;
+    int expert_hidden_dim;
+    kvg_moe_gating moe_gating;
+    int moe_norm_topk;           /* the k weights divided by their sum (at least 2^-14,
+                                    as llama.cpp clamps it) after gating */
 } kvg_model_config;
 
 typedef struct kvg_layer_weights {
@@ -115,6 +137,13 @@ typedef struct kvg_layer_weights {
     const float *q_norm, *k_norm;            /* [head_dim] when cfg.qk_norm */
     const float *post_attn_norm, *post_ffn_norm; /* [dim] when cfg.post_norms */
     int sliding;                 /* attends to the last cfg.swa_window positions only */
+    /* cfg.n_experts > 0: the router and each expert's matrices (owned arrays of
+     * n_experts views, row slices of the file's stacked [n_experts][rows][cols]
+     * tensors, so each expert is a matrix of its own). w_gate/w_up/w_down are unset. */
+    kvg_tensor moe_router;       /* [n_experts][dim] */
+    kvg_tensor *moe_gate;        /* [n_experts] of [expert_hidden][dim] */
+    kvg_tensor *moe_up;          /* [n_experts] of [expert_hidden][dim] */
+    kvg_tensor *moe_down;        /* [n_experts] of [dim][expert_hidden] */
 } kvg_layer_weights;
 
 typedef struct kvg_model {

@@ -380,8 +380,8 @@ int kvgm_bind(kvg_model *m, kvg_tensor *t, const void *p, kvg_dtype dt, int64_t 
 
 /* ---- a model's weights through a loader's find ---- */
 
-/* Calls s->find for weight w of `layer` under its name in the file. */
-static int find_weight(const kvgm_source *s, kvgm_weight w, int layer, int64_t rows, int64_t cols,
+/* Calls s->find for weight w of `layer` (mats stacked matrices) under its name in the file. */
+static int find_weight(const kvgm_source *s, kvgm_weight w, int layer, int64_t mats, int64_t rows, int64_t cols,
                        int optional, const void **data, kvg_dtype *dt)
 {
     char name[128];
@@ -390,7 +390,7 @@ static int find_weight(const kvgm_source *s, kvgm_weight w, int layer, int64_t r
         snprintf(name, sizeof name, "%s%d.%s", s->layer_prefix, layer, s->names[w]);
     else if (s->names)
         snprintf(name, sizeof name, "%s", s->names[w]);
-    return s->find(s, s->names ? name : NULL, w, layer, rows, cols, optional, data, dt);
+    return s->find(s, s->names ? name : NULL, w, layer, mats, rows, cols, optional, data, dt);
 }
 
 int kvgm_mat(const kvgm_source *s, kvg_tensor *out, kvgm_weight w, int layer, int64_t rows,
@@ -398,29 +398,11 @@ int kvgm_mat(const kvgm_source *s, kvg_tensor *out, kvgm_weight w, int layer, in
 {
     const void *p;
     kvg_dtype dt;
-    if (find_weight(s, w, layer, rows, cols, optional, &p, &dt) < 0)
+    if (find_weight(s, w, layer, 1, rows, cols, optional, &p, &dt) < 0)
         return -1;
     if (!p)
         return 0;
     return kvgm_bind(s->m, out, p, dt, rows, cols, s->err, s->err_len);
-}
-
-int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, int64_t n,
-             int optional)
-{
-    const void *p;
-    kvg_dtype dt;
-    *out = NULL;
-    if (find_weight(s, w, layer, 0, n, optional, &p, &dt) < 0)
-        return -1;
-    if (!p)
-        return 0;
-    *out = vec_f32(s->m, p, dt, (size_t)n);
-    if (!*out) {
-        kvg_set_err(s->err, s->err_len, "%s: out of memory", s->where);
-        return -1;
-    }
-    return 0;
 }
 
 /* Rows [r0, r0 + n) of t, as a matrix of its own (rows are contiguous in every dtype). */
@@ -430,6 +412,48 @@ static kvg_tensor row_slice(const kvg_tensor *t, int64_t r0, int64_t n)
     v.data = (const unsigned char *)t->data + (size_t)r0 * kvg_dtype_row_bytes(t->dtype, t->cols);
     v.rows = n;
     return v;
+}
+
+int kvgm_stack(const kvgm_source *s, kvg_tensor **out, kvgm_weight w, int layer, int64_t n, int64_t rows,
+               int64_t cols)
+{
+    const void *p;
+    kvg_dtype dt;
+    kvg_tensor all;
+    kvg_tensor *v;
+    *out = NULL;
+    if (find_weight(s, w, layer, n, rows, cols, 0, &p, &dt) < 0)
+        return -1;
+    /* The stack is one [n rows][cols] matrix in memory: matrix i is its rows
+       [i rows, (i + 1) rows). */
+    v = kvgm_alloc(s->m, (size_t)n * sizeof *v);
+    if (!v || kvgm_bind(s->m, &all, p, dt, n * rows, cols, s->err, s->err_len) < 0) {
+        if (!v)
+            kvg_set_err(s->err, s->err_len, "%s: out of memory", s->where);
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++)
+        v[i] = row_slice(&all, i * rows, rows);
+    *out = v;
+    return 0;
+}
+
+int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, int64_t n,
+             int optional)
+{
+    const void *p;
+    kvg_dtype dt;
+    *out = NULL;
+    if (find_weight(s, w, layer, 1, 0, n, optional, &p, &dt) < 0)
+        return -1;
+    if (!p)
+        return 0;
+    *out = vec_f32(s->m, p, dt, (size_t)n);
+    if (!*out) {
+        kvg_set_err(s->err, s->err_len, "%s: out of memory", s->where);
+        return -1;
+    }
+    return 0;
 }
 
 /* q, k and v: three matrices, or one [Q + 2 KV][D] matrix split into three views. */
@@ -469,7 +493,14 @@ int kvgm_bind_layers(const kvgm_source *s)
             || kvgm_mat(s, &w->wo, KVGM_WO, l, D, Q, 0) < 0
             || kvgm_vec(s, &w->ffn_norm, KVGM_FFN_NORM, l, D, 0) < 0)
             return -1;
-        if (s->fused_gate_up) {
+        if (c->n_experts > 0) {
+            int64_t E = c->n_experts, EH = c->expert_hidden_dim;
+            if (kvgm_mat(s, &w->moe_router, KVGM_MOE_ROUTER, l, E, D, 0) < 0
+                || kvgm_stack(s, &w->moe_gate, KVGM_MOE_GATE, l, E, EH, D) < 0
+                || kvgm_stack(s, &w->moe_up, KVGM_MOE_UP, l, E, EH, D) < 0
+                || kvgm_stack(s, &w->moe_down, KVGM_MOE_DOWN, l, E, D, EH) < 0)
+                return -1;
+        } else if (s->fused_gate_up) {
             kvg_tensor gu = { 0 };
             if (kvgm_mat(s, &gu, KVGM_W_GATE_UP, l, 2 * H, D, 0) < 0
                 || kvgm_mat(s, &w->w_down, KVGM_W_DOWN, l, D, H, 0) < 0)
@@ -599,6 +630,12 @@ int kvgm_finish(kvg_model *m, const kvg_model_load_opts *opts, const char *file,
                  c->n_kv_heads);
         return -1;
     }
+    if (c->n_experts < 0 || (c->n_experts > 0 && (c->n_experts_used <= 0 || c->n_experts_used > c->n_experts
+                                                 || c->expert_hidden_dim <= 0))) {
+        kvg_set_err(err, err_len, "%s: bad mixture-of-experts hyperparameters (%d experts, %d used, expert "
+                    "hidden size %d)", file, c->n_experts, c->n_experts_used, c->expert_hidden_dim);
+        return -1;
+    }
     if (c->head_dim % 2 != 0) {
         kvg_set_err(err, err_len, "%s: head_dim %d is odd (RoPE rotates pairs)", file, c->head_dim);
         return -1;
@@ -621,9 +658,19 @@ int kvgm_finish(kvg_model *m, const kvg_model_load_opts *opts, const char *file,
 #define T(f, r, cc) (snprintf(w, sizeof w, "layers.%d." #f, l), check_t(&L->f, w, r, cc, file, err, err_len) < 0)
 #define V(f) (snprintf(w, sizeof w, "layers.%d." #f, l), check_v(L->f, w, file, err, err_len) < 0)
         if (T(wq, q, c->dim) || T(wk, kv, c->dim) || T(wv, kv, c->dim) || T(wo, c->dim, q)
-            || T(w_gate, c->hidden_dim, c->dim) || T(w_down, c->dim, c->hidden_dim)
-            || T(w_up, c->hidden_dim, c->dim) || V(attn_norm) || V(ffn_norm))
+            || V(attn_norm) || V(ffn_norm))
             return -1;
+        if (c->n_experts > 0) {
+            if (T(moe_router, c->n_experts, c->dim))
+                return -1;
+            if (!L->moe_gate || !L->moe_up || !L->moe_down) {
+                kvg_set_err(err, err_len, "%s: missing the experts of layer %d", file, l);
+                return -1;
+            }
+        } else if (T(w_gate, c->hidden_dim, c->dim) || T(w_down, c->dim, c->hidden_dim)
+                   || T(w_up, c->hidden_dim, c->dim)) {
+            return -1;
+        }
         if (c->has_qkv_bias && (V(bq) || V(bk) || V(bv)))
             return -1;
 #undef T

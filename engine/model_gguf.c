@@ -1,11 +1,13 @@
 /* GGUF models of the architectures in `families` below, as llama.cpp converts them:
- * "llama" (Llama 2/3, TinyLlama, Mistral Small, SmolLM2), "qwen2", "qwen3", "gemma2",
- * "gemma3" and "phi3".
+ * "llama" (Llama 2/3, TinyLlama, Mistral Small, SmolLM2), "qwen2", "qwen3", "qwen3moe",
+ * "gemma2", "gemma3" and "phi3".
  *
  * Hyperparameters come from the ARCH.* keys, tensors from llama.cpp's names
  * (token_embd, blk.N.attn_q, ..., output_norm, output; no output = tied). A GGUF
  * tensor's ne[0] is its row length, so [ne1][ne0] is our [rows][cols] unchanged and
- * the matrices stay in the mapping. llama.cpp's converter permutes Llama Q/K rows to
+ * the matrices stay in the mapping. A mixture-of-experts layer's experts come stacked in
+ * one 3-D tensor per matrix (ne[2] = the expert count), each expert's matrix a row slice
+ * of it. llama.cpp's converter permutes Llama Q/K rows to
  * the adjacent RoPE pairing (its "normal" rope); Qwen2 keeps Hugging Face's
  * rotate-half pairing (its "neox" rope), as do the other families. The tokenizer is read
  * from the same file.
@@ -88,6 +90,9 @@ static const char *const names[KVGM_N_WEIGHTS] = {
     [KVGM_POST_ATTN_NORM] = "post_attention_norm.weight",
     [KVGM_POST_FFN_NORM] = "post_ffw_norm.weight",
     [KVGM_WQKV] = "attn_qkv.weight",         [KVGM_W_GATE_UP] = "ffn_up.weight",
+    [KVGM_MOE_ROUTER] = "ffn_gate_inp.weight",
+    [KVGM_MOE_GATE] = "ffn_gate_exps.weight", [KVGM_MOE_UP] = "ffn_up_exps.weight",
+    [KVGM_MOE_DOWN] = "ffn_down_exps.weight",
 };
 
 /* What sets a family apart, as llama.cpp's graph for it computes. */
@@ -99,7 +104,9 @@ enum {
     F_EMBED_SCALE = 1 << 4,      /* embeddings times sqrt(dim) */
     F_FUSED_GATE_UP = 1 << 5,    /* ffn_up holds gate then up */
     F_SOFTCAP = 1 << 6,          /* attention and final logit soft-capping */
-    F_SWA_KEY_REQUIRED = 1 << 7  /* attention.sliding_window must be in the file */
+    F_SWA_KEY_REQUIRED = 1 << 7, /* attention.sliding_window must be in the file */
+    F_MOE = 1 << 8               /* mixture-of-experts FFN: expert_count, expert_used_count,
+                                    expert_feed_forward_length; router and stacked experts */
 };
 
 typedef struct family {
@@ -115,16 +122,20 @@ typedef struct family {
     int big_layers;              /* the layer count llama.cpp takes for the 27B model,
                                     whose scores are scaled by 1/sqrt(dim / n_heads)
                                     instead of 1/sqrt(head_dim) */
+    kvg_moe_gating moe_gating;   /* F_MOE: how the router's logits become weights */
+    int moe_norm_topk;           /* F_MOE: the k weights renormalized to sum 1 (llama.cpp
+                                    fixes it per family, whatever the file says) */
 } family;
 
 static const family families[] = {
-    { "llama", KVG_ROPE_ADJACENT, 0, 0, 0, 0, 0, 0, 0 },
-    { "qwen2", KVG_ROPE_HALF, F_QKV_BIAS, 0, 0, 0, 0, 0, 0 },
-    { "qwen3", KVG_ROPE_HALF, F_QK_NORM, 0, 0, 0, 0, 0, 0 },
-    { "gemma2", KVG_ROPE_HALF, F_POST_NORMS | F_GELU | F_EMBED_SCALE | F_SOFTCAP, 2, 4096, 0, 50.0f, 30.0f, 46 },
+    { "llama", KVG_ROPE_ADJACENT, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen2", KVG_ROPE_HALF, F_QKV_BIAS, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen3", KVG_ROPE_HALF, F_QK_NORM, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen3moe", KVG_ROPE_HALF, F_QK_NORM | F_MOE, 0, 0, 0, 0, 0, 0, KVG_MOE_SOFTMAX, 1 },
+    { "gemma2", KVG_ROPE_HALF, F_POST_NORMS | F_GELU | F_EMBED_SCALE | F_SOFTCAP, 2, 4096, 0, 50.0f, 30.0f, 46, 0, 0 },
     { "gemma3", KVG_ROPE_HALF, F_QK_NORM | F_POST_NORMS | F_GELU | F_EMBED_SCALE | F_SWA_KEY_REQUIRED, 6, 0,
-      10000.0f, 0, 0, 62 },
-    { "phi3", KVG_ROPE_HALF, F_FUSED_GATE_UP, 0, 0, 0, 0, 0, 0 },
+      10000.0f, 0, 0, 62, 0, 0 },
+    { "phi3", KVG_ROPE_HALF, F_FUSED_GATE_UP, 0, 0, 0, 0, 0, 0, 0, 0 },
 };
 
 static const family *find_family(const char *arch)
@@ -147,8 +158,8 @@ static const char *family_list(char *buf, size_t len)
 
 /* kvgm_source's find: the tensor `name`, its dtype and its shape checked ([rows][cols];
  * rows 0 = a vector of cols). */
-static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer, int64_t rows, int64_t cols,
-                int optional, const void **data, kvg_dtype *dt)
+static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer, int64_t mats, int64_t rows,
+                int64_t cols, int optional, const void **data, kvg_dtype *dt)
 {
     ctx *c = s->ctx;
     kvg_qtype qt;
@@ -183,20 +194,25 @@ static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer
         }
     }
     uint64_t want_rows = rows ? (uint64_t)rows : 1;
-    int bad = t->ne[0] != (uint64_t)cols || t->ne[1] != want_rows || t->ne[2] != 1 || t->ne[3] != 1;
+    int bad = t->ne[0] != (uint64_t)cols || t->ne[1] != want_rows || t->ne[2] != (uint64_t)mats || t->ne[3] != 1;
     if (bad) {
         char got[96], want[64];
         if (t->n_dims <= 1)
             snprintf(got, sizeof got, "[%llu]", (unsigned long long)t->ne[0]);
+        else if (t->n_dims == 3)
+            snprintf(got, sizeof got, "[%llu][%llu][%llu]", (unsigned long long)t->ne[2],
+                     (unsigned long long)t->ne[1], (unsigned long long)t->ne[0]);
         else
             snprintf(got, sizeof got, "[%llu][%llu]%s", (unsigned long long)t->ne[1],
                      (unsigned long long)t->ne[0], t->n_dims > 2 ? "[...]" : "");
-        if (rows)
+        if (mats > 1)
+            snprintf(want, sizeof want, "[%lld][%lld][%lld]", (long long)mats, (long long)rows, (long long)cols);
+        else if (rows)
             snprintf(want, sizeof want, "[%lld][%lld]", (long long)rows, (long long)cols);
         else
             snprintf(want, sizeof want, "[%lld]", (long long)cols);
-        kvg_set_err(c->err, c->err_len, "%s: tensor %s has shape %s (rows, cols), the hyperparameters need %s",
-                 c->path, name, got, want);
+        kvg_set_err(c->err, c->err_len, "%s: tensor %s has shape %s (%srows, cols), the hyperparameters need %s",
+                 c->path, name, got, t->n_dims == 3 ? "matrices, " : "", want);
         return -1;
     }
     if (cols % kvg_dtype_block(*dt) != 0) {
@@ -265,6 +281,34 @@ static int read_swa_pattern(ctx *c, const family *fam, kvg_model *m)
     return 0;
 }
 
+/* A mixture-of-experts family's keys, as llama.cpp's load_hparams reads them: the expert
+ * width defaults to feed_forward_length / expert_used_count, and feed_forward_length
+ * (the dense width, unused by such a model) to the expert width. */
+static int read_moe(ctx *c, const family *fam, kvg_model_config *cf)
+{
+    if (get_int(c, "expert_count", 1, 0, &cf->n_experts) < 0
+        || get_int(c, "expert_used_count", 1, 0, &cf->n_experts_used) < 0
+        || get_int(c, "expert_feed_forward_length", 0, 0, &cf->expert_hidden_dim) < 0)
+        return -1;
+    if (cf->n_experts > 65536 || cf->n_experts_used > cf->n_experts) {
+        kvg_set_err(c->err, c->err_len, "%s: bad hyperparameters (expert_count %d, expert_used_count %d)",
+                    c->path, cf->n_experts, cf->n_experts_used);
+        return -1;
+    }
+    if (!cf->expert_hidden_dim)
+        cf->expert_hidden_dim = cf->hidden_dim / cf->n_experts_used;
+    if (!cf->hidden_dim)
+        cf->hidden_dim = cf->expert_hidden_dim;
+    if (!cf->expert_hidden_dim) {
+        kvg_set_err(c->err, c->err_len, "%s: no %s.expert_feed_forward_length (nor feed_forward_length)", c->path,
+                    c->arch);
+        return -1;
+    }
+    cf->moe_gating = fam->moe_gating;
+    cf->moe_norm_topk = fam->moe_norm_topk;
+    return 0;
+}
+
 /* The family's flags into the config, with its keys: the window, the soft caps, the
  * attention scale of the 27B Gemmas. */
 static int read_family(ctx *c, const family *fam, kvg_model_config *cf)
@@ -289,6 +333,8 @@ static int read_family(ctx *c, const family *fam, kvg_model_config *cf)
     }
     if (fam->big_layers && cf->n_layers == fam->big_layers)
         cf->attn_query_scalar = (float)(cf->dim / cf->n_heads);
+    if (fam->flags & F_MOE)
+        return read_moe(c, fam, cf);
     return 0;
 }
 
@@ -381,7 +427,7 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
     snprintf(cf->arch, sizeof cf->arch, "%s", arch);
     int rope_dims;
     if (get_int(&c, "embedding_length", 1, 0, &cf->dim) < 0
-        || get_int(&c, "feed_forward_length", 1, 0, &cf->hidden_dim) < 0
+        || get_int(&c, "feed_forward_length", !(fam->flags & F_MOE), 0, &cf->hidden_dim) < 0
         || get_int(&c, "block_count", 1, 0, &cf->n_layers) < 0
         || get_int(&c, "attention.head_count", 1, 0, &cf->n_heads) < 0
         || get_int(&c, "attention.head_count_kv", 0, cf->n_heads, &cf->n_kv_heads) < 0

@@ -6,6 +6,7 @@
  * (i, i + head_dim/2) ("rotate_half"), so the config says KVG_ROPE_HALF and nothing
  * is permuted. Tensors point into the mapped shards; only norms and biases in
  * F16/BF16 are converted, and misaligned data is copied. */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -294,13 +295,15 @@ static const char *const names[KVGM_N_WEIGHTS] = {
 
 /* kvgm_source's find: the tensor `name` in whichever shard holds it, its dtype and its
  * shape [rows][cols] (rows 0: a vector of cols) checked. */
-static int find(const kvgm_source *src, const char *name, kvgm_weight w, int layer, int64_t rows,
+static int find(const kvgm_source *src, const char *name, kvgm_weight w, int layer, int64_t mats, int64_t rows,
                 int64_t cols, int optional, const void **data, kvg_dtype *dt)
 {
     hf *h = src->ctx;
     const kvg_st_tensor *t = NULL;
     const shard *s = NULL;
     (void)w, (void)layer;
+    /* No Hugging Face config read here sets n_experts, so nothing asks for a stack. */
+    assert(mats == 1);
     *data = NULL;
     for (size_t i = 0; i < h->n_shards && !t; i++)
         if ((t = kvg_st_find(h->shards[i].st, name)))

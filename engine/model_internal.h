@@ -69,6 +69,8 @@ typedef enum kvgm_weight {
     KVGM_WQKV,                           /* q, k and v in one matrix (Phi-3), when present */
     KVGM_W_GATE_UP,                      /* gate then up in one matrix (Phi-3), with
                                             kvgm_source.fused_gate_up */
+    KVGM_MOE_ROUTER,                     /* cfg.n_experts: [n_experts][dim] */
+    KVGM_MOE_GATE, KVGM_MOE_UP, KVGM_MOE_DOWN,   /* the experts' matrices, stacked */
     KVGM_N_WEIGHTS
 } kvgm_weight;
 
@@ -77,11 +79,13 @@ typedef struct kvgm_source kvgm_source;
 struct kvgm_source {
     kvg_model *m;
     /* Weight w of `layer` (-1: a model-wide one), named `name` in the file (NULL when
-     * the source has no names), with shape [rows][cols] (rows 0: a vector of cols):
-     * its bytes and dtype, after the format's checks of both. Missing and optional:
-     * 0 with *data NULL. Otherwise -1 with the error in s->err. */
-    int (*find)(const kvgm_source *s, const char *name, kvgm_weight w, int layer, int64_t rows,
-                int64_t cols, int optional, const void **data, kvg_dtype *dt);
+     * the source has no names), with shape [rows][cols] (rows 0: a vector of cols), or
+     * [mats][rows][cols] when mats > 1 (a stack of matrices, e.g. a MoE layer's experts,
+     * each rows x cols, one after the other): its bytes and dtype, after the format's
+     * checks of both. Missing and optional: 0 with *data NULL. Otherwise -1 with the
+     * error in s->err. */
+    int (*find)(const kvgm_source *s, const char *name, kvgm_weight w, int layer, int64_t mats,
+                int64_t rows, int64_t cols, int optional, const void **data, kvg_dtype *dt);
     void *ctx;                   /* the loader's state, for find */
     const char *const *names;    /* [KVGM_N_WEIGHTS] the file's names, or NULL */
     const char *layer_prefix;    /* a layer's names are PREFIX<layer>.NAME */
@@ -94,6 +98,10 @@ struct kvgm_source {
 /* Finds a matrix and binds it (kvgm_bind). Missing and optional: 0, *out untouched. */
 int kvgm_mat(const kvgm_source *s, kvg_tensor *out, kvgm_weight w, int layer, int64_t rows,
              int64_t cols, int optional);
+/* Finds a stack of n matrices [n][rows][cols] and binds each as a matrix of its own:
+ * *out = an owned array of n views (row slices of the stack). Not optional. */
+int kvgm_stack(const kvgm_source *s, kvg_tensor **out, kvgm_weight w, int layer, int64_t n, int64_t rows,
+               int64_t cols);
 /* Finds a vector and makes an owned F32 copy of it, even of an F32 one: a step that
  * read it in the file's mapping would fault the released pages around it back in.
  * Missing and optional: 0, *out NULL. */
@@ -102,7 +110,8 @@ int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, 
 /* Allocates m->layers and binds every layer's weights with the config's shapes: the
  * norms, q/k/v/o (or one fused qkv matrix when the file has it), gate/down/up (or the
  * fused gate-up one), the q/k/v biases when cfg.has_qkv_bias, q/k norms when
- * cfg.qk_norm, the post-norms when cfg.post_norms. */
+ * cfg.qk_norm, the post-norms when cfg.post_norms; with cfg.n_experts, the router and the
+ * stacked experts (kvgm_stack) in place of gate/down/up. */
 int kvgm_bind_layers(const kvgm_source *s);
 
 /* One piece of the identity: a label and bytes. */

@@ -56,11 +56,11 @@ static const int region_of[KVGM_N_WEIGHTS] = {
  * left to check; only weights the model has are asked for (no biases, the classifier
  * only when it is not shared). Offsets are multiples of 4 in a page-aligned mapping:
  * the matrices stay there (the norm vectors are copied, as every loader's are). */
-static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer, int64_t rows,
+static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer, int64_t mats, int64_t rows,
                 int64_t cols, int optional, const void **data, kvg_dtype *dt)
 {
     const region *r;
-    (void)name, (void)rows, (void)cols, (void)optional;
+    (void)name, (void)mats, (void)rows, (void)cols, (void)optional;
     assert(region_of[w] >= 0);
     r = (const region *)s->ctx + region_of[w];
     assert(r->count > 0);
@@ -249,6 +249,8 @@ int kvg_model_export_llama2c(const kvg_model *m, const char *path, char *err, si
 
     if (c->has_qkv_bias)
         why = "it has q/k/v biases";
+    else if (c->n_experts > 0)
+        why = "it is a mixture-of-experts model";
     else if (c->rope_scale_factor != 0)
         why = "it uses rope scaling";
     else if (c->head_dim * c->n_heads != c->dim)

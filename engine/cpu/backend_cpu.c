@@ -21,7 +21,7 @@
 /* Runs fn over [0, n) on the pool, or inline when the whole job is smaller than a
  * thread wake-up is worth (`work` ~ scalar operations in total). The result never
  * depends on which: every index writes only its own outputs. */
-static void cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg)
+void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg)
 {
     if (n == 0)
         return;
@@ -184,7 +184,7 @@ static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t 
         c->att_stride = stride;
     }
     /* The GEMMs pack X for up to n_rows rows (every matmul of a step has M <= n_rows). */
-    if (kvg_gemm_ws_reserve(c->gemm_ws, s->n_rows) != 0)
+    if (kvg_gemm_ws_reserve(c->gemm_ws, s->n_rows) != 0 || kvg_cpu_moe_reserve(c->moe, s->n_rows) != 0)
         goto oom;
     c->n_rows = s->n_rows;
     c->n_seqs = s->n_seqs;
@@ -193,7 +193,7 @@ static int cpu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t 
     /* cos/sin once per step, shared by every layer. */
     {
         rope_table_job j = { c, half };
-        cpu_par(c, (size_t)s->n_rows, 40.0 * half * s->n_rows * c->n_rope_kinds, rope_table_range, &j);
+        kvg_cpu_par(c, (size_t)s->n_rows, 40.0 * half * s->n_rows * c->n_rope_kinds, rope_table_range, &j);
     }
     return 0;
 oom:
@@ -221,7 +221,7 @@ static void cpu_embed(kvg_backend *be, const kvg_tensor *emb, float *x)
 {
     kvg_cpu *c = cpu_of(be);
     embed_job j = { c, kvg_cpu_weights_get(c->weights, emb), x };
-    cpu_par(c, (size_t)c->n_rows, (double)c->n_rows * (double)emb->cols, embed_range, &j);
+    kvg_cpu_par(c, (size_t)c->n_rows, (double)c->n_rows * (double)emb->cols, embed_range, &j);
 }
 
 typedef struct norm_job {
@@ -252,7 +252,7 @@ static void cpu_rmsnorm(kvg_backend *be, const float *x, const float *w, float e
                         int rows, int dim, float *out)
 {
     norm_job j = { x, w, eps, dim, out };
-    cpu_par(cpu_of(be), (size_t)rows, 3.0 * rows * dim, rmsnorm_range, &j);
+    kvg_cpu_par(cpu_of(be), (size_t)rows, 3.0 * rows * dim, rmsnorm_range, &j);
 }
 
 static void cpu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
@@ -327,7 +327,7 @@ static void cpu_rope(kvg_backend *be, int layer, float *q, float *k)
     const kvg_model_config *cfg = &c->m->cfg;
     size_t kind = (size_t)kvg_rope_kind(c->m, layer);
     rope_job j = { c, c->rope_cs + kind * (size_t)c->cap_rows * (size_t)(cfg->head_dim / 2) * 2, q, k };
-    cpu_par(c, (size_t)c->n_rows,
+    kvg_cpu_par(c, (size_t)c->n_rows,
             3.0 * c->n_rows * (cfg->n_heads + cfg->n_kv_heads) * cfg->head_dim, rope_range, &j);
 }
 
@@ -366,7 +366,7 @@ static void cpu_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
     kvg_cpu *c = cpu_of(be);
     kvw_job j = { c, kv, layer, k, v };
     /* Rows of one step may share a block (a prefill chunk); each writes its own slot. */
-    cpu_par(c, (size_t)c->n_rows, 2.0 * c->n_rows * c->m->cfg.n_kv_heads * c->m->cfg.head_dim,
+    kvg_cpu_par(c, (size_t)c->n_rows, 2.0 * c->n_rows * c->m->cfg.n_kv_heads * c->m->cfg.head_dim,
             kv_write_range, &j);
 }
 
@@ -398,7 +398,7 @@ static void swiglu_range(void *arg, size_t b, size_t e)
 static void cpu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
 {
     swiglu_job j = { gate, up, kvg_cpu_kernels()->swiglu };
-    cpu_par(cpu_of(be), n, 4.0 * (double)n, swiglu_range, &j);
+    kvg_cpu_par(cpu_of(be), n, 4.0 * (double)n, swiglu_range, &j);
 }
 
 /* gelu(gate) * up, GELU's tanh approximation as llama.cpp and Hugging Face's
@@ -416,7 +416,7 @@ static void geglu_range(void *arg, size_t b, size_t e)
 static void cpu_geglu(kvg_backend *be, float *gate, const float *up, size_t n)
 {
     swiglu_job j = { gate, up, NULL };
-    cpu_par(cpu_of(be), n, 20.0 * (double)n, geglu_range, &j);
+    kvg_cpu_par(cpu_of(be), n, 20.0 * (double)n, geglu_range, &j);
 }
 
 typedef struct scale_job {
@@ -434,7 +434,7 @@ static void scale_range(void *arg, size_t b, size_t e)
 static void cpu_scale(kvg_backend *be, float *x, float s, size_t n)
 {
     scale_job j = { x, s };
-    cpu_par(cpu_of(be), n, (double)n, scale_range, &j);
+    kvg_cpu_par(cpu_of(be), n, (double)n, scale_range, &j);
 }
 
 static void softcap_range(void *arg, size_t b, size_t e)
@@ -447,7 +447,7 @@ static void softcap_range(void *arg, size_t b, size_t e)
 static void cpu_softcap(kvg_backend *be, float *x, float cap, size_t n)
 {
     scale_job j = { x, cap };
-    cpu_par(cpu_of(be), n, 20.0 * (double)n, softcap_range, &j);
+    kvg_cpu_par(cpu_of(be), n, 20.0 * (double)n, softcap_range, &j);
 }
 
 static void add_range(void *arg, size_t b, size_t e)
@@ -460,7 +460,12 @@ static void add_range(void *arg, size_t b, size_t e)
 static void cpu_add(kvg_backend *be, float *x, const float *y, size_t n)
 {
     elt_job j = { x, y };
-    cpu_par(cpu_of(be), n, (double)n, add_range, &j);
+    kvg_cpu_par(cpu_of(be), n, (double)n, add_range, &j);
+}
+
+static void cpu_moe(kvg_backend *be, int layer, const float *x, int rows, float *out)
+{
+    kvg_cpu_moe_ffn(cpu_of(be), layer, x, rows, out);
 }
 
 static void cpu_gather_out_rows(kvg_backend *be, const float *x, int width, float *out)
@@ -482,6 +487,7 @@ static void cpu_destroy(kvg_backend *be)
         kvg_threadpool_free(c->tp);
         kvg_cpu_weights_free(c->weights);
         kvg_gemm_ws_free(c->gemm_ws);
+        kvg_cpu_moe_free(c->moe);
         free(c->inv_freq);
         free(c->tokens);
         free(c->seq_blocks_off);
@@ -513,6 +519,7 @@ static const kvg_backend_ops cpu_ops = {
     .softcap = cpu_softcap,
     .add = cpu_add,
     .gather_out_rows = cpu_gather_out_rows,
+    .moe = cpu_moe,
 };
 
 kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, size_t err_len)
@@ -540,22 +547,30 @@ kvg_backend *kvg_backend_cpu_new(const kvg_model *m, int n_threads, char *err, s
     be->n_threads = c->n_threads;
     {
         /* Each thread's GEMM scratch, once, for every inner dimension the forward pass
-         * uses: dim (q/k/v, gate/up, logits), n_heads * head_dim (wo), hidden_dim (down). */
+         * uses: dim (q/k/v, gate/up, router, logits), n_heads * head_dim (wo), the FFN's
+         * width (down: hidden_dim, or expert_hidden_dim in a MoE model). */
         int qd = cfg->n_heads * cfg->head_dim, k_min = cfg->dim, k_max = cfg->dim;
+        int ffn = cfg->n_experts > 0 ? cfg->expert_hidden_dim : cfg->hidden_dim;
         if (qd < k_min)
             k_min = qd;
-        if (cfg->hidden_dim < k_min)
-            k_min = cfg->hidden_dim;
+        if (ffn < k_min)
+            k_min = ffn;
         if (qd > k_max)
             k_max = qd;
-        if (cfg->hidden_dim > k_max)
-            k_max = cfg->hidden_dim;
+        if (ffn > k_max)
+            k_max = ffn;
         c->gemm_ws = kvg_gemm_ws_new(c->n_threads, k_min, k_max);
         if (!c->gemm_ws) {
             kvg_set_err(err, err_len, "cpu backend: out of memory for the GEMM workspaces");
             cpu_destroy(be);
             return NULL;
         }
+    }
+    c->moe = kvg_cpu_moe_new(m);
+    if (cfg->n_experts > 0 && !c->moe) {
+        kvg_set_err(err, err_len, "cpu backend: out of memory for the experts' scratch");
+        cpu_destroy(be);
+        return NULL;
     }
     c->weights = kvg_cpu_weights_new(m, c->tp, err, err_len);
     if (!c->weights) {

@@ -26,6 +26,8 @@ typedef struct kvg_cpu {
     kvg_cpu_weights *weights;    /* prepared copies of the model's matrices */
     kvg_gemm_ws *gemm_ws;        /* the GEMMs' scratch: per thread from creation, packed
                                     X grown by begin_step to the step's rows */
+    struct kvg_cpu_moe *moe;     /* the MoE layers' scratch (moe_cpu.c), grown by
+                                    begin_step; NULL for a dense model */
     const kvg_model *m;
     int n_threads;
     int n_rope_kinds;            /* 1, or 2 with the window layers' own RoPE (rope.h) */
@@ -43,6 +45,19 @@ typedef struct kvg_cpu {
 } kvg_cpu;
 
 void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, float *out);
+
+/* Runs fn over [0, n) on the pool, or inline when the job is smaller than a thread
+ * wake-up is worth (`work`: ~ scalar operations in all); the same results either way. */
+void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg);
+
+/* The mixture-of-experts FFN (moe_cpu.c): its scratch for m (NULL when m is dense, or
+ * out of memory), grown to a step's rows by kvg_cpu_moe_reserve (0, or -1 out of
+ * memory), and backend.h's moe operation. */
+typedef struct kvg_cpu_moe kvg_cpu_moe;
+kvg_cpu_moe *kvg_cpu_moe_new(const kvg_model *m);
+int kvg_cpu_moe_reserve(kvg_cpu_moe *mo, int rows);
+void kvg_cpu_moe_free(kvg_cpu_moe *mo);
+void kvg_cpu_moe_ffn(kvg_cpu *c, int layer, const float *x, int rows, float *out);
 
 /* The attention and SwiGLU kernels of the GEMM's ISA level (attention_kernels.h),
  * chosen once per process. */

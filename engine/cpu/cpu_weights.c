@@ -4,7 +4,10 @@
  * one) is prepared once, when the backend starts, and the matmuls look it up by the
  * address of the model's tensor (the forward pass passes the model's own kvg_tensor
  * structs). Other matrices are used where they are. The products are the same bits
- * either way; only their speed differs. */
+ * either way; only their speed differs. A MoE layer's experts are matrices of their own
+ * here (the model's row slices of the stacked tensors), each prepared on its own: an
+ * expert's int8 layout is then as a dense matrix's, and a decode step streams only the
+ * experts it runs. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -67,9 +70,29 @@ static int add(kvg_cpu_weights *pw, const kvg_model *m, kvg_threadpool *tp, cons
     return 0;
 }
 
+/* A MoE layer's n experts of one matrix (row slices of one stacked tensor), each
+ * prepared on its own. Each add() hands back the whole pages inside its slice; the page
+ * two neighbouring slices share (one per boundary: ~75 MB over Qwen3-30B-A3B's 18k
+ * slices) goes back here, with the whole stack, once every expert has its own copy. */
+static int add_stack(kvg_cpu_weights *pw, const kvg_model *m, kvg_threadpool *tp, const kvg_tensor *x, size_t n)
+{
+    kvg_tensor all = x[0];
+    int all_copied = 1;
+    for (size_t e = 0; e < n; e++) {
+        if (add(pw, m, tp, &x[e]) != 0)
+            return -1;
+        all_copied &= kvg_cpu_weights_get(pw, &x[e]) != &x[e];
+    }
+    all.rows = x[0].rows * (int64_t)n;
+    if (all_copied)
+        kvg_model_release_pages(m, &all);
+    return 0;
+}
+
 kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, char *err, size_t err_len)
 {
-    size_t n = (size_t)m->cfg.n_layers * 7 + 2, cap = 16;
+    size_t E = m->cfg.n_experts > 0 ? (size_t)m->cfg.n_experts : 0;
+    size_t n = (size_t)m->cfg.n_layers * (7 + 1 + 3 * E) + 2, cap = 16;
     kvg_cpu_weights *pw = calloc(1, sizeof *pw);
     int rc = 0;
 
@@ -87,7 +110,16 @@ kvg_cpu_weights *kvg_cpu_weights_new(const kvg_model *m, kvg_threadpool *tp, cha
         const kvg_layer_weights *lw = &m->layers[l];
         const kvg_tensor *mats[7] = { &lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_down, &lw->w_up };
         for (int i = 0; i < 7 && rc == 0; i++)
-            rc = add(pw, m, tp, mats[i]);
+            if (mats[i]->data)          /* a MoE layer has no dense gate/down/up */
+                rc = add(pw, m, tp, mats[i]);
+        if (E && rc == 0)
+            rc = add(pw, m, tp, &lw->moe_router);
+        if (E && rc == 0)
+            rc = add_stack(pw, m, tp, lw->moe_gate, E);
+        if (E && rc == 0)
+            rc = add_stack(pw, m, tp, lw->moe_up, E);
+        if (E && rc == 0)
+            rc = add_stack(pw, m, tp, lw->moe_down, E);
     }
     if (rc == 0)
         rc = add(pw, m, tp, &m->output);

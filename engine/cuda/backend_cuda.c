@@ -462,6 +462,8 @@ int kvg_backend_cuda_probe(int dev, char *err, size_t err_len)
 static const char *cuda_family_error(const kvg_model *m)
 {
     const kvg_model_config *c = &m->cfg;
+    if (c->n_experts > 0)
+        return "mixture-of-experts feed-forward layers";
     for (int l = 0; l < c->n_layers; l++)
         if (m->layers[l].sliding)
             return "sliding-window attention";

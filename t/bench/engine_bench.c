@@ -34,6 +34,11 @@
  * kvgate-engine, so that the time to first token through the engine is set against the
  * step measured at the same minute.
  *
+ * A mixture-of-experts model (qwen3moe) runs without the reference (it has no experts)
+ * and in its own weight type only, and adds the weight bytes a decode token reads (the
+ * dense matrices, the router and k experts per layer) against its active and total
+ * parameters.
+ *
  * --ref-prompt N times the reference on the first N prompt positions only (its speed
  * only falls with position, so its tokens/s is then an upper bound and the ratio a
  * lower bound); default: all P. Figures only: nothing here asserts a speed. */
@@ -120,7 +125,8 @@ static void wset_init(wset *ws, kvg_model *m)
         kvg_layer_weights *w = &m->layers[l];
         kvg_tensor *ts[] = { &w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down };
         for (int i = 0; i < 7; i++)
-            ws->t[ws->n++] = ts[i];
+            if (ts[i]->data)     /* a MoE layer has no dense FFN */
+                ws->t[ws->n++] = ts[i];
     }
     ws->t[ws->n++] = &m->output;
     for (int i = 0; i < ws->n; i++) {
@@ -166,6 +172,43 @@ static void wset_use(wset *ws, kvg_dtype dt)
         free(row);
         ws->t[i]->data = ws->conv[i];
         ws->t[i]->dtype = dt;
+    }
+}
+
+static double mat_bytes(const kvg_tensor *t)
+{
+    return (double)t->rows * (double)kvg_dtype_row_bytes(t->dtype, t->cols);
+}
+
+/* A MoE model's decode: the weight bytes one token reads (every layer's attention
+ * matrices and router, k of its E experts; the classifier) and its parameters, active
+ * (the same matrices) and total (all E experts), in the file's types -- the CPU
+ * backend's int8 layouts hold the same bytes, up to groups of 16 rows. */
+static void moe_figures(const kvg_model *m, double *bytes, double *active, double *total)
+{
+    const kvg_model_config *c = &m->cfg;
+    *bytes = mat_bytes(&m->output);
+    *active = *total = (double)m->output.rows * (double)m->output.cols;
+    for (int l = 0; l < c->n_layers; l++) {
+        const kvg_layer_weights *w = &m->layers[l];
+        const kvg_tensor *dense[] = { &w->wq, &w->wk, &w->wv, &w->wo, &w->moe_router };
+        double eb = 0, ep = 0;
+        for (int i = 0; i < 5; i++) {
+            *bytes += mat_bytes(dense[i]);
+            *active += (double)dense[i]->rows * (double)dense[i]->cols;
+            *total += (double)dense[i]->rows * (double)dense[i]->cols;
+        }
+        for (int e = 0; e < c->n_experts; e++) {
+            const kvg_tensor *x[] = { &w->moe_gate[e], &w->moe_up[e], &w->moe_down[e] };
+            for (int i = 0; i < 3; i++) {
+                eb += mat_bytes(x[i]);
+                ep += (double)x[i]->rows * (double)x[i]->cols;
+            }
+        }
+        /* every expert of a layer has one shape and type: k of them, on average */
+        *bytes += eb * c->n_experts_used / c->n_experts;
+        *active += ep * c->n_experts_used / c->n_experts;
+        *total += ep;
     }
 }
 
@@ -664,7 +707,11 @@ int main(int argc, char **argv)
     if (lo.max_seq_len > m->cfg.max_seq_len)
         m->cfg.max_seq_len = lo.max_seq_len;
     V = m->cfg.vocab_size;
-    if (dtypes_arg) {
+    if (m->cfg.n_experts > 0) {
+        /* neither the reference nor the weight conversions below know experts */
+        no_ref = 1;
+        dts[n_dt++] = m->layers[0].wq.dtype;
+    } else if (dtypes_arg) {
         char buf[64], *save = NULL;
         snprintf(buf, sizeof buf, "%s", dtypes_arg);
         for (char *t = strtok_r(buf, ",", &save); t && n_dt < ND; t = strtok_r(NULL, ",", &save))
@@ -800,6 +847,17 @@ int main(int argc, char **argv)
                ms_cached, prompt - 1, ms_dec, recompute, ms_fresh);
         printf("RSS after the engine runs: %.1f MiB (peak %.1f MiB); weights %.1f MiB\n", rss_kb / 1024.0,
                hwm_kb / 1024.0, wmib[0]);
+        if (m->cfg.n_experts > 0) {
+            double bytes, active, total, d1 = (double)steps / t_dec[0][0];
+            moe_figures(m, &bytes, &active, &total);
+            printf("mixture of experts: %d of %d experts per token; a decode token reads %.1f MiB of weights "
+                   "(%.3g active parameters of %.3g, %.1f%%; %.2f bytes per active parameter); decode batch 1: "
+                   "%.2f GB/s of them\n", m->cfg.n_experts_used, m->cfg.n_experts, bytes / 1048576.0, active, total,
+                   100.0 * active / total, bytes / active, d1 * bytes / 1e9);
+            printf("RESULT-MOE experts=%d used=%d decode_token_mib=%.2f active_params=%.0f total_params=%.0f "
+                   "dec1_gbps=%.2f\n", m->cfg.n_experts, m->cfg.n_experts_used, bytes / 1048576.0, active, total,
+                   d1 * bytes / 1e9);
+        }
         printf("RESULT model=%s prefill=%.1f ref_prefill=%.2f dec1=%.1f dec8=%.1f dec32=%.1f ref_decode=%.2f "
                "rss_mib=%.1f hwm_mib=%.1f", m->name, e_pre, ref_prefill_tps,
                (double)batches[0] * steps / t_dec[0][0], (double)batches[1] * steps / t_dec[0][1],
