@@ -19,6 +19,7 @@ int kvg_quant_block_elems(kvg_qtype t)
     case KVG_Q4_0: return KVG_QK4_0;
     case KVG_Q4_K: return KVG_QK_K;
     case KVG_Q6_K: return KVG_QK_K;
+    case KVG_MXFP4: return KVG_QK_MXFP4;
     }
     return 0;
 }
@@ -30,6 +31,7 @@ size_t kvg_quant_block_bytes(kvg_qtype t)
     case KVG_Q4_0: return KVG_Q4_0_BYTES;
     case KVG_Q4_K: return KVG_Q4_K_BYTES;
     case KVG_Q6_K: return KVG_Q6_K_BYTES;
+    case KVG_MXFP4: return KVG_MXFP4_BYTES;
     }
     return 0;
 }
@@ -41,6 +43,7 @@ const char *kvg_quant_name(kvg_qtype t)
     case KVG_Q4_0: return "Q4_0";
     case KVG_Q4_K: return "Q4_K";
     case KVG_Q6_K: return "Q6_K";
+    case KVG_MXFP4: return "MXFP4";
     }
     return "?";
 }
@@ -52,6 +55,7 @@ uint32_t kvg_quant_ggml_type(kvg_qtype t)
     case KVG_Q4_0: return 2;
     case KVG_Q4_K: return 12;
     case KVG_Q6_K: return 14;
+    case KVG_MXFP4: return 39;
     }
     return UINT32_MAX;
 }
@@ -63,6 +67,7 @@ int kvg_quant_from_ggml(uint32_t ggml_type, kvg_qtype *t)
     case 2: *t = KVG_Q4_0; return 0;
     case 12: *t = KVG_Q4_K; return 0;
     case 14: *t = KVG_Q6_K; return 0;
+    case 39: *t = KVG_MXFP4; return 0;
     }
     return -1;
 }
@@ -173,6 +178,18 @@ static void dq_q6_k(const uint8_t *b, float *y)
     }
 }
 
+/* E2M1 codes, doubled so that they are integers (bit 3 is the sign; -0 reads as 0). */
+static const int8_t mxfp4_k[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+
+static void dq_mxfp4(const uint8_t *b, float *y)
+{
+    float d = kvg_mxfp4_scale(b[0]);
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)mxfp4_k[b[1 + j] & 0xF] * d;
+        y[j + 16] = (float)mxfp4_k[b[1 + j] >> 4] * d;
+    }
+}
+
 void kvg_dequant_row(kvg_qtype t, const void *src, float *dst, int64_t n)
 {
     const uint8_t *b = src;
@@ -186,6 +203,7 @@ void kvg_dequant_row(kvg_qtype t, const void *src, float *dst, int64_t n)
         case KVG_Q4_0: dq_q4_0(b, dst); break;
         case KVG_Q4_K: dq_q4_k(b, dst); break;
         case KVG_Q6_K: dq_q6_k(b, dst); break;
+        case KVG_MXFP4: dq_mxfp4(b, dst); break;
         }
     }
 }
@@ -311,6 +329,38 @@ static void q_q6_k(const float *x, uint8_t *b)
     }
 }
 
+/* The OCP MX rule: the shared exponent puts the block's largest magnitude in E2M1's top
+ * binade (2^(floor(log2 amax) - 2), E2M1's largest exponent being 2), so values up to
+ * 1.5x that binade's start are representable and the rest clip at 6 (code 12 here);
+ * every element then takes its nearest code, the first (smaller magnitude, positive)
+ * on a tie. As ggml's reference quantizer. */
+static void q_mxfp4(const float *x, uint8_t *b)
+{
+    float amax = 0;
+    for (int j = 0; j < 32; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    int e = 0;
+    if (amax > 0 && isfinite(amax))
+        e = clampi((int)floorf(log2f(amax)) - 2 + 127, 0, 254);
+    b[0] = (uint8_t)e;
+    float d = kvg_mxfp4_scale(b[0]);
+    for (int j = 0; j < 32; j++) {
+        int best = 0;
+        float best_err = fabsf(x[j]);
+        for (int c = 1; c < 16; c++) {
+            float err = fabsf((float)mxfp4_k[c] * d - x[j]);
+            if (err < best_err) {
+                best_err = err;
+                best = c;
+            }
+        }
+        if (j < 16)
+            b[1 + j] = (uint8_t)best;
+        else
+            b[1 + j - 16] |= (uint8_t)(best << 4);
+    }
+}
+
 int kvg_quant_row(kvg_qtype t, const float *src, void *dst, int64_t n)
 {
     int be = kvg_quant_block_elems(t);
@@ -324,6 +374,7 @@ int kvg_quant_row(kvg_qtype t, const float *src, void *dst, int64_t n)
         case KVG_Q4_0: q_q4_0(src, b); break;
         case KVG_Q4_K: q_q4_k(src, b); break;
         case KVG_Q6_K: q_q6_k(src, b); break;
+        case KVG_MXFP4: q_mxfp4(src, b); break;
         }
     }
     return 0;

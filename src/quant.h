@@ -1,4 +1,4 @@
-/* Block formats of GGUF (ggml) quantized tensors: Q8_0, Q4_0, Q4_K and Q6_K.
+/* Block formats of GGUF (ggml) quantized tensors: Q8_0, Q4_0, Q4_K, Q6_K and MXFP4.
  *
  * kvg_dequant_row defines THE F32 value of every quantized element: what the engine reads
  * a quantized row as (kvg_tensor_row_f32: the CUDA backend's upload, the llama2.c export,
@@ -15,6 +15,16 @@
  *   Q6_K  block 256: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d; }
  *                    q = (4 bits of ql | 2 bits of qh) - 32, 16 sub-blocks of 16
  *                                                    w = (d * scale) * q
+ *   MXFP4 block 32:  { uint8 e; uint8 qs[16]; }  (OCP microscaling FP4: E8M0 shared
+ *                    exponent, E2M1 elements; ggml type 39) codes as Q4_0's nibbles:
+ *                    j < 16 the low nibble of qs[j], j >= 16 the high nibble of
+ *                    qs[j-16]; code c -> k = {0,1,2,3,4,6,8,12, 0,-1,-2,-3,-4,-6,-8,-12}[c]
+ *                    (E2M1 doubled: bit 3 the sign, 0 0.5 1 1.5 2 3 4 6), and
+ *                                                    w = k * 2^(e - 128)
+ *                    (ggml's "half" E8M0 scale, 2^(e-127) / 2, which undoes the
+ *                    doubling; every e, 0 and 255 included, is a finite power of 2).
+ *                    Known to the tools and tests only: the engine has no MXFP4
+ *                    kernels and its loader refuses the type.
  * Plain C, no engine dependency (the benchmarks' GGUF writer quantizes with it too). */
 #ifndef KVG_QUANT_H
 #define KVG_QUANT_H
@@ -22,7 +32,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum kvg_qtype { KVG_Q8_0, KVG_Q4_0, KVG_Q4_K, KVG_Q6_K } kvg_qtype;
+/* Appended only: engine/model.h's kvg_dtype lists the first four in this order
+ * (KVG_DT_Q8_0 + t), and the tests index tables by it. */
+typedef enum kvg_qtype { KVG_Q8_0, KVG_Q4_0, KVG_Q4_K, KVG_Q6_K, KVG_MXFP4 } kvg_qtype;
+
+/* The block formats the engine computes with (its kvg_dtype has these, not MXFP4). */
+#define KVG_QTYPE_ENGINE_LAST KVG_Q6_K
 
 #define KVG_QK8_0 32
 #define KVG_QK4_0 32
@@ -31,8 +46,10 @@ typedef enum kvg_qtype { KVG_Q8_0, KVG_Q4_0, KVG_Q4_K, KVG_Q6_K } kvg_qtype;
 #define KVG_Q4_0_BYTES 18
 #define KVG_Q4_K_BYTES 144
 #define KVG_Q6_K_BYTES 210
+#define KVG_QK_MXFP4 32
+#define KVG_MXFP4_BYTES 17
 
-/* Elements per block (32 or 256) and bytes per block (34, 18, 144, 210); 0 for a
+/* Elements per block (32 or 256) and bytes per block (34, 18, 144, 210, 17); 0 for a
  * value outside the enum. */
 int kvg_quant_block_elems(kvg_qtype t);
 size_t kvg_quant_block_bytes(kvg_qtype t);
@@ -40,8 +57,9 @@ size_t kvg_quant_block_bytes(kvg_qtype t);
 /* n elements (n % block == 0) of blocks at src to F32: the defined values above. */
 void kvg_dequant_row(kvg_qtype t, const void *src, float *dst, int64_t n);
 
-/* The type of a GGML tensor type id (Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q6_K = 14): 0, or
- * -1 for a type that is none of these. */
+/* The type of a GGML tensor type id (Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q6_K = 14,
+ * MXFP4 = 39): 0, or -1 for a type that is none of these. A reader that computes
+ * only with some of them checks *t (the engine: t <= KVG_QTYPE_ENGINE_LAST). */
 int kvg_quant_from_ggml(uint32_t ggml_type, kvg_qtype *t);
 
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K block's scales[12]. */
@@ -67,6 +85,15 @@ static inline int kvg_q6k_q6(const uint8_t *b, int e)
     int lo = ql[64 * n + l + 32 * (g & 1)];
     lo = g >= 2 ? lo >> 4 : lo & 0xF;
     return lo | ((qh[32 * n + l] >> (2 * g)) & 3) << 4;
+}
+
+/* The value of an MXFP4 block's shared exponent byte: 2^(e - 128), exact. */
+static inline float kvg_mxfp4_scale(uint8_t e)
+{
+    union { uint32_t u; float f; } v;
+    /* e >= 2: the normal float of exponent e - 128; e = 1, 0: the subnormals 2^-127, 2^-128 */
+    v.u = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
+    return v.f;
 }
 
 /* IEEE half to float (exact). */

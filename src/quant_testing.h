@@ -7,7 +7,7 @@
 
 #include "quant.h"
 
-/* "Q8_0", "Q4_0", "Q4_K", "Q6_K"; "?" outside the enum. */
+/* "Q8_0", "Q4_0", "Q4_K", "Q6_K", "MXFP4"; "?" outside the enum. */
 const char *kvg_quant_name(kvg_qtype t);
 
 /* Reference quantizers (deterministic, round to nearest; not tuned for quality):

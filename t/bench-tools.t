@@ -5,6 +5,10 @@
 # a 15M-shape F32 file holds the weights of synthetic:15M bit for bit (the same prompt
 # logits), so t/bench/engine's kvgate and llama.cpp columns run the weights the other
 # engine benchmarks use. Speed is never measured here. BUILD=<dir> picks the build.
+# The other families (--arch qwen2 ... gpt-oss) are written, deterministically, with
+# their architecture and tensor count in the GGUF header; that llama.cpp loads and
+# decodes each is checked where the llama.cpp reference runs (kvgate does not run them
+# here).
 use strict;
 use warnings;
 use Test::More;
@@ -77,6 +81,45 @@ for my $dt (qw(f32 f16 bf16 q8_0 q4_0 q4_k q6_k)) {
     is($rc, 0, 'synthetic:15M runs') or diag($out);
     ok(-s "$dir/gguf.txt" && compare("$dir/gguf.txt", "$dir/synth.txt") == 0,
        'the 15M GGUF file and synthetic:15M give the same prompt logits (same weights)');
+}
+
+# The families: the header's architecture and tensor count (the file names and shapes
+# were checked against llama.cpp's loader when written; see synth_gguf.c's header).
+sub gguf_head {
+    my ($path) = @_;
+    open(my $fh, '<:raw', $path) or return;
+    read($fh, my $h, 4096) or return;
+    my ($magic, $ver, $nt, $nkv, $klen) = unpack('a4 V Q< Q< Q<', $h);
+    my ($key, $type, $vlen) = unpack("x32 a$klen V Q<", $h);
+    my $arch = unpack('x' . (32 + $klen + 12) . "a$vlen", $h);
+    return ($magic, $nt, $key, $arch);
+}
+my %tensors = (qwen2 => 27, qwen3 => 25, qwen3moe => 27, gemma2 => 24, gemma3 => 80, phi3 => 17, mistral3 => 21,
+               'gpt-oss' => 41);
+for my $arch (sort keys %tensors) {
+    my $f = "$dir/$arch.gguf";
+    my ($rc, $out) = run($synth, '--arch', $arch, '--shape', 'tiny', '--dtype', 'f32', '--vocab', $vocab, '--out', $f);
+    is($rc, 0, "$arch tiny f32 written") or diag($out);
+    my ($magic, $nt, $key, $got) = gguf_head($f);
+    ok(($magic // '') eq 'GGUF' && $key eq 'general.architecture' && $got eq $arch && $nt == $tensors{$arch},
+       "$arch: general.architecture and $tensors{$arch} tensors") or diag("$key=$got, $nt tensors");
+    unlink $f;
+}
+{
+    my @a = ('--arch', 'gpt-oss', '--shape', 'tiny', '--dtype', 'mxfp4', '--vocab', $vocab);
+    my ($rc, $out) = run($synth, @a, '--out', "$dir/oss1.gguf");
+    SKIP: {
+        skip 'this build has no src/quant.h', 2 if $rc == 3;
+        is($rc, 0, 'gpt-oss tiny mxfp4 written') or diag($out);
+        ($rc, $out) = run($synth, @a, '--out', "$dir/oss2.gguf");
+        is(compare("$dir/oss1.gguf", "$dir/oss2.gguf"), 0, 'the families are written deterministically too');
+    }
+    ($rc, $out) = run($synth, '--arch', 'qwen3', '--shape', 'tiny', '--dtype', 'mxfp4', '--vocab', $vocab,
+                      '--out', "$dir/x.gguf");
+    is($rc, 2, 'mxfp4 is gpt-oss only (a usage error elsewhere)');
+    ($rc, $out) = run($synth, '--arch', 'nope', '--shape', 'tiny', '--dtype', 'f32', '--vocab', $vocab,
+                      '--out', "$dir/x.gguf");
+    is($rc, 2, 'an unknown family is a usage error');
 }
 
 done_testing();
