@@ -75,6 +75,8 @@ typedef struct kvg_model_config {
     int max_seq_len;             /* context length */
     float norm_eps;              /* RMSNorm epsilon */
     float rope_theta;
+    int rope_dims;               /* the leading dimensions of a head that RoPE rotates
+                                    (Phi-4-mini: 3/4 of them); 0: all of head_dim */
     kvg_rope_layout rope_layout;
     /* Llama 3 rope scaling ("rope_type": "llama3"); factor == 0 means none. */
     float rope_scale_factor;

@@ -24,6 +24,7 @@
 #include "model_formats.h"
 #include "model_internal.h"
 #include "quant.h"
+#include "rope.h"
 
 #define GGML_F32 0
 #define GGML_F16 1
@@ -339,18 +340,18 @@ static int read_family(ctx *c, const family *fam, kvg_model_config *cf)
     return 0;
 }
 
-/* A [head_dim / 2] F32 vector of RoPE factors, owned by the model; 0 when absent. */
+/* A [rope_dims / 2] F32 vector of RoPE factors, owned by the model; 0 when absent. */
 static int rope_factor_vec(const kvgm_source *src, const char *name, const float **out)
 {
     ctx *c = src->ctx;
     const kvg_gguf_tensor *t = kvg_gguf_find_tensor(c->g, name);
-    int64_t half = src->m->cfg.head_dim / 2;
+    int64_t half = kvg_rope_dims(&src->m->cfg) / 2;
     float *f;
     *out = NULL;
     if (!t)
         return 0;
     if (t->type != GGML_F32 || t->n_dims != 1 || t->ne[0] != (uint64_t)half || !t->data) {
-        kvg_set_err(c->err, c->err_len, "%s: tensor %s must be F32 [%lld] (head_dim / 2)", c->path, name,
+        kvg_set_err(c->err, c->err_len, "%s: tensor %s must be F32 [%lld] (the rotated dimensions / 2)", c->path, name,
                     (long long)half);
         return -1;
     }
@@ -453,11 +454,12 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
             goto fail;
         }
     }
-    if (rope_dims != cf->head_dim) {
-        kvg_set_err(err, err_len, "%s: partial RoPE (rope.dimension_count %d of head size %d) is not supported",
+    if (rope_dims > cf->head_dim || rope_dims % 2 != 0) {
+        kvg_set_err(err, err_len, "%s: rope.dimension_count %d: not an even number up to the head size %d",
                  path, rope_dims, cf->head_dim);
         goto fail;
     }
+    cf->rope_dims = rope_dims == cf->head_dim ? 0 : rope_dims;
     if (read_rope_scaling(&c, cf) < 0 || read_family(&c, fam, cf) < 0)
         goto fail;
 

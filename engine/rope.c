@@ -20,7 +20,7 @@ int kvg_rope_kind(const kvg_model *m, int layer)
 /* llama2.c computes the frequency in float the same way. */
 void kvg_rope_frequencies(const kvg_model_config *cfg, int kind, float *f)
 {
-    int hd = cfg->head_dim;
+    int hd = kvg_rope_dims(cfg);
     float theta = kind == 1 ? cfg->rope_theta_swa : cfg->rope_theta;
     /* llama.cpp's per-layer scale: the window layers of a model with their own base
      * are not scaled (Gemma 3). */
@@ -69,7 +69,9 @@ const char *kvg_rope_config_error(const kvg_model_config *cfg)
         (cfg->rope_orig_max_pos <= 0 || cfg->rope_low_freq_factor <= 0.0f ||
          cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor))
         return "inconsistent llama3 rope scaling parameters";
-    for (int p = 0; cfg->rope_freq_factors && p < cfg->head_dim / 2; p++)
+    if (cfg->rope_dims < 0 || cfg->rope_dims > cfg->head_dim || cfg->rope_dims % 2 != 0)
+        return "the rotated dimensions of a head are not an even number up to head_dim";
+    for (int p = 0; cfg->rope_freq_factors && p < kvg_rope_dims(cfg) / 2; p++)
         if (!(cfg->rope_freq_factors[p] > 0.0f) || !isfinite(cfg->rope_freq_factors[p]))
             return "a RoPE frequency factor is not a positive number";
     return NULL;

@@ -16,12 +16,19 @@
  * every backend refuses such a model at creation with this message. */
 const char *kvg_rope_config_error(const kvg_model_config *cfg);
 
+/* The leading dimensions of a head RoPE rotates (cfg.rope_dims, or all): the pairs are
+ * (p, p + n/2) (rotate-half) or (2p, 2p + 1) for p < n/2; the rest pass unrotated. */
+static inline int kvg_rope_dims(const kvg_model_config *cfg)
+{
+    return cfg->rope_dims > 0 ? cfg->rope_dims : cfg->head_dim;
+}
+
 /* 1 or 2: how many kinds of rotation the model's layers use. */
 int kvg_rope_n_kinds(const kvg_model *m);
 /* The kind of `layer`: 0 (global) or 1 (a sliding-window layer with its own RoPE). */
 int kvg_rope_kind(const kvg_model *m, int layer);
 
-/* f[p] (p < head_dim/2) of kind `kind` = theta^(-2p/head_dim) (theta: rope_theta, or
+/* f[p] (p < rope_dims/2) of kind `kind` = theta^(-2p/rope_dims) (theta: rope_theta, or
  * rope_theta_swa for kind 1), with Llama 3's rescaling of the long wavelengths when
  * configured, times the linear scale (kind 0), divided by the per-pair factors. */
 void kvg_rope_frequencies(const kvg_model_config *cfg, int kind, float *f);

@@ -64,6 +64,12 @@ use Kvgate::LlamaCpp;
 # least 0.24 at every choice on both backends, above 2 x 0.05.
 my @FAMILIES = (
     { family => 'llama', tol => 2e-5, cuda => 0.05 },
+    { family => 'qwen2', tol => 0.01, cuda => 0, seed => 7 },
+    { family => 'qwen3', tol => 0.01, cuda => 0, seed => 10 },
+    { family => 'qwen3moe', tol => 0.01, cuda => 0, seed => 2 },
+    { family => 'gemma2', tol => 0.01, cuda => 0, seed => 10 },
+    { family => 'gemma3', tol => 0.01, cuda => 0, seed => 1 },
+    { family => 'phi3', tol => 0.01, cuda => 0, seed => 6 },
 );
 
 my $build = Kvgate::Engine::build_dir();

@@ -79,7 +79,7 @@ static void rope_table_range(void *arg, size_t b, size_t e)
     float mscale = kvg_rope_mscale(&c->m->cfg);
     for (int k = 0; k < c->n_rope_kinds; k++)
         for (size_t r = b; r < e; r++)
-            kvg_rope_cos_sin(c->inv_freq + (size_t)k * j->half, j->half, c->pos[r],  mscale,
+            kvg_rope_cos_sin(c->inv_freq + (size_t)k * j->half, kvg_rope_dims(&c->m->cfg) / 2, c->pos[r], mscale,
                              c->rope_cs + ((size_t)k * c->cap_rows + r) * (size_t)j->half * 2);
 }
 
@@ -292,9 +292,9 @@ typedef struct rope_job {
     float *q, *k;
 } rope_job;
 
-static void rotate_heads(float *x, int n_heads, int hd, const float *cs, kvg_rope_layout layout)
+static void rotate_heads(float *x, int n_heads, int hd, int rot, const float *cs, kvg_rope_layout layout)
 {
-    int half = hd / 2;
+    int half = rot / 2;          /* the rotated pairs; dimensions from rot on stay */
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * hd;
         for (int p = 0; p < half; p++) {
@@ -312,11 +312,11 @@ static void rope_range(void *arg, size_t b, size_t e)
 {
     rope_job *j = arg;
     const kvg_model_config *cfg = &j->c->m->cfg;
-    int hd = cfg->head_dim;
+    int hd = cfg->head_dim, rot = kvg_rope_dims(cfg);
     for (size_t r = b; r < e; r++) {
         const float *cs = j->cs + r * (size_t)(hd / 2) * 2;
-        rotate_heads(j->q + r * (size_t)cfg->n_heads * hd, cfg->n_heads, hd, cs, cfg->rope_layout);
-        rotate_heads(j->k + r * (size_t)cfg->n_kv_heads * hd, cfg->n_kv_heads, hd, cs,
+        rotate_heads(j->q + r * (size_t)cfg->n_heads * hd, cfg->n_heads, hd, rot, cs, cfg->rope_layout);
+        rotate_heads(j->k + r * (size_t)cfg->n_kv_heads * hd, cfg->n_kv_heads, hd, rot, cs,
                      cfg->rope_layout);
     }
 }

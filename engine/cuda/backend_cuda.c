@@ -467,7 +467,7 @@ static const char *cuda_family_error(const kvg_model *m)
     for (int l = 0; l < c->n_layers; l++)
         if (m->layers[l].sliding)
             return "sliding-window attention";
-    return c->qk_norm ? "q/k norms" : c->post_norms ? "post-norms" : c->attn_softcap > 0.0f ? "attention soft-capping"
+    return c->rope_dims ? "partial RoPE" : c->qk_norm ? "q/k norms" : c->post_norms ? "post-norms" : c->attn_softcap > 0.0f ? "attention soft-capping"
            : c->attn_query_scalar > 0.0f ? "an attention scale other than 1/sqrt(head_dim)" : NULL;
 }
 
