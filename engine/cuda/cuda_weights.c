@@ -8,9 +8,10 @@
  * slices of one tensor: wq, wk, wv (w_gate, w_up) with data pointers at row boundaries
  * inside one buffer, adjacent host ranges. Each slice is an entry of its own, found by
  * its own address, with its own copy in the arena (aligned like any other), so a GEMM
- * reads exactly that slice's rows. Entries are only merged when they are the same
- * tensor (same address, same size: tied embeddings); two different tensors at one
- * address, or overlapping host ranges, are refused rather than silently aliased. */
+ * reads exactly that slice's rows. Entries are merged only when they are the same
+ * tensor (same address, size and type: tied embeddings); two different tensors at one
+ * address are refused (the lookup could not tell them apart). Overlapping ranges are
+ * harmless: each entry converts its own range. */
 #include "cuda_internal.h"
 #include "errmsg.h"
 
@@ -63,14 +64,6 @@ static void add_vec(src_weight *w, int *n, const float *v, size_t count, int lay
     w[*n].n = count;
     w[*n].vector = 1;
     (*n)++;
-}
-
-/* Bytes of the host copy (quantized rows: their blocks). */
-static size_t host_bytes(const src_weight *w)
-{
-    if (w->vector)
-        return w->n * sizeof(float);
-    return (size_t)(w->n / (size_t)w->cols) * kvg_dtype_row_bytes(w->src, w->cols);
 }
 
 static uint16_t bf16_rne(float f)
@@ -176,11 +169,12 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
     /* One entry per address: tied embeddings upload once. */
     qsort(w, (size_t)n, sizeof *w, cmp_host);
     for (int i = 0; i < n; i++) {
-        if (u > 0 && w[i].host == w[u - 1].host && w[i].n == w[u - 1].n && w[i].src == w[u - 1].src)
-            continue;
-        if (u > 0 && (const char *)w[i].host < (const char *)w[u - 1].host + host_bytes(&w[u - 1])) {
-            kvg_set_err(err, err_len, "cuda: weights %s (layer %d) and %s (layer %d) overlap in host memory",
-                        w[u - 1].name, w[u - 1].layer, w[i].name, w[i].layer);
+        if (u > 0 && w[i].host == w[u - 1].host) {
+            if (w[i].n == w[u - 1].n && w[i].src == w[u - 1].src && w[i].vector == w[u - 1].vector)
+                continue;
+            /* The lookup is by address: two different tensors there cannot both be found. */
+            kvg_set_err(err, err_len, "cuda: weights %s (layer %d) and %s (layer %d) start at the same host "
+                        "address with different shapes", w[u - 1].name, w[u - 1].layer, w[i].name, w[i].layer);
             goto out;
         }
         w[u++] = w[i];
