@@ -48,7 +48,7 @@ cudaError_t kvg_k_embed(cudaStream_t s, const void *table, kvg_kt dt, int dim,
                         const int32_t *tokens, int n_rows, float *x);
 
 /* out[r] = w * x[r] / sqrt(mean(x[r]^2) + eps): one thread block per row, the sum of
- * squares reduced in one fixed order for every row count. */
+ * squares reduced in one fixed order for every row count. out may be x (in place). */
 cudaError_t kvg_k_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
                           int rows, int dim, float *out);
 

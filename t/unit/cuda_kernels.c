@@ -260,6 +260,18 @@ static void test_rmsnorm(void)
             }
         ok(same, "rmsnorm dim %d: a row alone and among 1..7 others, at every place: same bits",
            dim);
+
+        /* In place (the q/k norms and post-norms): the same bits as into another buffer. */
+        {
+            float *inpl = malloc(sizeof(float) * rows * dim);
+            kvg_k_rmsnorm(S0, d_x, d_w, eps, rows, dim, d_o);
+            to_host(got, d_o, sizeof(float) * rows * dim);
+            e = kvg_k_rmsnorm(S0, d_x, d_w, eps, rows, dim, d_x);
+            to_host(inpl, d_x, sizeof(float) * rows * dim);
+            ok(e == cudaSuccess && !memcmp(inpl, got, sizeof(float) * rows * dim),
+               "rmsnorm dim %d in place: the same bits", dim);
+            free(inpl);
+        }
         cudaFree(d_x);
         cudaFree(d_w);
         cudaFree(d_o);
