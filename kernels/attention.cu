@@ -1,6 +1,8 @@
 /* Paged causal attention for a step mixing prefill tiles and decode rows (flash-decoding
  * style): pass 1 computes one partial softmax per (row, split, query head), pass 2 combines
- * a row's splits in split order. The contract is kvg_k_attn_args in kvg_kernels.h.
+ * a row's splits in split order. The contract is kvg_k_attn_args in kvg_kernels.h. The
+ * families' variations (a layer's sliding window, score soft-capping, the score divisor)
+ * are arguments of the same kernels.
  *
  * Pass 1: grid (item, kv head). The block loads the split's K and V for its kv head from the
  * pool (through the sequence's block table) into shared memory, in chunks of C keys, ONCE
@@ -9,7 +11,8 @@
  * registers across the chunks. For one pair and one chunk, with nk = the keys of the chunk
  * at or before the row's position:
  *   - scores: lane j computes key j's dot q.k alone, over head_dim in index order (two
- *     fmaf chains, even and odd elements, added at the end), times scale;
+ *     fmaf chains, even and odd elements, added at the end), times scale; soft-capped
+ *     (cap * tanhf(s / cap)) when the model caps;
  *   - cmax = max of the nk scores (a warp max: exact in any order), m' = max(m, cmax);
  *   - p_j = expf(s_j - m'); alpha = expf(m - m'); l *= alpha, acc *= alpha;
  *   - then, for j = 0 .. nk-1 in key order: l += p_j, acc[d] = fmaf(p_j, v_j[d], acc[d])
@@ -18,10 +21,14 @@
  * the arithmetic of a pair is the same whether the row is a decode item alone or one of 16
  * rows of a prefill tile, and whatever the launch's other items (which warp owns the pair,
  * how many warps the block has, how many passes the tile needs: none of it enters a value).
+ * A sliding window (keys [pos - W + 1, pos]) only moves where a pair starts: at j0, the
+ * chunk's first key in the window; a chunk wholly before it is skipped (block-wide when it
+ * is before the tile's first row's window). Both depend on the row's position alone.
  *
  * Pass 2: one warp per (row, query head): M = max_j m_j, L = sum_j exp(m_j - M) l_j and
  * out = sum_j exp(m_j - M) acc_j / L, the sums in split order (fmaf), for every row, one
- * split included. */
+ * split included; splits wholly before a row's window (m = -inf, l = 0: exact zeros) are
+ * left out. */
 #include "kvg_device.cuh"
 
 #define ATT_MAX_WARPS 8
@@ -70,6 +77,16 @@ attn_pass1(kvg_k_attn_args a, int C, int SW)
     const int kv_end = min(split_end, max_pos + 1);
     if (kv_end <= split_start)
         return;                      /* no row of the item has this split (whole block) */
+    /* With a window, chunks before the first row's window are skipped (no row of the tile
+     * sees them; the tile's rows have consecutive positions, the first is the lowest). The
+     * first chunk kept is still at split_start + a multiple of C: chunk boundaries, hence
+     * every row's arithmetic, stay functions of position. */
+    int c_first = split_start;
+    if (a.window > 0) {
+        const int lo = (int)a.pos[it.row0] - a.window + 1;
+        if (lo > split_start)
+            c_first = split_start + (lo - split_start) / C * C;
+    }
 
     const int32_t *table = a.tables + a.table_off[it.seq];
     const unsigned *pool = (const unsigned *)a.pool;
@@ -90,7 +107,7 @@ KVG_UNROLL
                 acc[pi][e] = 0.0f;
         }
 
-        for (int c0 = split_start; c0 < kv_end; c0 += C) {
+        for (int c0 = c_first; c0 < kv_end; c0 += C) {
             const int clen = min(C, kv_end - c0);
             __syncthreads();         /* the previous chunk's readers are done */
             for (int j = threadIdx.x; j < clen; j += blockDim.x) {
@@ -119,28 +136,31 @@ KVG_UNROLL
                 const int nk = min(clen, (int)a.pos[r] + 1 - c0);
                 if (nk <= 0)
                     continue;        /* the row ends before this chunk (warp-uniform) */
+                /* j0: the chunk's first key in the row's window (0 without one). */
+                const int j0 = a.window > 0 ? max(0, (int)a.pos[r] - a.window + 1 - c0) : 0;
+                if (j0 >= nk)
+                    continue;        /* the chunk is before the row's window (warp-uniform) */
                 const float2 *qv = (const float2 *)(a.q + r * q_stride + (int64_t)h * hd);
 
                 float cmax = -INFINITY;
-                for (int kb = 0; kb < nk; kb += KVG_WARP) {
-                    const int j = kb + lane;
-                    if (j < nk) {
-                        const unsigned *kr = kw + j * SW;
-                        float s0 = 0.0f, s1 = 0.0f;
-                        for (int w = 0; w < hw; w++) {
-                            const float2 kk = kvg_bf16x2_word_to_f32(kr[w]);
-                            const float2 qq = qv[w];
-                            s0 = fmaf(qq.x, kk.x, s0);
-                            s1 = fmaf(qq.y, kk.y, s1);
-                        }
-                        const float sc = (s0 + s1) * a.scale;
-                        ps[j] = sc;
-                        cmax = fmaxf(cmax, sc);
+                for (int j = j0 + lane; j < nk; j += KVG_WARP) {
+                    const unsigned *kr = kw + j * SW;
+                    float s0 = 0.0f, s1 = 0.0f;
+                    for (int w = 0; w < hw; w++) {
+                        const float2 kk = kvg_bf16x2_word_to_f32(kr[w]);
+                        const float2 qq = qv[w];
+                        s0 = fmaf(qq.x, kk.x, s0);
+                        s1 = fmaf(qq.y, kk.y, s1);
                     }
+                    float sc = (s0 + s1) * a.scale;
+                    if (a.softcap > 0.0f)
+                        sc = a.softcap * tanhf(sc / a.softcap);
+                    ps[j] = sc;
+                    cmax = fmaxf(cmax, sc);
                 }
                 cmax = kvg_warp_max(cmax);
                 const float m_new = fmaxf(m[pi], cmax);
-                for (int j = lane; j < nk; j += KVG_WARP)
+                for (int j = j0 + lane; j < nk; j += KVG_WARP)
                     ps[j] = expf(ps[j] - m_new);   /* the lane that wrote ps[j] */
                 __syncwarp(KVG_FULL_MASK);
                 const float alpha = expf(m[pi] - m_new);   /* 0 for the first chunk */
@@ -148,7 +168,7 @@ KVG_UNROLL
 KVG_UNROLL
                 for (int e = 0; e < 2 * NP; e++)
                     acc[pi][e] *= alpha;
-                for (int j = 0; j < nk; j++) {
+                for (int j = j0; j < nk; j++) {
                     const float p = ps[j];
                     const unsigned *vr = vw + j * SW;
                     l[pi] += p;
@@ -205,18 +225,23 @@ attn_combine(kvg_k_attn_args a)
     const int n_splits = a.pos[r] / a.split_tokens + 1;
     const int64_t stride = (int64_t)a.n_heads * (hd + 2);
     const float *base = a.partials + ((int64_t)a.row_part[r] * a.n_heads + h) * (hd + 2);
+    /* Splits wholly before the row's window hold m = -inf, l = 0, acc = 0: they would add
+     * exact zeros, so they are skipped (the same bits). */
+    int j_lo = 0;
+    if (a.window > 0 && a.pos[r] - a.window + 1 > 0)
+        j_lo = (a.pos[r] - a.window + 1) / a.split_tokens;
 
     float M = -INFINITY;
-    for (int j = 0; j < n_splits; j++)
+    for (int j = j_lo; j < n_splits; j++)
         M = fmaxf(M, base[j * stride]);
     float L = 0.0f;
-    for (int j = 0; j < n_splits; j++)
+    for (int j = j_lo; j < n_splits; j++)
         L = fmaf(expf(base[j * stride] - M), base[j * stride + 1], L);
 
     float2 *o = (float2 *)(a.out + (int64_t)r * a.n_heads * hd + (int64_t)h * hd);
     for (int w = lane; w < hw; w += KVG_WARP) {
         float ox = 0.0f, oy = 0.0f;
-        for (int j = 0; j < n_splits; j++) {
+        for (int j = j_lo; j < n_splits; j++) {
             const float *pj = base + j * stride;
             const float e = expf(pj[0] - M);
             const float2 v = ((const float2 *)(pj + 2))[w];
@@ -240,7 +265,8 @@ extern "C" cudaError_t kvg_k_attention(cudaStream_t s, const kvg_k_attn_args *a)
         hd <= 0 || hd % 2 || hd > KVG_K_ATTN_MAX_HEAD_DIM || g->n_kv_heads <= 0 ||
         a->n_heads <= 0 || a->n_heads % g->n_kv_heads || g->block_tokens <= 0 ||
         a->split_tokens <= 0 || a->split_tokens % g->block_tokens || a->layer < 0 ||
-        a->layer >= g->n_layers || a->max_tile_rows < 1 || a->max_tile_rows > KVG_K_ATTN_MAX_TILE)
+        a->layer >= g->n_layers || a->max_tile_rows < 1 || a->max_tile_rows > KVG_K_ATTN_MAX_TILE ||
+        a->window < 0 || !(a->softcap >= 0.0f))
         return cudaErrorInvalidValue;
     /* 4-byte pool words, float2 q/partials/out accesses */
     if (!kvg_aligned(a->pool, 4) || !kvg_aligned(a->q, 8) || !kvg_aligned(a->partials, 8) ||

@@ -1,4 +1,5 @@
-/* Elementwise kernels: add, swiglu, to_lowp (F32 -> F16/BF16) and bias_add. Grid-stride
+/* Elementwise kernels: add, swiglu, geglu, scale, softcap, to_lowp (F32 -> F16/BF16) and
+ * bias_add. Grid-stride
  * loops over the elements (float4 groups when every pointer is 16-byte aligned, the last
  * n % 4 elements by a scalar tail); each output element is a function of the inputs at
  * the same index only, so nothing depends on the launch's shape or size. */
@@ -97,6 +98,112 @@ extern "C" cudaError_t kvg_k_swiglu(cudaStream_t s, float *gate, const float *up
         KVG_LAUNCH(swiglu_x1, dim3(kvg_grid_for(n - n4 * 4, ELT_THREADS)), dim3(ELT_THREADS), 0,
                    s, gate + n4 * 4, up + n4 * 4, n - n4 * 4);
     return kvg_launch_result();
+}
+
+/* ---- geglu ------------------------------------------------------------------------- */
+
+/* GELU's tanh approximation times up, the CPU backend's expression term for term:
+ * 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u, with tanhf (Gemma's GeGLU). */
+__device__ __forceinline__ float kvg_geglu1(float g, float u)
+{
+    const float t = tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g));
+    return 0.5f * g * (1.0f + t) * u;
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+geglu_x4(float4 *__restrict__ gate, const float4 *__restrict__ up, size_t n4)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float4 g = gate[i], u = up[i];
+        gate[i] = make_float4(kvg_geglu1(g.x, u.x), kvg_geglu1(g.y, u.y),
+                              kvg_geglu1(g.z, u.z), kvg_geglu1(g.w, u.w));
+    }
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+geglu_x1(float *__restrict__ gate, const float *__restrict__ up, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        gate[i] = kvg_geglu1(gate[i], up[i]);
+}
+
+extern "C" cudaError_t kvg_k_geglu(cudaStream_t s, float *gate, const float *up, size_t n)
+{
+    if (n == 0)
+        return cudaSuccess;
+    if (!gate || !up)
+        return cudaErrorInvalidValue;
+    size_t n4 = 0;
+    if (kvg_aligned(gate, 16) && kvg_aligned(up, 16)) {
+        n4 = n / 4;
+        if (n4)
+            KVG_LAUNCH(geglu_x4, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
+                       (float4 *)gate, (const float4 *)up, n4);
+    }
+    if (n > n4 * 4)
+        KVG_LAUNCH(geglu_x1, dim3(kvg_grid_for(n - n4 * 4, ELT_THREADS)), dim3(ELT_THREADS), 0,
+                   s, gate + n4 * 4, up + n4 * 4, n - n4 * 4);
+    return kvg_launch_result();
+}
+
+/* ---- scale and softcap -------------------------------------------------------------- */
+
+/* x * v (scale) or v * tanhf(x / v) (softcap: Gemma 2's final logits). */
+__device__ __forceinline__ float kvg_unary1(float x, float v, int cap)
+{
+    return cap ? v * tanhf(x / v) : x * v;
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+unary_x4(float4 *__restrict__ x, float v, int cap, size_t n4)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float4 a = x[i];
+        x[i] = make_float4(kvg_unary1(a.x, v, cap), kvg_unary1(a.y, v, cap),
+                           kvg_unary1(a.z, v, cap), kvg_unary1(a.w, v, cap));
+    }
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+unary_x1(float *__restrict__ x, float v, int cap, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = kvg_unary1(x[i], v, cap);
+}
+
+static cudaError_t unary(cudaStream_t s, float *x, float v, int cap, size_t n)
+{
+    if (n == 0)
+        return cudaSuccess;
+    if (!x)
+        return cudaErrorInvalidValue;
+    size_t n4 = 0;
+    if (kvg_aligned(x, 16)) {
+        n4 = n / 4;
+        if (n4)
+            KVG_LAUNCH(unary_x4, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
+                       (float4 *)x, v, cap, n4);
+    }
+    if (n > n4 * 4)
+        KVG_LAUNCH(unary_x1, dim3(kvg_grid_for(n - n4 * 4, ELT_THREADS)), dim3(ELT_THREADS), 0,
+                   s, x + n4 * 4, v, cap, n - n4 * 4);
+    return kvg_launch_result();
+}
+
+extern "C" cudaError_t kvg_k_scale(cudaStream_t s, float *x, float v, size_t n)
+{
+    return unary(s, x, v, 0, n);
+}
+
+extern "C" cudaError_t kvg_k_softcap(cudaStream_t s, float *x, float cap, size_t n)
+{
+    if (n && !(cap > 0.0f))
+        return cudaErrorInvalidValue;
+    return unary(s, x, cap, 1, n);
 }
 
 /* ---- to_lowp ------------------------------------------------------------------------ */

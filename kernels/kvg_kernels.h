@@ -48,7 +48,7 @@ cudaError_t kvg_k_embed(cudaStream_t s, const void *table, kvg_kt dt, int dim,
                         const int32_t *tokens, int n_rows, float *x);
 
 /* out[r] = w * x[r] / sqrt(mean(x[r]^2) + eps): one thread block per row, the sum of
- * squares reduced in one fixed order for every row count. */
+ * squares reduced in one fixed order for every row count. out may be x (in place). */
 cudaError_t kvg_k_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
                           int rows, int dim, float *out);
 
@@ -57,6 +57,16 @@ cudaError_t kvg_k_add(cudaStream_t s, float *x, const float *y, size_t n);
 
 /* gate[i] = silu(gate[i]) * up[i] for i < n. */
 cudaError_t kvg_k_swiglu(cudaStream_t s, float *gate, const float *up, size_t n);
+
+/* gate[i] = gelu_tanh(gate[i]) * up[i] for i < n (Gemma's GeGLU):
+ * 0.5 g (1 + tanh(0.7978845608028654 (g + 0.044715 g^3))) * up, the CPU backend's expression. */
+cudaError_t kvg_k_geglu(cudaStream_t s, float *gate, const float *up, size_t n);
+
+/* x[i] *= v for i < n (the embedding scale). */
+cudaError_t kvg_k_scale(cudaStream_t s, float *x, float v, size_t n);
+
+/* x[i] = cap * tanh(x[i] / cap) for i < n (final logit soft-capping); cap > 0. */
+cudaError_t kvg_k_softcap(cudaStream_t s, float *x, float cap, size_t n);
 
 /* out[i] = x[i] rounded to dt (F16 or BF16, round-to-nearest-even): a GEMM's input. */
 cudaError_t kvg_k_to_lowp(cudaStream_t s, const float *x, size_t n, kvg_kt dt, void *out);
@@ -87,7 +97,9 @@ cudaError_t kvg_k_gather_rows(cudaStream_t s, const float *x, int width, const i
 /* Paged attention for a step that mixes prefill chunks and decode rows.
  *
  * Row r (query q[r], position pos[r], sequence row_seq[r]) attends causally to positions
- * [0, pos[r]] of its sequence. The keys are cut into splits of split_tokens positions
+ * [0, pos[r]] of its sequence, or, with a sliding window W > 0, to [pos[r] - W + 1, pos[r]]
+ * only (the positions before are skipped, as if masked to -inf). A score is q.k * scale,
+ * then, with softcap > 0, softcap * tanh(score / softcap). The keys are cut into splits of split_tokens positions
  * (a multiple of block_tokens): split j covers [j*split_tokens, (j+1)*split_tokens), so row r
  * has pos[r] / split_tokens + 1 splits. Work is listed by the host as items: an item is
  * up to max_tile_rows consecutive rows of ONE sequence (consecutive positions) against ONE
@@ -103,7 +115,10 @@ cudaError_t kvg_k_gather_rows(cudaStream_t s, const float *x, int width, const i
  * Invariance: the partial of (row, split, head) is computed by the same arithmetic in
  * the same order whatever the item's other rows, its size or the launch's shape; splits
  * are fixed positions, not "enough splits to fill the GPU", and the combine always runs
- * (one split included). GQA: query head h reads kv head h / (n_heads / n_kv_heads). */
+ * (one split included). GQA: query head h reads kv head h / (n_heads / n_kv_heads).
+ * A window changes which keys a row sees by its position alone: a split (or a chunk of
+ * one) wholly before the window contributes nothing (m = -inf, l = 0), whatever the
+ * batch. */
 typedef struct kvg_k_attn_item {
     int32_t seq;                 /* the sequence of the item's rows */
     int32_t row0;                /* first row of the step in the item */
@@ -128,7 +143,9 @@ typedef struct kvg_k_attn_args {
     int split_tokens;
     const int32_t *row_part;     /* [n_rows] the row's first entry in partials */
     float *partials;             /* [sum of rows' splits][n_heads][head_dim + 2] */
-    float scale;                 /* 1 / sqrt(head_dim) */
+    float scale;                 /* 1 / sqrt(head_dim), or the model's divisor */
+    int window;                  /* the layer's sliding window; 0: none */
+    float softcap;               /* score soft-capping; 0: none */
     float *out;                  /* [n_rows][n_heads * head_dim] */
 } kvg_k_attn_args;
 

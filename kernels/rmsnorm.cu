@@ -4,15 +4,18 @@
  * One block per row; the block size depends only on dim. Thread t accumulates, in index
  * order, the squares of the elements (or float4 groups) t, t + blockDim.x, ...; the block
  * then sums the per-thread values with kvg_block_sum's fixed tree. So the sum of squares
- * of a row is the same bits whatever the number of rows in the launch. */
+ * of a row is the same bits whatever the number of rows in the launch.
+ *
+ * In place (out == x) is allowed (the q/k norms and post-norms norm their buffer in
+ * place): each thread writes only elements it has read, after the block's reduction, and
+ * no thread reads another's; so x and out are not __restrict__. */
 #include "kvg_device.cuh"
 
 #define NORM_THREADS 256
 
 /* dim % 4 == 0 and x, w, out 16-byte aligned (activation rows from cudaMalloc are). */
 __global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_x4(const float4 *__restrict__ x, const float4 *__restrict__ w, float eps, int dim,
-           float4 *__restrict__ out)
+rmsnorm_x4(const float4 *x, const float4 *__restrict__ w, float eps, int dim, float4 *out)
 {
     __shared__ float red[KVG_WARP + 1];
     const int n4 = dim / 4;
@@ -39,8 +42,7 @@ rmsnorm_x4(const float4 *__restrict__ x, const float4 *__restrict__ w, float eps
 }
 
 __global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_x1(const float *__restrict__ x, const float *__restrict__ w, float eps, int dim,
-           float *__restrict__ out)
+rmsnorm_x1(const float *x, const float *__restrict__ w, float eps, int dim, float *out)
 {
     __shared__ float red[KVG_WARP + 1];
     const float *xr = x + (int64_t)blockIdx.x * dim;

@@ -120,8 +120,8 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
         return -1;
     }
     split = kvg_step_plan_split_tokens(s, c->batch_invariant, 2 * c->prop.multiProcessorCount);
-    if (kvg_step_plan_layout(s, c->kv_pool_blocks, split, KVG_K_ATTN_MAX_TILE, cfg->head_dim, &c->plan,
-                             err, err_len) != 0) {
+    if (kvg_step_plan_layout(s, c->kv_pool_blocks, split, KVG_K_ATTN_MAX_TILE, cfg->head_dim, c->n_rope_kinds,
+                             &c->plan, err, err_len) != 0) {
         /* Nothing was enqueued: the step is refused, the backend is fine. */
         char msg[400];
         snprintf(msg, sizeof msg, "cuda: %s", err);
@@ -164,10 +164,11 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
         }
     }
     kvg_step_plan_fill(s, &c->plan, c->h_plan);
-    {
-        float *cs = (float *)(void *)((unsigned char *)c->h_plan + c->plan.off_cs);
+    /* cos/sin of each kind of rotation, once per step, shared by every layer. */
+    for (int k = 0; k < c->n_rope_kinds; k++) {
+        float *cs = (float *)(void *)((unsigned char *)c->h_plan + kvg_step_plan_cs_off(&c->plan, k));
         for (int r = 0; r < s->n_rows; r++)
-            kvg_rope_cos_sin(c->inv_freq, half, s->pos[r], kvg_rope_mscale(cfg),
+            kvg_rope_cos_sin(c->inv_freq + (size_t)k * half, half, s->pos[r], kvg_rope_mscale(cfg),
                              cs + (size_t)r * c->plan.cs_floats);
     }
     partials = (size_t)c->plan.n_partials * (size_t)cfg->n_heads * (size_t)(cfg->head_dim + 2);
@@ -256,13 +257,17 @@ static void cu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_t
 static void cu_rope(kvg_backend *be, int layer, float *q, float *k)
 {
     kvg_cuda *c = cu(be);
-    (void)layer;                 /* one kind of rotation (cuda_family_error) */
     const kvg_model_config *cfg = &c->m->cfg;
+    const float *cs;
     if (!op_begin(c, "rope"))
         return;
+    c->layer = layer;
+    /* The layer's kind's table (rope.h: the sliding-window layers may have their own). */
+    cs = (const float *)(const void *)((const unsigned char *)c->d_plan +
+                                       kvg_step_plan_cs_off(&c->plan, kvg_rope_kind(c->m, layer)));
     KVG_CU_CHECK(c, "launch kvg_k_rope",
-                 kvg_k_rope(c->stream, q, k, DEV(c, const float, off_cs), c->plan.n_rows, cfg->n_heads,
-                            cfg->n_kv_heads, cfg->head_dim, cfg->rope_layout == KVG_ROPE_HALF),
+                 kvg_k_rope(c->stream, q, k, cs, c->plan.n_rows, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim,
+                            cfg->rope_layout == KVG_ROPE_HALF),
                  "rows=%d", c->plan.n_rows);
 }
 
@@ -307,7 +312,11 @@ static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
     a.split_tokens = c->plan.split_tokens;
     a.row_part = DEV(c, const int32_t, off_row_part);
     a.partials = c->d_partials;
-    a.scale = 1.0f / sqrtf((float)cfg->head_dim);
+    /* The model's divisor (Gemma 2 27B: attn_query_scalar), its sliding window on this
+     * layer, its soft cap: as the CPU backend (attention_cpu.c). */
+    a.scale = 1.0f / sqrtf(cfg->attn_query_scalar > 0.0f ? cfg->attn_query_scalar : (float)cfg->head_dim);
+    a.window = c->m->layers[layer].sliding ? cfg->swa_window : 0;
+    a.softcap = cfg->attn_softcap > 0.0f ? cfg->attn_softcap : 0.0f;
     a.out = out;
     KVG_CU_CHECK(c, "launch kvg_k_attention", kvg_k_attention(c->stream, &a), "rows=%d items=%d split=%d",
                  a.n_rows, a.n_items, a.split_tokens);
@@ -318,6 +327,32 @@ static void cu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
     kvg_cuda *c = cu(be);
     if (op_begin(c, "swiglu"))
         KVG_CU_CHECK(c, "launch kvg_k_swiglu", kvg_k_swiglu(c->stream, gate, up, n), "n=%zu", n);
+}
+
+static void cu_geglu(kvg_backend *be, float *gate, const float *up, size_t n)
+{
+    kvg_cuda *c = cu(be);
+    if (op_begin(c, "geglu"))
+        KVG_CU_CHECK(c, "launch kvg_k_geglu", kvg_k_geglu(c->stream, gate, up, n), "n=%zu", n);
+}
+
+static void cu_scale(kvg_backend *be, float *x, float s, size_t n)
+{
+    kvg_cuda *c = cu(be);
+    if (op_begin(c, "scale")) {
+        c->layer = -1;
+        KVG_CU_CHECK(c, "launch kvg_k_scale", kvg_k_scale(c->stream, x, s, n), "n=%zu scale=%g", n, (double)s);
+    }
+}
+
+static void cu_softcap(kvg_backend *be, float *x, float cap, size_t n)
+{
+    kvg_cuda *c = cu(be);
+    if (op_begin(c, "softcap")) {
+        c->layer = -1;
+        KVG_CU_CHECK(c, "launch kvg_k_softcap", kvg_k_softcap(c->stream, x, cap, n), "n=%zu cap=%g", n,
+                     (double)cap);
+    }
 }
 
 static void cu_add(kvg_backend *be, float *x, const float *y, size_t n)
@@ -415,6 +450,9 @@ static const kvg_backend_ops cuda_ops = {
     .kv_write = cu_kv_write,
     .attention = cu_attention,
     .swiglu = cu_swiglu,
+    .geglu = cu_geglu,
+    .scale = cu_scale,
+    .softcap = cu_softcap,
     .add = cu_add,
     .gather_out_rows = cu_gather_out_rows,
     .end_step = cu_end_step,
@@ -462,30 +500,24 @@ int kvg_backend_cuda_probe(int dev, char *err, size_t err_len)
 static const char *cuda_family_error(const kvg_model *m)
 {
     const kvg_model_config *c = &m->cfg;
-    if (c->n_experts > 0)
-        return "mixture-of-experts feed-forward layers";
-    for (int l = 0; l < c->n_layers; l++)
-        if (m->layers[l].sliding)
-            return "sliding-window attention";
-    return c->rope_dims ? "partial RoPE" : c->qk_norm ? "q/k norms" : c->post_norms ? "post-norms" : c->attn_softcap > 0.0f ? "attention soft-capping"
-           : c->attn_query_scalar > 0.0f ? "an attention scale other than 1/sqrt(head_dim)" : NULL;
+    return c->n_experts > 0 ? "mixture-of-experts feed-forward layers" : c->rope_dims ? "partial RoPE" : NULL;
 }
 
 kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
                                   char *err, size_t err_len)
 {
-    const char *missing = cuda_family_error(m);
-    if (missing) {
-        kvg_set_err(err, err_len, "cuda: %s models need %s, which this backend does not run yet", m->cfg.arch,
-                    missing);
-        return NULL;
-    }
     const kvg_model_config *cfg = &m->cfg;
     kvg_backend *be;
     kvg_cuda *c;
     int dev = o ? o->device : 0;
     cudaError_t e;
+    const char *missing = cuda_family_error(m);
 
+    if (missing) {
+        kvg_set_err(err, err_len, "cuda: %s models need %s, which this backend does not run yet", cfg->arch,
+                    missing);
+        return NULL;
+    }
     if (kvg_backend_cuda_probe(dev, err, err_len) != 0)
         return NULL;
     if (kvg_backend_check_model(m, "cuda", KVG_K_ATTN_MAX_HEAD_DIM, err, err_len) != 0)
@@ -512,12 +544,14 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
         rt_err(err, err_len, "cannot create a stream", "cudaStreamCreateWithFlags", e);
         goto fail;
     }
-    c->inv_freq = malloc((size_t)(cfg->head_dim / 2) * sizeof(float));
+    c->n_rope_kinds = kvg_rope_n_kinds(m);
+    c->inv_freq = malloc((size_t)c->n_rope_kinds * (size_t)(cfg->head_dim / 2) * sizeof(float));
     if (!c->inv_freq) {
         kvg_set_err(err, err_len, "cuda: out of memory");
         goto fail;
     }
-    kvg_rope_frequencies(cfg, 0, c->inv_freq);
+    for (int k = 0; k < c->n_rope_kinds; k++)
+        kvg_rope_frequencies(cfg, k, c->inv_freq + (size_t)k * (cfg->head_dim / 2));
     if (kvg_cu_weights_upload(c, err, err_len) != 0 || kvg_cu_gemm_init(c, err, err_len) != 0)
         goto fail;
     return be;

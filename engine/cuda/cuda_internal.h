@@ -60,7 +60,8 @@ typedef struct kvg_cuda {
     size_t plan_cap;
     float *d_partials;
     size_t partials_cap;         /* floats */
-    float *inv_freq;             /* [head_dim/2] */
+    int n_rope_kinds;            /* 1, or 2 when the window layers have their own (rope.h) */
+    float *inv_freq;             /* [n_rope_kinds][head_dim/2] */
     int32_t kv_pool_blocks;      /* the pool's size: block ids are checked against it */
 
     int64_t kv_pools;            /* device pools alive (their bytes are theirs) */

@@ -1,7 +1,17 @@
 /* The model's weights on the device: uploaded once at creation into ONE arena. Matrices
- * as BF16 (F16 stays F16; F32 is rounded to nearest even on the host), norm weights and
- * biases as F32. Conversion runs in chunks through two pinned staging halves, so the
- * host converts one while the other is in flight. Lookup by host address. */
+ * as BF16 (F16 stays F16; F32 is rounded to nearest even on the host), norm weights (the
+ * layers' q/k norms and post-norms included) and biases as F32. Conversion runs in chunks
+ * through two pinned staging halves, so the host converts one while the other is in
+ * flight. Lookup by host address.
+ *
+ * A fused matrix (Phi-3's attn_qkv, its gate-up ffn_up) reaches the backend as row
+ * slices of one tensor: wq, wk, wv (w_gate, w_up) with data pointers at row boundaries
+ * inside one buffer, adjacent host ranges. Each slice is an entry of its own, found by
+ * its own address, with its own copy in the arena (aligned like any other), so a GEMM
+ * reads exactly that slice's rows. Entries are merged only when they are the same
+ * tensor (same address, size and type: tied embeddings); two different tensors at one
+ * address are refused (the lookup could not tell them apart). Overlapping ranges are
+ * harmless: each entry converts its own range. */
 #include "cuda_internal.h"
 #include "errmsg.h"
 
@@ -122,7 +132,7 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
     const kvg_model *m = c->m;
     const kvg_model_config *cfg = &m->cfg;
     size_t qd = (size_t)cfg->n_heads * cfg->head_dim, kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
-    int cap = cfg->n_layers * 12 + 4, n = 0, u = 0;
+    int cap = cfg->n_layers * 16 + 4, n = 0, u = 0;
     src_weight *w = calloc((size_t)cap, sizeof *w);
     size_t total = 0, done = 0;
     unsigned char *stage = NULL;
@@ -151,12 +161,24 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
         add_vec(w, &n, L->bq, qd, l, "bq");
         add_vec(w, &n, L->bk, kvd, l, "bk");
         add_vec(w, &n, L->bv, kvd, l, "bv");
+        add_vec(w, &n, L->q_norm, (size_t)cfg->head_dim, l, "q_norm");
+        add_vec(w, &n, L->k_norm, (size_t)cfg->head_dim, l, "k_norm");
+        add_vec(w, &n, L->post_attn_norm, (size_t)cfg->dim, l, "post_attn_norm");
+        add_vec(w, &n, L->post_ffn_norm, (size_t)cfg->dim, l, "post_ffn_norm");
     }
     /* One entry per address: tied embeddings upload once. */
     qsort(w, (size_t)n, sizeof *w, cmp_host);
-    for (int i = 0; i < n; i++)
-        if (u == 0 || w[i].host != w[u - 1].host)
-            w[u++] = w[i];
+    for (int i = 0; i < n; i++) {
+        if (u > 0 && w[i].host == w[u - 1].host) {
+            if (w[i].n == w[u - 1].n && w[i].src == w[u - 1].src && w[i].vector == w[u - 1].vector)
+                continue;
+            /* The lookup is by address: two different tensors there cannot both be found. */
+            kvg_set_err(err, err_len, "cuda: weights %s (layer %d) and %s (layer %d) start at the same host "
+                        "address with different shapes", w[u - 1].name, w[u - 1].layer, w[i].name, w[i].layer);
+            goto out;
+        }
+        w[u++] = w[i];
+    }
     n = u;
     for (int i = 0; i < n; i++) {
         w[i].bytes = w[i].n * (w[i].vector ? 4 : 2);

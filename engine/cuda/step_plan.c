@@ -52,7 +52,7 @@ static int tile_end(const kvg_step *s, int r, int tile_rows)
 }
 
 int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_tokens,
-                         int tile_rows, int head_dim, kvg_step_plan *p,
+                         int tile_rows, int head_dim, int n_rope_kinds, kvg_step_plan *p,
                          char *err, size_t err_len)
 {
     int bt = s->block_tokens;
@@ -63,6 +63,10 @@ int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_token
     if (s->n_rows <= 0 || s->n_seqs <= 0 || s->n_out < 0 || s->n_out > s->n_rows) {
         kvg_set_err(err, err_len, "step plan: malformed step (%d rows, %d sequences, %d outputs)",
                     s->n_rows, s->n_seqs, s->n_out);
+        return -1;
+    }
+    if (n_rope_kinds < 1 || n_rope_kinds > 2) {
+        kvg_set_err(err, err_len, "step plan: %d kinds of RoPE (1 or 2)", n_rope_kinds);
         return -1;
     }
     if (bt <= 0 || split_tokens <= 0 || split_tokens % bt != 0 || tile_rows <= 0 || head_dim <= 0) {
@@ -134,6 +138,7 @@ int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_token
     p->tile_rows = tile_rows;
     p->block_tokens = bt;
     p->cs_floats = head_dim / 2 * 2;
+    p->n_rope_kinds = n_rope_kinds;
 #define REGION(field, count, size) \
     do { p->field = off; off = align16(off + (size_t)(count) * (size)); } while (0)
     REGION(off_tokens, s->n_rows, 4);
@@ -145,10 +150,15 @@ int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_token
     REGION(off_table_off, s->n_seqs, 4);
     REGION(off_tables, table, 4);
     REGION(off_items, items, sizeof(kvg_plan_item));
-    REGION(off_cs, (size_t)s->n_rows * p->cs_floats, sizeof(float));
+    REGION(off_cs, (size_t)n_rope_kinds * (size_t)s->n_rows * p->cs_floats, sizeof(float));
 #undef REGION
     p->bytes = off;
     return 0;
+}
+
+size_t kvg_step_plan_cs_off(const kvg_step_plan *p, int kind)
+{
+    return p->off_cs + (size_t)kind * (size_t)p->n_rows * (size_t)p->cs_floats * sizeof(float);
 }
 
 void kvg_step_plan_fill(const kvg_step *s, const kvg_step_plan *p, void *buf)

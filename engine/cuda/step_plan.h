@@ -5,10 +5,13 @@
  * one transfer:
  *
  *     tokens[R] pos[R] row_seq[R] row_slot[R] out_rows[n_out] row_part[R]
- *     table_off[n_seqs] tables[sum of table lengths] items[n_items] cs[R][half][2]
+ *     table_off[n_seqs] tables[sum of table lengths] items[n_items]
+ *     cs[n_rope_kinds][R][half][2]
  *
- * (each region starting on a 16-byte boundary; cs, the RoPE cos/sin, is left for the
- * caller to fill: it needs the model's frequencies).
+ * (each region starting on a 16-byte boundary; cs, the RoPE cos/sin of each kind of
+ * rotation the model's layers use (engine/rope.h: 1, or 2 when the sliding-window layers
+ * rotate with their own base), is left for the caller to fill: it needs the model's
+ * frequencies; kind k's table is at kvg_step_plan_cs_off(p, k)).
  *
  * Attention work (kernels/kvg_kernels.h kvg_k_attention): the rows are cut into tiles of
  * at most tile_rows consecutive rows of one sequence with consecutive positions; each
@@ -37,6 +40,7 @@ typedef struct kvg_step_plan {
     int tile_rows;               /* the most rows a tile may have */
     int split_tokens, block_tokens;
     int cs_floats;               /* per row: head_dim (half pairs of cos, sin) */
+    int n_rope_kinds;            /* cos/sin tables, one per kind, [n_rows][cs_floats] each */
     /* Byte offsets of the regions in the packed buffer, and its size. */
     size_t off_tokens, off_pos, off_row_seq, off_row_slot, off_out_rows, off_row_part;
     size_t off_table_off, off_tables, off_items, off_cs;
@@ -52,8 +56,11 @@ int kvg_step_plan_split_tokens(const kvg_step *s, int batch_invariant, int targe
  * in range, every row's position inside its table, rows of a sequence in order) and lays
  * out the buffer. 0, or -1 with err naming the sequence / row / id. */
 int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_tokens,
-                         int tile_rows, int head_dim, kvg_step_plan *p,
+                         int tile_rows, int head_dim, int n_rope_kinds, kvg_step_plan *p,
                          char *err, size_t err_len);
+
+/* Byte offset of RoPE kind `kind`'s cos/sin table ([n_rows][cs_floats] floats). */
+size_t kvg_step_plan_cs_off(const kvg_step_plan *p, int kind);
 
 /* Fills the buffer (p->bytes, 16-byte aligned) laid out by kvg_step_plan_layout for the
  * same step; cs is left untouched. */

@@ -1,7 +1,11 @@
 /* The whole CUDA backend, emulated (kernels/emu/): its forward pass against the CPU
  * backend's on stories260K, synthetic:260K-bf16 and two hand-built models (GQA, q/k/v
- * biases, both RoPE layouts, llama3 scaling, F16/BF16/F32 weights), within a BF16
- * tolerance; bit-identical results within the CUDA backend however a prompt is chunked
+ * biases, both RoPE layouts, llama3 scaling, F16/BF16/F32 weights), then the other
+ * families' features one by one and as Gemma 2, Gemma 3 and Phi-3 combine them (q/k
+ * norms, post-norms, GeGLU, embedding scale, soft-capping, the attention divisor, sliding
+ * windows, two RoPE kinds, linear scaling, frequency factors, mscale, fused qkv and
+ * gate-up as row slices of one tensor, also from a Phi-3 GGUF through the loader),
+ * within a BF16 tolerance; bit-identical results within the CUDA backend however a prompt is chunked
  * and whatever shares the step; copy-on-write after a fork; an out-of-range block id
  * refused; injected CUDA/cuBLAS failures failing one step with a message naming the call
  * and the next step working; the weights' out-of-memory message; no device byte left
@@ -11,8 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "tap.h"
 #include "engine_testmodel.h"
+#include "model_writers.h"
 #include "backend.h"
 #include "backend_testing.h"
 #include "forward.h"
@@ -34,6 +41,10 @@ typedef struct rig {
     kvg_forward *fw;
 } rig;
 
+/* The CUDA rigs' --batch-invariant (fixed 256-position splits); off, a step's splits are
+ * as small as one block, so a window skips whole splits. */
+static int g_batch_invariant = 1;
+
 static int rig_new(rig *r, const kvg_model *m, const char *backend, int block_tokens, int n_blocks)
 {
     char err[512];
@@ -42,7 +53,7 @@ static int rig_new(rig *r, const kvg_model *m, const char *backend, int block_to
     memset(r, 0, sizeof *r);
     memset(&o, 0, sizeof o);
     o.n_threads = 1;
-    o.batch_invariant = 1;
+    o.batch_invariant = g_batch_invariant;
     r->m = m;
     r->be = kvg_backend_new_opts(backend, m, &o, err, sizeof err);
     kvg_forward_kv_geom(m, block_tokens, &g);
@@ -118,20 +129,20 @@ static void prompt_of(const kvg_model *m, int32_t *p, int n, uint32_t seed)
 }
 
 /* CUDA vs CPU on a few prompts: the logits within REL_TOL, the greedy tokens (reported
- * where they diverge). */
-static void vs_cpu(const kvg_model *m, const char *name, int n_gen, int expect_same_tokens)
+ * where they diverge). Returns the largest |logit cuda - cpu|. */
+static double vs_cpu(const kvg_model *m, const char *name, int n_gen, int expect_same_tokens)
 {
     enum { N_PROMPTS = 3 };
     int V = m->cfg.vocab_size, lens[N_PROMPTS] = { 1, 7, 37 };
     rig c, g;
     float *lc = malloc((size_t)n_gen * V * sizeof(float)), *lg = malloc((size_t)n_gen * V * sizeof(float));
     int32_t tc[64], tg[64], p[64];
-    double worst = 0.0;
+    double worst = 0.0, worst_abs = 0.0;
     if (rig_new(&c, m, "cpu", 16, 64) != 0 || rig_new(&g, m, "cuda", 16, 64) != 0) {
         ok(0, "%s: rigs", name);
         free(lc);
         free(lg);
-        return;
+        return INFINITY;
     }
     for (int k = 0; k < N_PROMPTS; k++) {
         double maxd = 0.0, maxl = 0.0;
@@ -161,12 +172,15 @@ static void vs_cpu(const kvg_model *m, const char *name, int n_gen, int expect_s
             ok(div < 0 || div >= n_gen / 2, "%s prompt %d: greedy tokens equal (at least the first half)", name, k);
         if (maxd / (maxl > 1 ? maxl : 1) > worst)
             worst = maxd / (maxl > 1 ? maxl : 1);
+        if (maxd > worst_abs)
+            worst_abs = maxd;
     }
     diag("%s: worst relative logit difference %.4f", name, worst);
     rig_free(&c);
     rig_free(&g);
     free(lc);
     free(lg);
+    return worst_abs;
 }
 
 /* Within the CUDA backend: one chunk vs chunks of 5 vs token by token, and alone vs in a
@@ -362,6 +376,147 @@ static void oom_and_leaks(const kvg_model *m)
     is_int(kvg_emu_bytes_in_use(), 0, "every device byte freed after destroy");
 }
 
+/* ---- the other families ---- */
+
+/* Each feature alone on one base model (GQA 4:2, rotate-half, head_dim 16, 3 layers, mixed
+ * dtypes), then three families' combinations: CUDA vs CPU, and the CUDA backend's own
+ * invariance where a window or a second RoPE kind changes what a row sees. */
+static const tm_spec fam_base = { 48, 80, 3, 4, 2, 16, 97, 256, 0, 0, 1, 0, 1, 21 };
+
+static void family(const char *name, const tm_spec *sp, const tm_family *f, int check_invariance, int also_fine_splits)
+{
+    tm_model t;
+    double d;
+    if (!ok(tm_build(&t, sp) == 0 && tm_apply_family(&t, f, sp->seed) == 0, "%s: test model", name)) {
+        tm_free(&t);
+        return;
+    }
+    d = vs_cpu(&t.m, name, 6, 0);
+    diag("feature %-34s max |logit cuda - cpu| %.5f", name, d);
+    if (also_fine_splits) {
+        char n2[96];
+        snprintf(n2, sizeof n2, "%s, fine splits", name);
+        g_batch_invariant = 0;
+        d = vs_cpu(&t.m, n2, 6, 0);
+        g_batch_invariant = 1;
+        diag("feature %-34s max |logit cuda - cpu| %.5f", n2, d);
+    }
+    if (check_invariance)
+        invariance(&t.m, name);
+    tm_free(&t);
+}
+
+/* A Phi-3 GGUF (mw_opts.fused: attn_qkv and the gate-up ffn_up) loaded by the engine's
+ * loader, whose q/k/v and gate/up are then row slices of the file's tensors: on the CUDA
+ * backend vs the CPU, and invariant. */
+static void fused_gguf(const char *tok_path)
+{
+    tm_spec sp = fam_base;
+    tm_family f = { .fused = 1, .freq_factors = 0 };
+    tm_model t;
+    kvg_model *m = NULL;
+    kvg_model_load_opts lo;
+    char path[256], err[512] = "";
+    mw_opts o;
+    memset(&o, 0, sizeof o);
+    /* F16: the GPU rounds a GEMM's input to the weight's type, and an all-BF16 model of
+     * this size (64-wide, 8 significant bits per activation) reaches 0.034 of the largest
+     * logit on one prompt, past REL_TOL, where F16 inputs stay at 0.01 (measured). */
+    o.dtype = KVG_DT_F16;
+    o.tok_path = tok_path;
+    o.fused = 1;
+    sp.vocab = 512;              /* the tokenizer's */
+    sp.dim = 64;                 /* head_dim = dim / n_heads, as the writer's keys say */
+    sp.seed = 41;
+    snprintf(path, sizeof path, "/tmp/kvg-cuda-phi3-%d.gguf", (int)getpid());
+    if (ok(tm_build(&t, &sp) == 0 && tm_apply_family(&t, &f, sp.seed) == 0 &&
+           mw_write_gguf(&t.m, path, &o, err, sizeof err) == 0, "phi3 GGUF with fused tensors written (%s)", err)) {
+        memset(&lo, 0, sizeof lo);
+        m = kvg_model_load(path, &lo, err, sizeof err);
+    }
+    if (ok(m != NULL, "phi3 GGUF loaded (%s)", m ? "" : err)) {
+        const kvg_layer_weights *w = &m->layers[1];
+        size_t rq = kvg_dtype_row_bytes(w->wq.dtype, w->wq.cols), rg = kvg_dtype_row_bytes(w->w_gate.dtype, w->w_gate.cols);
+        ok(strcmp(m->cfg.arch, "phi3") == 0 && (const char *)w->wk.data == (const char *)w->wq.data + w->wq.rows * rq &&
+           (const char *)w->wv.data == (const char *)w->wk.data + w->wk.rows * rq &&
+           (const char *)w->w_up.data == (const char *)w->w_gate.data + w->w_gate.rows * rg,
+           "the loader's q/k/v and gate/up are adjacent row slices of one tensor each");
+        diag("feature %-34s max |logit cuda - cpu| %.5f", "fused GGUF (phi3)", vs_cpu(m, "fused GGUF (phi3)", 6, 0));
+        invariance(m, "fused GGUF (phi3)");
+    }
+    kvg_model_free(m);
+    unlink(path);
+    tm_free(&t);
+}
+
+static void families(void)
+{
+    static const struct {
+        const char *name;
+        tm_family f;
+        int inv;
+    } one[] = {
+        { "q/k norms (qwen3)", { .qk_norm = 1 }, 0 },
+        { "post-norms", { .post_norms = 1 }, 0 },
+        { "GeGLU", { .geglu = 1 }, 0 },
+        { "embedding scale", { .embed_scale = 1 }, 0 },
+        { "attention soft-capping 3", { .attn_softcap = 3.0f }, 0 },
+        { "final soft-capping 4", { .final_softcap = 4.0f }, 0 },
+        { "attention divisor sqrt(64)", { .attn_query_scalar = 64.0f }, 0 },
+        { "sliding window 5 (2 of 3 layers)", { .swa_window = 5, .swa_period = 2 }, 1 },
+        { "two RoPE kinds, linear scaling", { .swa_window = 6, .swa_period = 3, .rope_theta = 1e6f,
+                                              .rope_theta_swa = 10000.0f, .rope_freq_scale = 0.25f }, 1 },
+        { "RoPE frequency factors", { .freq_factors = 1 }, 0 },
+        { "RoPE mscale 1.19", { .rope_attn_factor = 1.19f }, 0 },
+        { "fused qkv and gate-up", { .fused = 1 }, 0 },
+    };
+    for (size_t i = 0; i < sizeof one / sizeof one[0]; i++)
+        family(one[i].name, &fam_base, &one[i].f, one[i].inv, 0);
+    {
+        /* Gemma 2: post-norms, GeGLU, embedding scale, both soft caps, the 27B divisor,
+         * a 20-position window (over block boundaries) on every other layer; MHA. */
+        tm_spec sp = { 40, 64, 3, 5, 5, 8, 61, 256, 0, 1, 1, 0, 0, 31 };
+        tm_family f = { .post_norms = 1, .geglu = 1, .embed_scale = 1, .attn_softcap = 5.0f,
+                        .final_softcap = 6.0f, .attn_query_scalar = 24.0f, .swa_window = 20, .swa_period = 2 };
+        family("gemma2-like", &sp, &f, 1, 1);
+    }
+    {
+        /* Gemma 3: q/k norms, post-norms, GeGLU, embedding scale, 9-position windows on 2 of
+         * 3 layers with their own RoPE base, the global layers at 1e6 with linear scaling. */
+        tm_spec sp = fam_base;
+        tm_family f = { .qk_norm = 1, .post_norms = 1, .geglu = 1, .embed_scale = 1, .swa_window = 9,
+                        .swa_period = 3, .rope_theta = 1e6f, .rope_theta_swa = 10000.0f, .rope_freq_scale = 0.125f };
+        sp.seed = 33;
+        family("gemma3-like", &sp, &f, 1, 1);
+    }
+    {
+        /* Two different tensors at one host address: the lookup by address could not tell
+         * them apart, so the upload refuses (adjacent slices, above, are fine). */
+        tm_model t;
+        char err[512] = "";
+        kvg_backend_opts o;
+        kvg_backend *be = NULL;
+        memset(&o, 0, sizeof o);
+        o.batch_invariant = 1;
+        if (tm_build(&t, &fam_base) == 0) {
+            t.m.layers[1].wk.data = t.m.layers[1].wq.data;
+            be = kvg_backend_cuda_new(&t.m, &o, err, sizeof err);
+        }
+        ok(!be && strstr(err, "wq") && strstr(err, "wk") && strstr(err, "same host address"),
+           "two tensors at one address refused (%s)", err);
+        kvg_backend_free(be);
+        is_int(kvg_emu_bytes_in_use(), 0, "nothing left after the refusal");
+        tm_free(&t);
+    }
+    {
+        /* Phi-3 / Llama 3.1: fused qkv and gate-up, per-pair factors, mscale. */
+        tm_spec sp = fam_base;
+        tm_family f = { .fused = 1, .freq_factors = 1, .rope_attn_factor = 1.19f };
+        sp.seed = 35;
+        family("phi3-like", &sp, &f, 1, 0);
+    }
+}
+
 int main(void)
 {
     char path[512], tpath[512], err[512];
@@ -405,6 +560,8 @@ int main(void)
     cow(&ta.m, "test model A");
     vs_cpu(&tb.m, "test model B", 6, 0);
     invariance(&tb.m, "test model B");
+    families();
+    fused_gguf(tpath);
 
     kvg_model_free(stories);
     kvg_model_free(syn);

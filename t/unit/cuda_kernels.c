@@ -3,16 +3,18 @@
  * properties bit for bit.
  *
  * Tolerances (each compares the kernel with a reference of the same rounding of inputs):
- *   embed, add, bias_add, gather, kv_write, copy_blocks, to_lowp: exact (bits);
+ *   embed, add, scale, bias_add, gather, kv_write, copy_blocks, to_lowp: exact (bits);
  *   swiglu, rope: <= 2 ulp (the same expression; a GPU may contract a*b - c*d into an FMA,
  *     the emulation does not, so the bound is what a GPU run would also meet);
+ *   geglu, softcap: 1e-6 of the terms' magnitude (tanhf differs by a few ulp on a GPU);
  *   rmsnorm: 2e-6 relative (the block's fixed reduction tree vs a sequential sum);
  *   attention: 2e-5 of the row-head's largest |output| against a double-precision
  *     reference over the same BF16 K/V (F32 accumulation over <= 300 keys).
  * Invariance (exact bits): rmsnorm of a row alone vs among 1..7 other rows at every
  * place; attention of a row alone as a decode item vs inside prefill tiles of 2, 5 and 16
  * rows vs in a step with other sequences before and after it; attention on blocks copied
- * by copy_blocks vs on the source blocks. */
+ * by copy_blocks vs on the source blocks. The same for the families' attention: sliding
+ * windows of 1, 13, 37, 100 and 4096 keys, soft-capped scores, another divisor. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -258,6 +260,18 @@ static void test_rmsnorm(void)
             }
         ok(same, "rmsnorm dim %d: a row alone and among 1..7 others, at every place: same bits",
            dim);
+
+        /* In place (the q/k norms and post-norms): the same bits as into another buffer. */
+        {
+            float *inpl = malloc(sizeof(float) * rows * dim);
+            kvg_k_rmsnorm(S0, d_x, d_w, eps, rows, dim, d_o);
+            to_host(got, d_o, sizeof(float) * rows * dim);
+            e = kvg_k_rmsnorm(S0, d_x, d_w, eps, rows, dim, d_x);
+            to_host(inpl, d_x, sizeof(float) * rows * dim);
+            ok(e == cudaSuccess && !memcmp(inpl, got, sizeof(float) * rows * dim),
+               "rmsnorm dim %d in place: the same bits", dim);
+            free(inpl);
+        }
         cudaFree(d_x);
         cudaFree(d_w);
         cudaFree(d_o);
@@ -313,6 +327,44 @@ static void test_elementwise(void)
         }
         ok(e == cudaSuccess && good && worst <= 2, "swiglu (offset %d): within %lld ulp", off,
            (long long)worst);
+
+        /* geglu, scale, softcap: inputs spread to +-8 so tanh saturates on some */
+        for (int op = 0; op < 3; op++) {
+            static const char *const names[] = { "geglu", "scale", "softcap" };
+            float *x8 = malloc(sizeof(float) * (n + 1));
+            for (size_t i = 0; i < n + 1; i++)
+                x8[i] = a[i] * 8.0f;
+            cudaMemcpy(d_a, x8, sizeof(float) * (n + 1), cudaMemcpyHostToDevice);
+            e = op == 0 ? kvg_k_geglu(S0, d_a + off, d_b + off, n)
+                : op == 1 ? kvg_k_scale(S0, d_a + off, 2.5f, n) : kvg_k_softcap(S0, d_a + off, 3.0f, n);
+            to_host(got, d_a, sizeof(float) * (n + 1));
+            double rel = 0;
+            good = 1;
+            for (size_t i = 0; i < n + 1; i++) {
+                float g = x8[i], want = g;
+                if ((int)i >= off && i < off + n) {
+                    if (op == 0)
+                        want = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * b[i];
+                    else if (op == 1)
+                        want = g * 2.5f;
+                    else
+                        want = 3.0f * tanhf(g / 3.0f);
+                } else if (f2u(got[i]) != f2u(g)) {
+                    good = 0;
+                }
+                /* scale: exact; geglu and softcap: within 1e-6 of the terms' size (a GPU's tanhf
+                 * is a few ulp off glibc's, and 1 + tanh cancels for large negative g) */
+                double mag = op == 0 ? fabs(0.5 * g * b[i]) + fabs(want) : fabs(want) + 1e-30;
+                double d = op == 1 ? (f2u(got[i]) != f2u(want)) : fabs((double)got[i] - want) / mag;
+                if (!(d <= rel))
+                    rel = d;
+            }
+            ok(e == cudaSuccess && good && rel <= (op == 1 ? 0.0 : 1e-6), "%s (offset %d): within %.2g",
+               names[op], off, rel);
+            free(x8);
+        }
+        is_int(kvg_k_softcap(S0, d_a, 0.0f, n), cudaErrorInvalidValue, "softcap refuses a cap of 0");
+        is_int(kvg_k_geglu(S0, NULL, d_b, n), cudaErrorInvalidValue, "geglu without buffers refused");
 
         /* to_lowp: BF16 and F16, including exact ties and values out of F16's range */
         float *x = malloc(sizeof(float) * (n + 1));
@@ -548,6 +600,8 @@ typedef struct att_world {
     kvg_k_kv_geom g;
     int n_heads, split, layer;
     float scale;
+    int window;                        /* sliding window; 0: none */
+    float softcap;                     /* score soft-capping; 0: none */
     int n_seqs;
     int len[MAX_SEQS];
     int32_t *table[MAX_SEQS];          /* host block tables */
@@ -643,6 +697,8 @@ static cudaError_t run_step(const att_world *W, const att_seg *segs, int n_segs,
     a.row_part = dev_from(row_part, sizeof(int32_t) * n_rows);
     a.partials = dev_alloc(sizeof(float) * total_splits * nh * (hd + 2));
     a.scale = W->scale;
+    a.window = W->window;
+    a.softcap = W->softcap;
     a.out = dev_alloc(sizeof(float) * n_rows * nh * hd);
     cudaError_t e = kvg_k_attention(S0, &a);
     to_host(out, a.out, sizeof(float) * n_rows * nh * hd);
@@ -673,21 +729,25 @@ static double ref_check(const att_world *W, int seq, int pos, const float *got)
     const int hd = W->g.head_dim, nh = W->n_heads, G = nh / W->g.n_kv_heads;
     const int bt = W->g.block_tokens;
     double worst = 0, *sc = malloc(sizeof(double) * (pos + 1)), *o = malloc(sizeof(double) * hd);
+    /* The window: keys [pos - window + 1, pos] only. */
+    const int lo = W->window > 0 && pos - W->window + 1 > 0 ? pos - W->window + 1 : 0;
     for (int h = 0; h < nh; h++) {
         const int kvh = h / G;
         double mx = -INFINITY, sum = 0, big = 0;
-        for (int t = 0; t <= pos; t++) {
+        for (int t = lo; t <= pos; t++) {
             const uint16_t *base = W->pool + W->table[seq][t / bt] * W->g.block_elems +
                                    W->layer * W->g.layer_elems + kvh * W->g.head_elems;
             double s = 0;
             for (int d = 0; d < hd; d++)
                 s += (double)q_of(seq, pos, h, d) * bf16_f(base[(t % bt) * hd + d]);
             sc[t] = s * W->scale;
+            if (W->softcap > 0)
+                sc[t] = W->softcap * tanh(sc[t] / W->softcap);
             if (sc[t] > mx)
                 mx = sc[t];
         }
         memset(o, 0, sizeof(double) * hd);
-        for (int t = 0; t <= pos; t++) {
+        for (int t = lo; t <= pos; t++) {
             const uint16_t *base = W->pool + W->table[seq][t / bt] * W->g.block_elems +
                                    W->layer * W->g.layer_elems + kvh * W->g.head_elems;
             double p = exp(sc[t] - mx);
@@ -714,9 +774,11 @@ static double ref_check(const att_world *W, int seq, int pos, const float *got)
 /* One configuration: three sequences (lens), a prefill chunk of seq 0 covering positions
  * [chunk0, len0), decode rows of seqs 1 and 2 (their last positions), and seq 2's whole
  * prompt as a prefill. */
-static void attn_config(int hd, int n_kv, int G, int split, const int *lens, int chunk0)
+static void attn_config_x(int hd, int n_kv, int G, int split, const int *lens, int chunk0, int window,
+                          float softcap, float scale)
 {
     att_world W;
+    char what[96];
     memset(&W, 0, sizeof W);
     const int bt = 16;
     int need = 0;
@@ -731,7 +793,13 @@ static void attn_config(int hd, int n_kv, int G, int split, const int *lens, int
     W.n_heads = n_kv * G;
     W.split = split;
     W.layer = 1;
-    W.scale = 1.0f / sqrtf((float)hd);
+    W.scale = scale > 0.0f ? scale : 1.0f / sqrtf((float)hd);
+    W.window = window;
+    W.softcap = softcap;
+    if (window || softcap > 0.0f || scale > 0.0f)
+        snprintf(what, sizeof what, " window %d softcap %g scale %g", window, (double)softcap, (double)W.scale);
+    else
+        what[0] = 0;
     size_t pool_n = (size_t)W.g.n_blocks * W.g.block_elems;
     W.pool = malloc(2 * pool_n);
     for (size_t i = 0; i < pool_n; i++)
@@ -770,8 +838,8 @@ static void attn_config(int hd, int n_kv, int G, int split, const int *lens, int
             worst = w;
     }
     ok(good && worst < 2e-5,
-       "attention hd %d kv %d G %d split %d: decode rows vs double reference (worst %.2g)", hd,
-       n_kv, G, split, worst);
+       "attention hd %d kv %d G %d split %d%s: decode rows vs double reference (worst %.2g)", hd,
+       n_kv, G, split, what, worst);
 
     /* (b) the chunk in tiles of 2, 5 and 16 rows */
     const int tiles[] = { 2, 5, 16 };
@@ -779,8 +847,8 @@ static void attn_config(int hd, int n_kv, int G, int split, const int *lens, int
         att_seg sg = { 0, chunk0, n_chunk, tiles[ti] };
         e = run_step(&W, &sg, 1, tiled, &nr);
         ok(e == cudaSuccess && !memcmp(tiled, alone, sizeof(float) * n_chunk * rw),
-           "attention hd %d G %d split %d: prefill tiles of %d rows == decode rows, bit for bit",
-           hd, G, split, tiles[ti]);
+           "attention hd %d G %d split %d%s: prefill tiles of %d rows == decode rows, bit for bit",
+           hd, G, split, what, tiles[ti]);
     }
 
     /* (c) the chunk between other sequences' rows */
@@ -798,10 +866,10 @@ static void attn_config(int hd, int n_kv, int G, int split, const int *lens, int
             if (!(w <= worst))
                 worst = w;
         }
-        ok(good, "attention hd %d G %d split %d: the chunk inside a mixed step == alone, bit for bit",
-           hd, G, split);
-        ok(worst < 2e-5, "attention hd %d G %d split %d: mixed step's other rows vs reference (%.2g)",
-           hd, G, split, worst);
+        ok(good, "attention hd %d G %d split %d%s: the chunk inside a mixed step == alone, bit for bit",
+           hd, G, split, what);
+        ok(worst < 2e-5, "attention hd %d G %d split %d%s: mixed step's other rows vs reference (%.2g)",
+           hd, G, split, what, worst);
     }
 
     /* copy_blocks, then attention on the copies == attention on the source */
@@ -820,7 +888,7 @@ static void attn_config(int hd, int n_kv, int G, int split, const int *lens, int
         if (e == cudaSuccess)
             e = run_step(&W, &sg, 1, tiled, &nr);
         ok(e == cudaSuccess && !memcmp(tiled, alone, sizeof(float) * n_chunk * rw),
-           "attention hd %d G %d split %d: on copy_blocks' copies == on the source", hd, G, split);
+           "attention hd %d G %d split %d%s: on copy_blocks' copies == on the source", hd, G, split, what);
         W.table[0] = orig;
         cudaFree(d_pairs);
         free(pairs);
@@ -834,6 +902,33 @@ static void attn_config(int hd, int n_kv, int G, int split, const int *lens, int
     free(perm);
     free(alone);
     free(tiled);
+}
+
+static void attn_config(int hd, int n_kv, int G, int split, const int *lens, int chunk0)
+{
+    attn_config_x(hd, n_kv, G, split, lens, chunk0, 0, 0.0f, 0.0f);
+}
+
+/* Sliding windows (keys [pos - W + 1, pos]), score soft-capping and another divisor:
+ * the same checks (double reference, tiles == decode rows == inside a mixed step). */
+static void test_attention_families(void)
+{
+    const int lens[3] = { 70, 41, 9 };
+    /* a window inside one 16-key chunk boundary and not a multiple of anything: rows of
+     * the chunk see 13 keys, whole splits (16) and chunks lie before the window */
+    attn_config_x(16, 2, 2, 16, lens, 40, 13, 0.0f, 0.0f);
+    /* window 37 over 32-position splits, GQA 4, soft-capped scores (cap 0.5: the scaled
+     * scores of this data are ~0.3 to 1, so the cap bends them all) and Gemma 2 27B's
+     * kind of divisor */
+    attn_config_x(64, 2, 4, 32, lens, 40, 37, 0.5f, 1.0f / sqrtf(144.0f));
+    /* a window of 1: each row sees itself only */
+    attn_config_x(8, 2, 1, 16, lens, 40, 1, 0.0f, 0.0f);
+    /* a window longer than every context: the same bits as no window */
+    {
+        const int l3[3] = { 140, 130, 4 };
+        attn_config_x(64, 2, 2, 256, l3, 120, 100, 0.0f, 0.0f);     /* 128-key chunks, rows past 100 */
+        attn_config_x(128, 1, 2, 32, lens, 40, 4096, 30.0f, 0.0f);
+    }
 }
 
 static void test_attention(void)
@@ -879,5 +974,6 @@ int main(void)
     test_rope();
     test_kv_write_copy();
     test_attention();
+    test_attention_families();
     return done_testing();
 }

@@ -51,7 +51,7 @@ static void build(mk *k, int n_seqs, const int *start, const int *n_new, int bt)
 static void *plan(const mk *k, int pool, int split, int tile, kvg_step_plan *p, char *err, size_t len)
 {
     void *buf;
-    if (kvg_step_plan_layout(&k->s, pool, split, tile, 8, p, err, len) != 0)
+    if (kvg_step_plan_layout(&k->s, pool, split, tile, 8, 1, p, err, len) != 0)
         return NULL;
     buf = aligned_alloc(16, (p->bytes + 15) / 16 * 16);
     kvg_step_plan_fill(&k->s, p, buf);
@@ -148,24 +148,46 @@ static void test_validation(void)
     int start[] = { 0, 20 }, n_new[] = { 5, 1 };
     build(&k, 2, start, n_new, 16);
     k.tables[1][1] = 200;
-    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, &p, err, sizeof err) == -1 &&
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, 1, &p, err, sizeof err) == -1 &&
        strstr(err, "block id 200") && strstr(err, "sequence 1") && strstr(err, "200 blocks"),
        "block id past the pool rejected (%s)", err);
     k.tables[1][1] = -3;
-    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, &p, err, sizeof err) == -1 && strstr(err, "block id -3"),
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, 1, &p, err, sizeof err) == -1 && strstr(err, "block id -3"),
        "negative block id rejected (%s)", err);
     k.tables[1][1] = 7;
-    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, &p, err, sizeof err) == 0, "valid again");
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, 1, &p, err, sizeof err) == 0, "valid again");
     k.nb[1] = 1;
-    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, &p, err, sizeof err) == -1 &&
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, 1, &p, err, sizeof err) == -1 &&
        strstr(err, "row 5") && strstr(err, "position 20") && strstr(err, "1 blocks of 16"),
        "position past the table rejected (%s)", err);
     k.nb[1] = 2;
-    ok(kvg_step_plan_layout(&k.s, 200, 24, 16, 8, &p, err, sizeof err) == -1 && strstr(err, "multiple"),
+    ok(kvg_step_plan_layout(&k.s, 200, 24, 16, 8, 1, &p, err, sizeof err) == -1 && strstr(err, "multiple"),
        "a split that is not whole blocks rejected (%s)", err);
     k.out_rows[0] = 9;
-    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, &p, err, sizeof err) == -1 && strstr(err, "output 0"),
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, 1, &p, err, sizeof err) == -1 && strstr(err, "output 0"),
        "an output row past the step rejected (%s)", err);
+}
+
+/* Two kinds of RoPE (a model whose sliding-window layers rotate with their own base):
+ * two cos/sin tables, one after the other, each [rows][head_dim]; the rest unchanged. */
+static void test_rope_kinds(void)
+{
+    char err[256];
+    mk k;
+    kvg_step_plan p1, p2;
+    int start[] = { 0, 30 }, n_new[] = { 9, 1 };
+    build(&k, 2, start, n_new, 16);
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, 1, &p1, err, sizeof err) == 0 &&
+       kvg_step_plan_layout(&k.s, 200, 256, 16, 8, 2, &p2, err, sizeof err) == 0, "one and two kinds laid out");
+    is_int(p2.n_rope_kinds, 2, "two tables");
+    ok(p1.off_cs == p2.off_cs && p1.off_items == p2.off_items && p1.n_items == p2.n_items,
+       "the regions before cos/sin do not move");
+    ok(kvg_step_plan_cs_off(&p2, 0) == p2.off_cs &&
+       kvg_step_plan_cs_off(&p2, 1) == p2.off_cs + 10 * 8 * sizeof(float) &&
+       p2.bytes >= kvg_step_plan_cs_off(&p2, 1) + 10 * 8 * sizeof(float) && kvg_step_plan_cs_off(&p2, 1) % 8 == 0,
+       "kind 1's table follows kind 0's: rows x head_dim floats each");
+    ok(kvg_step_plan_layout(&k.s, 200, 256, 16, 8, 3, &p2, err, sizeof err) == -1 && strstr(err, "RoPE"),
+       "three kinds refused (%s)", err);
 }
 
 static void test_split_choice(void)
@@ -186,6 +208,7 @@ int main(void)
     test_decode_and_prefill();
     test_tiles_break();
     test_validation();
+    test_rope_kinds();
     test_split_choice();
     return done_testing();
 }

@@ -1,8 +1,10 @@
 /* Tiny in-memory models for the engine tests: a kvg_model filled by hand with random
  * weights from a fixed seed, in mixed dtypes, exercising what the shipped presets do
  * not: q/k/v biases, the rotate-half RoPE layout, Llama 3 rope scaling, head_dim !=
- * dim/n_heads, GQA, untied output. Header-only; free with tm_free (never
- * kvg_model_free: the model has no loader storage). */
+ * dim/n_heads, GQA, untied output; tm_apply_family adds the other families' features
+ * (q/k norms, post-norms, GeGLU, embedding scale, soft-capping, sliding windows, a second
+ * RoPE kind, linear scaling, per-pair factors, mscale, fused qkv / gate-up). Header-only;
+ * free with tm_free (never kvg_model_free: the model has no loader storage). */
 #ifndef KVG_ENGINE_TESTMODEL_H
 #define KVG_ENGINE_TESTMODEL_H
 
@@ -203,6 +205,105 @@ static int tm_build(tm_model *t, const tm_spec *sp)
     }
     m->final_norm = tm_vec(t, sp->dim, 1.0f, 0.2f, &s);
     return m->final_norm ? 0 : -1;
+}
+
+/* What sets the other families apart (model.h kvg_model_config), on top of a built model:
+ * each field 0 leaves the Llama/Qwen2 forward pass. */
+typedef struct tm_family {
+    int qk_norm;                 /* per-head q/k RMSNorm weights ([head_dim], ~1 +- 0.3) */
+    int post_norms;              /* post-attention and post-FFN RMSNorm weights */
+    int geglu;                   /* GeGLU instead of SwiGLU */
+    int embed_scale;             /* embeddings times sqrt(dim) */
+    float attn_softcap, final_softcap, attn_query_scalar;
+    int swa_window, swa_period;  /* layer l slides when l % period < period - 1 */
+    float rope_theta;            /* the global RoPE base; 0: tm_build's */
+    float rope_theta_swa;        /* the sliding layers' own RoPE base (a second kind) */
+    float rope_freq_scale;       /* linear RoPE scaling of the global layers */
+    int freq_factors;            /* per-pair frequency divisors in [1, 4) */
+    float rope_attn_factor;      /* cos/sin times this (LongRoPE's mscale) */
+    int fused;                   /* wq/wk/wv and w_gate/w_up as row slices of one tensor each
+                                    (F16 when the model mixes dtypes, else F32), as a fused
+                                    attn_qkv / gate-up ffn_up loads */
+} tm_family;
+
+/* One [rows][cols] tensor holding a, b (and c) one after the other, in dtype dt; the
+ * inputs' values are exact in every dtype (tm_weight), so the copy is too. The slices
+ * are written back as views into it. */
+static inline __attribute__((unused)) int tm_fuse(tm_model *t, kvg_dtype dt, kvg_tensor *const *parts, int n)
+{
+    int64_t rows = 0, cols = parts[0]->cols, r0 = 0;
+    size_t es = kvg_dtype_size(dt);
+    float *row = malloc((size_t)cols * sizeof *row);
+    unsigned char *buf;
+    for (int i = 0; i < n; i++)
+        rows += parts[i]->rows;
+    buf = tm_alloc(t, (size_t)rows * (size_t)cols * es);
+    if (!buf || !row) {
+        free(row);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        kvg_tensor v = { buf + (size_t)r0 * (size_t)cols * es, dt, parts[i]->rows, cols };
+        for (int64_t r = 0; r < parts[i]->rows; r++) {
+            unsigned char *dst = buf + (size_t)(r0 + r) * (size_t)cols * es;
+            kvg_tensor_row_f32(parts[i], r, row);
+            for (int64_t c = 0; c < cols; c++) {
+                if (dt == KVG_DT_F32)
+                    ((float *)(void *)dst)[c] = row[c];
+                else
+                    ((uint16_t *)(void *)dst)[c] = dt == KVG_DT_BF16 ? tm_to_bf16(row[c]) : tm_to_f16(row[c]);
+            }
+        }
+        r0 += parts[i]->rows;
+        *parts[i] = v;
+    }
+    free(row);
+    return 0;
+}
+
+static inline __attribute__((unused)) int tm_apply_family(tm_model *t, const tm_family *f, uint32_t seed)
+{
+    kvg_model *m = &t->m;
+    kvg_model_config *c = &m->cfg;
+    uint64_t s = 0x51ed270b2b6f3a9dull ^ seed;
+    c->qk_norm = f->qk_norm;
+    c->post_norms = f->post_norms;
+    c->ffn_act = f->geglu ? KVG_ACT_GELU_TANH : KVG_ACT_SILU;
+    c->embed_scale = f->embed_scale ? sqrtf((float)c->dim) : 0.0f;
+    c->attn_softcap = f->attn_softcap;
+    c->final_softcap = f->final_softcap;
+    c->attn_query_scalar = f->attn_query_scalar;
+    c->swa_window = f->swa_window;
+    if (f->rope_theta > 0.0f)
+        c->rope_theta = f->rope_theta;
+    c->rope_theta_swa = f->rope_theta_swa;
+    c->rope_freq_scale = f->rope_freq_scale;
+    c->rope_attn_factor = f->rope_attn_factor;
+    if (f->freq_factors) {
+        float *ff = tm_alloc(t, (size_t)(c->head_dim / 2) * sizeof *ff);
+        if (!ff)
+            return -1;
+        for (int i = 0; i < c->head_dim / 2; i++)
+            ff[i] = 2.5f + 1.5f * tm_unif(&s);
+        c->rope_freq_factors = ff;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        kvg_layer_weights *w = &m->layers[l];
+        w->sliding = f->swa_window > 0 && f->swa_period > 0 && l % f->swa_period < f->swa_period - 1;
+        if (f->qk_norm && (!(w->q_norm = tm_vec(t, c->head_dim, 1.0f, 0.3f, &s)) ||
+                           !(w->k_norm = tm_vec(t, c->head_dim, 1.0f, 0.3f, &s))))
+            return -1;
+        if (f->post_norms && (!(w->post_attn_norm = tm_vec(t, c->dim, 1.0f, 0.3f, &s)) ||
+                              !(w->post_ffn_norm = tm_vec(t, c->dim, 1.0f, 0.3f, &s))))
+            return -1;
+        if (f->fused) {
+            kvg_dtype dt = w->wq.dtype == KVG_DT_F32 ? KVG_DT_F32 : KVG_DT_F16;
+            kvg_tensor *qkv[3] = { &w->wq, &w->wk, &w->wv }, *gu[2] = { &w->w_gate, &w->w_up };
+            if (tm_fuse(t, dt, qkv, 3) != 0 || tm_fuse(t, dt, gu, 2) != 0)
+                return -1;
+        }
+    }
+    return 0;
 }
 
 #endif

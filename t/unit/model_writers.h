@@ -52,6 +52,11 @@ typedef struct mw_opts {
     const char *mix_match;
     const char *bad_match;
     uint32_t bad_type;
+    /* GGUF: a "phi3" file, q/k/v as one attn_qkv.weight and gate and up as one ffn_up.weight
+     * (gate rows first), as llama.cpp converts Phi-3. The model's wq/wk/wv and w_gate/w_up
+     * must be consecutive row slices of one tensor each (engine_testmodel.h's
+     * tm_family.fused) in the rotate-half layout; mw_write_gguf refuses others. */
+    int fused;
 } mw_opts;
 
 /* ---- numbers ---- */
@@ -138,12 +143,38 @@ __attribute__((unused)) static void mw_row_half(const kvg_model *m, const kvg_te
 typedef struct mw_tensor {
     char gguf[64], hf[96];
     const kvg_tensor *t;         /* a matrix, or NULL for a vector */
+    kvg_tensor span;             /* a fused matrix: t points here */
     const float *v;              /* a vector (norms, biases) */
     int64_t n;                   /* vector length */
     int is_qk;
 } mw_tensor;
 
+/* The matrix spanning consecutive row slices a, then b (, then c), or -1 when they are not
+ * consecutive slices of one buffer in one dtype. */
+static inline __attribute__((unused)) int mw_span(const kvg_tensor *a, const kvg_tensor *b, const kvg_tensor *c,
+                                                  kvg_tensor *out)
+{
+    size_t rb = kvg_dtype_row_bytes(a->dtype, a->cols);
+    const unsigned char *pa = a->data, *pb = b->data;
+    if (b->dtype != a->dtype || b->cols != a->cols || pb != pa + (size_t)a->rows * rb)
+        return -1;
+    if (c && (c->dtype != a->dtype || c->cols != a->cols ||
+              (const unsigned char *)c->data != pb + (size_t)b->rows * rb))
+        return -1;
+    *out = *a;
+    out->rows = a->rows + b->rows + (c ? c->rows : 0);
+    return 0;
+}
+
+/* mw_list, with fused q/k/v and gate/up (mw_opts.fused); -1 when the model's are not. */
+static inline __attribute__((unused)) int mw_list_x(const kvg_model *m, int fused, mw_tensor **out);
+
 __attribute__((unused)) static int mw_list(const kvg_model *m, mw_tensor **out)
+{
+    return mw_list_x(m, 0, out);
+}
+
+static inline __attribute__((unused)) int mw_list_x(const kvg_model *m, int fused, mw_tensor **out)
 {
     const kvg_model_config *c = &m->cfg;
     int cap = 3 + c->n_layers * 12, n = 0;
@@ -159,9 +190,15 @@ __attribute__((unused)) static int mw_list(const kvg_model *m, mw_tensor **out)
         int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
 #define NM(GS, HS) (snprintf(g, sizeof g, "blk.%d.%s", i, GS), snprintf(h, sizeof h, "model.layers.%d.%s", i, HS))
         NM("attn_norm.weight", "input_layernorm.weight"), VEC(g, h, w->attn_norm, c->dim);
-        NM("attn_q.weight", "self_attn.q_proj.weight"), MAT(g, h, &w->wq, 1);
-        NM("attn_k.weight", "self_attn.k_proj.weight"), MAT(g, h, &w->wk, 1);
-        NM("attn_v.weight", "self_attn.v_proj.weight"), MAT(g, h, &w->wv, 0);
+        if (fused) {
+            if (mw_span(&w->wq, &w->wk, &w->wv, &l[n].span) != 0)
+                goto not_fused;
+            NM("attn_qkv.weight", "self_attn.qkv_proj.weight"), MAT(g, h, &l[n].span, 0);
+        } else {
+            NM("attn_q.weight", "self_attn.q_proj.weight"), MAT(g, h, &w->wq, 1);
+            NM("attn_k.weight", "self_attn.k_proj.weight"), MAT(g, h, &w->wk, 1);
+            NM("attn_v.weight", "self_attn.v_proj.weight"), MAT(g, h, &w->wv, 0);
+        }
         if (c->has_qkv_bias) {
             /* Biases of Q and K are permuted like their rows; handled in the writers. */
             NM("attn_q.bias", "self_attn.q_proj.bias"), VEC(g, h, w->bq, q);
@@ -172,9 +209,16 @@ __attribute__((unused)) static int mw_list(const kvg_model *m, mw_tensor **out)
         }
         NM("attn_output.weight", "self_attn.o_proj.weight"), MAT(g, h, &w->wo, 0);
         NM("ffn_norm.weight", "post_attention_layernorm.weight"), VEC(g, h, w->ffn_norm, c->dim);
-        NM("ffn_gate.weight", "mlp.gate_proj.weight"), MAT(g, h, &w->w_gate, 0);
-        NM("ffn_down.weight", "mlp.down_proj.weight"), MAT(g, h, &w->w_down, 0);
-        NM("ffn_up.weight", "mlp.up_proj.weight"), MAT(g, h, &w->w_up, 0);
+        if (fused) {
+            if (mw_span(&w->w_gate, &w->w_up, NULL, &l[n].span) != 0)
+                goto not_fused;
+            NM("ffn_up.weight", "mlp.gate_up_proj.weight"), MAT(g, h, &l[n].span, 0);
+            NM("ffn_down.weight", "mlp.down_proj.weight"), MAT(g, h, &w->w_down, 0);
+        } else {
+            NM("ffn_gate.weight", "mlp.gate_proj.weight"), MAT(g, h, &w->w_gate, 0);
+            NM("ffn_down.weight", "mlp.down_proj.weight"), MAT(g, h, &w->w_down, 0);
+            NM("ffn_up.weight", "mlp.up_proj.weight"), MAT(g, h, &w->w_up, 0);
+        }
 #undef NM
     }
     VEC("output_norm.weight", "model.norm.weight", m->final_norm, c->dim);
@@ -184,6 +228,10 @@ __attribute__((unused)) static int mw_list(const kvg_model *m, mw_tensor **out)
 #undef VEC
     *out = l;
     return n;
+not_fused:
+    free(l);
+    *out = NULL;
+    return -1;
 }
 
 /* Element k of a Q/K bias vector in the target layout. */
@@ -318,10 +366,15 @@ __attribute__((unused)) static int mw_write_gguf(const kvg_model *m, const char 
                                                  char *err, size_t err_len)
 {
     const kvg_model_config *c = &m->cfg;
-    const char *arch = c->has_qkv_bias ? "qwen2" : "llama";
+    const char *arch = o->fused ? "phi3" : c->has_qkv_bias ? "qwen2" : "llama";
     mw_tensor *list;
-    int nt = mw_list(m, &list);
+    int nt = mw_list_x(m, o->fused, &list);
     mw_vocab v = { 0 };
+    if (nt < 0 || (o->fused && (c->rope_layout != KVG_ROPE_HALF || c->has_qkv_bias))) {
+        snprintf(err, err_len, "fused GGUF: q/k/v and gate/up must be consecutive slices, rotate-half, no biases");
+        free(list);
+        return -1;
+    }
     if (o->tok_path && mw_vocab_read(o->tok_path, &v) < 0) {
         snprintf(err, err_len, "%s: cannot read the tokenizer", o->tok_path);
         free(list);
@@ -381,7 +434,7 @@ __attribute__((unused)) static int mw_write_gguf(const kvg_model *m, const char 
             dt = o->mix_dtype;
         if (list[i].t && list[i].t->cols % kvg_dtype_block(dt) != 0)
             dt = KVG_DT_Q8_0;
-        data[i] = mw_encode(m, &list[i], dt, c->has_qkv_bias, &len[i]);
+        data[i] = mw_encode(m, &list[i], dt, c->has_qkv_bias || o->fused, &len[i]);
         gb_str(&b, list[i].gguf);
         if (list[i].t) {
             gb_u32(&b, 2);
