@@ -54,6 +54,10 @@ use Kvgate::LlamaCpp;
 #                first choice); another seed is another fixed prompt
 #   cuda_greedy  how many leading choices must be beyond rounding on the CUDA backend
 #                (default all 64; the comparison stops at the first that is not)
+#   tol_top      the bound on the likely tokens' and the chosen tokens' |Δ log-prob|, which
+#                the margins are held to (default tol); cuda_top the same for cuda
+#   cuda_rel     the emulated CUDA backend's prompt logits against the CPU backend's: the
+#                largest difference as a share of the largest logit; 0: not on CUDA
 #
 # llama, measured (tiny F32, the prompt below): on the CPU 1.3e-6 over the vocabulary and
 # 2e-6 on the chosen tokens (float rounding: both engines compute in F32, in another order;
@@ -62,14 +66,31 @@ use Kvgate::LlamaCpp;
 # away, and fails here). On the CUDA backend (emulated): 0.018 over the vocabulary, 0.016 on
 # the chosen tokens (BF16 GEMM inputs and K/V); 0.05 is 2.8x that. kvgate's margins: at
 # least 0.24 at every choice on both backends, above 2 x 0.05.
+#
+# The other families' files (synth_gguf) amplify: logits 32x larger (gemma2 8x), q/k gains,
+# so that greedy decoding has margins; their rounding differences grow with them.
+# Measured (CPU, these prompts; "likely" = tokens llama.cpp gives p > 1e-3):
+#   qwen2 3.2e-4 over the vocabulary (1.7e-4 likely), qwen3 3.3e-4 (1.1e-4), qwen3moe
+#   3.2e-4 (1.8e-4), phi3 1.6e-4 (7.6e-5): 1e-3 for each;
+#   gemma2 0.008 (0.0034), gemma3 0.19 (0.098): llama.cpp's CPU GELU is an F16 lookup
+#   table (the input and the result rounded to F16; ggml's GGML_GELU_FP16), kvgate's the
+#   exact tanh form Hugging Face computes. Emulating the table in kvgate took gemma3's
+#   single-token difference from 0.040 to 1.3e-4 and gemma2's from 0.0056 to 7.7e-6;
+#   gemma3's 6 layers and q/k gains make it the most sensitive of all (llama.cpp's own F16
+#   K/V cache moves it by 0.1-0.24 against its F32 one). tol_top (the likely tokens, the
+#   chosen ones and the margins) 0.015 and 0.15.
+#   cuda_rel: the emulated CUDA backend against the CPU's prompt logits, as a share of the
+#   largest (the CUDA backend rounds GEMM inputs and K/V to BF16): qwen2 0.014, qwen3
+#   0.052, gemma2 0.016, gemma3 0.060; t/unit/cuda_backend.c holds gentler models to 0.03.
+#   qwen3moe and phi3 (partial RoPE) do not run on the CUDA backend yet.
 my @FAMILIES = (
     { family => 'llama', tol => 2e-5, cuda => 0.05 },
-    { family => 'qwen2', tol => 0.01, cuda => 0, seed => 7 },
-    { family => 'qwen3', tol => 0.01, cuda => 0, seed => 10 },
-    { family => 'qwen3moe', tol => 0.01, cuda => 0, seed => 2 },
-    { family => 'gemma2', tol => 0.01, cuda => 0, seed => 10 },
-    { family => 'gemma3', tol => 0.01, cuda => 0, seed => 1 },
-    { family => 'phi3', tol => 0.01, cuda => 0, seed => 6 },
+    { family => 'qwen2', tol => 1e-3, cuda_rel => 0.03, seed => 7 },
+    { family => 'qwen3', tol => 1e-3, cuda_rel => 0.1, seed => 10 },
+    { family => 'qwen3moe', tol => 1e-3, seed => 2 },
+    { family => 'gemma2', tol => 0.03, tol_top => 0.015, cuda_rel => 0.04, seed => 10 },
+    { family => 'gemma3', tol => 0.6, tol_top => 0.15, cuda_rel => 0.15, seed => 37 },
+    { family => 'phi3', tol => 1e-3, seed => 6 },
 );
 
 my $build = Kvgate::Engine::build_dir();
@@ -173,10 +194,12 @@ sub parse_choices {
 # One engine run: (ok, ids, logprobs, prompt logits, min gap, gap step, stderr).
 sub generate {
     my ($bin, $label, $model, $prompt, @extra) = @_;
+    my $n = $steps;
+    ($n, @extra) = @extra[1 .. $#extra] if @extra && $extra[0] eq 'steps';
     my $lf = "$dir/$label.logits";
     unlink $lf;
     my ($rc, $out, $err) = run($bin, '--model', $model, '--prompt-ids', $prompt, '--threads', $threads, '--ids',
-                               '--logprobs', '--temperature', '0', '--max-tokens', $steps, '--stop', 'none',
+                               '--logprobs', '--temperature', '0', '--max-tokens', $n, '--stop', 'none',
                                '--prompt-logits', $lf, '--top2-gap', @extra);
     my ($ids, $lp) = parse_choices($out);
     my ($gap, $at) = $err =~ /^top2-gap: (\S+) at step (\d+) of \d+$/m;
@@ -187,7 +210,7 @@ sub generate {
 
 # kvgate on one backend against llama.cpp: the checks above; returns the summary's part.
 sub compare {
-    my ($name, $be, $kv, $lcr, $tol, $need) = @_;
+    my ($name, $be, $kv, $lcr, $tol, $tol_top, $need) = @_;
     my $V = scalar @{ $lcr->{logits} };
     ok($V > 0 && @{ $kv->{logits} } == $V, "$name $be: the prompt logits from each engine ($V)")
         or return "$be: no logits to compare";
@@ -199,15 +222,25 @@ sub compare {
     }
     ok($d <= $tol, sprintf('%s %s: max |Δ log-prob| over the vocabulary at the last prompt position %.3g <= %g',
                            $name, $be, $d, $tol));
+    # The likely tokens (probability above 1e-3 in llama.cpp), where a greedy choice is
+    # made: their own bound, which the margins below are held to.
+    my $dt = 0;
+    for my $i (0 .. $V - 1) {
+        next unless $b->[$i] > log(1e-3);
+        my $x = abs(($a->[$i] // 1e9) - $b->[$i]);
+        $dt = $x if $x > $dt;
+    }
+    ok($dt <= $tol_top, sprintf('%s %s: max |Δ log-prob| over the likely tokens (p > 1e-3) %.3g <= %g', $name, $be,
+                                $dt, $tol_top));
     # The choices no rounding within the tolerance can flip: kvgate's margin above 2 x tol.
     # The first $need at least must be (all of them but where a family says otherwise for
     # the CUDA backend), and the comparison stops at the first that is not.
     my $gap = $kv->{gap} // -1;
     my $safe = 0;
-    $safe++ while $safe < @{ $kv->{gaps} } && $kv->{gaps}[$safe] > 2 * $tol;
+    $safe++ while $safe < @{ $kv->{gaps} } && $kv->{gaps}[$safe] > 2 * $tol_top;
     ok($safe >= $need, sprintf("%s %s: kvgate's top-1/top-2 margin exceeds 2 x %g at the first %d choices (%d needed; "
                                . 'the smallest, %.4g, at choice %s): no greedy choice there can flip by rounding',
-                               $name, $be, $tol, $safe, $need, $gap, $kv->{gap_at} // '?'))
+                               $name, $be, $tol_top, $safe, $need, $gap, $kv->{gap_at} // '?'))
         or diag("$name $be: the model's margins are too small for a greedy comparison at this tolerance: "
                 . 'another prompt (seed) or a looser tolerance is needed; this is not a mismatch');
     my $n = scalar @{ $lcr->{ids} };
@@ -224,15 +257,33 @@ sub compare {
         $dc = $x if $x > $dc;
     }
     # both printed with 6 decimals: 1e-6 of rounding on top of the tolerance
-    ok($dc <= $tol + 1e-6, sprintf('%s %s: the chosen tokens\' log-probs within %g (max |Δ| %.3g)', $name, $be,
-                                   $tol, $dc));
-    return sprintf('%s: greedy %d/%d equal, max |Δ logprob| %.3g (tol %g; chosen tokens %.3g), min gap %.4g',
-                   $be, $same, $steps, $d, $tol, $dc, $gap);
+    ok($dc <= $tol_top + 1e-6, sprintf('%s %s: the chosen tokens\' log-probs within %g (max |Δ| %.3g)', $name, $be,
+                                       $tol_top, $dc));
+    return sprintf('%s: greedy %d/%d equal, max |Δ logprob| %.3g (tol %g), likely tokens %.3g, chosen tokens %.3g '
+                   . '(tol %g), min gap %.4g', $be, $same, $steps, $d, $tol, $dt, $dc, $tol_top, $gap);
+}
+
+# The emulated CUDA backend against the CPU backend on the prompt logits: the largest
+# difference as a share of the largest logit (t/unit/cuda_backend.c's measure, whose
+# bound is 0.03 on its own models).
+sub against_cpu {
+    my ($name, $kc, $kv, $rel) = @_;
+    my ($a, $b) = ($kc->{logits}, $kv->{logits});
+    ok(@$a && @$a == @$b, "$name cuda-emu: prompt logits to set against the CPU's") or return 'cuda-emu: no logits';
+    my ($m, $d) = (0, 0);
+    for my $i (0 .. $#$b) {
+        $m = abs($b->[$i]) if abs($b->[$i]) > $m;
+        $d = abs($a->[$i] - $b->[$i]) if abs($a->[$i] - $b->[$i]) > $d;
+    }
+    my $r = $m > 0 ? $d / $m : 1;
+    ok($r <= $rel, sprintf('%s cuda-emu: prompt logits within %g of the largest logit of the CPU backend\'s (%.4f)',
+                           $name, $rel, $r));
+    return sprintf('cuda-emu vs cpu: max |Δ logit| %.3g of max |logit| %.3g (%.4f, tol %g)', $d, $m, $r, $rel);
 }
 
 sub family_check {
-    my ($name, $be, $bin, $model) = @_;
-    my ($rc, $out, $err) = run($bin, '--model', $model, '--backend', $be, '--threads', $threads);
+    my ($name, $be, $bin, $model, @extra) = @_;
+    my ($rc, $out, $err) = run($bin, '--model', $model, '--backend', $be, '--threads', $threads, @extra);
     my @points = $out =~ /^ok \d+ - \(([abc])\)/mg;
     ok($rc == 0 && "@points" eq 'a b c', "$name: family_check on $be: chunked prefill, batch 1 vs 8, "
                                           . 'prefix-cache hit: bit-identical')
@@ -253,15 +304,22 @@ for my $fam (@FAMILIES) {
     my $kv = generate($gen, "$name-cpu", $model, $prompt);
     is($kv->{rc}, 0, "$name: kvgate loads and generates on the CPU") or diag($kv->{err});
     like($kv->{err}, qr/^model: \S+ \(gguf, \Q$arch\E, /m, "$name: kvgate read the file as $arch");
-    my @summary = ("$name: loads", compare($name, 'cpu', $kv, $lcr, $fam->{tol}, $steps));
+    my @summary = ("$name: loads", compare($name, 'cpu', $kv, $lcr, $fam->{tol}, $fam->{tol_top} // $fam->{tol}, $steps));
     push @summary, family_check($name, 'cpu', $check, $model);
 
-    if ($fam->{cuda} && !$asan) {
-        my $kc = generate($emu_gen, "$name-cuda", $model, $prompt, '--backend', 'cuda');
+    if (($fam->{cuda} || $fam->{cuda_rel}) && !$asan) {
+        # Against llama.cpp: 64 greedy steps; against the CPU: the prompt's logits.
+        my $kc = generate($emu_gen, "$name-cuda", $model, $prompt, $fam->{cuda} ? () : ('steps', 1), '--backend',
+                          'cuda');
         is($kc->{rc}, 0, "$name: kvgate generates on the CUDA backend (emulated)") or diag($kc->{err});
-        push @summary, compare($name, 'cuda-emu', $kc, $lcr, $fam->{cuda}, $fam->{cuda_greedy} // $steps);
-        push @summary, family_check($name, 'cuda', $emu_check, $model);
-    } elsif ($fam->{cuda}) {
+        push @summary, compare($name, 'cuda-emu', $kc, $lcr, $fam->{cuda}, $fam->{cuda_top} // $fam->{cuda},
+                                $fam->{cuda_greedy} // $steps) if $fam->{cuda};
+        push @summary, against_cpu($name, $kc, $kv, $fam->{cuda_rel}) if $fam->{cuda_rel};
+        # The emulator runs every thread of every kernel on the host: 4 decode steps after
+        # each prompt instead of 16 for the families besides llama, whose features the
+        # CUDA backend's own tests (t/unit/cuda_backend.c) hold invariant at length.
+        push @summary, family_check($name, 'cuda', $emu_check, $model, $name eq 'llama' ? () : ('--decode', 4));
+    } elsif ($fam->{cuda} || $fam->{cuda_rel}) {
         note("$name: the emulated CUDA backend runs in the plain pass (no ASan build of it here)");
     }
     diag(join('; ', @summary) . sprintf('; %.1f s', time - $t0));

@@ -17,7 +17,9 @@
  *       the logits and the 16 greedy tokens of the same prompt computed from scratch on
  *       a fresh pool, bit for bit; the hit must cover the 96 tokens.
  *
- *   build/t/family_check --model F.gguf [--backend cpu|cuda] [--threads N]
+ *   build/t/family_check --model F.gguf [--backend cpu|cuda] [--threads N] [--decode N]
+ *   (--decode: greedy steps in (b) and (c), 16 by default; fewer keep the emulated
+ *   backend's run short where the kernels' own tests cover the rest)
  *   (build/emu/t/family_check: the CUDA backend emulated on the host; build/asan/t/:
  *   the CPU backend under ASan+UBSan)
  *
@@ -41,13 +43,14 @@
 #define BT 16                    /* KV block tokens (the engine's default) */
 #define N_PROMPT 100
 #define N_SEQS 8
-#define N_DECODE 16
+#define N_DECODE n_decode     /* greedy steps after each prompt: 16, or --decode N (1..16) */
 #define SHARED 96                /* (c): the cached prefix, 6 blocks */
 #define MAX_TOKENS 160
 
 static char err[1024];
 static const char *backend_name = "cpu";
 static int n_threads = 2;
+static int n_decode = 16;
 
 typedef struct rig {
     const kvg_model *m;
@@ -403,12 +406,14 @@ int main(int argc, char **argv)
             backend_name = argv[i + 1];
         else if (!strcmp(argv[i], "--threads"))
             n_threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--decode"))
+            n_decode = atoi(argv[i + 1]);
         else
             model_path = NULL, i = argc;
     }
-    if (!model_path || argc % 2 != 1 || n_threads < 1 || n_threads > 256
+    if (!model_path || argc % 2 != 1 || n_threads < 1 || n_threads > 256 || n_decode < 1 || n_decode > 16
         || (strcmp(backend_name, "cpu") && strcmp(backend_name, "cuda"))) {
-        fprintf(stderr, "usage: family_check --model F.gguf [--backend cpu|cuda] [--threads N]\n");
+        fprintf(stderr, "usage: family_check --model F.gguf [--backend cpu|cuda] [--threads N] [--decode 1..16]\n");
         return 2;
     }
     memset(&lo, 0, sizeof lo);
