@@ -74,12 +74,13 @@ cudaError_t kvg_k_to_lowp(cudaStream_t s, const float *x, size_t n, kvg_kt dt, v
 /* y[r][j] += bias[j] for r < rows, j < n. */
 cudaError_t kvg_k_bias_add(cudaStream_t s, float *y, const float *bias, int rows, int n);
 
-/* Rotates q ([n_rows][n_heads*head_dim]) and k ([n_rows][n_kv_heads*head_dim]) in place.
- * cs holds each row's cos and sin, [n_rows][head_dim/2][2] (the host computes them exactly
- * as the CPU backend does). layout: 0 = adjacent pairs (2i, 2i+1), 1 = halves
- * (i, i + head_dim/2). */
+/* Rotates the leading `rot` dimensions of each head of q ([n_rows][n_heads*head_dim]) and
+ * k ([n_rows][n_kv_heads*head_dim]) in place (rot = head_dim: all; Phi-4-mini: 3/4). cs
+ * holds each row's cos and sin, [n_rows][head_dim/2][2], the first rot/2 pairs used (the
+ * host computes them exactly as the CPU backend does). layout: 0 = adjacent pairs
+ * (2i, 2i+1), 1 = halves (i, i + rot/2). */
 cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs, int n_rows,
-                       int n_heads, int n_kv_heads, int head_dim, int layout);
+                       int n_heads, int n_kv_heads, int head_dim, int rot, int layout);
 
 /* Stores row r's k and v ([n_rows][n_kv_heads*head_dim], F32) as BF16 at slot row_slot[r]
  * (= block id * block_tokens + position % block_tokens) of `layer`. */

@@ -3,19 +3,20 @@
  * One block per row; its threads stride over the row's (head, pair) rotations, q's heads
  * then k's. Each rotation reads only its own two elements and the row's cos/sin, with the
  * CPU backend's expression (v0 c - v1 s, v0 s + v1 c): a row's result cannot depend on
- * the launch. */
+ * the launch. Only the leading `rot` dimensions of a head rotate (partial RoPE: pairs
+ * (i, i + rot/2) or (2i, 2i+1) for i < rot/2); the table keeps head_dim/2 pairs a row. */
 #include "kvg_device.cuh"
 
 #define ROPE_THREADS 256
 
 __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restrict__ cs,
-            int n_heads, int n_kv_heads, int head_dim, int layout)
+            int n_heads, int n_kv_heads, int head_dim, int rot, int layout)
 {
-    const int half = head_dim / 2;
+    const int half = rot / 2;
     const int64_t r = blockIdx.x;
     const int n_q = n_heads * half, n_all = (n_heads + n_kv_heads) * half;
-    const float2 *c = cs + r * half;
+    const float2 *c = cs + r * (head_dim / 2);
     float *qr = q + r * (int64_t)n_heads * head_dim;
     float *kr = k + r * (int64_t)n_kv_heads * head_dim;
 
@@ -37,21 +38,21 @@ rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restri
 }
 
 extern "C" cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs, int n_rows,
-                                  int n_heads, int n_kv_heads, int head_dim, int layout)
+                                  int n_heads, int n_kv_heads, int head_dim, int rot, int layout)
 {
     if (n_rows <= 0)
         return cudaSuccess;
-    if (!q || !k || !cs || head_dim <= 0 || head_dim % 2 || n_heads <= 0 || n_kv_heads < 0 ||
-        (layout != 0 && layout != 1))
+    if (!q || !k || !cs || head_dim <= 0 || head_dim % 2 || rot <= 0 || rot % 2 || rot > head_dim ||
+        n_heads <= 0 || n_kv_heads < 0 || (layout != 0 && layout != 1))
         return cudaErrorInvalidValue;
     /* float2 accesses: q, k and cs rows are 8-byte aligned when the bases are (head_dim even) */
     if (!kvg_aligned(q, 8) || !kvg_aligned(k, 8) || !kvg_aligned(cs, 8))
         return cudaErrorInvalidValue;
-    const int n_all = (n_heads + n_kv_heads) * (head_dim / 2);
+    const int n_all = (n_heads + n_kv_heads) * (rot / 2);
     unsigned threads = ((unsigned)n_all + 31u) / 32u * 32u;
     if (threads > ROPE_THREADS)
         threads = ROPE_THREADS;
     KVG_LAUNCH(rope_kernel, dim3((unsigned)n_rows), dim3(threads), 0, s, q, k,
-               (const float2 *)cs, n_heads, n_kv_heads, head_dim, layout);
+               (const float2 *)cs, n_heads, n_kv_heads, head_dim, rot, layout);
     return kvg_launch_result();
 }

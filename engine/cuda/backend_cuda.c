@@ -168,7 +168,7 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
     for (int k = 0; k < c->n_rope_kinds; k++) {
         float *cs = (float *)(void *)((unsigned char *)c->h_plan + kvg_step_plan_cs_off(&c->plan, k));
         for (int r = 0; r < s->n_rows; r++)
-            kvg_rope_cos_sin(c->inv_freq + (size_t)k * half, half, s->pos[r], kvg_rope_mscale(cfg),
+            kvg_rope_cos_sin(c->inv_freq + (size_t)k * half, kvg_rope_dims(cfg) / 2, s->pos[r], kvg_rope_mscale(cfg),
                              cs + (size_t)r * c->plan.cs_floats);
     }
     partials = (size_t)c->plan.n_partials * (size_t)cfg->n_heads * (size_t)(cfg->head_dim + 2);
@@ -267,7 +267,7 @@ static void cu_rope(kvg_backend *be, int layer, float *q, float *k)
                                        kvg_step_plan_cs_off(&c->plan, kvg_rope_kind(c->m, layer)));
     KVG_CU_CHECK(c, "launch kvg_k_rope",
                  kvg_k_rope(c->stream, q, k, cs, c->plan.n_rows, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim,
-                            cfg->rope_layout == KVG_ROPE_HALF),
+                            kvg_rope_dims(cfg), cfg->rope_layout == KVG_ROPE_HALF),
                  "rows=%d", c->plan.n_rows);
 }
 
@@ -500,7 +500,7 @@ int kvg_backend_cuda_probe(int dev, char *err, size_t err_len)
 static const char *cuda_family_error(const kvg_model *m)
 {
     const kvg_model_config *c = &m->cfg;
-    return c->n_experts > 0 ? "mixture-of-experts feed-forward layers" : c->rope_dims ? "partial RoPE" : NULL;
+    return c->n_experts > 0 ? "mixture-of-experts feed-forward layers" : NULL;
 }
 
 kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,

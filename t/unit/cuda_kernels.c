@@ -488,7 +488,7 @@ static void test_rope(void)
                 }
             float *d_q = dev_from(q, sizeof(float) * nq), *d_k = dev_from(k, sizeof(float) * nk);
             float *d_cs = dev_from(cs, sizeof(float) * rows * hd);
-            cudaError_t e = kvg_k_rope(S0, d_q, d_k, d_cs, rows, nh, nkv, hd, layout);
+            cudaError_t e = kvg_k_rope(S0, d_q, d_k, d_cs, rows, nh, nkv, hd, hd, layout);
             to_host(gq, d_q, sizeof(float) * nq);
             to_host(gk, d_k, sizeof(float) * nk);
             int64_t worst = 0;
