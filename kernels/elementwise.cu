@@ -62,43 +62,11 @@ __device__ __forceinline__ float kvg_swiglu1(float g, float u)
     return g * u;
 }
 
-__global__ void __launch_bounds__(ELT_THREADS)
-swiglu_x4(float4 *__restrict__ gate, const float4 *__restrict__ up, size_t n4)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float4 g = gate[i], u = up[i];
-        gate[i] = make_float4(kvg_swiglu1(g.x, u.x), kvg_swiglu1(g.y, u.y),
-                              kvg_swiglu1(g.z, u.z), kvg_swiglu1(g.w, u.w));
-    }
-}
-
-__global__ void __launch_bounds__(ELT_THREADS)
-swiglu_x1(float *__restrict__ gate, const float *__restrict__ up, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        gate[i] = kvg_swiglu1(gate[i], up[i]);
-}
-
-extern "C" cudaError_t kvg_k_swiglu(cudaStream_t s, float *gate, const float *up, size_t n)
-{
-    if (n == 0)
-        return cudaSuccess;
-    if (!gate || !up)
-        return cudaErrorInvalidValue;
-    size_t n4 = 0;
-    if (kvg_aligned(gate, 16) && kvg_aligned(up, 16)) {
-        n4 = n / 4;
-        if (n4)
-            KVG_LAUNCH(swiglu_x4, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
-                       (float4 *)gate, (const float4 *)up, n4);
-    }
-    if (n > n4 * 4)
-        KVG_LAUNCH(swiglu_x1, dim3(kvg_grid_for(n - n4 * 4, ELT_THREADS)), dim3(ELT_THREADS), 0,
-                   s, gate + n4 * 4, up + n4 * 4, n - n4 * 4);
-    return kvg_launch_result();
-}
+/* The gated activations: gate[i] = act(gate[i], up[i]), four at a time where both are
+ * 16-byte aligned, the rest one by one. */
+struct kvg_act_silu {
+    __device__ static float f(float g, float u) { return kvg_swiglu1(g, u); }
+};
 
 /* ---- geglu ------------------------------------------------------------------------- */
 
@@ -110,26 +78,32 @@ __device__ __forceinline__ float kvg_geglu1(float g, float u)
     return 0.5f * g * (1.0f + t) * u;
 }
 
+struct kvg_act_gelu {
+    __device__ static float f(float g, float u) { return kvg_geglu1(g, u); }
+};
+
+template <class Act>
 __global__ void __launch_bounds__(ELT_THREADS)
-geglu_x4(float4 *__restrict__ gate, const float4 *__restrict__ up, size_t n4)
+glu_x4(float4 *__restrict__ gate, const float4 *__restrict__ up, size_t n4)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
          i += (size_t)gridDim.x * blockDim.x) {
         float4 g = gate[i], u = up[i];
-        gate[i] = make_float4(kvg_geglu1(g.x, u.x), kvg_geglu1(g.y, u.y),
-                              kvg_geglu1(g.z, u.z), kvg_geglu1(g.w, u.w));
+        gate[i] = make_float4(Act::f(g.x, u.x), Act::f(g.y, u.y), Act::f(g.z, u.z), Act::f(g.w, u.w));
     }
 }
 
+template <class Act>
 __global__ void __launch_bounds__(ELT_THREADS)
-geglu_x1(float *__restrict__ gate, const float *__restrict__ up, size_t n)
+glu_x1(float *__restrict__ gate, const float *__restrict__ up, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        gate[i] = kvg_geglu1(gate[i], up[i]);
+        gate[i] = Act::f(gate[i], up[i]);
 }
 
-extern "C" cudaError_t kvg_k_geglu(cudaStream_t s, float *gate, const float *up, size_t n)
+template <class Act>
+static cudaError_t glu_launch(cudaStream_t s, float *gate, const float *up, size_t n)
 {
     if (n == 0)
         return cudaSuccess;
@@ -139,13 +113,23 @@ extern "C" cudaError_t kvg_k_geglu(cudaStream_t s, float *gate, const float *up,
     if (kvg_aligned(gate, 16) && kvg_aligned(up, 16)) {
         n4 = n / 4;
         if (n4)
-            KVG_LAUNCH(geglu_x4, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
+            KVG_LAUNCH(glu_x4<Act>, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
                        (float4 *)gate, (const float4 *)up, n4);
     }
     if (n > n4 * 4)
-        KVG_LAUNCH(geglu_x1, dim3(kvg_grid_for(n - n4 * 4, ELT_THREADS)), dim3(ELT_THREADS), 0,
+        KVG_LAUNCH(glu_x1<Act>, dim3(kvg_grid_for(n - n4 * 4, ELT_THREADS)), dim3(ELT_THREADS), 0,
                    s, gate + n4 * 4, up + n4 * 4, n - n4 * 4);
     return kvg_launch_result();
+}
+
+extern "C" cudaError_t kvg_k_swiglu(cudaStream_t s, float *gate, const float *up, size_t n)
+{
+    return glu_launch<kvg_act_silu>(s, gate, up, n);
+}
+
+extern "C" cudaError_t kvg_k_geglu(cudaStream_t s, float *gate, const float *up, size_t n)
+{
+    return glu_launch<kvg_act_gelu>(s, gate, up, n);
 }
 
 /* ---- scale and softcap -------------------------------------------------------------- */
