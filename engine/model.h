@@ -23,13 +23,15 @@ typedef enum kvg_dtype {
     KVG_DT_Q4_0 = 4,
     KVG_DT_Q4_K = 5,
     KVG_DT_Q6_K = 6,
+    KVG_DT_MXFP4 = 7,            /* gpt-oss's experts: E8M0 scale, E2M1 codes */
     /* The CPU GEMM's own layouts of the quantized weights (engine/cpu/gemm_int8.h),
      * made from the file's blocks when the CPU backend starts; never in a file and
      * never seen by the loaders or the forward pass. */
-    KVG_DT_Q8_0_R16 = 7,
-    KVG_DT_Q4_0_R16 = 8,
-    KVG_DT_Q4_K_R16 = 9,
-    KVG_DT_Q6_K_R16 = 10
+    KVG_DT_Q8_0_R16 = 8,
+    KVG_DT_Q4_0_R16 = 9,
+    KVG_DT_Q4_K_R16 = 10,
+    KVG_DT_Q6_K_R16 = 11,
+    KVG_DT_MXFP4_R16 = 12
 } kvg_dtype;
 
 /* A row-major matrix [rows][cols] (a vector has rows == 1). Linear layers are stored
@@ -218,7 +220,7 @@ const char *kvg_model_features(const kvg_model *m, char *buf, size_t len);
  * helpers shared by loaders and kernels. */
 size_t kvg_dtype_size(kvg_dtype t);
 const char *kvg_dtype_name(kvg_dtype t);
-int kvg_dtype_is_quant(kvg_dtype t);                     /* Q8_0 .. Q6_K */
+int kvg_dtype_is_quant(kvg_dtype t);                     /* Q8_0 .. MXFP4 */
 int kvg_dtype_block(kvg_dtype t);                        /* elements per block: 1, 32 or 256 */
 size_t kvg_dtype_row_bytes(kvg_dtype t, int64_t cols);   /* cols / block * block bytes */
 /* Converts row r of t to F32 (cols floats); block formats to their defined values

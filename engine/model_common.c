@@ -246,7 +246,7 @@ size_t kvg_dtype_size(kvg_dtype t)
 
 int kvg_dtype_is_quant(kvg_dtype t)
 {
-    return t >= KVG_DT_Q8_0 && t <= KVG_DT_Q6_K;
+    return t >= KVG_DT_Q8_0 && t <= KVG_DT_MXFP4;
 }
 
 /* The block format of a quantized dtype (the enums list them in the same order). */
@@ -280,10 +280,12 @@ const char *kvg_dtype_name(kvg_dtype t)
     case KVG_DT_Q4_0: return "Q4_0";
     case KVG_DT_Q4_K: return "Q4_K";
     case KVG_DT_Q6_K: return "Q6_K";
+    case KVG_DT_MXFP4: return "MXFP4";
     case KVG_DT_Q8_0_R16: return "Q8_0 (int8 layout)";
     case KVG_DT_Q4_0_R16: return "Q4_0 (int8 layout)";
     case KVG_DT_Q4_K_R16: return "Q4_K (int8 layout)";
     case KVG_DT_Q6_K_R16: return "Q6_K (int8 layout)";
+    case KVG_DT_MXFP4_R16: return "MXFP4 (int8 layout)";
     }
     return "?";
 }

@@ -179,8 +179,7 @@ static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer
     case GGML_BF16: *dt = KVG_DT_BF16; break;
     default:
         /* The block formats, for matrices only (norm vectors are F32 in every
-         * converter's output); MXFP4 is known to src/quant.h but has no kernels here,
-         * so it is refused below by name. */
+         * converter's output), MXFP4 included (gpt-oss's expert stacks; any matrix). */
         if (rows && kvg_quant_from_ggml(t->type, &qt) == 0 && qt <= KVG_QTYPE_ENGINE_LAST) {
             *dt = (kvg_dtype)(KVG_DT_Q8_0 + (int)qt);
             break;
@@ -191,7 +190,7 @@ static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer
         snprintf(num, sizeof num, "type %u", t->type);
         kvg_set_err(c->err, c->err_len,
                     "%s: unsupported dtype %s for tensor %s (supported: F32, F16, BF16%s)", c->path,
-                    tn ? tn : num, name, rows ? ", Q8_0, Q4_0, Q4_K, Q6_K" : "");
+                    tn ? tn : num, name, rows ? ", Q8_0, Q4_0, Q4_K, Q6_K, MXFP4" : "");
         return -1;
         }
     }

@@ -179,14 +179,12 @@ static void dq_q6_k(const uint8_t *b, float *y)
 }
 
 /* E2M1 codes, doubled so that they are integers (bit 3 is the sign; -0 reads as 0). */
-static const int8_t mxfp4_k[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
-
 static void dq_mxfp4(const uint8_t *b, float *y)
 {
     float d = kvg_mxfp4_scale(b[0]);
     for (int j = 0; j < 16; j++) {
-        y[j] = (float)mxfp4_k[b[1 + j] & 0xF] * d;
-        y[j + 16] = (float)mxfp4_k[b[1 + j] >> 4] * d;
+        y[j] = (float)kvg_mxfp4_k(b[1 + j] & 0xF) * d;
+        y[j + 16] = (float)kvg_mxfp4_k(b[1 + j] >> 4) * d;
     }
 }
 
@@ -348,7 +346,7 @@ static void q_mxfp4(const float *x, uint8_t *b)
         int best = 0;
         float best_err = fabsf(x[j]);
         for (int c = 1; c < 16; c++) {
-            float err = fabsf((float)mxfp4_k[c] * d - x[j]);
+            float err = fabsf((float)kvg_mxfp4_k(c) * d - x[j]);
             if (err < best_err) {
                 best_err = err;
                 best = c;

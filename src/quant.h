@@ -23,8 +23,6 @@
  *                                                    w = k * 2^(e - 128)
  *                    (ggml's "half" E8M0 scale, 2^(e-127) / 2, which undoes the
  *                    doubling; every e, 0 and 255 included, is a finite power of 2).
- *                    Known to the tools and tests only: the engine has no MXFP4
- *                    kernels and its loader refuses the type.
  * Plain C, no engine dependency (the benchmarks' GGUF writer quantizes with it too). */
 #ifndef KVG_QUANT_H
 #define KVG_QUANT_H
@@ -32,12 +30,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Appended only: engine/model.h's kvg_dtype lists the first four in this order
+/* Appended only: engine/model.h's kvg_dtype lists them in this order
  * (KVG_DT_Q8_0 + t), and the tests index tables by it. */
 typedef enum kvg_qtype { KVG_Q8_0, KVG_Q4_0, KVG_Q4_K, KVG_Q6_K, KVG_MXFP4 } kvg_qtype;
 
-/* The block formats the engine computes with (its kvg_dtype has these, not MXFP4). */
-#define KVG_QTYPE_ENGINE_LAST KVG_Q6_K
+/* The block formats the engine computes with (its kvg_dtype has all of them). */
+#define KVG_QTYPE_ENGINE_LAST KVG_MXFP4
 
 #define KVG_QK8_0 32
 #define KVG_QK4_0 32
@@ -94,6 +92,13 @@ static inline float kvg_mxfp4_scale(uint8_t e)
     /* e >= 2: the normal float of exponent e - 128; e = 1, 0: the subnormals 2^-127, 2^-128 */
     v.u = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
     return v.f;
+}
+
+/* The integer k (-12..12) of an MXFP4 code c (0..15): the element is k * 2^(e - 128). */
+static inline int kvg_mxfp4_k(int c)
+{
+    static const signed char k[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+    return k[c & 15];
 }
 
 /* IEEE half to float (exact). */

@@ -54,6 +54,7 @@ kvg_dtype kvg_int8_packed_dt(kvg_dtype dt)
     case KVG_DT_Q8_0: return KVG_DT_Q8_0_R16;
     case KVG_DT_Q4_0: return KVG_DT_Q4_0_R16;
     case KVG_DT_Q4_K: return KVG_DT_Q4_K_R16;
+    case KVG_DT_MXFP4: return KVG_DT_MXFP4_R16;
     default: return KVG_DT_Q6_K_R16;
     }
 }
@@ -108,7 +109,7 @@ static void repack_q6k_block(const unsigned char *blk, int c, unsigned char *sbp
 void kvg_int8_repack(kvg_dtype dt, const void *w, int N, int K, int g0, int g1, void *out)
 {
     kvg_dtype pdt = kvg_int8_packed_dt(dt);
-    size_t bb = dt == KVG_DT_Q8_0 ? 34 : dt == KVG_DT_Q4_0 ? 18 : dt == KVG_DT_Q4_K ? 144 : 210;
+    size_t bb = dt == KVG_DT_Q8_0 ? 34 : dt == KVG_DT_Q4_0 ? 18 : dt == KVG_DT_Q4_K ? 144 : dt == KVG_DT_MXFP4 ? 17 : 210;
     int bk = dt == KVG_DT_Q4_K || dt == KVG_DT_Q6_K ? 256 : 32, nb = K / bk;
     size_t rowb = (size_t)nb * bb, gb = kvg_int8_group_bytes(pdt, K);
 
@@ -129,6 +130,13 @@ void kvg_int8_repack(kvg_dtype dt, const void *w, int N, int K, int g0, int g1, 
                 }
                 size_t qb = kvg_int8_qbytes(pdt);
                 unsigned char *q = grp + kvg_int8_quants_at(pdt, b);
+                if (dt == KVG_DT_MXFP4) {
+                    /* The E8M0 byte, then the codes as the file packs them. */
+                    grp[kvg_int8_scales_at(pdt, b) + c] = blk[0];
+                    for (int t = 0; t < 4; t++)
+                        memcpy(q + 64 * t + 4 * c, blk + 1 + 4 * t, 4);
+                    continue;
+                }
                 memcpy(grp + kvg_int8_scales_at(pdt, b) + 2 * c, blk, 2);
                 for (int t = 0; t < (int)(qb / 64); t++)
                     for (int kk = 0; kk < 4; kk++)
@@ -147,7 +155,7 @@ static float half_at(const unsigned char *p)
 }
 
 /* Block b (of 32) of output n as the definition names it: the weight integers and
- * dw (Q8_0, Q4_0: PLAIN), ds and dm (Q4_K), or dw and the two sub-block scales sc
+ * dw (Q8_0, Q4_0, MXFP4: PLAIN), ds and dm (Q4_K), or dw and the two sub-block scales sc
  * (Q6_K). */
 enum { PLAIN, Q4K, Q6K };
 typedef struct wblock {
@@ -185,6 +193,28 @@ static void w_block(const kvg_gemm_job *job, int n, int b, wblock *wb)
             wb->wq[k] = (blk[2 + k] & 15) - 8;
             wb->wq[k + 16] = (blk[2 + k] >> 4) - 8;
         }
+        break;
+    }
+    case KVG_DT_MXFP4: {
+        const unsigned char *blk = w + ((size_t)n * (size_t)nb + (size_t)b) * 17;
+        wb->dw = kvg_mxfp4_scale(blk[0]);
+        for (int k = 0; k < 16; k++) {
+            wb->wq[k] = kvg_mxfp4_k(blk[1 + k] & 15);
+            wb->wq[k + 16] = kvg_mxfp4_k(blk[1 + k] >> 4);
+        }
+        break;
+    }
+    case KVG_DT_MXFP4_R16: {
+        const unsigned char *grp = w + (size_t)(n / 16) * kvg_int8_group_bytes(job->dt, K);
+        const unsigned char *q = grp + kvg_int8_quants_at(job->dt, b);
+        int c = n % 16;
+        wb->dw = kvg_mxfp4_scale(grp[kvg_int8_scales_at(job->dt, b) + c]);
+        for (int t = 0; t < 4; t++)
+            for (int kk = 0; kk < 4; kk++) {
+                unsigned char v = q[64 * t + 4 * c + kk];
+                wb->wq[4 * t + kk] = kvg_mxfp4_k(v & 15);
+                wb->wq[16 + 4 * t + kk] = kvg_mxfp4_k(v >> 4);
+            }
         break;
     }
     case KVG_DT_Q4_K: {

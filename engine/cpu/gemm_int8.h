@@ -1,5 +1,5 @@
 /* Internal to the GEMM: integer products for the quantized weights (Q8_0, Q4_0, Q4_K,
- * Q6_K).
+ * Q6_K, MXFP4).
  *
  * Q8_0 and Q4_0 are 32 small integers and one F16 scale per block, so a block's
  * dot product with an activation block that is itself 32 int8 values and one scale
@@ -21,8 +21,10 @@
  *                                                |q| <= 127)
  *     sx = sum q[k]                             (exact)
  *     sxh[0], sxh[1] = sums of q[k] over k < 16 and k >= 16   (exact; Q6_K's unit)
- *   W, per row n, per block b: the file's integers wq[k] (Q8_0: qs; Q4_0: nibble - 8)
- *     and dw = its F16 scale, widened exactly.
+ *   W, per row n, per block b: the file's integers wq[k] (Q8_0: qs; Q4_0: nibble - 8;
+ *     MXFP4: k = kvg_mxfp4_k(code), -12..12, E2M1 doubled) and dw = its F16 scale,
+ *     widened exactly (MXFP4: its E8M0 byte e as dw = 2^(e - 128), kvg_mxfp4_scale:
+ *     exact, a subnormal for e = 0, 1; so w = k dw is exactly src/quant.h's value).
  *   Y[m][n]:
  *     acc = +0
  *     for b = 0, 1, ...:
@@ -49,7 +51,8 @@
  * Integer sums are exact in any order, so a kernel may split and reorder isum as it
  * likes (vpdpbusd adds 4 products at a time; it sees W as unsigned bytes, so its
  * sums carry an offset that one exact subtraction removes: Q4_0 stores nibbles
- * wq + 8 and subtracts 8 * sx, Q8_0's layout stores wq + 128 and subtracts 128 * sx;
+ * wq + 8 and subtracts 8 * sx, Q8_0's layout stores wq + 128 and subtracts 128 * sx,
+ * MXFP4's codes are looked up (vpshufb) as k + 12, 0..24, and 12 * sx subtracted;
  * Q4_K's nibbles and Q6_K's 6-bit values are unsigned already, Q6_K's - 32 coming
  * out as 32 sxh).
  * Only the float chain over blocks is fixed, one chain per output.
@@ -58,7 +61,7 @@
  * at most dx / 2 = amax / 254, so |y - y_f32| <= sum_b (amax_b / 254) sum_k |w[k]|
  * plus float rounding, against the F32 product over the dequantized W.
  *
- * Layouts. The file's rows (KVG_DT_Q8_0, Q4_0, Q4_K, Q6_K) work everywhere, through
+ * Layouts. The file's rows (KVG_DT_Q8_0, Q4_0, Q4_K, Q6_K, MXFP4) work everywhere, through
  * the plain C kernel here. kvg_gemm_prepare repacks them once into the _R16 layouts
  * the vector kernels stream. Q8_0_R16 / Q4_0_R16: rows in groups of 16 (the last padded with
  * zero rows), each group its blocks in pairs, [64 bytes: the 16 F16 scales of block
@@ -72,6 +75,15 @@
  * and high nibble element 16 + 4t + kk (t = 0..3). So one 512-bit load is 16 output
  * columns x 4 k, and vpdpbusd against 4 bytes of X broadcast adds 4 products into
  * each column's int32: no horizontal sums at all.
+ *
+ * KVG_DT_MXFP4_R16: as Q4_0_R16's quants (the file's byte 4t + kk, its low nibble
+ * the code of element 4t + kk, its high one that of element 16 + 4t + kk), but the
+ * scales are one E8M0 byte per row and block, so the blocks go in fours: [64 bytes:
+ * the 16 E8M0 bytes of block 4p, then of 4p + 1, 4p + 2, 4p + 3][quants of 4p]...
+ * [quants of 4p + 3] = 1,088 bytes, exactly the file's 16 x 4 x 17 (a last partial
+ * four: its 64 bytes of scales, the unused ones zero, then its blocks' quants), so a
+ * group is one front-to-back stream and each 256 bytes of quants starts on a
+ * 64-byte boundary.
  *
  * KVG_DT_Q4_K_R16, the same idea per super-block of 256 (2,368 bytes per group, 37
  * rows of 64; the file's 16 rows take 2,304): [the 16 d as F16][the 16 dmin]
@@ -109,12 +121,13 @@ struct kvg_gemm_scratch;
 
 static inline int kvg_int8_dt_packed(kvg_dtype dt)
 {
-    return dt == KVG_DT_Q8_0_R16 || dt == KVG_DT_Q4_0_R16 || dt == KVG_DT_Q4_K_R16 || dt == KVG_DT_Q6_K_R16;
+    return dt == KVG_DT_Q8_0_R16 || dt == KVG_DT_Q4_0_R16 || dt == KVG_DT_Q4_K_R16 || dt == KVG_DT_Q6_K_R16 ||
+           dt == KVG_DT_MXFP4_R16;
 }
 
 static inline int kvg_int8_dt(kvg_dtype dt)
 {
-    return dt == KVG_DT_Q8_0 || dt == KVG_DT_Q4_0 || dt == KVG_DT_Q4_K || dt == KVG_DT_Q6_K ||
+    return dt == KVG_DT_Q8_0 || dt == KVG_DT_Q4_0 || dt == KVG_DT_Q4_K || dt == KVG_DT_Q6_K || dt == KVG_DT_MXFP4 ||
            kvg_int8_dt_packed(dt);
 }
 
@@ -139,6 +152,12 @@ static inline int kvg_gemm_k_multiple(kvg_dtype dt)
 #define KVG_Q6K_D 0          /* 16 F16 */
 #define KVG_Q6K_SC 64        /* + 16 h + c (int8) */
 #define KVG_Q6K_Q 320        /* + 384 (block in the super-block): rows 0-3 low, 4-5 high */
+
+/* KVG_DT_MXFP4_R16: bytes of four blocks of one group (scales, then quants). */
+#define KVG_MX_QUAD_BYTES 1088
+
+/* The MXFP4 codes 0..15 as k + 12 (0..24: vpdpbusd's unsigned side), for vpshufb. */
+#define KVG_MX_LUT 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
 
 /* Bytes of one quantized X row of K elements (K a multiple of 32). */
 static inline size_t kvg_int8_x_row_bytes(int K)
@@ -220,17 +239,23 @@ static inline size_t kvg_int8_group_bytes(kvg_dtype dt, int K)
         return (size_t)(K / 256) * KVG_Q4K_SB_BYTES;
     if (dt == KVG_DT_Q6_K_R16)
         return (size_t)(K / 256) * KVG_Q6K_SB_BYTES;
+    if (dt == KVG_DT_MXFP4_R16)
+        return nb / 4 * KVG_MX_QUAD_BYTES + (nb & 3 ? 64 + (nb & 3) * 256 : 0);
     return nb / 2 * kvg_int8_pair_bytes(dt) + (nb & 1) * (64 + kvg_int8_qbytes(dt));
 }
 
-/* Where block b's 16 scales and its quants start in a group. */
+/* Where block b's 16 scales (MXFP4: 16 bytes) and its quants start in a group. */
 static inline size_t kvg_int8_scales_at(kvg_dtype dt, int b)
 {
+    if (dt == KVG_DT_MXFP4_R16)
+        return (size_t)(b / 4) * KVG_MX_QUAD_BYTES + 16 * (size_t)(b & 3);
     return (size_t)(b / 2) * kvg_int8_pair_bytes(dt) + 32 * (size_t)(b & 1);
 }
 
 static inline size_t kvg_int8_quants_at(kvg_dtype dt, int b)
 {
+    if (dt == KVG_DT_MXFP4_R16)
+        return (size_t)(b / 4) * KVG_MX_QUAD_BYTES + 64 + 256 * (size_t)(b & 3);
     return (size_t)(b / 2) * kvg_int8_pair_bytes(dt) + 64 + (size_t)(b & 1) * kvg_int8_qbytes(dt);
 }
 
@@ -249,7 +274,7 @@ void kvg_int8_kernel_avx2(const struct kvg_gemm_job *job, int n0, int n1,
 void kvg_int8_kernel_avx512(const struct kvg_gemm_job *job, int n0, int n1,
                             const struct kvg_gemm_scratch *s);
 
-/* The repacked layout of a [N][K] Q8_0 / Q4_0 / Q4_K / Q6_K matrix: its dtype and size. */
+/* The repacked layout of a [N][K] Q8_0 / Q4_0 / Q4_K / Q6_K / MXFP4 matrix: its dtype and size. */
 kvg_dtype kvg_int8_packed_dt(kvg_dtype dt);
 size_t kvg_int8_packed_bytes(kvg_dtype packed_dt, int N, int K);
 /* Repacks rows [g0 * 16, g1 * 16) of w (the file's rows; N of them) into `out`. */

@@ -2,8 +2,8 @@
  * integers through vpmaddubsw (u8 x s8 pairs into s16) and vpmaddwd (pairs of s16
  * into int32), a group of 16 columns as two 8-column halves. vpmaddubsw saturates,
  * so Q8_0's products go as |w| x (x with w's sign), at most 2 * 128 * 127 < 2^15
- * per pair, and Q4_0's and Q4_K's nibbles (<= 15) and Q6_K's 6-bit values (<= 63)
- * need nothing. */
+ * per pair, and Q4_0's and Q4_K's nibbles (<= 15), MXFP4's looked-up k + 12 (<= 24)
+ * and Q6_K's 6-bit values (<= 63) need nothing. */
 #include <float.h>
 #include <string.h>
 
@@ -163,6 +163,58 @@ A2INL void tile(const kvg_gemm_job *job, int m0, int g, int q8, const int MR)
         store_row(job, m0 + r, g, facc[r]);
 }
 
+/* 8 E8M0 bytes as the floats 2^(e - 128) (kvg_mxfp4_scale): e >= 2 the normal float
+ * of exponent e - 128, e = 1, 0 the subnormals 2^-127, 2^-128. */
+A2INL __m256 mx_scales(const unsigned char *p)
+{
+    const __m256i one = _mm256_set1_epi32(1);
+    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, one), 23);
+    __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(e, one)));
+}
+
+/* tile() for MXFP4_R16 (gemm_int8.h's definition): Q4_0's nibbles, each code looked up
+ * (vpshufb) as k + 12, the offset removed as -12 * sx; four products of at most
+ * 24 * 127 summed in int16 stay below 2^15. */
+A2INL void tile_mx(const kvg_gemm_job *job, int m0, int g, const int MR)
+{
+    const int K = job->K, nb = K / 32;
+    const unsigned char *grp = (const unsigned char *)job->w + (size_t)g * kvg_int8_group_bytes(job->dt, K);
+    const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(KVG_MX_LUT));
+    tile_rows rows;
+    __m256 facc[2][2];
+
+    rows_begin(job, m0, MR, &rows, facc);
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *q = grp + kvg_int8_quants_at(KVG_DT_MXFP4_R16, b);
+        const unsigned char *sp = grp + kvg_int8_scales_at(KVG_DT_MXFP4_R16, b);
+        __m256i iacc[2][2];
+        A2UNROLL for (int r = 0; r < MR; r++)
+            iacc[r][0] = iacc[r][1] = _mm256_set1_epi32(-12 * rows.sx[r][b]);
+        A2UNROLL for (int t = 0; t < 4; t++)
+            A2UNROLL for (int h = 0; h < 2; h++) {
+                __m256i raw = _mm256_load_si256((const __m256i *)(q + 64 * t + 32 * h));
+                __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m0f));
+                __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m0f));
+                A2UNROLL for (int r = 0; r < MR; r++) {
+                    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(rows.xr[r] + 32 * b + 4 * t)),
+                                                 _mm256_maddubs_epi16(hi, bcast4(rows.xr[r] + 32 * b + 16 + 4 * t)));
+                    iacc[r][h] = _mm256_add_epi32(iacc[r][h], _mm256_madd_epi16(p, ones));
+                }
+            }
+        A2UNROLL for (int h = 0; h < 2; h++) {
+            __m256 dw = mx_scales(sp + 8 * h);
+            A2UNROLL for (int r = 0; r < MR; r++)
+                facc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(rows.dx[r][b])),
+                                             _mm256_cvtepi32_ps(iacc[r][h]), facc[r][h]);
+        }
+    }
+    A2UNROLL for (int r = 0; r < MR; r++)
+        store_row(job, m0 + r, g, facc[r]);
+}
+
 /* tile() for Q4_K_R16 (gemm_int8.h's definition): per sub-block of 32, the nibbles'
  * integer sums, then its three float steps, ds and dm made from the scale bytes. */
 A2INL void tile_q4k(const kvg_gemm_job *job, int m0, int g, const int MR)
@@ -269,12 +321,17 @@ A2INL void tile_q6k(const kvg_gemm_job *job, int m0, int g, const int MR)
     {                                                                                               \
         tile_q6k(j, m0, g, MR);                                                                     \
     }                                                                                               \
+    A2TGT __attribute__((noinline)) static void mx_##MR(const kvg_gemm_job *j, int m0, int g)       \
+    {                                                                                               \
+        tile_mx(j, m0, g, MR);                                                                      \
+    }                                                                                               \
     static void tile##MR(const kvg_gemm_job *j, int m0, int g)                                      \
     {                                                                                               \
         switch (j->dt) {                                                                            \
         case KVG_DT_Q8_0_R16: q8_##MR(j, m0, g); break;                                             \
         case KVG_DT_Q4_0_R16: q4_##MR(j, m0, g); break;                                             \
         case KVG_DT_Q4_K_R16: q4k_##MR(j, m0, g); break;                                            \
+        case KVG_DT_MXFP4_R16: mx_##MR(j, m0, g); break;                                            \
         default: q6k_##MR(j, m0, g); break;                                                         \
         }                                                                                           \
     }

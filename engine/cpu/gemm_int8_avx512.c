@@ -147,6 +147,57 @@ I8INL void tile(const kvg_gemm_job *job, int m0, int g0, int gs, int q8, const i
     store_tile(job, m0, g0, gs, facc, MR, NR);
 }
 
+/* 16 E8M0 bytes as the floats 2^(e - 128) (kvg_mxfp4_scale): e >= 2 the normal float
+ * of exponent e - 128, e = 1, 0 the subnormals 2^-127, 2^-128. */
+I8INL __m512 mx_scales(const unsigned char *p)
+{
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, one), 23);
+    __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(e, one), sub, normal));
+}
+
+/* tile() for MXFP4_R16: Q4_0's nibbles, each code looked up (vpshufb) as k + 12, the
+ * offset removed as -12 * sx; the block's scale from its E8M0 bytes. */
+I8INL void tile_mx(const kvg_gemm_job *job, int m0, int g0, int gs, const int MR, const int NR)
+{
+    const int K = job->K, nb = K / 32;
+    const size_t gb = kvg_int8_group_bytes(KVG_DT_MXFP4_R16, K);
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(KVG_MX_LUT));
+    tile_ptrs pt;
+    __m512 facc[4][8];
+
+    tile_begin(job, m0, g0, gs, gb, MR, NR, &pt, facc);
+    for (int b = 0; b < nb; b++) {
+        const size_t soff = kvg_int8_scales_at(KVG_DT_MXFP4_R16, b), qoff = kvg_int8_quants_at(KVG_DT_MXFP4_R16, b);
+        __m512i iacc[4][8];
+        I8UNROLL for (int r = 0; r < MR; r++) {
+            __m512i init = _mm512_set1_epi32(-12 * pt.sx[r][b]);
+            I8UNROLL for (int c = 0; c < NR; c++)
+                iacc[r][c] = init;
+        }
+        I8UNROLL for (int t = 0; t < 4; t++)
+            I8UNROLL for (int c = 0; c < NR; c++) {
+                __m512i raw = _mm512_load_si512((const void *)(pt.grp[c] + qoff + 64 * t));
+                __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(raw, m0f));
+                __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f));
+                I8UNROLL for (int r = 0; r < MR; r++) {
+                    iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], lo, bcast4(pt.xr[r] + 32 * b + 4 * t));
+                    iacc[r][c] = _mm512_dpbusd_epi32(iacc[r][c], hi, bcast4(pt.xr[r] + 32 * b + 16 + 4 * t));
+                }
+            }
+        I8UNROLL for (int c = 0; c < NR; c++) {
+            __m512 dw = mx_scales(pt.grp[c] + soff);
+            I8UNROLL for (int r = 0; r < MR; r++)
+                facc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(pt.dx[r][b])),
+                                             _mm512_cvtepi32_ps(iacc[r][c]), facc[r][c]);
+        }
+    }
+    store_tile(job, m0, g0, gs, facc, MR, NR);
+}
+
 /* tile() for Q4_K_R16: per sub-block of 32, the nibbles' integer sums (vpdpbusd, the
  * nibbles unsigned), then the definition's three float steps; ds and dm are made per
  * sub-block from the unpacked scale bytes (W only, shared by the MR rows). */
@@ -267,12 +318,17 @@ typedef void (*tile_fn)(const kvg_gemm_job *job, int m0, int g0, int gs);
     {                                                                                               \
         tile_q6k(j, m0, g0, gs, MR, NR);                                                            \
     }                                                                                               \
+    I8TGT __attribute__((noinline)) static void mx_##MR##x##NR(const kvg_gemm_job *j, int m0, int g0, int gs) \
+    {                                                                                               \
+        tile_mx(j, m0, g0, gs, MR, NR);                                                             \
+    }                                                                                               \
     static void tile_##MR##x##NR(const kvg_gemm_job *j, int m0, int g0, int gs)                     \
     {                                                                                               \
         switch (j->dt) {                                                                            \
         case KVG_DT_Q8_0_R16: q8_##MR##x##NR(j, m0, g0, gs); break;                                 \
         case KVG_DT_Q4_0_R16: q4_##MR##x##NR(j, m0, g0, gs); break;                                 \
         case KVG_DT_Q4_K_R16: q4k_##MR##x##NR(j, m0, g0, gs); break;                                \
+        case KVG_DT_MXFP4_R16: mx_##MR##x##NR(j, m0, g0, gs); break;                                \
         default: q6k_##MR##x##NR(j, m0, g0, gs); break;                                             \
         }                                                                                           \
     }

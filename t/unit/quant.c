@@ -1,4 +1,4 @@
-/* GGUF quantized weights (Q8_0, Q4_0, Q4_K, Q6_K; MXFP4's block format only):
+/* GGUF quantized weights (Q8_0, Q4_0, Q4_K, Q6_K, MXFP4):
  *   - src/quant.c's dequantization against a reference written here, independently,
  *     from the block layouts (random blocks, edge values);
  *   - quantize -> dequantize error bounds of the reference quantizers;
@@ -8,9 +8,9 @@
  *   - a small quantized GGUF model (Q4_K with Q6_K tensors, as a Q4_K_M file; and
  *     Q8_0 with Q4_0) loads, and its logits stay within 2% of the range of those of
  *     the F32 model written from its dequantized weights, with the same greedy token;
- *     chunking and batching change no bit; its id differs from the F32 file's; an
- *     unsupported type is refused by name (MXFP4 too: known to src/quant.h, which
- *     the tools write it with, but not to the engine);
+ *     chunking and batching change no bit; its id differs from the F32 file's (and
+ *     MXFP4 with a Q8_0 matrix, the tied embedding MXFP4 too); an unsupported type is
+ *     refused by name, and so is MXFP4 for a norm vector (matrices only);
  *   - MXFP4: a block dequantized against values worked out by hand from the OCP
  *     MX spec (E8M0 scale 2^(e-127), E2M1 elements), the scale byte's extremes, and
  *     the quantizer's round trip (exact on representable blocks, bounded otherwise);
@@ -208,7 +208,9 @@ static void test_dequant(void)
     ok(kvg_quant_ggml_type(KVG_Q4_0) == 2 && kvg_quant_ggml_type(KVG_Q8_0) == 8 &&
        kvg_quant_ggml_type(KVG_Q4_K) == 12 && kvg_quant_ggml_type(KVG_Q6_K) == 14 &&
        kvg_quant_from_ggml(14, &q) == 0 && q == KVG_Q6_K && kvg_quant_from_ggml(7, &q) == -1 &&
-       kvg_quant_from_ggml(39, &q) == 0 && q == KVG_MXFP4 && KVG_QTYPE_ENGINE_LAST == KVG_Q6_K,
+       kvg_quant_from_ggml(39, &q) == 0 && q == KVG_MXFP4 && KVG_QTYPE_ENGINE_LAST == KVG_MXFP4 &&
+       kvg_dtype_is_quant(KVG_DT_MXFP4) && kvg_dtype_row_bytes(KVG_DT_MXFP4, 2880) == 90 * 17 &&
+       strcmp(kvg_dtype_name(KVG_DT_MXFP4), "MXFP4") == 0,
        "GGML type ids");
 }
 
@@ -342,16 +344,18 @@ static kvg_dtype dt_of(kvg_qtype t)
     return (kvg_dtype)(KVG_DT_Q8_0 + (int)t);
 }
 
-/* The int8 product of Q8_0 / Q4_0 / Q4_K / Q6_K (engine/cpu/gemm_int8.h's
+/* The int8 product of Q8_0 / Q4_0 / Q4_K / Q6_K / MXFP4 (engine/cpu/gemm_int8.h's
  * definition), written here from that text alone: X rounded to int8 per block of 32,
  * exact integer block sums, one float chain per output (Q4_K: its three steps per
- * block; Q6_K: one step per sub-block of 16). Also the
+ * block; Q6_K: one step per sub-block of 16; MXFP4: the codes' E2M1 values doubled,
+ * -12..12, and 2^(e - 128) for dw). Also the
  * bound on its distance from the F32 product over the dequantized W, per output: sum
  * over blocks of (amax / 254) * sum |w|, the most that rounding X can move it. */
 static void ref_int8(const float *x, int M, int K, const uint8_t *wq, kvg_qtype t, int N, const float *bias,
                      float *y, double *bound)
 {
-    size_t bb = t == KVG_Q8_0 ? 34 : 18, rb = (size_t)(K / 32) * bb;
+    static const int e2m1x2[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+    size_t bb = t == KVG_Q8_0 ? 34 : t == KVG_MXFP4 ? 17 : 18, rb = (size_t)(K / 32) * bb;
     if (t == KVG_Q4_K || t == KVG_Q6_K)
         rb = (size_t)(K / 256) * (t == KVG_Q4_K ? 144 : 210);
     for (int m = 0; m < M; m++)
@@ -385,13 +389,16 @@ static void ref_int8(const float *x, int M, int K, const uint8_t *wq, kvg_qtype 
                     } else if (t == KVG_Q4_K) {
                         int byte = sb[16 + 32 * (b % 8 / 2) + k];
                         w = b % 2 ? byte / 16 : byte % 16;
+                    } else if (t == KVG_MXFP4) {
+                        w = e2m1x2[k < 16 ? blk[1 + k] & 15 : blk[1 + k - 16] >> 4];
                     } else {
                         w = t == KVG_Q8_0 ? (int8_t)blk[2 + k] : (k < 16 ? blk[2 + k] & 15 : blk[2 + k - 16] >> 4) - 8;
                     }
                     q[k] = finite ? (int)nearbyintf(xb[k] * id) : 0;
                     isum += (long)w * q[k];
                     sx += q[k];
-                    wsum += t == KVG_Q4_K ? fabs((double)ds * w - dm) : fabs(ref_half(blk) * (double)w);
+                    wsum += t == KVG_Q4_K ? fabs((double)ds * w - dm)
+                            : t == KVG_MXFP4 ? fabs(ldexp(w, blk[0] - 128)) : fabs(ref_half(blk) * (double)w);
                 }
                 if (t == KVG_Q6_K) {
                     /* Per sub-block of 16: o = sum (q6 - 32) q, acc = fma(d * dx, sc * o). */
@@ -410,6 +417,8 @@ static void ref_int8(const float *x, int M, int K, const uint8_t *wq, kvg_qtype 
                 } else if (t == KVG_Q4_K) {
                     float u = dm * (float)sx;
                     acc = fmaf(d, fmaf(ds, (float)isum, -u), acc);
+                } else if (t == KVG_MXFP4) {
+                    acc = fmaf(ldexpf(1.0f, blk[0] - 128) * d, (float)isum, acc);
                 } else {
                     acc = fmaf(ref_half(blk) * d, (float)isum, acc);
                 }
@@ -439,7 +448,8 @@ static void test_gemm(void)
     for (int isa = 0; isa <= KVG_ISA_AVX512; isa++)
         n_isa += kvg_gemm_isa_supported((kvg_gemm_isa_id)isa);
     diag("ISAs on this CPU: %d (up to %s)", n_isa, kvg_gemm_isa_name((kvg_gemm_isa_id)(n_isa - 1)));
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t <= KVG_MXFP4; t++) {
+        /* 160: five blocks (MXFP4's layout: a four and a last partial one) */
         int K = kvg_quant_block_elems((kvg_qtype)t) == 32 ? 160 : 512;
         kvg_dtype dt = dt_of((kvg_qtype)t);
         size_t rb = kvg_dtype_row_bytes(dt, K);
@@ -960,15 +970,16 @@ static void test_unsupported(const char *tok)
     kvg_model_free(m);
     unlink(path);
 
-    /* MXFP4 (type 39, 17 bytes per 32: the Q8_0 data is larger again) maps to a kvg_qtype
-     * but not to an engine dtype: refused by name, never read as another format. */
+    /* MXFP4 (type 39, 17 bytes per 32: the F32 data written is larger) is for matrices:
+     * a norm vector in it is refused by name, never read as another format. */
     tm_build(&tm, &sp);
     o.bad_type = 39;
+    o.bad_match = "blk.0.ffn_norm";
     wr = mw_write_gguf(&tm.m, path, &o, err, sizeof err);
     tm_free(&tm);
     m = wr == 0 ? kvg_model_load(path, &lo, err, sizeof err) : NULL;
-    ok(!m && strstr(err, "unsupported dtype MXFP4") && strstr(err, "blk.0.ffn_up.weight"),
-       "MXFP4 is refused naming type and tensor (%s)", err);
+    ok(!m && strstr(err, "unsupported dtype MXFP4") && strstr(err, "blk.0.ffn_norm.weight"),
+       "MXFP4 for a norm vector is refused naming type and tensor (%s)", err);
     kvg_model_free(m);
     unlink(path);
 }
@@ -986,6 +997,7 @@ int main(void)
     } else {
         test_model_one("Q4_K_M-like (Q4_K, Q6_K ffn_down), tied", KVG_DT_Q4_K, KVG_DT_Q6_K, "ffn_down", 1, tok);
         test_model_one("Q8_0 with Q4_0 attn_v, untied", KVG_DT_Q8_0, KVG_DT_Q4_0, "attn_v", 0, tok);
+        test_model_one("MXFP4 with Q8_0 attn_output, tied", KVG_DT_MXFP4, KVG_DT_Q8_0, "attn_output", 1, tok);
         test_unsupported(tok);
         test_float_model(tok);
     }
