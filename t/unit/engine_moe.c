@@ -4,8 +4,10 @@
  *   - they load, with the hyperparameters and each expert a row slice of its stack;
  *     bad stacks are refused naming the tensor;
  *   - the backend's moe operation equals a naive reference written here (plain loops,
- *     double sums) for F32 experts tightly, for Q8_0 / Q4_K / Q6_K experts (the int8
- *     path rounds activations) loosely, with the same experts chosen;
+ *     double sums) for F32 experts tightly, for Q8_0 / Q4_K / Q6_K / MXFP4 experts (the
+ *     int8 path rounds activations) loosely, with the same experts chosen (MXFP4, as
+ *     gpt-oss stores its experts: widths of 5 and 3 blocks, the int8 layout's blocks in
+ *     a four and a partial one);
  *   - ties in the router go to the lower expert index (an all-zero router, and three
  *     identical router rows);
  *   - both gatings (softmax then top-k; top-k then softmax) with and without the
@@ -541,13 +543,16 @@ int main(void)
     moe_spec f32 = { 64, 4, 2, 16, 2, 8, 2, 32, 300, 256, KVG_DT_F32, KVG_DT_F32, 1, 1, 0, 11 };
     moe_spec q8 = { 64, 4, 2, 16, 2, 8, 3, 32, 300, 256, KVG_DT_Q8_0, KVG_DT_Q8_0, 1, 0, 0, 12 };
     moe_spec qk = { 256, 4, 2, 64, 1, 6, 2, 256, 300, 256, KVG_DT_Q4_K, KVG_DT_Q6_K, 1, 0, 0, 13 };
+    moe_spec mx = { 160, 4, 2, 16, 2, 8, 2, 96, 300, 256, KVG_DT_MXFP4, KVG_DT_MXFP4, 1, 0, 0, 14 };
 
     test_load();
     test_no_moe_op();
     test_op("f32", &f32, 1e-5);
     test_op("q8_0", &q8, 3e-2);
     test_op("q4_k+q6_k", &qk, 5e-2);
+    test_op("mxfp4", &mx, 3e-2);
     test_model_forward("f32", &f32);
     test_model_forward("q8_0", &q8);
+    test_model_forward("mxfp4", &mx);
     return done_testing();
 }
