@@ -13,15 +13,23 @@
 
 #include <immintrin.h>
 
-#define I8TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-#define I8INL static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline))
+/* t/unit/gemm_int8_avx512_emu.c compiles this file against SIMDe's emulation of the
+ * intrinsics, by overriding KVG_I8_AVX512_TARGET. */
+#ifndef KVG_I8_AVX512_TARGET
+#define KVG_I8_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+/* The quantizer of X runs without VNNI too. */
+#define KVG_I8_AVX512_QTARGET "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
+#else
+#define KVG_I8_AVX512_QTARGET KVG_I8_AVX512_TARGET
+#endif
+#define I8TGT __attribute__((target(KVG_I8_AVX512_TARGET)))
+#define I8INL static inline __attribute__((target(KVG_I8_AVX512_TARGET), always_inline))
 #define I8UNROLL _Pragma("GCC unroll 16")
 /* No software prefetch: each group's quants are one sequential stream, which the
  * hardware prefetchers follow; measured on AMD EPYC (Zen 4), prefetching 1 KiB ahead
  * made one-row decode 1.3x slower (Q8_0) and 1.4x (Q4_0). */
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned char *xq)
+__attribute__((target(KVG_I8_AVX512_QTARGET))) void kvg_int8_quantize_x_avx512(const float *x, int K, int r0, int r1, unsigned char *xq)
 {
     const __m512 big = _mm512_set1_ps(FLT_MAX);
 
