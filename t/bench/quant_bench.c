@@ -6,7 +6,7 @@
  *            L2: the kernel's own ceiling (GB/s) when memory is not the limit;
  *   prefill: M = 128 products -> tok/s.
  * The weights are prepared as the CPU backend prepares them (kvg_gemm_prepare: Q8_0
- * and Q4_0 repacked for the int8 kernels).
+ * Q4_0, Q4_K, Q6_K and MXFP4 repacked for the int8 kernels).
  * Usage: quant_bench [threads (2)] [decode reps (20)] [prefill reps (2)]. Figures
  * only: no assertions (tests check the numerics). */
 #include <stdio.h>
@@ -91,7 +91,8 @@ int main(int argc, char **argv)
 {
     int threads = argc > 1 ? atoi(argv[1]) : 2, dreps = argc > 2 ? atoi(argv[2]) : 20,
         preps = argc > 3 ? atoi(argv[3]) : 2;
-    static const kvg_dtype dts[] = { KVG_DT_F32, KVG_DT_F16, KVG_DT_Q8_0, KVG_DT_Q4_0, KVG_DT_Q4_K, KVG_DT_Q6_K };
+    static const kvg_dtype dts[] = { KVG_DT_F32, KVG_DT_F16, KVG_DT_Q8_0, KVG_DT_Q4_0, KVG_DT_Q4_K, KVG_DT_Q6_K,
+                                     KVG_DT_MXFP4 };
     const int PM = 128;
     kvg_threadpool *tp = kvg_threadpool_new(threads);
     kvg_gemm_ws *ws = kvg_gemm_ws_new(threads, 768, 2048);
