@@ -43,6 +43,8 @@
 struct kvg_cu_moe {
     int E, K, EH, dim;
     int align;                   /* an expert's first slot is a multiple of this */
+    int two_inputs;              /* some layer's gate and up differ in type (F16 vs BF16):
+                                    the input is rounded into xu too */
     int cap_rows;                /* rows the buffers hold */
     size_t cap_slots;            /* cap_rows * K + E * (align - 1) */
     float *logits;               /* [cap_rows][E] */
@@ -51,7 +53,8 @@ struct kvg_cu_moe {
     int32_t *pos;                /* [cap_rows][K] */
     int32_t *meta;               /* [2E + 1] counts, first slots, slots used */
     int32_t *slot_row;           /* [cap_slots] */
-    void *xg, *xu;               /* [cap_slots][dim] 2-byte: the input in gate's, up's type */
+    void *xg, *xu;               /* [cap_slots][dim] 2-byte: the input in gate's, up's type
+                                    (xu only with two_inputs) */
     float *g, *u;                /* [cap_slots][EH] */
     void *gl;                    /* [cap_slots][EH] 2-byte: g in down's type */
     float *y;                    /* [cap_slots][dim] */
@@ -89,6 +92,17 @@ int kvg_cu_moe_init(kvg_cuda *c, char *err, size_t err_len)
        each expert's first slot to `align` slots puts all its rows at 256 bytes, the
        alignment cuBLASLt's algorithms are chosen for. 1 for every real model. */
     mo->align = 256 / gcd(256, 2 * gcd(mo->dim, mo->EH));
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const kvg_cu_weight *g = kvg_cu_weight_of(c, c->m->layers[l].moe_gate[0].data);
+        const kvg_cu_weight *u = kvg_cu_weight_of(c, c->m->layers[l].moe_up[0].data);
+        if (!g || !u) {
+            kvg_set_err(err, err_len, "cuda: layer %d's experts were not uploaded", l);
+            c->failed = 0;
+            c->err[0] = 0;
+            return -1;
+        }
+        mo->two_inputs |= g->dt != u->dt;
+    }
     e = cudaMallocHost((void **)&mo->h_meta, (2 * (size_t)mo->E + 1) * sizeof(int32_t));
     if (e != cudaSuccess) {
         char what[200];
@@ -163,7 +177,8 @@ static int reserve(kvg_cuda *c, kvg_cu_moe *mo, int rows)
     BUF(mo->pos, rk * 4, "slots");
     BUF(mo->slot_row, slots * 4, "slot rows");
     BUF(mo->xg, slots * (size_t)mo->dim * 2, "expert inputs");
-    BUF(mo->xu, slots * (size_t)mo->dim * 2, "expert inputs");
+    if (mo->two_inputs)
+        BUF(mo->xu, slots * (size_t)mo->dim * 2, "expert inputs");
     BUF(mo->g, slots * (size_t)mo->EH * 4, "expert gate products");
     BUF(mo->u, slots * (size_t)mo->EH * 4, "expert up products");
     BUF(mo->gl, slots * (size_t)mo->EH * 2, "expert activations");
