@@ -155,6 +155,42 @@ typedef struct kvg_k_attn_args {
 
 cudaError_t kvg_k_attention(cudaStream_t s, const kvg_k_attn_args *a);
 
+/* ---- the mixture-of-experts FFN (moe.cu); the experts' GEMMs are cuBLASLt's ---- */
+
+#define KVG_K_MOE_MAX_EXPERTS 512
+
+/* The gatings (engine/model.h kvg_moe_gating, same values). */
+enum { KVG_K_MOE_SOFTMAX = 0, KVG_K_MOE_TOPK_SOFTMAX = 1 };
+
+/* Each row's router logits ([rows][E], F32) into its K experts by rank, sel[rows][K], and
+ * their weights wt[rows][K]: mode KVG_K_MOE_SOFTMAX, a softmax over all E (overwriting the
+ * row's logits with the probabilities) then the K largest; KVG_K_MOE_TOPK_SOFTMAX, the K
+ * largest logits then a softmax over those. Ties go to the lower expert. norm: the K
+ * weights divided by their sum (floored at 2^-14). One thread per row, the CPU backend's
+ * expressions (engine/cpu/moe_cpu.c); E <= KVG_K_MOE_MAX_EXPERTS. */
+cudaError_t kvg_k_moe_gate(cudaStream_t s, float *logits, int rows, int E, int K, int mode,
+                           int norm, int32_t *sel, float *wt);
+
+/* Groups the n_pairs = rows * K (row, rank) pairs of sel by expert (a stable counting
+ * sort; two launches). meta ([2E + 1] ints) gets meta[e] = expert e's count, meta[E + e]
+ * = its first slot, meta[2E] = the slots used: each expert's slots start at a multiple of
+ * `align` and are rounded up to one (the host picks align so that every expert's rows of
+ * the GEMM buffers start 256-byte aligned). pos[i] = the slot of pair i (i = r * K + j),
+ * slot_row[slot] = its row, ascending within an expert; padding slots name row 0.
+ * slot_row holds n_pairs + E * (align - 1) entries. */
+cudaError_t kvg_k_moe_group(cudaStream_t s, const int32_t *sel, int n_pairs, int K, int E,
+                            int align, int32_t *meta, int32_t *slot_row, int32_t *pos);
+
+/* out[i][:] = x[rows[i]][:] (width floats) rounded to dt (BF16 or F16, nearest even), for
+ * i < n: the experts' GEMM input, gathered by slot. */
+cudaError_t kvg_k_gather_lowp(cudaStream_t s, const float *x, int width, const int32_t *rows,
+                              int n, kvg_kt dt, void *out);
+
+/* out[r][:] = wt[r][0] y[pos[r][0]][:] + wt[r][1] y[pos[r][1]][:] + ... for r < rows: the
+ * K expert outputs of the row in rank order, one fmaf chain per element. */
+cudaError_t kvg_k_moe_combine(cudaStream_t s, const float *y, int width, const int32_t *pos,
+                              const float *wt, int rows, int K, float *out);
+
 #ifdef __cplusplus
 }
 #endif

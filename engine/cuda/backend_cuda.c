@@ -372,6 +372,15 @@ static void cu_gather_out_rows(kvg_backend *be, const float *x, int width, float
                      "rows=%d width=%d", c->plan.n_out, width);
 }
 
+static void cu_moe(kvg_backend *be, int layer, const float *x, int rows, float *out)
+{
+    kvg_cuda *c = cu(be);
+    if (!op_begin(c, "moe"))
+        return;
+    c->layer = layer;
+    kvg_cu_moe_ffn(c, layer, x, rows, out);
+}
+
 /* ---- the KV pool, memory, description ---- */
 
 static size_t cu_kv_block_bytes(kvg_backend *be, const kvg_kv_geom *g)
@@ -421,6 +430,7 @@ static void cu_destroy(kvg_backend *be)
         if (c->stream)
             cudaStreamSynchronize(c->stream);
         kvg_cu_gemm_free(c);
+        kvg_cu_moe_free(c);
         kvg_cu_weights_free(c);
         if (c->h_plan)
             cudaFreeHost(c->h_plan);
@@ -455,6 +465,7 @@ static const kvg_backend_ops cuda_ops = {
     .softcap = cu_softcap,
     .add = cu_add,
     .gather_out_rows = cu_gather_out_rows,
+    .moe = cu_moe,
     .end_step = cu_end_step,
     .kv_block_bytes = cu_kv_block_bytes,
     .kv_pool_new = cu_kv_pool_new,
@@ -500,7 +511,7 @@ int kvg_backend_cuda_probe(int dev, char *err, size_t err_len)
 static const char *cuda_family_error(const kvg_model *m)
 {
     const kvg_model_config *c = &m->cfg;
-    return c->n_experts > 0 ? "mixture-of-experts feed-forward layers" : NULL;
+    return c->n_experts > KVG_K_MOE_MAX_EXPERTS ? "a mixture of more than 512 experts" : NULL;
 }
 
 /* The first MXFP4 matrix of m, by name (into buf), or NULL: the device has no MXFP4
@@ -596,7 +607,8 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
     }
     for (int k = 0; k < c->n_rope_kinds; k++)
         kvg_rope_frequencies(cfg, k, c->inv_freq + (size_t)k * (cfg->head_dim / 2));
-    if (kvg_cu_weights_upload(c, err, err_len) != 0 || kvg_cu_gemm_init(c, err, err_len) != 0)
+    if (kvg_cu_weights_upload(c, err, err_len) != 0 || kvg_cu_gemm_init(c, err, err_len) != 0
+        || kvg_cu_moe_init(c, err, err_len) != 0)
         goto fail;
     return be;
 fail:

@@ -2,7 +2,8 @@
  *
  * Column-major view (kernels/README.md, the design): D (N x M, ld N) = op(A) op(B) with
  * A = W as K x N (ld K) transposed and B = x as K x M (ld K); x is first rounded to W's
- * type (kvg_k_to_lowp), D is F32, compute 32F.
+ * type (kvg_k_to_lowp), D is F32, compute 32F. An F32 weight (a MoE router, kept F32 as
+ * the CPU keeps it) takes x as it is: a full-precision F32 GEMM (COMPUTE_32F, no TF32).
  *
  * Batch invariance (--batch-invariant on): one algorithm per weight shape (N, K, type),
  * chosen once from the heuristic for the largest M the engine runs, with no workspace and
@@ -261,32 +262,18 @@ static int ensure_lowp(kvg_cuda *c, size_t bytes)
     return 0;
 }
 
-void kvg_cu_matmul(kvg_cuda *c, const float *x, int M, int K, const kvg_tensor *w,
-                   const float *bias, float *y)
+void kvg_cu_gemm(kvg_cuda *c, const void *x, int M, int K, const kvg_cu_weight *dw, int N,
+                 const kvg_cu_weight *db, float *y)
 {
-    const kvg_cu_weight *dw, *db = NULL;
     kvg_cu_gemm_shape *s;
     const cublasLtMatmulAlgo_t *algo;
     cublasLtMatrixLayout_t b = NULL, d = NULL;
     cublasStatus_t st;
     cudaError_t e;
     float one = 1.0f, zero = 0.0f;
-    int N = (int)w->rows;
 
     if (c->failed || M <= 0)
         return;
-    dw = kvg_cu_weight_of(c, w->data);
-    if (bias)
-        db = kvg_cu_weight_of(c, bias);
-    if (!dw || (bias && !db))
-        return;
-    if (ensure_lowp(c, (size_t)M * (size_t)K * 2) != 0)
-        return;
-    e = kvg_k_to_lowp(c->stream, x, (size_t)M * K, dw->dt, c->lowp);
-    if (e != cudaSuccess) {
-        kvg_cu_fail(c, "launch kvg_k_to_lowp", e, "M=%d K=%d", M, K);
-        return;
-    }
     s = shape_of(c, N, K, dw->dt);
     if (!s)
         return;
@@ -298,7 +285,7 @@ void kvg_cu_matmul(kvg_cuda *c, const float *x, int M, int K, const kvg_tensor *
         kvg_cu_fail_blas(c, "cublasLtMatrixLayoutCreate", st, "M=%d N=%d K=%d", M, N, K);
         return;
     }
-    st = cublasLtMatmul((cublasLtHandle_t)c->lt, s->desc, &one, dw->dev, s->a, c->lowp, b, &zero, y, d, y, d,
+    st = cublasLtMatmul((cublasLtHandle_t)c->lt, s->desc, &one, dw->dev, s->a, x, b, &zero, y, d, y, d,
                         algo, NULL, 0, c->stream);
     cublasLtMatrixLayoutDestroy(b);
     cublasLtMatrixLayoutDestroy(d);
@@ -311,4 +298,32 @@ void kvg_cu_matmul(kvg_cuda *c, const float *x, int M, int K, const kvg_tensor *
         if (e != cudaSuccess)
             kvg_cu_fail(c, "launch kvg_k_bias_add", e, "M=%d N=%d", M, N);
     }
+}
+
+void kvg_cu_matmul(kvg_cuda *c, const float *x, int M, int K, const kvg_tensor *w,
+                   const float *bias, float *y)
+{
+    const kvg_cu_weight *dw, *db = NULL;
+    cudaError_t e;
+
+    if (c->failed || M <= 0)
+        return;
+    dw = kvg_cu_weight_of(c, w->data);
+    if (bias)
+        db = kvg_cu_weight_of(c, bias);
+    if (!dw || (bias && !db))
+        return;
+    if (dw->dt == KVG_KT_F32) {
+        /* An F32 weight (a MoE router): x as it is, an F32 GEMM. */
+        kvg_cu_gemm(c, x, M, K, dw, (int)w->rows, db, y);
+        return;
+    }
+    if (ensure_lowp(c, (size_t)M * (size_t)K * 2) != 0)
+        return;
+    e = kvg_k_to_lowp(c->stream, x, (size_t)M * K, dw->dt, c->lowp);
+    if (e != cudaSuccess) {
+        kvg_cu_fail(c, "launch kvg_k_to_lowp", e, "M=%d K=%d", M, K);
+        return;
+    }
+    kvg_cu_gemm(c, c->lowp, M, K, dw, (int)w->rows, db, y);
 }

@@ -1,6 +1,6 @@
 /* The CUDA backend's state, shared by its files (backend_cuda.c: the vtable and the step;
  * cuda_check.c: errors; cuda_weights.c: the weight arena; cuda_gemm.c: cuBLASLt;
- * cuda_kv.c: the device KV pool). Host C against kernels/kvg_cuda_api.h, the real CUDA
+ * cuda_kv.c: the device KV pool; cuda_moe.c: the mixture-of-experts FFN). Host C against kernels/kvg_cuda_api.h, the real CUDA
  * runtime or its emulation. */
 #ifndef KVG_CUDA_INTERNAL_H
 #define KVG_CUDA_INTERNAL_H
@@ -22,6 +22,7 @@ typedef struct kvg_cu_weight {
 } kvg_cu_weight;
 
 typedef struct kvg_cu_gemm_shape kvg_cu_gemm_shape;
+typedef struct kvg_cu_moe kvg_cu_moe;
 
 typedef struct kvg_cuda {
     const kvg_model *m;
@@ -65,6 +66,8 @@ typedef struct kvg_cuda {
     int32_t kv_pool_blocks;      /* the pool's size: block ids are checked against it */
 
     int64_t kv_pools;            /* device pools alive (their bytes are theirs) */
+
+    kvg_cu_moe *moe;             /* the MoE FFN's scratch (cuda_moe.c); NULL: a dense model */
 } kvg_cuda;
 
 /* ---- errors (cuda_check.c) ---- */
@@ -99,6 +102,19 @@ void kvg_cu_gemm_free(kvg_cuda *c);
 /* y[M][N] = x[M][K] w^T (+ bias) on the device. Records a failure on error. */
 void kvg_cu_matmul(kvg_cuda *c, const float *x, int M, int K, const kvg_tensor *w,
                    const float *bias, float *y);
+/* The same with x already in dw's type (BF16/F16; F32 for an F32 weight) and the weight
+ * (N rows) and bias (NULL: none) already looked up: what the MoE's expert GEMMs call on
+ * their rows of a shared, once-rounded input. */
+void kvg_cu_gemm(kvg_cuda *c, const void *x, int M, int K, const kvg_cu_weight *dw, int N,
+                 const kvg_cu_weight *db, float *y);
+
+/* ---- mixture of experts (cuda_moe.c) ---- */
+/* The scratch of a MoE model (nothing for a dense one). 0, or -1 with err. */
+int kvg_cu_moe_init(kvg_cuda *c, char *err, size_t err_len);
+void kvg_cu_moe_free(kvg_cuda *c);
+/* backend.h's moe: out[rows][dim] = the MoE FFN of `layer` on x. Records a failure on
+ * error. Waits once for the device (the experts' row counts). */
+void kvg_cu_moe_ffn(kvg_cuda *c, int layer, const float *x, int rows, float *out);
 
 /* ---- KV pool (cuda_kv.c) ---- */
 size_t kvg_cu_kv_block_bytes(const kvg_kv_geom *g);

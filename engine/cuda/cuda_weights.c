@@ -11,7 +11,16 @@
  * reads exactly that slice's rows. Entries are merged only when they are the same
  * tensor (same address, size and type: tied embeddings); two different tensors at one
  * address are refused (the lookup could not tell them apart). Overlapping ranges are
- * harmless: each entry converts its own range. */
+ * harmless: each entry converts its own range.
+ *
+ * A mixture-of-experts layer's experts are such slices too: expert e's gate, up and down
+ * matrices are rows [e * rows, (e + 1) * rows) of the file's stacked tensors
+ * (model_common.c kvgm_stack), each an entry of its own. The whole stack is never an
+ * entry, so it is uploaded once, as its experts (no second copy beside them), and since
+ * the entries are laid out in host-address order the experts of a stack lie in expert
+ * order, back to back whenever a slice is a multiple of 256 bytes (every real model's).
+ * Quantized experts are dequantized as any quantized matrix. The router stays F32 when
+ * the file has it so (add_mat_f32): the CPU backend's routing precision. */
 #include "cuda_internal.h"
 #include "errmsg.h"
 
@@ -43,6 +52,8 @@ static int cmp_host(const void *a, const void *b)
 
 static void add_mat(src_weight *w, int *n, const kvg_tensor *t, int layer, const char *name)
 {
+    if (!t->data)
+        return;                  /* a MoE model's dense FFN matrices: none */
     w[*n].layer = layer;
     w[*n].name = name;
     w[*n].host = t->data;
@@ -51,6 +62,16 @@ static void add_mat(src_weight *w, int *n, const kvg_tensor *t, int layer, const
     w[*n].cols = t->cols;
     w[*n].vector = 0;
     (*n)++;
+}
+
+/* A matrix kept in F32 on the device when the file has it in F32 (a MoE router: its
+ * logits choose the experts, so it keeps the precision the CPU backend gives it; stored
+ * and converted as a vector is, 4 bytes an element); other types as any matrix. */
+static void add_mat_f32(src_weight *w, int *n, const kvg_tensor *t, int layer, const char *name)
+{
+    add_mat(w, n, t, layer, name);
+    if (t->dtype == KVG_DT_F32)
+        w[*n - 1].vector = 1;
 }
 
 static void add_vec(src_weight *w, int *n, const float *v, size_t count, int layer, const char *name)
@@ -132,7 +153,7 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
     const kvg_model *m = c->m;
     const kvg_model_config *cfg = &m->cfg;
     size_t qd = (size_t)cfg->n_heads * cfg->head_dim, kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
-    int cap = cfg->n_layers * 16 + 4, n = 0, u = 0;
+    int cap = cfg->n_layers * (16 + 1 + 3 * (cfg->n_experts > 0 ? cfg->n_experts : 0)) + 4, n = 0, u = 0;
     src_weight *w = calloc((size_t)cap, sizeof *w);
     size_t total = 0, done = 0;
     unsigned char *stage = NULL;
@@ -165,6 +186,14 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
         add_vec(w, &n, L->k_norm, (size_t)cfg->head_dim, l, "k_norm");
         add_vec(w, &n, L->post_attn_norm, (size_t)cfg->dim, l, "post_attn_norm");
         add_vec(w, &n, L->post_ffn_norm, (size_t)cfg->dim, l, "post_ffn_norm");
+        if (cfg->n_experts > 0) {
+            add_mat_f32(w, &n, &L->moe_router, l, "moe_router");
+            for (int x = 0; x < cfg->n_experts; x++) {
+                add_mat(w, &n, &L->moe_gate[x], l, "moe_gate");
+                add_mat(w, &n, &L->moe_up[x], l, "moe_up");
+                add_mat(w, &n, &L->moe_down[x], l, "moe_down");
+            }
+        }
     }
     /* One entry per address: tied embeddings upload once. */
     qsort(w, (size_t)n, sizeof *w, cmp_host);
