@@ -137,7 +137,8 @@ typedef struct family {
                                     fixes it per family, whatever the file says) */
     const char *ffn_norm;        /* the FFN's norm when not ffn_norm.weight (gpt-oss:
                                     post_attention_norm.weight) */
-    float attn_temp_offset;      /* F_ATTN_TEMP: added to the position before the floor */
+    float attn_temp_offset;      /* F_ATTN_TEMP: added to the position before the floor
+                                    (llama.cpp's Mistral 3: 0; its Llama 4: 1) */
 } family;
 
 static const family families[] = {
