@@ -61,7 +61,9 @@ typedef struct kvg_backend_ops {
                    const float *bias, float *y);
     /* Rotates q ([n_rows][n_heads*head_dim]) and k ([n_rows][n_kv_heads*head_dim]) in
      * place for each row's position, as `layer` rotates (layout, theta, scaling and
-     * factors from the model; rope.h: a layer's kind). */
+     * factors from the model; rope.h: a layer's kind); then, when the model has a query
+     * temperature (cfg.attn_temp_scale), multiplies each row's q by kvg_rope_q_scale of
+     * its position. */
     void (*rope)(kvg_backend *be, int layer, float *q, float *k);
     /* Stores each row's k and v ([n_rows][n_kv_heads*head_dim]) at its position in its
      * sequence's blocks for `layer`. The blocks must be writable (refcount 1). */
@@ -71,7 +73,9 @@ typedef struct kvg_backend_ops {
      * kv_write for the whole step comes first, so a prefill chunk sees its own tokens.
      * The model sets the rest: a sliding layer sees [pos[r] - swa_window + 1, pos[r]]
      * only, scores are divided by sqrt(attn_query_scalar or head_dim), and soft-capped
-     * when attn_softcap > 0 (kvg_model_config). */
+     * when attn_softcap > 0 (kvg_model_config); with cfg.attn_sinks, head h's softmax
+     * has one more logit, the layer's attn_sinks[h], in its maximum and denominator,
+     * with no value. */
     void (*attention)(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *q, float *out);
     /* gate[i] = silu(gate[i]) * up[i] for i < n. */
     void (*swiglu)(kvg_backend *be, float *gate, const float *up, size_t n);
@@ -90,10 +94,13 @@ typedef struct kvg_backend_ops {
     void (*gather_out_rows)(kvg_backend *be, const float *x, int width, float *out);
     /* The mixture-of-experts FFN of `layer` (cfg.n_experts > 0) on `rows` rows of x
      * ([rows][dim], the normed FFN input; rows <= the step's rows): for each row, the
-     * router's logits (moe_router x), gated into n_experts_used (expert, weight) pairs as
-     * cfg.moe_gating and moe_norm_topk say (ties toward the lower expert index), and
+     * router's logits (moe_router x (+ moe_router_bias)), gated into n_experts_used
+     * (expert, weight) pairs as cfg.moe_gating and moe_norm_topk say (ties toward the
+     * lower expert index), and
      *   out[r] = sum over the pairs in rank order (the highest weight first) of
      *            weight * moe_down[e] (silu(moe_gate[e] x[r]) * moe_up[e] x[r]),
+     * with gpt-oss's clamped SwiGLU for silu(g) * u when cfg.ffn_act says so and each
+     * expert's biases after its three products when cfg.moe_biases,
      * out [rows][dim]. Batch-invariant like every operation: a row's result never depends
      * on which other rows chose the same experts. */
     void (*moe)(kvg_backend *be, int layer, const float *x, int rows, float *out);

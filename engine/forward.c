@@ -80,6 +80,12 @@ kvg_forward *kvg_forward_new(const kvg_model *m, kvg_backend *be, kvg_kv_pool *k
                            : c->embed_scale > 0.0f && !o->scale ? "the embedding scale"
                            : c->final_softcap > 0.0f && !o->softcap ? "logit soft-capping"
                            : c->n_experts > 0 && !o->moe ? "mixture-of-experts layers" : NULL;
+        if (c->ffn_act == KVG_ACT_SWIGLU_OAI && c->n_experts == 0) {
+            /* gpt-oss's clamped SwiGLU is its experts' (the backends' moe operation) */
+            kvg_set_err(err, err_len, "forward: %s: the clamped SwiGLU outside mixture-of-experts layers is not "
+                        "supported", c->arch);
+            return NULL;
+        }
         if (need) {
             kvg_set_err(err, err_len, "forward: the %s backend cannot run %s models yet (no %s)", o->name,
                         c->arch, need);
@@ -348,7 +354,7 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
             xn = f->x;
             rows = n_out;
         }
-        ops->matmul(be, att, rows, qd, &w->wo, NULL, f->ob);
+        ops->matmul(be, att, rows, qd, &w->wo, w->bo, f->ob);
         if (c->post_norms)
             ops->rmsnorm(be, f->ob, w->post_attn_norm, c->norm_eps, rows, dim, f->ob);
         ops->add(be, x, f->ob, (size_t)rows * dim);

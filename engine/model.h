@@ -45,7 +45,9 @@ typedef struct kvg_tensor {
 /* The activation of the gated feed-forward network: act(gate) * up. */
 typedef enum kvg_ffn_act {
     KVG_ACT_SILU = 0,            /* SwiGLU: Llama, Qwen, Mistral, Phi-3 */
-    KVG_ACT_GELU_TANH = 1        /* GeGLU with the tanh approximation: Gemma */
+    KVG_ACT_GELU_TANH = 1,       /* GeGLU with the tanh approximation: Gemma */
+    KVG_ACT_SWIGLU_OAI = 2       /* gpt-oss's clamped SwiGLU: x = min(gate, 7),
+                                    y = clamp(up, -7, 7), x sigmoid(1.702 x) (y + 1) */
 } kvg_ffn_act;
 
 /* How a mixture-of-experts layer turns its router's logits into the weights of the
@@ -87,6 +89,7 @@ typedef struct kvg_model_config {
     int rope_orig_max_pos;
     int tied_embeddings;         /* output projection == token embedding */
     int has_qkv_bias;            /* Qwen2 */
+    int has_o_bias;              /* gpt-oss: kvg_layer_weights.bo */
 
     /* ---- what sets the other families apart (model_family.c fills them from the
      * family's table; zero everywhere is the Llama forward pass) ---- */
@@ -113,7 +116,22 @@ typedef struct kvg_model_config {
      * Llama 3.1's rope_freqs, Phi-3's LongRoPE factors (the set chosen at load for the
      * context length); NULL: none. */
     const float *rope_freq_factors;
-    float rope_attn_factor;      /* cos and sin times this (LongRoPE); 0 or 1: none */
+    float rope_attn_factor;      /* cos and sin times this (LongRoPE; with YaRN, llama.cpp's
+                                    yarn_attn_factor: rope.h's kvg_rope_mscale); 0 or 1: none */
+    /* YaRN ("rope.scaling.type" yarn); factor 0: none. Each pair's frequency blends the
+     * interpolated one (f / factor) and the original one by a ramp over the pair index
+     * between the correction dimensions of beta_fast and beta_slow at the original
+     * context; cos and sin also take 1 + 0.1 ln(factor) (rope.h). */
+    float rope_yarn_factor;
+    int rope_yarn_orig_ctx;
+    float rope_yarn_beta_fast, rope_yarn_beta_slow;
+    /* Llama 4's query temperature (Ministral 3): after RoPE each row's q is multiplied by
+     * 1 + attn_temp_scale * ln(floor((pos + attn_temp_offset) / attn_temp_floor) + 1)
+     * (kvg_rope_q_scale); 0: none. */
+    float attn_temp_scale;
+    int attn_temp_floor;
+    float attn_temp_offset;
+    int attn_sinks;              /* gpt-oss: every layer has kvg_layer_weights.attn_sinks */
 
     /* Mixture-of-experts feed-forward (Qwen3-MoE): n_experts > 0 makes every layer's FFN
      * a router ([n_experts][dim]) choosing n_experts_used of n_experts gated FFNs of width
@@ -125,6 +143,8 @@ typedef struct kvg_model_config {
     kvg_moe_gating moe_gating;
     int moe_norm_topk;           /* the k weights divided by their sum (at least 2^-14,
                                     as llama.cpp clamps it) after gating */
+    int moe_biases;              /* gpt-oss: the router and every expert matrix have biases
+                                    (kvg_layer_weights.moe_*_bias) */
 } kvg_model_config;
 
 typedef struct kvg_layer_weights {
@@ -134,6 +154,10 @@ typedef struct kvg_layer_weights {
     kvg_tensor wv;               /* [n_kv_heads*head_dim][dim] */
     kvg_tensor wo;               /* [dim][n_heads*head_dim] */
     const float *bq, *bk, *bv;   /* biases or NULL */
+    const float *bo;             /* [dim] the output projection's bias, or NULL (gpt-oss) */
+    /* [n_heads] when cfg.attn_sinks: one logit per head that joins each softmax's
+     * maximum and denominator and carries no value (gpt-oss) */
+    const float *attn_sinks;
     const float *ffn_norm;       /* [dim] */
     kvg_tensor w_gate;           /* w1: [hidden][dim] */
     kvg_tensor w_down;           /* w2: [dim][hidden] */
@@ -148,6 +172,9 @@ typedef struct kvg_layer_weights {
     kvg_tensor *moe_gate;        /* [n_experts] of [expert_hidden][dim] */
     kvg_tensor *moe_up;          /* [n_experts] of [expert_hidden][dim] */
     kvg_tensor *moe_down;        /* [n_experts] of [dim][expert_hidden] */
+    /* cfg.moe_biases: [n_experts], [n_experts][expert_hidden] (gate, up) and
+     * [n_experts][dim] (down), F32 */
+    const float *moe_router_bias, *moe_gate_bias, *moe_up_bias, *moe_down_bias;
 } kvg_layer_weights;
 
 typedef struct kvg_model {

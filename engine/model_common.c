@@ -458,6 +458,23 @@ int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, 
     return 0;
 }
 
+/* n vectors of len ([n][len] in the file, e.g. a bias per expert) as one owned F32
+ * array, as kvgm_vec. Not optional. */
+static int kvgm_vecs(const kvgm_source *s, const float **out, kvgm_weight w, int layer, int64_t n, int64_t len)
+{
+    const void *p;
+    kvg_dtype dt;
+    *out = NULL;
+    if (find_weight(s, w, layer, 1, n, len, 0, &p, &dt) < 0)
+        return -1;
+    *out = vec_f32(s->m, p, dt, (size_t)(n * len));
+    if (!*out) {
+        kvg_set_err(s->err, s->err_len, "%s: out of memory", s->where);
+        return -1;
+    }
+    return 0;
+}
+
 /* q, k and v: three matrices, or one [Q + 2 KV][D] matrix split into three views. */
 static int bind_qkv(const kvgm_source *s, kvg_layer_weights *w, int l, int64_t D, int64_t Q, int64_t KV)
 {
@@ -502,6 +519,12 @@ int kvgm_bind_layers(const kvgm_source *s)
                 || kvgm_stack(s, &w->moe_up, KVGM_MOE_UP, l, E, EH, D) < 0
                 || kvgm_stack(s, &w->moe_down, KVGM_MOE_DOWN, l, E, D, EH) < 0)
                 return -1;
+            if (c->moe_biases
+                && (kvgm_vec(s, &w->moe_router_bias, KVGM_MOE_ROUTER_BIAS, l, E, 0) < 0
+                    || kvgm_vecs(s, &w->moe_gate_bias, KVGM_MOE_GATE_BIAS, l, E, EH) < 0
+                    || kvgm_vecs(s, &w->moe_up_bias, KVGM_MOE_UP_BIAS, l, E, EH) < 0
+                    || kvgm_vecs(s, &w->moe_down_bias, KVGM_MOE_DOWN_BIAS, l, E, D) < 0))
+                return -1;
         } else if (s->fused_gate_up) {
             kvg_tensor gu = { 0 };
             if (kvgm_mat(s, &gu, KVGM_W_GATE_UP, l, 2 * H, D, 0) < 0
@@ -517,6 +540,9 @@ int kvgm_bind_layers(const kvgm_source *s)
         if (c->has_qkv_bias
             && (kvgm_vec(s, &w->bq, KVGM_BQ, l, Q, 0) < 0 || kvgm_vec(s, &w->bk, KVGM_BK, l, KV, 0) < 0
                 || kvgm_vec(s, &w->bv, KVGM_BV, l, KV, 0) < 0))
+            return -1;
+        if ((c->has_o_bias && kvgm_vec(s, &w->bo, KVGM_BO, l, D, 0) < 0)
+            || (c->attn_sinks && kvgm_vec(s, &w->attn_sinks, KVGM_ATTN_SINKS, l, c->n_heads, 0) < 0))
             return -1;
         if (c->qk_norm
             && (kvgm_vec(s, &w->q_norm, KVGM_Q_NORM, l, HD, 0) < 0
@@ -675,6 +701,11 @@ int kvgm_finish(kvg_model *m, const kvg_model_load_opts *opts, const char *file,
         }
         if (c->has_qkv_bias && (V(bq) || V(bk) || V(bv)))
             return -1;
+        if ((c->has_o_bias && V(bo)) || (c->attn_sinks && V(attn_sinks)))
+            return -1;
+        if (c->n_experts > 0 && c->moe_biases
+            && (V(moe_router_bias) || V(moe_gate_bias) || V(moe_up_bias) || V(moe_down_bias)))
+            return -1;
 #undef T
 #undef V
     }
@@ -772,8 +803,18 @@ const char *kvg_model_features(const kvg_model *m, char *buf, size_t len)
         feature(buf, len, &o, &n, "q/k norms");
     if (c->post_norms)
         feature(buf, len, &o, &n, "post-norms");
+    if (c->has_o_bias)
+        feature(buf, len, &o, &n, "o bias");
+    if (c->attn_sinks)
+        feature(buf, len, &o, &n, "attention sinks");
     if (c->ffn_act == KVG_ACT_GELU_TANH)
         feature(buf, len, &o, &n, "GeGLU");
+    if (c->ffn_act == KVG_ACT_SWIGLU_OAI)
+        feature(buf, len, &o, &n, "clamped SwiGLU");
+    if (c->n_experts > 0)
+        feature(buf, len, &o, &n, "%d of %d experts (%s%s)", c->n_experts_used, c->n_experts,
+                c->moe_gating == KVG_MOE_TOPK_SOFTMAX ? "top-k, then softmax" : "softmax, then top-k",
+                c->moe_biases ? ", biases" : "");
     if (c->embed_scale > 0.0f)
         feature(buf, len, &o, &n, "embeddings x %.4g", c->embed_scale);
     if (c->attn_query_scalar > 0.0f)
@@ -786,6 +827,10 @@ const char *kvg_model_features(const kvg_model *m, char *buf, size_t len)
         feature(buf, len, &o, &n, "linear RoPE scaling x%g", 1.0f / c->rope_freq_scale);
     if (c->rope_freq_factors)
         feature(buf, len, &o, &n, "per-pair RoPE factors%s", c->rope_attn_factor > 0.0f ? " with an attention factor" : "");
+    if (c->rope_yarn_factor > 0.0f)
+        feature(buf, len, &o, &n, "YaRN x%g from %d", c->rope_yarn_factor, c->rope_yarn_orig_ctx);
+    if (c->attn_temp_scale != 0.0f)
+        feature(buf, len, &o, &n, "query temperature %g per %d positions", c->attn_temp_scale, c->attn_temp_floor);
     if (sliding && c->swa_window > 0) {
         /* Blocks hold every layer's K/V of their tokens, so the window layers' share of
          * the positions before their window stays allocated: what a per-layer-group

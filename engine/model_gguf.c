@@ -1,6 +1,6 @@
 /* GGUF models of the architectures in `families` below, as llama.cpp converts them:
  * "llama" (Llama 2/3, TinyLlama, Mistral Small, SmolLM2), "qwen2", "qwen3", "qwen3moe",
- * "gemma2", "gemma3" and "phi3".
+ * "gemma2", "gemma3", "phi3", "mistral3" (Ministral 3) and "gpt-oss".
  *
  * Hyperparameters come from the ARCH.* keys, tensors from llama.cpp's names
  * (token_embd, blk.N.attn_q, ..., output_norm, output; no output = tied). A GGUF
@@ -94,6 +94,10 @@ static const char *const names[KVGM_N_WEIGHTS] = {
     [KVGM_MOE_ROUTER] = "ffn_gate_inp.weight",
     [KVGM_MOE_GATE] = "ffn_gate_exps.weight", [KVGM_MOE_UP] = "ffn_up_exps.weight",
     [KVGM_MOE_DOWN] = "ffn_down_exps.weight",
+    [KVGM_BO] = "attn_output.bias",          [KVGM_ATTN_SINKS] = "attn_sinks.weight",
+    [KVGM_MOE_ROUTER_BIAS] = "ffn_gate_inp.bias",
+    [KVGM_MOE_GATE_BIAS] = "ffn_gate_exps.bias", [KVGM_MOE_UP_BIAS] = "ffn_up_exps.bias",
+    [KVGM_MOE_DOWN_BIAS] = "ffn_down_exps.bias",
 };
 
 /* What sets a family apart, as llama.cpp's graph for it computes. */
@@ -106,8 +110,13 @@ enum {
     F_FUSED_GATE_UP = 1 << 5,    /* ffn_up holds gate then up */
     F_SOFTCAP = 1 << 6,          /* attention and final logit soft-capping */
     F_SWA_KEY_REQUIRED = 1 << 7, /* attention.sliding_window must be in the file */
-    F_MOE = 1 << 8               /* mixture-of-experts FFN: expert_count, expert_used_count,
+    F_MOE = 1 << 8,              /* mixture-of-experts FFN: expert_count, expert_used_count,
                                     expert_feed_forward_length; router and stacked experts */
+    F_ATTN_TEMP = 1 << 9,        /* Llama 4's query temperature: attention.temperature_scale,
+                                    per attention.temperature_length or else
+                                    rope.scaling.original_context_length positions */
+    F_OAI = 1 << 10              /* gpt-oss: o bias, attention sinks, router and expert
+                                    biases, the clamped SwiGLU, output.weight required */
 };
 
 typedef struct family {
@@ -126,17 +135,25 @@ typedef struct family {
     kvg_moe_gating moe_gating;   /* F_MOE: how the router's logits become weights */
     int moe_norm_topk;           /* F_MOE: the k weights renormalized to sum 1 (llama.cpp
                                     fixes it per family, whatever the file says) */
+    const char *ffn_norm;        /* the FFN's norm when not ffn_norm.weight (gpt-oss:
+                                    post_attention_norm.weight) */
+    float attn_temp_offset;      /* F_ATTN_TEMP: added to the position before the floor
+                                    (llama.cpp's Mistral 3: 0; its Llama 4: 1) */
 } family;
 
 static const family families[] = {
-    { "llama", KVG_ROPE_ADJACENT, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "qwen2", KVG_ROPE_HALF, F_QKV_BIAS, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "qwen3", KVG_ROPE_HALF, F_QK_NORM, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "qwen3moe", KVG_ROPE_HALF, F_QK_NORM | F_MOE, 0, 0, 0, 0, 0, 0, KVG_MOE_SOFTMAX, 1 },
-    { "gemma2", KVG_ROPE_HALF, F_POST_NORMS | F_GELU | F_EMBED_SCALE | F_SOFTCAP, 2, 4096, 0, 50.0f, 30.0f, 46, 0, 0 },
+    { "llama", KVG_ROPE_ADJACENT, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, 0 },
+    { "qwen2", KVG_ROPE_HALF, F_QKV_BIAS, 0, 0, 0, 0, 0, 0, 0, 0, NULL, 0 },
+    { "qwen3", KVG_ROPE_HALF, F_QK_NORM, 0, 0, 0, 0, 0, 0, 0, 0, NULL, 0 },
+    { "qwen3moe", KVG_ROPE_HALF, F_QK_NORM | F_MOE, 0, 0, 0, 0, 0, 0, KVG_MOE_SOFTMAX, 1, NULL, 0 },
+    { "gemma2", KVG_ROPE_HALF, F_POST_NORMS | F_GELU | F_EMBED_SCALE | F_SOFTCAP, 2, 4096, 0, 50.0f, 30.0f, 46, 0, 0,
+      NULL, 0 },
     { "gemma3", KVG_ROPE_HALF, F_QK_NORM | F_POST_NORMS | F_GELU | F_EMBED_SCALE | F_SWA_KEY_REQUIRED, 6, 0,
-      10000.0f, 0, 0, 62, 0, 0 },
-    { "phi3", KVG_ROPE_HALF, F_FUSED_GATE_UP, 0, 0, 0, 0, 0, 0, 0, 0 },
+      10000.0f, 0, 0, 62, 0, 0, NULL, 0 },
+    { "phi3", KVG_ROPE_HALF, F_FUSED_GATE_UP, 0, 0, 0, 0, 0, 0, 0, 0, NULL, 0 },
+    { "mistral3", KVG_ROPE_ADJACENT, F_ATTN_TEMP, 0, 0, 0, 0, 0, 0, 0, 0, NULL, 0 },
+    { "gpt-oss", KVG_ROPE_HALF, F_QKV_BIAS | F_MOE | F_OAI | F_SWA_KEY_REQUIRED, 2, 0, 0, 0, 0, 0,
+      KVG_MOE_TOPK_SOFTMAX, 0, "post_attention_norm.weight", 0 },
 };
 
 static const family *find_family(const char *arch)
@@ -231,8 +248,25 @@ static int find(const kvgm_source *s, const char *name, kvgm_weight w, int layer
     return 0;
 }
 
-/* "ARCH.rope.scaling.*": none, or linear (positions times 1 / factor). Llama 3's
- * per-pair factors come as a tensor (read_rope_factors); YaRN is refused, naming it. */
+/* YaRN's keys, with llama.cpp's defaults (betas 32 and 1, no log multiplier, attention
+ * factor 1); the original context is required. The attention factor stored is the one
+ * llama.cpp's context computes (rope.h). */
+static int read_yarn(ctx *c, kvg_model_config *cf)
+{
+    float log_mul, attn;
+    if (get_float(c, "rope.scaling.factor", 1.0f, &cf->rope_yarn_factor) < 0
+        || get_int(c, "rope.scaling.original_context_length", 1, 0, &cf->rope_yarn_orig_ctx) < 0
+        || get_float(c, "rope.scaling.yarn_beta_fast", 32.0f, &cf->rope_yarn_beta_fast) < 0
+        || get_float(c, "rope.scaling.yarn_beta_slow", 1.0f, &cf->rope_yarn_beta_slow) < 0
+        || get_float(c, "rope.scaling.yarn_log_multiplier", 0.0f, &log_mul) < 0
+        || get_float(c, "rope.scaling.attn_factor", 1.0f, &attn) < 0)
+        return -1;
+    cf->rope_attn_factor = kvg_rope_yarn_attn_factor(cf->rope_yarn_factor, log_mul, attn);
+    return 0;
+}
+
+/* "ARCH.rope.scaling.*": none, linear (positions times 1 / factor) or YaRN. Llama 3's
+ * per-pair factors come as a tensor (read_rope_factors). */
 static int read_rope_scaling(ctx *c, kvg_model_config *cf)
 {
     char k[96];
@@ -241,9 +275,11 @@ static int read_rope_scaling(ctx *c, kvg_model_config *cf)
     snprintf(k, sizeof k, "%s.rope.scaling.type", c->arch);
     if (kvg_gguf_get_str(c->g, k, &s) != 0 || (s.len == 4 && memcmp(s.s, "none", 4) == 0))
         return 0;
+    if (s.len == 4 && memcmp(s.s, "yarn", 4) == 0)
+        return read_yarn(c, cf);
     if (!(s.len == 6 && memcmp(s.s, "linear", 6) == 0)) {
-        kvg_set_err(c->err, c->err_len, "%s: rope scaling \"%.*s\" is not supported (supported: none, linear)",
-                    c->path, (int)(s.len < 32 ? s.len : 32), s.s);
+        kvg_set_err(c->err, c->err_len, "%s: rope scaling \"%.*s\" is not supported (supported: none, linear, "
+                    "yarn)", c->path, (int)(s.len < 32 ? s.len : 32), s.s);
         return -1;
     }
     if (get_float(c, "rope.scaling.factor", 1.0f, &factor) < 0)
@@ -334,6 +370,22 @@ static int read_family(ctx *c, const family *fam, kvg_model_config *cf)
     }
     if (fam->big_layers && cf->n_layers == fam->big_layers)
         cf->attn_query_scalar = (float)(cf->dim / cf->n_heads);
+    if (fam->flags & F_ATTN_TEMP) {
+        /* llama.cpp: the floor scale is the original context unless the file says */
+        if (get_float(c, "attention.temperature_scale", 0.0f, &cf->attn_temp_scale) < 0
+            || get_int(c, "attention.temperature_length", 0, cf->rope_yarn_orig_ctx, &cf->attn_temp_floor) < 0)
+            return -1;
+        if (cf->attn_temp_scale != 0.0f && cf->attn_temp_floor <= 0) {
+            kvg_set_err(c->err, c->err_len, "%s: %s.attention.temperature_scale without an original context "
+                        "(rope.scaling.original_context_length) for its floor", c->path, c->arch);
+            return -1;
+        }
+        cf->attn_temp_offset = fam->attn_temp_offset;
+    }
+    if (fam->flags & F_OAI) {
+        cf->has_o_bias = cf->attn_sinks = cf->moe_biases = 1;
+        cf->ffn_act = KVG_ACT_SWIGLU_OAI;
+    }
     if (fam->flags & F_MOE)
         return read_moe(c, fam, cf);
     return 0;
@@ -474,9 +526,14 @@ kvg_model *kvgm_load_gguf(const char *path, const kvg_model_load_opts *opts, cha
     }
     cf->vocab_size = (int)emb->ne[1];
     int64_t D = cf->dim, V = cf->vocab_size;
-    kvgm_source src = { m, find, &c, names, "blk.", path, err, err_len, (fam->flags & F_FUSED_GATE_UP) != 0 };
+    /* the family's names: llama.cpp's, but for a differently named FFN norm */
+    const char *fam_names[KVGM_N_WEIGHTS];
+    memcpy(fam_names, names, sizeof fam_names);
+    if (fam->ffn_norm)
+        fam_names[KVGM_FFN_NORM] = fam->ffn_norm;
+    kvgm_source src = { m, find, &c, fam_names, "blk.", path, err, err_len, (fam->flags & F_FUSED_GATE_UP) != 0 };
     if (kvgm_mat(&src, &m->tok_embedding, KVGM_EMBEDDING, -1, V, D, 0) < 0
-        || kvgm_mat(&src, &m->output, KVGM_OUTPUT, -1, V, D, 1) < 0
+        || kvgm_mat(&src, &m->output, KVGM_OUTPUT, -1, V, D, !(fam->flags & F_OAI)) < 0
         || kvgm_vec(&src, &m->final_norm, KVGM_FINAL_NORM, -1, D, 0) < 0)
         goto fail;
     if (!m->output.data) {

@@ -71,6 +71,10 @@ typedef enum kvgm_weight {
                                             kvgm_source.fused_gate_up */
     KVGM_MOE_ROUTER,                     /* cfg.n_experts: [n_experts][dim] */
     KVGM_MOE_GATE, KVGM_MOE_UP, KVGM_MOE_DOWN,   /* the experts' matrices, stacked */
+    KVGM_BO,                             /* cfg.has_o_bias: [dim] */
+    KVGM_ATTN_SINKS,                     /* cfg.attn_sinks: [n_heads] */
+    KVGM_MOE_ROUTER_BIAS,                /* cfg.moe_biases: [n_experts] */
+    KVGM_MOE_GATE_BIAS, KVGM_MOE_UP_BIAS, KVGM_MOE_DOWN_BIAS, /* [n_experts][rows] */
     KVGM_N_WEIGHTS
 } kvgm_weight;
 
@@ -109,9 +113,10 @@ int kvgm_vec(const kvgm_source *s, const float **out, kvgm_weight w, int layer, 
              int optional);
 /* Allocates m->layers and binds every layer's weights with the config's shapes: the
  * norms, q/k/v/o (or one fused qkv matrix when the file has it), gate/down/up (or the
- * fused gate-up one), the q/k/v biases when cfg.has_qkv_bias, q/k norms when
- * cfg.qk_norm, the post-norms when cfg.post_norms; with cfg.n_experts, the router and the
- * stacked experts (kvgm_stack) in place of gate/down/up. */
+ * fused gate-up one), the q/k/v biases when cfg.has_qkv_bias, the o bias when
+ * cfg.has_o_bias, the sinks when cfg.attn_sinks, q/k norms when cfg.qk_norm, the
+ * post-norms when cfg.post_norms; with cfg.n_experts, the router and the stacked experts
+ * (kvgm_stack) in place of gate/down/up, and their biases when cfg.moe_biases. */
 int kvgm_bind_layers(const kvgm_source *s);
 
 /* One piece of the identity: a label and bytes. */

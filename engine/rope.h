@@ -12,7 +12,8 @@
 
 #include "model.h"
 
-/* NULL when the model's Llama 3 rope scaling is consistent (or absent), else what is wrong:
+/* NULL when the model's Llama 3 / YaRN rope scaling and query temperature are consistent
+ * (or absent), else what is wrong:
  * every backend refuses such a model at creation with this message. */
 const char *kvg_rope_config_error(const kvg_model_config *cfg);
 
@@ -30,10 +31,21 @@ int kvg_rope_kind(const kvg_model *m, int layer);
 
 /* f[p] (p < rope_dims/2) of kind `kind` = theta^(-2p/rope_dims) (theta: rope_theta, or
  * rope_theta_swa for kind 1), with Llama 3's rescaling of the long wavelengths when
- * configured, times the linear scale (kind 0), divided by the per-pair factors. */
+ * configured, YaRN's blend of f / factor and f by a ramp over p (kind 0), times the
+ * linear scale (kind 0), divided by the per-pair factors. */
 void kvg_rope_frequencies(const kvg_model_config *cfg, int kind, float *f);
-/* What cos and sin are multiplied by (LongRoPE's attention factor): 1 when none. */
+/* What cos and sin are multiplied by: the attention factor (LongRoPE's, or YaRN's as
+ * the loader set it), times YaRN's 1 + 0.1 ln(factor); 1 when none. */
 float kvg_rope_mscale(const kvg_model_config *cfg);
+/* The attention factor a YaRN model's loader stores (cfg.rope_attn_factor), as llama.cpp
+ * computes it from the factor, the file's yarn_log_multiplier (0: none) and
+ * attn_factor (1: none): kvg_rope_mscale then gives llama.cpp's cos/sin magnitude,
+ * 1 + 0.1 ln(factor) without a log multiplier (gpt-oss), 1 with a multiplier of 1
+ * (Ministral 3). */
+float kvg_rope_yarn_attn_factor(float factor, float log_mul, float attn_factor);
+/* The query temperature of a row at `pos` (cfg.attn_temp_scale != 0): what its rotated
+ * q is multiplied by. */
+float kvg_rope_q_scale(const kvg_model_config *cfg, int32_t pos);
 
 /* cs[2p], cs[2p+1] = mscale cos, mscale sin of pos * inv_freq[p] for p < half. */
 void kvg_rope_cos_sin(const float *inv_freq, int half, int32_t pos, float mscale, float *cs);

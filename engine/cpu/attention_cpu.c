@@ -24,7 +24,10 @@
  * 16-key group holding its first visible position (p - window + 1), the positions of
  * that group before it masked (-inf: weight exactly 0); soft-capping (Gemma 2) replaces
  * each scaled score s by cap tanh(s / cap) before the softmax, which then divides by 1;
- * the scale is 1/sqrt(attn_query_scalar) where the family sets one. All depend on the
+ * the scale is 1/sqrt(attn_query_scalar) where the family sets one; an attention sink
+ * (gpt-oss: a learned logit per head, on the scaled scores' scale) joins the maximum m
+ * and adds exp(sink - m) to the sum after its lanes' reduction -- in the kernels' shared
+ * scalar code, so every ISA computes it alike -- and weighs no value. All depend on the
  * position alone.
  *
  * The rows of one sequence in a step (a prefill, a cached prompt's recomputed tail) read
@@ -82,6 +85,7 @@ typedef struct attn_job {
     int window;                  /* the layer's sliding window; 0: none */
     float div;                   /* scores are q.k / div */
     float softcap;               /* 0: none */
+    const float *sinks;          /* [n_heads] the layer's sinks; NULL: none */
 } attn_job;
 
 /* Scores sc[from..T) of one row (from: the first position of a 16-key group): full
@@ -138,6 +142,12 @@ static void vacc_keys(const attn_job *j, float *out, const float *w, const int32
     }
 }
 
+/* Head h's sink logit, or -INFINITY (a softmax without one, bit for bit). */
+static float sink_of(const attn_job *j, int h)
+{
+    return j->sinks ? j->sinks[h] : -INFINITY;
+}
+
 /* The first position a row at `pos` sees in this layer: 0, or the window's start. */
 static int first_visible(const attn_job *j, int32_t pos)
 {
@@ -172,7 +182,7 @@ static void attend_one(const attn_job *j, int h, int r, float *sc)
 
     score_keys(j, q, blocks, g, from, T, sc);
     div = prepare_scores(j, sc, from, lo, T);
-    sum = j->k.softmax(sc + from, T - from, div);
+    sum = j->k.softmax(sc + from, T - from, div, sink_of(j, h));
     memset(out, 0, (size_t)hd * sizeof(float));
     vacc_keys(j, out, sc, blocks, g, from, T);
     for (int d = 0; d < hd; d++)
@@ -219,7 +229,7 @@ static void attend_rows(const attn_job *j, int h, int r0, float *sc0)
     }
     for (int i = 0; i < KVG_ATTN_ROWS; i++) {
         score_keys(j, q[i], blocks, g, shared, T[i], sc[i]);
-        sum[i] = j->k.softmax(sc[i], T[i], prepare_scores(j, sc[i], 0, 0, T[i]));
+        sum[i] = j->k.softmax(sc[i], T[i], prepare_scores(j, sc[i], 0, 0, T[i]), sink_of(j, h));
         memset(out[i], 0, (size_t)hd * sizeof(float));
     }
     /* V: every position below t_min for all rows at once, block by block. */
@@ -291,6 +301,7 @@ void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, f
     j.window = c->m->layers[layer].sliding ? c->m->cfg.swa_window : 0;
     j.div = sqrtf(c->m->cfg.attn_query_scalar > 0.0f ? c->m->cfg.attn_query_scalar : (float)c->m->cfg.head_dim);
     j.softcap = c->m->cfg.attn_softcap;
+    j.sinks = c->m->layers[layer].attn_sinks;
     j.q = q;
     j.out = out;
     j.n_items = (size_t)c->m->cfg.n_heads * (size_t)c->n_rows;

@@ -60,8 +60,10 @@ vacc_body(float *restrict out, const float *restrict w, const float *restrict v,
 }
 
 /* In place: sc[t] = exp(sc[t] / scale - max); returns the sum, accumulated in 16
- * lanes (lane t mod 16, t ascending) and reduced in the fixed order. */
-static inline __attribute__((always_inline)) float softmax_body(float *restrict sc, int T, float scale)
+ * lanes (lane t mod 16, t ascending) and reduced in the fixed order, with the sink's
+ * term (attention_kernels.h). */
+static inline __attribute__((always_inline)) float softmax_body(float *restrict sc, int T, float scale,
+                                                                float sink)
 {
     float mxl[16], lanes[16], mx;
     int full = T & ~15;
@@ -75,14 +77,14 @@ static inline __attribute__((always_inline)) float softmax_body(float *restrict 
             sc[t0 + l] = v;
             mxl[l] = v > mxl[l] ? v : mxl[l];
         }
-    mx = kvg_attn_softmax_max_tail(sc, full, T, scale, mxl);
+    mx = kvg_attn_softmax_max_tail(sc, full, T, scale, mxl, sink);
     for (int t0 = 0; t0 < full; t0 += 16)
         for (int l = 0; l < 16; l++) {
             float e = kvg_attn_exp(sc[t0 + l] - mx);
             sc[t0 + l] = e;
             lanes[l] += e;
         }
-    return kvg_attn_softmax_sum_tail(sc, full, T, mx, lanes);
+    return kvg_attn_softmax_sum_tail(sc, full, T, mx, lanes, sink);
 }
 
 static void swiglu_generic(float *gate, const float *up, size_t n)
@@ -106,9 +108,9 @@ static void vacc_generic(float *out, const float *w, const float *v, int n, int 
     vacc_body(out, w, v, n, hd);
 }
 
-static float softmax_generic(float *sc, int T, float scale)
+static float softmax_generic(float *sc, int T, float scale, float sink)
 {
-    return softmax_body(sc, T, scale);
+    return softmax_body(sc, T, scale, sink);
 }
 
 /* The rows' kernels here are the one-row ones row by row: the definition of their bits. */

@@ -17,8 +17,11 @@
 typedef void (*kvg_attn_scores_fn)(const float *q, const float *const *k, int bt, int hd, float *out);
 /* out[d] = fmaf(w[t], v[t][d], out[d]) for t = 0..n-1 ascending (v rows of hd floats). */
 typedef void (*kvg_attn_vacc_fn)(float *out, const float *w, const float *v, int n, int hd);
-/* In place sc[t] = softmax_exp(sc[t] / scale - max); returns the 16-lane sum. */
-typedef float (*kvg_attn_softmax_fn)(float *sc, int T, float scale);
+/* In place sc[t] = softmax_exp(sc[t] / scale - max); returns the 16-lane sum. `sink`
+ * (gpt-oss's learned logit of the head, already on the scaled scores' scale; -INFINITY:
+ * none) joins the max and, as exp(sink - max), the sum after the lanes' reduction: one
+ * more term, computed by the shared scalar code below in every ISA's kernel. */
+typedef float (*kvg_attn_softmax_fn)(float *sc, int T, float scale, float sink);
 
 
 /* KVG_ATTN_ROWS query rows against the same keys. The rows of one sequence in a prefill
@@ -52,7 +55,7 @@ const kvg_attn_kernels *kvg_attn_kernels_isa(const char *isa);
 void kvg_attn_scores4_avx512(const float *q, const float *const *k, int bt, int hd, float *out);
 void kvg_attn_scores1_avx512(const float *q, const float *const *k, int bt, int hd, float *out);
 void kvg_attn_vacc_avx512(float *out, const float *w, const float *v, int n, int hd);
-float kvg_attn_softmax_avx512(float *sc, int T, float scale);
+float kvg_attn_softmax_avx512(float *sc, int T, float scale, float sink);
 void kvg_attn_scores4_rows_avx512(const float *const *q, const float *const *k, int bt, int hd,
                                   float *const *out);
 void kvg_attn_vacc_rows_avx512(float *const *out, const float *const *w, const float *v, int n, int hd);
@@ -101,6 +104,23 @@ static inline __attribute__((always_inline)) float kvg_silu_mul(float g, float u
     return (g * s) * u;
 }
 
+/* gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai, alpha 1.702, limit 7): the gate
+ * clamped from above, the up from both sides, then
+ *   x = min(g, 7), y = clamp(u, -7, 7), out = x sigmoid(1.702 x) (y + 1),
+ * the sigmoid from exp(-|1.702 x|) as kvg_silu_mul's. A NaN gate stays NaN (the
+ * comparisons keep it); a NaN up becomes -7 + 1, as std::clamp's comparisons give. */
+#define KVG_SWIGLU_OAI_ALPHA 1.702f
+#define KVG_SWIGLU_OAI_LIMIT 7.0f
+static inline __attribute__((always_inline)) float kvg_swiglu_oai(float g, float u)
+{
+    float x = g > KVG_SWIGLU_OAI_LIMIT ? KVG_SWIGLU_OAI_LIMIT : g;
+    float y = u < -KVG_SWIGLU_OAI_LIMIT ? -KVG_SWIGLU_OAI_LIMIT : u > KVG_SWIGLU_OAI_LIMIT ? KVG_SWIGLU_OAI_LIMIT : u;
+    float a = KVG_SWIGLU_OAI_ALPHA * x;
+    float e = kvg_attn_exp(-fabsf(a));
+    float s = (a >= 0.0f ? 1.0f : e) / (1.0f + e);
+    return (x * s) * (y + 1.0f);
+}
+
 /* The fixed pairwise reduction of 16 lanes (the GEMM's). */
 static inline __attribute__((always_inline)) float kvg_attn_reduce16(const float *a)
 {
@@ -127,9 +147,9 @@ kvg_attn_vacc_tail(float *out, const float *w, const float *v, int n, int hd, in
 /* The softmax's scalar pieces, shared by every ISA's kernel (the generic one and
  * attention_simd_x86.h). The positions [full, T) past the last whole group of 16 are
  * scaled in place (sc[t] / scale) and folded into their lanes' maxima mxl[16]; returns
- * the maximum over the lanes. */
+ * the maximum over the lanes and the sink. */
 static inline __attribute__((always_inline)) float
-kvg_attn_softmax_max_tail(float *sc, int full, int T, float scale, float *mxl)
+kvg_attn_softmax_max_tail(float *sc, int full, int T, float scale, float *mxl, float sink)
 {
     float mx = -INFINITY;
     for (int t = full; t < T; t++) {
@@ -139,20 +159,22 @@ kvg_attn_softmax_max_tail(float *sc, int full, int T, float scale, float *mxl)
     }
     for (int l = 0; l < 16; l++)
         mx = mxl[l] > mx ? mxl[l] : mx;
-    return mx;
+    return sink > mx ? sink : mx;
 }
 
 /* The positions [full, T) exponentiated in place (exp(sc[t] - mx)) and added to their
- * lanes' sums lanes[16]; returns the sum of all, the lanes reduced in the fixed order. */
+ * lanes' sums lanes[16]; returns the sum of all, the lanes reduced in the fixed order,
+ * plus the sink's exp(sink - mx) (exactly 0 for a sink of -INFINITY: the sum's bits are
+ * then those of a softmax without one). */
 static inline __attribute__((always_inline)) float
-kvg_attn_softmax_sum_tail(float *sc, int full, int T, float mx, float *lanes)
+kvg_attn_softmax_sum_tail(float *sc, int full, int T, float mx, float *lanes, float sink)
 {
     for (int t = full; t < T; t++) {
         float e = kvg_attn_exp(sc[t] - mx);
         sc[t] = e;
         lanes[t & 15] += e;
     }
-    return kvg_attn_reduce16(lanes);
+    return kvg_attn_reduce16(lanes) + kvg_attn_exp(sink - mx);
 }
 
 #endif

@@ -231,7 +231,7 @@ AV_TGT AV_LINK void AV_SWIGLU(float *gate, const float *up, size_t n)
 
 /* The generic softmax (attention_kernels.c) with the whole groups of 16 positions in
  * registers: lane l's maximum and sum take positions l, l + 16, ... ascending. */
-AV_TGT AV_LINK float AV_SOFTMAX(float *sc, int T, float scale)
+AV_TGT AV_LINK float AV_SOFTMAX(float *sc, int T, float scale, float sink)
 {
     float mxl[16], lanes[16], mx;
     int full = T & ~15;
@@ -248,7 +248,7 @@ AV_TGT AV_LINK float AV_SOFTMAX(float *sc, int T, float scale)
         }
     for (int h = 0; h < AV_REGS; h++)
         AV_STOREU(mxl + AV_VL * h, m[h]);
-    mx = kvg_attn_softmax_max_tail(sc, full, T, scale, mxl);
+    mx = kvg_attn_softmax_max_tail(sc, full, T, scale, mxl, sink);
     mv = AV_SET1(mx);
     for (int t0 = 0; t0 < full; t0 += 16)
         for (int h = 0; h < AV_REGS; h++) {
@@ -258,7 +258,7 @@ AV_TGT AV_LINK float AV_SOFTMAX(float *sc, int T, float scale)
         }
     for (int h = 0; h < AV_REGS; h++)
         AV_STOREU(lanes + AV_VL * h, a[h]);
-    return kvg_attn_softmax_sum_tail(sc, full, T, mx, lanes);
+    return kvg_attn_softmax_sum_tail(sc, full, T, mx, lanes, sink);
 }
 
 #undef AV_REGS

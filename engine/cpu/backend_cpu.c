@@ -308,16 +308,25 @@ static void rotate_heads(float *x, int n_heads, int hd, int rot, const float *cs
     }
 }
 
+/* Each row's q and k rotated; then, with Llama 4's query temperature (Ministral 3), the
+ * row's q times its position's scale, as llama.cpp multiplies the rotated q. */
 static void rope_range(void *arg, size_t b, size_t e)
 {
     rope_job *j = arg;
     const kvg_model_config *cfg = &j->c->m->cfg;
     int hd = cfg->head_dim, rot = kvg_rope_dims(cfg);
+    size_t qw = (size_t)cfg->n_heads * hd;
     for (size_t r = b; r < e; r++) {
         const float *cs = j->cs + r * (size_t)(hd / 2) * 2;
-        rotate_heads(j->q + r * (size_t)cfg->n_heads * hd, cfg->n_heads, hd, rot, cs, cfg->rope_layout);
+        float *q = j->q + r * qw;
+        rotate_heads(q, cfg->n_heads, hd, rot, cs, cfg->rope_layout);
         rotate_heads(j->k + r * (size_t)cfg->n_kv_heads * hd, cfg->n_kv_heads, hd, rot, cs,
                      cfg->rope_layout);
+        if (cfg->attn_temp_scale != 0.0f) {
+            float t = kvg_rope_q_scale(cfg, j->c->pos[r]);
+            for (size_t i = 0; i < qw; i++)
+                q[i] *= t;
+        }
     }
 }
 

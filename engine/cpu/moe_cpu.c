@@ -1,11 +1,12 @@
 /* The CPU backend's mixture-of-experts FFN (backend.h's moe), for one layer and R rows:
  *
- *   1. logits[R][E] = x moe_router^T                      (kvg_gemm, F32 out)
+ *   1. logits[R][E] = x moe_router^T (+ router bias)      (kvg_gemm, F32 out)
  *   2. each row on its own: gating into k (expert, weight) pairs, by rank
  *   3. the (row, rank) pairs grouped by expert, rows ascending within an expert
  *   4. each expert that some row chose, over its n_e rows gathered into [n_e][dim]:
- *        g = xe gate_e^T, u = xe up_e^T   [n_e][EH];  g = silu(g) * u
- *        y[its slots] = g down_e^T        [n_e][dim]
+ *        g = xe gate_e^T, u = xe up_e^T   [n_e][EH] (+ the expert's biases, gpt-oss)
+ *        g = silu(g) * u, or gpt-oss's clamped SwiGLU (kvg_swiglu_oai)
+ *        y[its slots] = g down_e^T        [n_e][dim] (+ its bias)
  *   5. out[r] = w[r][0] y[r,0] + w[r][1] y[r,1] + ...     (rank order, left to right)
  *
  * Batch invariance: every GEMM row depends only on its own input row (gemm.h), the
@@ -222,13 +223,19 @@ static void group_rows(kvg_cpu_moe *mo, int rows)
 typedef struct swiglu_job {
     float *g;
     const float *u;
-    kvg_swiglu_fn fn;
+    kvg_swiglu_fn fn;            /* NULL: the clamped SwiGLU */
 } swiglu_job;
 
 static void swiglu_range(void *arg, size_t b, size_t e)
 {
     swiglu_job *j = arg;
-    j->fn(j->g + b, j->u + b, e - b);
+    if (j->fn) {
+        j->fn(j->g + b, j->u + b, e - b);
+        return;
+    }
+    /* plain C of the baseline target, one code path whatever the CPU (as combine_range) */
+    for (size_t i = b; i < e; i++)
+        j->g[i] = kvg_swiglu_oai(j->g[i], j->u[i]);
 }
 
 /* Expert e over its n rows: slots off[e] .. of y. */
@@ -239,20 +246,23 @@ static void run_expert(kvg_cpu *c, const kvg_layer_weights *L, int e, const floa
     const int32_t *rows = mo->slot_row + mo->off[e];
     const kvg_tensor *gu[2] = { kvg_cpu_weights_get(c->weights, &L->moe_gate[e]),
                                 kvg_cpu_weights_get(c->weights, &L->moe_up[e]) };
-    const float *no_bias[2] = { NULL, NULL };
+    const int biased = c->m->cfg.moe_biases;
+    const float *gu_bias[2] = { biased ? L->moe_gate_bias + (size_t)e * EH : NULL,
+                                biased ? L->moe_up_bias + (size_t)e * EH : NULL };
     float *gu_out[2] = { mo->g, mo->u };
-    swiglu_job sj = { mo->g, mo->u, kvg_cpu_kernels()->swiglu };
+    swiglu_job sj = { mo->g, mo->u,
+                      c->m->cfg.ffn_act == KVG_ACT_SWIGLU_OAI ? NULL : kvg_cpu_kernels()->swiglu };
     int rc;
 
     for (int i = 0; i < n; i++)
         memcpy(mo->xe + (size_t)i * dim, x + (size_t)rows[i] * dim, (size_t)dim * sizeof(float));
     /* The model's shapes (the loader checked them), n <= the step's rows: kvg_gemm
        cannot refuse (as cpu_matmul). */
-    rc = kvg_gemm_multi(c->tp, c->gemm_ws, mo->xe, n, dim, 2, gu, no_bias, gu_out);
+    rc = kvg_gemm_multi(c->tp, c->gemm_ws, mo->xe, n, dim, 2, gu, gu_bias, gu_out);
     assert(rc == 0);
     kvg_cpu_par(c, (size_t)n * EH, 4.0 * n * EH, swiglu_range, &sj);
-    rc = kvg_gemm(c->tp, c->gemm_ws, mo->g, n, EH, kvg_cpu_weights_get(c->weights, &L->moe_down[e]), NULL,
-                  mo->y + (size_t)mo->off[e] * dim);
+    rc = kvg_gemm(c->tp, c->gemm_ws, mo->g, n, EH, kvg_cpu_weights_get(c->weights, &L->moe_down[e]),
+                  biased ? L->moe_down_bias + (size_t)e * dim : NULL, mo->y + (size_t)mo->off[e] * dim);
     assert(rc == 0);
     (void)rc;
 }
@@ -297,8 +307,8 @@ void kvg_cpu_moe_ffn(kvg_cpu *c, int layer, const float *x, int rows, float *out
 
     /* begin_step reserved the step's rows; forward.c passes at most those. */
     assert(mo && rows <= mo->cap && rows <= c->n_rows);
-    rc = kvg_gemm(c->tp, c->gemm_ws, x, rows, mo->dim, kvg_cpu_weights_get(c->weights, &L->moe_router), NULL,
-                  mo->logits);
+    rc = kvg_gemm(c->tp, c->gemm_ws, x, rows, mo->dim, kvg_cpu_weights_get(c->weights, &L->moe_router),
+                  L->moe_router_bias, mo->logits);
     assert(rc == 0);
     (void)rc;
     kvg_cpu_par(c, (size_t)rows, 20.0 * rows * mo->E, gate_range, &gj);

@@ -511,7 +511,11 @@ int kvg_backend_cuda_probe(int dev, char *err, size_t err_len)
 static const char *cuda_family_error(const kvg_model *m)
 {
     const kvg_model_config *c = &m->cfg;
-    return c->n_experts > KVG_K_MOE_MAX_EXPERTS ? "a mixture of more than 512 experts" : NULL;
+    return c->attn_temp_scale != 0.0f ? "Llama 4's per-position query temperature"
+           : c->attn_sinks ? "attention sinks"
+           : c->ffn_act == KVG_ACT_SWIGLU_OAI ? "the clamped SwiGLU"
+           : c->has_o_bias ? "an attention output bias"
+           : c->n_experts > KVG_K_MOE_MAX_EXPERTS ? "a mixture of more than 512 experts" : NULL;
 }
 
 /* The first MXFP4 matrix of m, by name (into buf), or NULL: the device has no MXFP4

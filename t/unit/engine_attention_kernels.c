@@ -31,7 +31,7 @@
 void emu_scores4(const float *q, const float *const *k, int bt, int hd, float *out);
 void emu_scores1(const float *q, const float *const *k, int bt, int hd, float *out);
 void emu_vacc(float *out, const float *w, const float *v, int n, int hd);
-float emu_softmax(float *sc, int T, float scale);
+float emu_softmax(float *sc, int T, float scale, float sink);
 void emu_scores4_rows(const float *const *q, const float *const *k, int bt, int hd, float *const *out);
 void emu_vacc_rows(float *const *out, const float *const *w, const float *v, int n, int hd);
 void emu_swiglu(float *gate, const float *up, size_t n);
@@ -154,9 +154,11 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
                 if (variant == 1 && i % 7 == 3)
                     s1[i] = -1e30f;          /* far below: exp underflows to 0 */
             }
+            /* no sink, and a sink (gpt-oss) below, among and above the scores */
+            float sink = variant == 0 ? -INFINITY : variant == 1 ? rnd(-5.0f, 5.0f) : 3.0f;
             memcpy(s2, s1, (size_t)T * sizeof(float));
-            sum1 = g->softmax(s1, T, 8.0f);
-            sum2 = k->softmax(s2, T, 8.0f);
+            sum1 = g->softmax(s1, T, 8.0f, sink);
+            sum2 = k->softmax(s2, T, 8.0f, sink);
             bad_sm += !same_bits(s1, s2, (size_t)T) || memcmp(&sum1, &sum2, sizeof sum1) != 0;
         }
     }
@@ -184,7 +186,7 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
     ok(bad_s4 == 0, "%s: scores of 4 groups bit-identical (%d head/block-size cases)", name, cases);
     ok(bad_s1 == 0, "%s: scores of 1 group bit-identical", name);
     ok(bad_v == 0, "%s: V accumulation bit-identical (head sizes 8..256, 1..16 tokens)", name);
-    ok(bad_sm == 0, "%s: softmax values and sums bit-identical (T = 1..1000)", name);
+    ok(bad_sm == 0, "%s: softmax values and sums bit-identical (T = 1..1000, with and without a sink)", name);
     ok(bad_sr == 0, "%s: scores of 4 rows x 4 groups = the one-row kernel's, row by row", name);
     ok(bad_vr == 0, "%s: V accumulation of 4 rows = the one-row kernel's, row by row", name);
     ok(bad_sw == 0, "%s: SwiGLU bit-identical (lengths 1..4099, odd values)", name);
@@ -232,7 +234,7 @@ static void check_generic(const kvg_attn_kernels *g)
     ok(good, "generic V accumulation = sum_t w_t v_t");
     for (int i = 0; i < 40; i++)
         sc[i] = ref[i] = rnd(-20.0f, 20.0f);
-    sum = g->softmax(sc, 40, 2.0f);
+    sum = g->softmax(sc, 40, 2.0f, -INFINITY);
     for (int i = 0; i < 40; i++)
         mx = fmaxf(mx, ref[i] / 2.0f);
     good = 1;
@@ -242,6 +244,56 @@ static void check_generic(const kvg_attn_kernels *g)
         good &= fabs(e - sc[i]) <= 3e-7 * e + 1e-30;
     }
     ok(good && fabsf(sum - want) < 1e-5f * want, "generic softmax = exp(s/scale - max), sum %g", sum);
+
+    /* An attention sink (gpt-oss): softmax_i = exp(s_i) / (exp(sink) + sum_j exp(s_j)),
+     * computed naively in double from the scaled scores, with the sink below the scores'
+     * maximum (the max is theirs) and above it (the max is the sink's, every weight < 1). */
+    static const float sinks[] = { 1.5f, 25.0f };
+    for (size_t k = 0; k < sizeof sinks / sizeof sinks[0]; k++) {
+        double den = exp((double)sinks[k]), worst = 0.0;
+        for (int i = 0; i < 40; i++)
+            den += exp((double)(ref[i] / 2.0f));
+        for (int i = 0; i < 40; i++)
+            sc[i] = ref[i];
+        sum = g->softmax(sc, 40, 2.0f, sinks[k]);
+        for (int i = 0; i < 40; i++) {
+            double p = exp((double)(ref[i] / 2.0f)) / den, got = (double)sc[i] / sum;
+            worst = fmax(worst, fabs(got - p));
+        }
+        ok(worst < 1e-6, "generic softmax with a sink of %g = exp(s_i) / (exp(sink) + sum exp(s_j)) (max error "
+           "%.2g)", sinks[k], worst);
+    }
+    {
+        /* without a sink (-INFINITY) the sum is the lanes' alone, bit for bit: the 16
+         * lane chains over t ascending, reduced in the fixed order */
+        float a[40], lanes[16] = { 0 }, sa, sb;
+        for (int i = 0; i < 40; i++)
+            a[i] = ref[i];
+        sa = g->softmax(a, 40, 2.0f, -INFINITY);
+        for (int t = 0; t < 40; t++)
+            lanes[t & 15] += a[t];
+        sb = kvg_attn_reduce16(lanes);
+        ok(memcmp(&sa, &sb, sizeof sa) == 0, "no sink (-inf): the sum is the lanes' alone, bit for bit");
+    }
+}
+
+/* gpt-oss's clamped SwiGLU against its formula in double: x = min(g, 7),
+ * y = clamp(u, -7, 7), x sigmoid(1.702 x) (y + 1). */
+static void check_swiglu_oai(void)
+{
+    static const float gs[] = { -30.0f, -7.5f, -1.0f, -0.25f, 0.0f, 0.3f, 2.0f, 6.99f, 7.0f, 7.01f, 50.0f };
+    static const float us[] = { -20.0f, -7.0f, -1.0f, 0.0f, 0.5f, 6.5f, 7.5f, 1e6f };
+    double worst = 0.0;
+    for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++)
+        for (size_t j = 0; j < sizeof us / sizeof us[0]; j++) {
+            double x = fmin(gs[i], 7.0), y = fmin(fmax(us[j], -7.0), 7.0);
+            double want = x / (1.0 + exp(-1.702 * x)) * (y + 1.0);
+            double got = kvg_swiglu_oai(gs[i], us[j]);
+            worst = fmax(worst, fabs(got - want) / fmax(fabs(want), 1e-3));
+        }
+    ok(worst < 1e-6, "clamped SwiGLU = min(g,7) sigmoid(1.702 min(g,7)) (clamp(u,-7,7) + 1) (relative error %.2g)",
+       worst);
+    ok(isnan(kvg_swiglu_oai(NAN, 1.0f)), "clamped SwiGLU: a NaN gate stays NaN");
 }
 
 static void check_exp(void)
@@ -292,6 +344,7 @@ int main(void)
     ok(g != NULL, "generic kernels exist");
     check_exp();
     check_generic(g);
+    check_swiglu_oai();
     check_swiglu(g);
     compare("generic (its rows' kernels)", g, g);
     if ((k = kvg_attn_kernels_isa("avx2")))
