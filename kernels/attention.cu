@@ -28,7 +28,11 @@
  * Pass 2: one warp per (row, query head): M = max_j m_j, L = sum_j exp(m_j - M) l_j and
  * out = sum_j exp(m_j - M) acc_j / L, the sums in split order (fmaf), for every row, one
  * split included; splits wholly before a row's window (m = -inf, l = 0: exact zeros) are
- * left out. */
+ * left out. An attention sink (gpt-oss: one logit per head, no value) joins here, once per
+ * (row, head): M starts at the sink instead of -inf, and after the splits' sum L gains
+ * exp(sink - M), as the CPU backend adds it after its lanes' reduction. Pass 1 does not
+ * see it: a split's partial is its keys' alone, so a sink could not be counted once per
+ * split, and the partials (and their invariance) are the same with or without sinks. */
 #include "kvg_device.cuh"
 
 #define ATT_MAX_WARPS 8
@@ -231,12 +235,15 @@ attn_combine(kvg_k_attn_args a)
     if (a.window > 0 && a.pos[r] - a.window + 1 > 0)
         j_lo = (a.pos[r] - a.window + 1) / a.split_tokens;
 
-    float M = -INFINITY;
+    const float sink = a.sinks ? a.sinks[h] : -INFINITY;
+    float M = sink;
     for (int j = j_lo; j < n_splits; j++)
         M = fmaxf(M, base[j * stride]);
     float L = 0.0f;
     for (int j = j_lo; j < n_splits; j++)
         L = fmaf(expf(base[j * stride] - M), base[j * stride + 1], L);
+    if (a.sinks)
+        L += expf(sink - M);
 
     float2 *o = (float2 *)(a.out + (int64_t)r * a.n_heads * hd + (int64_t)h * hd);
     for (int w = lane; w < hw; w += KVG_WARP) {

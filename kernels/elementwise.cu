@@ -1,8 +1,8 @@
-/* Elementwise kernels: add, swiglu, geglu, scale, softcap, to_lowp (F32 -> F16/BF16) and
- * bias_add. Grid-stride
- * loops over the elements (float4 groups when every pointer is 16-byte aligned, the last
- * n % 4 elements by a scalar tail); each output element is a function of the inputs at
- * the same index only, so nothing depends on the launch's shape or size. */
+/* Elementwise kernels: add, swiglu, swiglu_oai, geglu, scale, softcap, to_lowp (F32 ->
+ * F16/BF16) and bias_add. Grid-stride loops over the elements (float4 groups when every
+ * pointer is 16-byte aligned, the last n % 4 elements by a scalar tail); each output
+ * element is a function of the inputs at the same index only, so nothing depends on the
+ * launch's shape or size. */
 #include "kvg_device.cuh"
 
 #define ELT_THREADS 256
@@ -82,6 +82,27 @@ struct kvg_act_gelu {
     __device__ static float f(float g, float u) { return kvg_geglu1(g, u); }
 };
 
+/* ---- gpt-oss's clamped SwiGLU -------------------------------------------------------- */
+
+/* x = min(g, 7), y = clamp(u, -7, 7), x sigmoid(1.702 x) (y + 1): the CPU backend's
+ * kvg_swiglu_oai (engine/cpu/attention_kernels.h) term for term, the sigmoid from
+ * expf(-|a|) as there (nothing overflows), with expf where the CPU has its polynomial exp
+ * (a few ulp apart). The comparisons are the CPU's, so a NaN gate stays NaN and a NaN up
+ * becomes -7 + 1 on both. */
+__device__ __forceinline__ float kvg_swiglu_oai1(float g, float u)
+{
+    const float x = g > 7.0f ? 7.0f : g;
+    const float y = u < -7.0f ? -7.0f : u > 7.0f ? 7.0f : u;
+    const float a = 1.702f * x;
+    const float e = expf(-fabsf(a));
+    const float sg = (a >= 0.0f ? 1.0f : e) / (1.0f + e);
+    return (x * sg) * (y + 1.0f);
+}
+
+struct kvg_act_silu_oai {
+    __device__ static float f(float g, float u) { return kvg_swiglu_oai1(g, u); }
+};
+
 template <class Act>
 __global__ void __launch_bounds__(ELT_THREADS)
 glu_x4(float4 *__restrict__ gate, const float4 *__restrict__ up, size_t n4)
@@ -125,6 +146,11 @@ static cudaError_t glu_launch(cudaStream_t s, float *gate, const float *up, size
 extern "C" cudaError_t kvg_k_swiglu(cudaStream_t s, float *gate, const float *up, size_t n)
 {
     return glu_launch<kvg_act_silu>(s, gate, up, n);
+}
+
+extern "C" cudaError_t kvg_k_swiglu_oai(cudaStream_t s, float *gate, const float *up, size_t n)
+{
+    return glu_launch<kvg_act_silu_oai>(s, gate, up, n);
 }
 
 extern "C" cudaError_t kvg_k_geglu(cudaStream_t s, float *gate, const float *up, size_t n)

@@ -58,6 +58,10 @@ cudaError_t kvg_k_add(cudaStream_t s, float *x, const float *y, size_t n);
 /* gate[i] = silu(gate[i]) * up[i] for i < n. */
 cudaError_t kvg_k_swiglu(cudaStream_t s, float *gate, const float *up, size_t n);
 
+/* gpt-oss's clamped SwiGLU, for i < n: x = min(gate[i], 7), y = clamp(up[i], -7, 7),
+ * gate[i] = x sigmoid(1.702 x) (y + 1), the CPU backend's kvg_swiglu_oai. */
+cudaError_t kvg_k_swiglu_oai(cudaStream_t s, float *gate, const float *up, size_t n);
+
 /* gate[i] = gelu_tanh(gate[i]) * up[i] for i < n (Gemma's GeGLU):
  * 0.5 g (1 + tanh(0.7978845608028654 (g + 0.044715 g^3))) * up, the CPU backend's expression. */
 cudaError_t kvg_k_geglu(cudaStream_t s, float *gate, const float *up, size_t n);
@@ -78,9 +82,12 @@ cudaError_t kvg_k_bias_add(cudaStream_t s, float *y, const float *bias, int rows
  * k ([n_rows][n_kv_heads*head_dim]) in place (rot = head_dim: all; Phi-4-mini: 3/4). cs
  * holds each row's cos and sin, [n_rows][head_dim/2][2], the first rot/2 pairs used (the
  * host computes them exactly as the CPU backend does). layout: 0 = adjacent pairs
- * (2i, 2i+1), 1 = halves (i, i + rot/2). */
-cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs, int n_rows,
-                       int n_heads, int n_kv_heads, int head_dim, int rot, int layout);
+ * (2i, 2i+1), 1 = halves (i, i + rot/2). q_scale ([n_rows], NULL: none): Llama 4's query
+ * temperature, row r's whole q multiplied by q_scale[r] after its rotation (each rotated
+ * value rounded, then multiplied, as the CPU backend does). */
+cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs,
+                       const float *q_scale, int n_rows, int n_heads, int n_kv_heads,
+                       int head_dim, int rot, int layout);
 
 /* Stores row r's k and v ([n_rows][n_kv_heads*head_dim], F32) as BF16 at slot row_slot[r]
  * (= block id * block_tokens + position % block_tokens) of `layer`. */
@@ -119,7 +126,8 @@ cudaError_t kvg_k_gather_rows(cudaStream_t s, const float *x, int width, const i
  * (one split included). GQA: query head h reads kv head h / (n_heads / n_kv_heads).
  * A window changes which keys a row sees by its position alone: a split (or a chunk of
  * one) wholly before the window contributes nothing (m = -inf, l = 0), whatever the
- * batch. */
+ * batch. Sinks (gpt-oss) enter pass 2 only, once per (row, head): M = max(sink, m_j...),
+ * L = sum_j exp(m_j - M) l_j + exp(sink - M); pass 1's partials are the keys' alone. */
 typedef struct kvg_k_attn_item {
     int32_t seq;                 /* the sequence of the item's rows */
     int32_t row0;                /* first row of the step in the item */
@@ -147,6 +155,9 @@ typedef struct kvg_k_attn_args {
     float scale;                 /* 1 / sqrt(head_dim), or the model's divisor */
     int window;                  /* the layer's sliding window; 0: none */
     float softcap;               /* score soft-capping; 0: none */
+    const float *sinks;          /* [n_heads] attention sinks (gpt-oss); NULL: none. Head h's
+                                    softmax has one more logit, sinks[h] (on the scaled
+                                    scores' scale), in its max and denominator, no value */
     float *out;                  /* [n_rows][n_heads * head_dim] */
 } kvg_k_attn_args;
 

@@ -4,14 +4,18 @@
  * then k's. Each rotation reads only its own two elements and the row's cos/sin, with the
  * CPU backend's expression (v0 c - v1 s, v0 s + v1 c): a row's result cannot depend on
  * the launch. Only the leading `rot` dimensions of a head rotate (partial RoPE: pairs
- * (i, i + rot/2) or (2i, 2i+1) for i < rot/2); the table keeps head_dim/2 pairs a row. */
+ * (i, i + rot/2) or (2i, 2i+1) for i < rot/2); the table keeps head_dim/2 pairs a row.
+ * With q_scale (Llama 4's query temperature, Ministral 3) every element of row r's q is
+ * then multiplied by q_scale[r]: the rotated value is rounded to float and multiplied, as
+ * the CPU backend stores it and multiplies it (the dimensions left unrotated included). */
 #include "kvg_device.cuh"
 
 #define ROPE_THREADS 256
 
 __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restrict__ cs,
-            int n_heads, int n_kv_heads, int head_dim, int rot, int layout)
+            const float *__restrict__ q_scale, int n_heads, int n_kv_heads, int head_dim, int rot,
+            int layout)
 {
     const int half = rot / 2;
     const int64_t r = blockIdx.x;
@@ -19,26 +23,48 @@ rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restri
     const float2 *c = cs + r * (head_dim / 2);
     float *qr = q + r * (int64_t)n_heads * head_dim;
     float *kr = k + r * (int64_t)n_kv_heads * head_dim;
+    const float ts = q_scale ? q_scale[r] : 1.0f;
 
     for (int p = threadIdx.x; p < n_all; p += blockDim.x) {
         const int hp = p < n_q ? p : p - n_q;
         const int h = hp / half, i = hp - h * half;
         float *v = (p < n_q ? qr : kr) + (int64_t)h * head_dim;
         const float2 t = c[i];
+        float o0, o1;
         if (layout == 0) {
             /* adjacent pairs (2i, 2i+1): one 8-byte access (head_dim is even) */
             float2 a = *(float2 *)(v + 2 * i);
-            *(float2 *)(v + 2 * i) = make_float2(a.x * t.x - a.y * t.y, a.x * t.y + a.y * t.x);
+            o0 = a.x * t.x - a.y * t.y;
+            o1 = a.x * t.y + a.y * t.x;
         } else {
             const float v0 = v[i], v1 = v[i + half];
-            v[i] = v0 * t.x - v1 * t.y;
-            v[i + half] = v0 * t.y + v1 * t.x;
+            o0 = v0 * t.x - v1 * t.y;
+            o1 = v0 * t.y + v1 * t.x;
+        }
+        if (q_scale && p < n_q) {
+            o0 *= ts;
+            o1 *= ts;
+        }
+        if (layout == 0) {
+            *(float2 *)(v + 2 * i) = make_float2(o0, o1);
+        } else {
+            v[i] = o0;
+            v[i + half] = o1;
+        }
+    }
+    /* the query temperature on q's unrotated dimensions (partial RoPE) */
+    if (q_scale && rot < head_dim) {
+        const int tail = head_dim - rot;
+        for (int p = threadIdx.x; p < n_heads * tail; p += blockDim.x) {
+            const int h = p / tail;
+            qr[(int64_t)h * head_dim + rot + (p - h * tail)] *= ts;
         }
     }
 }
 
-extern "C" cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs, int n_rows,
-                                  int n_heads, int n_kv_heads, int head_dim, int rot, int layout)
+extern "C" cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs,
+                                  const float *q_scale, int n_rows, int n_heads, int n_kv_heads,
+                                  int head_dim, int rot, int layout)
 {
     if (n_rows <= 0)
         return cudaSuccess;
@@ -53,6 +79,6 @@ extern "C" cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const floa
     if (threads > ROPE_THREADS)
         threads = ROPE_THREADS;
     KVG_LAUNCH(rope_kernel, dim3((unsigned)n_rows), dim3(threads), 0, s, q, k,
-               (const float2 *)cs, n_heads, n_kv_heads, head_dim, rot, layout);
+               (const float2 *)cs, q_scale, n_heads, n_kv_heads, head_dim, rot, layout);
     return kvg_launch_result();
 }

@@ -171,6 +171,12 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
             kvg_rope_cos_sin(c->inv_freq + (size_t)k * half, kvg_rope_dims(cfg) / 2, s->pos[r], kvg_rope_mscale(cfg),
                              cs + (size_t)r * c->plan.cs_floats);
     }
+    /* Llama 4's query temperature of each row, by its position (rope.h), as the CPU's. */
+    if (cfg->attn_temp_scale != 0.0f) {
+        float *qs = (float *)(void *)((unsigned char *)c->h_plan + c->plan.off_q_scale);
+        for (int r = 0; r < s->n_rows; r++)
+            qs[r] = kvg_rope_q_scale(cfg, s->pos[r]);
+    }
     partials = (size_t)c->plan.n_partials * (size_t)cfg->n_heads * (size_t)(cfg->head_dim + 2);
     if (grow_dev(c, (void **)&c->d_partials, &c->partials_cap, partials * sizeof(float),
                  "attention partials") != 0)
@@ -266,8 +272,10 @@ static void cu_rope(kvg_backend *be, int layer, float *q, float *k)
     cs = (const float *)(const void *)((const unsigned char *)c->d_plan +
                                        kvg_step_plan_cs_off(&c->plan, kvg_rope_kind(c->m, layer)));
     KVG_CU_CHECK(c, "launch kvg_k_rope",
-                 kvg_k_rope(c->stream, q, k, cs, c->plan.n_rows, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim,
-                            kvg_rope_dims(cfg), cfg->rope_layout == KVG_ROPE_HALF),
+                 kvg_k_rope(c->stream, q, k, cs,
+                            cfg->attn_temp_scale != 0.0f ? DEV(c, const float, off_q_scale) : NULL,
+                            c->plan.n_rows, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim, kvg_rope_dims(cfg),
+                            cfg->rope_layout == KVG_ROPE_HALF),
                  "rows=%d", c->plan.n_rows);
 }
 
@@ -317,6 +325,13 @@ static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
     a.scale = 1.0f / sqrtf(cfg->attn_query_scalar > 0.0f ? cfg->attn_query_scalar : (float)cfg->head_dim);
     a.window = c->m->layers[layer].sliding ? cfg->swa_window : 0;
     a.softcap = cfg->attn_softcap > 0.0f ? cfg->attn_softcap : 0.0f;
+    if (cfg->attn_sinks) {
+        /* gpt-oss: the layer's sinks join pass 2's max and denominator */
+        const kvg_cu_weight *sw = kvg_cu_weight_of(c, c->m->layers[layer].attn_sinks);
+        if (!sw)
+            return;
+        a.sinks = sw->dev;
+    }
     a.out = out;
     KVG_CU_CHECK(c, "launch kvg_k_attention", kvg_k_attention(c->stream, &a), "rows=%d items=%d split=%d",
                  a.n_rows, a.n_items, a.split_tokens);
@@ -511,11 +526,7 @@ int kvg_backend_cuda_probe(int dev, char *err, size_t err_len)
 static const char *cuda_family_error(const kvg_model *m)
 {
     const kvg_model_config *c = &m->cfg;
-    return c->attn_temp_scale != 0.0f ? "Llama 4's per-position query temperature"
-           : c->attn_sinks ? "attention sinks"
-           : c->ffn_act == KVG_ACT_SWIGLU_OAI ? "the clamped SwiGLU"
-           : c->has_o_bias ? "an attention output bias"
-           : c->n_experts > KVG_K_MOE_MAX_EXPERTS ? "a mixture of more than 512 experts" : NULL;
+    return c->n_experts > KVG_K_MOE_MAX_EXPERTS ? "a mixture of more than 512 experts" : NULL;
 }
 
 /* The first MXFP4 matrix of m, by name (into buf), or NULL: the device has no MXFP4

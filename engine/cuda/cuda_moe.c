@@ -1,8 +1,8 @@
 /* The CUDA backend's mixture-of-experts FFN (backend.h's moe), for one layer and R rows;
  * the CPU backend's algorithm (engine/cpu/moe_cpu.c) with the rows grouped on the device:
  *
- *   1. logits[R][E] = x router^T             cuBLASLt, F32 weights and input when the file's
- *                                             router is F32 (kvg_cu_matmul)
+ *   1. logits[R][E] = x router^T (+ bias)    cuBLASLt, F32 weights and input when the file's
+ *                                             router is F32 (kvg_cu_matmul; gpt-oss's bias)
  *   2. kvg_k_moe_gate                        per row: softmax / top-k (ties to the lower
  *                                             expert) / renormalization -> sel, wt [R][K]
  *   3. kvg_k_moe_group                       the R*K (row, rank) pairs grouped by expert,
@@ -15,9 +15,12 @@
  *   5. kvg_k_gather_lowp                     every slot's row of x, rounded to the experts'
  *                                             type once for all experts (xg)
  *   6. per expert e with n_e rows:           g, u [its slots][EH] = its rows of xg times
- *                                             gate_e^T, up_e^T (kvg_cu_gemm, M = n_e)
- *   7. kvg_k_swiglu over all slots, then kvg_k_to_lowp (down's type)
+ *                                             gate_e^T, up_e^T (kvg_cu_gemm, M = n_e; with
+ *                                             gpt-oss's biases, the expert's slices)
+ *   7. kvg_k_swiglu (gpt-oss: kvg_k_swiglu_oai, clamped) over all slots, then
+ *      kvg_k_to_lowp (down's type)
  *   8. per expert e:                         y [its slots][dim] = its rows times down_e^T
+ *                                             (+ its down bias)
  *   9. kvg_k_moe_combine                     out[r] = w[r][0] y[pos[r][0]] + ... in rank order
  *
  * Batch invariance. The router GEMM and the expert GEMMs run with the shape's pinned
@@ -30,10 +33,8 @@
  *
  * What a later version does better (kernels/README.md): the per-expert GEMMs as one
  * grouped GEMM (cuBLASLt's grouped GEMM, or a kernel of our own reading the counts on the
- * device, which also removes step 4's wait), and the gather, SwiGLU and rounding fused.
- * gpt-oss adds a router bias (kvg_cu_matmul's bias), per-expert biases (kvg_cu_gemm's
- * bias, the expert's slice of a [E][N] vector) and a clamped SwiGLU (another activation
- * kernel in step 7): each slots into its step. */
+ * device, which also removes step 4's wait), and the gather, SwiGLU, biases and rounding
+ * fused. */
 #include "cuda_internal.h"
 #include "errmsg.h"
 
@@ -204,13 +205,24 @@ static int reserve(kvg_cuda *c, kvg_cu_moe *mo, int rows)
     return 0;
 }
 
-/* The device copies of expert e's three matrices in `layer`; -1 (recorded) if unknown. */
-static int expert_weights(kvg_cuda *c, const kvg_layer_weights *L, int e, const kvg_cu_weight **w)
+/* The device copies of expert e's three matrices in `layer`, and with gpt-oss's biases
+ * (biased) theirs in b (else NULLs); -1 (recorded) if unknown. */
+static int expert_weights(kvg_cuda *c, const kvg_layer_weights *L, int e, int biased, const kvg_cu_weight **w,
+                          const kvg_cu_weight **b)
 {
+    const int EH = (int)L->moe_gate[e].rows, dim = (int)L->moe_down[e].rows;
     w[0] = kvg_cu_weight_of(c, L->moe_gate[e].data);
     w[1] = kvg_cu_weight_of(c, L->moe_up[e].data);
     w[2] = kvg_cu_weight_of(c, L->moe_down[e].data);
-    return w[0] && w[1] && w[2] ? 0 : -1;
+    b[0] = b[1] = b[2] = NULL;
+    if (!w[0] || !w[1] || !w[2])
+        return -1;
+    if (!biased)
+        return 0;
+    b[0] = kvg_cu_weight_of(c, L->moe_gate_bias + (size_t)e * EH);
+    b[1] = kvg_cu_weight_of(c, L->moe_up_bias + (size_t)e * EH);
+    b[2] = kvg_cu_weight_of(c, L->moe_down_bias + (size_t)e * dim);
+    return b[0] && b[1] && b[2] ? 0 : -1;
 }
 
 void kvg_cu_moe_ffn(kvg_cuda *c, int layer, const float *x, int rows, float *out)
@@ -220,7 +232,8 @@ void kvg_cu_moe_ffn(kvg_cuda *c, int layer, const float *x, int rows, float *out
     const kvg_layer_weights *L = &c->m->layers[layer];
     const int E = mo->E, K = mo->K, EH = mo->EH, dim = mo->dim;
     const int32_t *cnt = mo->h_meta, *first = mo->h_meta + E;
-    const kvg_cu_weight *w[3];
+    const kvg_cu_weight *w[3], *b[3];
+    const int biased = cfg->moe_biases;
     int slots, e0 = -1;
     cudaError_t err;
 
@@ -228,7 +241,7 @@ void kvg_cu_moe_ffn(kvg_cuda *c, int layer, const float *x, int rows, float *out
         return;
     /* 1-3: router, gating, grouping */
     c->op = "moe_router";
-    kvg_cu_matmul(c, x, rows, dim, &L->moe_router, NULL, mo->logits);
+    kvg_cu_matmul(c, x, rows, dim, &L->moe_router, cfg->moe_biases ? L->moe_router_bias : NULL, mo->logits);
     if (c->failed)
         return;
     c->op = "moe";
@@ -263,7 +276,7 @@ void kvg_cu_moe_ffn(kvg_cuda *c, int layer, const float *x, int rows, float *out
     for (int e = 0; e < E && e0 < 0; e++)
         if (cnt[e] > 0)
             e0 = e;
-    if (e0 < 0 || expert_weights(c, L, e0, w) != 0)
+    if (e0 < 0 || expert_weights(c, L, e0, biased, w, b) != 0)
         return;                  /* rows > 0 chose some expert; an unknown weight is recorded */
     /* 5: the inputs, in the type of the gate and of the up matrices (every expert of a
        stack has its stack's type) */
@@ -278,29 +291,33 @@ void kvg_cu_moe_ffn(kvg_cuda *c, int layer, const float *x, int rows, float *out
     /* 6: gate and up, expert by expert over its rows */
     for (int e = e0; e < E && !c->failed; e++) {
         size_t f = (size_t)first[e];
-        if (cnt[e] <= 0 || expert_weights(c, L, e, w) != 0)
+        if (cnt[e] <= 0 || expert_weights(c, L, e, biased, w, b) != 0)
             continue;
         c->op = "moe_gate";
-        kvg_cu_gemm(c, (const unsigned char *)mo->xg + f * dim * 2, cnt[e], dim, w[0], EH, NULL, mo->g + f * EH);
+        kvg_cu_gemm(c, (const unsigned char *)mo->xg + f * dim * 2, cnt[e], dim, w[0], EH, b[0], mo->g + f * EH);
         c->op = "moe_up";
         kvg_cu_gemm(c, (const unsigned char *)(w[1]->dt != w[0]->dt ? mo->xu : mo->xg) + f * dim * 2, cnt[e], dim,
-                    w[1], EH, NULL, mo->u + f * EH);
+                    w[1], EH, b[1], mo->u + f * EH);
     }
-    /* 7: SwiGLU over every slot, rounded to down's type */
+    /* 7: SwiGLU (gpt-oss: the clamped one) over every slot, rounded to down's type */
     if (c->failed)
         return;
     c->op = "moe";
-    KVG_CU_CHECK(c, "launch kvg_k_swiglu", kvg_k_swiglu(c->stream, mo->g, mo->u, (size_t)slots * EH),
-                 "n=%zu", (size_t)slots * EH);
+    if (cfg->ffn_act == KVG_ACT_SWIGLU_OAI)
+        KVG_CU_CHECK(c, "launch kvg_k_swiglu_oai", kvg_k_swiglu_oai(c->stream, mo->g, mo->u, (size_t)slots * EH),
+                     "n=%zu", (size_t)slots * EH);
+    else
+        KVG_CU_CHECK(c, "launch kvg_k_swiglu", kvg_k_swiglu(c->stream, mo->g, mo->u, (size_t)slots * EH),
+                     "n=%zu", (size_t)slots * EH);
     KVG_CU_CHECK(c, "launch kvg_k_to_lowp", kvg_k_to_lowp(c->stream, mo->g, (size_t)slots * EH, w[2]->dt, mo->gl),
                  "n=%zu", (size_t)slots * EH);
     /* 8: down */
     for (int e = e0; e < E && !c->failed; e++) {
         size_t f = (size_t)first[e];
-        if (cnt[e] <= 0 || expert_weights(c, L, e, w) != 0)
+        if (cnt[e] <= 0 || expert_weights(c, L, e, biased, w, b) != 0)
             continue;
         c->op = "moe_down";
-        kvg_cu_gemm(c, (const unsigned char *)mo->gl + f * EH * 2, cnt[e], EH, w[2], dim, NULL, mo->y + f * dim);
+        kvg_cu_gemm(c, (const unsigned char *)mo->gl + f * EH * 2, cnt[e], EH, w[2], dim, b[2], mo->y + f * dim);
     }
     /* 9: each row's K outputs in rank order */
     if (c->failed)

@@ -153,7 +153,7 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
     const kvg_model *m = c->m;
     const kvg_model_config *cfg = &m->cfg;
     size_t qd = (size_t)cfg->n_heads * cfg->head_dim, kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
-    int cap = cfg->n_layers * (16 + 1 + 3 * (cfg->n_experts > 0 ? cfg->n_experts : 0)) + 4, n = 0, u = 0;
+    int cap = cfg->n_layers * (16 + 3 + 6 * (cfg->n_experts > 0 ? cfg->n_experts : 0) + 1) + 4, n = 0, u = 0;
     src_weight *w = calloc((size_t)cap, sizeof *w);
     size_t total = 0, done = 0;
     unsigned char *stage = NULL;
@@ -186,12 +186,23 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
         add_vec(w, &n, L->k_norm, (size_t)cfg->head_dim, l, "k_norm");
         add_vec(w, &n, L->post_attn_norm, (size_t)cfg->dim, l, "post_attn_norm");
         add_vec(w, &n, L->post_ffn_norm, (size_t)cfg->dim, l, "post_ffn_norm");
+        add_vec(w, &n, L->bo, (size_t)cfg->dim, l, "bo");
+        add_vec(w, &n, L->attn_sinks, (size_t)cfg->n_heads, l, "attn_sinks");
         if (cfg->n_experts > 0) {
+            size_t EH = (size_t)cfg->expert_hidden_dim, D = (size_t)cfg->dim;
             add_mat_f32(w, &n, &L->moe_router, l, "moe_router");
+            add_vec(w, &n, L->moe_router_bias, (size_t)cfg->n_experts, l, "moe_router_bias");
             for (int x = 0; x < cfg->n_experts; x++) {
                 add_mat(w, &n, &L->moe_gate[x], l, "moe_gate");
                 add_mat(w, &n, &L->moe_up[x], l, "moe_up");
                 add_mat(w, &n, &L->moe_down[x], l, "moe_down");
+                /* gpt-oss: each expert's biases, its slice of the layer's [E][N] vectors,
+                   an entry of its own (found by the slice's address), as its matrices */
+                if (L->moe_gate_bias && L->moe_up_bias && L->moe_down_bias) {
+                    add_vec(w, &n, L->moe_gate_bias + (size_t)x * EH, EH, l, "moe_gate_bias");
+                    add_vec(w, &n, L->moe_up_bias + (size_t)x * EH, EH, l, "moe_up_bias");
+                    add_vec(w, &n, L->moe_down_bias + (size_t)x * D, D, l, "moe_down_bias");
+                }
             }
         }
     }

@@ -151,6 +151,7 @@ int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_token
     REGION(off_tables, table, 4);
     REGION(off_items, items, sizeof(kvg_plan_item));
     REGION(off_cs, (size_t)n_rope_kinds * (size_t)s->n_rows * p->cs_floats, sizeof(float));
+    REGION(off_q_scale, s->n_rows, sizeof(float));
 #undef REGION
     p->bytes = off;
     return 0;

@@ -6,12 +6,13 @@
  *
  *     tokens[R] pos[R] row_seq[R] row_slot[R] out_rows[n_out] row_part[R]
  *     table_off[n_seqs] tables[sum of table lengths] items[n_items]
- *     cs[n_rope_kinds][R][half][2]
+ *     cs[n_rope_kinds][R][half][2] q_scale[R]
  *
  * (each region starting on a 16-byte boundary; cs, the RoPE cos/sin of each kind of
  * rotation the model's layers use (engine/rope.h: 1, or 2 when the sliding-window layers
  * rotate with their own base), is left for the caller to fill: it needs the model's
- * frequencies; kind k's table is at kvg_step_plan_cs_off(p, k)).
+ * frequencies; kind k's table is at kvg_step_plan_cs_off(p, k). So is q_scale, each
+ * row's query temperature, filled only for a model that has one).
  *
  * Attention work (kernels/kvg_kernels.h kvg_k_attention): the rows are cut into tiles of
  * at most tile_rows consecutive rows of one sequence with consecutive positions; each
@@ -43,7 +44,7 @@ typedef struct kvg_step_plan {
     int n_rope_kinds;            /* cos/sin tables, one per kind, [n_rows][cs_floats] each */
     /* Byte offsets of the regions in the packed buffer, and its size. */
     size_t off_tokens, off_pos, off_row_seq, off_row_slot, off_out_rows, off_row_part;
-    size_t off_table_off, off_tables, off_items, off_cs;
+    size_t off_table_off, off_tables, off_items, off_cs, off_q_scale;
     size_t bytes;
 } kvg_step_plan;
 
@@ -63,7 +64,7 @@ int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_token
 size_t kvg_step_plan_cs_off(const kvg_step_plan *p, int kind);
 
 /* Fills the buffer (p->bytes, 16-byte aligned) laid out by kvg_step_plan_layout for the
- * same step; cs is left untouched. */
+ * same step; cs and q_scale are left untouched. */
 void kvg_step_plan_fill(const kvg_step *s, const kvg_step_plan *p, void *buf);
 
 #endif

@@ -4,8 +4,10 @@
  *
  * Tolerances (each compares the kernel with a reference of the same rounding of inputs):
  *   embed, add, scale, bias_add, gather, kv_write, copy_blocks, to_lowp: exact (bits);
- *   swiglu, rope: <= 2 ulp (the same expression; a GPU may contract a*b - c*d into an FMA,
- *     the emulation does not, so the bound is what a GPU run would also meet);
+ *   swiglu, rope (the query temperature included): <= 2 ulp (the same expression; a GPU
+ *     may contract a*b - c*d into an FMA, the emulation does not, so the bound is what a
+ *     GPU run would also meet); swiglu_oai (gpt-oss's clamped one) <= 4 ulp of the formula
+ *     (its sigmoid from exp(-|a|), as the CPU's);
  *   geglu, softcap: 1e-6 of the terms' magnitude (tanhf differs by a few ulp on a GPU);
  *   rmsnorm: 2e-6 relative (the block's fixed reduction tree vs a sequential sum);
  *   attention: 2e-5 of the row-head's largest |output| against a double-precision
@@ -14,7 +16,8 @@
  * place; attention of a row alone as a decode item vs inside prefill tiles of 2, 5 and 16
  * rows vs in a step with other sequences before and after it; attention on blocks copied
  * by copy_blocks vs on the source blocks. The same for the families' attention: sliding
- * windows of 1, 13, 37, 100 and 4096 keys, soft-capped scores, another divisor. */
+ * windows of 1, 13, 37, 100 and 4096 keys, soft-capped scores, another divisor, attention
+ * sinks (gpt-oss; with and without windows, the max sometimes the sink's). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -328,6 +331,44 @@ static void test_elementwise(void)
         ok(e == cudaSuccess && good && worst <= 2, "swiglu (offset %d): within %lld ulp", off,
            (long long)worst);
 
+        /* gpt-oss's clamped SwiGLU: gate and up spread to +-10, so both clamps engage */
+        {
+            float *g10 = malloc(sizeof(float) * (n + 1)), *u10 = malloc(sizeof(float) * (n + 1));
+            float *d_u10;
+            int64_t w2 = 0;
+            for (size_t i = 0; i < n + 1; i++) {
+                g10[i] = a[i] * 10.0f;
+                u10[i] = b[i] * 10.0f;
+            }
+            cudaMemcpy(d_a, g10, sizeof(float) * (n + 1), cudaMemcpyHostToDevice);
+            d_u10 = dev_from(u10, sizeof(float) * (n + 1));
+            e = kvg_k_swiglu_oai(S0, d_a + off, d_u10 + off, n);
+            to_host(got, d_a, sizeof(float) * (n + 1));
+            good = 1;
+            for (size_t i = 0; i < n + 1; i++) {
+                float want = g10[i];
+                if ((int)i >= off && i < off + n) {
+                    /* the formula: min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7, 7) + 1) */
+                    float x = fminf(g10[i], 7.0f), y = fmaxf(-7.0f, fminf(u10[i], 7.0f));
+                    want = x * (1.0f / (1.0f + expf(-1.702f * x))) * (y + 1.0f);
+                    int64_t d = ulp_diff(got[i], want);
+                    /* the clamped up + 1 can be near 0: count ulps of the terms' size there */
+                    if (fabsf(y + 1.0f) < 1e-3f)
+                        d = fabsf(got[i] - want) <= 4e-7f * fabsf(x) ? 0 : d;
+                    if (d > w2)
+                        w2 = d;
+                } else if (f2u(got[i]) != f2u(want)) {
+                    good = 0;
+                }
+            }
+            ok(e == cudaSuccess && good && w2 <= 4, "swiglu_oai (offset %d): within %lld ulp of the formula", off,
+               (long long)w2);
+            is_int(kvg_k_swiglu_oai(S0, NULL, d_u10, n), cudaErrorInvalidValue, "swiglu_oai without buffers refused");
+            cudaFree(d_u10);
+            free(g10);
+            free(u10);
+        }
+
         /* geglu, scale, softcap: inputs spread to +-8 so tanh saturates on some */
         for (int op = 0; op < 3; op++) {
             static const char *const names[] = { "geglu", "scale", "softcap" };
@@ -488,7 +529,7 @@ static void test_rope(void)
                 }
             float *d_q = dev_from(q, sizeof(float) * nq), *d_k = dev_from(k, sizeof(float) * nk);
             float *d_cs = dev_from(cs, sizeof(float) * rows * hd);
-            cudaError_t e = kvg_k_rope(S0, d_q, d_k, d_cs, rows, nh, nkv, hd, hd, layout);
+            cudaError_t e = kvg_k_rope(S0, d_q, d_k, d_cs, NULL, rows, nh, nkv, hd, hd, layout);
             to_host(gq, d_q, sizeof(float) * nq);
             to_host(gk, d_k, sizeof(float) * nk);
             int64_t worst = 0;
@@ -507,6 +548,71 @@ static void test_rope(void)
             cudaFree(d_q);
             cudaFree(d_k);
             cudaFree(d_cs);
+            free(q);
+            free(k);
+            free(cs);
+            free(gq);
+            free(gk);
+        }
+}
+
+/* Llama 4's query temperature (Ministral 3): q rotated (all or the leading rot dimensions),
+ * then each row's whole q times its scale, as the CPU backend's rope stores and multiplies;
+ * k never scaled. */
+static void test_rope_temperature(void)
+{
+    const int rows = 4, nh = 4, nkv = 2, hd = 16;
+    const int rots[2] = { 16, 12 };
+    for (int ri = 0; ri < 2; ri++)
+        for (int layout = 0; layout < 2; layout++) {
+            const int rot = rots[ri], half = rot / 2;
+            size_t nq = (size_t)rows * nh * hd, nk = (size_t)rows * nkv * hd;
+            float *q = rnd_vec(nq), *k = rnd_vec(nk), *cs = malloc(sizeof(float) * rows * hd);
+            float *gq = malloc(sizeof(float) * nq), *gk = malloc(sizeof(float) * nk);
+            float ts[4] = { 1.0f, 1.0693147f, 1.1098612f, 1.3465736f };
+            for (int r = 0; r < rows; r++)
+                for (int i = 0; i < hd / 2; i++) {
+                    float ang = (float)(r * 5 + 2) * powf(10000.0f, -2.0f * i / rot);
+                    cs[(r * (hd / 2) + i) * 2] = cosf(ang);
+                    cs[(r * (hd / 2) + i) * 2 + 1] = sinf(ang);
+                }
+            float *d_q = dev_from(q, sizeof(float) * nq), *d_k = dev_from(k, sizeof(float) * nk);
+            float *d_cs = dev_from(cs, sizeof(float) * rows * hd), *d_ts = dev_from(ts, sizeof ts);
+            cudaError_t e = kvg_k_rope(S0, d_q, d_k, d_cs, d_ts, rows, nh, nkv, hd, rot, layout);
+            to_host(gq, d_q, sizeof(float) * nq);
+            to_host(gk, d_k, sizeof(float) * nk);
+            /* the reference: the CPU backend's loop (rotate the leading rot, then q *= t) */
+            for (int r = 0; r < rows; r++)
+                for (int t = 0; t < 2; t++) {
+                    int n_h = t ? nkv : nh;
+                    float *v = t ? k + (size_t)r * nkv * hd : q + (size_t)r * nh * hd;
+                    const float *c = cs + (size_t)r * hd;
+                    for (int h = 0; h < n_h; h++)
+                        for (int p = 0; p < half; p++) {
+                            float *x = v + (size_t)h * hd;
+                            int i0 = layout ? p : 2 * p, i1 = layout ? p + half : 2 * p + 1;
+                            float v0 = x[i0], v1 = x[i1];
+                            x[i0] = v0 * c[2 * p] - v1 * c[2 * p + 1];
+                            x[i1] = v0 * c[2 * p + 1] + v1 * c[2 * p];
+                        }
+                    if (!t)
+                        for (int i = 0; i < nh * hd; i++)
+                            v[i] *= ts[r];
+                }
+            int64_t worst = 0;
+            for (size_t i = 0; i < nq; i++)
+                if (ulp_diff(gq[i], q[i]) > worst && fabsf(q[i]) > 1e-6f)
+                    worst = ulp_diff(gq[i], q[i]);
+            for (size_t i = 0; i < nk; i++)
+                if (ulp_diff(gk[i], k[i]) > worst && fabsf(k[i]) > 1e-6f)
+                    worst = ulp_diff(gk[i], k[i]);
+            ok(e == cudaSuccess && worst <= 2,
+               "rope with the query temperature, layout %d rot %d of %d: q (all of it) and k within %lld ulp",
+               layout, rot, hd, (long long)worst);
+            cudaFree(d_q);
+            cudaFree(d_k);
+            cudaFree(d_cs);
+            cudaFree(d_ts);
             free(q);
             free(k);
             free(cs);
@@ -602,6 +708,7 @@ typedef struct att_world {
     float scale;
     int window;                        /* sliding window; 0: none */
     float softcap;                     /* score soft-capping; 0: none */
+    int sinks;                         /* attention sinks (sink_of(h)); 0: none */
     int n_seqs;
     int len[MAX_SEQS];
     int32_t *table[MAX_SEQS];          /* host block tables */
@@ -616,6 +723,14 @@ static float q_of(int seq, int pos, int h, int d)
 {
     uint64_t x = mix64(((uint64_t)seq << 48) ^ ((uint64_t)pos << 24) ^ ((uint64_t)h << 12) ^ (uint64_t)d);
     return (float)((double)(x >> 40) / 8388608.0 - 1.0);
+}
+
+/* Head h's attention sink: below, among and above the scores of this data (~0.3 to 1
+ * scaled), so that the max is sometimes the sink. */
+static float sink_of(int h)
+{
+    static const float v[4] = { -0.4f, 0.2f, 0.8f, 2.5f };
+    return v[h % 4];
 }
 
 /* A segment of a step: rows at positions pos0 .. pos0+n-1 of seq, tiled by `tile`. */
@@ -699,8 +814,16 @@ static cudaError_t run_step(const att_world *W, const att_seg *segs, int n_segs,
     a.scale = W->scale;
     a.window = W->window;
     a.softcap = W->softcap;
+    float *sinks = malloc(sizeof(float) * nh);
+    for (int h = 0; h < nh; h++)
+        sinks[h] = sink_of(h);
+    float *d_sinks = W->sinks ? dev_from(sinks, sizeof(float) * nh) : NULL;
+    a.sinks = d_sinks;
     a.out = dev_alloc(sizeof(float) * n_rows * nh * hd);
     cudaError_t e = kvg_k_attention(S0, &a);
+    if (d_sinks)
+        cudaFree(d_sinks);
+    free(sinks);
     to_host(out, a.out, sizeof(float) * n_rows * nh * hd);
     cudaFree((void *)a.q);
     cudaFree((void *)a.pos);
@@ -755,6 +878,13 @@ static double ref_check(const att_world *W, int seq, int pos, const float *got)
             for (int d = 0; d < hd; d++)
                 o[d] += p * bf16_f(base[(bt + t % bt) * hd + d]);
         }
+        if (W->sinks) {
+            /* the sink: in the max and, as exp(sink - max), the denominator; no value */
+            double sk = sink_of(h), m2 = sk > mx ? sk : mx;
+            for (int d = 0; d < hd; d++)
+                o[d] *= exp(mx - m2);
+            sum = sum * exp(mx - m2) + exp(sk - m2);
+        }
         for (int d = 0; d < hd; d++) {
             o[d] /= sum;
             if (fabs(o[d]) > big)
@@ -775,7 +905,7 @@ static double ref_check(const att_world *W, int seq, int pos, const float *got)
  * [chunk0, len0), decode rows of seqs 1 and 2 (their last positions), and seq 2's whole
  * prompt as a prefill. */
 static void attn_config_x(int hd, int n_kv, int G, int split, const int *lens, int chunk0, int window,
-                          float softcap, float scale)
+                          float softcap, float scale, int sinks)
 {
     att_world W;
     char what[96];
@@ -796,8 +926,10 @@ static void attn_config_x(int hd, int n_kv, int G, int split, const int *lens, i
     W.scale = scale > 0.0f ? scale : 1.0f / sqrtf((float)hd);
     W.window = window;
     W.softcap = softcap;
-    if (window || softcap > 0.0f || scale > 0.0f)
-        snprintf(what, sizeof what, " window %d softcap %g scale %g", window, (double)softcap, (double)W.scale);
+    W.sinks = sinks;
+    if (window || softcap > 0.0f || scale > 0.0f || sinks)
+        snprintf(what, sizeof what, " window %d softcap %g scale %g%s", window, (double)softcap, (double)W.scale,
+                 sinks ? " sinks" : "");
     else
         what[0] = 0;
     size_t pool_n = (size_t)W.g.n_blocks * W.g.block_elems;
@@ -906,7 +1038,7 @@ static void attn_config_x(int hd, int n_kv, int G, int split, const int *lens, i
 
 static void attn_config(int hd, int n_kv, int G, int split, const int *lens, int chunk0)
 {
-    attn_config_x(hd, n_kv, G, split, lens, chunk0, 0, 0.0f, 0.0f);
+    attn_config_x(hd, n_kv, G, split, lens, chunk0, 0, 0.0f, 0.0f, 0);
 }
 
 /* Sliding windows (keys [pos - W + 1, pos]), score soft-capping and another divisor:
@@ -916,18 +1048,28 @@ static void test_attention_families(void)
     const int lens[3] = { 70, 41, 9 };
     /* a window inside one 16-key chunk boundary and not a multiple of anything: rows of
      * the chunk see 13 keys, whole splits (16) and chunks lie before the window */
-    attn_config_x(16, 2, 2, 16, lens, 40, 13, 0.0f, 0.0f);
+    attn_config_x(16, 2, 2, 16, lens, 40, 13, 0.0f, 0.0f, 0);
     /* window 37 over 32-position splits, GQA 4, soft-capped scores (cap 0.5: the scaled
      * scores of this data are ~0.3 to 1, so the cap bends them all) and Gemma 2 27B's
      * kind of divisor */
-    attn_config_x(64, 2, 4, 32, lens, 40, 37, 0.5f, 1.0f / sqrtf(144.0f));
+    attn_config_x(64, 2, 4, 32, lens, 40, 37, 0.5f, 1.0f / sqrtf(144.0f), 0);
     /* a window of 1: each row sees itself only */
-    attn_config_x(8, 2, 1, 16, lens, 40, 1, 0.0f, 0.0f);
+    attn_config_x(8, 2, 1, 16, lens, 40, 1, 0.0f, 0.0f, 0);
     /* a window longer than every context: the same bits as no window */
     {
         const int l3[3] = { 140, 130, 4 };
-        attn_config_x(64, 2, 2, 256, l3, 120, 100, 0.0f, 0.0f);     /* 128-key chunks, rows past 100 */
-        attn_config_x(128, 1, 2, 32, lens, 40, 4096, 30.0f, 0.0f);
+        attn_config_x(64, 2, 2, 256, l3, 120, 100, 0.0f, 0.0f, 0);     /* 128-key chunks, rows past 100 */
+        attn_config_x(128, 1, 2, 32, lens, 40, 4096, 30.0f, 0.0f, 0);
+    }
+    /* gpt-oss's attention sinks: alone (GQA 2, several splits), with a sliding window of 13
+     * (splits wholly before it), over 256-position splits of two 128-key chunks, and one
+     * split of head_dim 64 GQA 4 */
+    attn_config_x(16, 2, 2, 16, lens, 40, 0, 0.0f, 0.0f, 1);
+    attn_config_x(16, 2, 2, 16, lens, 40, 13, 0.0f, 0.0f, 1);
+    attn_config_x(64, 2, 4, 32, lens, 40, 37, 0.0f, 0.0f, 1);
+    {
+        const int l3[3] = { 140, 130, 4 };
+        attn_config_x(64, 2, 2, 256, l3, 120, 100, 0.0f, 0.0f, 1);
     }
 }
 
@@ -972,6 +1114,7 @@ int main(void)
     test_elementwise();
     test_gather();
     test_rope();
+    test_rope_temperature();
     test_kv_write_copy();
     test_attention();
     test_attention_families();

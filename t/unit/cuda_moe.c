@@ -14,6 +14,10 @@
  *   - an injected failure inside the MoE fails one step with the call named, the next
  *     step has the logits of a run that never failed; no device byte left after
  *     destroy;
+ *   - gpt-oss's MoE on the same model made gpt-oss-like (oai_make: router and expert
+ *     biases, top-k then softmax without renormalization, the clamped SwiGLU with gate and
+ *     up biases wide enough that both clamps engage, sinks and an o bias in attention):
+ *     the op and the forward pass, the same checks;
  *   - MXFP4 matrices (gpt-oss's experts, or any other) have no kernels here yet: such a
  *     model is refused naming the type and a tensor. */
 #include <math.h>
@@ -200,6 +204,57 @@ static void test_op(kvg_model *m, const char *name)
     kvg_backend_free(cb);
 out:
     free(x), free(xr), free(cpu), free(all), free(one), free(rev);
+}
+
+/* ---- gpt-oss ---- */
+
+/* What gpt-oss adds, on a loaded qwen3moe model m (its vectors in *bufs, freed by
+ * oai_free): the router's bias (+-1), each expert's gate and up biases (+-8, so that some
+ * gate products pass the clamp at 7 and some up products leave [-7, 7]) and down bias
+ * (+-0.5), the clamped SwiGLU, top-k then softmax without renormalization; in attention,
+ * sinks (0.5 +- 1) and an o bias (+-0.5). */
+static float *oai_vec(float **bufs, int *nb, size_t n, float base, float spread, uint64_t *st)
+{
+    float *v = malloc(n * sizeof *v);
+    if (!v)
+        abort();
+    for (size_t i = 0; i < n; i++) {
+        *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = base + spread * (float)((double)(*st >> 40) / 8388608.0 - 1.0);
+    }
+    bufs[(*nb)++] = v;
+    return v;
+}
+
+#define OAI_MAX_BUFS 64
+
+static void oai_make(kvg_model *m, float **bufs, int *nb)
+{
+    kvg_model_config *c = &m->cfg;
+    uint64_t st = 0x6f61692d6d6f65ull;
+    const size_t E = (size_t)c->n_experts, EH = (size_t)c->expert_hidden_dim, D = (size_t)c->dim;
+    *nb = 0;
+    c->moe_biases = 1;
+    c->ffn_act = KVG_ACT_SWIGLU_OAI;
+    c->moe_gating = KVG_MOE_TOPK_SOFTMAX;
+    c->moe_norm_topk = 0;
+    c->attn_sinks = 1;
+    c->has_o_bias = 1;
+    for (int l = 0; l < c->n_layers; l++) {
+        kvg_layer_weights *L = &m->layers[l];
+        L->moe_router_bias = oai_vec(bufs, nb, E, 0.0f, 1.0f, &st);
+        L->moe_gate_bias = oai_vec(bufs, nb, E * EH, 0.0f, 8.0f, &st);
+        L->moe_up_bias = oai_vec(bufs, nb, E * EH, 0.0f, 8.0f, &st);
+        L->moe_down_bias = oai_vec(bufs, nb, E * D, 0.0f, 0.5f, &st);
+        L->attn_sinks = oai_vec(bufs, nb, (size_t)c->n_heads, 0.5f, 1.0f, &st);
+        L->bo = oai_vec(bufs, nb, D, 0.0f, 0.5f, &st);
+    }
+}
+
+static void oai_free(float **bufs, int nb)
+{
+    for (int i = 0; i < nb; i++)
+        free(bufs[i]);
 }
 
 /* ---- the forward pass ---- */
@@ -411,6 +466,23 @@ int main(void)
         test_op(m, "Q8_0 experts");
         test_forward(m, "Q8_0 experts");
         kvg_model_free(m);
+    }
+    {
+        /* gpt-oss-like: base and the align-16 shape, F32 and Q8_0 experts */
+        const moe_spec *specs[3] = { &base, &odd, &q8 };
+        static const char *const names[3] = { "gpt-oss-like", "gpt-oss-like align 16", "gpt-oss-like Q8_0" };
+        for (int i = 0; i < 3; i++) {
+            float *bufs[OAI_MAX_BUFS];
+            int nb = 0;
+            m = moe_load(specs[i], "oai", err, sizeof err);
+            if (!ok(m != NULL && m->cfg.n_layers * 6 <= OAI_MAX_BUFS, "%s: loads", names[i]))
+                continue;
+            oai_make(m, bufs, &nb);
+            test_op(m, names[i]);
+            test_forward(m, names[i]);
+            kvg_model_free(m);
+            oai_free(bufs, nb);
+        }
     }
     {
         moe_spec mxs = base;

@@ -3,7 +3,8 @@
  * not: q/k/v biases, the rotate-half RoPE layout, Llama 3 rope scaling, head_dim !=
  * dim/n_heads, GQA, untied output; tm_apply_family adds the other families' features
  * (q/k norms, post-norms, GeGLU, embedding scale, soft-capping, sliding windows, a second
- * RoPE kind, linear scaling, per-pair factors, mscale, fused qkv / gate-up). Header-only;
+ * RoPE kind, linear scaling, per-pair factors, mscale, fused qkv / gate-up, the query
+ * temperature, attention sinks, an output bias). Header-only;
  * free with tm_free (never kvg_model_free: the model has no loader storage). */
 #ifndef KVG_ENGINE_TESTMODEL_H
 #define KVG_ENGINE_TESTMODEL_H
@@ -224,6 +225,10 @@ typedef struct tm_family {
     int fused;                   /* wq/wk/wv and w_gate/w_up as row slices of one tensor each
                                     (F16 when the model mixes dtypes, else F32), as a fused
                                     attn_qkv / gate-up ffn_up loads */
+    float attn_temp_scale;       /* Llama 4's query temperature (Ministral 3) ... */
+    int attn_temp_floor;         /* ... per this many positions */
+    int sinks;                   /* gpt-oss's attention sinks ([n_heads], ~0.5 +- 1) */
+    int o_bias;                  /* gpt-oss's attention output bias ([dim], +- 0.5) */
 } tm_family;
 
 /* One [rows][cols] tensor holding a, b (and c) one after the other, in dtype dt; the
@@ -279,6 +284,10 @@ static inline __attribute__((unused)) int tm_apply_family(tm_model *t, const tm_
     c->rope_theta_swa = f->rope_theta_swa;
     c->rope_freq_scale = f->rope_freq_scale;
     c->rope_attn_factor = f->rope_attn_factor;
+    c->attn_temp_scale = f->attn_temp_scale;
+    c->attn_temp_floor = f->attn_temp_floor;
+    c->attn_sinks = f->sinks;
+    c->has_o_bias = f->o_bias;
     if (f->freq_factors) {
         float *ff = tm_alloc(t, (size_t)(c->head_dim / 2) * sizeof *ff);
         if (!ff)
@@ -295,6 +304,10 @@ static inline __attribute__((unused)) int tm_apply_family(tm_model *t, const tm_
             return -1;
         if (f->post_norms && (!(w->post_attn_norm = tm_vec(t, c->dim, 1.0f, 0.3f, &s)) ||
                               !(w->post_ffn_norm = tm_vec(t, c->dim, 1.0f, 0.3f, &s))))
+            return -1;
+        if (f->sinks && !(w->attn_sinks = tm_vec(t, c->n_heads, 0.5f, 1.0f, &s)))
+            return -1;
+        if (f->o_bias && !(w->bo = tm_vec(t, c->dim, 0.0f, 0.5f, &s)))
             return -1;
         if (f->fused) {
             kvg_dtype dt = w->wq.dtype == KVG_DT_F32 ? KVG_DT_F32 : KVG_DT_F16;
