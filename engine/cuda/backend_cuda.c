@@ -529,44 +529,6 @@ static const char *cuda_family_error(const kvg_model *m)
     return c->n_experts > KVG_K_MOE_MAX_EXPERTS ? "a mixture of more than 512 experts" : NULL;
 }
 
-/* The first MXFP4 matrix of m, by name (into buf), or NULL: the device has no MXFP4
- * kernels, and its upload (dequantized to BF16) would hold a gpt-oss expert stack at
- * almost four times its size. */
-static const char *cuda_mxfp4_matrix(const kvg_model *m, char *buf, size_t len)
-{
-    const kvg_model_config *c = &m->cfg;
-    static const char *const names[8] = { "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down",
-                                           "ffn_up", "ffn_gate_inp" };
-    static const char *const exps[3] = { "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps" };
-    const char *what = NULL;
-    int layer = -1;
-
-    if (m->tok_embedding.dtype == KVG_DT_MXFP4)
-        what = "token_embd";
-    else if (m->output.dtype == KVG_DT_MXFP4)
-        what = "output";
-    for (int l = 0; l < c->n_layers && !what; l++) {
-        const kvg_layer_weights *L = &m->layers[l];
-        const kvg_tensor *mats[8] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_down, &L->w_up,
-                                      &L->moe_router };
-        const kvg_tensor *const stacks[3] = { L->moe_gate, L->moe_up, L->moe_down };
-        layer = l;
-        for (int i = 0; i < 8 && !what; i++)
-            if (mats[i]->data && mats[i]->dtype == KVG_DT_MXFP4)
-                what = names[i];
-        for (int i = 0; i < 3 && c->n_experts > 0 && !what; i++)
-            if (stacks[i] && stacks[i][0].dtype == KVG_DT_MXFP4)
-                what = exps[i];
-    }
-    if (!what)
-        return NULL;
-    if (layer >= 0)
-        snprintf(buf, len, "blk.%d.%s", layer, what);
-    else
-        snprintf(buf, len, "%s", what);
-    return buf;
-}
-
 kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
                                   char *err, size_t err_len)
 {
@@ -576,13 +538,7 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
     int dev = o ? o->device : 0;
     cudaError_t e;
     const char *missing = cuda_family_error(m);
-    char mx[64];
 
-    if (cuda_mxfp4_matrix(m, mx, sizeof mx)) {
-        kvg_set_err(err, err_len, "cuda: this model's %s (and maybe more) is MXFP4, which this backend does not run "
-                    "yet (the cpu backend does)", mx);
-        return NULL;
-    }
     if (missing) {
         kvg_set_err(err, err_len, "cuda: %s models need %s, which this backend does not run yet", cfg->arch,
                     missing);
