@@ -14,23 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Below this many scalar operations a job runs on the calling thread: waking the
- * workers costs a few microseconds, as much as ~20k simple operations. */
-#define PAR_MIN_WORK 32768.0
-
-/* Runs fn over [0, n) on the pool, or inline when the whole job is smaller than a
- * thread wake-up is worth (`work` ~ scalar operations in total). The result never
- * depends on which: every index writes only its own outputs. */
-void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg)
-{
-    if (n == 0)
-        return;
-    if (c->n_threads <= 1 || work < PAR_MIN_WORK || n == 1)
-        fn(arg, 0, n);
-    else
-        kvg_threadpool_run(c->tp, n, fn, arg);
-}
-
 static kvg_cpu *cpu_of(kvg_backend *be)
 {
     return be->ctx;

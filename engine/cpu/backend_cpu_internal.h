@@ -46,9 +46,23 @@ typedef struct kvg_cpu {
 
 void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, float *out);
 
+/* Below this many scalar operations a job runs on the calling thread: waking the
+ * workers costs a few microseconds, as much as ~20k simple operations. */
+#define KVG_CPU_PAR_MIN_WORK 32768.0
+
 /* Runs fn over [0, n) on the pool, or inline when the job is smaller than a thread
- * wake-up is worth (`work`: ~ scalar operations in all); the same results either way. */
-void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg);
+ * wake-up is worth (`work`: ~ scalar operations in all); the same results either way
+ * (every index writes only its own outputs). Here, not in backend_cpu.c, so that the
+ * operations in files of their own (moe_cpu.c) use it without pointing back up. */
+static inline void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg)
+{
+    if (n == 0)
+        return;
+    if (c->n_threads <= 1 || work < KVG_CPU_PAR_MIN_WORK || n == 1)
+        fn(arg, 0, n);
+    else
+        kvg_threadpool_run(c->tp, n, fn, arg);
+}
 
 /* The mixture-of-experts FFN (moe_cpu.c): its scratch for m (NULL when m is dense, or
  * out of memory), grown to a step's rows by kvg_cpu_moe_reserve (0, or -1 out of
