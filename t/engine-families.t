@@ -17,7 +17,7 @@
 #     bit-identical logits (see t/tools/family_check.c).
 #
 # Backends: the CPU always; the CUDA backend, emulated on the host (build/emu: the same
-# kernels and host code as on a GPU), for the families enabled on it, with its own
+# kernels and host code as on a GPU) for every family, family_check included, with its own
 # tolerance (it rounds GEMM inputs and the KV cache to BF16).
 #
 # The ASan pass (KVGATE_ASAN=1) runs the ASan builds of kvgate-generate and family_check on
@@ -58,7 +58,6 @@ use Kvgate::LlamaCpp;
 #                the margins are held to (default tol); cuda_top the same for cuda
 #   cuda_rel     the emulated CUDA backend's prompt logits against the CPU backend's: the
 #                largest difference as a share of the largest logit; 0: not on CUDA
-#   cuda_check   family_check on the emulated CUDA backend too (llama always)
 #
 # llama, measured (tiny F32, the prompt below): on the CPU 1.3e-6 over the vocabulary and
 # 2e-6 on the chosen tokens (float rounding: both engines compute in F32, in another order;
@@ -107,7 +106,7 @@ my @FAMILIES = (
     { family => 'gemma3', tol => 0.6, tol_top => 0.15, cuda_rel => 0.15, seed => 37 },
     { family => 'phi3', tol => 1e-3, cuda_rel => 0.04, seed => 6 },
     { family => 'mistral3', tol => 1e-3, cuda_rel => 0.03, seed => 16 },
-    { family => 'gpt-oss', tol => 1e-3, cuda_rel => 0.06, cuda_check => 1, seed => 17 },
+    { family => 'gpt-oss', tol => 1e-3, cuda_rel => 0.06, seed => 17 },
 );
 
 my $build = Kvgate::Engine::build_dir();
@@ -334,14 +333,9 @@ for my $fam (@FAMILIES) {
         push @summary, compare($name, 'cuda-emu', $kc, $lcr, $fam->{cuda}, $fam->{cuda_top} // $fam->{cuda},
                                 $fam->{cuda_greedy} // $steps) if $fam->{cuda};
         push @summary, against_cpu($name, $kc, $kv, $fam->{cuda_rel}) if $fam->{cuda_rel};
-        # The emulator runs every thread of every kernel on the host, so family_check runs on
-        # it for the families marked cuda_check only: llama, and gpt-oss (sliding windows,
-        # sinks, biases, YaRN, the MoE with the clamped SwiGLU), with 4 decode steps after
-        # each prompt instead of 16; the CUDA backend's own tests (t/unit/cuda_backend.c:
-        # gemma2-, gemma3- and phi3-like models, each feature alone; cuda_moe.c) hold the
-        # rest invariant, chunked, batched and token by token.
-        push @summary, family_check($name, 'cuda', $emu_check, $model, $name eq 'llama' ? () : ('--decode', 4))
-            if $fam->{cuda_check} || $name eq 'llama';
+        # The emulator runs every thread of every kernel on the host, so family_check runs
+        # there with 4 decode steps after each prompt instead of 16 (llama: the 16).
+        push @summary, family_check($name, 'cuda', $emu_check, $model, $name eq 'llama' ? () : ('--decode', 4));
     } elsif ($fam->{cuda} || $fam->{cuda_rel}) {
         note("$name: the emulated CUDA backend runs in the plain pass (no ASan build of it here)");
     }

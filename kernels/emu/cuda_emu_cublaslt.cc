@@ -147,12 +147,35 @@ bool matrix_in_device(const char *what, const void *ptr, cublasLtMatrixLayout_t 
     return false;
 }
 
-float load(const void *base, int64_t type, size_t idx)
+/* rows x k of a column-major matrix (leading dimension ld) into dst as rows of k floats:
+ * transposed (element (r, q) at q + r * ld) or not (at r + q * ld). The type's switch is
+ * outside the loops: a logits product converts vocab x dim elements per call. */
+template <typename Conv>
+void gather_rows(float *dst, const void *src, bool trans, size_t rows, size_t k, size_t ld, Conv conv)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t q = 0; q < k; q++)
+            dst[r * k + q] = conv(src, trans ? q + r * ld : r + q * ld);
+}
+
+void load_rows(float *dst, const void *src, int64_t type, bool trans, size_t rows, size_t k, size_t ld)
 {
     switch (type) {
-    case CUDA_R_16F: return kvg_emu_f16_bits_to_f32(((const unsigned short *)base)[idx]);
-    case CUDA_R_16BF: return kvg_emu_bf16_bits_to_f32(((const unsigned short *)base)[idx]);
-    default: return ((const float *)base)[idx];
+    case CUDA_R_16F:
+        gather_rows(dst, src, trans, rows, k, ld, [](const void *b, size_t i) {
+            return kvg_emu_f16_bits_to_f32(((const unsigned short *)b)[i]);
+        });
+        break;
+    case CUDA_R_16BF:
+        gather_rows(dst, src, trans, rows, k, ld, [](const void *b, size_t i) {
+            return kvg_emu_bf16_bits_to_f32(((const unsigned short *)b)[i]);
+        });
+        break;
+    default:
+        gather_rows(dst, src, trans, rows, k, ld, [](const void *b, size_t i) {
+            return ((const float *)b)[i];
+        });
+        break;
     }
 }
 
@@ -595,27 +618,40 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     size_t lda = (size_t)Adesc->data[L_LD], ldb = (size_t)Bdesc->data[L_LD];
     size_t ldc = (size_t)Cdesc->data[L_LD], ldd = (size_t)Ddesc->data[L_LD];
     std::vector<float> a(m * k), b(n * k);
-    for (size_t i = 0; i < m; i++)
-        for (size_t q = 0; q < k; q++)
-            a[i * k + q] = load(A, p.ab_type, p.opa ? q + i * lda : i + q * lda);
-    for (size_t j = 0; j < n; j++)
-        for (size_t q = 0; q < k; q++)
-            b[j * k + q] = load(B, p.ab_type, p.opb ? j + q * ldb : q + j * ldb);
+    load_rows(a.data(), A, p.ab_type, p.opa, m, k, lda);
+    /* op(B)'s column j is row j of B^T: B's "transposed" read is the untransposed op */
+    load_rows(b.data(), B, p.ab_type, !p.opb, n, k, ldb);
+    /* Each output sums its k products in order q = 0, 1, ... (a rounding per multiply and
+     * per add, as one at a time); TILE outputs advance together so that their adds
+     * overlap. */
+    const size_t TILE = 8;
     const float *c = (const float *)C;
     float *d = (float *)D;
-    for (size_t j = 0; j < n; j++)
-        for (size_t i = 0; i < m; i++) {
-            const float *ar = &a[i * k], *bc = &b[j * k];
-            float acc = 0.0f;
-            for (size_t q = 0; q < k; q++)
-                acc += ar[q] * bc[q];
-            float v = a_scale * acc;
-            if (read_c)
-                v += b_scale * c[i + j * ldc];
-            if (p.bias)
-                v += bias[i];
-            d[i + j * ldd] = v;
+    for (size_t j = 0; j < n; j++) {
+        const float *bc = &b[j * k];
+        for (size_t i0 = 0; i0 < m; i0 += TILE) {
+            size_t nt = m - i0 < TILE ? m - i0 : TILE;
+            float acc[8] = { 0 };
+            if (nt == TILE) {
+                for (size_t q = 0; q < k; q++)
+                    for (size_t t = 0; t < TILE; t++)
+                        acc[t] += a[(i0 + t) * k + q] * bc[q];
+            } else {
+                for (size_t t = 0; t < nt; t++)
+                    for (size_t q = 0; q < k; q++)
+                        acc[t] += a[(i0 + t) * k + q] * bc[q];
+            }
+            for (size_t t = 0; t < nt; t++) {
+                size_t i = i0 + t;
+                float v = a_scale * acc[t];
+                if (read_c)
+                    v += b_scale * c[i + j * ldc];
+                if (p.bias)
+                    v += bias[i];
+                d[i + j * ldd] = v;
+            }
         }
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 
