@@ -27,6 +27,8 @@
 #define AV_ROWS_VREGS 4
 #define AV_SOFTMAX kvg_attn_softmax_avx512
 #define AV_SWIGLU kvg_swiglu_avx512
+#define AV_SWIGLU_OAI kvg_swiglu_oai_avx512
+#define AV_GEGLU kvg_geglu_avx512
 #define AV_V __m512
 #define AV_VL 16
 #define AV_SET1(f) _mm512_set1_ps(f)
@@ -38,6 +40,7 @@
 #define AV_MUL(a, b) _mm512_mul_ps((a), (b))
 #define AV_DIV(a, b) _mm512_div_ps((a), (b))
 #define AV_MAX(a, b) _mm512_max_ps((a), (b))
+#define AV_MIN(a, b) _mm512_min_ps((a), (b))
 #define AV_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define AV_POW2_ADD(y, t)                                                                 \
     _mm512_castsi512_ps(_mm512_add_epi32(                                                 \

@@ -93,6 +93,18 @@ static void swiglu_generic(float *gate, const float *up, size_t n)
         gate[i] = kvg_silu_mul(gate[i], up[i]);
 }
 
+static void swiglu_oai_generic(float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        gate[i] = kvg_swiglu_oai(gate[i], up[i]);
+}
+
+static void geglu_generic(float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        gate[i] = kvg_gelu_mul(gate[i], up[i]);
+}
+
 static void scores4_generic(const float *q, const float *const *k, int bt, int hd, float *out)
 {
     scores_body(q, k, bt, hd, 4, out);
@@ -148,6 +160,8 @@ static void vacc_rows_generic(float *const *out, const float *const *w, const fl
 #define AV_ROWS_VREGS 2
 #define AV_SOFTMAX softmax_avx2
 #define AV_SWIGLU swiglu_avx2
+#define AV_SWIGLU_OAI swiglu_oai_avx2
+#define AV_GEGLU geglu_avx2
 #define AV_V __m256
 #define AV_VL 8
 #define AV_SET1(f) _mm256_set1_ps(f)
@@ -159,6 +173,7 @@ static void vacc_rows_generic(float *const *out, const float *const *w, const fl
 #define AV_MUL(a, b) _mm256_mul_ps((a), (b))
 #define AV_DIV(a, b) _mm256_div_ps((a), (b))
 #define AV_MAX(a, b) _mm256_max_ps((a), (b))
+#define AV_MIN(a, b) _mm256_min_ps((a), (b))
 #define AV_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define AV_POW2_ADD(y, t)                                                                 \
     _mm256_castsi256_ps(_mm256_add_epi32(                                                 \
@@ -174,15 +189,17 @@ static void vacc_rows_generic(float *const *out, const float *const *w, const fl
 static const kvg_attn_kernels generic_kernels = { scores4_generic,      scores1_generic,
                                                   vacc_generic,         softmax_generic,
                                                   scores4_rows_generic, vacc_rows_generic,
-                                                  swiglu_generic };
+                                                  swiglu_generic,       swiglu_oai_generic,
+                                                  geglu_generic };
 #if defined(__x86_64__) && defined(__GNUC__)
 static const kvg_attn_kernels avx2_kernels = { scores4_avx2, scores1_avx2,      vacc_avx2,
                                                softmax_avx2, scores4_rows_avx2, vacc_rows_avx2,
-                                               swiglu_avx2 };
+                                               swiglu_avx2,  swiglu_oai_avx2,   geglu_avx2 };
 static const kvg_attn_kernels avx512_kernels = { kvg_attn_scores4_avx512,      kvg_attn_scores1_avx512,
                                                  kvg_attn_vacc_avx512,         kvg_attn_softmax_avx512,
                                                  kvg_attn_scores4_rows_avx512, kvg_attn_vacc_rows_avx512,
-                                                 kvg_swiglu_avx512 };
+                                                 kvg_swiglu_avx512,            kvg_swiglu_oai_avx512,
+                                                 kvg_geglu_avx512 };
 #endif
 
 const kvg_attn_kernels *kvg_attn_kernels_isa(const char *isa)

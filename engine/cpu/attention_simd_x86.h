@@ -17,7 +17,8 @@
  *   AV_TGT                  the target attribute of every function here
  *   AV_LINK                 `static` where the kernels are file-local, else empty
  *   AV_SCORES4, AV_SCORES1, AV_VACC, AV_SCORES4_ROWS, AV_VACC_ROWS, AV_SOFTMAX,
- *   AV_SWIGLU               the names of the functions it gets (kvg_attn_scores_fn,
+ *   AV_SWIGLU, AV_SWIGLU_OAI, AV_GEGLU
+ *                           the names of the functions it gets (kvg_attn_scores_fn,
  *                           kvg_attn_vacc_fn, kvg_attn_scores_rows_fn,
  *                           kvg_attn_vacc_rows_fn, kvg_attn_softmax_fn, kvg_swiglu_fn)
  *   AV_ROWS_GROUPS          groups of keys the 4-row scores take at once (1, 2 or 4)
@@ -26,6 +27,7 @@
  *   AV_V, AV_VL             the vector type and its floats (8 or 16)
  *   AV_SET1(f) AV_ZERO() AV_LOADU(p) AV_STOREU(p, v) AV_ADD(a, b) AV_SUB(a, b)
  *   AV_MUL(a, b) AV_DIV(a, b) AV_MAX(a, b) (a > b ? a : b, as the scalar code)
+ *   AV_MIN(a, b)            a < b ? a : b
  *   AV_FMA(a, b, c)         a * b + c with one rounding
  *   AV_POW2_ADD(y, t)       y with (bits(t) - 0x4B400000) << 23 added to its bits: the
  *                           exp's 2^n, n being what the shifter left in t's low bits
@@ -227,6 +229,44 @@ AV_TGT AV_LINK void AV_SWIGLU(float *gate, const float *up, size_t n)
     }
     for (; i < n; i++)
         gate[i] = kvg_silu_mul(gate[i], up[i]);
+}
+
+/* kvg_swiglu_oai on AV_VL lanes: the same operations in the same order. The clamps as
+ * the scalar code's comparisons: x = g > 7 ? 7 : g is min(7, g) (a NaN g kept: MIN's
+ * second operand), y = u < -7 ? -7 : (u > 7 ? 7 : u) is max(-7, min(7, u)). */
+AV_TGT AV_LINK void AV_SWIGLU_OAI(float *gate, const float *up, size_t n)
+{
+    const AV_V one = AV_SET1(1.0f), lim = AV_SET1(KVG_SWIGLU_OAI_LIMIT);
+    const AV_V nlim = AV_SET1(-KVG_SWIGLU_OAI_LIMIT), alpha = AV_SET1(KVG_SWIGLU_OAI_ALPHA);
+    size_t i = 0;
+    for (; i + AV_VL <= n; i += AV_VL) {
+        AV_V x = AV_MIN(lim, AV_LOADU(gate + i));
+        AV_V y = AV_MAX(nlim, AV_MIN(lim, AV_LOADU(up + i)));
+        AV_V a = AV_MUL(alpha, x);
+        AV_V e = av_exp(AV_NEG_ABS(a));                                 /* exp(-|a|) */
+        AV_V num = AV_SELECT_GE(a, AV_ZERO(), one, e);
+        AV_V s = AV_DIV(num, AV_ADD(one, e));
+        AV_STOREU(gate + i, AV_MUL(AV_MUL(x, s), AV_ADD(y, one)));
+    }
+    for (; i < n; i++)
+        gate[i] = kvg_swiglu_oai(gate[i], up[i]);
+}
+
+/* kvg_gelu_mul on AV_VL lanes: the same operations in the same order. */
+AV_TGT AV_LINK void AV_GEGLU(float *gate, const float *up, size_t n)
+{
+    const AV_V one = AV_SET1(1.0f), a = AV_SET1(KVG_GELU_A), c2 = AV_SET1(KVG_GELU_2C);
+    size_t i = 0;
+    for (; i + AV_VL <= n; i += AV_VL) {
+        AV_V g = AV_LOADU(gate + i);
+        AV_V z2 = AV_MUL(c2, AV_FMA(AV_MUL(AV_MUL(a, g), g), g, g));
+        AV_V e = av_exp(AV_NEG_ABS(z2));                                /* exp(-|2z|) */
+        AV_V num = AV_SELECT_GE(z2, AV_ZERO(), one, e);
+        AV_V s = AV_DIV(num, AV_ADD(one, e));
+        AV_STOREU(gate + i, AV_MUL(AV_MUL(g, s), AV_LOADU(up + i)));
+    }
+    for (; i < n; i++)
+        gate[i] = kvg_gelu_mul(gate[i], up[i]);
 }
 
 /* The generic softmax (attention_kernels.c) with the whole groups of 16 positions in

@@ -394,21 +394,12 @@ static void cpu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
 }
 
 /* gelu(gate) * up, GELU's tanh approximation as llama.cpp and Hugging Face's
- * gelu_pytorch_tanh compute it: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))). */
-static void geglu_range(void *arg, size_t b, size_t e)
-{
-    swiglu_job *j = arg;
-    for (size_t i = b; i < e; i++) {
-        float g = j->gate[i];
-        float t = tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g));
-        j->gate[i] = 0.5f * g * (1.0f + t) * j->up[i];
-    }
-}
-
+ * gelu_pytorch_tanh compute it (kvg_gelu_mul, attention_kernels.h), vectorized as the
+ * SwiGLU. */
 static void cpu_geglu(kvg_backend *be, float *gate, const float *up, size_t n)
 {
-    swiglu_job j = { gate, up, NULL };
-    kvg_cpu_par(cpu_of(be), n, 20.0 * (double)n, geglu_range, &j);
+    swiglu_job j = { gate, up, kvg_cpu_kernels()->geglu };
+    kvg_cpu_par(cpu_of(be), n, 5.0 * (double)n, swiglu_range, &j);
 }
 
 typedef struct scale_job {

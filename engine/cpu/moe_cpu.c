@@ -223,19 +223,14 @@ static void group_rows(kvg_cpu_moe *mo, int rows)
 typedef struct swiglu_job {
     float *g;
     const float *u;
-    kvg_swiglu_fn fn;            /* NULL: the clamped SwiGLU */
+    kvg_swiglu_fn fn;            /* the SwiGLU or gpt-oss's clamped one, this CPU's kernel:
+                                    every ISA's gives the same bits */
 } swiglu_job;
 
 static void swiglu_range(void *arg, size_t b, size_t e)
 {
     swiglu_job *j = arg;
-    if (j->fn) {
-        j->fn(j->g + b, j->u + b, e - b);
-        return;
-    }
-    /* plain C of the baseline target, one code path whatever the CPU (as combine_range) */
-    for (size_t i = b; i < e; i++)
-        j->g[i] = kvg_swiglu_oai(j->g[i], j->u[i]);
+    j->fn(j->g + b, j->u + b, e - b);
 }
 
 /* Expert e over its n rows: slots off[e] .. of y. */
@@ -251,7 +246,8 @@ static void run_expert(kvg_cpu *c, const kvg_layer_weights *L, int e, const floa
                                 biased ? L->moe_up_bias + (size_t)e * EH : NULL };
     float *gu_out[2] = { mo->g, mo->u };
     swiglu_job sj = { mo->g, mo->u,
-                      c->m->cfg.ffn_act == KVG_ACT_SWIGLU_OAI ? NULL : kvg_cpu_kernels()->swiglu };
+                      c->m->cfg.ffn_act == KVG_ACT_SWIGLU_OAI ? kvg_cpu_kernels()->swiglu_oai
+                                                              : kvg_cpu_kernels()->swiglu };
     int rc;
 
     for (int i = 0; i < n; i++)

@@ -35,7 +35,11 @@ float emu_softmax(float *sc, int T, float scale, float sink);
 void emu_scores4_rows(const float *const *q, const float *const *k, int bt, int hd, float *const *out);
 void emu_vacc_rows(float *const *out, const float *const *w, const float *v, int n, int hd);
 void emu_swiglu(float *gate, const float *up, size_t n);
+void emu_swiglu_oai(float *gate, const float *up, size_t n);
+void emu_geglu(float *gate, const float *up, size_t n);
 #define kvg_swiglu_avx512 emu_swiglu
+#define kvg_swiglu_oai_avx512 emu_swiglu_oai
+#define kvg_geglu_avx512 emu_geglu
 #define kvg_attn_scores4_rows_avx512 emu_scores4_rows
 #define kvg_attn_vacc_rows_avx512 emu_vacc_rows
 #define kvg_attn_scores4_avx512 emu_scores4
@@ -50,6 +54,8 @@ void emu_swiglu(float *gate, const float *up, size_t n);
 #undef kvg_attn_scores4_rows_avx512
 #undef kvg_attn_vacc_rows_avx512
 #undef kvg_swiglu_avx512
+#undef kvg_swiglu_oai_avx512
+#undef kvg_geglu_avx512
 #pragma GCC pop_options
 #else
 #define HAVE_EMULATION 0
@@ -81,7 +87,7 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
     float *s1 = malloc(1024 * sizeof(float)), *s2 = malloc(1024 * sizeof(float));
     float q4[4][256], *r1 = malloc(4 * 64 * sizeof(float)), *r2 = malloc(4 * 64 * sizeof(float));
     float vo1[4][256], vo2[4][256], w4[4][16];
-    int bad_s4 = 0, bad_s1 = 0, bad_v = 0, bad_sm = 0, bad_sr = 0, bad_vr = 0, bad_sw = 0, cases = 0;
+    int bad_s4 = 0, bad_s1 = 0, bad_v = 0, bad_sm = 0, bad_sr = 0, bad_vr = 0, bad_sw = 0, bad_so = 0, bad_ge = 0, cases = 0;
 
     for (size_t i = 0; i < 256 * 48 * 4; i++)
         K[i] = rnd(-2.0f, 2.0f);
@@ -178,6 +184,21 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
             g->swiglu(g1, up, n);
             k->swiglu(g2, up, n);
             bad_sw += !same_bits(g1, g2, n);
+            /* the clamped one: gates and ups across both clamps, the odd values in both */
+            for (size_t i = 0; i < n; i++) {
+                g1[i] = i % 5 == 4 ? odd[(i / 5) % 16] : rnd(-12.0f, 12.0f);
+                up[i] = i % 7 == 6 ? odd[(i / 7) % 16] : rnd(-10.0f, 10.0f);
+            }
+            memcpy(g2, g1, n * sizeof(float));
+            g->swiglu_oai(g1, up, n);
+            k->swiglu_oai(g2, up, n);
+            bad_so += !same_bits(g1, g2, n);
+            for (size_t i = 0; i < n; i++)
+                g1[i] = i % 5 == 4 ? odd[(i / 5) % 16] : rnd(-12.0f, 12.0f);
+            memcpy(g2, g1, n * sizeof(float));
+            g->geglu(g1, up, n);
+            k->geglu(g2, up, n);
+            bad_ge += !same_bits(g1, g2, n);
         }
         free(g1);
         free(g2);
@@ -190,6 +211,8 @@ static void compare(const char *name, const kvg_attn_kernels *k, const kvg_attn_
     ok(bad_sr == 0, "%s: scores of 4 rows x 4 groups = the one-row kernel's, row by row", name);
     ok(bad_vr == 0, "%s: V accumulation of 4 rows = the one-row kernel's, row by row", name);
     ok(bad_sw == 0, "%s: SwiGLU bit-identical (lengths 1..4099, odd values)", name);
+    ok(bad_so == 0, "%s: gpt-oss's clamped SwiGLU bit-identical (lengths 1..4099, odd values)", name);
+    ok(bad_ge == 0, "%s: GeGLU bit-identical (lengths 1..4099, odd values)", name);
     free(r1);
     free(r2);
     free(K);
@@ -277,6 +300,34 @@ static void check_generic(const kvg_attn_kernels *g)
     }
 }
 
+/* GeGLU against 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u in double (the tanh
+ * form kvg_gelu_mul computes as g sigmoid(2 z) u), and its edges. */
+static void check_geglu(const kvg_attn_kernels *g)
+{
+    double worst = 0.0;
+    int n = 0, edges = 1;
+    float v[1];
+    for (float x = -12.0f; x <= 40.0f; x += 0.00371f, n++) {
+        double xd = x, want = 0.5 * xd * (1.0 + tanh(0.7978845608028654 * (xd + 0.044715 * xd * xd * xd))) * 1.5;
+        float u = 1.5f;
+        v[0] = x;
+        g->geglu(v, &u, 1);
+        /* relative where the value is not tiny: below x = -5 it falls under 1e-6 and
+         * the float form's absolute error (~1e-13) is what counts */
+        double err = fabs(v[0] - want) / fmax(fabs(want), 1e-6);
+        if (err > worst)
+            worst = err;
+    }
+    ok(worst < 2e-6, "GeGLU relative error %.3g over %d points of [-12, 40]", worst, n);
+    {
+        float in[] = { 0.0f, -0.0f, INFINITY, -100.0f, 100.0f, NAN }, u[] = { 2, 2, 2, 2, 2, 2 };
+        g->geglu(in, u, 6);
+        edges &= in[0] == 0.0f && in[1] == 0.0f && isinf(in[2]) && in[2] > 0;
+        edges &= in[3] == 0.0f && in[4] == 200.0f && isnan(in[5]);
+    }
+    ok(edges, "GeGLU: gelu(+-0) = 0, gelu(inf) = inf, gelu(-100) = 0, gelu(100) = 100, NaN stays NaN");
+}
+
 /* gpt-oss's clamped SwiGLU against its formula in double: x = min(g, 7),
  * y = clamp(u, -7, 7), x sigmoid(1.702 x) (y + 1). */
 static void check_swiglu_oai(void)
@@ -345,6 +396,7 @@ int main(void)
     check_exp();
     check_generic(g);
     check_swiglu_oai();
+    check_geglu(g);
     check_swiglu(g);
     compare("generic (its rows' kernels)", g, g);
     if ((k = kvg_attn_kernels_isa("avx2")))
@@ -358,7 +410,8 @@ int main(void)
 #if HAVE_EMULATION
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         kvg_attn_kernels emu = { emu_scores4,  emu_scores1,      emu_vacc,     emu_softmax,
-                                 emu_scores4_rows, emu_vacc_rows, emu_swiglu };
+                                 emu_scores4_rows, emu_vacc_rows, emu_swiglu, emu_swiglu_oai,
+                                 emu_geglu };
         compare("avx512 (emulated with SIMDe)", &emu, g);
     } else {
         diag("no AVX2 + FMA: the emulated avx512 kernels need them");
