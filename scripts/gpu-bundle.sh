@@ -109,6 +109,9 @@ for c in kvgate-engine kvgate-generate kvgate-gpu-check; do
     link "engine/cmd/$c.c" "$out.tmp/bin/$c"
 done
 link t/bench/gpu_bench.c "$out.tmp/bench/gpu_bench"
+# the model families' step writes its tiny GGUFs on the GPU machine (36 MiB each in F32;
+# 0.7 MiB of vocabulary here)
+link t/bench/synth_gguf.c "$out.tmp/bench/synth_gguf"
 
 if [ -n "$cudart_so" ]; then
     mkdir -p "$out.tmp/lib"
@@ -116,7 +119,9 @@ if [ -n "$cudart_so" ]; then
     cp -L "$cudart_so" "$out.tmp/lib/${soname:-$(basename "$cudart_so")}"
 fi
 cp "$stories"/{stories260K.bin,tok512.bin,golden-greedy.json,README.md} "$out.tmp/models/stories260K/"
-chmod u+w "$out.tmp/models/stories260K/"*
+mkdir -p "$out.tmp/models/vocab"
+cp "$shared/tokenizers/vectors/ggml-vocab-llama-spm.gguf" "$out.tmp/models/vocab/"
+chmod u+w "$out.tmp/models/stories260K/"* "$out.tmp/models/vocab/"*
 cp t/gpu/run.sh "$out.tmp/run.sh"
 cp t/gpu/README.md "$out.tmp/README.md"
 chmod +x "$out.tmp/run.sh"

@@ -8,7 +8,11 @@
 #   3. batch invariance (cache hit vs miss, batch 1/8/64, chunks 1/7/64/whole): bit-identical
 #      with --batch-invariant on (a failure otherwise), the differing counts with it off;
 #   4. compute-sanitizer memcheck and racecheck on a short run, when it is installed;
-#   5. the benchmark (bench/gpu_bench: synthetic:1B-bf16 and synthetic:110M-bf16).
+#   5. the benchmark (bench/gpu_bench: synthetic:1B-bf16 and synthetic:110M-bf16);
+#   6. the model families (docs/model-families.md): each family's tiny GGUF (random weights,
+#      a real vocabulary), written here by bench/synth_gguf: logits vs the CPU backend within
+#      the family's tolerance (t/engine-families.t's emulated figures), and invariance
+#      bit-identical (chunks, cache hit, batch 1 vs 8).
 #
 #   ./run.sh                  from the bundle folder (make gpu-bundle): bin/, bench/, models/
 #   t/gpu/run.sh              from a repository checkout: build/bin, build/bench, ../shared
@@ -22,7 +26,7 @@
 #
 # Overrides: KVG_BIN (folder of kvgate-gpu-check), KVG_BENCH (the gpu_bench binary),
 # KVG_MODELS (folder holding stories260K/), KVG_STEPS (e.g. "golden logits": the steps to
-# run, of info golden logits invariance sanitizer bench), KVG_DEVICE (CUDA ordinal),
+# run, of info golden logits invariance sanitizer bench families), KVG_DEVICE (CUDA ordinal),
 # KVG_BACKEND (default cuda; cpu checks the script itself against the CPU backend).
 set -uo pipefail
 
@@ -30,6 +34,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 emu=${KVG_RUN_EMU:-0}
 if [ -d "$here/bin" ]; then                     # the bundle
     bin=$here/bin bench=$here/bench/gpu_bench models=$here/models
+    synth=$here/bench/synth_gguf vocab=$here/models/vocab/ggml-vocab-llama-spm.gguf
 else                                            # t/gpu/ in a checkout
     root=$(cd "$here/../.." && pwd)
     b=${BUILD:-build}
@@ -40,12 +45,14 @@ else                                            # t/gpu/ in a checkout
         bin=$b/bin bench=$b/bench/gpu_bench
     fi
     models=$root/../shared/models
+    synth=$b/bench/synth_gguf vocab=$root/../shared/tokenizers/vectors/ggml-vocab-llama-spm.gguf
 fi
+synth=${KVG_SYNTH:-$synth}
 bin=${KVG_BIN:-$bin}
 bench=${KVG_BENCH:-$bench}
 models=${KVG_MODELS:-$models}
 OUT=${OUT:-./out}
-steps=${KVG_STEPS:-info golden logits invariance sanitizer bench}
+steps=${KVG_STEPS:-info golden logits invariance sanitizer bench families}
 dev=(--backend "${KVG_BACKEND:-cuda}" --device "${KVG_DEVICE:-0}")
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
@@ -68,7 +75,11 @@ if [ "$emu" = 1 ]; then
     inv_args=(--prompt-len 40 --decode 2 --batches 1,8 --chunks 1,7,0)
     san_args=(--prompt-len 20 --decode 1 --batches 1,4 --chunks 7)
     bench_runs=("--model synthetic:260K --quick --batches 1,8")
-    t_golden=120 t_logits=120 t_inv=180 t_san=60 t_bench=120
+    # two families here (every kernel of MoE, sinks and windows); t/engine-families.t runs
+    # every family on the emulated backend
+    fam_list="qwen3moe:0.06 gpt-oss:0.1"
+    fam_args=(--prompt-len 24 --decode 2 --batches 1,4 --chunks 7,0 --seed 3)
+    t_golden=120 t_logits=120 t_inv=180 t_san=60 t_bench=120 t_fam=180
 else
     big=synthetic:1B-bf16
     golden_args=()
@@ -77,7 +88,9 @@ else
     inv_args=(--prompt-len 300 --decode 8)
     san_args=(--prompt-len 40 --decode 2 --batches 1,8 --chunks 7)
     bench_runs=("--model synthetic:1B-bf16 --reps 2" "--model synthetic:110M-bf16 --reps 2")
-    t_golden=60 t_logits=150 t_inv=120 t_san=150 t_bench=150
+    fam_list="llama:0.03 qwen2:0.07 qwen3:0.06 qwen3moe:0.06 gemma2:0.05 gemma3:0.13 phi3:0.08 mistral3:0.06 gpt-oss:0.1"
+    fam_args=(--prompt-len 100 --decode 4 --batches 1,8 --chunks 1,7,0 --threads "$threads" --seed 3)
+    t_golden=60 t_logits=150 t_inv=120 t_san=150 t_bench=150 t_fam=60
 fi
 
 declare -a names statuses secs
@@ -184,6 +197,35 @@ if want bench; then
             --json "$W/bench-$i.json"
         i=$((i + 1))
     done
+fi
+
+# 6. the model families: FAMILY:TOL, TOL the logits tolerance as a share of the largest
+# logit: about twice what the emulated backend measures with these arguments (seed 3's
+# prompt, 100 ids and 4 decode steps: llama 0.0065, qwen2 0.034, qwen3 0.020, qwen3moe
+# 0.029, gemma2 0.024, gemma3 0.067, phi3 0.037, mistral3 0.030, gpt-oss 0.049; the
+# synthetic files amplify rounding on purpose, and a MoE router near a tie can pick
+# another expert under BF16: qwen3moe with seed 1's prompt is 0.13 apart). The files go
+# to a scratch folder, not $OUT.
+if want families; then
+    if [ ! -x "$synth" ] || [ ! -f "$vocab" ]; then
+        skip families "no $synth or $vocab"
+    else
+        fam_dir=$(mktemp -d "${TMPDIR:-/tmp}/kvgate-families-XXXXXX")
+        for spec in $fam_list; do
+            fam=${spec%%:*} tol=${spec#*:}
+            f=$fam_dir/$fam.gguf
+            if ! "$synth" --arch "$fam" --shape tiny --dtype f32 --vocab "$vocab" --out "$f" >"$W/synth-$fam.log" 2>&1; then
+                names+=("family-$fam") statuses+=(fail) secs+=(0)
+                failed=1
+                echo "family-$fam: synth_gguf failed: $(tail -1 "$W/synth-$fam.log")"
+                continue
+            fi
+            step "family-$fam" "$t_fam" "$W/family-$fam.json" "$check" --model "$f" "${dev[@]}" \
+                --check logits,invariance --tol "$tol" "${fam_args[@]}" --json "$W/family-$fam.json"
+            rm -f "$f"
+        done
+        rm -rf "$fam_dir"
+    fi
 fi
 
 total=$(( $(date +%s) - start_all ))
