@@ -557,6 +557,10 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
     c->device = dev;
     c->batch_invariant = o ? o->batch_invariant : 1;
     c->layer = -1;
+    {
+        const char *s = getenv("KVGATE_CUDA_SYNC");
+        c->sync_each = s && strcmp(s, "1") == 0;
+    }
     e = cudaGetDeviceProperties(&c->prop, dev);
     if (e != cudaSuccess) {
         rt_err(err, err_len, "cannot query the device", "cudaGetDeviceProperties", e);

@@ -43,9 +43,7 @@ int kvg_cu_fail(kvg_cuda *c, const char *call, cudaError_t e, const char *detail
     va_start(ap, detail_fmt);
     rc = record(c, call, what, detail_fmt, ap);
     va_end(ap);
-    /* Errors of an earlier asynchronous kernel (an illegal address, a launch failure)
-     * are sticky on a real GPU: the context cannot run anything any more. */
-    if (e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure)
+    if (kvg_cu_sticky(e))
         kvg_cu_mark_dead(c, c->err);
     /* Any failed runtime call is also the thread's "last error", which the next kernel
      * launch reads back (cudaGetLastError) as its own: clear it here, once reported. */
@@ -65,6 +63,30 @@ int kvg_cu_fail_blas(kvg_cuda *c, const char *call, int status, const char *deta
     rc = record(c, call, what, detail_fmt, ap);
     va_end(ap);
     return rc;
+}
+
+/* The errors after which the CUDA context cannot run anything any more (the runtime's
+ * documentation of each: "the process must be terminated and relaunched"): a kernel's
+ * illegal or misaligned address, illegal instruction, invalid PC or address space,
+ * stack overflow, device-side assert, timeout or other launch failure, and an
+ * uncorrectable ECC error. Every later call returns the same error. */
+int kvg_cu_sticky(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorECCUncorrectable:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 void kvg_cu_mark_dead(kvg_cuda *c, const char *why)

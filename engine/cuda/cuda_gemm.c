@@ -293,6 +293,10 @@ void kvg_cu_gemm(kvg_cuda *c, const void *x, int M, int K, const kvg_cu_weight *
         kvg_cu_fail_blas(c, "cublasLtMatmul", st, "M=%d N=%d K=%d", M, N, K);
         return;
     }
+    if (c->sync_each && (e = cudaStreamSynchronize(c->stream)) != cudaSuccess) {
+        kvg_cu_fail(c, "cublasLtMatmul", e, "M=%d N=%d K=%d", M, N, K);
+        return;
+    }
     if (db) {
         e = kvg_k_bias_add(c->stream, y, db->dev, M, N);
         if (e != cudaSuccess)

@@ -39,6 +39,8 @@ typedef struct kvg_cuda {
     char dead_err[512];
     int64_t step;                /* steps begun */
     const char *op;              /* the current operation, for messages */
+    int sync_each;               /* KVGATE_CUDA_SYNC=1: wait for each kernel and GEMM, so
+                                    that an asynchronous failure names its own launch */
     int layer;                   /* ... and its layer (-1: none) */
 
     /* Weights: one device arena, the lookup table. */
@@ -80,12 +82,16 @@ int kvg_cu_fail_blas(kvg_cuda *c, const char *call, int status, const char *deta
 /* The device is lost (a sticky CUDA error, a failed copy-on-write): every later step
  * fails with this message. */
 void kvg_cu_mark_dead(kvg_cuda *c, const char *why);
+/* 1 for the errors that leave the context unusable (kvg_cu_fail marks the device dead). */
+int kvg_cu_sticky(cudaError_t e);
 /* "cudaErrorNoDevice (no CUDA-capable device is detected)". */
 void kvg_cu_err_text(cudaError_t e, char *buf, size_t len);
 /* Checked launch/call in an operation: skips when the step has failed already. */
 #define KVG_CU_CHECK(c, call_name, expr, ...)                            \
     do {                                                                 \
         cudaError_t kvg_e_ = (expr);                                     \
+        if (kvg_e_ == cudaSuccess && (c)->sync_each)                     \
+            kvg_e_ = cudaStreamSynchronize((c)->stream);                 \
         if (kvg_e_ != cudaSuccess)                                       \
             kvg_cu_fail((c), (call_name), kvg_e_, __VA_ARGS__);          \
     } while (0)

@@ -69,8 +69,14 @@ kvg_kv_pool *kvg_cu_kv_pool_new(kvg_cuda *c, const kvg_kv_geom *g, int32_t n_blo
     }
     bytes = (size_t)n_blocks * bb;
     e = cudaMalloc(&d, bytes);
+    /* Zeroed (no NaN garbage in a block's unwritten slots) on the steps' stream: that
+     * stream is non-blocking, so a cudaMemset on the legacy default stream would not be
+     * ordered before the first step's K/V writes, and could land after them. Waited for
+     * here, so that a failure is this call's. */
     if (e == cudaSuccess)
-        e = cudaMemset(d, 0, bytes);     /* no NaN garbage in a block's unwritten slots */
+        e = cudaMemsetAsync(d, 0, bytes, c->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
         size_t fr = 0, tot = 0;
         char what[200];

@@ -190,7 +190,9 @@ const char *default_name(cudaError_t e)
     N(cudaErrorInvalidResourceHandle) N(cudaErrorNotReady) N(cudaErrorIllegalAddress)
     N(cudaErrorLaunchOutOfResources) N(cudaErrorLaunchTimeout) N(cudaErrorAssert)
     N(cudaErrorMisalignedAddress) N(cudaErrorLaunchFailure) N(cudaErrorNotPermitted)
-    N(cudaErrorNotSupported) N(cudaErrorUnknown)
+    N(cudaErrorNotSupported) N(cudaErrorUnknown) N(cudaErrorECCUncorrectable)
+    N(cudaErrorHardwareStackError) N(cudaErrorIllegalInstruction) N(cudaErrorInvalidAddressSpace)
+    N(cudaErrorInvalidPc)
 #undef N
     }
     return nullptr;
@@ -334,6 +336,9 @@ const char *cudaGetErrorString(cudaError_t error)
     case cudaErrorLaunchTimeout: return "the launch timed out and was terminated";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorMisalignedAddress: return "misaligned address";
+    case cudaErrorAssert: return "device-side assert triggered";
+    case cudaErrorIllegalInstruction: return "an illegal instruction was encountered";
+    case cudaErrorECCUncorrectable: return "uncorrectable ECC error encountered";
     case cudaErrorNotSupported: return "operation not supported";
     case cudaErrorNotPermitted: return "operation not permitted";
     case cudaErrorUnknown: return "unknown error";

@@ -349,6 +349,81 @@ out:
     free(l);
 }
 
+/* An error that leaves a real GPU's context unusable (kvg_cu_sticky: a device-side
+ * assert, a misaligned address, ...) fails the step and every later one, naming the
+ * first; the errors that do not (faults() above) leave the next step working. */
+static void sticky(const kvg_model *m)
+{
+    static const int errs[] = { cudaErrorAssert, cudaErrorMisalignedAddress, cudaErrorIllegalInstruction,
+                                cudaErrorECCUncorrectable, cudaErrorIllegalAddress };
+    int V = m->cfg.vocab_size;
+    int32_t p[12];
+    float *l = malloc((size_t)V * sizeof(float));
+    prompt_of(m, p, 12, 3);
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        rig g;
+        kvg_kv_seq s;
+        char err[512] = "", err2[512] = "";
+        kvg_fwd_seq b;
+        const char *name = cudaGetErrorName((cudaError_t)errs[i]);
+        if (rig_new(&g, m, "cuda", 16, 16) != 0) {
+            ok(0, "sticky: rig");
+            break;
+        }
+        kvg_kv_seq_init(&s);
+        b = (kvg_fwd_seq){ &s, p, 12, l };
+        kvg_emu_fail("launch", 2, errs[i]);
+        ok(kvg_forward_step(g.fw, &b, 1, err, sizeof err) == -1 && strstr(err, name),
+           "%s fails the step (%s)", name, err);
+        ok(kvg_forward_step(g.fw, &b, 1, err2, sizeof err2) == -1 && strstr(err2, "unusable") &&
+           strstr(err2, name), "and every later one: the device is dead (%s)", err2);
+        kvg_kv_seq_release(g.kv, &s);
+        rig_free(&g);
+    }
+    free(l);
+}
+
+/* KVGATE_CUDA_SYNC=1: the backend waits after each kernel and GEMM, so an error of an
+ * asynchronous execution names the launch it came from, not the end of the step. After
+ * a first step, a step waits once in begin_step (the pinned buffer's last copy); the
+ * failure is injected into the wait after that: the end of the step's work, or with
+ * the variable the wait after the step's first kernel (the embedding). */
+static void sync_each(const kvg_model *m)
+{
+    int V = m->cfg.vocab_size;
+    int32_t p[12];
+    float *l = malloc((size_t)V * sizeof(float));
+    prompt_of(m, p, 12, 3);
+    for (int on = 0; on <= 1; on++) {
+        rig g;
+        kvg_kv_seq s;
+        char err[512] = "";
+        kvg_fwd_seq b;
+        int bad;
+        if (on)
+            setenv("KVGATE_CUDA_SYNC", "1", 1);
+        bad = rig_new(&g, m, "cuda", 16, 16);
+        unsetenv("KVGATE_CUDA_SYNC");
+        if (bad) {
+            ok(0, "sync_each: rig");
+            break;
+        }
+        kvg_kv_seq_init(&s);
+        b = (kvg_fwd_seq){ &s, p, 12, l };
+        ok(kvg_forward_step(g.fw, &b, 1, err, sizeof err) == 0, "sync_each: a first step (%s)", err);
+        b.tokens = p + 11;
+        b.n_tokens = 1;
+        kvg_emu_fail("cudaStreamSynchronize", 2, cudaErrorLaunchFailure);
+        ok(kvg_forward_step(g.fw, &b, 1, err, sizeof err) == -1 &&
+           strstr(err, on ? "launch kvg_k_embed" : "the step's work") != NULL,
+           "KVGATE_CUDA_SYNC %s: an asynchronous failure is reported %s (%s)", on ? "=1" : "unset",
+           on ? "at the launch that ran it" : "where the step waits", err);
+        kvg_kv_seq_release(g.kv, &s);
+        rig_free(&g);
+    }
+    free(l);
+}
+
 static void oom_and_leaks(const kvg_model *m)
 {
     char err[512] = "";
@@ -574,6 +649,8 @@ int main(void)
         cow(stories, "stories260K");
         bad_block(stories);
         faults(stories);
+        sticky(stories);
+        sync_each(stories);
         oom_and_leaks(stories);
     }
     if (syn) {
