@@ -64,7 +64,7 @@ attn_pass1(kvg_k_attn_args a, int C, int SW)
     unsigned *vw = kw + (size_t)C * SW;
     float *pbuf = (float *)(vw + (size_t)C * SW);
 
-    const kvg_k_attn_item it = a.items[blockIdx.x];
+    const kvg_k_attn_item it = a.items[a.item0 + blockIdx.x];
     const int kvh = blockIdx.y;
     const int G = a.n_heads / a.g.n_kv_heads;
     const int hd = a.g.head_dim, hw = hd / 2, bt = a.g.block_tokens;
@@ -201,7 +201,7 @@ KVG_UNROLL
             if (a.pos[r] < split_start)
                 continue;            /* the row has no such split: it writes nothing */
             float *dst = a.partials +
-                         ((int64_t)(a.row_part[r] + it.split) * a.n_heads + h) * (hd + 2);
+                         ((int64_t)(a.row_part[r] - a.part0 + it.split) * a.n_heads + h) * (hd + 2);
             if (lane == 0) {
                 dst[0] = m[pi];
                 dst[1] = l[pi];
@@ -221,14 +221,14 @@ __global__ void __launch_bounds__(ATT_COMBINE_WARPS * KVG_WARP)
 attn_combine(kvg_k_attn_args a)
 {
     const int lane = threadIdx.x % KVG_WARP;
-    const int r = blockIdx.x;
+    const int r = a.row0 + blockIdx.x;
     const int h = blockIdx.y * ATT_COMBINE_WARPS + threadIdx.x / KVG_WARP;
     if (h >= a.n_heads)
         return;                      /* no barrier in this kernel */
     const int hd = a.g.head_dim, hw = hd / 2;
     const int n_splits = a.pos[r] / a.split_tokens + 1;
     const int64_t stride = (int64_t)a.n_heads * (hd + 2);
-    const float *base = a.partials + ((int64_t)a.row_part[r] * a.n_heads + h) * (hd + 2);
+    const float *base = a.partials + ((int64_t)(a.row_part[r] - a.part0) * a.n_heads + h) * (hd + 2);
     /* Splits wholly before the row's window hold m = -inf, l = 0, acc = 0: they would add
      * exact zeros, so they are skipped (the same bits). */
     int j_lo = 0;
@@ -273,7 +273,7 @@ extern "C" cudaError_t kvg_k_attention(cudaStream_t s, const kvg_k_attn_args *a)
         a->n_heads <= 0 || a->n_heads % g->n_kv_heads || g->block_tokens <= 0 ||
         a->split_tokens <= 0 || a->split_tokens % g->block_tokens || a->layer < 0 ||
         a->layer >= g->n_layers || a->max_tile_rows < 1 || a->max_tile_rows > KVG_K_ATTN_MAX_TILE ||
-        a->window < 0 || !(a->softcap >= 0.0f))
+        a->window < 0 || !(a->softcap >= 0.0f) || a->item0 < 0 || a->row0 < 0 || a->part0 < 0)
         return cudaErrorInvalidValue;
     /* 4-byte pool words, float2 q/partials/out accesses */
     if (!kvg_aligned(a->pool, 4) || !kvg_aligned(a->q, 8) || !kvg_aligned(a->partials, 8) ||

@@ -117,8 +117,12 @@ cudaError_t kvg_k_gather_rows(cudaStream_t s, const float *x, int width, const i
  *
  * Pass 1 writes, for each (row, split, head), the split's running max m, the sum of
  * exp(score - m) l and the unnormalized output acc[head_dim] at
- *     partials + ((row_part[r] + j) * n_heads + h) * (head_dim + 2)     {m, l, acc...}
+ *     partials + ((row_part[r] - part0 + j) * n_heads + h) * (head_dim + 2)  {m, l, acc...}
  * Pass 2 combines row r's splits in split order into out[r][h*head_dim ...].
+ * One call may do part of a step: items [item0, item0 + n_items) and rows [row0, row0 +
+ * n_rows), the rows of exactly those items, whose partials start at part0 (the host cuts
+ * a long step so, engine/cuda/step_plan.h kvg_step_plan_attn_groups, to bound the
+ * partials' scratch; every row's values are the same as in one call for the step).
  *
  * Invariance: the partial of (row, split, head) is computed by the same arithmetic in
  * the same order whatever the item's other rows, its size or the launch's shape; splits
@@ -147,11 +151,14 @@ typedef struct kvg_k_attn_args {
     const int32_t *tables;       /* every sequence's block table, one after another */
     const int32_t *table_off;    /* [n_seqs] where sequence i's table starts in tables */
     const kvg_k_attn_item *items;
+    int item0;                   /* this call's first item */
     int n_items;
     int max_tile_rows;           /* the most rows an item has (<= KVG_K_ATTN_MAX_TILE) */
     int split_tokens;
-    const int32_t *row_part;     /* [n_rows] the row's first entry in partials */
-    float *partials;             /* [sum of rows' splits][n_heads][head_dim + 2] */
+    const int32_t *row_part;     /* [step rows] the row's first entry in the step's partials */
+    int row0;                    /* this call's first row (n_rows from it) */
+    int32_t part0;               /* row_part of row0: partials holds this call's rows' only */
+    float *partials;             /* [this call's rows' splits][n_heads][head_dim + 2] */
     float scale;                 /* 1 / sqrt(head_dim), or the model's divisor */
     int window;                  /* the layer's sliding window; 0: none */
     float softcap;               /* score soft-capping; 0: none */

@@ -10,6 +10,7 @@
 #include "errmsg.h"
 #include "rope.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -98,6 +99,33 @@ static int grow_dev(kvg_cuda *c, void **p, size_t *cap, size_t need, const char 
     return 0;
 }
 
+/* KVGATE_CUDA_ATTN_SCRATCH: bytes, with K, M or G (powers of 1024); unset: 256M. */
+static int attn_scratch_of(const char *v, size_t *bytes, char *err, size_t err_len)
+{
+    char *end;
+    unsigned long long n;
+    int shift = 0;
+    if (!v || !*v) {
+        *bytes = (size_t)256 << 20;
+        return 0;
+    }
+    errno = 0;
+    n = strtoull(v, &end, 10);
+    if (*end == 'K' || *end == 'k')
+        shift = 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        shift = 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        shift = 30, end++;
+    if (errno || end == v || *end || n == 0 || n > (1ULL << 40) >> shift) {
+        kvg_set_err(err, err_len, "cuda: KVGATE_CUDA_ATTN_SCRATCH=%s: need a size in bytes, e.g. 64K, 256M or 1G",
+                    v);
+        return -1;
+    }
+    *bytes = (size_t)(n << shift);
+    return 0;
+}
+
 static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t err_len)
 {
     kvg_cuda *c = cu(be);
@@ -177,7 +205,25 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
         for (int r = 0; r < s->n_rows; r++)
             qs[r] = kvg_rope_q_scale(cfg, s->pos[r]);
     }
-    partials = (size_t)c->plan.n_partials * (size_t)cfg->n_heads * (size_t)(cfg->head_dim + 2);
+    {
+        /* The attention in groups of whole tiles whose partials fit the scratch: the
+         * scratch is the largest group's, not the step's total (rows x context). */
+        int64_t per = (int64_t)cfg->n_heads * (cfg->head_dim + 2), biggest = 0;
+        int64_t max_parts = (int64_t)(c->attn_scratch / sizeof(float)) / per;
+        int n = kvg_step_plan_attn_groups(s, &c->plan, max_parts > 0 ? max_parts : 1, NULL, 0, NULL);
+        if (n > c->groups_cap) {
+            kvg_attn_group *g = realloc(c->groups, (size_t)n * sizeof *g);
+            if (!g) {
+                kvg_cu_fail(c, "realloc", cudaErrorMemoryAllocation, "%d attention groups", n);
+                goto failed;
+            }
+            c->groups = g;
+            c->groups_cap = n;
+        }
+        c->n_groups = kvg_step_plan_attn_groups(s, &c->plan, max_parts > 0 ? max_parts : 1, c->groups, n,
+                                                &biggest);
+        partials = (size_t)biggest * (size_t)per;
+    }
     if (grow_dev(c, (void **)&c->d_partials, &c->partials_cap, partials * sizeof(float),
                  "attention partials") != 0)
         goto failed;
@@ -309,13 +355,11 @@ static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
     a.layer = layer;
     a.q = q;
     a.n_heads = cfg->n_heads;
-    a.n_rows = c->plan.n_rows;
     a.pos = DEV(c, const int32_t, off_pos);
     a.row_seq = DEV(c, const int32_t, off_row_seq);
     a.tables = DEV(c, const int32_t, off_tables);
     a.table_off = DEV(c, const int32_t, off_table_off);
     a.items = DEV(c, const kvg_k_attn_item, off_items);
-    a.n_items = c->plan.n_items;
     a.max_tile_rows = c->plan.max_tile_rows;
     a.split_tokens = c->plan.split_tokens;
     a.row_part = DEV(c, const int32_t, off_row_part);
@@ -333,8 +377,18 @@ static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
         a.sinks = sw->dev;
     }
     a.out = out;
-    KVG_CU_CHECK(c, "launch kvg_k_attention", kvg_k_attention(c->stream, &a), "rows=%d items=%d split=%d",
-                 a.n_rows, a.n_items, a.split_tokens);
+    /* One launch per group; each reuses the scratch after the previous one's combine (the
+     * same stream orders them). */
+    for (int i = 0; i < c->n_groups && !c->failed; i++) {
+        const kvg_attn_group *gr = &c->groups[i];
+        a.item0 = gr->item0;
+        a.n_items = gr->n_items;
+        a.row0 = gr->row0;
+        a.n_rows = gr->n_rows;
+        a.part0 = (int32_t)gr->part0;
+        KVG_CU_CHECK(c, "launch kvg_k_attention", kvg_k_attention(c->stream, &a),
+                     "rows=%d..%d items=%d split=%d", a.row0, a.row0 + a.n_rows - 1, a.n_items, a.split_tokens);
+    }
 }
 
 static void cu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
@@ -453,6 +507,7 @@ static void cu_destroy(kvg_backend *be)
             cudaFree(c->d_plan);
         if (c->d_partials)
             cudaFree(c->d_partials);
+        free(c->groups);
         if (c->stream)
             cudaStreamDestroy(c->stream);
         free(c->inv_freq);
@@ -560,6 +615,8 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
     {
         const char *s = getenv("KVGATE_CUDA_SYNC");
         c->sync_each = s && strcmp(s, "1") == 0;
+        if (attn_scratch_of(getenv("KVGATE_CUDA_ATTN_SCRATCH"), &c->attn_scratch, err, err_len) != 0)
+            goto fail;
     }
     e = cudaGetDeviceProperties(&c->prop, dev);
     if (e != cudaSuccess) {

@@ -63,6 +63,11 @@ typedef struct kvg_cuda {
     size_t plan_cap;
     float *d_partials;
     size_t partials_cap;         /* floats */
+    /* The attention's launches for this step (step_plan.h kvg_step_plan_attn_groups): its
+     * partials' scratch holds one group's, at most attn_scratch bytes (but one tile). */
+    kvg_attn_group *groups;
+    int n_groups, groups_cap;
+    size_t attn_scratch;         /* KVGATE_CUDA_ATTN_SCRATCH_MB, default 256 MiB */
     int n_rope_kinds;            /* 1, or 2 when the window layers have their own (rope.h) */
     float *inv_freq;             /* [n_rope_kinds][head_dim/2] */
     int32_t kv_pool_blocks;      /* the pool's size: block ids are checked against it */

@@ -205,3 +205,45 @@ void kvg_step_plan_fill(const kvg_step *s, const kvg_step_plan *p, void *buf)
         r = e;
     }
 }
+
+int kvg_step_plan_attn_groups(const kvg_step *s, const kvg_step_plan *p, int64_t max_parts,
+                              kvg_attn_group *g, int cap, int64_t *max_group_parts)
+{
+    int n = 0, sp = p->split_tokens;
+    int32_t items = 0;
+    int64_t parts = 0, biggest = 0;
+    kvg_attn_group cur = { 0, 0, 0, 0, 0, 0 };
+
+    for (int r = 0; r < p->n_rows;) {
+        int e = tile_end(s, r, p->tile_rows);
+        int32_t t_items = s->pos[e - 1] / sp + 1;
+        int64_t t_parts = 0;
+        for (int i = r; i < e; i++)
+            t_parts += s->pos[i] / sp + 1;
+        if (cur.n_rows > 0 && cur.n_parts + t_parts > max_parts) {
+            /* the tile does not fit beside the group's: the group is closed */
+            if (g && n < cap)
+                g[n] = cur;
+            if (cur.n_parts > biggest)
+                biggest = cur.n_parts;
+            n++;
+            cur = (kvg_attn_group){ items, 0, r, 0, parts, 0 };
+        }
+        cur.n_items += t_items;
+        cur.n_rows += e - r;
+        cur.n_parts += t_parts;
+        items += t_items;
+        parts += t_parts;
+        r = e;
+    }
+    if (cur.n_rows > 0) {
+        if (g && n < cap)
+            g[n] = cur;
+        if (cur.n_parts > biggest)
+            biggest = cur.n_parts;
+        n++;
+    }
+    if (max_group_parts)
+        *max_group_parts = biggest;
+    return n;
+}

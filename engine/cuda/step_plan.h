@@ -67,4 +67,24 @@ size_t kvg_step_plan_cs_off(const kvg_step_plan *p, int kind);
  * same step; cs and q_scale are left untouched. */
 void kvg_step_plan_fill(const kvg_step *s, const kvg_step_plan *p, void *buf);
 
+/* One launch of the attention's two passes: the items [item0, item0 + n_items), which are
+ * whole tiles, the rows they cover [row0, row0 + n_rows), and those rows' partials
+ * [part0, part0 + n_parts) of the step's n_partials (row r's at row_part[r] - part0 in
+ * the launch's scratch). */
+typedef struct kvg_attn_group {
+    int32_t item0, n_items, row0, n_rows;
+    int64_t part0, n_parts;
+} kvg_attn_group;
+
+/* Cuts the step's attention into groups of consecutive whole tiles, in order, each with
+ * at most max_parts partials, except a single tile that has more (a group of its own,
+ * at most tile_rows x its splits). The scratch the attention needs is then the largest
+ * group's, not the step's total (which grows with rows x context: a 32k prompt prefilled
+ * in one step of an 8B shape would need ~35 GB). A row's partials and their combine do
+ * not depend on the group: the bits are those of one launch. Writes at most cap groups
+ * to g (g NULL: counts only); returns how many there are, and the largest group's
+ * partials in *max_group_parts. */
+int kvg_step_plan_attn_groups(const kvg_step *s, const kvg_step_plan *p, int64_t max_parts,
+                              kvg_attn_group *g, int cap, int64_t *max_group_parts);
+
 #endif

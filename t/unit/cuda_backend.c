@@ -424,6 +424,45 @@ static void sync_each(const kvg_model *m)
     free(l);
 }
 
+/* KVGATE_CUDA_ATTN_SCRATCH bounds the attention's partials: a step whose partials do not
+ * fit runs its attention in several launches of whole tiles (step_plan.h). A 300-token
+ * prompt (rows past 255 have 2 splits) with room for 3 partials (1 KiB; stories260K's
+ * partial is 8 heads x 10 floats) takes one launch per tile and gives the logits of one
+ * launch bit for bit, prefill and decode; a malformed size is refused at creation. */
+static void attn_scratch(const kvg_model *m)
+{
+    int V = m->cfg.vocab_size;
+    int32_t p[300], t1[3], t2[3];
+    float *l1 = malloc((size_t)3 * V * sizeof(float)), *l2 = malloc((size_t)3 * V * sizeof(float));
+    rig g;
+    char err[512] = "";
+    kvg_backend_opts o;
+    kvg_backend *be;
+    int rc1 = -1, rc2 = -1;
+    prompt_of(m, p, 300, 5);
+    if (rig_new(&g, m, "cuda", 16, 32) == 0) {
+        rc1 = run(&g, p, 300, 0, 3, l1, t1);
+        rig_free(&g);
+    }
+    setenv("KVGATE_CUDA_ATTN_SCRATCH", "1K", 1);
+    if (rig_new(&g, m, "cuda", 16, 32) == 0) {
+        rc2 = run(&g, p, 300, 0, 3, l2, t2);
+        rig_free(&g);
+    }
+    ok(rc1 == 0 && rc2 == 0 && memcmp(l1, l2, (size_t)3 * V * sizeof(float)) == 0,
+       "attention in one launch per tile (KVGATE_CUDA_ATTN_SCRATCH=1K) = in one launch: bit-identical "
+       "logits, a 300-token prompt and 2 decode steps");
+    memset(&o, 0, sizeof o);
+    o.batch_invariant = 1;
+    setenv("KVGATE_CUDA_ATTN_SCRATCH", "12X", 1);
+    be = kvg_backend_cuda_new(m, &o, err, sizeof err);
+    ok(!be && strstr(err, "KVGATE_CUDA_ATTN_SCRATCH=12X"), "a malformed size is refused (%s)", err);
+    kvg_backend_free(be);
+    unsetenv("KVGATE_CUDA_ATTN_SCRATCH");
+    free(l1);
+    free(l2);
+}
+
 static void oom_and_leaks(const kvg_model *m)
 {
     char err[512] = "";
@@ -651,6 +690,7 @@ int main(void)
         faults(stories);
         sticky(stories);
         sync_each(stories);
+        attn_scratch(stories);
         oom_and_leaks(stories);
     }
     if (syn) {

@@ -190,6 +190,93 @@ static void test_rope_kinds(void)
        "three kinds refused (%s)", err);
 }
 
+/* Groups cover the items, rows and partials in order, each exactly once, and a group's
+ * part0 is its first row's row_part. */
+static int groups_tile(const kvg_attn_group *g, int n, const kvg_step_plan *p, const int32_t *row_part)
+{
+    int32_t items = 0, rows = 0;
+    int64_t parts = 0;
+    for (int i = 0; i < n; i++) {
+        if (g[i].item0 != items || g[i].row0 != rows || g[i].part0 != parts || g[i].n_items < 1 ||
+            g[i].n_rows < 1 || (row_part && row_part[g[i].row0] != g[i].part0))
+            return 0;
+        items += g[i].n_items;
+        rows += g[i].n_rows;
+        parts += g[i].n_parts;
+    }
+    return items == p->n_items && rows == p->n_rows && parts == p->n_partials;
+}
+
+static void test_attn_groups(void)
+{
+    char err[256];
+    mk k;
+    kvg_step_plan p;
+    kvg_attn_group g[8];
+    int64_t big = -1;
+    int start[] = { 0, 300 }, n_new[] = { 40, 1 };
+    build(&k, 2, start, n_new, 16);
+    void *buf = plan(&k, 1000, 32, 16, &p, err, sizeof err);
+    if (!buf) {
+        ok(0, "plan built (%s)", err);
+        return;
+    }
+    const int32_t *row_part = I32(buf, &p, off_row_part);
+    /* tiles: rows 0-15 (16 partials, 1 item), 16-31 (16, 1), 32-39 (16, 2), row 40 (10, 10) */
+    int n = kvg_step_plan_attn_groups(&k.s, &p, 1000, g, 8, &big);
+    ok(n == 1 && big == p.n_partials && groups_tile(g, n, &p, row_part), "room for all: one group (%d, %lld)", n,
+       (long long)big);
+    n = kvg_step_plan_attn_groups(&k.s, &p, 40, g, 8, &big);
+    ok(n == 2 && g[0].n_rows == 32 && g[0].n_items == 2 && g[0].n_parts == 32 && g[1].row0 == 32 &&
+       g[1].n_items == 12 && g[1].n_parts == 26 && big == 32 && groups_tile(g, n, &p, row_part),
+       "40 partials: tiles 1-2, then tile 3 with the decode row (%d groups, largest %lld)", n, (long long)big);
+    n = kvg_step_plan_attn_groups(&k.s, &p, 1, g, 8, &big);
+    ok(n == 4 && big == 16 && groups_tile(g, n, &p, row_part), "1 partial: every tile alone, each above it (%d)", n);
+    is_int(kvg_step_plan_attn_groups(&k.s, &p, 1, NULL, 0, NULL), 4, "counted without writing");
+    free(buf);
+
+    /* The long cases, for an 8B shape (32 query heads, head_dim 128: 16,640 bytes per
+     * partial) with the backend's default 256 MiB: a 512-row chunk at the end of a 128k
+     * context, and a 32k prompt in one step. */
+    static const struct {
+        int rows, start;
+        double total_gb;             /* what one launch's scratch would be */
+    } cases[] = { { 512, 131072 - 512, 4.36 }, { 32768, 0, 35.1 } };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int R = cases[c].rows, nb = (cases[c].start + R + 15) / 16;
+        int32_t *tok = calloc((size_t)R, 4), *pos = malloc((size_t)R * 4), *seq = calloc((size_t)R, 4);
+        int32_t *tab = malloc((size_t)nb * 4), out = R - 1, nblocks = nb;
+        const int32_t *tp = tab;
+        const size_t per = (size_t)32 * (128 + 2) * 4, cap = (size_t)256 << 20;
+        kvg_step s;
+        kvg_step_plan lp;
+        for (int r = 0; r < R; r++)
+            pos[r] = cases[c].start + r;
+        for (int b = 0; b < nb; b++)
+            tab[b] = b;
+        memset(&s, 0, sizeof s);
+        s.n_rows = R, s.tokens = tok, s.pos = pos, s.row_seq = seq, s.n_seqs = 1, s.block_tokens = 16;
+        s.block_tables = &tp, s.n_blocks = &nblocks, s.n_out = 1, s.out_rows = &out;
+        if (kvg_step_plan_layout(&s, nb, 256, 16, 128, 1, &lp, err, sizeof err) != 0) {
+            ok(0, "long case %zu: layout (%s)", c, err);
+        } else {
+            int cnt = kvg_step_plan_attn_groups(&s, &lp, (int64_t)(cap / per), NULL, 0, NULL);
+            kvg_attn_group *lg = malloc((size_t)cnt * sizeof *lg);
+            kvg_step_plan_attn_groups(&s, &lp, (int64_t)(cap / per), lg, cnt, &big);
+            ok(groups_tile(lg, cnt, &lp, NULL) && (size_t)big * per <= cap &&
+               (double)lp.n_partials * (double)per / 1e9 > cases[c].total_gb - 0.01,
+               "%d rows from position %d: %.2f GB of partials in one launch; %d launches of at most %.0f MiB",
+               R, cases[c].start, (double)lp.n_partials * (double)per / 1e9, cnt,
+               (double)big * (double)per / 1048576.0);
+            free(lg);
+        }
+        free(tok);
+        free(pos);
+        free(seq);
+        free(tab);
+    }
+}
+
 static void test_split_choice(void)
 {
     mk k;
@@ -210,5 +297,6 @@ int main(void)
     test_validation();
     test_rope_kinds();
     test_split_choice();
+    test_attn_groups();
     return done_testing();
 }
