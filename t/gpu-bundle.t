@@ -130,6 +130,27 @@ my $why = $real ? qr/cuda.*(?:no CUDA-capable device|driver|cudaError|device)/is
     ok($rc == 0 && $out =~ /golden: pass/, 'the bundle checks golden ids on the CPU backend') or diag($out);
 }
 
+# A GPU machine with PyTorch keeps cuBLAS in its Python packages (nvidia/cublas/lib...):
+# run.sh finds them through python3 and puts them first on LD_LIBRARY_PATH, then the
+# binaries load them from there. Here a package folder holding a link to this machine's
+# libcublasLt stands for one (the info step, on the CPU backend).
+SKIP: {
+    my ($lt) = glob('/usr/local/cuda/lib64/libcublasLt.so.[0-9]*');
+    my ($py) = grep { system("$_ -c 'import sys' >/dev/null 2>&1") == 0 } 'python3', '/usr/bin/python3';
+    skip 'no libcublasLt in /usr/local/cuda/lib64 or no python3', 2 unless $lt && $py && $real;
+    my $pkg = "$dir/py/nvidia/cublas/lib";
+    system('mkdir', '-p', $pkg) == 0 or die "mkdir $pkg";
+    symlink($lt, "$pkg/" . ($lt =~ s{.*/}{}r)) or die "symlink: $!";
+    local $ENV{PYTHONPATH} = "$dir/py";
+    local $ENV{KVG_BACKEND} = 'cpu';
+    local $ENV{KVG_STEPS} = 'info';
+    local $ENV{OUT} = "$dir/out-libs";
+    my ($rc, $out) = run(60, "$bundle/run.sh");
+    ok($rc == 0 && $out =~ m{CUDA libraries from Python's nvidia packages: \Q$pkg\E}, 'run.sh finds cuBLAS in a Python nvidia package')
+        or diag($out);
+    like($out, qr{loads libcublasLt\S* from \Q$pkg\E/}, 'and the binaries load it from there');
+}
+
 # The emulated steps of the bundle's run.sh (stories260K and synthetic:260K, tiny sizes).
 SKIP: {
     my $emu_check = "$build/emu/bin/kvgate-gpu-check";

@@ -97,6 +97,24 @@ declare -a names statuses secs
 failed=0
 start_all=$(date +%s)
 
+# results.json: every step so far (status, seconds, the JSON its tool wrote), rewritten
+# after each step, so that a run killed midway keeps the figures of the steps it finished.
+write_results() {
+    local k n f total_now=$(( $(date +%s) - start_all ))
+    {
+        printf '{\n  "emulated": %s,\n  "seconds": %s,\n  "ok": %s,\n  "steps": [\n' \
+            "$([ "$emu" = 1 ] && echo true || echo false)" "$total_now" "$([ $failed = 0 ] && echo true || echo false)"
+        for k in "${!names[@]}"; do
+            n=${names[$k]}
+            f=$W/$n.json
+            [ -s "$f" ] || f=
+            printf '    {"name": "%s", "status": "%s", "seconds": %s, "result": %s}%s\n' "$n" "${statuses[$k]}" \
+                "${secs[$k]}" "$([ -n "$f" ] && cat "$f" || echo null)" "$([ $k -lt $(( ${#names[@]} - 1 )) ] && echo ,)"
+        done
+        printf '  ]\n}\n'
+    } >"$OUT/results.json.tmp" && mv "$OUT/results.json.tmp" "$OUT/results.json"
+}
+
 # step NAME TIMEOUT JSONFILE CMD...: runs CMD under timeout, logs to $OUT/NAME.log.
 step() {
     local name=$1 limit=$2 json=$3 t0 rc st
@@ -114,18 +132,68 @@ step() {
     printf '%-28s %-8s %4ss\n' "$name" "$st" "$(( $(date +%s) - t0 ))"
     case $name in bench-*|info) ;; *) sed 's/^/    /' "$W/$name.log" | grep -E 'first divergence|FAIL|max\|diff\||differ|error|Error|ERROR|: (pass|fail|error)|TTFT|tok/s|share|batch-invariant|CUDA|cuda' | head -40 ;; esac
     [ -z "$json" ] || [ -s "$json" ] || echo "{}" >"$json"
+    write_results
 }
 
 skip() {                                        # skip NAME WHY
     names+=("$1") statuses+=(skipped) secs+=(0)
     printf '%-28s %-8s (%s)\n' "$1" skipped "$2"
     echo "$2" >"$W/$1.log"
+    write_results
 }
 
 want() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
 
 echo "kvgate GPU run ($([ "$emu" = 1 ] && echo "EMULATED: $bin" || echo "$bin")), $(date -u +%Y-%m-%dT%H:%MZ), results in $OUT"
 : >"$W/commands.log"
+
+# The CUDA libraries. The binaries' rpath names the toolkit's lib64 folders; machines with
+# PyTorch for CUDA 13 have cuBLAS, cuBLASLt and cuDNN in its Python packages (nvidia-cublas,
+# nvidia-cudnn-cu13, ...) instead: those folders go first on LD_LIBRARY_PATH. Then every
+# library a binary needs must resolve, or the run stops here, naming what is missing.
+torch_libs() {
+    local py
+    for py in python3 /usr/bin/python3; do
+        command -v "$py" >/dev/null 2>&1 || continue
+        "$py" - <<'PY' 2>/dev/null && return 0
+import glob, os, sys
+try:
+    import nvidia
+except Exception:
+    sys.exit(1)
+dirs = []
+for base in list(getattr(nvidia, "__path__", [])):
+    for pat in ("libcublasLt.so*", "libcublas.so*", "libcudnn.so*", "libcudart.so*"):
+        for f in sorted(glob.glob(os.path.join(base, "**", pat), recursive=True)):
+            d = os.path.dirname(os.path.abspath(f))
+            if d not in dirs:
+                dirs.append(d)
+if not dirs:
+    sys.exit(1)
+print(":".join(dirs))
+PY
+    done
+    return 1
+}
+if [ "$emu" != 1 ]; then
+    if libs=$(torch_libs); then
+        export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        echo "  CUDA libraries from Python's nvidia packages: $libs"
+    fi
+    command -v nvidia-smi >/dev/null 2>&1 &&
+        echo "  driver: $(nvidia-smi 2>/dev/null | grep -o 'Driver Version: [0-9.]*\|CUDA Version: [0-9.]*' | tr '\n' ' ')"
+    missing=$(for x in "$check" "$bench" "$synth"; do [ -x "$x" ] && ldd "$x" 2>&1; done | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+    if [ -n "$missing" ]; then
+        echo "FAILED before any step: the binaries need $missing which neither their rpath (the CUDA" \
+             "toolkit's lib64) nor LD_LIBRARY_PATH nor Python's nvidia packages provide. Install the" \
+             "CUDA 13 runtime libraries (or PyTorch's nvidia-cublas packages), or set LD_LIBRARY_PATH."
+        names+=(libraries) statuses+=(fail) secs+=(0)
+        failed=1
+        write_results
+        exit 1
+    fi
+    ldd "$check" 2>/dev/null | awk '/cublas|cudart|cudnn/ {print "  loads " $1 " from " $3}'
+fi
 
 if want info; then
     {
@@ -229,24 +297,12 @@ if want families; then
 fi
 
 total=$(( $(date +%s) - start_all ))
-
-# One JSON of everything: each step's status, seconds and the JSON its tool wrote.
-{
-    printf '{\n  "emulated": %s,\n  "seconds": %s,\n  "ok": %s,\n  "steps": [\n' \
-        "$([ "$emu" = 1 ] && echo true || echo false)" "$total" "$([ $failed = 0 ] && echo true || echo false)"
-    for k in "${!names[@]}"; do
-        n=${names[$k]}
-        f=$W/$n.json
-        [ -s "$f" ] || f=
-        printf '    {"name": "%s", "status": "%s", "seconds": %s, "result": %s}%s\n' "$n" "${statuses[$k]}" \
-            "${secs[$k]}" "$([ -n "$f" ] && cat "$f" || echo null)" "$([ $k -lt $(( ${#names[@]} - 1 )) ] && echo ,)"
-    done
-    printf '  ]\n}\n'
-} >"$OUT/results.json"
+write_results
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$OUT/results.json"; then
     echo "results.json is not valid JSON (a tool's output was cut short?)" >&2
     failed=1
 fi
+
 
 if want bench; then
     echo
