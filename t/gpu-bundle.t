@@ -151,6 +151,21 @@ SKIP: {
     like($out, qr{loads libcublasLt\S* from \Q$pkg\E/}, 'and the binaries load it from there');
 }
 
+# On a machine without a GPU, run.sh says so after the info step and exits non-zero
+# (every step would fail the same way).
+SKIP: {
+    skip 'this machine has a GPU: run.sh would run for real', 4
+        if system('nvidia-smi -L >/dev/null 2>&1') == 0;
+    local $ENV{OUT} = "$dir/out-nogpu";
+    my ($rc, $out, $secs) = run(120, "$bundle/run.sh");
+    is($rc, 1, sprintf('run.sh without a GPU exits 1 (%.1f s)', $secs));
+    like($out, qr/^info\s+pass/m, 'after the info step');
+    like($out, qr/FAILED: no usable GPU here: .*cuda/i, 'saying why') or diag($out);
+    my $res = eval { decode_json(slurp("$dir/out-nogpu/results.json")) };
+    ok($res && !$res->{ok} && join(',', map { "$_->{name}:$_->{status}" } @{ $res->{steps} }) eq 'info:pass,device:fail',
+       'results.json: info passed, device failed') or diag(slurp("$dir/out-nogpu/results.json"));
+}
+
 # The emulated steps of the bundle's run.sh (stories260K and synthetic:260K, tiny sizes).
 SKIP: {
     my $emu_check = "$build/emu/bin/kvgate-gpu-check";

@@ -212,6 +212,21 @@ if want info; then
     step info 20 "" "$check" --help
 fi
 
+# A machine without a usable GPU (no driver, no device, a driver too old for CUDA 13):
+# the steps would all fail the same way, so the run stops here, saying why.
+if [ "$emu" != 1 ] && [ "${KVG_BACKEND:-cuda}" = cuda ]; then
+    probe_out=$(timeout --kill-after=5 60 "$check" "${stories[@]}" "${dev[@]}" --check golden --golden-cases 1 2>&1)
+    if [ $? -ne 0 ] && printf '%s' "$probe_out" | grep -qi 'cuda'; then
+        echo "FAILED: no usable GPU here: $(printf '%s' "$probe_out" | grep -i -m1 'cuda')"
+        printf '%s\n' "$probe_out" >"$W/device.log"
+        names+=(device) statuses+=(fail) secs+=(0)
+        failed=1
+        write_results
+        [ "${KVG_KEEP_STEPS:-0}" = 1 ] || { tar czf "$OUT/steps.tar.gz" -C "$OUT" steps && rm -rf "$W"; }
+        exit 1
+    fi
+fi
+
 # 1. golden greedy (stories260K).
 if want golden; then
     step golden "$t_golden" "$W/golden.json" "$check" "${stories[@]}" "${dev[@]}" --check golden \
