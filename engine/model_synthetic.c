@@ -2,7 +2,11 @@
  * a fixed seed, so the engine can be tested and benchmarked at every size without
  * downloading checkpoints.
  *
- *   synthetic:NAME[-bf16][-seedN]     NAME: 260K, 15M, 110M, 1B
+ *   synthetic:NAME[-bf16][-seedN]     NAME: 260K, 15M, 110M, 1B, 8B4L
+ *
+ * 8B4L is Llama 3 8B's shape (dim 4096, FFN 14336, 32 query / 8 KV heads of 128, its
+ * 128,256-token vocabulary, untied, 32k context) with 4 of its 32 layers: the head size
+ * and GQA of the Llama path on a GPU, 1.9e9 parameters (3.9 GB in BF16).
  *
  * Weight element i of a tensor is a pure function of (seed, tensor, i): a counter-
  * based generator (a Weyl sequence through the murmur3 finalizer), so any split of
@@ -37,6 +41,7 @@ static const preset presets[] = {
     { "15M", 288, 768, 6, 6, 6, 32000, 256, 1 },
     { "110M", 768, 2048, 12, 12, 12, 32000, 1024, 1 },
     { "1B", 2048, 5632, 22, 32, 4, 32000, 2048, 0 },        /* TinyLlama-1.1B */
+    { "8B4L", 4096, 14336, 4, 32, 8, 128256, 32768, 0 },   /* Llama-3-8B, 4 layers */
 };
 
 typedef struct gen_job {
@@ -193,7 +198,7 @@ static int parse_spec(const char *spec, const preset **pr, kvg_dtype *dt, uint32
         if (strlen(presets[i].name) == n && strncmp(presets[i].name, s, n) == 0)
             *pr = &presets[i];
     if (!*pr) {
-        kvg_set_err(err, err_len, "%s: unknown synthetic model (presets: 260K, 15M, 110M, 1B; suffixes -bf16, "
+        kvg_set_err(err, err_len, "%s: unknown synthetic model (presets: 260K, 15M, 110M, 1B, 8B4L; suffixes -bf16, "
                  "-seedN)", spec);
         return -1;
     }

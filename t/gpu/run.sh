@@ -4,11 +4,13 @@
 #   0. the machine (nvidia-smi), the binaries start;
 #   1. stories260K greedy through --backend cuda equals the golden ids (a BF16 divergence
 #      is accepted only where the CPU reference itself has a near tie: kvgate-gpu-check);
-#   2. logits vs the CPU backend within the BF16 tolerance: stories260K, synthetic:1B-bf16;
+#   2. logits vs the CPU backend within the BF16 tolerance: stories260K, synthetic:1B-bf16,
+#      synthetic:8B4L-bf16 (Llama 3 8B's shape, 4 layers);
 #   3. batch invariance (cache hit vs miss, batch 1/8/64, chunks 1/7/64/whole): bit-identical
 #      with --batch-invariant on (a failure otherwise), the differing counts with it off;
 #   4. compute-sanitizer memcheck and racecheck on a short run, when it is installed;
-#   5. the benchmark (bench/gpu_bench: synthetic:1B-bf16 and synthetic:110M-bf16);
+#   5. the benchmark (bench/gpu_bench: synthetic:1B-bf16, synthetic:110M-bf16, and
+#      synthetic:8B4L-bf16 at a 4k context);
 #   6. the model families (docs/model-families.md): each family's tiny GGUF (random weights,
 #      a real vocabulary), written here by bench/synth_gguf: logits vs the CPU backend within
 #      the family's tolerance (t/engine-families.t's emulated figures), and invariance
@@ -69,6 +71,7 @@ threads=$(nproc 2>/dev/null || echo 4)
 # Sizes: the real run, or tiny ones for the emulator (every kernel still runs, on the CPU).
 if [ "$emu" = 1 ]; then
     big=synthetic:260K
+    llama8=                     # the 8B shape is for a GPU only
     golden_args=(--golden-cases 2)
     logits_small=(--prompt-len 24 --decode 2)
     logits_big=(--prompt-len 24 --decode 2)
@@ -82,12 +85,16 @@ if [ "$emu" = 1 ]; then
     t_golden=120 t_logits=120 t_inv=180 t_san=60 t_bench=120 t_fam=180
 else
     big=synthetic:1B-bf16
+    # Llama 3 8B's shape with 4 of its layers (head_dim 128, GQA 4, vocab 128k): the
+    # Llama path at its real sizes; logits, invariance on, and the bench at 4k.
+    llama8=synthetic:8B4L-bf16
     golden_args=()
     logits_small=(--prompt-len 300 --decode 8)
     logits_big=(--prompt-len 64 --decode 4 --threads "$threads")
     inv_args=(--prompt-len 300 --decode 8)
     san_args=(--prompt-len 40 --decode 2 --batches 1,8 --chunks 7)
-    bench_runs=("--model synthetic:1B-bf16 --reps 2" "--model synthetic:110M-bf16 --reps 2")
+    bench_runs=("--model synthetic:1B-bf16 --reps 2" "--model synthetic:110M-bf16 --reps 2"
+                "--model synthetic:8B4L-bf16 --reps 2 --prefill 4096 --batches 1,32 --decode-ctx 4096 --ttft-prefix 8192")
     fam_list="llama:0.03 qwen2:0.07 qwen3:0.06 qwen3moe:0.06 gemma2:0.05 gemma3:0.13 phi3:0.08 mistral3:0.06 gpt-oss:0.1"
     fam_args=(--prompt-len 100 --decode 4 --batches 1,8 --chunks 1,7,0 --threads "$threads" --seed 3)
     t_golden=60 t_logits=150 t_inv=120 t_san=150 t_bench=150 t_fam=60
@@ -239,6 +246,8 @@ if want logits; then
         --check logits "${logits_small[@]}" --json "$W/logits-stories260K.json"
     step "logits-${big#synthetic:}" "$t_logits" "$W/logits-${big#synthetic:}.json" "$check" --model "$big" "${dev[@]}" \
         --check logits "${logits_big[@]}" --json "$W/logits-${big#synthetic:}.json"
+    [ -z "$llama8" ] || step logits-8B4L "$t_logits" "$W/logits-8B4L.json" "$check" --model "$llama8" "${dev[@]}" \
+        --check logits "${logits_big[@]}" --json "$W/logits-8B4L.json"
 fi
 
 # 3. invariance, on (must be exact) and off (counts reported; not a failure).
@@ -251,6 +260,8 @@ if want invariance; then
         step "invariance-off-$tag" "$t_inv" "$W/invariance-off-$tag.json" "$check" "${margs[@]}" "${dev[@]}" \
             --check invariance --batch-invariant off "${inv_args[@]}" --json "$W/invariance-off-$tag.json"
     done
+    [ -z "$llama8" ] || step invariance-on-8B4L "$t_inv" "$W/invariance-on-8B4L.json" "$check" --model "$llama8" \
+        "${dev[@]}" --check invariance --batch-invariant on "${inv_args[@]}" --json "$W/invariance-on-8B4L.json"
 fi
 
 # 4. compute-sanitizer on a short run.

@@ -443,7 +443,7 @@ static void test_synthetic(void)
     snprintf(lp, sizeof lp, "%s/tokenizers/llama2/tokenizer.bin", shared_dir());
     expect_fail("synthetic:260K", lp, 0, "tokenizer larger than the vocabulary", "32000 tokens", "512");
 
-    expect_fail("synthetic:3B", NULL, 0, "unknown preset", "unknown synthetic model", "260K, 15M, 110M, 1B");
+    expect_fail("synthetic:3B", NULL, 0, "unknown preset", "unknown synthetic model", "260K, 15M, 110M, 1B, 8B4L");
     expect_fail("synthetic:15M-fp8", NULL, 0, "unknown option", "unknown synthetic option \"fp8\"", NULL);
     kvg_model_free(a);
     kvg_model_free(b);
