@@ -210,18 +210,18 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
          * scratch is the largest group's, not the step's total (rows x context). */
         int64_t per = (int64_t)cfg->n_heads * (cfg->head_dim + 2), biggest = 0;
         int64_t max_parts = (int64_t)(c->attn_scratch / sizeof(float)) / per;
-        int n = kvg_step_plan_attn_groups(s, &c->plan, max_parts > 0 ? max_parts : 1, NULL, 0, NULL);
-        if (n > c->groups_cap) {
-            kvg_attn_group *g = realloc(c->groups, (size_t)n * sizeof *g);
+        /* a group holds at least one tile, and a tile at least one row */
+        if (s->n_rows > c->groups_cap) {
+            kvg_attn_group *g = realloc(c->groups, (size_t)s->n_rows * sizeof *g);
             if (!g) {
-                kvg_cu_fail(c, "realloc", cudaErrorMemoryAllocation, "%d attention groups", n);
+                kvg_cu_fail(c, "realloc", cudaErrorMemoryAllocation, "%d attention groups", s->n_rows);
                 goto failed;
             }
             c->groups = g;
-            c->groups_cap = n;
+            c->groups_cap = s->n_rows;
         }
-        c->n_groups = kvg_step_plan_attn_groups(s, &c->plan, max_parts > 0 ? max_parts : 1, c->groups, n,
-                                                &biggest);
+        c->n_groups = kvg_step_plan_attn_groups(s, &c->plan, max_parts > 0 ? max_parts : 1, c->groups,
+                                                c->groups_cap, &biggest);
         partials = (size_t)biggest * (size_t)per;
     }
     if (grow_dev(c, (void **)&c->d_partials, &c->partials_cap, partials * sizeof(float),
