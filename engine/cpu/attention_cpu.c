@@ -35,7 +35,7 @@
  * FMAs wait on it; so KVG_ATTN_ROWS items of one head and consecutive rows of one
  * sequence go through the rows' kernels together (attend_rows), one load serving every
  * row, each row still computing exactly its own chains above. */
-#include "backend_cpu_internal.h"
+#include "cpu_context.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -2,7 +2,8 @@
  * pool. Every operation computes each row (each element) on its own with a fixed order
  * of arithmetic, so results are independent of the batch, the chunking and the thread
  * count (see backend.h). Attention is in attention_cpu.c. */
-#include "backend_cpu_internal.h"
+#include "cpu_context.h"
+#include "moe_cpu.h"
 #include "cpu/attention_kernels.h"
 #include "errmsg.h"
 #include "rope.h"

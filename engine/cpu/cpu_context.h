@@ -1,7 +1,9 @@
-/* Internal to the CPU backend (backend_cpu.c, attention_cpu.c): its state, the
- * attention entry point and the float kernels' table. */
-#ifndef KVG_BACKEND_CPU_INTERNAL_H
-#define KVG_BACKEND_CPU_INTERNAL_H
+/* Internal to the CPU backend: its state (kvg_cpu) and the helpers its files share
+ * (backend_cpu.c the operations, attention_cpu.c, moe_cpu.c, cpu_weights.c): the
+ * prepared weights, the attention entry point, kvg_cpu_par and the float kernels' table.
+ * Below the operations' files, which all point down to it. */
+#ifndef KVG_CPU_CONTEXT_H
+#define KVG_CPU_CONTEXT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -52,8 +54,7 @@ void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, f
 
 /* Runs fn over [0, n) on the pool, or inline when the job is smaller than a thread
  * wake-up is worth (`work`: ~ scalar operations in all); the same results either way
- * (every index writes only its own outputs). Here, not in backend_cpu.c, so that the
- * operations in files of their own (moe_cpu.c) use it without pointing back up. */
+ * (every index writes only its own outputs). */
 static inline void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn fn, void *arg)
 {
     if (n == 0)
@@ -63,15 +64,6 @@ static inline void kvg_cpu_par(kvg_cpu *c, size_t n, double work, kvg_range_fn f
     else
         kvg_threadpool_run(c->tp, n, fn, arg);
 }
-
-/* The mixture-of-experts FFN (moe_cpu.c): its scratch for m (NULL when m is dense, or
- * out of memory), grown to a step's rows by kvg_cpu_moe_reserve (0, or -1 out of
- * memory), and backend.h's moe operation. */
-typedef struct kvg_cpu_moe kvg_cpu_moe;
-kvg_cpu_moe *kvg_cpu_moe_new(const kvg_model *m);
-int kvg_cpu_moe_reserve(kvg_cpu_moe *mo, int rows);
-void kvg_cpu_moe_free(kvg_cpu_moe *mo);
-void kvg_cpu_moe_ffn(kvg_cpu *c, int layer, const float *x, int rows, float *out);
 
 /* The attention and SwiGLU kernels of the GEMM's ISA level (attention_kernels.h),
  * chosen once per process. */

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "backend_cpu_internal.h"
+#include "cpu_context.h"
 #include "cpu/gemm_int8.h"
 #include "errmsg.h"
 

@@ -14,7 +14,8 @@
  * one fixed order. So a row's output is the same whatever other rows share its experts,
  * however many rows the step has, and whichever thread ran what. Only the experts some
  * row chose are read: a decode step streams k experts of E per layer. */
-#include "backend_cpu_internal.h"
+#include "cpu_context.h"
+#include "moe_cpu.h"
 #include "cpu/attention_kernels.h"
 
 #include <assert.h>

@@ -48,7 +48,7 @@
 #include <time.h>
 
 #include "backend.h"
-#include "cpu/backend_cpu_internal.h"
+#include "cpu/cpu_context.h"
 #include "cpu/gemm.h"
 #include "cpu/threadpool.h"
 #include "cpu/threadpool_testing.h"

@@ -25,7 +25,7 @@
 
 #include "tap.h"
 #include "backend.h"
-#include "cpu/backend_cpu_internal.h"
+#include "cpu/cpu_context.h"
 #include "cpu/gemm_int8.h"
 #include "forward.h"
 #include "kv_cache.h"
