@@ -612,46 +612,52 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     }
     if (workspaceSizeInBytes && !in_device(workspace, workspaceSizeInBytes))
         return CUBLAS_STATUS_INVALID_VALUE;
-
-    /* op(A) as rows of k floats, op(B) as columns of k floats: the inner loop runs over
-     * contiguous memory, k increasing. */
     size_t lda = (size_t)Adesc->data[L_LD], ldb = (size_t)Bdesc->data[L_LD];
     size_t ldc = (size_t)Cdesc->data[L_LD], ldd = (size_t)Ddesc->data[L_LD];
-    std::vector<float> a(m * k), b(n * k);
-    load_rows(a.data(), A, p.ab_type, p.opa, m, k, lda);
-    /* op(B)'s column j is row j of B^T: B's "transposed" read is the untransposed op */
-    load_rows(b.data(), B, p.ab_type, !p.opb, n, k, ldb);
-    /* Each output sums its k products in order q = 0, 1, ... (a rounding per multiply and
-     * per add, as one at a time); TILE outputs advance together so that their adds
-     * overlap. */
-    const size_t TILE = 8;
-    const float *c = (const float *)C;
-    float *d = (float *)D;
-    for (size_t j = 0; j < n; j++) {
-        const float *bc = &b[j * k];
-        for (size_t i0 = 0; i0 < m; i0 += TILE) {
-            size_t nt = m - i0 < TILE ? m - i0 : TILE;
-            float acc[8] = { 0 };
-            if (nt == TILE) {
-                for (size_t q = 0; q < k; q++)
-                    for (size_t t = 0; t < TILE; t++)
-                        acc[t] += a[(i0 + t) * k + q] * bc[q];
-            } else {
-                for (size_t t = 0; t < nt; t++)
+
+    /* The product itself runs in the stream's order; what it reads is captured by value
+     * (the descriptors may be changed or destroyed once the call returns). */
+    int64_t ab_type = p.ab_type;
+    int opa = p.opa, opb = p.opb, has_bias = p.bias;
+    on_stream(stream, [=]() {
+        /* op(A) as rows of k floats, op(B) as columns of k floats: the inner loop runs over
+         * contiguous memory, k increasing. */
+        std::vector<float> a(m * k), b(n * k);
+        load_rows(a.data(), A, ab_type, opa, m, k, lda);
+        /* op(B)'s column j is row j of B^T: B's "transposed" read is the untransposed op */
+        load_rows(b.data(), B, ab_type, !opb, n, k, ldb);
+        /* Each output sums its k products in order q = 0, 1, ... (a rounding per multiply
+         * and per add, as one at a time); TILE outputs advance together so that their adds
+         * overlap. */
+        const size_t TILE = 8;
+        const float *c = (const float *)C;
+        float *d = (float *)D;
+        for (size_t j = 0; j < n; j++) {
+            const float *bc = &b[j * k];
+            for (size_t i0 = 0; i0 < m; i0 += TILE) {
+                size_t nt = m - i0 < TILE ? m - i0 : TILE;
+                float acc[8] = { 0 };
+                if (nt == TILE) {
                     for (size_t q = 0; q < k; q++)
-                        acc[t] += a[(i0 + t) * k + q] * bc[q];
-            }
-            for (size_t t = 0; t < nt; t++) {
-                size_t i = i0 + t;
-                float v = a_scale * acc[t];
-                if (read_c)
-                    v += b_scale * c[i + j * ldc];
-                if (p.bias)
-                    v += bias[i];
-                d[i + j * ldd] = v;
+                        for (size_t t = 0; t < TILE; t++)
+                            acc[t] += a[(i0 + t) * k + q] * bc[q];
+                } else {
+                    for (size_t t = 0; t < nt; t++)
+                        for (size_t q = 0; q < k; q++)
+                            acc[t] += a[(i0 + t) * k + q] * bc[q];
+                }
+                for (size_t t = 0; t < nt; t++) {
+                    size_t i = i0 + t;
+                    float v = a_scale * acc[t];
+                    if (read_c)
+                        v += b_scale * c[i + j * ldc];
+                    if (has_bias)
+                        v += bias[i];
+                    d[i + j * ldd] = v;
+                }
             }
         }
-    }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

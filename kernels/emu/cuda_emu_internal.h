@@ -4,6 +4,7 @@
 #ifndef KVG_CUDA_EMU_INTERNAL_H
 #define KVG_CUDA_EMU_INTERNAL_H
 
+#include <functional>
 #include <mutex>
 
 #include "cuda_emu.h"
@@ -34,6 +35,13 @@ bool touches_device(const void *p, size_t n);
 
 /* A stream the runtime knows (NULL, the default stream, included). */
 bool valid_stream(cudaStream_t s);
+
+/* Runs `op` in `stream`'s order (the stream model of cuda_emu_runtime.cc): every
+ * asynchronous operation of the emulated runtime and libraries (a copy, a memset, a
+ * kernel, a cuBLASLt or cuDNN call) gives its work to this after checking its arguments
+ * at the call, as the real APIs check theirs. `op` captures what it needs by value: it
+ * may run after the call returned. */
+void on_stream(cudaStream_t stream, std::function<void()> op);
 
 /* Prints "kvg-emu: ..." and aborts: an emulated kernel did what would be a bug on a GPU. */
 [[noreturn]] void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
