@@ -102,6 +102,14 @@ EMU_CXXFLAGS = -std=gnu++17 -g -fPIC -D_GNU_SOURCE -DKVG_CUDA_EMU -Isrc -Iengine
 EMU_OBJS   = $(KERNEL_SRCS:kernels/%.cu=$(1)/obj/kernels/%.o) \
               $(EMU_RT_SRCS:kernels/emu/%.cc=$(1)/obj/kernels/emu/%.o) \
               $(CUDA_HOST_SRCS:engine/cuda/%.c=$(1)/obj/engine/cuda/%.o)
+# The kernels' translation units in the plain emulated build call the strict checks'
+# hooks before every memory access (kernels/emu/cuda_emu_strict.cc: provenance, races).
+# The ASan build keeps ASan's own instrumentation, which uses the same hooks.
+EMU_STRICT_FLAGS := -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
+              --param asan-stack=0 --param asan-globals=0
+# ... and contract a*b+c into one fused multiply-add where the expression allows, as nvcc
+# does by default (--fmad=true); x86-64 needs -mfma for g++ to do it (docs: kernels/README.md).
+EMU_FMA    := $(if $(filter x86_64,$(shell uname -m)),-mfma) -ffp-contract=fast
 EMU_LIB    := $(BUILD)/emu/libkvgate-cuda-emu.a
 ASAN_EMU_LIB := $(BUILD)/asan/emu/libkvgate-cuda-emu.a
 EMU_LDLIBS := -lstdc++
@@ -206,7 +214,7 @@ $(CUDA_LIB): $(CUDA_OBJS)
 # execution model), the same host C with -DKVG_CUDA_EMU, and the emulated runtime.
 $(BUILD)/emu/obj/kernels/%.o: kernels/%.cu $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -O2 -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
+	$(CXX) $(EMU_CXXFLAGS) $(EMU_STRICT_FLAGS) $(EMU_FMA) -O2 -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
 
 $(BUILD)/emu/obj/kernels/emu/%.o: kernels/emu/%.cc $(HDRS)
 	@mkdir -p $(dir $@)
@@ -222,7 +230,7 @@ $(EMU_LIB): $(call EMU_OBJS,$(BUILD)/emu)
 
 $(BUILD)/asan/emu/obj/kernels/%.o: kernels/%.cu $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -O1 $(SAN_FLAGS) -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
+	$(CXX) $(EMU_CXXFLAGS) $(EMU_FMA) -O1 $(SAN_FLAGS) -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
 
 $(BUILD)/asan/emu/obj/kernels/emu/%.o: kernels/emu/%.cc $(HDRS)
 	@mkdir -p $(dir $@)
@@ -240,14 +248,16 @@ $(ASAN_EMU_LIB): $(call EMU_OBJS,$(BUILD)/asan/emu)
 # t/unit/cuda_emu_kernels.cu, built as the emulated kernels are.
 $(BUILD)/emu/obj/t/unit/%.o: t/unit/%.cu $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -O2 -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
+	$(CXX) $(EMU_CXXFLAGS) $(EMU_STRICT_FLAGS) $(EMU_FMA) -O2 -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
 
 $(BUILD)/asan/emu/obj/t/unit/%.o: t/unit/%.cu $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -O1 $(SAN_FLAGS) -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
+	$(CXX) $(EMU_CXXFLAGS) $(EMU_FMA) -O1 $(SAN_FLAGS) -x c++ -include kernels/emu/cuda_emu.h -c $< -o $@
 
 $(BUILD)/t/cuda_emu: $(BUILD)/emu/obj/t/unit/cuda_emu_kernels.o
 $(BUILD)/asan/t/cuda_emu: $(BUILD)/asan/emu/obj/t/unit/cuda_emu_kernels.o
+$(BUILD)/t/cuda_emu_strict: $(BUILD)/emu/obj/t/unit/cuda_emu_strict_kernels.o
+$(BUILD)/asan/t/cuda_emu_strict: $(BUILD)/asan/emu/obj/t/unit/cuda_emu_strict_kernels.o
 
 # The engine's commands linked with the emulated CUDA backend: `--backend cuda` runs on the
 # host (slowly: tiny models only). t/gpu/run.sh's steps run through these where no GPU is.

@@ -33,13 +33,14 @@
 
 /* KVG_LAUNCH(kernel, grid, block, smem, stream, args...) enqueues `kernel` (a plain
  * identifier: a template instance goes through a local function pointer, since a comma in
- * <...> would split the macro's arguments). Emulated, the kernel runs once per thread of
- * every block before the call returns (the arguments are captured by value).
+ * <...> would split the macro's arguments). Emulated, the arguments are evaluated and
+ * copied at the call and the launch is queued on the stream, as on a GPU.
  * KVG_DYNAMIC_SMEM(type, name) declares `type *name` pointing at the block's dynamic
  * shared memory (16-byte aligned in both builds). */
 #ifdef KVG_CUDA_EMU
 #define KVG_LAUNCH(kernel, grid, block, smem, stream, ...)                                   \
-    kvg_emu_launch((grid), (block), (size_t)(smem), (stream), [=]() { kernel(__VA_ARGS__); })
+    kvg_emu_launch_kernel(#kernel, __func__, (grid), (block), (size_t)(smem), (stream), kernel,    \
+                          __VA_ARGS__)
 #define KVG_DYNAMIC_SMEM(type, name) type *name = (type *)kvg_emu_dynamic_smem()
 #else
 #define KVG_LAUNCH(kernel, grid, block, smem, stream, ...)                                   \

@@ -25,6 +25,9 @@ rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restri
     float *kr = k + r * (int64_t)n_kv_heads * head_dim;
     const float ts = q_scale ? q_scale[r] : 1.0f;
 
+    /* Each product rounded on its own (__fmul_rn: never fused into an FMA, which nvcc
+     * would do to a*b - c*d by default), as the CPU backend computes them: the difference
+     * of two near-equal products is where a fused one differs by many ulps. */
     for (int p = threadIdx.x; p < n_all; p += blockDim.x) {
         const int hp = p < n_q ? p : p - n_q;
         const int h = hp / half, i = hp - h * half;
@@ -34,12 +37,12 @@ rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restri
         if (layout == 0) {
             /* adjacent pairs (2i, 2i+1): one 8-byte access (head_dim is even) */
             float2 a = *(float2 *)(v + 2 * i);
-            o0 = a.x * t.x - a.y * t.y;
-            o1 = a.x * t.y + a.y * t.x;
+            o0 = __fmul_rn(a.x, t.x) - __fmul_rn(a.y, t.y);
+            o1 = __fmul_rn(a.x, t.y) + __fmul_rn(a.y, t.x);
         } else {
             const float v0 = v[i], v1 = v[i + half];
-            o0 = v0 * t.x - v1 * t.y;
-            o1 = v0 * t.y + v1 * t.x;
+            o0 = __fmul_rn(v0, t.x) - __fmul_rn(v1, t.y);
+            o1 = __fmul_rn(v0, t.y) + __fmul_rn(v1, t.x);
         }
         if (q_scale && p < n_q) {
             o0 *= ts;

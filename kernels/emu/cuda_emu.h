@@ -6,8 +6,10 @@
  * qualifiers, dim3/uint3 and the index variables, __syncthreads, warp shuffles and votes,
  * atomics, the math intrinsics, the BF16/F16 types and kvg_emu_launch / kvg_emu_dynamic_smem.
  *
- * The model: a launch runs its blocks one after another on the launching thread; the
- * threads of a block are fibers (kernels/emu/cuda_emu_fiber.cc), and every barrier
+ * The model: a launch is queued on its stream and runs when the host synchronizes with it
+ * (kernels/emu/cuda_emu_stream.cc); its blocks run one after another in a seeded random
+ * order, the threads of a block are fibers (kernels/emu/cuda_emu_fiber.cc) resumed in a
+ * seeded random order between barriers, and every barrier
  * (__syncthreads, __syncwarp, a shuffle, a vote) is a real rendezvous: the fiber parks
  * until all the block's (or the mask's) live threads arrive. A thread that exited does
  * not count for __syncthreads, nor in a warp operation's mask (as on a GPU); a shuffle
@@ -29,7 +31,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "cuda_emu_api.h"
 
@@ -59,11 +63,17 @@ struct dim3 {
 };
 
 /* Set by the scheduler whenever it resumes a fiber (kernels/emu/cuda_emu_fiber.cc). The
- * barriers are calls into the runtime, so the compiler reloads these after each one. */
-extern uint3 threadIdx;
-extern uint3 blockIdx;
-extern dim3 blockDim;
-extern dim3 gridDim;
+ * barriers are calls into the runtime, so the compiler reloads these after each one. One
+ * struct, so that the strict checks know a kernel may read it and never write it. */
+struct kvg_emu_index {
+    uint3 thread, block;
+    dim3 block_dim, grid_dim;
+};
+extern kvg_emu_index kvg_emu_idx;
+#define threadIdx (kvg_emu_idx.thread)
+#define blockIdx (kvg_emu_idx.block)
+#define blockDim (kvg_emu_idx.block_dim)
+#define gridDim (kvg_emu_idx.grid_dim)
 static constexpr int warpSize = 32;
 
 /* ---- barriers, shuffles and votes --------------------------------------------------- */
@@ -146,11 +156,17 @@ inline int __all_sync(unsigned mask, int predicate)
 }
 
 /* ---- atomics: the threads of a launch run one at a time, so a plain read-modify-write
- * is atomic. Each returns the old value, as in CUDA. --------------------------------- */
+ * is atomic. Each returns the old value, as in CUDA. The race detector does not watch
+ * them (KVG_EMU_ATOMIC: not instrumented); their address must still be device or shared
+ * memory (kvg_emu_atomic_check). --------------------------------------------------- */
+
+void kvg_emu_atomic_check(const void *p, size_t n);
+#define KVG_EMU_ATOMIC __attribute__((no_sanitize_address))
 
 template <class T>
-inline T kvg_emu_atomic_add(T *address, T val)
+KVG_EMU_ATOMIC inline T kvg_emu_atomic_add(T *address, T val)
 {
+    kvg_emu_atomic_check(address, sizeof *address);
     T old = *address;
     *address = old + val;
     return old;
@@ -166,16 +182,18 @@ inline unsigned long long atomicAdd(unsigned long long *address, unsigned long l
     return kvg_emu_atomic_add(address, val);
 }
 
-inline int atomicMax(int *address, int val)
+KVG_EMU_ATOMIC inline int atomicMax(int *address, int val)
 {
+    kvg_emu_atomic_check(address, sizeof *address);
     int old = *address;
     if (val > old)
         *address = val;
     return old;
 }
 
-inline int atomicMin(int *address, int val)
+KVG_EMU_ATOMIC inline int atomicMin(int *address, int val)
 {
+    kvg_emu_atomic_check(address, sizeof *address);
     int old = *address;
     if (val < old)
         *address = val;
@@ -183,8 +201,9 @@ inline int atomicMin(int *address, int val)
 }
 
 template <class T>
-inline T kvg_emu_atomic_cas(T *address, T compare, T val)
+KVG_EMU_ATOMIC inline T kvg_emu_atomic_cas(T *address, T compare, T val)
 {
+    kvg_emu_atomic_check(address, sizeof *address);
     T old = *address;
     if (old == compare)
         *address = val;
@@ -205,8 +224,9 @@ inline unsigned long long atomicCAS(unsigned long long *address, unsigned long l
 }
 
 template <class T>
-inline T kvg_emu_atomic_exch(T *address, T val)
+KVG_EMU_ATOMIC inline T kvg_emu_atomic_exch(T *address, T val)
 {
+    kvg_emu_atomic_check(address, sizeof *address);
     T old = *address;
     *address = val;
     return old;
@@ -232,6 +252,29 @@ inline float atomicExch(float *address, float val) { return kvg_emu_atomic_exch(
 #define __sinf(x) sinf(x)
 #define __cosf(x) cosf(x)
 #define __powf(x, y) powf(x, y)
+
+/* A product or sum rounded on its own: the empty asm keeps g++ (built with
+ * -ffp-contract=fast, as nvcc contracts) from fusing it into an FMA, as nvcc never fuses
+ * the _rn intrinsics. */
+#if defined(__x86_64__) || defined(__i386__)
+#define KVG_EMU_UNFUSED(r) __asm__("" : "+x"(r))
+#elif defined(__aarch64__)
+#define KVG_EMU_UNFUSED(r) __asm__("" : "+w"(r))
+#else
+#define KVG_EMU_UNFUSED(r) __asm__("" : "+m"(r))
+#endif
+inline float __fmul_rn(float a, float b)
+{
+    float r = a * b;
+    KVG_EMU_UNFUSED(r);
+    return r;
+}
+inline float __fadd_rn(float a, float b)
+{
+    float r = a + b;
+    KVG_EMU_UNFUSED(r);
+    return r;
+}
 
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __fdividef(float x, float y) { return x / y; }
@@ -444,30 +487,49 @@ inline float __high2float(__half2 v) { return __half2float(v.y); }
 /* The runtime side: validates the configuration like a GPU (block <= 1024 threads,
  * x, y <= 1024, z <= 64; dims > 0; grid.x < 2^31, grid.y, grid.z <= 65535; dyn_smem <=
  * 48 KiB; a known stream) and records a launch error for cudaGetLastError otherwise;
- * else runs fn(ctx) once per thread of every block. `name` names the kernel in messages. */
+ * else queues the launch on the stream, to run fn(ctx) once per thread of every block when
+ * the stream runs it, then release(ctx). ctx (ctx_size bytes: the launch's captured
+ * arguments) belongs to the runtime from the call on. `name` names the kernel in
+ * messages. */
 void kvg_emu_launch_raw(const char *name, dim3 grid, dim3 block, size_t dyn_smem,
-                        cudaStream_t stream, void (*fn)(void *), void *ctx);
+                        cudaStream_t stream, void (*fn)(void *), void *ctx,
+                        void (*release)(void *), size_t ctx_size);
 
 /* The current block's dynamic shared memory: dyn_smem bytes, 16-byte aligned, filled with
  * 0xA5 before each block so a kernel reading it before writing gets garbage in the tests. */
 void *kvg_emu_dynamic_smem(void);
 
-/* Runs body() once per thread of every block, the index variables set. The kernel's name
- * in messages is the launcher's (from the lambda's type). */
-template <class F>
-inline void kvg_emu_launch(dim3 grid, dim3 block, size_t dyn_smem, cudaStream_t s, F body)
-{
-    kvg_emu_launch_raw(__PRETTY_FUNCTION__, grid, block, dyn_smem, s,
-                       [](void *p) { (*static_cast<F *>(p))(); }, &body);
-}
-
-/* The same with an explicit kernel name. */
+/* Queues body() to run once per thread of every block, the index variables set; body is
+ * copied (its captures are the kernel's arguments, by value). The kernel's name in
+ * messages is the launcher's (from the lambda's type). */
 template <class F>
 inline void kvg_emu_launch_named(const char *name, dim3 grid, dim3 block, size_t dyn_smem,
                                  cudaStream_t s, F body)
 {
     kvg_emu_launch_raw(name, grid, block, dyn_smem, s,
-                       [](void *p) { (*static_cast<F *>(p))(); }, &body);
+                       [](void *p) { (*static_cast<F *>(p))(); }, new F(body),
+                       [](void *p) { delete static_cast<F *>(p); }, sizeof(F));
+}
+
+template <class F>
+inline void kvg_emu_launch(dim3 grid, dim3 block, size_t dyn_smem, cudaStream_t s, F body)
+{
+    kvg_emu_launch_named(__PRETTY_FUNCTION__, grid, block, dyn_smem, s, body);
+}
+
+/* "kernel (launched by launcher)", kept for the life of the process. */
+const char *kvg_emu_kernel_name(const char *kernel, const char *launcher);
+
+/* KVG_LAUNCH's emulation: the arguments converted to the kernel's parameter types and
+ * copied AT THE CALL, as a real launch does (so `*g` in an argument list reads g now, not
+ * when the queued launch runs). */
+template <class... P, class... A>
+inline void kvg_emu_launch_kernel(const char *kernel, const char *launcher, dim3 grid, dim3 block,
+                                  size_t dyn_smem, cudaStream_t s, void (*fn)(P...), A &&...args)
+{
+    std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+    kvg_emu_launch_named(kvg_emu_kernel_name(kernel, launcher), grid, block, dyn_smem, s,
+                         [fn, params]() { std::apply(fn, params); });
 }
 
 #endif

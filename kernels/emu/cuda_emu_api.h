@@ -8,8 +8,10 @@
  * KVG_EMU_MEMORY bytes of memory (env, default 2 GiB; suffixes K, M, G). "Device" memory
  * is host memory the emulator tracks: cudaMemcpy* and cublasLtMatmul check that a device
  * range lies inside one device allocation; fresh cudaMalloc memory is 0xFF bytes (NaN as
- * F32/F16/BF16). Kernels run synchronously at launch, so every
- * stream is trivially in order. Environment (read at the first call, again at
+ * F32/F16/BF16). Asynchronous work (kernels, async copies, memsets, cuBLASLt) is queued
+ * on its stream and runs at the next synchronization point that waits for it, in stream
+ * order (kernels/emu/cuda_emu_stream.cc): streams the program did not order stay
+ * unordered, and the host sees a result only once it synchronized. Environment (read at the first call, again at
  * kvg_emu_reset()):
  *   KVG_EMU_DEVICES=0     no device: cudaGetDeviceCount and every device call fail with
  *                         cudaErrorNoDevice
@@ -132,11 +134,14 @@ cudaError_t cudaStreamCreate(cudaStream_t *pStream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
 
 cudaError_t cudaEventCreate(cudaEvent_t *event);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 
@@ -343,6 +348,9 @@ size_t kvg_emu_bytes_in_use(void);
 /* How many times `call` (an API function's name, or "launch") was made since the start
  * or the last kvg_emu_reset(), failed calls included. */
 long kvg_emu_calls(const char *call);
+
+/* Operations queued on all streams that have not run yet. */
+long kvg_emu_pending(void);
 
 /* Fiber switches made by kernel launches so far (the emulator's own cost figure). */
 long kvg_emu_switches(void);

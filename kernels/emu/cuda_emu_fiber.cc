@@ -30,6 +30,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,10 +55,7 @@
 #endif
 
 /* The index variables of the running fiber (see cuda_emu.h). */
-uint3 threadIdx;
-uint3 blockIdx;
-dim3 blockDim;
-dim3 gridDim;
+kvg_emu_index kvg_emu_idx;
 
 #ifdef KVG_EMU_ASM_SWITCH
 /* kvg_emu_ctx_switch(save, load): pushes the callee-saved registers and the FP control
@@ -162,9 +160,34 @@ struct Launch {
     size_t host_size = 0;
 #endif
     long switches = 0;
+    uint64_t rng = 0;            /* this launch's schedule (splitmix64 state) */
+    bool shuffle = true;         /* KVG_EMU_SEED=0: thread and block order, as numbered */
+    std::vector<unsigned> order; /* the fibers, in this round's order */
 };
 
 Launch L;
+long launches = 0;
+
+uint64_t next_random()
+{
+    uint64_t z = (L.rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A random permutation of v (Fisher-Yates), unless the order is fixed. */
+void shuffle(std::vector<unsigned> &v)
+{
+    if (!L.shuffle)
+        return;
+    for (size_t i = v.size(); i > 1; i--) {
+        size_t j = (size_t)(next_random() % i);
+        unsigned t = v[i - 1];
+        v[i - 1] = v[j];
+        v[j] = t;
+    }
+}
 
 /* "kvg_k_rmsnorm" out of "void kvg_emu_launch(...) [with F = kvg_k_rmsnorm(...)::<lambda()>]". */
 std::string kernel_name()
@@ -189,6 +212,12 @@ std::string kernel_name()
           blockIdx.z, what);
 }
 
+std::vector<char *> &all_stacks()
+{
+    static std::vector<char *> stacks;
+    return stacks;
+}
+
 void fiber_main(void *);
 #ifndef KVG_EMU_ASM_SWITCH
 void fiber_main_uc(int i) { fiber_main((void *)(uintptr_t)i); }
@@ -196,7 +225,7 @@ void fiber_main_uc(int i) { fiber_main((void *)(uintptr_t)i); }
 
 char *stack_for(unsigned i)
 {
-    static std::vector<char *> stacks;
+    std::vector<char *> &stacks = all_stacks();
     while (stacks.size() <= i) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         void *m = mmap(nullptr, STACK_SIZE + page, PROT_READ | PROT_WRITE,
@@ -243,6 +272,10 @@ void resume(unsigned i)
     L.cur = i;
     threadIdx = f.tid;
     L.switches += 2;
+    strict::now.tid = i;
+    strict::now.stack_lo = (uintptr_t)f.stack;
+    strict::now.stack_size = STACK_SIZE;
+    strict::now.in_kernel = true;
 #ifdef KVG_EMU_ASAN
     void *fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, f.stack, STACK_SIZE);
@@ -255,6 +288,7 @@ void resume(unsigned i)
 #ifdef KVG_EMU_ASAN
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
+    strict::now.in_kernel = false;
 }
 
 /* The running fiber -> the scheduler; returns when the scheduler resumes it. */
@@ -344,6 +378,7 @@ void release_block()
         if (L.fibers[i].state == WAIT_BLOCK)
             L.fibers[i].state = RUNNABLE;
     L.block_waiters = 0;
+    strict::barrier();
 }
 
 /* A lane of the warp starting at thread `base` that exists and has not exited. */
@@ -417,6 +452,7 @@ bool try_complete(unsigned base, unsigned mask)
     for (unsigned l = 0; l < 32; l++)
         if ((mask >> l & 1u) && lane_live(base, l))
             L.fibers[base + l].state = RUNNABLE;
+    strict::warp_op(base / 32);
     return true;
 }
 
@@ -474,9 +510,17 @@ void run_block()
     }
     L.done = 0;
     L.block_waiters = 0;
+    strict::block_begin();
+    L.order.resize(L.n);
+    for (unsigned i = 0; i < L.n; i++)
+        L.order[i] = i;
+    /* Each round resumes every runnable fiber once, in a fresh random order: between two
+     * barriers a thread runs to its next barrier, so the order of rounds is the order in
+     * which the threads' barrier intervals run. */
     while (L.done < L.n) {
         bool ran = false;
-        for (unsigned i = 0; i < L.n; i++) {
+        shuffle(L.order);
+        for (unsigned i : L.order) {
             if (L.fibers[i].state != RUNNABLE)
                 continue;
             resume(i);
@@ -549,40 +593,22 @@ void *kvg_emu_dynamic_smem(void)
     return L.smem;
 }
 
-void kvg_emu_launch_raw(const char *name, dim3 grid, dim3 block, size_t dyn_smem,
-                        cudaStream_t stream, void (*fn)(void *), void *ctx)
+namespace kvg_emu {
+namespace {
+
+/* Runs a queued launch: every block, in a random order, each block's threads as fibers. */
+void run_launch(const char *name, dim3 grid, dim3 block, size_t dyn_smem, void (*fn)(void *),
+                void *ctx, size_t ctx_size, uint64_t seed)
 {
-    std::lock_guard<std::recursive_mutex> guard(lock());
     if (L.active)
         fatal("kernel launch from inside a kernel (%s)", name);
-    if (cudaError_t e = device_state()) {
-        injected("launch", 0);
-        record(e);
-        return;
-    }
-    if (int e = injected("launch", cudaErrorLaunchOutOfResources)) {
-        record((cudaError_t)e);
-        return;
-    }
     unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
-    if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z ||
-        block.x > 1024 || block.y > 1024 || block.z > 64 || threads > 1024 ||
-        grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) {
-        record(cudaErrorInvalidConfiguration);
-        return;
-    }
-    if (dyn_smem > (48u << 10)) {
-        record(cudaErrorInvalidValue);
-        return;
-    }
-    if (!valid_stream(stream)) {
-        record(cudaErrorInvalidResourceHandle);
-        return;
-    }
     L.name = name;
     L.fn = fn;
     L.ctx = ctx;
     L.n = (unsigned)threads;
+    L.rng = seed;
+    L.shuffle = seed != 0;
     if (L.fibers.size() < L.n)
         L.fibers.resize(L.n);
     for (unsigned i = 0; i < L.n; i++)
@@ -597,17 +623,90 @@ void kvg_emu_launch_raw(const char *name, dim3 grid, dim3 block, size_t dyn_smem
     blockDim = block;
     gridDim = grid;
     L.active = true;
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
-                blockIdx = uint3{x, y, z};
-                if (dyn_smem)
-                    memset(L.smem, 0xA5, dyn_smem);
-                run_block();
-            }
+    strict::launch_begin(ctx, ctx_size, smem, dyn_smem);
+    size_t n_blocks = (size_t)grid.x * grid.y * grid.z;
+    std::vector<unsigned> blocks;
+    bool ordered = !L.shuffle || n_blocks > (1u << 24);
+    if (!ordered) {
+        blocks.resize(n_blocks);
+        for (size_t b = 0; b < n_blocks; b++)
+            blocks[b] = (unsigned)b;
+        shuffle(blocks);
+    }
+    for (size_t b = 0; b < n_blocks; b++) {
+        size_t id = ordered ? b : blocks[b];
+        blockIdx = uint3{(unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y),
+                         (unsigned)(id / ((size_t)grid.x * grid.y))};
+        if (dyn_smem)
+            memset(L.smem, 0xA5, dyn_smem);
+        run_block();
+    }
+    strict::launch_end();
     L.active = false;
     free(smem);
     L.smem = nullptr;
+}
+
+}  // namespace
+
+bool in_fiber_stack(uintptr_t a)
+{
+    for (char *s : all_stacks())
+        if (a >= (uintptr_t)s && a < (uintptr_t)s + STACK_SIZE)
+            return true;
+    return false;
+}
+
+void kernel_fatal_msg(const char *what)
+{
+    kernel_fatal(what);
+}
+
+}  // namespace kvg_emu
+
+const char *kvg_emu_kernel_name(const char *kernel, const char *launcher)
+{
+    static std::set<std::string> names;
+    std::lock_guard<std::recursive_mutex> guard(lock());
+    return names.insert(std::string(kernel) + " (launched by " + launcher + ")").first->c_str();
+}
+
+void kvg_emu_launch_raw(const char *name, dim3 grid, dim3 block, size_t dyn_smem,
+                        cudaStream_t stream, void (*fn)(void *), void *ctx,
+                        void (*release)(void *), size_t ctx_size)
+{
+    std::lock_guard<std::recursive_mutex> guard(lock());
+    if (L.active)
+        fatal("kernel launch from inside a kernel (%s)", name);
+    cudaError_t err = cudaSuccess;
+    unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    if (cudaError_t e = device_state()) {
+        injected("launch", 0);
+        err = e;
+    } else if (int ie = injected("launch", cudaErrorLaunchOutOfResources)) {
+        err = (cudaError_t)ie;
+    } else if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z ||
+               block.x > 1024 || block.y > 1024 || block.z > 64 || threads > 1024 ||
+               grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) {
+        err = cudaErrorInvalidConfiguration;
+    } else if (dyn_smem > (48u << 10)) {
+        err = cudaErrorInvalidValue;
+    } else if (!valid_stream(stream)) {
+        err = cudaErrorInvalidResourceHandle;
+    }
+    if (err != cudaSuccess) {
+        record(err);
+        release(ctx);
+        return;
+    }
+    /* The schedule's seed: the run's (KVG_EMU_SEED) mixed with the launch's number, so a
+     * run is reproducible and each launch gets its own orders. */
+    uint64_t base = schedule_seed();
+    uint64_t seed = base ? base * 0x100000001b3ull + (uint64_t)++launches : 0;
+    on_stream(stream, [=]() {
+        run_launch(name, grid, block, dyn_smem, fn, ctx, ctx_size, seed);
+        release(ctx);
+    });
 }
 
 extern "C" long kvg_emu_switches(void)

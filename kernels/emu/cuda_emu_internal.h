@@ -43,6 +43,51 @@ bool valid_stream(cudaStream_t s);
  * may run after the call returned. */
 void on_stream(cudaStream_t stream, std::function<void()> op);
 
+/* The stream model (cuda_emu_stream.cc): run `s`'s queued work (NULL: the legacy stream)
+ * until `upto` operations of it have run; how many were ever queued; everything queued
+ * on every stream (a device-wide synchronization). */
+void drain_upto(cudaStream_t s, uint64_t upto);
+uint64_t stream_enqueued(cudaStream_t s);
+void drain_all();
+
+/* The race detector's shadow of a device allocation, dropped when it is freed
+ * (cuda_emu_strict.cc). */
+void forget_shadow(void *dev);
+
+/* The runtime's memory table, read without the lock (only while a kernel runs, when no
+ * allocation can change): the device allocation holding address a (its start and size),
+ * and whether a lies in a cudaMallocHost allocation. */
+bool device_allocation(uintptr_t a, uintptr_t *lo, size_t *size);
+bool pinned_allocation(uintptr_t a);
+
+/* KVG_EMU_SEED (default 1): the seed of the kernels' block and thread orders; 0 runs them
+ * in index order. */
+uint64_t schedule_seed();
+
+/* The scheduler (cuda_emu_fiber.cc): whether a lies in some fiber's stack; a fatal
+ * message naming the running kernel and block. */
+bool in_fiber_stack(uintptr_t a);
+[[noreturn]] void kernel_fatal_msg(const char *what);
+
+/* The strict checks (cuda_emu_strict.cc), driven by the scheduler. */
+namespace strict {
+struct Now {
+    bool in_kernel;              /* a fiber runs kernel code */
+    bool checking;               /* this launch is checked (KVG_EMU_STRICT, not ASan) */
+    uintptr_t stack_lo;          /* the running fiber's stack */
+    size_t stack_size;
+    unsigned tid;                /* its linear index in the block */
+};
+extern Now now;
+void launch_begin(const void *ctx, size_t ctx_size, const void *smem, size_t smem_size);
+void block_begin();
+void barrier();                  /* a __syncthreads released the block */
+void warp_op(unsigned warp);     /* a warp operation of that warp completed */
+void launch_end();
+void reset();                    /* kvg_emu_reset: the environment read again */
+void access(uintptr_t a, size_t n, bool write);
+}  // namespace strict
+
 /* Prints "kvg-emu: ..." and aborts: an emulated kernel did what would be a bug on a GPU. */
 [[noreturn]] void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -14,22 +14,13 @@
 #include <time.h>
 
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "cuda_emu_internal.h"
-
-struct CUstream_st {
-    unsigned int flags;
-};
-
-struct CUevent_st {
-    unsigned int flags;
-    bool recorded;
-    double ms;
-};
 
 namespace kvg_emu {
 
@@ -51,12 +42,11 @@ struct State {
     int devices = 1;
     bool old_driver = false;
     size_t memory = (size_t)2 << 30;
+    uint64_t seed = 1;
     cudaError_t last = cudaSuccess;
     int device = 0;
     std::map<uintptr_t, Alloc> allocs;
     size_t device_bytes = 0, host_bytes = 0;
-    std::set<cudaStream_t> streams;
-    std::set<cudaEvent_t> events;
     std::vector<Fault> faults;
     std::map<std::string, long, std::less<>> calls;
 };
@@ -140,6 +130,31 @@ void init_locked()
     v = getenv("KVG_EMU_FAIL");
     if (v && *v)
         parse_faults(v);
+    v = getenv("KVG_EMU_SEED");
+    if (v && *v) {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(v, &end, 10);
+        if (errno || end == v || *end)
+            fatal("KVG_EMU_SEED=%s: not a number", v);
+        s.seed = n;
+    } else {
+        s.seed = 1;
+    }
+}
+
+/* [p, p + n) inside one cudaMallocHost allocation (pinned: the device reads and writes
+ * it when the copy runs, not at the call). */
+bool in_pinned(const void *p, size_t n)
+{
+    auto &m = st().allocs;
+    uintptr_t a = (uintptr_t)p;
+    auto it = m.upper_bound(a);
+    if (it == m.begin())
+        return false;
+    --it;
+    return !it->second.device && a >= it->first && n <= it->second.size &&
+           a - it->first <= it->second.size - n;
 }
 
 /* The side of a copy: 1 device, 0 host, -1 neither (straddles or is partly device). */
@@ -150,7 +165,32 @@ int side(const void *p, size_t n)
     return touches_device(p, n) ? -1 : 0;
 }
 
-cudaError_t copy(void *dst, const void *src, size_t count, cudaMemcpyKind kind)
+/* A copy's work queued on `stream` (NULL: the legacy stream), as CUDA orders it:
+ * - from pageable host memory, the bytes are taken at the call (the real runtime stages
+ *   them before returning), so the caller may reuse its buffer at once;
+ * - to pageable host memory, the call returns once the copy has run (the stream drained up
+ *   to it): the caller may read its buffer;
+ * - pinned host memory and device memory are read and written when the copy runs. */
+void enqueue_copy(void *dst, const void *src, size_t count, int ds, int ss_, cudaStream_t stream,
+                  bool synchronous)
+{
+    bool src_pageable = ss_ == 0 && !in_pinned(src, count);
+    bool dst_pageable = ds == 0 && !in_pinned(dst, count);
+    if (src_pageable) {
+        auto bytes = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,
+                                                                  (const unsigned char *)src + count);
+        on_stream(stream, [dst, bytes]() { memcpy(dst, bytes->data(), bytes->size()); });
+    } else {
+        /* memcpy, not memmove: overlapping copies are undefined in CUDA too, and ASan's
+         * memcpy reports the overlap. */
+        on_stream(stream, [dst, src, count]() { memcpy(dst, src, count); });
+    }
+    if (synchronous || dst_pageable)
+        drain_upto(stream, stream_enqueued(stream));
+}
+
+cudaError_t copy(void *dst, const void *src, size_t count, cudaMemcpyKind kind,
+                 cudaStream_t stream, bool synchronous)
 {
     if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault)
         return record(cudaErrorInvalidMemcpyDirection);
@@ -171,9 +211,7 @@ cudaError_t copy(void *dst, const void *src, size_t count, cudaMemcpyKind kind)
     }
     if (!ok)
         return record(cudaErrorInvalidValue);
-    /* memcpy, not memmove: overlapping copies are undefined in CUDA too, and ASan's
-     * memcpy reports the overlap. */
-    memcpy(dst, src, count);
+    enqueue_copy(dst, src, count, ds, ss, stream, synchronous);
     return cudaSuccess;
 }
 
@@ -258,6 +296,37 @@ bool in_device(const void *p, size_t n)
            a - it->first <= it->second.size - n;
 }
 
+uint64_t schedule_seed()
+{
+    std::lock_guard<std::recursive_mutex> g(lock());
+    init_locked();
+    return st().seed;
+}
+
+bool device_allocation(uintptr_t a, uintptr_t *lo, size_t *size)
+{
+    auto &m = st().allocs;
+    auto it = m.upper_bound(a);
+    if (it == m.begin())
+        return false;
+    --it;
+    if (!it->second.device || a - it->first >= it->second.size)
+        return false;
+    *lo = it->first;
+    *size = it->second.size;
+    return true;
+}
+
+bool pinned_allocation(uintptr_t a)
+{
+    auto &m = st().allocs;
+    auto it = m.upper_bound(a);
+    if (it == m.begin())
+        return false;
+    --it;
+    return !it->second.device && a - it->first < it->second.size;
+}
+
 bool touches_device(const void *p, size_t n)
 {
     std::lock_guard<std::recursive_mutex> g(lock());
@@ -273,18 +342,6 @@ bool touches_device(const void *p, size_t n)
         if (it->second.device)
             return true;
     return false;
-}
-
-bool valid_stream(cudaStream_t s)
-{
-    std::lock_guard<std::recursive_mutex> g(lock());
-    return !s || st().streams.count(s) != 0;
-}
-
-void on_stream(cudaStream_t stream, std::function<void()> op)
-{
-    (void)stream;
-    op();
 }
 
 void fatal(const char *fmt, ...)
@@ -453,13 +510,6 @@ cudaError_t cudaRuntimeGetVersion(int *runtimeVersion)
     return cudaSuccess;
 }
 
-/* Kernels and copies complete at the call, so there is never anything to wait for. */
-cudaError_t cudaDeviceSynchronize(void)
-{
-    EMU_CALL("cudaDeviceSynchronize", cudaErrorLaunchFailure);
-    return cudaSuccess;
-}
-
 cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
     EMU_CALL("cudaMalloc", cudaErrorMemoryAllocation);
@@ -494,6 +544,8 @@ cudaError_t cudaFree(void *devPtr)
     auto it = st().allocs.find((uintptr_t)devPtr);
     if (it == st().allocs.end() || !it->second.device)
         return record(cudaErrorInvalidValue);
+    drain_all();               /* cudaFree waits for the device, as the real one does */
+    forget_shadow(devPtr);
     st().device_bytes -= it->second.size;
     st().allocs.erase(it);
     free(devPtr);
@@ -525,6 +577,7 @@ cudaError_t cudaFreeHost(void *ptr)
     auto it = st().allocs.find((uintptr_t)ptr);
     if (it == st().allocs.end() || it->second.device)
         return record(cudaErrorInvalidValue);
+    drain_all();
     st().host_bytes -= it->second.size;
     st().allocs.erase(it);
     free(ptr);
@@ -544,7 +597,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
     EMU_CALL("cudaMemcpy", cudaErrorInvalidValue);
-    return copy(dst, src, count, kind);
+    return copy(dst, src, count, kind, nullptr, true);
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
@@ -553,23 +606,25 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
     EMU_CALL("cudaMemcpyAsync", cudaErrorInvalidValue);
     if (!valid_stream(stream))
         return record(cudaErrorInvalidResourceHandle);
-    return copy(dst, src, count, kind);
+    return copy(dst, src, count, kind, stream, false);
 }
 
-static cudaError_t set_bytes(void *devPtr, int value, size_t count)
+/* Queued on the stream (cudaMemset: the legacy one); asynchronous for device memory, as
+ * in CUDA. */
+static cudaError_t set_bytes(void *devPtr, int value, size_t count, cudaStream_t stream)
 {
     if (count == 0)
         return cudaSuccess;
     if (!devPtr || !in_device(devPtr, count))
         return record(cudaErrorInvalidValue);
-    memset(devPtr, value, count);
+    on_stream(stream, [devPtr, value, count]() { memset(devPtr, value, count); });
     return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *devPtr, int value, size_t count)
 {
     EMU_CALL("cudaMemset", cudaErrorInvalidValue);
-    return set_bytes(devPtr, value, count);
+    return set_bytes(devPtr, value, count, nullptr);
 }
 
 cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
@@ -577,105 +632,7 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t 
     EMU_CALL("cudaMemsetAsync", cudaErrorInvalidValue);
     if (!valid_stream(stream))
         return record(cudaErrorInvalidResourceHandle);
-    return set_bytes(devPtr, value, count);
-}
-
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
-{
-    EMU_CALL("cudaStreamCreateWithFlags", cudaErrorMemoryAllocation);
-    if (!pStream || (flags & ~(unsigned)cudaStreamNonBlocking))
-        return record(cudaErrorInvalidValue);
-    cudaStream_t s = new CUstream_st{flags};
-    st().streams.insert(s);
-    *pStream = s;
-    return cudaSuccess;
-}
-
-cudaError_t cudaStreamCreate(cudaStream_t *pStream)
-{
-    {
-        EMU_CALL("cudaStreamCreate", cudaErrorMemoryAllocation);
-    }
-    return cudaStreamCreateWithFlags(pStream, cudaStreamDefault);
-}
-
-cudaError_t cudaStreamDestroy(cudaStream_t stream)
-{
-    EMU_CALL("cudaStreamDestroy", cudaErrorInvalidResourceHandle);
-    if (!stream || !st().streams.erase(stream))
-        return record(cudaErrorInvalidResourceHandle);
-    delete stream;
-    return cudaSuccess;
-}
-
-cudaError_t cudaStreamSynchronize(cudaStream_t stream)
-{
-    EMU_CALL("cudaStreamSynchronize", cudaErrorLaunchFailure);
-    if (!valid_stream(stream))
-        return record(cudaErrorInvalidResourceHandle);
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
-{
-    EMU_CALL("cudaEventCreateWithFlags", cudaErrorMemoryAllocation);
-    if (!event || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming)))
-        return record(cudaErrorInvalidValue);
-    cudaEvent_t e = new CUevent_st{flags, false, 0.0};
-    st().events.insert(e);
-    *event = e;
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventCreate(cudaEvent_t *event)
-{
-    {
-        EMU_CALL("cudaEventCreate", cudaErrorMemoryAllocation);
-    }
-    return cudaEventCreateWithFlags(event, cudaEventDefault);
-}
-
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
-{
-    EMU_CALL("cudaEventRecord", cudaErrorInvalidResourceHandle);
-    if (!event || !st().events.count(event) || !valid_stream(stream))
-        return record(cudaErrorInvalidResourceHandle);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    event->recorded = true;
-    event->ms = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t event)
-{
-    EMU_CALL("cudaEventSynchronize", cudaErrorLaunchFailure);
-    if (!event || !st().events.count(event))
-        return record(cudaErrorInvalidResourceHandle);
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
-{
-    EMU_CALL("cudaEventElapsedTime", cudaErrorInvalidResourceHandle);
-    if (!ms)
-        return record(cudaErrorInvalidValue);
-    if (!start || !end || !st().events.count(start) || !st().events.count(end) ||
-        (start->flags & cudaEventDisableTiming) || (end->flags & cudaEventDisableTiming))
-        return record(cudaErrorInvalidResourceHandle);
-    if (!start->recorded || !end->recorded)
-        return record(cudaErrorInvalidResourceHandle);
-    *ms = (float)(end->ms - start->ms);
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventDestroy(cudaEvent_t event)
-{
-    EMU_CALL("cudaEventDestroy", cudaErrorInvalidResourceHandle);
-    if (!event || !st().events.erase(event))
-        return record(cudaErrorInvalidResourceHandle);
-    delete event;
-    return cudaSuccess;
+    return set_bytes(devPtr, value, count, stream);
 }
 
 void kvg_emu_fail(const char *call, int nth, int error)
@@ -690,12 +647,14 @@ void kvg_emu_fail(const char *call, int nth, int error)
 void kvg_emu_reset(void)
 {
     std::lock_guard<std::recursive_mutex> g(lock());
+    drain_all();               /* nothing a test left queued runs into the next one */
     State &s = st();
     s.faults.clear();
     s.calls.clear();
     s.last = cudaSuccess;
     s.inited = false;
     init_locked();
+    strict::reset();
 }
 
 size_t kvg_emu_bytes_in_use(void)

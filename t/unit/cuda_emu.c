@@ -17,14 +17,13 @@
 #include "tap.h"
 
 cudaError_t emu_t_block_sum(const float *x, int n, int threads, float *out);
-cudaError_t emu_t_dyn_reverse(const float *x, int blocks, int threads, float *out,
-                              unsigned char *first, int *aligned);
+cudaError_t emu_t_dyn_reverse(const float *x, int blocks, int threads, float *out, int *aligned);
 cudaError_t emu_t_warp_ops(int warps, const float *xf, const int *xi, float *fx, float *fd,
                            int *ix, int *id, float *h16, int *idx, int *up, unsigned *ballot,
                            int *anyall, unsigned *usum);
 cudaError_t emu_t_atomics(int blocks, int threads, int *count, float *fsum,
                           unsigned long long *usum, unsigned *ucount, int *mx, int *mn,
-                          int *claimed, int *exch);
+                          int *claimed, int *exch, int *won, int *olds);
 cudaError_t emu_t_indices(const unsigned g[3], const unsigned b[3], unsigned *out);
 cudaError_t emu_t_config(const unsigned g[3], const unsigned b[3], size_t smem,
                          cudaStream_t s, int *flag);
@@ -115,32 +114,25 @@ static void test_dyn_smem(void)
 {
     enum { B = 3, T = 64 };
     float x[B * T], out[B * T];
-    unsigned char first[B];
     int aligned[B];
     for (int i = 0; i < B * T; i++)
         x[i] = (float)i;
     float *dx = dev_from(x, sizeof x), *dout;
-    unsigned char *dfirst;
     int *daligned;
     cudaMalloc((void **)&dout, sizeof out);
-    cudaMalloc((void **)&dfirst, sizeof first);
     cudaMalloc((void **)&daligned, sizeof aligned);
-    is_int(emu_t_dyn_reverse(dx, B, T, dout, dfirst, daligned), cudaSuccess,
+    is_int(emu_t_dyn_reverse(dx, B, T, dout, daligned), cudaSuccess,
            "dynamic shared memory launch");
     to_host(out, dout, sizeof out);
-    to_host(first, dfirst, sizeof first);
     to_host(aligned, daligned, sizeof aligned);
     int good = 1;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             good &= out[b * T + t] == x[b * T + T - 1 - t];
     ok(good, "dynamic shared memory: each block reverses its slice");
-    ok(first[0] == 0xA5 && first[1] == 0xA5 && first[2] == 0xA5,
-       "dynamic shared memory is 0xA5 garbage at each block's start");
     ok(aligned[0] && aligned[1] && aligned[2], "dynamic shared memory is 16-byte aligned");
     cudaFree(dx);
     cudaFree(dout);
-    cudaFree(dfirst);
     cudaFree(daligned);
 }
 
@@ -237,19 +229,48 @@ static void test_atomics(void)
         unsigned ucount;
         int mx, mn, claimed, exch;
     } h = {0, 0.0f, 0, 0, -1, 1, -1, -1}, *d;
+    int n = B * T, *dwon, *dolds;
+    int *won = calloc((size_t)n, sizeof *won), *olds = calloc((size_t)n, sizeof *olds);
+    unsigned char *seen = calloc((size_t)n + 1, 1);
     d = dev_from(&h, sizeof h);
+    cudaMalloc((void **)&dwon, (size_t)n * sizeof *dwon);
+    cudaMalloc((void **)&dolds, (size_t)n * sizeof *dolds);
     is_int(emu_t_atomics(B, T, &d->count, &d->fsum, &d->usum, &d->ucount, &d->mx, &d->mn,
-                         &d->claimed, &d->exch), cudaSuccess, "atomics launch");
+                         &d->claimed, &d->exch, dwon, dolds), cudaSuccess, "atomics launch");
     to_host(&h, d, sizeof h);
-    int n = B * T;
+    to_host(won, dwon, (size_t)n * sizeof *won);
+    to_host(olds, dolds, (size_t)n * sizeof *olds);
     is_int(h.count, n, "atomicAdd int across blocks");
     ok(h.fsum == 0.5f * (float)n, "atomicAdd float across blocks");
     is_int(h.usum, (long long)n * (n - 1) / 2, "atomicAdd unsigned long long");
     is_int(h.ucount, 2 * n, "atomicAdd unsigned");
     is_int(h.mx, n - 1, "atomicMax");
     is_int(h.mn, -(n - 1), "atomicMin");
-    is_int(h.claimed, 0, "atomicCAS: the first thread claims the slot");
-    is_int(h.exch, n - 1, "atomicExch: the last thread's value stays");
+    /* The threads run in a random order: which thread wins is not fixed, that one does. */
+    int winners = 0, winner = -2;
+    for (int i = 0; i < n; i++)
+        if (won[i]) {
+            winners++;
+            winner = i;
+        }
+    ok(winners == 1 && h.claimed == winner, "atomicCAS: exactly one thread claims the slot, and the "
+       "slot holds its id (%d winners, slot %d)", winners, h.claimed);
+    /* The exchanges form one chain: the old values and the final one are -1 and every
+     * thread's id, each exactly once. */
+    int chain = h.exch >= 0 && h.exch < n;
+    if (chain)
+        seen[h.exch + 1] = 1;
+    for (int i = 0; i < n && chain; i++) {
+        chain = olds[i] >= -1 && olds[i] < n && !seen[olds[i] + 1];
+        if (chain)
+            seen[olds[i] + 1] = 1;
+    }
+    ok(chain, "atomicExch: each thread got the value of the one before it (one chain)");
+    free(won);
+    free(olds);
+    free(seen);
+    cudaFree(dwon);
+    cudaFree(dolds);
     cudaFree(d);
 }
 
@@ -346,6 +367,7 @@ static void test_config(void)
                 emu_t_shfl_exited_lane(fbuf);
             else
                 emu_t_deadlock();
+            cudaDeviceSynchronize();         /* the launch runs when the host waits for it */
             _exit(0);
         }
         close(fds[1]);
@@ -668,6 +690,16 @@ static void test_streams_events(void)
            "elapsed time of unrecorded events");
     is_int(cudaEventRecord(e1, s1), cudaSuccess, "cudaEventRecord");
     is_int(cudaEventRecord(e2, s2), cudaSuccess, "cudaEventRecord");
+    is_int(cudaEventSynchronize(e2), cudaSuccess, "cudaEventSynchronize");
+    /* s1 and s2 are not ordered: e1 may not have completed yet */
+    is_int(cudaEventQuery(e1), cudaErrorNotReady, "an event its stream has not reached is not ready");
+    is_int(cudaEventElapsedTime(&ms, e1, e2), cudaErrorNotReady,
+           "elapsed time with an incomplete event: not ready");
+    is_int(cudaEventSynchronize(e1), cudaSuccess, "cudaEventSynchronize");
+    is_int(cudaEventQuery(e1), cudaSuccess, "then it is");
+    /* two records on one stream: in order, so waiting for the second waits for both */
+    is_int(cudaEventRecord(e1, s1), cudaSuccess, "cudaEventRecord");
+    is_int(cudaEventRecord(e2, s1), cudaSuccess, "cudaEventRecord");
     is_int(cudaEventSynchronize(e2), cudaSuccess, "cudaEventSynchronize");
     is_int(cudaEventElapsedTime(&ms, e1, e2), cudaSuccess, "cudaEventElapsedTime");
     ok(ms >= 0, "non-negative elapsed time");
@@ -1033,6 +1065,7 @@ static void measure_switches(void)
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     is_int(emu_t_sync_loop(B, T, IT, dout), cudaSuccess, "barrier loop");
+    cudaDeviceSynchronize();
     clock_gettime(CLOCK_MONOTONIC, &t1);
     long sw = kvg_emu_switches() - s0;
     double sec = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
