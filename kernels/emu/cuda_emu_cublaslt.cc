@@ -5,7 +5,9 @@
  * A and B both F32, F16 or BF16; C and D F32; the products summed in F32 over k in
  * increasing order, whatever the algorithm: SPLITK_NUM > 1 computes the same values (a GPU
  * would sum the k-slices in another order, so tests must not expect bit-equality with a
- * split-K run on real hardware). Arguments are validated as cuBLAS does: inconsistent
+ * split-K run on real hardware). The exception is the test hook kvg_emu_lt_m_dependent:
+ * its algorithm sums k in two halves once D has 8 columns or more, an order that depends
+ * on the engine's M, for tests of the engine's invariance self-test. Arguments are validated as cuBLAS does: inconsistent
  * dimensions or leading dimensions and null pointers are CUBLAS_STATUS_INVALID_VALUE,
  * unsupported types or modes CUBLAS_STATUS_NOT_SUPPORTED. Additionally every matrix must
  * lie inside one device allocation (on a GPU a stray pointer is an illegal address later):
@@ -40,9 +42,19 @@ enum { D_MAGIC, D_COMPUTE, D_SCALE, D_PMODE, D_TRANSA, D_TRANSB, D_TRANSC, D_EPI
 enum { P_MAGIC, P_SEARCH, P_WORKSPACE };
 enum { A_MAGIC, A_ID, A_TILE, A_SPLITK, A_REDUCTION, A_SWIZZLE, A_CUSTOM, A_STAGES };
 
-/* The one algorithm the heuristic offers (numbers as a GPU might report them). */
+/* The one algorithm the heuristic offers (numbers as a GPU might report them); with
+ * kvg_emu_lt_m_dependent(1), one whose order of summation depends on the number of
+ * columns (MDEP_ALGO_ID; MDEP_MIN_N columns and more: k in two halves). */
 constexpr int32_t FAKE_ALGO_ID = 21;
 constexpr uint32_t FAKE_TILE_ID = 20;
+constexpr int32_t MDEP_ALGO_ID = 66;
+constexpr uint64_t MDEP_MIN_N = 8;
+
+int &m_dependent()
+{
+    static int on = 0;
+    return on;
+}
 
 std::set<cublasLtHandle_t> &handles()
 {
@@ -486,9 +498,15 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
     if (cublasStatus_t s = check_problem(operationDesc, Adesc, Bdesc, Cdesc, Ddesc, &p))
         return s;
     cublasLtMatmulAlgo_t algo;
+    const char *env = getenv("KVG_EMU_LT_ALGO");
+    bool mdep;
+    {
+        std::lock_guard<std::recursive_mutex> g(lock());
+        mdep = m_dependent() || (env && strcmp(env, "m-dependent") == 0);
+    }
     memset(&algo, 0, sizeof algo);
     algo.data[A_MAGIC] = ALGO_MAGIC;
-    algo.data[A_ID] = FAKE_ALGO_ID;
+    algo.data[A_ID] = mdep ? MDEP_ALGO_ID : FAKE_ALGO_ID;
     algo.data[A_TILE] = FAKE_TILE_ID;
     algo.data[A_SPLITK] = 1;
     fill_result(p, algo, &heuristicResultsArray[0]);
@@ -619,6 +637,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
      * (the descriptors may be changed or destroyed once the call returns). */
     int64_t ab_type = p.ab_type;
     int opa = p.opa, opb = p.opb, has_bias = p.bias;
+    /* The M-dependent algorithm (kvg_emu_lt_m_dependent) on a problem wide enough: k
+     * summed as two halves. */
+    bool halves = algo && (int32_t)algo->data[A_ID] == MDEP_ALGO_ID && n >= MDEP_MIN_N && k >= 2;
     on_stream(stream, [=]() {
         /* op(A) as rows of k floats, op(B) as columns of k floats: the inner loop runs over
          * contiguous memory, k increasing. */
@@ -637,7 +658,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
             for (size_t i0 = 0; i0 < m; i0 += TILE) {
                 size_t nt = m - i0 < TILE ? m - i0 : TILE;
                 float acc[8] = { 0 };
-                if (nt == TILE) {
+                if (halves) {
+                    for (size_t t = 0; t < nt; t++) {
+                        float lo = 0.0f, hi = 0.0f;
+                        for (size_t q = 0; q < k / 2; q++)
+                            lo += a[(i0 + t) * k + q] * bc[q];
+                        for (size_t q = k / 2; q < k; q++)
+                            hi += a[(i0 + t) * k + q] * bc[q];
+                        acc[t] = lo + hi;
+                    }
+                } else if (nt == TILE) {
                     for (size_t q = 0; q < k; q++)
                         for (size_t t = 0; t < TILE; t++)
                             acc[t] += a[(i0 + t) * k + q] * bc[q];
@@ -659,6 +689,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
         }
     });
     return CUBLAS_STATUS_SUCCESS;
+}
+
+void kvg_emu_lt_m_dependent(int on)
+{
+    std::lock_guard<std::recursive_mutex> g(lock());
+    m_dependent() = on != 0;
 }
 
 }  // extern "C"
