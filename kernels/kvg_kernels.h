@@ -75,8 +75,6 @@ cudaError_t kvg_k_softcap(cudaStream_t s, float *x, float cap, size_t n);
 /* out[i] = x[i] rounded to dt (F16 or BF16, round-to-nearest-even): a GEMM's input. */
 cudaError_t kvg_k_to_lowp(cudaStream_t s, const float *x, size_t n, kvg_kt dt, void *out);
 
-/* y[r][j] += bias[j] for r < rows, j < n. */
-cudaError_t kvg_k_bias_add(cudaStream_t s, float *y, const float *bias, int rows, int n);
 
 /* The n products of one fused GEMM (engine/cuda/cuda_gemm.c: q/k/v or gate/up, one
  * cuBLASLt call over weights concatenated at upload) back into their own buffers:
