@@ -170,23 +170,38 @@ void gather_rows(float *dst, const void *src, bool trans, size_t rows, size_t k,
             dst[r * k + q] = conv(src, trans ? q + r * ld : r + q * ld);
 }
 
-void load_rows(float *dst, const void *src, int64_t type, bool trans, size_t rows, size_t k, size_t ld)
+/* The same rows in tiles of T: row r's element q at dst[(r / T) * k * T + q * T + r % T], so
+ * that the product's T accumulators read T consecutive floats; the last tile's missing rows
+ * are zeros. */
+template <typename Conv>
+void gather_tiles(float *dst, const void *src, bool trans, size_t rows, size_t k, size_t ld, size_t T, Conv conv)
 {
+    size_t tiles = (rows + T - 1) / T;
+    memset(dst, 0, tiles * T * k * sizeof *dst);
+    for (size_t r = 0; r < rows; r++) {
+        float *o = dst + (r / T) * k * T + r % T;
+        for (size_t q = 0; q < k; q++)
+            o[q * T] = conv(src, trans ? q + r * ld : r + q * ld);
+    }
+}
+
+/* tile 0: rows of k floats (gather_rows); tile T: tiles of T rows (gather_tiles). */
+void load_rows(float *dst, const void *src, int64_t type, bool trans, size_t rows, size_t k, size_t ld,
+               size_t tile = 0)
+{
+    auto f16 = [](const void *b, size_t i) { return kvg_emu_f16_bits_to_f32(((const unsigned short *)b)[i]); };
+    auto bf16 = [](const void *b, size_t i) { return kvg_emu_bf16_bits_to_f32(((const unsigned short *)b)[i]); };
+    auto f32 = [](const void *b, size_t i) { return ((const float *)b)[i]; };
     switch (type) {
     case CUDA_R_16F:
-        gather_rows(dst, src, trans, rows, k, ld, [](const void *b, size_t i) {
-            return kvg_emu_f16_bits_to_f32(((const unsigned short *)b)[i]);
-        });
+        tile ? gather_tiles(dst, src, trans, rows, k, ld, tile, f16) : gather_rows(dst, src, trans, rows, k, ld, f16);
         break;
     case CUDA_R_16BF:
-        gather_rows(dst, src, trans, rows, k, ld, [](const void *b, size_t i) {
-            return kvg_emu_bf16_bits_to_f32(((const unsigned short *)b)[i]);
-        });
+        tile ? gather_tiles(dst, src, trans, rows, k, ld, tile, bf16)
+             : gather_rows(dst, src, trans, rows, k, ld, bf16);
         break;
     default:
-        gather_rows(dst, src, trans, rows, k, ld, [](const void *b, size_t i) {
-            return ((const float *)b)[i];
-        });
+        tile ? gather_tiles(dst, src, trans, rows, k, ld, tile, f32) : gather_rows(dst, src, trans, rows, k, ld, f32);
         break;
     }
 }
@@ -641,40 +656,38 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
      * summed as two halves. */
     bool halves = algo && (int32_t)algo->data[A_ID] == MDEP_ALGO_ID && n >= MDEP_MIN_N && k >= 2;
     on_stream(stream, [=]() {
-        /* op(A) as rows of k floats, op(B) as columns of k floats: the inner loop runs over
-         * contiguous memory, k increasing. */
-        std::vector<float> a(m * k), b(n * k);
-        load_rows(a.data(), A, ab_type, opa, m, k, lda);
+        /* op(A) in tiles of TILE rows (gather_tiles), op(B) as columns of k floats. Each
+         * output sums its k products in order q = 0, 1, ... (a rounding per multiply and per
+         * add, as one at a time); a tile's TILE outputs advance together, reading TILE
+         * consecutive floats of A, so that the host vectorizes across outputs, never along
+         * k. A tile's rows (8 x k floats) stay in cache while every column of B passes. */
+        const size_t TILE = 8, tiles = (m + TILE - 1) / TILE;
+        std::vector<float> a(tiles * TILE * k), b(n * k);
+        load_rows(a.data(), A, ab_type, opa, m, k, lda, TILE);
         /* op(B)'s column j is row j of B^T: B's "transposed" read is the untransposed op */
         load_rows(b.data(), B, ab_type, !opb, n, k, ldb);
-        /* Each output sums its k products in order q = 0, 1, ... (a rounding per multiply
-         * and per add, as one at a time); TILE outputs advance together so that their adds
-         * overlap. */
-        const size_t TILE = 8;
         const float *c = (const float *)C;
         float *d = (float *)D;
-        for (size_t j = 0; j < n; j++) {
-            const float *bc = &b[j * k];
-            for (size_t i0 = 0; i0 < m; i0 += TILE) {
-                size_t nt = m - i0 < TILE ? m - i0 : TILE;
-                float acc[8] = { 0 };
+        for (size_t i0 = 0; i0 < m; i0 += TILE) {
+            const float *at = &a[(i0 / TILE) * k * TILE];
+            size_t nt = m - i0 < TILE ? m - i0 : TILE;
+            for (size_t j = 0; j < n; j++) {
+                const float *bc = &b[j * k];
+                float acc[TILE] = { 0 };
                 if (halves) {
-                    for (size_t t = 0; t < nt; t++) {
-                        float lo = 0.0f, hi = 0.0f;
-                        for (size_t q = 0; q < k / 2; q++)
-                            lo += a[(i0 + t) * k + q] * bc[q];
-                        for (size_t q = k / 2; q < k; q++)
-                            hi += a[(i0 + t) * k + q] * bc[q];
-                        acc[t] = lo + hi;
-                    }
-                } else if (nt == TILE) {
+                    float lo[TILE] = { 0 }, hi[TILE] = { 0 };
+                    for (size_t q = 0; q < k / 2; q++)
+                        for (size_t t = 0; t < TILE; t++)
+                            lo[t] += at[q * TILE + t] * bc[q];
+                    for (size_t q = k / 2; q < k; q++)
+                        for (size_t t = 0; t < TILE; t++)
+                            hi[t] += at[q * TILE + t] * bc[q];
+                    for (size_t t = 0; t < TILE; t++)
+                        acc[t] = lo[t] + hi[t];
+                } else {
                     for (size_t q = 0; q < k; q++)
                         for (size_t t = 0; t < TILE; t++)
-                            acc[t] += a[(i0 + t) * k + q] * bc[q];
-                } else {
-                    for (size_t t = 0; t < nt; t++)
-                        for (size_t q = 0; q < k; q++)
-                            acc[t] += a[(i0 + t) * k + q] * bc[q];
+                            acc[t] += at[q * TILE + t] * bc[q];
                 }
                 for (size_t t = 0; t < nt; t++) {
                     size_t i = i0 + t;
