@@ -37,7 +37,7 @@ typedef struct kvg_cu_fused {
     void *dev;                   /* part 0's copy: the [N][K] matrix */
     float *bias;                 /* [N]: the parts' biases back to back, or NULL */
     int layer;
-    const char *name;            /* "wq+wk+wv", "w_gate+w_up" */
+    const char *name;            /* "wqkv", "w_gate_up" */
 } kvg_cu_fused;
 
 typedef struct kvg_cu_gemm_shape kvg_cu_gemm_shape;

@@ -321,8 +321,8 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
         const kvg_layer_weights *L = &m->layers[l];
         const kvg_tensor *qkv[3] = { &L->wq, &L->wk, &L->wv }, *gu[2] = { &L->w_gate, &L->w_up };
         const float *qkv_b[3] = { L->bq, L->bk, L->bv };
-        plan_fused(w, n, grp, 2 * l, 3, qkv, qkv_b, l, "wq+wk+wv", &c->fused[2 * l], &plan[2 * l]);
-        plan_fused(w, n, grp, 2 * l + 1, 2, gu, NULL, l, "w_gate+w_up", &c->fused[2 * l + 1], &plan[2 * l + 1]);
+        plan_fused(w, n, grp, 2 * l, 3, qkv, qkv_b, l, "wqkv", &c->fused[2 * l], &plan[2 * l]);
+        plan_fused(w, n, grp, 2 * l + 1, 2, gu, NULL, l, "w_gate_up", &c->fused[2 * l + 1], &plan[2 * l + 1]);
     }
     /* Host order, except that a group's parts go together, in their order, where the
      * first of them in host order is: a part but the last fills whole 256-byte units, so

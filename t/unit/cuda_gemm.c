@@ -380,7 +380,7 @@ static void refused(const kvg_model *m, const char *name)
 
     kvg_emu_lt_m_dependent(1);
     be = cuda_new(m, 1, err, sizeof err);
-    ok(!be && strstr(err, "--batch-invariant off") && strstr(err, "layer 0 wq+wk+wv") && strstr(err, "N=") &&
+    ok(!be && strstr(err, "--batch-invariant off") && strstr(err, "layer 0 wqkv") && strstr(err, "N=") &&
        strstr(err, "K=") && strstr(err, "of 64"),
        "%s: an algorithm whose sum depends on M: invariant mode refused at creation, the shape named, the first "
        "k with 8+ rows (64) caught (%s)", name, err);
