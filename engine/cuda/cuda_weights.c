@@ -166,8 +166,6 @@ static void plan_fused(const src_weight *w, int n, int *grp, int g, int np, cons
     f->dt = dev_type(&w[pl->part[0]]);
     f->layer = layer;
     f->name = name;
-    if (!n_bias)
-        pl->bias[0] = -1;
 }
 
 static uint16_t bf16_rne(float f)
