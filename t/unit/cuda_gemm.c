@@ -4,12 +4,14 @@
  *     parts back to back from part 0's copy, the q/k/v biases concatenated; not where the
  *     parts differ in type (a test model with F16 and BF16 parts);
  *   - matmul_n as one GEMM gives the bits of the separate matmuls, M = 1 .. 300, with and
- *     without biases, --batch-invariant on and off, in fewer launches;
+ *     without biases, --batch-invariant on and off, in fewer launches; q/k/v asked without
+ *     the biases they were fused with run one by one (invariant off);
  *   - the forward pass with matmul_n and without (forward.c's products one by one): the
  *     same logits bit for bit, prefill and decode; kernel launches and cuBLASLt calls per
  *     decode step counted (kvg_emu_calls);
  *   - --batch-invariant on: every GEMM shape pinned and self-tested at creation, none made
- *     or looked up by a step; off: none pinned, the heuristic asked by the steps;
+ *     or looked up by a step (a shape the startup did not make fails, named); off: none
+ *     pinned, the heuristic asked by the steps;
  *   - the emulated cuBLASLt's M-dependent algorithm (kvg_emu_lt_m_dependent, and
  *     KVG_EMU_LT_ALGO=m-dependent): the self-test refuses --batch-invariant on at creation,
  *     naming the shape; off still runs. */
@@ -256,6 +258,42 @@ static void products(const kvg_model *m, const char *name, int invariant)
             free(hx);
         }
     }
+    if (L->bq && !invariant) {
+        /* q/k/v without their biases: not the fused matrix's products (its bias is part of
+           it), so one GEMM each, as asked (invariant off: with it on, a shape the startup
+           did not make, see pinned()) */
+        const kvg_tensor *w3[3] = { &L->wq, &L->wk, &L->wv };
+        const int M = 5;
+        float *hx = malloc((size_t)M * K * sizeof *hx), *x, *yf[3], *ys[3];
+        long g0;
+        int fine = 1;
+        for (size_t i = 0; hx && i < (size_t)M * K; i++)
+            hx[i] = tm_unif(&seed);
+        x = hx ? dev_floats(be, hx, (size_t)M * K) : NULL;
+        for (int i = 0; i < 3; i++) {
+            yf[i] = dev_floats(be, NULL, (size_t)M * w3[i]->rows);
+            ys[i] = dev_floats(be, NULL, (size_t)M * w3[i]->rows);
+        }
+        g0 = kvg_emu_calls("cublasLtMatmul");
+        be->ops->matmul_n(be, x, M, K, 3, w3, NULL, yf);
+        fine &= kvg_emu_calls("cublasLtMatmul") - g0 == 3;
+        for (int i = 0; i < 3; i++)
+            be->ops->matmul(be, x, M, K, w3[i], NULL, ys[i]);
+        for (int i = 0; i < 3; i++) {
+            size_t cnt = (size_t)M * w3[i]->rows;
+            float *hf = malloc(cnt * sizeof *hf), *hs = malloc(cnt * sizeof *hs);
+            fine &= hf && hs && read_floats(be, yf[i], hf, cnt) == 0 && read_floats(be, ys[i], hs, cnt) == 0 &&
+                    memcmp(hf, hs, cnt * sizeof *hf) == 0;
+            free(hf);
+            free(hs);
+            be->ops->free(be, yf[i]);
+            be->ops->free(be, ys[i]);
+        }
+        be->ops->free(be, x);
+        free(hx);
+        ok(fine && !cu_of(be)->failed, "%s (invariant %s): q/k/v asked without their biases: three GEMMs, the "
+           "products without bias", name, invariant ? "on" : "off");
+    }
     ok(ran, "%s (invariant %s): matmul_n and matmul ran (%s)", name, invariant ? "on" : "off", cu_of(be)->err);
     ok(same, "%s (invariant %s): q/k/v%s and gate/up by matmul_n = by one matmul each, bit for bit, M = 1, 3, 8, "
        "37, 300", name, invariant ? "on" : "off", L->bq ? " (with biases)" : "");
@@ -359,6 +397,19 @@ static void pinned(const kvg_model *m, const char *name)
             ok(all && heur == 0 && gemm == 0 && cu_of(r.be)->n_shapes > 0,
                "%s: invariant off: %d shapes made at creation, none pinned, no heuristic call, no GEMM", name,
                cu_of(r.be)->n_shapes);
+        }
+        if (inv) {
+            /* a shape the startup did not make (wq's rows but one): the GEMM fails, named */
+            kvg_cuda *c = cu_of(r.be);
+            const kvg_cu_weight *wq = kvg_cu_weight_of(c, m->layers[0].wq.data);
+            float *x = dev_floats(r.be, NULL, (size_t)m->cfg.dim), *y = dev_floats(r.be, NULL, (size_t)m->cfg.dim);
+            kvg_cu_gemm(c, x, 1, m->cfg.dim, wq, (int)m->layers[0].wq.rows - 1, NULL, y);
+            ok(c->failed && strstr(c->err, "not pinned at startup"), "%s: invariant on: a GEMM of a shape not "
+               "pinned at startup fails (%s)", name, c->err);
+            c->failed = 0;
+            c->err[0] = 0;
+            r.be->ops->free(r.be, x);
+            r.be->ops->free(r.be, y);
         }
         h0 = kvg_emu_calls("cublasLtMatmulAlgoGetHeuristic");
         ok(forward(&r, rec, &l, &g) == 0, "%s: invariant %s: a prefill and 3 decode steps", name, inv ? "on" : "off");
