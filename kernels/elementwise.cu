@@ -1,5 +1,5 @@
-/* Elementwise kernels: add, swiglu, swiglu_oai, geglu, scale, softcap, to_lowp (F32 ->
- * F16/BF16) and bias_add. Grid-stride loops over the elements (float4 groups when every
+/* Elementwise kernels: add, swiglu, swiglu_oai, geglu, scale, softcap and to_lowp (F32 ->
+ * F16/BF16). Grid-stride loops over the elements (float4 groups when every
  * pointer is 16-byte aligned, the last n % 4 elements by a scalar tail); each output
  * element is a function of the inputs at the same index only, so nothing depends on the
  * launch's shape or size. */
@@ -287,46 +287,5 @@ extern "C" cudaError_t kvg_k_to_lowp(cudaStream_t s, const float *x, size_t n, k
             KVG_LAUNCH(to_f16_x1, dim3(kvg_grid_for(n - done, ELT_THREADS)), dim3(ELT_THREADS),
                        0, s, x + done, n - done, o + done);
     }
-    return kvg_launch_result();
-}
-
-/* ---- bias_add ----------------------------------------------------------------------- */
-
-/* n % 4 == 0 and y, bias 16-byte aligned: float4 groups, column group i % (n / 4). */
-__global__ void __launch_bounds__(ELT_THREADS)
-bias_add_x4(float4 *__restrict__ y, const float4 *__restrict__ bias, size_t total4, int n4)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total4;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float4 a = y[i], b = bias[i % (size_t)n4];
-        a.x += b.x;
-        a.y += b.y;
-        a.z += b.z;
-        a.w += b.w;
-        y[i] = a;
-    }
-}
-
-__global__ void __launch_bounds__(ELT_THREADS)
-bias_add_x1(float *__restrict__ y, const float *__restrict__ bias, size_t total, int n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x)
-        y[i] += bias[i % (size_t)n];
-}
-
-extern "C" cudaError_t kvg_k_bias_add(cudaStream_t s, float *y, const float *bias, int rows, int n)
-{
-    if (rows <= 0 || n <= 0)
-        return cudaSuccess;
-    if (!y || !bias)
-        return cudaErrorInvalidValue;
-    const size_t total = (size_t)rows * (size_t)n;
-    if (n % 4 == 0 && kvg_aligned(y, 16) && kvg_aligned(bias, 16))
-        KVG_LAUNCH(bias_add_x4, dim3(kvg_grid_for(total / 4, ELT_THREADS)), dim3(ELT_THREADS), 0,
-                   s, (float4 *)y, (const float4 *)bias, total / 4, n / 4);
-    else
-        KVG_LAUNCH(bias_add_x1, dim3(kvg_grid_for(total, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
-                   y, bias, total, n);
     return kvg_launch_result();
 }

@@ -75,8 +75,19 @@ cudaError_t kvg_k_softcap(cudaStream_t s, float *x, float cap, size_t n);
 /* out[i] = x[i] rounded to dt (F16 or BF16, round-to-nearest-even): a GEMM's input. */
 cudaError_t kvg_k_to_lowp(cudaStream_t s, const float *x, size_t n, kvg_kt dt, void *out);
 
-/* y[r][j] += bias[j] for r < rows, j < n. */
-cudaError_t kvg_k_bias_add(cudaStream_t s, float *y, const float *bias, int rows, int n);
+
+/* The n products of one fused GEMM (engine/cuda/cuda_gemm.c: q/k/v or gate/up, one
+ * cuBLASLt call over weights concatenated at upload) back into their own buffers:
+ *     out[i][r][:] = x[r][c_i .. c_i + cols[i])   for i < n, r < rows,
+ * x [rows][width] with width = cols[0] + ... + cols[n - 1] and c_i the sum of the cols
+ * before i; out[i] [rows][cols[i]]. n <= KVG_K_SPLIT_MAX. A copy. */
+#define KVG_K_SPLIT_MAX 4
+typedef struct kvg_k_split {
+    float *out[KVG_K_SPLIT_MAX];
+    int32_t cols[KVG_K_SPLIT_MAX];
+    int32_t n;
+} kvg_k_split;
+cudaError_t kvg_k_split_cols(cudaStream_t s, const float *x, int rows, const kvg_k_split *o);
 
 /* Rotates the leading `rot` dimensions of each head of q ([n_rows][n_heads*head_dim]) and
  * k ([n_rows][n_kv_heads*head_dim]) in place (rot = head_dim: all; Phi-4-mini: 3/4). cs

@@ -306,6 +306,25 @@ static void cu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_t
     kvg_cu_matmul(c, x, M, K, w, bias, y);
 }
 
+/* q/k/v, gate/up: one GEMM over the matrix they were uploaded as (cuda_gemm.c). */
+static void cu_matmul_n(kvg_backend *be, const float *x, int M, int K, int n, const kvg_tensor *const *w,
+                        const float *const *bias, float *const *y)
+{
+    kvg_cuda *c = cu(be);
+    const kvg_cu_fused *f;
+    if (!op_begin(c, "matmul"))
+        return;
+    f = kvg_cu_fused_of(c, n, w, bias);
+    if (f) {
+        c->layer = f->layer;
+        c->op = f->name;
+        kvg_cu_matmul_n(c, x, M, K, n, w, bias, y);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        cu_matmul(be, x, M, K, w[i], bias ? bias[i] : NULL, y[i]);
+}
+
 static void cu_rope(kvg_backend *be, int layer, float *q, float *k)
 {
     kvg_cuda *c = cu(be);
@@ -526,6 +545,7 @@ static const kvg_backend_ops cuda_ops = {
     .embed = cu_embed,
     .rmsnorm = cu_rmsnorm,
     .matmul = cu_matmul,
+    .matmul_n = cu_matmul_n,
     .rope = cu_rope,
     .kv_write = cu_kv_write,
     .attention = cu_attention,
@@ -639,8 +659,10 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
     }
     for (int k = 0; k < c->n_rope_kinds; k++)
         kvg_rope_frequencies(cfg, k, c->inv_freq + (size_t)k * (cfg->head_dim / 2));
+    /* Every GEMM shape made (with --batch-invariant on: pinned and self-tested) before
+       the engine serves. */
     if (kvg_cu_weights_upload(c, err, err_len) != 0 || kvg_cu_gemm_init(c, err, err_len) != 0
-        || kvg_cu_moe_init(c, err, err_len) != 0)
+        || kvg_cu_moe_init(c, err, err_len) != 0 || kvg_cu_gemm_startup(c, err, err_len) != 0)
         goto fail;
     return be;
 fail:

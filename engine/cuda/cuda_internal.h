@@ -21,6 +21,25 @@ typedef struct kvg_cu_weight {
     const char *name;
 } kvg_cu_weight;
 
+/* Products of one input uploaded as one matrix (cuda_weights.c): a layer's wq, wk, wv
+ * (kind 0) or w_gate, w_up (kind 1) back to back in the arena, [N = sum of the parts'
+ * rows][K], so that cuda_gemm.c runs them as one GEMM; each part stays an entry of its
+ * own (kvg_cu_weight_of) at its place inside. n = 0: not fused (the parts differ in K or
+ * type, a part's bytes are not a multiple of 256, the biases are partial). */
+#define KVG_CU_FUSE_MAX 4
+typedef struct kvg_cu_fused {
+    int n;                       /* parts */
+    const void *host[KVG_CU_FUSE_MAX];         /* the parts' host addresses */
+    const float *bias_host[KVG_CU_FUSE_MAX];   /* their biases (all NULL: none) */
+    int rows[KVG_CU_FUSE_MAX];
+    int N, K;
+    kvg_kt dt;
+    void *dev;                   /* part 0's copy: the [N][K] matrix */
+    float *bias;                 /* [N]: the parts' biases back to back, or NULL */
+    int layer;
+    const char *name;            /* "wqkv", "w_gate_up" */
+} kvg_cu_fused;
+
 typedef struct kvg_cu_gemm_shape kvg_cu_gemm_shape;
 typedef struct kvg_cu_moe kvg_cu_moe;
 
@@ -48,14 +67,18 @@ typedef struct kvg_cuda {
     size_t arena_bytes;
     kvg_cu_weight *weights;
     int n_weights;
+    kvg_cu_fused *fused;         /* [n_layers][2]: q/k/v, gate/up */
 
     /* cuBLASLt. */
     void *lt;                    /* cublasLtHandle_t */
     kvg_cu_gemm_shape *shapes;
     int n_shapes, cap_shapes;
-    int gemm_max_m;              /* the M the pinned algorithms are chosen for */
+    int gemm_max_m;              /* the largest M a GEMM runs with (pinned algorithms are
+                                    checked valid up to it) */
     void *lowp;                  /* scratch: a GEMM's input rounded to the weight type */
     size_t lowp_bytes;
+    float *fused_out;            /* scratch: a fused GEMM's [M][sum N] before the split */
+    size_t fused_out_bytes;
 
     /* The step: the packed plan on the host (pinned) and the device. */
     kvg_step_plan plan;
@@ -106,13 +129,27 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len);
 void kvg_cu_weights_free(kvg_cuda *c);
 /* The device copy of a model weight; NULL (and a recorded failure) when unknown. */
 const kvg_cu_weight *kvg_cu_weight_of(kvg_cuda *c, const void *host);
+/* The fused matrix of these n products with these biases (bias NULL: none), or NULL
+ * (nothing recorded) when they were not uploaded as one. */
+const kvg_cu_fused *kvg_cu_fused_of(kvg_cuda *c, int n, const kvg_tensor *const *w, const float *const *bias);
 
 /* ---- GEMM (cuda_gemm.c) ---- */
 int kvg_cu_gemm_init(kvg_cuda *c, char *err, size_t err_len);
+/* Every GEMM shape of the model, made before the engine serves (after the weights and the
+ * MoE scratch); with --batch-invariant on each shape's algorithm pinned and self-tested
+ * (a row's bits at M = 1 and M = k). 0, or -1 with err naming the shape. */
+int kvg_cu_gemm_startup(kvg_cuda *c, char *err, size_t err_len);
+/* How many shapes are made, and pinned (for the tests). */
+int kvg_cu_gemm_pinned(const kvg_cuda *c);
 void kvg_cu_gemm_free(kvg_cuda *c);
 /* y[M][N] = x[M][K] w^T (+ bias) on the device. Records a failure on error. */
 void kvg_cu_matmul(kvg_cuda *c, const float *x, int M, int K, const kvg_tensor *w,
                    const float *bias, float *y);
+/* backend.h's matmul_n: y[i] = x w[i]^T (+ bias[i]) for i < n, as one GEMM over the fused
+ * matrix when the products were uploaded as one (kvg_cu_fused_of), else n kvg_cu_matmul;
+ * the same bits either way. */
+void kvg_cu_matmul_n(kvg_cuda *c, const float *x, int M, int K, int n, const kvg_tensor *const *w,
+                     const float *const *bias, float *const *y);
 /* The same with x already in dw's type (BF16/F16; F32 for an F32 weight) and the weight
  * (N rows) and bias (NULL: none) already looked up: what the MoE's expert GEMMs call on
  * their rows of a shared, once-rounded input. */

@@ -20,7 +20,18 @@
  * the entries are laid out in host-address order the experts of a stack lie in expert
  * order, back to back whenever a slice is a multiple of 256 bytes (every real model's).
  * Quantized experts are dequantized as any quantized matrix. The router stays F32 when
- * the file has it so (add_mat_f32): the CPU backend's routing precision. */
+ * the file has it so (add_mat_f32): the CPU backend's routing precision.
+ *
+ * Products of one input (a layer's wq, wk, wv; w_gate, w_up) are laid out back to back,
+ * in that order, wherever their host copies are, so that together they are one [sum of
+ * rows][K] matrix: cuda_gemm.c runs them as one GEMM (kvg_cu_fused). Each part is still
+ * an entry of its own, at its place inside the matrix. They are fused when they share K
+ * and the device type and every part but the last is a multiple of 256 bytes (then each
+ * part starts 256-byte aligned, as if uploaded alone: true of every real model, whose K is
+ * a multiple of 128); their biases (qwen2's, gpt-oss's q/k/v) all or none, copied once more
+ * into one [sum of rows] vector for cuBLASLt's bias epilogue. Otherwise the parts are
+ * uploaded as before and run one by one. Not fused: the experts of a MoE layer (their own
+ * layout above) and its F32 router. */
 #include "cuda_internal.h"
 #include "errmsg.h"
 
@@ -85,6 +96,76 @@ static void add_vec(src_weight *w, int *n, const float *v, size_t count, int lay
     w[*n].n = count;
     w[*n].vector = 1;
     (*n)++;
+}
+
+static kvg_kt dev_type(const src_weight *w)
+{
+    return w->vector ? KVG_KT_F32 : w->src == KVG_DT_F16 ? KVG_KT_F16 : KVG_KT_BF16;
+}
+
+/* The index of the entry at `host` in the sorted, unique w[0..n), or -1. */
+static int find(const src_weight *w, int n, const void *host)
+{
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if ((const char *)w[mid].host == (const char *)host)
+            return mid;
+        if ((const char *)w[mid].host < (const char *)host)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -1;
+}
+
+/* Where a fused group's parts and biases are in w[] and where its bias vector goes. */
+typedef struct fuse_plan {
+    int part[KVG_CU_FUSE_MAX], bias[KVG_CU_FUSE_MAX];
+    int placed;
+    size_t bias_off;
+} fuse_plan;
+
+/* Fuses np products of one input (t[i], biases b[i] or b NULL) into f when they can be
+ * one matrix (the rules at the top), marking their entries in grp[] with g; else leaves
+ * f->n = 0. w[] is sorted, unique, with bytes set. */
+static void plan_fused(const src_weight *w, int n, int *grp, int g, int np, const kvg_tensor *const *t,
+                       const float *const *b, int layer, const char *name, kvg_cu_fused *f, fuse_plan *pl)
+{
+    int n_bias = 0;
+    memset(f, 0, sizeof *f);
+    for (int i = 0; i < np; i++) {
+        int k = t[i]->data ? find(w, n, t[i]->data) : -1;
+        if (k < 0 || grp[k] >= 0 || w[k].vector || t[i]->cols != t[0]->cols ||
+            w[k].n != (size_t)t[i]->rows * (size_t)t[i]->cols || (i > 0 && dev_type(&w[k]) != dev_type(&w[pl->part[0]])) ||
+            (i < np - 1 && w[k].bytes % ALIGN != 0))
+            return;
+        for (int j = 0; j < i; j++)
+            if (pl->part[j] == k)
+                return;          /* one tensor twice: not two parts */
+        pl->part[i] = k;
+        pl->bias[i] = -1;
+        if (b && b[i]) {
+            pl->bias[i] = find(w, n, b[i]);
+            if (pl->bias[i] < 0 || !w[pl->bias[i]].vector || w[pl->bias[i]].n != (size_t)t[i]->rows)
+                return;
+            n_bias++;
+        }
+    }
+    if (n_bias != 0 && n_bias != np)
+        return;                  /* a partial bias: the parts one by one, each with its own */
+    for (int i = 0; i < np; i++) {
+        grp[pl->part[i]] = g;
+        f->host[i] = t[i]->data;
+        f->bias_host[i] = n_bias ? b[i] : NULL;
+        f->rows[i] = (int)t[i]->rows;
+        f->N += (int)t[i]->rows;
+    }
+    f->n = np;
+    f->K = (int)t[0]->cols;
+    f->dt = dev_type(&w[pl->part[0]]);
+    f->layer = layer;
+    f->name = name;
 }
 
 static uint16_t bf16_rne(float f)
@@ -155,6 +236,8 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
     size_t qd = (size_t)cfg->n_heads * cfg->head_dim, kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
     int cap = cfg->n_layers * (16 + 3 + 6 * (cfg->n_experts > 0 ? cfg->n_experts : 0) + 1) + 4, n = 0, u = 0;
     src_weight *w = calloc((size_t)cap, sizeof *w);
+    int *grp = NULL, n_groups = 2 * cfg->n_layers;
+    fuse_plan *plan = NULL;
     size_t total = 0, done = 0;
     unsigned char *stage = NULL;
     cudaEvent_t ev[2] = { NULL, NULL };
@@ -220,10 +303,45 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
         w[u++] = w[i];
     }
     n = u;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         w[i].bytes = w[i].n * (w[i].vector ? 4 : 2);
-        w[i].off = total;
-        total += (w[i].bytes + ALIGN - 1) / ALIGN * ALIGN;
+    /* q/k/v and gate/up as one matrix each where they can be (the top of the file). */
+    grp = malloc((size_t)(n ? n : 1) * sizeof *grp);
+    plan = calloc((size_t)n_groups, sizeof *plan);
+    c->fused = calloc((size_t)n_groups, sizeof *c->fused);
+    if (!grp || !plan || !c->fused) {
+        kvg_set_err(err, err_len, "cuda: out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++)
+        grp[i] = -1;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const kvg_layer_weights *L = &m->layers[l];
+        const kvg_tensor *qkv[3] = { &L->wq, &L->wk, &L->wv }, *gu[2] = { &L->w_gate, &L->w_up };
+        const float *qkv_b[3] = { L->bq, L->bk, L->bv };
+        plan_fused(w, n, grp, 2 * l, 3, qkv, qkv_b, l, "wqkv", &c->fused[2 * l], &plan[2 * l]);
+        plan_fused(w, n, grp, 2 * l + 1, 2, gu, NULL, l, "w_gate_up", &c->fused[2 * l + 1], &plan[2 * l + 1]);
+    }
+    /* Host order, except that a group's parts go together, in their order, where the
+     * first of them in host order is: a part but the last fills whole 256-byte units, so
+     * the parts are contiguous. */
+    for (int i = 0; i < n; i++) {
+        int g = grp[i];
+        if (g >= 0 && plan[g].placed)
+            continue;
+        for (int p = 0; p < (g >= 0 ? c->fused[g].n : 1); p++) {
+            int k = g >= 0 ? plan[g].part[p] : i;
+            w[k].off = total;
+            total += (w[k].bytes + ALIGN - 1) / ALIGN * ALIGN;
+        }
+        if (g >= 0)
+            plan[g].placed = 1;
+    }
+    for (int g = 0; g < n_groups; g++) {
+        if (c->fused[g].n > 0 && plan[g].bias[0] >= 0) {
+            plan[g].bias_off = total;
+            total += ((size_t)c->fused[g].N * 4 + ALIGN - 1) / ALIGN * ALIGN;
+        }
     }
     e = cudaMalloc(&c->arena, total ? total : 1);
     if (e != cudaSuccess) {
@@ -292,6 +410,29 @@ int kvg_cu_weights_upload(kvg_cuda *c, char *err, size_t err_len)
             progress(done, total, 0);
         }
     }
+    /* The fused matrices (their parts are in place) and their bias vectors, the parts'
+     * biases copied device to device behind the upload. */
+    for (int g = 0; g < n_groups; g++) {
+        kvg_cu_fused *f = &c->fused[g];
+        size_t at = 0;
+        if (f->n == 0)
+            continue;
+        f->dev = (unsigned char *)c->arena + w[plan[g].part[0]].off;
+        if (plan[g].bias[0] < 0)
+            continue;
+        f->bias = (float *)(void *)((unsigned char *)c->arena + plan[g].bias_off);
+        for (int p = 0; p < f->n; p++) {
+            e = cudaMemcpyAsync(f->bias + at, (unsigned char *)c->arena + w[plan[g].bias[p]].off,
+                                (size_t)f->rows[p] * 4, cudaMemcpyDeviceToDevice, c->stream);
+            if (e != cudaSuccess) {
+                char what[200];
+                kvg_cu_err_text(e, what, sizeof what);
+                kvg_set_err(err, err_len, "cuda: copying layer %d's %s biases: %s", f->layer, f->name, what);
+                goto out;
+            }
+            at += (size_t)f->rows[p];
+        }
+    }
     e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
         char what[200];
@@ -312,6 +453,8 @@ out:
         cudaFreeHost(stage);
     }
     free(w);
+    free(grp);
+    free(plan);
     return rc;
 }
 
@@ -323,6 +466,8 @@ void kvg_cu_weights_free(kvg_cuda *c)
     free(c->weights);
     c->weights = NULL;
     c->n_weights = 0;
+    free(c->fused);
+    c->fused = NULL;
 }
 
 const kvg_cu_weight *kvg_cu_weight_of(kvg_cuda *c, const void *host)
@@ -339,5 +484,24 @@ const kvg_cu_weight *kvg_cu_weight_of(kvg_cuda *c, const void *host)
             hi = mid - 1;
     }
     kvg_cu_fail(c, "weight lookup", cudaErrorInvalidValue, "a weight that was not uploaded");
+    return NULL;
+}
+
+const kvg_cu_fused *kvg_cu_fused_of(kvg_cuda *c, int n, const kvg_tensor *const *w, const float *const *bias)
+{
+    const kvg_cu_weight *dw;
+    if (!c->fused || n < 2 || n > KVG_CU_FUSE_MAX)
+        return NULL;
+    dw = kvg_cu_weight_of(c, w[0]->data);
+    if (!dw || dw->layer < 0 || dw->layer >= c->m->cfg.n_layers)
+        return NULL;
+    for (int k = 0; k < 2; k++) {
+        const kvg_cu_fused *f = &c->fused[2 * dw->layer + k];
+        int same = f->n == n;
+        for (int i = 0; same && i < n; i++)
+            same = f->host[i] == w[i]->data && f->bias_host[i] == (bias ? bias[i] : NULL);
+        if (same)
+            return f;
+    }
     return NULL;
 }

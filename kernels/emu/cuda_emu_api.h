@@ -355,6 +355,15 @@ long kvg_emu_pending(void);
 /* Fiber switches made by kernel launches so far (the emulator's own cost figure). */
 long kvg_emu_switches(void);
 
+/* The algorithm the emulated cuBLASLt's heuristic offers. 0 (the default): one whose
+ * reduction over k is the same for every problem size (each output sums its k products
+ * in order). 1: one whose order depends on n, the number of columns of D (the engine's
+ * M), as a stream-K kernel's may, and which SPLITK_NUM = 1 does not change: from n = 8 on,
+ * each output sums the two halves of k apart and adds them at the end. Stays until set
+ * again (kvg_emu_reset does not touch it); KVG_EMU_LT_ALGO=m-dependent in the
+ * environment, read at each heuristic call, also selects 1. */
+void kvg_emu_lt_m_dependent(int on);
+
 #ifdef __cplusplus
 }
 #endif

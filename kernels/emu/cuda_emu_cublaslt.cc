@@ -5,7 +5,9 @@
  * A and B both F32, F16 or BF16; C and D F32; the products summed in F32 over k in
  * increasing order, whatever the algorithm: SPLITK_NUM > 1 computes the same values (a GPU
  * would sum the k-slices in another order, so tests must not expect bit-equality with a
- * split-K run on real hardware). Arguments are validated as cuBLAS does: inconsistent
+ * split-K run on real hardware). The exception is the test hook kvg_emu_lt_m_dependent:
+ * its algorithm sums k in two halves once D has 8 columns or more, an order that depends
+ * on the engine's M, for tests of the engine's invariance self-test. Arguments are validated as cuBLAS does: inconsistent
  * dimensions or leading dimensions and null pointers are CUBLAS_STATUS_INVALID_VALUE,
  * unsupported types or modes CUBLAS_STATUS_NOT_SUPPORTED. Additionally every matrix must
  * lie inside one device allocation (on a GPU a stray pointer is an illegal address later):
@@ -40,9 +42,19 @@ enum { D_MAGIC, D_COMPUTE, D_SCALE, D_PMODE, D_TRANSA, D_TRANSB, D_TRANSC, D_EPI
 enum { P_MAGIC, P_SEARCH, P_WORKSPACE };
 enum { A_MAGIC, A_ID, A_TILE, A_SPLITK, A_REDUCTION, A_SWIZZLE, A_CUSTOM, A_STAGES };
 
-/* The one algorithm the heuristic offers (numbers as a GPU might report them). */
+/* The one algorithm the heuristic offers (numbers as a GPU might report them); with
+ * kvg_emu_lt_m_dependent(1), one whose order of summation depends on the number of
+ * columns (MDEP_ALGO_ID; MDEP_MIN_N columns and more: k in two halves). */
 constexpr int32_t FAKE_ALGO_ID = 21;
 constexpr uint32_t FAKE_TILE_ID = 20;
+constexpr int32_t MDEP_ALGO_ID = 66;
+constexpr uint64_t MDEP_MIN_N = 8;
+
+int &m_dependent()
+{
+    static int on = 0;
+    return on;
+}
 
 std::set<cublasLtHandle_t> &handles()
 {
@@ -158,23 +170,38 @@ void gather_rows(float *dst, const void *src, bool trans, size_t rows, size_t k,
             dst[r * k + q] = conv(src, trans ? q + r * ld : r + q * ld);
 }
 
-void load_rows(float *dst, const void *src, int64_t type, bool trans, size_t rows, size_t k, size_t ld)
+/* The same rows in tiles of T: row r's element q at dst[(r / T) * k * T + q * T + r % T], so
+ * that the product's T accumulators read T consecutive floats; the last tile's missing rows
+ * are zeros. */
+template <typename Conv>
+void gather_tiles(float *dst, const void *src, bool trans, size_t rows, size_t k, size_t ld, size_t T, Conv conv)
 {
+    size_t tiles = (rows + T - 1) / T;
+    memset(dst, 0, tiles * T * k * sizeof *dst);
+    for (size_t r = 0; r < rows; r++) {
+        float *o = dst + (r / T) * k * T + r % T;
+        for (size_t q = 0; q < k; q++)
+            o[q * T] = conv(src, trans ? q + r * ld : r + q * ld);
+    }
+}
+
+/* tile 0: rows of k floats (gather_rows); tile T: tiles of T rows (gather_tiles). */
+void load_rows(float *dst, const void *src, int64_t type, bool trans, size_t rows, size_t k, size_t ld,
+               size_t tile = 0)
+{
+    auto f16 = [](const void *b, size_t i) { return kvg_emu_f16_bits_to_f32(((const unsigned short *)b)[i]); };
+    auto bf16 = [](const void *b, size_t i) { return kvg_emu_bf16_bits_to_f32(((const unsigned short *)b)[i]); };
+    auto f32 = [](const void *b, size_t i) { return ((const float *)b)[i]; };
     switch (type) {
     case CUDA_R_16F:
-        gather_rows(dst, src, trans, rows, k, ld, [](const void *b, size_t i) {
-            return kvg_emu_f16_bits_to_f32(((const unsigned short *)b)[i]);
-        });
+        tile ? gather_tiles(dst, src, trans, rows, k, ld, tile, f16) : gather_rows(dst, src, trans, rows, k, ld, f16);
         break;
     case CUDA_R_16BF:
-        gather_rows(dst, src, trans, rows, k, ld, [](const void *b, size_t i) {
-            return kvg_emu_bf16_bits_to_f32(((const unsigned short *)b)[i]);
-        });
+        tile ? gather_tiles(dst, src, trans, rows, k, ld, tile, bf16)
+             : gather_rows(dst, src, trans, rows, k, ld, bf16);
         break;
     default:
-        gather_rows(dst, src, trans, rows, k, ld, [](const void *b, size_t i) {
-            return ((const float *)b)[i];
-        });
+        tile ? gather_tiles(dst, src, trans, rows, k, ld, tile, f32) : gather_rows(dst, src, trans, rows, k, ld, f32);
         break;
     }
 }
@@ -486,9 +513,15 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
     if (cublasStatus_t s = check_problem(operationDesc, Adesc, Bdesc, Cdesc, Ddesc, &p))
         return s;
     cublasLtMatmulAlgo_t algo;
+    const char *env = getenv("KVG_EMU_LT_ALGO");
+    bool mdep;
+    {
+        std::lock_guard<std::recursive_mutex> g(lock());
+        mdep = m_dependent() || (env && strcmp(env, "m-dependent") == 0);
+    }
     memset(&algo, 0, sizeof algo);
     algo.data[A_MAGIC] = ALGO_MAGIC;
-    algo.data[A_ID] = FAKE_ALGO_ID;
+    algo.data[A_ID] = mdep ? MDEP_ALGO_ID : FAKE_ALGO_ID;
     algo.data[A_TILE] = FAKE_TILE_ID;
     algo.data[A_SPLITK] = 1;
     fill_result(p, algo, &heuristicResultsArray[0]);
@@ -619,32 +652,42 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
      * (the descriptors may be changed or destroyed once the call returns). */
     int64_t ab_type = p.ab_type;
     int opa = p.opa, opb = p.opb, has_bias = p.bias;
+    /* The M-dependent algorithm (kvg_emu_lt_m_dependent) on a problem wide enough: k
+     * summed as two halves. */
+    bool halves = algo && (int32_t)algo->data[A_ID] == MDEP_ALGO_ID && n >= MDEP_MIN_N && k >= 2;
     on_stream(stream, [=]() {
-        /* op(A) as rows of k floats, op(B) as columns of k floats: the inner loop runs over
-         * contiguous memory, k increasing. */
-        std::vector<float> a(m * k), b(n * k);
-        load_rows(a.data(), A, ab_type, opa, m, k, lda);
+        /* op(A) in tiles of TILE rows (gather_tiles), op(B) as columns of k floats. Each
+         * output sums its k products in order q = 0, 1, ... (a rounding per multiply and per
+         * add, as one at a time); a tile's TILE outputs advance together, reading TILE
+         * consecutive floats of A, so that the host vectorizes across outputs, never along
+         * k. A tile's rows (8 x k floats) stay in cache while every column of B passes. */
+        const size_t TILE = 8, tiles = (m + TILE - 1) / TILE;
+        std::vector<float> a(tiles * TILE * k), b(n * k);
+        load_rows(a.data(), A, ab_type, opa, m, k, lda, TILE);
         /* op(B)'s column j is row j of B^T: B's "transposed" read is the untransposed op */
         load_rows(b.data(), B, ab_type, !opb, n, k, ldb);
-        /* Each output sums its k products in order q = 0, 1, ... (a rounding per multiply
-         * and per add, as one at a time); TILE outputs advance together so that their adds
-         * overlap. */
-        const size_t TILE = 8;
         const float *c = (const float *)C;
         float *d = (float *)D;
-        for (size_t j = 0; j < n; j++) {
-            const float *bc = &b[j * k];
-            for (size_t i0 = 0; i0 < m; i0 += TILE) {
-                size_t nt = m - i0 < TILE ? m - i0 : TILE;
-                float acc[8] = { 0 };
-                if (nt == TILE) {
+        for (size_t i0 = 0; i0 < m; i0 += TILE) {
+            const float *at = &a[(i0 / TILE) * k * TILE];
+            size_t nt = m - i0 < TILE ? m - i0 : TILE;
+            for (size_t j = 0; j < n; j++) {
+                const float *bc = &b[j * k];
+                float acc[TILE] = { 0 };
+                if (halves) {
+                    float lo[TILE] = { 0 }, hi[TILE] = { 0 };
+                    for (size_t q = 0; q < k / 2; q++)
+                        for (size_t t = 0; t < TILE; t++)
+                            lo[t] += at[q * TILE + t] * bc[q];
+                    for (size_t q = k / 2; q < k; q++)
+                        for (size_t t = 0; t < TILE; t++)
+                            hi[t] += at[q * TILE + t] * bc[q];
+                    for (size_t t = 0; t < TILE; t++)
+                        acc[t] = lo[t] + hi[t];
+                } else {
                     for (size_t q = 0; q < k; q++)
                         for (size_t t = 0; t < TILE; t++)
-                            acc[t] += a[(i0 + t) * k + q] * bc[q];
-                } else {
-                    for (size_t t = 0; t < nt; t++)
-                        for (size_t q = 0; q < k; q++)
-                            acc[t] += a[(i0 + t) * k + q] * bc[q];
+                            acc[t] += at[q * TILE + t] * bc[q];
                 }
                 for (size_t t = 0; t < nt; t++) {
                     size_t i = i0 + t;
@@ -659,6 +702,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
         }
     });
     return CUBLAS_STATUS_SUCCESS;
+}
+
+void kvg_emu_lt_m_dependent(int on)
+{
+    std::lock_guard<std::recursive_mutex> g(lock());
+    m_dependent() = on != 0;
 }
 
 }  // extern "C"
