@@ -351,4 +351,7 @@ long kvg_emu_switches(void);
 }
 #endif
 
+/* cuDNN's graph API (the attention's SDPA). */
+#include "cuda_emu_cudnn.h"
+
 #endif
