@@ -75,6 +75,9 @@ cudaError_t kvg_k_softcap(cudaStream_t s, float *x, float cap, size_t n);
 /* out[i] = x[i] rounded to dt (F16 or BF16, round-to-nearest-even): a GEMM's input. */
 cudaError_t kvg_k_to_lowp(cudaStream_t s, const float *x, size_t n, kvg_kt dt, void *out);
 
+/* out[i] = x[i] (F16 or BF16, as dt says) as F32, exactly: cuDNN attention's output. */
+cudaError_t kvg_k_from_lowp(cudaStream_t s, const void *x, size_t n, kvg_kt dt, float *out);
+
 /* y[r][j] += bias[j] for r < rows, j < n. */
 cudaError_t kvg_k_bias_add(cudaStream_t s, float *y, const float *bias, int rows, int n);
 
