@@ -96,7 +96,7 @@ CUDA_NVFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Iengine -Ikernels \
 CUDA_LIB   := $(BUILD)/cuda/libkvgate-cuda.a
 CUDA_OBJS  := $(KERNEL_SRCS:kernels/%.cu=$(BUILD)/cuda/obj/kernels/%.o) \
               $(CUDA_HOST_SRCS:engine/cuda/%.c=$(BUILD)/cuda/obj/engine/cuda/%.o)
-CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudnn -lcublasLt -lcublas -lcudart -lstdc++
 EMU_CXXFLAGS = -std=gnu++17 -g -fPIC -D_GNU_SOURCE -DKVG_CUDA_EMU -Isrc -Iengine -Ikernels -Ikernels/emu \
               -Wall -Wextra -Werror -Wshadow -Wno-unknown-pragmas
 EMU_OBJS   = $(KERNEL_SRCS:kernels/%.cu=$(1)/obj/kernels/%.o) \

@@ -1,6 +1,6 @@
-/* Elementwise kernels: add, swiglu, swiglu_oai, geglu, scale, softcap and to_lowp (F32 ->
- * F16/BF16). Grid-stride loops over the elements (float4 groups when every
- * pointer is 16-byte aligned, the last n % 4 elements by a scalar tail); each output
+/* Elementwise kernels: add, swiglu, swiglu_oai, geglu, scale, softcap, to_lowp (F32 ->
+ * F16/BF16) and from_lowp (back). Grid-stride loops over the elements (float4 groups when
+ * every pointer is 16-byte aligned, the last n % 4 elements by a scalar tail); each output
  * element is a function of the inputs at the same index only, so nothing depends on the
  * launch's shape or size. */
 #include "kvg_device.cuh"
@@ -287,5 +287,43 @@ extern "C" cudaError_t kvg_k_to_lowp(cudaStream_t s, const float *x, size_t n, k
             KVG_LAUNCH(to_f16_x1, dim3(kvg_grid_for(n - done, ELT_THREADS)), dim3(ELT_THREADS),
                        0, s, x + done, n - done, o + done);
     }
+    return kvg_launch_result();
+}
+
+/* ---- from_lowp ---------------------------------------------------------------------- */
+
+/* BF16/F16 -> F32 is exact: one element per thread and step, pairs would buy little on an
+ * output this small (cuDNN attention's [rows][n_heads * head_dim]). */
+__global__ void __launch_bounds__(ELT_THREADS)
+from_bf16_x1(const __nv_bfloat16 *__restrict__ x, size_t n, float *__restrict__ out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __bfloat162float(x[i]);
+}
+
+__global__ void __launch_bounds__(ELT_THREADS)
+from_f16_x1(const __half *__restrict__ x, size_t n, float *__restrict__ out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __half2float(x[i]);
+}
+
+extern "C" cudaError_t kvg_k_from_lowp(cudaStream_t s, const void *x, size_t n, kvg_kt dt,
+                                       float *out)
+{
+    if (dt != KVG_KT_BF16 && dt != KVG_KT_F16)
+        return cudaErrorInvalidValue;
+    if (n == 0)
+        return cudaSuccess;
+    if (!x || !out)
+        return cudaErrorInvalidValue;
+    if (dt == KVG_KT_BF16)
+        KVG_LAUNCH(from_bf16_x1, dim3(kvg_grid_for(n, ELT_THREADS)), dim3(ELT_THREADS), 0,
+                   s, (const __nv_bfloat16 *)x, n, out);
+    else
+        KVG_LAUNCH(from_f16_x1, dim3(kvg_grid_for(n, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
+                   (const __half *)x, n, out);
     return kvg_launch_result();
 }

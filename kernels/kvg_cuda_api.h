@@ -1,4 +1,4 @@
-/* The CUDA runtime and cuBLASLt API as the engine's CUDA backend sees it: the real headers
+/* The CUDA runtime, cuBLASLt and cuDNN (graph) API as the engine's CUDA backend sees it: the real headers
  * in a CUDA build, the project's emulation (kernels/emu/) when built with KVG_CUDA_EMU.
  * Host code (the C files of engine/cuda/, the launchers in kernels/) includes this and nothing else of
  * CUDA, so one source compiles against either. Valid C and C++. */
@@ -10,6 +10,7 @@
 #else
 #include <cuda_runtime_api.h>
 #include <cublasLt.h>
+#include <cudnn_graph.h>
 #endif
 
 #endif

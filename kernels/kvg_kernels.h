@@ -89,6 +89,9 @@ typedef struct kvg_k_split {
 } kvg_k_split;
 cudaError_t kvg_k_split_cols(cudaStream_t s, const float *x, int rows, const kvg_k_split *o);
 
+/* out[i] = x[i] (F16 or BF16, as dt says) as F32, exactly: cuDNN attention's output. */
+cudaError_t kvg_k_from_lowp(cudaStream_t s, const void *x, size_t n, kvg_kt dt, float *out);
+
 /* Rotates the leading `rot` dimensions of each head of q ([n_rows][n_heads*head_dim]) and
  * k ([n_rows][n_kv_heads*head_dim]) in place (rot = head_dim: all; Phi-4-mini: 3/4). cs
  * holds each row's cos and sin, [n_rows][head_dim/2][2], the first rot/2 pairs used (the

@@ -11,10 +11,10 @@
 #
 # Linking: jansson, utf8proc and libcrypto statically (Debian's .a files), libgcc and
 # libstdc++ statically, cudart statically (libcudart_static.a: the bundle then needs
-# only the driver's libcuda.so, loaded by cudart itself, plus cuBLAS; a toolkit installed
-# without the static runtime gets cudart dynamically, its libcudart.so copied into the
-# bundle's lib/ so that the GPU machine's own runtime is not needed); cublas/cublasLt
-# dynamically (they are large and part of every CUDA 13 install), found through
+# only the driver's libcuda.so, loaded by cudart itself, plus cuBLAS and cuDNN; a toolkit
+# installed without the static runtime gets cudart dynamically, its libcudart.so copied into the
+# bundle's lib/ so that the GPU machine's own runtime is not needed); cublas/cublasLt and
+# cudnn (attention) dynamically (they are large; the toolkit's or PyTorch's), found through
 # rpath $ORIGIN/../lib then the standard CUDA library folders. ldd shows glibc and CUDA
 # libraries only (t/gpu-bundle.t checks).
 #
@@ -90,7 +90,7 @@ if [ ! -f "$cuda_home/lib64/libcudart_static.a" ]; then
 fi
 ldflags=(-Wl,--start-group "$objb/libkvgate-engine.a" "$cuda_part" -Wl,--end-group "$objb/libkvgate.a"
          -Wl,-Bstatic -ljansson -lutf8proc -lpcre2-8 -lcrypto -Wl,-Bdynamic
-         -L"$cuda_home/lib64" -Wl,--as-needed -lcublasLt -lcublas -Wl,--no-as-needed
+         -L"$cuda_home/lib64" -Wl,--as-needed -lcudnn -lcublasLt -lcublas -Wl,--no-as-needed
          "${cudart[@]}" -static-libgcc -static-libstdc++ -lpthread -ldl -lrt -lm
          -Wl,--gc-sections -Wl,-rpath,"$rpath")
 

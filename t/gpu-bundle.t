@@ -90,7 +90,7 @@ ok(-x "$bundle/run.sh" && -f "$bundle/README.md", 'bundle holds run.sh and READM
 # What the binaries may need: glibc and CUDA. ldd also lists what the CUDA libraries pull
 # in themselves (cuBLAS needs libgcc_s), which the binaries do not name.
 my $glibc = qr/^(?:libc|libm|libpthread|libdl|librt|ld-linux-x86-64|linux-vdso)\.so/;
-my $cuda = qr/^(?:libcudart|libcublas|libcublasLt)\.so/;
+my $cuda = qr/^(?:libcudart|libcublas|libcublasLt|libcudnn)\.so/;
 for my $b (@bins) {
     my $name = substr($b, length($bundle) + 1);
     my @needed = slurp_cmd('readelf', '-d', $b) =~ /\(NEEDED\)\s+Shared library: \[([^\]]+)\]/g;

@@ -6,6 +6,7 @@
  * in one copy. Weights live in one arena (cuda_weights.c), the KV pool in device memory
  * (cuda_kv.c), GEMMs go through cuBLASLt (cuda_gemm.c). */
 #include "cuda_internal.h"
+#include "cuda_sdpa.h"
 #include "backend_testing.h"
 #include "errmsg.h"
 #include "rope.h"
@@ -232,6 +233,10 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
         kvg_cu_fail(c, "cudaMemcpyAsync", e, "the step's description, %zu bytes", c->plan.bytes);
         goto failed;
     }
+    /* cuDNN's page table and lengths (the stream was waited for above); the own kernels'
+     * description stays complete: a layer cuDNN cannot express runs them */
+    if (kvg_cu_sdpa_begin_step(c, s) != 0)
+        goto failed;
     return 0;
 failed:
     /* Reported by end_step (forward.c calls it only after a successful begin_step). */
@@ -367,6 +372,8 @@ static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
     if (!op_begin(c, "attention"))
         return;
     c->layer = layer;
+    if (kvg_cu_sdpa_attention(c, kv, layer, q, out))
+        return;
     memset(&a, 0, sizeof a);
     if (kvg_cu_kv_geom(c, kv, &a.g) != 0)
         return;
@@ -519,6 +526,7 @@ static void cu_destroy(kvg_backend *be)
             cudaStreamSynchronize(c->stream);
         kvg_cu_gemm_free(c);
         kvg_cu_moe_free(c);
+        kvg_cu_sdpa_free(c);
         kvg_cu_weights_free(c);
         if (c->h_plan)
             cudaFreeHost(c->h_plan);
@@ -663,6 +671,8 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
        the engine serves. */
     if (kvg_cu_weights_upload(c, err, err_len) != 0 || kvg_cu_gemm_init(c, err, err_len) != 0
         || kvg_cu_moe_init(c, err, err_len) != 0 || kvg_cu_gemm_startup(c, err, err_len) != 0)
+        goto fail;
+    if (kvg_cu_sdpa_init(c, err, err_len) != 0)
         goto fail;
     return be;
 fail:

@@ -65,6 +65,19 @@ int kvg_cu_fail_blas(kvg_cuda *c, const char *call, int status, const char *deta
     return rc;
 }
 
+int kvg_cu_fail_dnn(kvg_cuda *c, const char *call, int status, const char *detail_fmt, ...)
+{
+    char what[200];
+    const char *name = cudnnGetErrorString((cudnnStatus_t)status);
+    va_list ap;
+    int rc;
+    snprintf(what, sizeof what, "%s (%d)", name ? name : "CUDNN_STATUS_?", status);
+    va_start(ap, detail_fmt);
+    rc = record(c, call, what, detail_fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
 /* The errors after which the CUDA context cannot run anything any more (the runtime's
  * documentation of each: "the process must be terminated and relaunched"): a kernel's
  * illegal or misaligned address, illegal instruction, invalid PC or address space,

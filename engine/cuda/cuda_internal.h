@@ -1,6 +1,7 @@
 /* The CUDA backend's state, shared by its files (backend_cuda.c: the vtable and the step;
  * cuda_check.c: errors; cuda_weights.c: the weight arena; cuda_gemm.c: cuBLASLt;
- * cuda_kv.c: the device KV pool; cuda_moe.c: the mixture-of-experts FFN). Host C against kernels/kvg_cuda_api.h, the real CUDA
+ * cuda_kv.c: the device KV pool; cuda_moe.c: the mixture-of-experts FFN; cuda_sdpa.c:
+ * attention through cuDNN). Host C against kernels/kvg_cuda_api.h, the real CUDA
  * runtime or its emulation. */
 #ifndef KVG_CUDA_INTERNAL_H
 #define KVG_CUDA_INTERNAL_H
@@ -42,6 +43,7 @@ typedef struct kvg_cu_fused {
 
 typedef struct kvg_cu_gemm_shape kvg_cu_gemm_shape;
 typedef struct kvg_cu_moe kvg_cu_moe;
+typedef struct kvg_cu_sdpa kvg_cu_sdpa;
 
 typedef struct kvg_cuda {
     const kvg_model *m;
@@ -98,6 +100,9 @@ typedef struct kvg_cuda {
     int64_t kv_pools;            /* device pools alive (their bytes are theirs) */
 
     kvg_cu_moe *moe;             /* the MoE FFN's scratch (cuda_moe.c); NULL: a dense model */
+
+    kvg_cu_sdpa *sdpa;           /* attention through cuDNN (cuda_sdpa.h); NULL: the own
+                                    kernels (kvg_k_attention) for every layer */
 } kvg_cuda;
 
 /* ---- errors (cuda_check.c) ---- */
@@ -106,6 +111,9 @@ typedef struct kvg_cuda {
 int kvg_cu_fail(kvg_cuda *c, const char *call, cudaError_t e, const char *detail_fmt, ...)
     __attribute__((format(printf, 4, 5)));
 int kvg_cu_fail_blas(kvg_cuda *c, const char *call, int status, const char *detail_fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The same for a cuDNN call's cudnnStatus_t. */
+int kvg_cu_fail_dnn(kvg_cuda *c, const char *call, int status, const char *detail_fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* The device is lost (a sticky CUDA error, a failed copy-on-write): every later step
  * fails with this message. */

@@ -368,4 +368,7 @@ void kvg_emu_lt_m_dependent(int on);
 }
 #endif
 
+/* cuDNN's graph API (the attention's SDPA). */
+#include "cuda_emu_cudnn.h"
+
 #endif

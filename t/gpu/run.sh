@@ -193,7 +193,7 @@ if [ "$emu" != 1 ]; then
     if [ -n "$missing" ]; then
         echo "FAILED before any step: the binaries need $missing which neither their rpath (the CUDA" \
              "toolkit's lib64) nor LD_LIBRARY_PATH nor Python's nvidia packages provide. Install the" \
-             "CUDA 13 runtime libraries (or PyTorch's nvidia-cublas packages), or set LD_LIBRARY_PATH."
+             "CUDA 13 runtime libraries and cuDNN 9 (or PyTorch's nvidia-cublas and nvidia-cudnn packages), or set LD_LIBRARY_PATH."
         names+=(libraries) statuses+=(fail) secs+=(0)
         failed=1
         write_results

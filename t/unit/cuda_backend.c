@@ -663,6 +663,9 @@ int main(void)
     kvg_model *stories, *syn;
     tm_model ta, tb;
 
+    /* The own attention kernels throughout, fine splits included (--batch-invariant off
+     * would send attention to cuDNN: t/unit/cuda_sdpa.c tests that path). */
+    setenv("KVGATE_CUDA_ATTENTION", "own", 1);
     ok(kvg_backend_cuda_built(), "the emulated CUDA backend is linked");
     snprintf(path, sizeof path, "%s/models/stories260K/stories260K.bin", shared_dir());
     snprintf(tpath, sizeof tpath, "%s/models/stories260K/tok512.bin", shared_dir());
