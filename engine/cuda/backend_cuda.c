@@ -81,7 +81,7 @@ static void cu_read(kvg_backend *be, const float *src, float *host, size_t n)
 
 /* ---- the step ---- */
 
-static int grow_dev(kvg_cuda *c, void **p, size_t *cap, size_t need, const char *what)
+int kvg_cu_grow_dev(kvg_cuda *c, void **p, size_t *cap, size_t need, const char *what)
 {
     cudaError_t e;
     if (need <= *cap)
@@ -225,7 +225,7 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
                                                 c->groups_cap, &biggest);
         partials = (size_t)biggest * (size_t)per;
     }
-    if (grow_dev(c, (void **)&c->d_partials, &c->partials_cap, partials * sizeof(float),
+    if (kvg_cu_grow_dev(c, (void **)&c->d_partials, &c->partials_cap, partials * sizeof(float),
                  "attention partials") != 0)
         goto failed;
     e = cudaMemcpyAsync(c->d_plan, c->h_plan, c->plan.bytes, cudaMemcpyHostToDevice, c->stream);

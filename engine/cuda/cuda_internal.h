@@ -106,6 +106,12 @@ typedef struct kvg_cuda {
 } kvg_cuda;
 
 /* ---- errors (cuda_check.c) ---- */
+/* Makes *p (cap bytes of device memory) hold at least `need` bytes: freed and allocated
+ * again, with room to grow (half as much again, 4 KiB at least). -1 (kvg_cu_fail, naming
+ * `what`) when cudaMalloc fails. Only between steps' work: the old buffer is freed at
+ * once. */
+int kvg_cu_grow_dev(kvg_cuda *c, void **p, size_t *cap, size_t need, const char *what);
+
 /* Records the first failure of the step: "cuda: CALL (op, layer L, detail) failed:
  * NAME (meaning) in step S". Returns -1 so callers can `return kvg_cu_fail(...)`. */
 int kvg_cu_fail(kvg_cuda *c, const char *call, cudaError_t e, const char *detail_fmt, ...)

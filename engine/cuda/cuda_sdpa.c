@@ -384,25 +384,6 @@ static sdpa_plan *plan_for(kvg_cuda *c, int64_t B, int64_t P)
 
 /* ---- the step ---- */
 
-static int grow(kvg_cuda *c, void **p, size_t *cap, size_t need, const char *what)
-{
-    cudaError_t e;
-    if (need <= *cap)
-        return 0;
-    need += need / 2;
-    if (*p)
-        cudaFree(*p);
-    *p = NULL;
-    *cap = 0;
-    e = cudaMalloc(p, need);
-    if (e != cudaSuccess) {
-        *p = NULL;
-        return kvg_cu_fail(c, "cudaMalloc", e, "%s, %zu bytes", what, need);
-    }
-    *cap = need;
-    return 0;
-}
-
 int kvg_cu_sdpa_begin_step(kvg_cuda *c, const kvg_step *s)
 {
     kvg_cu_sdpa *d = c->sdpa;
@@ -461,12 +442,12 @@ int kvg_cu_sdpa_begin_step(kvg_cuda *c, const kvg_step *s)
     }
     /* q and the output in one buffer (each a multiple of 16 bytes: head_dim % 8 == 0) */
     qo = (size_t)B * (size_t)cfg->n_heads * (size_t)cfg->head_dim * 2u;
-    if (grow(c, &d->qo, &d->qo_cap, 2 * qo, "cuDNN attention's q and output") != 0)
+    if (kvg_cu_grow_dev(c, &d->qo, &d->qo_cap, 2 * qo, "cuDNN attention's q and output") != 0)
         return -1;
     d->q16 = d->qo;
     d->o16 = (unsigned char *)d->qo + qo;
     if (d->cur->workspace > 0 &&
-        grow(c, &d->ws, &d->ws_cap, (size_t)d->cur->workspace, "cuDNN attention workspace") != 0)
+        kvg_cu_grow_dev(c, &d->ws, &d->ws_cap, (size_t)d->cur->workspace, "cuDNN attention workspace") != 0)
         return -1;
     /* Row r is batch entry r: one query, keys [0, pos[r]], its sequence's pages; the
      * entries past the rows have lengths 0 and page 0 (a valid id, never read). */

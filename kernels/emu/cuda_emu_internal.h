@@ -88,6 +88,15 @@ void reset();                    /* kvg_emu_reset: the environment read again */
 void access(uintptr_t a, size_t n, bool write);
 }  // namespace strict
 
+/* Every runtime API call starts with this: the lock, the call counted, an injected fault
+ * or the environment's device state returned (and recorded as the last error). */
+#define EMU_CALL(name, dflt)                                                    \
+    std::lock_guard<std::recursive_mutex> guard_(lock());                       \
+    if (cudaError_t e_ = device_state())                                        \
+        return injected(name, 0), record(e_);                                   \
+    if (int i_ = injected(name, dflt))                                          \
+        return record((cudaError_t)i_)
+
 /* Prints "kvg-emu: ..." and aborts: an emulated kernel did what would be a bug on a GPU. */
 [[noreturn]] void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

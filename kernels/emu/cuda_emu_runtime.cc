@@ -360,15 +360,6 @@ void fatal(const char *fmt, ...)
 
 using namespace kvg_emu;
 
-/* Every API call starts with this: the lock, the call counted, an injected fault or the
- * environment's device state returned (and recorded as the last error). */
-#define EMU_CALL(name, dflt)                                                    \
-    std::lock_guard<std::recursive_mutex> guard_(lock());                       \
-    if (cudaError_t e_ = device_state())                                        \
-        return injected(name, 0), record(e_);                                   \
-    if (int i_ = injected(name, dflt))                                          \
-        return record((cudaError_t)i_)
-
 extern "C" {
 
 const char *cudaGetErrorName(cudaError_t error)
