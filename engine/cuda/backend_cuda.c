@@ -81,25 +81,6 @@ static void cu_read(kvg_backend *be, const float *src, float *host, size_t n)
 
 /* ---- the step ---- */
 
-int kvg_cu_grow_dev(kvg_cuda *c, void **p, size_t *cap, size_t need, const char *what)
-{
-    cudaError_t e;
-    if (need <= *cap)
-        return 0;
-    need = need < 4096 ? 4096 : need + need / 2;
-    if (*p)
-        cudaFree(*p);
-    *p = NULL;
-    *cap = 0;
-    e = cudaMalloc(p, need);
-    if (e != cudaSuccess) {
-        *p = NULL;
-        return kvg_cu_fail(c, "cudaMalloc", e, "%s, %zu bytes", what, need);
-    }
-    *cap = need;
-    return 0;
-}
-
 /* KVGATE_CUDA_ATTN_SCRATCH: bytes, with K, M or G (powers of 1024); unset: 256M. */
 static int attn_scratch_of(const char *v, size_t *bytes, char *err, size_t err_len)
 {

@@ -109,3 +109,23 @@ void kvg_cu_mark_dead(kvg_cuda *c, const char *why)
     c->dead = 1;
     snprintf(c->dead_err, sizeof c->dead_err, "%s", why);
 }
+
+/* Buffers that grow with the step (cuda_internal.h). */
+int kvg_cu_grow_dev(kvg_cuda *c, void **p, size_t *cap, size_t need, const char *what)
+{
+    cudaError_t e;
+    if (need <= *cap)
+        return 0;
+    need = need < 4096 ? 4096 : need + need / 2;
+    if (*p)
+        cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    e = cudaMalloc(p, need);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return kvg_cu_fail(c, "cudaMalloc", e, "%s, %zu bytes", what, need);
+    }
+    *cap = need;
+    return 0;
+}
