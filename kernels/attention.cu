@@ -44,11 +44,20 @@
  *   unsigned k[C][SW], v[C][SW] the chunk's K and V (BF16 pairs), SW odd so that 32 lanes
  *                               reading word w of 32 consecutive keys hit 32 banks
  *   float p[ATT_MAX_WARPS][C]   each warp's scores, then probabilities
- * Sized for ATT_MAX_WARPS whatever the block, so C never depends on the launch. */
+ * Sized for ATT_MAX_WARPS whatever the block, so C never depends on the launch. Then, on
+ * top of the chunk's budget (so that C stays what it was before it was added):
+ *   float q[ATT_MAX_WARPS][head_dim]  the query of the pair each warp is on: its 32 lanes
+ *                               read the same element at once (a broadcast), where they
+ *                               used to read q from global memory inside the dot product. */
 static inline size_t attn_smem_bytes(int C, int SW)
 {
     return (size_t)C * (sizeof(int64_t) + 2 * sizeof(unsigned) * (size_t)SW +
                         sizeof(float) * ATT_MAX_WARPS);
+}
+
+static inline size_t attn_q_bytes(int head_dim)
+{
+    return sizeof(float) * ATT_MAX_WARPS * (size_t)head_dim;
 }
 
 /* NP: 32-bit words (element pairs) of head_dim per lane, 1, 2 or 4 (head_dim <= 64, 128,
@@ -63,6 +72,7 @@ attn_pass1(kvg_k_attn_args a, int C, int SW)
     unsigned *kw = (unsigned *)(key_off + C);
     unsigned *vw = kw + (size_t)C * SW;
     float *pbuf = (float *)(vw + (size_t)C * SW);
+    float *qbuf = pbuf + (size_t)ATT_MAX_WARPS * C;
 
     const kvg_k_attn_item it = a.items[a.item0 + blockIdx.x];
     const int kvh = blockIdx.y;
@@ -71,6 +81,7 @@ attn_pass1(kvg_k_attn_args a, int C, int SW)
     const int lane = threadIdx.x % KVG_WARP, warp = threadIdx.x / KVG_WARP;
     const int n_warps = blockDim.x / KVG_WARP;
     float *ps = pbuf + (size_t)warp * C;
+    float *qs = qbuf + (size_t)warp * hd;
     const int split_start = it.split * a.split_tokens;
     const int split_end = split_start + a.split_tokens;
 
@@ -121,12 +132,33 @@ KVG_UNROLL
             }
             __syncthreads();
             /* Consecutive threads read consecutive words of a key row (and the rows of one
-             * pool block are contiguous): coalesced. */
-            for (int idx = threadIdx.x; idx < clen * hw; idx += blockDim.x) {
-                const int j = idx / hw, w = idx - j * hw;
-                const int64_t o = key_off[j] + w;
-                kw[j * SW + w] = pool[o];
-                vw[j * SW + w] = pool[o + v_delta];
+             * pool block are contiguous): coalesced. A row of head_dim % 8 == 0 elements
+             * starts on 16 bytes (the pool is 256-byte aligned, its rows whole 16-byte
+             * multiples): 128-bit loads, four words stored apart (SW is odd). */
+            if (hw % 4 == 0) {
+                const int hq = hw / 4;
+                for (int idx = threadIdx.x; idx < clen * hq; idx += blockDim.x) {
+                    const int j = idx / hq, w = (idx - j * hq) * 4;
+                    const int64_t o = key_off[j] + w;
+                    const uint4 kq = *(const uint4 *)(pool + o);
+                    const uint4 vq = *(const uint4 *)(pool + o + v_delta);
+                    unsigned *kd = kw + j * SW + w, *vd = vw + j * SW + w;
+                    kd[0] = kq.x;
+                    kd[1] = kq.y;
+                    kd[2] = kq.z;
+                    kd[3] = kq.w;
+                    vd[0] = vq.x;
+                    vd[1] = vq.y;
+                    vd[2] = vq.z;
+                    vd[3] = vq.w;
+                }
+            } else {
+                for (int idx = threadIdx.x; idx < clen * hw; idx += blockDim.x) {
+                    const int j = idx / hw, w = idx - j * hw;
+                    const int64_t o = key_off[j] + w;
+                    kw[j * SW + w] = pool[o];
+                    vw[j * SW + w] = pool[o + v_delta];
+                }
             }
             __syncthreads();
 
@@ -144,7 +176,13 @@ KVG_UNROLL
                 const int j0 = a.window > 0 ? max(0, (int)a.pos[r] - a.window + 1 - c0) : 0;
                 if (j0 >= nk)
                     continue;        /* the chunk is before the row's window (warp-uniform) */
-                const float2 *qv = (const float2 *)(a.q + r * q_stride + (int64_t)h * hd);
+                /* The pair's q into the warp's slot: read from global memory once per
+                 * chunk instead of once per key. (The slot's last readers finished at the
+                 * __syncwarp that ends the previous pair, or the chunk's __syncthreads.) */
+                const float *qg = a.q + r * q_stride + (int64_t)h * hd;
+                for (int e = lane; e < hd; e += KVG_WARP)
+                    qs[e] = qg[e];
+                __syncwarp(KVG_FULL_MASK);
 
                 float cmax = -INFINITY;
                 for (int j = j0 + lane; j < nk; j += KVG_WARP) {
@@ -152,9 +190,8 @@ KVG_UNROLL
                     float s0 = 0.0f, s1 = 0.0f;
                     for (int w = 0; w < hw; w++) {
                         const float2 kk = kvg_bf16x2_word_to_f32(kr[w]);
-                        const float2 qq = qv[w];
-                        s0 = fmaf(qq.x, kk.x, s0);
-                        s1 = fmaf(qq.y, kk.y, s1);
+                        s0 = fmaf(qs[2 * w], kk.x, s0);
+                        s1 = fmaf(qs[2 * w + 1], kk.y, s1);
                     }
                     float sc = (s0 + s1) * a.scale;
                     if (a.softcap > 0.0f)
@@ -297,8 +334,11 @@ extern "C" cudaError_t kvg_k_attention(cudaStream_t s, const kvg_k_attn_args *a)
         void (*k1)(kvg_k_attn_args, int, int) =
             hw <= 32 ? attn_pass1<1> : hw <= 64 ? attn_pass1<2> : attn_pass1<4>;
         const kvg_k_attn_args args = *a;
+        const size_t smem = attn_smem_bytes(C, SW) + attn_q_bytes(hd);
+        if (smem > 48u * 1024u)
+            return cudaErrorInvalidValue;   /* not for head_dim <= KVG_K_ATTN_MAX_HEAD_DIM */
         KVG_LAUNCH(k1, dim3((unsigned)a->n_items, (unsigned)g->n_kv_heads),
-                   dim3((unsigned)warps * KVG_WARP), attn_smem_bytes(C, SW), s, args, C, SW);
+                   dim3((unsigned)warps * KVG_WARP), smem, s, args, C, SW);
     }
     {
         const kvg_k_attn_args args = *a;
