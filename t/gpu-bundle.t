@@ -90,7 +90,7 @@ for my $f (@bins, map { "$bundle/models/stories260K/$_" } qw(stories260K.bin tok
 ok(-x "$bundle/run.sh" && -f "$bundle/README.md", 'bundle holds run.sh and README.md');
 
 # What the binaries may need: glibc and CUDA. ldd also lists what the CUDA libraries pull
-# in themselves (cuBLAS needs libgcc_s), which the binaries do not name.
+# in themselves (cuBLAS needs libgcc_s, cuDNN libstdc++ too), which the binaries do not name.
 my $glibc = qr/^(?:libc|libm|libpthread|libdl|librt|ld-linux-x86-64|linux-vdso)\.so/;
 my $cuda = qr/^(?:libcudart|libcublas|libcublasLt|libcudnn)\.so/;
 for my $b (@bins) {
@@ -101,7 +101,7 @@ for my $b (@bins) {
         or diag("unexpected: @bad");
     my $ldd = slurp_cmd('ldd', $b);
     my @libs = map { (split ' ', $_)[0] } grep { /\S/ } split /\n/, $ldd;
-    my @extra = grep { $_ !~ $glibc && $_ !~ $cuda && !/^\/lib64\/ld-linux/ && !/^libgcc_s\.so/ } @libs;
+    my @extra = grep { $_ !~ $glibc && $_ !~ $cuda && !/^\/lib64\/ld-linux/ && !/^(?:libgcc_s|libstdc\+\+)\.so/ } @libs;
     ok(!@extra, "ldd $name: glibc and CUDA only") or diag($ldd);
     my ($rc, $out) = run(20, $b, '--help');
     ok($rc == 0 && $out =~ /usage/i, "$name --help") or diag($out);
