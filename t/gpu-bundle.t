@@ -4,7 +4,9 @@
 # CUDA libraries (readelf NEEDED and ldd), start and print --help, and fail at once with a
 # CUDA error message for --backend cuda on this GPU-less machine; then the bundle's run.sh
 # runs its steps emulated (KVG_RUN_EMU=1: the build/emu binaries, tiny models), when
-# `make emu` has built them.
+# `make emu` has built them; its bench steps run both attention paths (own, cudnn), each
+# labelled in results.json, and a cuDNN without the paged SDPA op makes the cudnn step
+# "unsupported" (KVG_EMU_CUDNN_VERSION), not a failure.
 #
 # Skipped without nvcc. The bundle links the libraries of $BUILD (KVG_BUNDLE_OBJ=$BUILD:
 # the objects `make` built already; so only the links run here). The ASan pass skips: the
@@ -88,7 +90,7 @@ for my $f (@bins, map { "$bundle/models/stories260K/$_" } qw(stories260K.bin tok
 ok(-x "$bundle/run.sh" && -f "$bundle/README.md", 'bundle holds run.sh and README.md');
 
 # What the binaries may need: glibc and CUDA. ldd also lists what the CUDA libraries pull
-# in themselves (cuBLAS needs libgcc_s), which the binaries do not name.
+# in themselves (cuBLAS needs libgcc_s, cuDNN libstdc++ too), which the binaries do not name.
 my $glibc = qr/^(?:libc|libm|libpthread|libdl|librt|ld-linux-x86-64|linux-vdso)\.so/;
 my $cuda = qr/^(?:libcudart|libcublas|libcublasLt|libcudnn)\.so/;
 for my $b (@bins) {
@@ -99,7 +101,7 @@ for my $b (@bins) {
         or diag("unexpected: @bad");
     my $ldd = slurp_cmd('ldd', $b);
     my @libs = map { (split ' ', $_)[0] } grep { /\S/ } split /\n/, $ldd;
-    my @extra = grep { $_ !~ $glibc && $_ !~ $cuda && !/^\/lib64\/ld-linux/ && !/^libgcc_s\.so/ } @libs;
+    my @extra = grep { $_ !~ $glibc && $_ !~ $cuda && !/^\/lib64\/ld-linux/ && !/^(?:libgcc_s|libstdc\+\+)\.so/ } @libs;
     ok(!@extra, "ldd $name: glibc and CUDA only") or diag($ldd);
     my ($rc, $out) = run(20, $b, '--help');
     ok($rc == 0 && $out =~ /usage/i, "$name --help") or diag($out);
@@ -170,7 +172,7 @@ SKIP: {
 SKIP: {
     my $emu_check = "$build/emu/bin/kvgate-gpu-check";
     my $emu_bench = "$build/emu/bench/gpu_bench";
-    skip "the emulated binaries are not built ($emu_check, $emu_bench: make emu)", 3
+    skip "the emulated binaries are not built ($emu_check, $emu_bench: make emu)", 8
         unless -x $emu_check && -x $emu_bench;
     local $ENV{KVG_RUN_EMU} = 1;
     local $ENV{KVG_BIN} = "$build/emu/bin";
@@ -184,6 +186,41 @@ SKIP: {
     my @bad = grep { $_->{status} ne 'pass' && $_->{status} ne 'skipped' } @{ $res->{steps} // [] };
     ok($res && @{ $res->{steps} } >= 8 && !@bad, 'every step passed or was skipped')
         or diag(join ', ', map { "$_->{name}: $_->{status}" } @bad);
+
+    # The bench's attention paths side by side, each labelled: own (invariant on and off)
+    # and cudnn (off), the same configuration.
+    my %bench = map { $_->{name} => $_ } grep { $_->{name} =~ /^bench-/ } @{ $res->{steps} // [] };
+    my $modes = sub {
+        my ($s) = @_;
+        return join ',', map { $_->{batch_invariant} ? 'on' : 'off' } @{ $s->{result}{models}[0]{modes} // [] };
+    };
+    my ($own, $cudnn) = @bench{qw(bench-0-own bench-0-cudnn)};
+    ok($own && $own->{status} eq 'pass' && $own->{attention} eq 'own' && $modes->($own) eq 'on,off',
+       'results.json: bench-0-own, attention own, batch-invariant on and off')
+        or diag(encode_json($own // {}));
+    ok($cudnn && $cudnn->{status} eq 'pass' && $cudnn->{attention} eq 'cudnn' && $modes->($cudnn) eq 'off',
+       'results.json: bench-0-cudnn, attention cudnn, batch-invariant off')
+        or diag(encode_json($cudnn // {}));
+    like($out, qr/^== bench-0-own: attention own, pass.*^== bench-0-cudnn: attention cudnn, pass/ms,
+         'the summary labels both bench results with their attention path');
+
+    # A cuDNN without the paged SDPA op (the emulator's cudnnGetVersion says 9.10): the cudnn
+    # step is "unsupported", its reason recorded, and the run still passes.
+    local $ENV{KVG_EMU_CUDNN_VERSION} = 91000;
+    local $ENV{KVG_STEPS} = 'bench';
+    local $ENV{OUT} = "$dir/out-nocudnn";
+    ($rc, $out, $secs) = run(300, "$bundle/run.sh");
+    is($rc, 0, sprintf('run.sh, emulated, with a cuDNN lacking the op passes (%.1f s)', $secs)) or diag($out);
+    $res = eval { decode_json(slurp("$dir/out-nocudnn/results.json")) };
+    my %st = map { $_->{name} => $_ } @{ $res->{steps} // [] };
+    ok($res && $res->{ok} && $st{'bench-0-own'} && $st{'bench-0-own'}{status} eq 'pass'
+       && $st{'bench-0-cudnn'} && $st{'bench-0-cudnn'}{status} eq 'unsupported'
+       && $st{'bench-0-cudnn'}{attention} eq 'cudnn'
+       && ($st{'bench-0-cudnn'}{result}{unsupported} // '') =~ /KVGATE_CUDA_ATTENTION=cudnn: .*cuDNN 9\.10\.0 has no paged SDPA/,
+       'results.json: bench-0-cudnn unsupported, with the reason; bench-0-own passed')
+        or diag(slurp("$dir/out-nocudnn/results.json"));
+    like($out, qr/^bench-0-cudnn\s+unsupported.*\n\s+.*no paged SDPA/m, 'the summary says why')
+        or diag($out);
 }
 
 done_testing();

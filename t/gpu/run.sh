@@ -10,7 +10,12 @@
 #      with --batch-invariant on (a failure otherwise), the differing counts with it off;
 #   4. compute-sanitizer memcheck and racecheck on a short run, when it is installed;
 #   5. the benchmark (bench/gpu_bench: synthetic:1B-bf16, synthetic:110M-bf16, and
-#      synthetic:8B4L-bf16 at a 4k context);
+#      synthetic:8B4L-bf16 at a 4k context), each configuration twice, the attention paths
+#      side by side: bench-N-own (KVGATE_CUDA_ATTENTION=own, --batch-invariant both: the
+#      invariant-mode figures and the own kernels' off-mode ones) and bench-N-cudnn
+#      (KVGATE_CUDA_ATTENTION=cudnn, --batch-invariant off). Each step's results.json entry
+#      says its "attention"; a cudnn step whose cuDNN lacks the paged SDPA op is
+#      "unsupported" (the reason in its result), not a failure;
 #   6. the model families (docs/model-families.md): each family's tiny GGUF (random weights,
 #      a real vocabulary), written here by bench/synth_gguf: logits vs the CPU backend within
 #      the family's tolerance (t/engine-families.t's emulated figures), and invariance
@@ -29,7 +34,9 @@
 # Overrides: KVG_BIN (folder of kvgate-gpu-check), KVG_BENCH (the gpu_bench binary),
 # KVG_MODELS (folder holding stories260K/), KVG_STEPS (e.g. "golden logits": the steps to
 # run, of info golden logits invariance sanitizer bench families), KVG_DEVICE (CUDA ordinal),
-# KVG_BACKEND (default cuda; cpu checks the script itself against the CPU backend).
+# KVG_BACKEND (default cuda; cpu checks the script itself against the CPU backend),
+# KVG_BENCH_DEADLINE_S (seconds from the start after which no bench step starts and each one's
+# limit is cut to what is left; default 390, leaving the families step its time).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -78,6 +85,7 @@ if [ "$emu" = 1 ]; then
     inv_args=(--prompt-len 40 --decode 2 --batches 1,8 --chunks 1,7,0)
     san_args=(--prompt-len 20 --decode 1 --batches 1,4 --chunks 7)
     bench_runs=("--model synthetic:260K --quick --batches 1,8")
+    bench_deadline=${KVG_BENCH_DEADLINE_S:-600}
     # two families here (every kernel of MoE, sinks and windows); t/engine-families.t runs
     # every family on the emulated backend
     fam_list="qwen3moe:0.06 gpt-oss:0.1"
@@ -93,14 +101,23 @@ else
     logits_big=(--prompt-len 64 --decode 4 --threads "$threads")
     inv_args=(--prompt-len 300 --decode 8)
     san_args=(--prompt-len 40 --decode 2 --batches 1,8 --chunks 7)
-    bench_runs=("--model synthetic:1B-bf16 --reps 2" "--model synthetic:110M-bf16 --reps 2"
+    # each configuration runs twice (own, cudnn): the 110M point is the cheap one, one rep
+    # and no 32k prefill, so that the bench stays within its share of the 8 minutes
+    bench_runs=("--model synthetic:1B-bf16 --reps 2" "--model synthetic:110M-bf16 --reps 1 --prefill 4096"
                 "--model synthetic:8B4L-bf16 --reps 2 --prefill 4096 --batches 1,32 --decode-ctx 4096 --ttft-prefix 8192")
     fam_list="llama:0.03 qwen2:0.07 qwen3:0.06 qwen3moe:0.06 gemma2:0.05 gemma3:0.13 phi3:0.08 mistral3:0.06 gpt-oss:0.1"
     fam_args=(--prompt-len 100 --decode 4 --batches 1,8 --chunks 1,7,0 --threads "$threads" --seed 3)
     t_golden=60 t_logits=150 t_inv=120 t_san=150 t_bench=150 t_fam=60
+    bench_deadline=${KVG_BENCH_DEADLINE_S:-390}
 fi
+# the cudnn bench steps run one mode (off) where the own ones run two
+t_bench_cudnn=$(( (t_bench * 2 + 2) / 3 ))
 
-declare -a names statuses secs
+declare -a names statuses secs attns
+# step_attn: the attention path the next step's figures are for ("" for none), written
+# beside its status; unsup_re: a log line that makes a failing step "unsupported" (the op
+# is missing on this machine) instead of a failure.
+step_attn='' unsup_re=''
 failed=0
 start_all=$(date +%s)
 
@@ -115,8 +132,9 @@ write_results() {
             n=${names[$k]}
             f=$W/$n.json
             [ -s "$f" ] || f=
-            printf '    {"name": "%s", "status": "%s", "seconds": %s, "result": %s}%s\n' "$n" "${statuses[$k]}" \
-                "${secs[$k]}" "$([ -n "$f" ] && cat "$f" || echo null)" "$([ $k -lt $(( ${#names[@]} - 1 )) ] && echo ,)"
+            printf '    {"name": "%s", "status": "%s", "seconds": %s,%s "result": %s}%s\n' "$n" "${statuses[$k]}" \
+                "${secs[$k]}" "$([ -n "${attns[$k]:-}" ] && printf ' "attention": "%s",' "${attns[$k]}")" \
+                "$([ -n "$f" ] && cat "$f" || echo null)" "$([ $k -lt $(( ${#names[@]} - 1 )) ] && echo ,)"
         done
         printf '  ]\n}\n'
     } >"$OUT/results.json.tmp" && mv "$OUT/results.json.tmp" "$OUT/results.json"
@@ -132,18 +150,24 @@ step() {
     rc=$?
     if [ $rc -eq 0 ]; then st=pass
     elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then st=timeout
+    elif [ -n "$unsup_re" ] && grep -q -- "$unsup_re" "$W/$name.log"; then
+        st=unsupported
+        # the reason, as the step's result (JSON string: backslashes and quotes escaped)
+        [ -z "$json" ] || printf '{"unsupported": "%s"}\n' "$(grep -m1 -- "$unsup_re" "$W/$name.log" |
+            tr -d '\000-\037' | sed 's/\\/\\\\/g; s/"/\\"/g')" >"$json"
     else st=fail
     fi
-    names+=("$name") statuses+=("$st") secs+=("$(( $(date +%s) - t0 ))")
-    [ "$st" = pass ] || failed=1
-    printf '%-28s %-8s %4ss\n' "$name" "$st" "$(( $(date +%s) - t0 ))"
+    names+=("$name") statuses+=("$st") secs+=("$(( $(date +%s) - t0 ))") attns+=("$step_attn")
+    [ "$st" = pass ] || [ "$st" = unsupported ] || failed=1
+    printf '%-28s %-11s %4ss%s\n' "$name" "$st" "$(( $(date +%s) - t0 ))" "${step_attn:+  (attention: $step_attn)}"
+    [ "$st" != unsupported ] || grep -m1 -- "$unsup_re" "$W/$name.log" | sed 's/^/    /'
     case $name in bench-*|info) ;; *) sed 's/^/    /' "$W/$name.log" | grep -E 'first divergence|FAIL|max\|diff\||differ|error|Error|ERROR|: (pass|fail|error)|TTFT|tok/s|share|batch-invariant|CUDA|cuda' | head -40 ;; esac
     [ -z "$json" ] || [ -s "$json" ] || echo "{}" >"$json"
     write_results
 }
 
 skip() {                                        # skip NAME WHY
-    names+=("$1") statuses+=(skipped) secs+=(0)
+    names+=("$1") statuses+=(skipped) secs+=(0) attns+=("$step_attn")
     printf '%-28s %-8s (%s)\n' "$1" skipped "$2"
     echo "$2" >"$W/$1.log"
     write_results
@@ -282,13 +306,35 @@ if want sanitizer; then
     fi
 fi
 
-# 5. the benchmark, one run per model (so one slow model does not cost the other's figures).
+# 5. the benchmark, one run per model (so one slow model does not cost the other's figures)
+# and attention path: the own kernels (--batch-invariant both: on is invariant mode, which
+# always runs them; off) and cuDNN's SDPA (off only), the same configuration side by side.
+# KVGATE_CUDA_ATTENTION=cudnn makes a cuDNN without the paged SDPA op a startup error
+# ("cuda: KVGATE_CUDA_ATTENTION=cudnn: <why>"): that step is "unsupported", not a failure.
+# No bench step starts after bench_deadline seconds into the run, and each one's limit is
+# cut to what is left of it.
+bench_step() {                                  # bench_step NAME LIMIT ATTENTION ARGS...
+    local name=$1 limit=$2 left
+    step_attn=$3
+    shift 3
+    left=$(( bench_deadline - ($(date +%s) - start_all) ))
+    if [ "$left" -lt 10 ]; then
+        skip "$name" "the run's time budget is spent (KVG_BENCH_DEADLINE_S=$bench_deadline)"
+    else
+        [ "$left" -ge "$limit" ] || limit=$left
+        step "$name" "$limit" "$W/$name.json" env KVGATE_CUDA_ATTENTION="$step_attn" "$@" --json "$W/$name.json"
+    fi
+    step_attn=
+}
 if want bench; then
     i=0
     for args in "${bench_runs[@]}"; do
         # shellcheck disable=SC2086 # the words of one bench run
-        step "bench-$i" "$t_bench" "$W/bench-$i.json" "$bench" "${dev[@]}" $args \
-            --json "$W/bench-$i.json"
+        bench_step "bench-$i-own" "$t_bench" own "$bench" "${dev[@]}" $args --batch-invariant both
+        unsup_re='KVGATE_CUDA_ATTENTION=cudnn:'
+        # shellcheck disable=SC2086
+        bench_step "bench-$i-cudnn" "$t_bench_cudnn" cudnn "$bench" "${dev[@]}" $args --batch-invariant off
+        unsup_re=
         i=$((i + 1))
     done
 fi
@@ -333,12 +379,23 @@ fi
 if want bench; then
     echo
     for k in "${!names[@]}"; do
-        case ${names[$k]} in bench-*) sed -n '/^[a-z].*(.*params/,$p' "$W/${names[$k]}.log" ;; esac
+        case ${names[$k]} in
+        bench-*)
+            echo "== ${names[$k]}: attention ${attns[$k]:-?}, ${statuses[$k]}$([ "${attns[$k]:-}" = own ] &&
+                echo " (batch-invariant on: invariant mode; off: the own kernels)")"
+            if [ "${statuses[$k]}" = unsupported ]; then
+                grep -m1 -- 'KVGATE_CUDA_ATTENTION=cudnn:' "$W/${names[$k]}.log" | sed 's/^/  /'
+            else
+                sed -n '/^[a-z].*(.*params/,$p' "$W/${names[$k]}.log"
+            fi
+            ;;
+        esac
     done
 fi
 if [ "${KVG_KEEP_STEPS:-0}" != 1 ]; then
     tar czf "$OUT/steps.tar.gz" -C "$OUT" steps && rm -rf "$W"
 fi
 echo
-echo "$([ $failed = 0 ] && echo "ALL PASSED" || echo "FAILED"): ${#names[@]} steps in ${total}s; results in $OUT/results.json"
+unsupported=$(for k in "${!names[@]}"; do [ "${statuses[$k]}" = unsupported ] && echo "${names[$k]}"; done | tr '\n' ' ')
+echo "$([ $failed = 0 ] && echo "ALL PASSED" || echo "FAILED"): ${#names[@]} steps in ${total}s${unsupported:+ (unsupported here: ${unsupported% })}; results in $OUT/results.json"
 exit $failed
