@@ -115,6 +115,8 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
     int split, half = cfg->head_dim / 2;
     size_t partials;
     cudaError_t e;
+    int buf;                     /* which host buffer this step's description goes in */
+    void *hp;
 
     c->step++;
     c->op = "begin_step";
@@ -138,25 +140,31 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
         kvg_set_err(err, err_len, "%s", msg);
         return -1;
     }
+    buf = c->plan_half ^ 1;
     if (c->plan.bytes > c->plan_cap) {
         size_t cap = c->plan.bytes + c->plan.bytes / 2;
-        /* The previous step's upload may still be reading the old pinned buffer. */
+        /* The previous steps' uploads may still be reading the old pinned buffers. */
         e = cudaStreamSynchronize(c->stream);
         if (e != cudaSuccess) {
             kvg_cu_fail(c, "cudaStreamSynchronize", e, "before growing the step buffer");
             goto failed;
         }
-        if (c->h_plan)
-            cudaFreeHost(c->h_plan);
+        for (int i = 0; i < 2; i++) {
+            if (c->h_plan[i])
+                cudaFreeHost(c->h_plan[i]);
+            c->h_plan[i] = NULL;
+        }
         if (c->d_plan)
             cudaFree(c->d_plan);
-        c->h_plan = c->d_plan = NULL;
+        c->d_plan = NULL;
         c->plan_cap = 0;
-        e = cudaMallocHost(&c->h_plan, cap);
-        if (e != cudaSuccess) {
-            c->h_plan = NULL;
-            kvg_cu_fail(c, "cudaMallocHost", e, "step buffer of %zu bytes", cap);
-            goto failed;
+        for (int i = 0; i < 2; i++) {
+            e = cudaMallocHost(&c->h_plan[i], cap);
+            if (e != cudaSuccess) {
+                c->h_plan[i] = NULL;
+                kvg_cu_fail(c, "cudaMallocHost", e, "step buffer of %zu bytes", cap);
+                goto failed;
+            }
         }
         e = cudaMalloc(&c->d_plan, cap);
         if (e != cudaSuccess) {
@@ -166,24 +174,26 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
         }
         c->plan_cap = cap;
     } else {
-        /* The pinned buffer is rewritten: the last step's copy out of it must be done. */
-        e = cudaStreamSynchronize(c->stream);
+        /* This buffer is rewritten: the upload out of it, two steps ago, must have left
+         * (its event); the last step's work may go on meanwhile. */
+        e = cudaEventSynchronize(c->plan_sent[buf]);
         if (e != cudaSuccess) {
-            kvg_cu_fail(c, "cudaStreamSynchronize", e, "before the step's upload");
+            kvg_cu_fail(c, "cudaEventSynchronize", e, "before the step's upload");
             goto failed;
         }
     }
-    kvg_step_plan_fill(s, &c->plan, c->h_plan);
+    hp = c->h_plan[buf];
+    kvg_step_plan_fill(s, &c->plan, hp);
     /* cos/sin of each kind of rotation, once per step, shared by every layer. */
     for (int k = 0; k < c->n_rope_kinds; k++) {
-        float *cs = (float *)(void *)((unsigned char *)c->h_plan + kvg_step_plan_cs_off(&c->plan, k));
+        float *cs = (float *)(void *)((unsigned char *)hp + kvg_step_plan_cs_off(&c->plan, k));
         for (int r = 0; r < s->n_rows; r++)
             kvg_rope_cos_sin(c->inv_freq + (size_t)k * half, kvg_rope_dims(cfg) / 2, s->pos[r], kvg_rope_mscale(cfg),
                              cs + (size_t)r * c->plan.cs_floats);
     }
     /* Llama 4's query temperature of each row, by its position (rope.h), as the CPU's. */
     if (cfg->attn_temp_scale != 0.0f) {
-        float *qs = (float *)(void *)((unsigned char *)c->h_plan + c->plan.off_q_scale);
+        float *qs = (float *)(void *)((unsigned char *)hp + c->plan.off_q_scale);
         for (int r = 0; r < s->n_rows; r++)
             qs[r] = kvg_rope_q_scale(cfg, s->pos[r]);
     }
@@ -209,7 +219,9 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
     if (kvg_cu_grow_dev(c, (void **)&c->d_partials, &c->partials_cap, partials * sizeof(float),
                  "attention partials") != 0)
         goto failed;
-    e = cudaMemcpyAsync(c->d_plan, c->h_plan, c->plan.bytes, cudaMemcpyHostToDevice, c->stream);
+    e = cudaMemcpyAsync(c->d_plan, hp, c->plan.bytes, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(c->plan_sent[buf], c->stream);
     if (e != cudaSuccess) {
         kvg_cu_fail(c, "cudaMemcpyAsync", e, "the step's description, %zu bytes", c->plan.bytes);
         goto failed;
@@ -509,8 +521,12 @@ static void cu_destroy(kvg_backend *be)
         kvg_cu_moe_free(c);
         kvg_cu_sdpa_free(c);
         kvg_cu_weights_free(c);
-        if (c->h_plan)
-            cudaFreeHost(c->h_plan);
+        for (int i = 0; i < 2; i++) {
+            if (c->h_plan[i])
+                cudaFreeHost(c->h_plan[i]);
+            if (c->plan_sent[i])
+                cudaEventDestroy(c->plan_sent[i]);
+        }
         if (c->d_plan)
             cudaFree(c->d_plan);
         if (c->d_partials)
@@ -639,6 +655,14 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
         c->stream = NULL;
         rt_err(err, err_len, "cannot create a stream", "cudaStreamCreateWithFlags", e);
         goto fail;
+    }
+    for (int i = 0; i < 2; i++) {
+        e = cudaEventCreateWithFlags(&c->plan_sent[i], cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            c->plan_sent[i] = NULL;
+            rt_err(err, err_len, "cannot create an event", "cudaEventCreateWithFlags", e);
+            goto fail;
+        }
     }
     c->n_rope_kinds = kvg_rope_n_kinds(m);
     c->inv_freq = malloc((size_t)c->n_rope_kinds * (size_t)(cfg->head_dim / 2) * sizeof(float));

@@ -82,9 +82,14 @@ typedef struct kvg_cuda {
     float *fused_out;            /* scratch: a fused GEMM's [M][sum N] before the split */
     size_t fused_out_bytes;
 
-    /* The step: the packed plan on the host (pinned) and the device. */
+    /* The step: the packed plan on the host (pinned) and the device. Two host buffers,
+     * used in turn: step n+1's is written while step n's upload may still be queued, and
+     * plan_sent[i], recorded after the upload out of h_plan[i], says when it may be
+     * rewritten, so begin_step never waits for the whole stream. */
     kvg_step_plan plan;
-    void *h_plan, *d_plan;
+    void *h_plan[2], *d_plan;
+    cudaEvent_t plan_sent[2];
+    int plan_half;               /* the buffer of the last step */
     size_t plan_cap;
     float *d_partials;
     size_t partials_cap;         /* floats */

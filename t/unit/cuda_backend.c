@@ -385,9 +385,10 @@ static void sticky(const kvg_model *m)
 
 /* KVGATE_CUDA_SYNC=1: the backend waits after each kernel and GEMM, so an error of an
  * asynchronous execution names the launch it came from, not the end of the step. After
- * a first step, a step waits once in begin_step (the pinned buffer's last copy); the
- * failure is injected into the wait after that: the end of the step's work, or with
- * the variable the wait after the step's first kernel (the embedding). */
+ * a first step, begin_step waits for no stream (only for the upload out of the host
+ * buffer it rewrites: an event); the failure is injected into the step's first stream
+ * wait: the end of the step's work, or with the variable the wait after the step's
+ * first kernel (the embedding). */
 static void sync_each(const kvg_model *m)
 {
     int V = m->cfg.vocab_size;
@@ -413,7 +414,7 @@ static void sync_each(const kvg_model *m)
         ok(kvg_forward_step(g.fw, &b, 1, err, sizeof err) == 0, "sync_each: a first step (%s)", err);
         b.tokens = p + 11;
         b.n_tokens = 1;
-        kvg_emu_fail("cudaStreamSynchronize", 2, cudaErrorLaunchFailure);
+        kvg_emu_fail("cudaStreamSynchronize", 1, cudaErrorLaunchFailure);
         ok(kvg_forward_step(g.fw, &b, 1, err, sizeof err) == -1 &&
            strstr(err, on ? "launch kvg_k_embed" : "the step's work") != NULL,
            "KVGATE_CUDA_SYNC %s: an asynchronous failure is reported %s (%s)", on ? "=1" : "unset",
