@@ -28,6 +28,7 @@ ok(-x $emu_gen, "$emu_gen is built") or BAIL_OUT("build it first: make BUILD=$bu
 my $dir = tempdir(CLEANUP => 1);
 
 sub slurp { my ($f) = @_; open my $fh, '<', $f or return ''; local $/; my $s = <$fh>; $s // '' }
+sub slurp_raw { my ($f) = @_; open my $fh, '<:raw', $f or die "$f: $!"; local $/; my $s = <$fh>; $s // '' }
 
 sub run {
     my (@cmd) = @_;
@@ -88,6 +89,26 @@ is($rc, 0, '--stdlib-forward equals kvgate CPU within 1e-5 of the largest logit'
 my $f = eval { decode_json(slurp("$dir/f.json")) } // {};
 my $fc = $f->{compare}{'kvgate-cpu'} // {};
 ok($fc->{argmax_equal} && $fc->{n} == 512 && $fc->{rel} < 1e-5, sprintf('same argmax, rel %.3g', $fc->{rel} // -1));
+
+# an own classifier (negative vocab_size; the 8B shape's layout): stories260K with its
+# embedding copied after the freq_cis tables as the classifier gives the same logits
+{
+    my $all = slurp_raw("$dir/s.bin");
+    my ($dim, $vocab) = unpack('l< x16 l<', $all);
+    substr($all, 20, 4) = pack('l<', -$vocab);
+    open my $fh, '>:raw', "$dir/u.bin" or die;
+    print $fh $all, substr($all, 28, 4 * $vocab * $dim);
+    close $fh;
+    ($rc, $out) = run('python3', $ref, '--check-export', "$dir/u.bin");
+    ok($rc == 0 && $out =~ /vocab 512 \(own classifier\).* size ok/, '--check-export: an own classifier after the freq_cis tables')
+        or diag($out);
+    ($rc, $out) = run($gen, '--model', "$dir/u.bin", '--tokenizer', "$stories/tok512.bin", '--prompt-ids', $ids, '--ids',
+                      '--max-tokens', '0', '--prompt-logits', "$dir/ucpu.txt");
+    is($rc, 0, 'kvgate reads it') or diag($out);
+    ($rc, $out) = run('python3', $ref, '--stdlib-forward', "$dir/u.bin", '--ids', $ids,
+                      '--compare', "kvgate-cpu=$dir/ucpu.txt", '--compare', "tied=$dir/cpu.txt", '--tol', '1e-5');
+    is($rc, 0, '--stdlib-forward with the own classifier equals kvgate, and the tied logits') or diag($out);
+}
 
 # --compare-files: kvgate-gpu-check's rule
 ($rc, $out) = run('python3', $ref, '--compare-files', "$dir/py.txt", "$dir/cpu.txt", '--tol', '0.03');

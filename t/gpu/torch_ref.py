@@ -400,19 +400,29 @@ def bench(torch, model, h, device, n_prefill, n_decode, batches, ctx):
     n_params = sum(p.numel() for p in model.parameters())
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
+    def new_cache():
+        try:
+            return DynamicCache()
+        except TypeError:           # a version that wants arguments: the model makes its own
+            return None
+
     def prefill(ids, cache):
-        hid = model.model(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state
-        return model.lm_head(hid[:, -1:, :])
+        o = model.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        return model.lm_head(o.last_hidden_state[:, -1:, :]), o.past_key_values
+
+    def step(nxt, cache):
+        o = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        return o.logits[:, -1, :].argmax(-1, keepdim=True), o.past_key_values
 
     with torch.inference_mode():
         if n_prefill > 0:
             ids = torch.randint(3, min(V, 32000), (1, n_prefill), generator=gen).to(device)
-            prefill(ids[:, :64], DynamicCache())         # warm-up (kernels, cuBLAS handles)
+            prefill(ids[:, :64], new_cache())            # warm-up (kernels, cuBLAS handles)
             times = []
             for _ in range(2):
                 sync()
                 t0 = time.perf_counter()
-                prefill(ids, DynamicCache())
+                prefill(ids, new_cache())
                 sync()
                 times.append(time.perf_counter() - t0)
             t = min(times)
@@ -427,15 +437,14 @@ def bench(torch, model, h, device, n_prefill, n_decode, batches, ctx):
             out["decode"] = []
             for b in batches:
                 ids = torch.randint(3, min(V, 32000), (b, ctx), generator=gen).to(device)
-                cache = DynamicCache()
-                logits = prefill(ids, cache)
+                logits, cache = prefill(ids, new_cache())
                 nxt = logits[:, -1, :].argmax(-1, keepdim=True)
                 for _ in range(2):                        # warm-up steps
-                    nxt = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1, :].argmax(-1, keepdim=True)
+                    nxt, cache = step(nxt, cache)
                 sync()
                 t0 = time.perf_counter()
                 for _ in range(n_decode):
-                    nxt = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1, :].argmax(-1, keepdim=True)
+                    nxt, cache = step(nxt, cache)
                 sync()
                 t = time.perf_counter() - t0
                 out["decode"].append({"batch": b, "context": ctx, "steps": n_decode, "ms_per_step": 1e3 * t / n_decode,
@@ -504,7 +513,15 @@ def run_model(a):
     write_json(a.json, dict(res, ok=ok))
     if a.bench_prefill or a.bench_decode:
         batches = [int(x) for x in a.bench_batches.split(",") if x]
-        res["bench"] = bench(torch, model, h, a.device, a.bench_prefill, a.bench_decode, batches, a.bench_ctx)
+        try:
+            res["bench"] = bench(torch, model, h, a.device, a.bench_prefill, a.bench_decode, batches, a.bench_ctx)
+        except Exception as e:      # noqa: BLE001 - the logits verdict stands; the step fails
+            res["bench"] = {"error": "%s: %s" % (type(e).__name__, e)}
+            res["ok"] = ok
+            res["bench_failed"] = True
+            write_json(a.json, res)
+            print("torch bench: error: %s" % res["bench"]["error"])
+            return 1
         b = res["bench"]
         if "prefill" in b:
             print("torch prefill %d: %.1f ms, %.0f tok/s, %.1f TFLOP/s" % (
