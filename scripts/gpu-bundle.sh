@@ -7,7 +7,7 @@
 #
 #   bin/kvgate-engine bin/kvgate-generate bin/kvgate-gpu-check bench/gpu_bench
 #   models/stories260K/{stories260K.bin,tok512.bin,golden-greedy.json,README.md}
-#   run.sh README.md BUILD-INFO
+#   run.sh torch_ref.py README.md BUILD-INFO
 #
 # Linking: jansson, utf8proc and libcrypto statically (Debian's .a files), libgcc and
 # libstdc++ statically, cudart statically (libcudart_static.a: the bundle then needs
@@ -123,8 +123,10 @@ mkdir -p "$out.tmp/models/vocab"
 cp "$shared/tokenizers/vectors/ggml-vocab-llama-spm.gguf" "$out.tmp/models/vocab/"
 chmod u+w "$out.tmp/models/stories260K/"* "$out.tmp/models/vocab/"*
 cp t/gpu/run.sh "$out.tmp/run.sh"
+# the torch step's PyTorch reference (python3; stdlib, plus torch and transformers where present)
+cp t/gpu/torch_ref.py "$out.tmp/torch_ref.py"
 cp t/gpu/README.md "$out.tmp/README.md"
-chmod +x "$out.tmp/run.sh"
+chmod +x "$out.tmp/run.sh" "$out.tmp/torch_ref.py"
 {
     echo "built: $(date -u +%Y-%m-%dT%H:%MZ) on $(uname -n)"
     echo "source: $(git describe --always --dirty 2>/dev/null || echo unknown)"

@@ -88,6 +88,7 @@ for my $f (@bins, map { "$bundle/models/stories260K/$_" } qw(stories260K.bin tok
     ok(-f $f, "bundle holds " . substr($f, length($bundle) + 1));
 }
 ok(-x "$bundle/run.sh" && -f "$bundle/README.md", 'bundle holds run.sh and README.md');
+ok(-x "$bundle/torch_ref.py", 'bundle holds torch_ref.py (the torch step)');
 
 # What the binaries may need: glibc and CUDA. ldd also lists what the CUDA libraries pull
 # in themselves (cuBLAS needs libgcc_s, cuDNN libstdc++ too), which the binaries do not name.

@@ -6,6 +6,9 @@
 #      is accepted only where the CPU reference itself has a near tie: kvgate-gpu-check);
 #   2. logits vs the CPU backend within the BF16 tolerance: stories260K, synthetic:1B-bf16,
 #      synthetic:8B4L-bf16 (Llama 3 8B's shape, 4 layers);
+#   2b. torch: the same weights in Hugging Face transformers (BF16, SDPA) when python3 has
+#      torch and transformers: logits vs kvgate's within the BF16 tolerance (stories260K and
+#      synthetic:8B4L), and torch's prefill/decode speed on the 8B shape (torch_ref.py);
 #   3. batch invariance (cache hit vs miss, batch 1/8/64, chunks 1/7/64/whole): bit-identical
 #      with --batch-invariant on (a failure otherwise), the differing counts with it off;
 #   4. compute-sanitizer memcheck and racecheck on a short run, when it is installed;
@@ -33,10 +36,11 @@
 #
 # Overrides: KVG_BIN (folder of kvgate-gpu-check), KVG_BENCH (the gpu_bench binary),
 # KVG_MODELS (folder holding stories260K/), KVG_STEPS (e.g. "golden logits": the steps to
-# run, of info golden logits invariance sanitizer bench families), KVG_DEVICE (CUDA ordinal),
+# run, of info golden logits torch invariance sanitizer bench families), KVG_DEVICE (CUDA ordinal),
 # KVG_BACKEND (default cuda; cpu checks the script itself against the CPU backend),
 # KVG_BENCH_DEADLINE_S (seconds from the start after which no bench step starts and each one's
 # limit is cut to what is left; default 390, leaving the families step its time).
+# The torch step: KVG_PYTHON (python3), KVG_TORCH_DEVICE, KVG_TORCH_TOL (see 2b below).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -61,7 +65,7 @@ bin=${KVG_BIN:-$bin}
 bench=${KVG_BENCH:-$bench}
 models=${KVG_MODELS:-$models}
 OUT=${OUT:-./out}
-steps=${KVG_STEPS:-info golden logits invariance sanitizer bench families}
+steps=${KVG_STEPS:-info golden logits torch invariance sanitizer bench families}
 dev=(--backend "${KVG_BACKEND:-cuda}" --device "${KVG_DEVICE:-0}")
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
@@ -272,6 +276,106 @@ if want logits; then
         --check logits "${logits_big[@]}" --json "$W/logits-${big#synthetic:}.json"
     [ -z "$llama8" ] || step logits-8B4L "$t_logits" "$W/logits-8B4L.json" "$check" --model "$llama8" "${dev[@]}" \
         --check logits "${logits_big[@]}" --json "$W/logits-8B4L.json"
+fi
+
+# 2b. the PyTorch reference (torch_ref.py beside run.sh; torch and transformers from this
+# machine's python3): the same weights, exported by kvgate-generate --export-llama2c (F32)
+# and checked (header, sizes, the q/k row permutation: stdlib only), in transformers'
+# LlamaForCausalLM in BF16 with SDPA on the GPU. Its logits at the last of 64 prompt ids vs
+# kvgate's on the device (--prompt-logits), within the logits step's BF16 tolerance
+# (KVG_TORCH_TOL, default 0.03 of max(1, max|logit|)); kvgate's CPU logits (F32) beside as a
+# figure. On the 8B shape (the 7.7 GB export only where torch can use it) also torch's
+# prefill of 4k and decode at batch 1 and 32 at a 4k context, beside the bench's figures.
+# torch-mapping-stories260K computes the same in double precision with transformers'
+# conventions in plain Python (torch_ref.py --stdlib-forward): a wrong mapping shows there
+# too, with torch or without. Without torch or transformers (or a device torch can see)
+# each torch-MODEL step is skipped, "not available" with the reason in its log and result,
+# never a failure.
+if want torch; then
+    py=${KVG_PYTHON:-python3}
+    tref=$here/torch_ref.py
+    tgen=$bin/kvgate-generate
+    ttok=$models/stories260K/tok512.bin
+    tbe=${KVG_BACKEND:-cuda}
+    if [ "$emu" = 1 ]; then
+        tdev=${KVG_TORCH_DEVICE:-cpu}       # a machine with torch but no GPU: torch on the CPU
+        torch_models="stories260K"
+        t_texp=60 t_tkv=120 t_torch=300 t_tall=300
+    else
+        tdev=${KVG_TORCH_DEVICE:-cuda:${KVG_DEVICE:-0}}
+        torch_models="stories260K 8B4L"
+        t_texp=150 t_tkv=150 t_torch=150 t_tall=240
+    fi
+    # The whole step stays within KVG_TORCH_BUDGET_S: each part's limit is cut to what is left,
+    # and a model whose export could not finish in what is left is skipped, saying so.
+    torch_t0=$(date +%s)
+    torch_budget=${KVG_TORCH_BUDGET_S:-$t_tall}
+    tcap() {                                    # tcap LIMIT: LIMIT, or what is left if less (>= 1)
+        local left=$(( torch_budget - ($(date +%s) - torch_t0) ))
+        [ "$left" -ge 1 ] || left=1
+        [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+    }
+    tids=$(awk 'BEGIN { for (i = 0; i < 64; i++) printf "%s%d", (i ? " " : ""), 3 + (i * 37 + 11) % 500 }')
+    torch_ok=0
+    if ! command -v "$py" >/dev/null 2>&1; then
+        torch_why="there is no $py"
+        printf '{"available": false, "reason": "%s"}\n' "$torch_why" >"$W/torch-probe.json"
+    elif torch_why=$("$py" "$tref" --probe --device "$tdev" --json "$W/torch-probe.json" 2>&1); then
+        torch_ok=1
+        echo "  PyTorch reference: $torch_why on $tdev"
+    fi
+    td=$(mktemp -d "${TMPDIR:-/tmp}/kvgate-torch-XXXXXX")
+    for tag in $torch_models; do
+        if [ "$tag" = stories260K ]; then
+            tsrc=(--model "$models/stories260K/stories260K.bin" --tokenizer "$ttok")
+        else
+            tsrc=(--model "synthetic:$tag")
+        fi
+        if [ "$(tcap 30)" -lt 30 ]; then
+            skip "torch-$tag" "the torch step's time budget is spent (KVG_TORCH_BUDGET_S=$torch_budget)"
+            continue
+        fi
+        # kvgate's CPU logits (F32) beside: on stories260K (the logits step compares the 8B
+        # shape's CPU and device logits already)
+        tcpu=0
+        [ "$tag" = stories260K ] && tcpu=1
+        if [ $torch_ok = 1 ] || [ "$tag" = stories260K ]; then
+            step "torch-export-$tag" "$(tcap "$t_texp")" "$W/torch-export-$tag.json" bash -c \
+                'set -e; g=$1 p=$2 r=$3 f=$4 j=$5; shift 5; "$g" "$@" --export-llama2c "$f"; "$p" "$r" --check-export "$f" --json "$j"' \
+                _ "$tgen" "$py" "$tref" "$td/$tag.bin" "$W/torch-export-$tag.json" "${tsrc[@]}"
+            [ -s "$td/$tag.bin" ] && step "torch-kvgate-$tag" "$(tcap "$t_tkv")" "" bash -c \
+                'set -e; g=$1 be=$2 d=$3 thr=$4 o=$5 cpu=$6; shift 6
+                 "$g" "$@" --backend "$be" --device "$d" --prompt-logits "$o.kvgate.txt"
+                 [ "$cpu" = 0 ] || "$g" "$@" --backend cpu --threads "$thr" --prompt-logits "$o.cpu.txt"' \
+                _ "$tgen" "$tbe" "${KVG_DEVICE:-0}" "$threads" "$td/$tag" "$tcpu" --model "$td/$tag.bin" --tokenizer "$ttok" \
+                --prompt-ids "$tids" --ids --max-tokens 0 --stop none
+        fi
+        # the mapping torch_ref.py gives transformers (permuted q/k rows, rotate_half, its
+        # GQA grouping), in double precision without torch: tiny models only
+        if [ "$tag" = stories260K ] && [ -s "$td/$tag.kvgate.txt" ] && [ -s "$td/$tag.cpu.txt" ]; then
+            step "torch-mapping-$tag" "$(tcap "$t_texp")" "$W/torch-mapping-$tag.json" "$py" "$tref" --stdlib-forward "$td/$tag.bin" \
+                --ids "$tids" --tol "${KVG_TORCH_TOL:-0.03}" --compare "kvgate-$tbe=$td/$tag.kvgate.txt" \
+                --compare "kvgate-cpu=$td/$tag.cpu.txt" --json "$W/torch-mapping-$tag.json"
+        fi
+        if [ $torch_ok = 0 ]; then
+            cp "$W/torch-probe.json" "$W/torch-$tag.json"
+            skip "torch-$tag" "not available: $torch_why"
+        elif [ ! -s "$td/$tag.kvgate.txt" ] || { [ $tcpu = 1 ] && [ ! -s "$td/$tag.cpu.txt" ]; }; then
+            skip "torch-$tag" "no kvgate logits to compare with (torch-export-$tag or torch-kvgate-$tag failed)"
+        else
+            targs=(--model "$td/$tag.bin" --ids "$tids" --device "$tdev" --tol "${KVG_TORCH_TOL:-0.03}"
+                   --logits-out "$td/$tag.torch.txt" --compare "kvgate-$tbe=$td/$tag.kvgate.txt"
+                   --json "$W/torch-$tag.json")
+            [ $tcpu = 0 ] || targs+=(--compare "kvgate-cpu=$td/$tag.cpu.txt")
+            [ "$tag" = stories260K ] || targs+=(--bench-prefill 4096 --bench-decode 32 --bench-batches 1,32 --bench-ctx 4096)
+            step "torch-$tag" "$(tcap "$t_torch")" "$W/torch-$tag.json" "$py" "$tref" "${targs[@]}"
+        fi
+        rm -f "$td/$tag".*
+    done
+    rm -rf "$td"
+    # the bench's deadline counts from the run's start: the time spent here is not taken
+    # from its figures (the run grows by this step's time, KVG_TORCH_BUDGET_S at most)
+    [ -z "${bench_deadline:-}" ] || bench_deadline=$(( bench_deadline + $(date +%s) - torch_t0 ))
 fi
 
 # 3. invariance, on (must be exact) and off (counts reported; not a failure).
