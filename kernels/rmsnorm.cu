@@ -8,14 +8,21 @@
  *
  * In place (out == x) is allowed (the q/k norms and post-norms norm their buffer in
  * place): each thread writes only elements it has read, after the block's reduction, and
- * no thread reads another's; so x and out are not __restrict__. */
+ * no thread reads another's; so x and out are not __restrict__.
+ *
+ * kvg_k_rmsnorm_lowp also writes each output value rounded to BF16/F16 into `lowp` (the
+ * next GEMM's input, kvg_device.cuh's kvg_lp_*): the value is rounded after it is computed,
+ * the F32 output and its arithmetic are the same bits, and which variant (x4, x1) runs does
+ * not depend on lowp. */
 #include "kvg_device.cuh"
 
 #define NORM_THREADS 256
 
 /* dim % 4 == 0 and x, w, out 16-byte aligned (activation rows from cudaMalloc are). */
+template <class LP>
 __global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_x4(const float4 *x, const float4 *__restrict__ w, float eps, int dim, float4 *out)
+rmsnorm_x4(const float4 *x, const float4 *__restrict__ w, float eps, int dim, float4 *out,
+           void *__restrict__ lowp)
 {
     __shared__ float red[KVG_WARP + 1];
     const int n4 = dim / 4;
@@ -36,13 +43,19 @@ rmsnorm_x4(const float4 *x, const float4 *__restrict__ w, float eps, int dim, fl
     const float inv = 1.0f / sqrtf(ss);
     for (int i = threadIdx.x; i < n4; i += blockDim.x) {
         float4 v = xr[i], g = w[i];
-        o[i] = make_float4(g.x * (inv * v.x), g.y * (inv * v.y), g.z * (inv * v.z),
-                           g.w * (inv * v.w));
+        const float4 r = make_float4(g.x * (inv * v.x), g.y * (inv * v.y), g.z * (inv * v.z),
+                                     g.w * (inv * v.w));
+        const size_t e = (size_t)blockIdx.x * dim + 4 * (size_t)i;
+        o[i] = r;
+        LP::two(lowp, e, r.x, r.y);
+        LP::two(lowp, e + 2, r.z, r.w);
     }
 }
 
+template <class LP>
 __global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_x1(const float *x, const float *__restrict__ w, float eps, int dim, float *out)
+rmsnorm_x1(const float *x, const float *__restrict__ w, float eps, int dim, float *out,
+           void *__restrict__ lowp)
 {
     __shared__ float red[KVG_WARP + 1];
     const float *xr = x + (int64_t)blockIdx.x * dim;
@@ -55,13 +68,32 @@ rmsnorm_x1(const float *x, const float *__restrict__ w, float eps, int dim, floa
     ss /= (float)dim;
     ss += eps;
     const float inv = 1.0f / sqrtf(ss);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        o[i] = w[i] * (inv * xr[i]);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float r = w[i] * (inv * xr[i]);
+        o[i] = r;
+        LP::one(lowp, (size_t)blockIdx.x * dim + i, r);
+    }
 }
 
-extern "C" cudaError_t kvg_k_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
-                                     int rows, int dim, float *out)
+template <class LP>
+static void rmsnorm_launch(cudaStream_t s, int vec, unsigned threads, const float *x, const float *w,
+                           float eps, int rows, int dim, float *out, void *lowp)
 {
+    if (vec) {
+        void (*k)(const float4 *, const float4 *, float, int, float4 *, void *) = rmsnorm_x4<LP>;
+        KVG_LAUNCH(k, dim3((unsigned)rows), dim3(threads), 0, s, (const float4 *)x, (const float4 *)w, eps,
+                   dim, (float4 *)out, lowp);
+    } else {
+        void (*k)(const float *, const float *, float, int, float *, void *) = rmsnorm_x1<LP>;
+        KVG_LAUNCH(k, dim3((unsigned)rows), dim3(threads), 0, s, x, w, eps, dim, out, lowp);
+    }
+}
+
+extern "C" cudaError_t kvg_k_rmsnorm_lowp(cudaStream_t s, const float *x, const float *w, float eps,
+                                          int rows, int dim, float *out, kvg_kt dt, void *lowp)
+{
+    if (lowp && ((dt != KVG_KT_BF16 && dt != KVG_KT_F16) || !kvg_aligned(lowp, 4)))
+        return cudaErrorInvalidValue;
     if (rows <= 0 || dim <= 0)
         return cudaSuccess;
     if (!x || !w || !out)
@@ -69,14 +101,21 @@ extern "C" cudaError_t kvg_k_rmsnorm(cudaStream_t s, const float *x, const float
     const int vec = dim % 4 == 0 && kvg_aligned(x, 16) && kvg_aligned(w, 16) &&
                     kvg_aligned(out, 16);
     const int steps = vec ? dim / 4 : dim;
-    /* A function of dim (and the alignment) alone, never of rows. */
+    /* A function of dim (and the alignment) alone, never of rows or lowp. */
     unsigned threads = ((unsigned)steps + 31u) / 32u * 32u;
     if (threads > NORM_THREADS)
         threads = NORM_THREADS;
-    if (vec)
-        KVG_LAUNCH(rmsnorm_x4, dim3((unsigned)rows), dim3(threads), 0, s, (const float4 *)x,
-                   (const float4 *)w, eps, dim, (float4 *)out);
+    if (!lowp)
+        rmsnorm_launch<kvg_lp_none>(s, vec, threads, x, w, eps, rows, dim, out, lowp);
+    else if (dt == KVG_KT_BF16)
+        rmsnorm_launch<kvg_lp_bf16>(s, vec, threads, x, w, eps, rows, dim, out, lowp);
     else
-        KVG_LAUNCH(rmsnorm_x1, dim3((unsigned)rows), dim3(threads), 0, s, x, w, eps, dim, out);
+        rmsnorm_launch<kvg_lp_f16>(s, vec, threads, x, w, eps, rows, dim, out, lowp);
     return kvg_launch_result();
+}
+
+extern "C" cudaError_t kvg_k_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
+                                     int rows, int dim, float *out)
+{
+    return kvg_k_rmsnorm_lowp(s, x, w, eps, rows, dim, out, KVG_KT_F32, NULL);
 }
