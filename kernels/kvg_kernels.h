@@ -56,6 +56,12 @@ cudaError_t kvg_k_rmsnorm(cudaStream_t s, const float *x, const float *w, float 
  * next GEMM's input in the same pass. lowp NULL: kvg_k_rmsnorm. */
 cudaError_t kvg_k_rmsnorm_lowp(cudaStream_t s, const float *x, const float *w, float eps,
                                int rows, int dim, float *out, kvg_kt dt, void *lowp);
+/* The residual add and the next norm in one kernel: x[r] += y[r] (kvg_k_add's rounding),
+ * then out[r] = rmsnorm(x[r]) as kvg_k_rmsnorm_lowp (the same variant and reduction tree;
+ * lowp NULL: no copy): the bits of kvg_k_add followed by it. out may be x or y. (When the
+ * float4 variant applies but y is not 16-byte aligned, the add is a launch of its own.) */
+cudaError_t kvg_k_add_rmsnorm(cudaStream_t s, float *x, const float *y, const float *w, float eps,
+                              int rows, int dim, float *out, kvg_kt dt, void *lowp);
 
 /* x[i] += y[i] for i < n. */
 cudaError_t kvg_k_add(cudaStream_t s, float *x, const float *y, size_t n);
