@@ -288,6 +288,21 @@ static void cu_rmsnorm(kvg_backend *be, const float *x, const float *w, float ep
     kvg_cu_rmsnorm(c, x, w, dw, eps, rows, dim, out);
 }
 
+static void cu_add_rmsnorm(kvg_backend *be, float *x, const float *y, const float *w, float eps, int rows, int dim,
+                           float *out)
+{
+    kvg_cuda *c = cu(be);
+    const kvg_cu_weight *dw;
+    if (!op_begin(c, "add_rmsnorm"))
+        return;
+    dw = kvg_cu_weight_of(c, w);
+    if (!dw)
+        return;
+    c->layer = dw->layer;
+    c->op = dw->name;
+    kvg_cu_add_rmsnorm(c, x, y, w, dw, eps, rows, dim, out);
+}
+
 static void cu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
                       const float *bias, float *y)
 {
@@ -546,6 +561,7 @@ static const kvg_backend_ops cuda_ops = {
     .rmsnorm = cu_rmsnorm,
     .matmul = cu_matmul,
     .matmul_n = cu_matmul_n,
+    .add_rmsnorm = cu_add_rmsnorm,
     .rope = cu_rope,
     .kv_write = cu_kv_write,
     .attention = cu_attention,

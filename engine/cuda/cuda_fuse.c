@@ -10,6 +10,9 @@
  *   rmsnorm(x, final_norm)-> ob   + ob rounded to output's type  (the classifier)
  *   swiglu/geglu(hb, hb2) -> hb   + hb rounded to w_down's type  (w_down reads hb)
  *
+ * and the residual add before a norm joins the norm's kernel (backend.h's add_rmsnorm:
+ * x += ob, then the norm of x; kvg_k_add_rmsnorm: the add's rounding, the norm's tree),
+ *
  * and record what the scratch holds (kvg_cuda.lowp_src, lowp_n, lowp_dt). A GEMM whose
  * input is exactly that (the same pointer, element count and type) skips its rounding;
  * anything else (another input, a part of another type, a record cleared) rounds as
@@ -25,6 +28,7 @@
 #include "cuda_internal.h"
 #include "errmsg.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,27 +86,50 @@ static kvg_kt norm_feeds(kvg_cuda *c, const float *w, int layer)
     return dw ? dw->dt : KVG_KT_F32;
 }
 
-void kvg_cu_rmsnorm(kvg_cuda *c, const float *x, const float *w, const kvg_cu_weight *dw, float eps,
-                    int rows, int dim, float *out)
+/* rmsnorm of x into out, after x += y when y is not NULL (the residual add); with fusing
+ * on, one kernel, with the rounded copy when a GEMM reads out next. */
+static void norm(kvg_cuda *c, float *x, const float *y, const float *w, const kvg_cu_weight *dw, float eps,
+                 int rows, int dim, float *out)
 {
     const size_t n = (size_t)rows * (size_t)dim;
     kvg_kt dt = c->fuse && rows > 0 ? norm_feeds(c, w, dw->layer) : KVG_KT_F32;
-    void *lp;
-    if (dt == KVG_KT_F32) {
-        KVG_CU_CHECK(c, "launch kvg_k_rmsnorm", kvg_k_rmsnorm(c->stream, x, dw->dev, eps, rows, dim, out),
-                     "rows=%d dim=%d", rows, dim);
+    void *lp = NULL;
+    if (!c->fuse) {
+        if (y)
+            KVG_CU_CHECK(c, "launch kvg_k_add", kvg_k_add(c->stream, x, y, n), "n=%zu", n);
+        if (!c->failed)
+            KVG_CU_CHECK(c, "launch kvg_k_rmsnorm", kvg_k_rmsnorm(c->stream, x, dw->dev, eps, rows, dim, out),
+                         "rows=%d dim=%d", rows, dim);
         return;
     }
-    if (!(lp = kvg_cu_lowp_scratch(c, n)))
+    if (dt != KVG_KT_F32 && !(lp = kvg_cu_lowp_scratch(c, n)))
         return;
-    KVG_CU_CHECK(c, "launch kvg_k_rmsnorm_lowp",
-                 kvg_k_rmsnorm_lowp(c->stream, x, dw->dev, eps, rows, dim, out, dt, lp), "rows=%d dim=%d",
-                 rows, dim);
-    if (!c->failed) {
+    if (y)
+        KVG_CU_CHECK(c, "launch kvg_k_add_rmsnorm",
+                     kvg_k_add_rmsnorm(c->stream, x, y, dw->dev, eps, rows, dim, out, dt, lp), "rows=%d dim=%d",
+                     rows, dim);
+    else
+        KVG_CU_CHECK(c, "launch kvg_k_rmsnorm_lowp",
+                     kvg_k_rmsnorm_lowp(c->stream, x, dw->dev, eps, rows, dim, out, dt, lp), "rows=%d dim=%d",
+                     rows, dim);
+    if (lp && !c->failed) {
         c->lowp_src = out;
         c->lowp_n = n;
         c->lowp_dt = dt;
     }
+}
+
+void kvg_cu_rmsnorm(kvg_cuda *c, const float *x, const float *w, const kvg_cu_weight *dw, float eps,
+                    int rows, int dim, float *out)
+{
+    /* x is written only with a residual */
+    norm(c, (float *)(uintptr_t)x, NULL, w, dw, eps, rows, dim, out);
+}
+
+void kvg_cu_add_rmsnorm(kvg_cuda *c, float *x, const float *y, const float *w, const kvg_cu_weight *dw,
+                        float eps, int rows, int dim, float *out)
+{
+    norm(c, x, y, w, dw, eps, rows, dim, out);
 }
 
 void kvg_cu_glu(kvg_cuda *c, int gelu, float *gate, const float *up, size_t n)

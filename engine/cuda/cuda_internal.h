@@ -197,6 +197,10 @@ int kvg_cu_fuse_init(kvg_cuda *c, char *err, size_t err_len);
  * kernel also rounds it into lowp for that GEMM's type. Records a failure on error. */
 void kvg_cu_rmsnorm(kvg_cuda *c, const float *x, const float *w, const kvg_cu_weight *dw, float eps,
                     int rows, int dim, float *out);
+/* backend.h's add_rmsnorm: x += y, then kvg_cu_rmsnorm of x; one kernel with fusing on,
+ * kvg_k_add and kvg_k_rmsnorm with KVGATE_CUDA_FUSE=0 (the same bits). */
+void kvg_cu_add_rmsnorm(kvg_cuda *c, float *x, const float *y, const float *w, const kvg_cu_weight *dw,
+                        float eps, int rows, int dim, float *out);
 /* backend.h's swiglu (gelu 0) or geglu (gelu 1); with fusing on, also the rounded copy
  * for w_down. Records a failure on error. */
 void kvg_cu_glu(kvg_cuda *c, int gelu, float *gate, const float *up, size_t n);

@@ -4,6 +4,8 @@
  *     kernel's bits, the copy the bits of kvg_k_to_lowp of that output, BF16 and F16, the
  *     float4 and the scalar variants (odd widths, a misaligned input, a scalar tail);
  *     a copy of type F32 or at an odd address refused;
+ *   - kvg_k_add_rmsnorm: kvg_k_add then the norm, bit for bit (x, the output, the copy), in
+ *     one launch; the output over y;
  *   - the record of what the GEMMs' scratch holds: a GEMM right after the norm skips its
  *     rounding; after an add over the norm's output, for fewer rows, or for a weight of
  *     another type it rounds again; the products are the bits of the unfused backend's;
@@ -101,6 +103,68 @@ static void kernel_rmsnorm(void)
             free(hw);
         }
     }
+}
+
+/* kvg_k_add_rmsnorm = kvg_k_add, kvg_k_rmsnorm_lowp (or kvg_k_rmsnorm), bit for bit: x after
+ * the add, the output, the copy. v: dim 64 (float4), 37 (scalar), 64 with y off 16-byte
+ * alignment (float4 norm, the add on its own), 64 with out = y. */
+static void kernel_add_rmsnorm(void)
+{
+    static const int dims[4] = { 64, 37, 64, 64 };
+    const int rows = 6;
+    for (int v = 0; v < 4; v++) {
+        for (int dt = KVG_KT_F32; dt <= KVG_KT_BF16; dt++) {
+            const int dim = dims[v], yoff = v == 2;
+            const size_t n = (size_t)rows * dim;
+            float *hx = malloc(n * 4), *hy = malloc((n + 1) * 4), *hw = malloc((size_t)dim * 4);
+            float *x1, *x2, *y1, *y2, *w, *o1, *o2;
+            void *l1 = NULL, *l2 = NULL, *lp2;
+            uint64_t s = 51 + (uint64_t)(v * 3 + dt);
+            cudaError_t e1, e2;
+            long k0, k1;
+            rnd(hx, n, &s, 3.0f);
+            rnd(hy, n + 1, &s, 1.0f);
+            rnd(hw, (size_t)dim, &s, 1.5f);
+            x1 = dev_copy(hx, n);
+            x2 = dev_copy(hx, n);
+            y1 = dev_copy(hy, n + 1);
+            y2 = dev_copy(hy, n + 1);
+            w = dev_copy(hw, (size_t)dim);
+            o1 = dev_copy(NULL, n);
+            o2 = v == 3 ? y2 : dev_copy(NULL, n);
+            cudaMalloc(&l1, n * 2);
+            cudaMalloc(&l2, n * 2);
+            lp2 = dt == KVG_KT_F32 ? NULL : l2;
+            e1 = kvg_k_add(NULL, x1, y1 + yoff, n);
+            if (e1 == cudaSuccess)
+                e1 = dt == KVG_KT_F32 ? kvg_k_rmsnorm(NULL, x1, w, 1e-5f, rows, dim, o1)
+                                      : kvg_k_rmsnorm_lowp(NULL, x1, w, 1e-5f, rows, dim, o1, (kvg_kt)dt, l1);
+            k0 = kvg_emu_calls("launch");
+            e2 = kvg_k_add_rmsnorm(NULL, x2, y2 + yoff, w, 1e-5f, rows, dim, o2, (kvg_kt)dt, lp2);
+            k1 = kvg_emu_calls("launch") - k0;
+            ok(e1 == cudaSuccess && e2 == cudaSuccess && dev_same(x1, x2, n * 4) && dev_same(o1, o2, n * 4) &&
+               (dt == KVG_KT_F32 || dev_same(l1, l2, n * 2)) && k1 == (v == 2 ? 2 : 1),
+               "add_rmsnorm%s, %d rows of %d%s: x, the output%s = add then rmsnorm's, bit for bit, %ld launch%s",
+               dt == KVG_KT_F32 ? "" : dt == KVG_KT_BF16 ? " + BF16" : " + F16", rows, dim,
+               v == 2 ? " (y off 16-byte alignment: the add apart)" : v == 3 ? " (out = y)" : "",
+               dt == KVG_KT_F32 ? "" : ", the copy", k1, k1 == 1 ? "" : "es");
+            cudaFree(x1);
+            cudaFree(x2);
+            cudaFree(y1);
+            cudaFree(y2);
+            cudaFree(w);
+            cudaFree(o1);
+            if (v != 3)
+                cudaFree(o2);
+            cudaFree(l1);
+            cudaFree(l2);
+            free(hx);
+            free(hy);
+            free(hw);
+        }
+    }
+    is_int(kvg_k_add_rmsnorm(NULL, NULL, NULL, NULL, 1e-5f, 2, 8, NULL, KVG_KT_F32, NULL), cudaErrorInvalidValue,
+           "add_rmsnorm without y refused");
 }
 
 static void kernel_glu(void)
@@ -290,7 +354,10 @@ static int forward(rig *r, float *rec, long *launches, long *gemms)
 /* Logits with fusing off and on, each with matmul_n (q/k/v, gate/up as one GEMM) and
  * without (one GEMM per product): all four the same bits. With matmul_n, fusing saves per
  * layer the roundings before q/k/v (or wq alone when the parts differ in type), gate/up
- * (or w_gate) and w_down, and the classifier's: 3 a layer + 1. */
+ * (or w_gate) and w_down, and the classifier's: 3 a layer + 1; and the residual adds
+ * before the FFN norm (L) and the next layer's attention norm (L - 1; a decode step's last
+ * add is followed by the gather, not a norm). The 20-token prefill's last layer runs its
+ * one output row alone: there the add joins the final norm, in place over ob. */
 static void whole(const kvg_model *m, const char *name)
 {
     const int V = m->cfg.vocab_size, L = m->cfg.n_layers;
@@ -319,8 +386,9 @@ static void whole(const kvg_model *m, const char *name)
        "prefill, 3 decode steps)", name);
     diag("%s: a decode step (%d layers): fusing off %ld launches + %ld cuBLASLt calls, on %ld + %ld; without "
          "matmul_n: off %ld + %ld, on %ld + %ld", name, L, l[0], g[0], l[1], g[1], l[2], g[2], l[3], g[3]);
-    ok(g[0] == g[1] && l[0] - l[1] == 3 * L + 1, "%s: fusing saves %d launches per decode step (%ld -> %ld: the "
-       "roundings before q/k/v, gate/up, w_down and the classifier)", name, 3 * L + 1, l[0], l[1]);
+    ok(g[0] == g[1] && l[0] - l[1] == 5 * L, "%s: fusing saves %d launches per decode step (%ld -> %ld: the "
+       "roundings before q/k/v, gate/up, w_down and the classifier, 3 L + 1; the residual adds joined to the next "
+       "norm, 2 L - 1)", name, 5 * L, l[0], l[1]);
     ok(g[2] == g[3] && l[3] < l[2], "%s: one GEMM per product: %ld -> %ld launches", name, l[2], l[3]);
     for (int i = 0; i < 4; i++)
         free(rec[i]);
@@ -355,6 +423,7 @@ int main(void)
 
     kernel_rmsnorm();
     kernel_glu();
+    kernel_add_rmsnorm();
     record(&q.m, "qwen2-like");
     record(&mixed.m, "mixed types");
     if (stories)
