@@ -114,6 +114,13 @@ typedef struct kvg_backend_ops {
     void (*matmul_n)(kvg_backend *be, const float *x, int M, int K, int n,
                      const kvg_tensor *const *w, const float *const *bias, float *const *y);
 
+    /* x[i] += y[i] for i < rows * dim, then out = rmsnorm(x, w) as rmsnorm computes it:
+     * the residual add and the next norm as one unit of work (the CUDA backend: one
+     * kernel), the same values as add then rmsnorm. out may be y. NULL: forward.c calls
+     * add and rmsnorm. */
+    void (*add_rmsnorm)(kvg_backend *be, float *x, const float *y, const float *w, float eps,
+                        int rows, int dim, float *out);
+
     /* Optional (NULL for the CPU backend, whose operations cannot fail) ---- */
 
     /* After the step's last operation and read: waits for the step and reports the

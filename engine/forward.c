@@ -253,6 +253,19 @@ static void matmuls(kvg_backend *be, const float *x, int M, int K, int n, const 
         be->ops->matmul(be, x, M, K, w[i], bias[i], y[i]);
 }
 
+/* x += y, then out = rmsnorm(x, w): one backend call when it has add_rmsnorm (the CUDA
+ * backend: one kernel), else the two; the same values either way. */
+static void add_norm(kvg_backend *be, float *x, const float *y, const float *w, float eps, int rows, int dim,
+                     float *out)
+{
+    if (be->ops->add_rmsnorm) {
+        be->ops->add_rmsnorm(be, x, y, w, eps, rows, dim, out);
+        return;
+    }
+    be->ops->add(be, x, y, (size_t)rows * dim);
+    be->ops->rmsnorm(be, x, w, eps, rows, dim, out);
+}
+
 void kvg_forward_set_progress(kvg_forward *f, void (*fn)(void *arg), void *arg)
 {
     f->progress = fn;
@@ -268,6 +281,9 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
     int64_t rows64;
     int R, n_out = 0, dim = c->dim, hid = c->hidden_dim;
     int qd = c->n_heads * c->head_dim;
+    /* ob holds the last layer's FFN output, not yet added to x: the next layer's norm
+     * adds it (add_rmsnorm) */
+    int resid = 0;
     kvg_step st;
 
     if (check_batch(f, seqs, n, &rows64, err, err_len) != 0)
@@ -326,7 +342,11 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
 
         if (f->progress)
             f->progress(f->progress_arg);
-        ops->rmsnorm(be, x, w->attn_norm, c->norm_eps, R, dim, f->xb);
+        if (resid)
+            add_norm(be, x, f->ob, w->attn_norm, c->norm_eps, R, dim, f->xb);
+        else
+            ops->rmsnorm(be, x, w->attn_norm, c->norm_eps, R, dim, f->xb);
+        resid = 0;
         {
             const kvg_tensor *wt[3] = { &w->wq, &w->wk, &w->wv };
             const float *bt[3] = { w->bq, w->bk, w->bv };
@@ -357,8 +377,7 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
         ops->matmul(be, att, rows, qd, &w->wo, w->bo, f->ob);
         if (c->post_norms)
             ops->rmsnorm(be, f->ob, w->post_attn_norm, c->norm_eps, rows, dim, f->ob);
-        ops->add(be, x, f->ob, (size_t)rows * dim);
-        ops->rmsnorm(be, x, w->ffn_norm, c->norm_eps, rows, dim, xn);
+        add_norm(be, x, f->ob, w->ffn_norm, c->norm_eps, rows, dim, xn);
         if (c->n_experts > 0) {
             ops->moe(be, l, xn, rows, f->ob);
         } else {
@@ -374,14 +393,19 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
         }
         if (c->post_norms)
             ops->rmsnorm(be, f->ob, w->post_ffn_norm, c->norm_eps, rows, dim, f->ob);
-        ops->add(be, x, f->ob, (size_t)rows * dim);
+        if (!last && ops->add_rmsnorm) {
+            resid = 1;
+        } else if (last && rows < R) {
+            /* Final norm and classifier on the output rows, compact in x (rows == n_out). */
+            add_norm(be, x, f->ob, m->final_norm, c->norm_eps, n_out, dim, f->ob);
+        } else {
+            ops->add(be, x, f->ob, (size_t)rows * dim);
+        }
         if (last) {
-            /* Final norm and classifier on the output rows, now compact in x. */
+            /* ... or gathered first when every row went through the layer. */
             if (rows == R) {
                 ops->gather_out_rows(be, x, dim, xn);
                 ops->rmsnorm(be, xn, m->final_norm, c->norm_eps, n_out, dim, f->ob);
-            } else {
-                ops->rmsnorm(be, x, m->final_norm, c->norm_eps, n_out, dim, f->ob);
             }
             ops->matmul(be, f->ob, n_out, dim, &m->output, NULL, f->logits);
             if (c->final_softcap > 0.0f)

@@ -103,59 +103,99 @@ struct kvg_act_silu_oai {
     __device__ static float f(float g, float u) { return kvg_swiglu_oai1(g, u); }
 };
 
-template <class Act>
+/* LP (kvg_device.cuh's kvg_lp_*): also each result rounded to BF16/F16 at its index in
+ * lowp, w_down's input; the F32 result is the same bits either way. */
+template <class Act, class LP>
 __global__ void __launch_bounds__(ELT_THREADS)
-glu_x4(float4 *__restrict__ gate, const float4 *__restrict__ up, size_t n4)
+glu_x4(float4 *__restrict__ gate, const float4 *__restrict__ up, size_t n4, void *__restrict__ lowp)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
          i += (size_t)gridDim.x * blockDim.x) {
         float4 g = gate[i], u = up[i];
-        gate[i] = make_float4(Act::f(g.x, u.x), Act::f(g.y, u.y), Act::f(g.z, u.z), Act::f(g.w, u.w));
+        const float4 r = make_float4(Act::f(g.x, u.x), Act::f(g.y, u.y), Act::f(g.z, u.z), Act::f(g.w, u.w));
+        gate[i] = r;
+        LP::two(lowp, 4 * i, r.x, r.y);
+        LP::two(lowp, 4 * i + 2, r.z, r.w);
+    }
+}
+
+template <class Act, class LP>
+__global__ void __launch_bounds__(ELT_THREADS)
+glu_x1(float *__restrict__ gate, const float *__restrict__ up, size_t n, void *__restrict__ lowp)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float r = Act::f(gate[i], up[i]);
+        gate[i] = r;
+        LP::one(lowp, i, r);
+    }
+}
+
+/* lowp, when not NULL: element i's copy at lowp[i] (of dt's size; 4-byte aligned). */
+template <class Act, class LP>
+static void glu_launch_lp(cudaStream_t s, float *gate, const float *up, size_t n, void *lowp)
+{
+    size_t n4 = 0;
+    if (kvg_aligned(gate, 16) && kvg_aligned(up, 16)) {
+        n4 = n / 4;
+        if (n4) {
+            void (*k)(float4 *, const float4 *, size_t, void *) = glu_x4<Act, LP>;
+            KVG_LAUNCH(k, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s, (float4 *)gate,
+                       (const float4 *)up, n4, lowp);
+        }
+    }
+    if (n > n4 * 4) {
+        /* the tail's lowp from its first element (2 bytes an element) */
+        void *lt = lowp ? (void *)((unsigned char *)lowp + n4 * 4 * 2) : NULL;
+        void (*k)(float *, const float *, size_t, void *) = glu_x1<Act, LP>;
+        KVG_LAUNCH(k, dim3(kvg_grid_for(n - n4 * 4, ELT_THREADS)), dim3(ELT_THREADS), 0, s, gate + n4 * 4,
+                   up + n4 * 4, n - n4 * 4, lt);
     }
 }
 
 template <class Act>
-__global__ void __launch_bounds__(ELT_THREADS)
-glu_x1(float *__restrict__ gate, const float *__restrict__ up, size_t n)
+static cudaError_t glu_launch(cudaStream_t s, float *gate, const float *up, size_t n, kvg_kt dt, void *lowp)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        gate[i] = Act::f(gate[i], up[i]);
-}
-
-template <class Act>
-static cudaError_t glu_launch(cudaStream_t s, float *gate, const float *up, size_t n)
-{
+    if (lowp && ((dt != KVG_KT_BF16 && dt != KVG_KT_F16) || !kvg_aligned(lowp, 4)))
+        return cudaErrorInvalidValue;
     if (n == 0)
         return cudaSuccess;
     if (!gate || !up)
         return cudaErrorInvalidValue;
-    size_t n4 = 0;
-    if (kvg_aligned(gate, 16) && kvg_aligned(up, 16)) {
-        n4 = n / 4;
-        if (n4)
-            KVG_LAUNCH(glu_x4<Act>, dim3(kvg_grid_for(n4, ELT_THREADS)), dim3(ELT_THREADS), 0, s,
-                       (float4 *)gate, (const float4 *)up, n4);
-    }
-    if (n > n4 * 4)
-        KVG_LAUNCH(glu_x1<Act>, dim3(kvg_grid_for(n - n4 * 4, ELT_THREADS)), dim3(ELT_THREADS), 0,
-                   s, gate + n4 * 4, up + n4 * 4, n - n4 * 4);
+    if (!lowp)
+        glu_launch_lp<Act, kvg_lp_none>(s, gate, up, n, lowp);
+    else if (dt == KVG_KT_BF16)
+        glu_launch_lp<Act, kvg_lp_bf16>(s, gate, up, n, lowp);
+    else
+        glu_launch_lp<Act, kvg_lp_f16>(s, gate, up, n, lowp);
     return kvg_launch_result();
 }
 
 extern "C" cudaError_t kvg_k_swiglu(cudaStream_t s, float *gate, const float *up, size_t n)
 {
-    return glu_launch<kvg_act_silu>(s, gate, up, n);
+    return glu_launch<kvg_act_silu>(s, gate, up, n, KVG_KT_F32, NULL);
 }
 
 extern "C" cudaError_t kvg_k_swiglu_oai(cudaStream_t s, float *gate, const float *up, size_t n)
 {
-    return glu_launch<kvg_act_silu_oai>(s, gate, up, n);
+    return glu_launch<kvg_act_silu_oai>(s, gate, up, n, KVG_KT_F32, NULL);
 }
 
 extern "C" cudaError_t kvg_k_geglu(cudaStream_t s, float *gate, const float *up, size_t n)
 {
-    return glu_launch<kvg_act_gelu>(s, gate, up, n);
+    return glu_launch<kvg_act_gelu>(s, gate, up, n, KVG_KT_F32, NULL);
+}
+
+extern "C" cudaError_t kvg_k_swiglu_lowp(cudaStream_t s, float *gate, const float *up, size_t n, kvg_kt dt,
+                                         void *lowp)
+{
+    return glu_launch<kvg_act_silu>(s, gate, up, n, dt, lowp);
+}
+
+extern "C" cudaError_t kvg_k_geglu_lowp(cudaStream_t s, float *gate, const float *up, size_t n, kvg_kt dt,
+                                        void *lowp)
+{
+    return glu_launch<kvg_act_gelu>(s, gate, up, n, dt, lowp);
 }
 
 /* ---- scale and softcap -------------------------------------------------------------- */

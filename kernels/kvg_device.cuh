@@ -99,6 +99,42 @@ __device__ __forceinline__ float kvg_load_f16(const __half *p)
     return __half2float(*p);
 }
 
+/* ---- a GEMM's input written beside an F32 output ---------------------------------- */
+
+/* A kernel whose F32 output is a GEMM's input (rmsnorm before q/k/v, gate/up and the
+ * classifier; SwiGLU/GeGLU before w_down) can write, in the same pass, the copy the GEMM
+ * reads: each output value rounded to nearest even to BF16 or F16, the bits kvg_k_to_lowp
+ * would give for the stored float (engine/cuda/cuda_gemm.c then skips its own rounding).
+ * A template parameter of the kernel: kvg_lp_none writes nothing. one(p, i, a) stores
+ * element i; two(p, i, a, b) elements i and i + 1 as one 32-bit store (i even, p 4-byte
+ * aligned). */
+struct kvg_lp_none {
+    __device__ static void one(void *, size_t, float) {}
+    __device__ static void two(void *, size_t, float, float) {}
+};
+
+struct kvg_lp_bf16 {
+    __device__ static void one(void *p, size_t i, float a)
+    {
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(a);
+    }
+    __device__ static void two(void *p, size_t i, float a, float b)
+    {
+        ((__nv_bfloat162 *)p)[i / 2] = __floats2bfloat162_rn(a, b);
+    }
+};
+
+struct kvg_lp_f16 {
+    __device__ static void one(void *p, size_t i, float a)
+    {
+        ((__half *)p)[i] = __float2half_rn(a);
+    }
+    __device__ static void two(void *p, size_t i, float a, float b)
+    {
+        ((__half2 *)p)[i / 2] = __halves2half2(__float2half_rn(a), __float2half_rn(b));
+    }
+};
+
 /* ---- reductions with a fixed tree --------------------------------------------------- */
 
 /* Butterfly (xor) sum over the 32 lanes: offsets 16, 8, 4, 2, 1. Every lane ends with the

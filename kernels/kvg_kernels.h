@@ -51,6 +51,17 @@ cudaError_t kvg_k_embed(cudaStream_t s, const void *table, kvg_kt dt, int dim,
  * squares reduced in one fixed order for every row count. out may be x (in place). */
 cudaError_t kvg_k_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
                           int rows, int dim, float *out);
+/* The same, and each output value rounded to nearest even to dt (BF16 or F16) at its index
+ * in lowp ([rows][dim], 4-byte aligned), the bits kvg_k_to_lowp would give for out: the
+ * next GEMM's input in the same pass. lowp NULL: kvg_k_rmsnorm. */
+cudaError_t kvg_k_rmsnorm_lowp(cudaStream_t s, const float *x, const float *w, float eps,
+                               int rows, int dim, float *out, kvg_kt dt, void *lowp);
+/* The residual add and the next norm in one kernel: x[r] += y[r] (kvg_k_add's rounding),
+ * then out[r] = rmsnorm(x[r]) as kvg_k_rmsnorm_lowp (the same variant and reduction tree;
+ * lowp NULL: no copy): the bits of kvg_k_add followed by it. out may be x or y. (When the
+ * float4 variant applies but y is not 16-byte aligned, the add is a launch of its own.) */
+cudaError_t kvg_k_add_rmsnorm(cudaStream_t s, float *x, const float *y, const float *w, float eps,
+                              int rows, int dim, float *out, kvg_kt dt, void *lowp);
 
 /* x[i] += y[i] for i < n. */
 cudaError_t kvg_k_add(cudaStream_t s, float *x, const float *y, size_t n);
@@ -65,6 +76,14 @@ cudaError_t kvg_k_swiglu_oai(cudaStream_t s, float *gate, const float *up, size_
 /* gate[i] = gelu_tanh(gate[i]) * up[i] for i < n (Gemma's GeGLU):
  * 0.5 g (1 + tanh(0.7978845608028654 (g + 0.044715 g^3))) * up, the CPU backend's expression. */
 cudaError_t kvg_k_geglu(cudaStream_t s, float *gate, const float *up, size_t n);
+
+/* kvg_k_swiglu and kvg_k_geglu, and each result rounded to nearest even to dt (BF16 or
+ * F16) at lowp[i] (4-byte aligned), the bits kvg_k_to_lowp would give: w_down's input in
+ * the same pass. lowp NULL: the plain kernels. */
+cudaError_t kvg_k_swiglu_lowp(cudaStream_t s, float *gate, const float *up, size_t n, kvg_kt dt,
+                              void *lowp);
+cudaError_t kvg_k_geglu_lowp(cudaStream_t s, float *gate, const float *up, size_t n, kvg_kt dt,
+                             void *lowp);
 
 /* x[i] *= v for i < n (the embedding scale). */
 cudaError_t kvg_k_scale(cudaStream_t s, float *x, float v, size_t n);

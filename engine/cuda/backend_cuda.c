@@ -34,13 +34,22 @@ static kvg_cuda *cu(kvg_backend *be)
     return be->ctx;
 }
 
-/* An operation begins: skipped (0) when the step has failed already. */
-static int op_begin(kvg_cuda *c, const char *op)
+/* A GEMM begins (matmul, matmul_n): skipped (0) when the step has failed already. The
+ * record of what the lowp scratch holds stays (cuda_fuse.c): a GEMM may reuse it. */
+static int op_begin_gemm(kvg_cuda *c, const char *op)
 {
     if (c->failed)
         return 0;
     c->op = op;
     return 1;
+}
+
+/* Any other operation begins: it may write what the lowp scratch was rounded from, or the
+ * scratch, so the record is cleared (a fused kernel sets it again after its launch). */
+static int op_begin(kvg_cuda *c, const char *op)
+{
+    kvg_cu_lowp_clear(c);
+    return op_begin_gemm(c, op);
 }
 
 #define DEV(c, T, field) ((T *)(void *)((unsigned char *)(c)->d_plan + (c)->plan.field))
@@ -50,7 +59,8 @@ static int op_begin(kvg_cuda *c, const char *op)
 static float *cu_alloc(kvg_backend *be, size_t n)
 {
     void *p = NULL;
-    (void)be;
+    /* a new buffer may reuse a freed one's address: nothing rounded from the old one stays */
+    kvg_cu_lowp_clear(cu(be));
     if (n > SIZE_MAX / sizeof(float))
         return NULL;
     if (cudaMalloc(&p, (n ? n : 1) * sizeof(float)) != cudaSuccess) {
@@ -62,7 +72,7 @@ static float *cu_alloc(kvg_backend *be, size_t n)
 
 static void cu_free(kvg_backend *be, float *p)
 {
-    (void)be;
+    kvg_cu_lowp_clear(cu(be));
     if (p)
         cudaFree(p);
 }
@@ -120,6 +130,7 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
 
     c->step++;
     c->op = "begin_step";
+    kvg_cu_lowp_clear(c);
     c->layer = -1;
     if (c->dead) {
         kvg_set_err(err, err_len, "cuda: the device is unusable after an earlier failure: %s", c->dead_err);
@@ -244,6 +255,7 @@ static int cu_end_step(kvg_backend *be, char *err, size_t err_len)
     kvg_cuda *c = cu(be);
     cudaError_t e;
     c->op = "end_step";
+    kvg_cu_lowp_clear(c);
     c->layer = -1;
     e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess)
@@ -285,8 +297,22 @@ static void cu_rmsnorm(kvg_backend *be, const float *x, const float *w, float ep
         return;
     c->layer = dw->layer;
     c->op = dw->name;
-    KVG_CU_CHECK(c, "launch kvg_k_rmsnorm", kvg_k_rmsnorm(c->stream, x, dw->dev, eps, rows, dim, out),
-                 "rows=%d dim=%d", rows, dim);
+    kvg_cu_rmsnorm(c, x, w, dw, eps, rows, dim, out);
+}
+
+static void cu_add_rmsnorm(kvg_backend *be, float *x, const float *y, const float *w, float eps, int rows, int dim,
+                           float *out)
+{
+    kvg_cuda *c = cu(be);
+    const kvg_cu_weight *dw;
+    if (!op_begin(c, "add_rmsnorm"))
+        return;
+    dw = kvg_cu_weight_of(c, w);
+    if (!dw)
+        return;
+    c->layer = dw->layer;
+    c->op = dw->name;
+    kvg_cu_add_rmsnorm(c, x, y, w, dw, eps, rows, dim, out);
 }
 
 static void cu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
@@ -294,7 +320,7 @@ static void cu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_t
 {
     kvg_cuda *c = cu(be);
     const kvg_cu_weight *dw;
-    if (!op_begin(c, "matmul"))
+    if (!op_begin_gemm(c, "matmul"))
         return;
     dw = kvg_cu_weight_of(c, w->data);
     if (!dw)
@@ -310,7 +336,7 @@ static void cu_matmul_n(kvg_backend *be, const float *x, int M, int K, int n, co
 {
     kvg_cuda *c = cu(be);
     const kvg_cu_fused *f;
-    if (!op_begin(c, "matmul"))
+    if (!op_begin_gemm(c, "matmul"))
         return;
     f = kvg_cu_fused_of(c, n, w, bias);
     if (f) {
@@ -414,14 +440,14 @@ static void cu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
 {
     kvg_cuda *c = cu(be);
     if (op_begin(c, "swiglu"))
-        KVG_CU_CHECK(c, "launch kvg_k_swiglu", kvg_k_swiglu(c->stream, gate, up, n), "n=%zu", n);
+        kvg_cu_glu(c, 0, gate, up, n);
 }
 
 static void cu_geglu(kvg_backend *be, float *gate, const float *up, size_t n)
 {
     kvg_cuda *c = cu(be);
     if (op_begin(c, "geglu"))
-        KVG_CU_CHECK(c, "launch kvg_k_geglu", kvg_k_geglu(c->stream, gate, up, n), "n=%zu", n);
+        kvg_cu_glu(c, 1, gate, up, n);
 }
 
 static void cu_scale(kvg_backend *be, float *x, float s, size_t n)
@@ -551,6 +577,7 @@ static const kvg_backend_ops cuda_ops = {
     .rmsnorm = cu_rmsnorm,
     .matmul = cu_matmul,
     .matmul_n = cu_matmul_n,
+    .add_rmsnorm = cu_add_rmsnorm,
     .rope = cu_rope,
     .kv_write = cu_kv_write,
     .attention = cu_attention,
@@ -674,7 +701,8 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
         kvg_rope_frequencies(cfg, k, c->inv_freq + (size_t)k * (cfg->head_dim / 2));
     /* Every GEMM shape made (with --batch-invariant on: pinned and self-tested) before
        the engine serves. */
-    if (kvg_cu_weights_upload(c, err, err_len) != 0 || kvg_cu_gemm_init(c, err, err_len) != 0
+    if (kvg_cu_weights_upload(c, err, err_len) != 0 || kvg_cu_fuse_init(c, err, err_len) != 0 ||
+        kvg_cu_gemm_init(c, err, err_len) != 0
         || kvg_cu_moe_init(c, err, err_len) != 0 || kvg_cu_gemm_startup(c, err, err_len) != 0)
         goto fail;
     if (kvg_cu_sdpa_init(c, err, err_len) != 0)

@@ -2,7 +2,8 @@
  *
  * Column-major view (kernels/README.md, the design): D (N x M, ld N) = op(A) op(B) with
  * A = W as K x N (ld K) transposed and B = x as K x M (ld K); x is first rounded to W's
- * type (kvg_k_to_lowp), D is F32, compute 32F. An F32 weight (a MoE router, kept F32 as
+ * type (kvg_k_to_lowp; not when the kernel that wrote x left that copy in the scratch,
+ * cuda_fuse.c), D is F32, compute 32F. An F32 weight (a MoE router, kept F32 as
  * the CPU keeps it) takes x as it is: a full-precision F32 GEMM (COMPUTE_32F, no TF32).
  * A bias is cuBLASLt's bias epilogue (D = acc + bias[i], the same float sum as adding it
  * after), so a shape is (N, K, type, bias or not): the epilogue is the descriptor's.
@@ -118,6 +119,7 @@ void kvg_cu_gemm_free(kvg_cuda *c)
         cudaFree(c->lowp);
     c->lowp = NULL;
     c->lowp_bytes = 0;
+    kvg_cu_lowp_clear(c);
     if (c->fused_out)
         cudaFree(c->fused_out);
     c->fused_out = NULL;
@@ -388,13 +390,41 @@ void kvg_cu_gemm(kvg_cuda *c, const void *x, int M, int K, const kvg_cu_weight *
         run_gemm(c, s, x, M, dw->dev, db ? db->dev : NULL, y);
 }
 
-/* x rounded to dt in the lowp scratch (once for all the GEMMs that read it). */
+void kvg_cu_lowp_clear(kvg_cuda *c)
+{
+    c->lowp_src = NULL;
+    c->lowp_n = 0;
+    c->lowp_dt = KVG_KT_F32;
+}
+
+void *kvg_cu_lowp_scratch(kvg_cuda *c, size_t n)
+{
+    kvg_cu_lowp_clear(c);
+    if (ensure(c, &c->lowp, &c->lowp_bytes, n * 2, "GEMM input scratch") != 0)
+        return NULL;
+    return c->lowp;
+}
+
+/* A GEMM wrote y[0 .. n): if that is (part of) what lowp was rounded from, lowp is stale. */
+static void wrote(kvg_cuda *c, const float *y, size_t n)
+{
+    uintptr_t a = (uintptr_t)c->lowp_src, b = (uintptr_t)y;
+    if (c->lowp_src && b < a + c->lowp_n * sizeof(float) && a < b + n * sizeof(float))
+        kvg_cu_lowp_clear(c);
+}
+
+/* x rounded to dt in the lowp scratch (once for all the GEMMs that read it): nothing to do
+ * when a fused kernel (cuda_fuse.c) left exactly that there, the same bits as rounding it
+ * here. */
 static const void *to_lowp(kvg_cuda *c, const float *x, int M, int K, kvg_kt dt)
 {
     cudaError_t e;
-    if (ensure(c, &c->lowp, &c->lowp_bytes, (size_t)M * (size_t)K * 2, "GEMM input scratch") != 0)
+    const size_t n = (size_t)M * (size_t)K;
+    if (c->lowp_src == x && c->lowp_n == n && c->lowp_dt == dt)
+        return c->lowp;
+    if (!kvg_cu_lowp_scratch(c, n))
         return NULL;
-    e = kvg_k_to_lowp(c->stream, x, (size_t)M * K, dt, c->lowp);
+    e = kvg_k_to_lowp(c->stream, x, n, dt, c->lowp);
     if (e != cudaSuccess) {
         kvg_cu_fail(c, "launch kvg_k_to_lowp", e, "M=%d K=%d", M, K);
         return NULL;
@@ -418,11 +448,13 @@ void kvg_cu_matmul(kvg_cuda *c, const float *x, int M, int K, const kvg_tensor *
     if (dw->dt == KVG_KT_F32) {
         /* An F32 weight (a MoE router): x as it is, an F32 GEMM. */
         kvg_cu_gemm(c, x, M, K, dw, (int)w->rows, db, y);
+        wrote(c, y, (size_t)M * (size_t)w->rows);
         return;
     }
     xl = to_lowp(c, x, M, K, dw->dt);
     if (xl)
         kvg_cu_gemm(c, xl, M, K, dw, (int)w->rows, db, y);
+    wrote(c, y, (size_t)M * (size_t)w->rows);
 }
 
 void kvg_cu_matmul_n(kvg_cuda *c, const float *x, int M, int K, int n, const kvg_tensor *const *w,
@@ -457,6 +489,8 @@ void kvg_cu_matmul_n(kvg_cuda *c, const float *x, int M, int K, int n, const kvg
     if (!c->failed)
         KVG_CU_CHECK(c, "launch kvg_k_split_cols", kvg_k_split_cols(c->stream, c->fused_out, M, &sp), "M=%d N=%d",
                      M, f->N);
+    for (int i = 0; i < n; i++)
+        wrote(c, y[i], (size_t)M * (size_t)f->rows[i]);
 }
 
 int kvg_cu_gemm_pinned(const kvg_cuda *c)

@@ -1,8 +1,8 @@
 /* The CUDA backend's state, shared by its files (backend_cuda.c: the vtable and the step;
  * cuda_check.c: errors; cuda_weights.c: the weight arena; cuda_gemm.c: cuBLASLt;
  * cuda_kv.c: the device KV pool; cuda_moe.c: the mixture-of-experts FFN; cuda_sdpa.c:
- * attention through cuDNN). Host C against kernels/kvg_cuda_api.h, the real CUDA
- * runtime or its emulation. */
+ * attention through cuDNN; cuda_fuse.c: kernels that also write the next GEMM's input).
+ * Host C against kernels/kvg_cuda_api.h, the real CUDA runtime or its emulation. */
 #ifndef KVG_CUDA_INTERNAL_H
 #define KVG_CUDA_INTERNAL_H
 
@@ -79,6 +79,18 @@ typedef struct kvg_cuda {
                                     checked valid up to it) */
     void *lowp;                  /* scratch: a GEMM's input rounded to the weight type */
     size_t lowp_bytes;
+    /* What lowp holds when a fused kernel wrote it (cuda_fuse.c): lowp_src[0 .. lowp_n)
+     * rounded to lowp_dt, so the GEMMs that read lowp_src skip their rounding. lowp_src
+     * NULL: nothing to reuse. Cleared by every backend operation but matmul and matmul_n,
+     * and by those when they round into lowp or write over lowp_src. */
+    const float *lowp_src;
+    size_t lowp_n;
+    kvg_kt lowp_dt;
+    int fuse;                    /* KVGATE_CUDA_FUSE (default 1): rmsnorm and SwiGLU/GeGLU
+                                    write that copy in their own kernel; 0: the GEMMs round
+                                    their input themselves (the same bits, more launches) */
+    kvg_kt glu_dt;               /* w_down's device type when every layer's is the same
+                                    BF16/F16 (the GLU's copy); F32: no copy */
     float *fused_out;            /* scratch: a fused GEMM's [M][sum N] before the split */
     size_t fused_out_bytes;
 
@@ -174,6 +186,29 @@ void kvg_cu_matmul_n(kvg_cuda *c, const float *x, int M, int K, int n, const kvg
  * their rows of a shared, once-rounded input. */
 void kvg_cu_gemm(kvg_cuda *c, const void *x, int M, int K, const kvg_cu_weight *dw, int N,
                  const kvg_cu_weight *db, float *y);
+
+/* The lowp scratch holding at least n 2-byte elements (grown as needed; NULL recorded on
+ * failure). Its content is about to be replaced: the record of what it holds is cleared. */
+void *kvg_cu_lowp_scratch(kvg_cuda *c, size_t n);
+/* The record of what lowp holds (see kvg_cuda.lowp_src): set by a fused kernel, cleared. */
+void kvg_cu_lowp_clear(kvg_cuda *c);
+
+/* ---- fused producers of a GEMM's input (cuda_fuse.c) ---- */
+/* KVGATE_CUDA_FUSE and the GLU's output type, at creation (after the upload). 0, or -1
+ * with err. */
+int kvg_cu_fuse_init(kvg_cuda *c, char *err, size_t err_len);
+/* backend.h's rmsnorm with the norm weight dw (of host address w): when its output is
+ * the input of a GEMM (an attention or FFN norm, the final norm) and fusing is on, the same
+ * kernel also rounds it into lowp for that GEMM's type. Records a failure on error. */
+void kvg_cu_rmsnorm(kvg_cuda *c, const float *x, const float *w, const kvg_cu_weight *dw, float eps,
+                    int rows, int dim, float *out);
+/* backend.h's add_rmsnorm: x += y, then kvg_cu_rmsnorm of x; one kernel with fusing on,
+ * kvg_k_add and kvg_k_rmsnorm with KVGATE_CUDA_FUSE=0 (the same bits). */
+void kvg_cu_add_rmsnorm(kvg_cuda *c, float *x, const float *y, const float *w, const kvg_cu_weight *dw,
+                        float eps, int rows, int dim, float *out);
+/* backend.h's swiglu (gelu 0) or geglu (gelu 1); with fusing on, also the rounded copy
+ * for w_down. Records a failure on error. */
+void kvg_cu_glu(kvg_cuda *c, int gelu, float *gate, const float *up, size_t n);
 
 /* ---- mixture of experts (cuda_moe.c) ---- */
 /* The scratch of a MoE model (nothing for a dense one). 0, or -1 with err. */
