@@ -66,6 +66,9 @@ enum cudaError {
     cudaErrorLaunchFailure = 719,
     cudaErrorNotPermitted = 800,
     cudaErrorNotSupported = 801,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
     cudaErrorUnknown = 999
 };
 typedef enum cudaError cudaError_t;
@@ -86,6 +89,19 @@ enum cudaMemcpyKind {
 
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
 
 /* CUDA's struct has many more members; these are the ones the emulation fills in. */
 struct cudaDeviceProp {
@@ -144,6 +160,21 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
+
+/* Stream capture and graphs. While a stream captures, its asynchronous work is recorded,
+ * not queued; a graph launch queues a copy of every recorded operation on its stream
+ * (a kernel's arguments as they were at capture, as in CUDA). What CUDA refuses during a
+ * capture is refused here and invalidates it (cudaStreamEndCapture then fails with
+ * cudaErrorStreamCaptureInvalidated): synchronizing or querying the capturing stream,
+ * cudaDeviceSynchronize, cudaMalloc, cudaFree, cudaMemcpy, a copy to or from pageable
+ * host memory, and (global mode) work on the legacy stream. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 /* ---- library types and cuBLAS ---------------------------------------------------- */
 

@@ -30,6 +30,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -699,13 +700,16 @@ void kvg_emu_launch_raw(const char *name, dim3 grid, dim3 block, size_t dyn_smem
         release(ctx);
         return;
     }
-    /* The schedule's seed: the run's (KVG_EMU_SEED) mixed with the launch's number, so a
-     * run is reproducible and each launch gets its own orders. */
-    uint64_t base = schedule_seed();
-    uint64_t seed = base ? base * 0x100000001b3ull + (uint64_t)++launches : 0;
+    /* The captured arguments live as long as the queued launch, or the graph that
+     * recorded it (a graph launch runs a copy of it each time). */
+    std::shared_ptr<void> args(ctx, release);
     on_stream(stream, [=]() {
-        run_launch(name, grid, block, dyn_smem, fn, ctx, ctx_size, seed);
-        release(ctx);
+        /* The schedule's seed: the run's (KVG_EMU_SEED) mixed with the number of the launch
+         * run, so a run is reproducible and each launch, each replay of a graph too, gets
+         * its own orders. */
+        uint64_t base = schedule_seed();
+        uint64_t seed = base ? base * 0x100000001b3ull + (uint64_t)++launches : 0;
+        run_launch(name, grid, block, dyn_smem, fn, args.get(), ctx_size, seed);
     });
 }
 

@@ -50,6 +50,13 @@ void drain_upto(cudaStream_t s, uint64_t upto);
 uint64_t stream_enqueued(cudaStream_t s);
 void drain_all();
 
+/* Stream capture (cuda_emu_stream.cc): whether `s` captures; marks its capture failed;
+ * whether a device-wide call (cudaMalloc, cudaFree, cudaMemcpy, cudaDeviceSynchronize) must
+ * be refused now, a global-mode capture being active, which it then invalidates. */
+bool capturing(cudaStream_t s);
+void invalidate_capture(cudaStream_t s);
+bool capture_refuses();
+
 /* The race detector's shadow of a device allocation, dropped when it is freed
  * (cuda_emu_strict.cc). */
 void forget_shadow(void *dev);

@@ -171,11 +171,15 @@ int side(const void *p, size_t n)
  * - to pageable host memory, the call returns once the copy has run (the stream drained up
  *   to it): the caller may read its buffer;
  * - pinned host memory and device memory are read and written when the copy runs. */
-void enqueue_copy(void *dst, const void *src, size_t count, int ds, int ss_, cudaStream_t stream,
-                  bool synchronous)
+cudaError_t enqueue_copy(void *dst, const void *src, size_t count, int ds, int ss_, cudaStream_t stream,
+                         bool synchronous)
 {
     bool src_pageable = ss_ == 0 && !in_pinned(src, count);
     bool dst_pageable = ds == 0 && !in_pinned(dst, count);
+    if ((src_pageable || dst_pageable) && capturing(stream)) {
+        invalidate_capture(stream);
+        return cudaErrorStreamCaptureUnsupported;
+    }
     if (src_pageable) {
         auto bytes = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,
                                                                   (const unsigned char *)src + count);
@@ -187,6 +191,7 @@ void enqueue_copy(void *dst, const void *src, size_t count, int ds, int ss_, cud
     }
     if (synchronous || dst_pageable)
         drain_upto(stream, stream_enqueued(stream));
+    return cudaSuccess;
 }
 
 cudaError_t copy(void *dst, const void *src, size_t count, cudaMemcpyKind kind,
@@ -211,8 +216,7 @@ cudaError_t copy(void *dst, const void *src, size_t count, cudaMemcpyKind kind,
     }
     if (!ok)
         return record(cudaErrorInvalidValue);
-    enqueue_copy(dst, src, count, ds, ss, stream, synchronous);
-    return cudaSuccess;
+    return record(enqueue_copy(dst, src, count, ds, ss, stream, synchronous));
 }
 
 const char *default_name(cudaError_t e)
@@ -230,7 +234,8 @@ const char *default_name(cudaError_t e)
     N(cudaErrorMisalignedAddress) N(cudaErrorLaunchFailure) N(cudaErrorNotPermitted)
     N(cudaErrorNotSupported) N(cudaErrorUnknown) N(cudaErrorECCUncorrectable)
     N(cudaErrorHardwareStackError) N(cudaErrorIllegalInstruction) N(cudaErrorInvalidAddressSpace)
-    N(cudaErrorInvalidPc)
+    N(cudaErrorInvalidPc) N(cudaErrorStreamCaptureUnsupported) N(cudaErrorStreamCaptureInvalidated)
+    N(cudaErrorStreamCaptureImplicit)
 #undef N
     }
     return nullptr;
@@ -395,6 +400,11 @@ const char *cudaGetErrorString(cudaError_t error)
     case cudaErrorECCUncorrectable: return "uncorrectable ECC error encountered";
     case cudaErrorNotSupported: return "operation not supported";
     case cudaErrorNotPermitted: return "operation not permitted";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
     case cudaErrorUnknown: return "unknown error";
     default: break;
     }
@@ -504,6 +514,8 @@ cudaError_t cudaRuntimeGetVersion(int *runtimeVersion)
 cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
     EMU_CALL("cudaMalloc", cudaErrorMemoryAllocation);
+    if (capture_refuses())
+        return record(cudaErrorStreamCaptureUnsupported);
     if (!devPtr)
         return record(cudaErrorInvalidValue);
     *devPtr = nullptr;
@@ -532,6 +544,8 @@ cudaError_t cudaFree(void *devPtr)
     EMU_CALL("cudaFree", cudaErrorInvalidValue);
     if (!devPtr)
         return cudaSuccess;
+    if (capture_refuses())
+        return record(cudaErrorStreamCaptureUnsupported);
     auto it = st().allocs.find((uintptr_t)devPtr);
     if (it == st().allocs.end() || !it->second.device)
         return record(cudaErrorInvalidValue);
@@ -588,6 +602,8 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
     EMU_CALL("cudaMemcpy", cudaErrorInvalidValue);
+    if (capture_refuses())
+        return record(cudaErrorStreamCaptureUnsupported);
     return copy(dst, src, count, kind, nullptr, true);
 }
 

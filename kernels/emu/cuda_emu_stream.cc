@@ -51,6 +51,17 @@ struct CUstream_st {
     uint64_t enqueued = 0;       /* operations ever queued */
     uint64_t done = 0;           /* operations taken off the queue (run or running) */
     uint64_t order = 0;          /* creation order, for the device-wide drain */
+    CUgraph_st *capture = nullptr;   /* recording instead of queueing */
+    int capture_mode = 0;
+    bool capture_invalid = false;
+};
+
+struct CUgraph_st {
+    std::vector<std::function<void()>> ops;   /* in capture order */
+};
+
+struct CUgraphExec_st {
+    std::vector<std::function<void()>> ops;
 };
 
 struct CUevent_st {
@@ -166,11 +177,43 @@ void drain_all()
     }
 }
 
+bool capturing(cudaStream_t s)
+{
+    std::lock_guard<std::recursive_mutex> g(lock());
+    return resolve(s)->capture != nullptr;
+}
+
+void invalidate_capture(cudaStream_t s)
+{
+    std::lock_guard<std::recursive_mutex> g(lock());
+    CUstream_st *st = resolve(s);
+    if (st->capture)
+        st->capture_invalid = true;
+}
+
+bool capture_refuses()
+{
+    std::lock_guard<std::recursive_mutex> g(lock());
+    bool refused = false;
+    for (CUstream_st *s : ss().live)
+        if (s->capture && s->capture_mode == cudaStreamCaptureModeGlobal) {
+            s->capture_invalid = true;
+            refused = true;
+        }
+    return refused;
+}
+
 void on_stream(cudaStream_t stream, std::function<void()> op)
 {
     std::lock_guard<std::recursive_mutex> g(lock());
     Streams &S = ss();
     CUstream_st *s = resolve(stream);
+    if (s->capture) {
+        s->capture->ops.push_back(std::move(op));   /* recorded, run by graph launches */
+        return;
+    }
+    if (s == &S.legacy && capture_refuses())
+        return;                  /* the legacy stream would depend on a capture: dropped */
     /* The legacy stream's implicit ordering, as dependencies taken now. */
     if (s == &S.legacy) {
         for (CUstream_st *b : S.live)
@@ -213,6 +256,8 @@ extern "C" {
 cudaError_t cudaDeviceSynchronize(void)
 {
     EMU_CALL("cudaDeviceSynchronize", cudaErrorLaunchFailure);
+    if (capture_refuses())
+        return record(cudaErrorStreamCaptureUnsupported);
     drain_all();
     return cudaSuccess;
 }
@@ -254,6 +299,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
     EMU_CALL("cudaStreamSynchronize", cudaErrorLaunchFailure);
     if (!valid_stream(stream))
         return record(cudaErrorInvalidResourceHandle);
+    if (resolve(stream)->capture) {
+        resolve(stream)->capture_invalid = true;
+        return record(cudaErrorStreamCaptureUnsupported);
+    }
     drain_stream(stream);
     return cudaSuccess;
 }
@@ -263,6 +312,10 @@ cudaError_t cudaStreamQuery(cudaStream_t stream)
     EMU_CALL("cudaStreamQuery", cudaErrorLaunchFailure);
     if (!valid_stream(stream))
         return record(cudaErrorInvalidResourceHandle);
+    if (resolve(stream)->capture) {
+        resolve(stream)->capture_invalid = true;
+        return record(cudaErrorStreamCaptureUnsupported);
+    }
     return resolve(stream)->queue.empty() ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -369,6 +422,98 @@ cudaError_t cudaEventDestroy(cudaEvent_t event)
     if (!event || !ss().events.erase(event))
         return record(cudaErrorInvalidResourceHandle);
     delete event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    EMU_CALL("cudaStreamBeginCapture", cudaErrorStreamCaptureUnsupported);
+    if (!stream)
+        return record(cudaErrorStreamCaptureUnsupported);   /* not the legacy stream */
+    if (!valid_stream(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    if ((int)mode < cudaStreamCaptureModeGlobal || (int)mode > cudaStreamCaptureModeRelaxed ||
+        stream->capture)
+        return record(cudaErrorInvalidValue);
+    stream->capture = new CUgraph_st;
+    stream->capture_mode = (int)mode;
+    stream->capture_invalid = false;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+    EMU_CALL("cudaStreamEndCapture", cudaErrorStreamCaptureInvalidated);
+    if (!pGraph)
+        return record(cudaErrorInvalidValue);
+    *pGraph = nullptr;
+    if (!stream || !valid_stream(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    if (!stream->capture)
+        return record(cudaErrorInvalidValue);
+    CUgraph_st *graph = stream->capture;
+    bool invalid = stream->capture_invalid;
+    stream->capture = nullptr;
+    stream->capture_invalid = false;
+    if (invalid) {
+        delete graph;
+        return record(cudaErrorStreamCaptureInvalidated);
+    }
+    *pGraph = graph;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus)
+{
+    EMU_CALL("cudaStreamIsCapturing", cudaErrorInvalidValue);
+    if (!pCaptureStatus)
+        return record(cudaErrorInvalidValue);
+    if (!valid_stream(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    CUstream_st *s = resolve(stream);
+    *pCaptureStatus = !s->capture ? cudaStreamCaptureStatusNone
+                      : s->capture_invalid ? cudaStreamCaptureStatusInvalidated
+                                           : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, unsigned long long flags)
+{
+    EMU_CALL("cudaGraphInstantiate", cudaErrorInvalidValue);
+    if (!pGraphExec || !graph || flags)
+        return record(cudaErrorInvalidValue);
+    *pGraphExec = new CUgraphExec_st{graph->ops};
+    return cudaSuccess;
+}
+
+/* Queues a copy of each recorded operation, in capture order, on the stream. */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)
+{
+    EMU_CALL("cudaGraphLaunch", cudaErrorLaunchFailure);
+    if (!graphExec)
+        return record(cudaErrorInvalidValue);
+    if (!valid_stream(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    for (const std::function<void()> &op : graphExec->ops)
+        on_stream(stream, op);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)
+{
+    EMU_CALL("cudaGraphExecDestroy", cudaErrorInvalidValue);
+    if (!graphExec)
+        return record(cudaErrorInvalidValue);
+    delete graphExec;            /* queued copies of its operations stay valid */
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    EMU_CALL("cudaGraphDestroy", cudaErrorInvalidValue);
+    if (!graph)
+        return record(cudaErrorInvalidValue);
+    delete graph;
     return cudaSuccess;
 }
 

@@ -7,7 +7,9 @@
  *   - pointer provenance: a host pointer, pinned host memory;
  *   - the stream model: a memset on the legacy stream that a non-blocking stream's kernel
  *     was meant to follow lands after it; a host read without synchronizing sees old
- *     bytes; blocking streams, events and cross-stream waits order work as on a GPU.
+ *     bytes; blocking streams, events and cross-stream waits order work as on a GPU;
+ *   - stream capture: work recorded, not run; each graph launch replays it; what CUDA
+ *     refuses during a capture is refused and spoils the capture.
  * A bug that aborts runs in a child; the message must name the kernel and the bug. The
  * kernels are in t/unit/cuda_emu_strict_kernels.cu. */
 #include <signal.h>
@@ -320,10 +322,94 @@ static void test_streams(void)
     cudaStreamDestroy(blk);
 }
 
+/* ---- stream capture and graphs ------------------------------------------------------ */
+
+static void test_graphs(void)
+{
+    cudaStream_t nb;
+    cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking);
+    float *d = dev_alloc(N), *e = dev_alloc(N), *src = NULL, *dst = NULL;
+    cudaMallocHost((void **)&src, N * sizeof *src);
+    cudaMallocHost((void **)&dst, N * sizeof *dst);
+    cudaMemsetAsync(e, 0, N * sizeof(float), nb);
+    cudaStreamSynchronize(nb);
+
+    /* pinned src -> d -> pinned dst, then a kernel filling e, then e -> dst's tail */
+    enum cudaStreamCaptureStatus st;
+    is_int(cudaStreamBeginCapture(nb, cudaStreamCaptureModeGlobal), cudaSuccess, "cudaStreamBeginCapture");
+    cudaStreamIsCapturing(nb, &st);
+    is_int(st, cudaStreamCaptureStatusActive, "the stream captures");
+    cudaMemcpyAsync(d, src, N * sizeof(float), cudaMemcpyHostToDevice, nb);
+    cudaMemcpyAsync(dst, d, N / 2 * sizeof(float), cudaMemcpyDeviceToHost, nb);
+    strict_t_fill(e, N, 5.0f, nb);
+    cudaMemcpyAsync(dst + N / 2, e + N / 2, N / 2 * sizeof(float), cudaMemcpyDeviceToHost, nb);
+    cudaGraph_t graph = NULL;
+    is_int(cudaStreamEndCapture(nb, &graph), cudaSuccess, "cudaStreamEndCapture");
+    ok(graph && kvg_emu_pending() == 0, "captured work is recorded, not queued");
+    ok(all_equal(e, N, 0.0f), "nor run");
+    cudaGraphExec_t exec = NULL;
+    is_int(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess, "cudaGraphInstantiate");
+    cudaGraphDestroy(graph);     /* the executable graph keeps its own copy */
+    int good = 1;
+    for (int replay = 1; replay <= 2; replay++) {
+        for (int i = 0; i < N; i++) {
+            src[i] = (float)(replay * 100 + i);
+            dst[i] = -1.0f;
+        }
+        is_int(cudaGraphLaunch(exec, nb), cudaSuccess, "cudaGraphLaunch %d", replay);
+        good &= dst[0] == -1.0f;             /* queued, not run, until the stream is synchronized */
+        cudaStreamSynchronize(nb);
+        for (int i = 0; i < N / 2; i++)
+            good &= dst[i] == (float)(replay * 100 + i);
+        for (int i = N / 2; i < N; i++)
+            good &= dst[i] == 5.0f;
+    }
+    ok(good, "each replay reads the pinned source as it is then, and runs the recorded kernel again");
+    cudaGraphExecDestroy(exec);
+
+    /* what a capture refuses, and the capture it spoils */
+    is_int(cudaStreamBeginCapture(NULL, cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported,
+           "the legacy stream cannot capture");
+    cudaGetLastError();
+    struct {
+        const char *what;
+        int which;
+    } refused[] = {{"cudaStreamSynchronize of the capturing stream", 0}, {"cudaMalloc", 1},
+                   {"cudaDeviceSynchronize", 2}, {"a copy from pageable memory", 3}};
+    for (size_t k = 0; k < sizeof refused / sizeof *refused; k++) {
+        float host[N] = {0};
+        float *extra = NULL;
+        cudaError_t r = cudaSuccess;
+        cudaStreamBeginCapture(nb, cudaStreamCaptureModeGlobal);
+        strict_t_fill(d, N, 1.0f, nb);
+        switch (refused[k].which) {
+        case 0: r = cudaStreamSynchronize(nb); break;
+        case 1: r = cudaMalloc((void **)&extra, 64); break;
+        case 2: r = cudaDeviceSynchronize(); break;
+        case 3: r = cudaMemcpyAsync(d, host, sizeof host, cudaMemcpyHostToDevice, nb); break;
+        }
+        is_int(r, cudaErrorStreamCaptureUnsupported, "%s during a capture is refused", refused[k].what);
+        cudaStreamIsCapturing(nb, &st);
+        is_int(st, cudaStreamCaptureStatusInvalidated, "and invalidates it");
+        graph = (cudaGraph_t)1;
+        is_int(cudaStreamEndCapture(nb, &graph), cudaErrorStreamCaptureInvalidated,
+               "cudaStreamEndCapture then fails");
+        ok(graph == NULL && kvg_emu_pending() == 0, "with no graph, and nothing of it queued");
+        cudaGetLastError();
+    }
+
+    cudaFreeHost(src);
+    cudaFreeHost(dst);
+    cudaFree(d);
+    cudaFree(e);
+    cudaStreamDestroy(nb);
+}
+
 int main(void)
 {
     test_orders();
     test_detectors();
     test_streams();
+    test_graphs();
     return done_testing();
 }
