@@ -292,7 +292,16 @@ attn_combine(kvg_k_attn_args a)
             ox = fmaf(e, v.x, ox);
             oy = fmaf(e, v.y, oy);
         }
-        o[w] = make_float2(ox / L, oy / L);
+        const float2 res = make_float2(ox / L, oy / L);
+        o[w] = res;
+        if (a.out_lowp) {
+            /* wo's input, rounded here instead of by a launch of its own (the same bits) */
+            const int64_t at = ((int64_t)r * a.n_heads * hd + (int64_t)h * hd) / 2 + w;
+            if (a.out_lowp_dt == KVG_KT_BF16)
+                ((__nv_bfloat162 *)a.out_lowp)[at] = __float22bfloat162_rn(res);
+            else
+                ((__half2 *)a.out_lowp)[at] = __float22half2_rn(res);
+        }
     }
 }
 
@@ -310,7 +319,9 @@ extern "C" cudaError_t kvg_k_attention(cudaStream_t s, const kvg_k_attn_args *a)
         a->n_heads <= 0 || a->n_heads % g->n_kv_heads || g->block_tokens <= 0 ||
         a->split_tokens <= 0 || a->split_tokens % g->block_tokens || a->layer < 0 ||
         a->layer >= g->n_layers || a->max_tile_rows < 1 || a->max_tile_rows > KVG_K_ATTN_MAX_TILE ||
-        a->window < 0 || !(a->softcap >= 0.0f) || a->item0 < 0 || a->row0 < 0 || a->part0 < 0)
+        a->window < 0 || !(a->softcap >= 0.0f) || a->item0 < 0 || a->row0 < 0 || a->part0 < 0 ||
+        (a->out_lowp && ((a->out_lowp_dt != KVG_KT_BF16 && a->out_lowp_dt != KVG_KT_F16) ||
+                         !kvg_aligned(a->out_lowp, 4))))
         return cudaErrorInvalidValue;
     /* 4-byte pool words, float2 q/partials/out accesses */
     if (!kvg_aligned(a->pool, 4) || !kvg_aligned(a->q, 8) || !kvg_aligned(a->partials, 8) ||

@@ -199,6 +199,9 @@ typedef struct kvg_k_attn_args {
                                     softmax has one more logit, sinks[h] (on the scaled
                                     scores' scale), in its max and denominator, no value */
     float *out;                  /* [n_rows][n_heads * head_dim] */
+    void *out_lowp;              /* NULL, or out's rows also rounded to out_lowp_dt (BF16 or
+                                    F16, to nearest even) at the same indices: wo's input */
+    kvg_kt out_lowp_dt;
 } kvg_k_attn_args;
 
 #define KVG_K_ATTN_MAX_TILE 16

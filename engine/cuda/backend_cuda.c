@@ -388,6 +388,7 @@ static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
     kvg_cuda *c = cu(be);
     const kvg_model_config *cfg = &c->m->cfg;
     kvg_k_attn_args a;
+    size_t n_out = 0;
     if (!op_begin(c, "attention"))
         return;
     c->layer = layer;
@@ -422,6 +423,14 @@ static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
         a.sinks = sw->dev;
     }
     a.out = out;
+    if (c->n_groups > 0) {
+        /* wo's input rounded by the combine kernels (cuda_fuse.c): every row of the step */
+        const kvg_attn_group *last = &c->groups[c->n_groups - 1];
+        n_out = (size_t)(last->row0 + last->n_rows) * (size_t)cfg->n_heads * (size_t)cfg->head_dim;
+        a.out_lowp = kvg_cu_attn_lowp(c, layer, n_out, &a.out_lowp_dt);
+        if (c->failed)
+            return;
+    }
     /* One launch per group; each reuses the scratch after the previous one's combine (the
      * same stream orders them). */
     for (int i = 0; i < c->n_groups && !c->failed; i++) {
@@ -434,6 +443,8 @@ static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
         KVG_CU_CHECK(c, "launch kvg_k_attention", kvg_k_attention(c->stream, &a),
                      "rows=%d..%d items=%d split=%d", a.row0, a.row0 + a.n_rows - 1, a.n_items, a.split_tokens);
     }
+    if (a.out_lowp && !c->failed)
+        kvg_cu_lowp_set(c, out, n_out, a.out_lowp_dt);
 }
 
 static void cu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)

@@ -9,6 +9,7 @@
  *   rmsnorm(x, ffn_norm)  -> xb   + xb rounded to w_gate's type  (gate/up read xb)
  *   rmsnorm(x, final_norm)-> ob   + ob rounded to output's type  (the classifier)
  *   swiglu/geglu(hb, hb2) -> hb   + hb rounded to w_down's type  (w_down reads hb)
+ *   attention (own kernels) -> att + att rounded to wo's type     (wo reads att)
  *
  * and the residual add before a norm joins the norm's kernel (backend.h's add_rmsnorm:
  * x += ob, then the norm of x; kvg_k_add_rmsnorm: the add's rounding, the norm's tree),
@@ -147,4 +148,24 @@ void kvg_cu_glu(kvg_cuda *c, int gelu, float *gate, const float *up, size_t n)
         c->lowp_n = n;
         c->lowp_dt = dt;
     }
+}
+
+void *kvg_cu_attn_lowp(kvg_cuda *c, int layer, size_t n, kvg_kt *dt)
+{
+    const kvg_cu_weight *dw;
+    *dt = KVG_KT_F32;
+    if (!c->fuse || n == 0 || layer < 0 || layer >= c->m->cfg.n_layers || !c->m->layers[layer].wo.data)
+        return NULL;
+    dw = kvg_cu_weight_of(c, c->m->layers[layer].wo.data);
+    if (!dw || dw->dt == KVG_KT_F32)
+        return NULL;
+    *dt = dw->dt;
+    return kvg_cu_lowp_scratch(c, n);
+}
+
+void kvg_cu_lowp_set(kvg_cuda *c, const float *src, size_t n, kvg_kt dt)
+{
+    c->lowp_src = src;
+    c->lowp_n = n;
+    c->lowp_dt = dt;
 }

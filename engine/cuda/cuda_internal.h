@@ -197,6 +197,11 @@ void kvg_cu_lowp_clear(kvg_cuda *c);
 /* KVGATE_CUDA_FUSE and the GLU's output type, at creation (after the upload). 0, or -1
  * with err. */
 int kvg_cu_fuse_init(kvg_cuda *c, char *err, size_t err_len);
+/* The scratch the attention's own kernels round their output into for layer's wo (n
+ * floats), its type in *dt; NULL when fusing is off or wo is F32 (nothing to round). The
+ * caller records it (kvg_cu_lowp_set) once the launches are made. */
+void *kvg_cu_attn_lowp(kvg_cuda *c, int layer, size_t n, kvg_kt *dt);
+void kvg_cu_lowp_set(kvg_cuda *c, const float *src, size_t n, kvg_kt dt);
 /* backend.h's rmsnorm with the norm weight dw (of host address w): when its output is
  * the input of a GEMM (an attention or FFN norm, the final norm) and fusing is on, the same
  * kernel also rounds it into lowp for that GEMM's type. Records a failure on error. */

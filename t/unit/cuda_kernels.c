@@ -717,6 +717,10 @@ typedef struct att_seg {
 } att_seg;
 
 /* Runs one step of segments; out gets [rows][n_heads*hd]. Returns the launch's error. */
+/* Every run_step also asks for the output rounded to BF16 (wo's input, issue 30 §4): the
+ * outputs whose copy is not their RNE rounding, and the outputs compared. */
+static long lowp_wrong, lowp_seen;
+
 static cudaError_t run_step(const att_world *W, const att_seg *segs, int n_segs, float *out,
                             int *n_rows_out)
 {
@@ -798,11 +802,23 @@ static cudaError_t run_step(const att_world *W, const att_seg *segs, int n_segs,
     float *d_sinks = W->sinks ? dev_from(sinks, sizeof(float) * nh) : NULL;
     a.sinks = d_sinks;
     a.out = dev_alloc(sizeof(float) * n_rows * nh * hd);
+    a.out_lowp = dev_alloc(sizeof(uint16_t) * n_rows * nh * hd);
+    a.out_lowp_dt = KVG_KT_BF16;
     cudaError_t e = kvg_k_attention(S0, &a);
     if (d_sinks)
         cudaFree(d_sinks);
     free(sinks);
     to_host(out, a.out, sizeof(float) * n_rows * nh * hd);
+    {
+        size_t n = (size_t)n_rows * nh * hd;
+        uint16_t *lp = malloc(n * sizeof *lp);
+        to_host(lp, a.out_lowp, n * sizeof *lp);
+        for (size_t i = 0; e == cudaSuccess && i < n; i++)
+            lowp_wrong += lp[i] != bf16_rne(out[i]);
+        lowp_seen += (long)n;
+        free(lp);
+        cudaFree(a.out_lowp);
+    }
     cudaFree((void *)a.q);
     cudaFree((void *)a.pos);
     cudaFree((void *)a.row_seq);
@@ -1053,6 +1069,7 @@ static void test_attention_families(void)
 
 static void test_attention(void)
 {
+    lowp_wrong = lowp_seen = 0;
     /* contexts over several splits, partial last blocks (bt 16) */
     const int lens[3] = { 70, 41, 9 };
     const int hds[3] = { 8, 16, 64 };
@@ -1083,6 +1100,8 @@ static void test_attention(void)
     a.n_rows = 1;
     is_int(kvg_k_attention(S0, &a), cudaErrorInvalidValue, "attention without buffers refused");
     is_int(kvg_k_attention(S0, NULL), cudaErrorInvalidValue, "attention(NULL) refused");
+    ok(lowp_seen > 0 && lowp_wrong == 0, "the output's BF16 copy (wo's input) is each output rounded to nearest "
+       "even: %ld of %ld differ", lowp_wrong, lowp_seen);
 }
 
 int main(void)
