@@ -10,6 +10,7 @@
  *   rmsnorm(x, final_norm)-> ob   + ob rounded to output's type  (the classifier)
  *   swiglu/geglu(hb, hb2) -> hb   + hb rounded to w_down's type  (w_down reads hb)
  *   attention (own kernels) -> att + att rounded to wo's type     (wo reads att)
+ *   attention (cuDNN, wo BF16) -> its BF16 output in the scratch, att from it
  *
  * and the residual add before a norm joins the norm's kernel (backend.h's add_rmsnorm:
  * x += ob, then the norm of x; kvg_k_add_rmsnorm: the add's rounding, the norm's tree),

@@ -480,6 +480,8 @@ int kvg_cu_sdpa_attention(kvg_cuda *c, const kvg_kv_pool *kv, int layer, const f
     cudnnStatus_t st;
     const char *what;
     int32_t *meta;
+    void *o16, *lp;
+    kvg_kt wo_dt;
     float scale;
 
     if (!d || !d->cur || layer_unexpressible(c->m, layer))
@@ -497,7 +499,18 @@ int kvg_cu_sdpa_attention(kvg_cuda *c, const kvg_kv_pool *kv, int layer, const f
     ptrs[0] = d->q16;
     ptrs[1] = (unsigned char *)kv->data + (size_t)layer * (size_t)g.layer_elems * 2u;
     ptrs[2] = (unsigned char *)ptrs[1] + (size_t)g.block_tokens * (size_t)g.head_dim * 2u;
-    ptrs[3] = d->o16;
+    /* wo reads the output rounded to BF16: when wo is BF16, cuDNN's BF16 output is that
+     * (BF16 -> F32 -> BF16 is the identity), written straight into the GEMMs' scratch
+     * (cuda_fuse.c). The scratch holds every entry of the plan, padding included. */
+    o16 = d->o16;
+    lp = kvg_cu_attn_lowp(c, layer, (size_t)p->B * (size_t)cfg->n_heads * (size_t)cfg->head_dim, &wo_dt);
+    if (c->failed)
+        return 1;
+    if (lp && wo_dt == KVG_KT_BF16)
+        o16 = lp;
+    else
+        lp = NULL;
+    ptrs[3] = o16;
     ptrs[4] = &scale;            /* by value: read at the call */
     ptrs[5] = meta + 2 * ((p->B + 3) / 4 * 4);
     ptrs[6] = meta;
@@ -529,7 +542,9 @@ int kvg_cu_sdpa_attention(kvg_cuda *c, const kvg_kv_pool *kv, int layer, const f
     }
     if (c->sync_each)
         KVG_CU_CHECK(c, "cudnnBackendExecute", cudaSuccess, "SDPA, %d rows", d->n_rows);
-    KVG_CU_CHECK(c, "launch kvg_k_from_lowp", kvg_k_from_lowp(c->stream, d->o16, n, KVG_KT_BF16, out),
+    KVG_CU_CHECK(c, "launch kvg_k_from_lowp", kvg_k_from_lowp(c->stream, o16, n, KVG_KT_BF16, out),
                  "cuDNN attention's output, %zu elements", n);
+    if (lp && !c->failed)
+        kvg_cu_lowp_set(c, out, n, KVG_KT_BF16);
     return 1;
 }

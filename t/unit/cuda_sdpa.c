@@ -717,6 +717,48 @@ static void families(void)
     }
 }
 
+/* KVGATE_CUDA_FUSE: cuDNN's BF16 output is wo's input as it is (engine/cuda/cuda_sdpa.c):
+ * the same logits with fusing off. With a BF16 wo (bf16_wo), fusing saves 6 launches per
+ * layer and step, as on the own kernels (t/unit/cuda_fuse.c): the roundings before q/k/v,
+ * wo, gate/up and w_down, two residual adds (the prompt's last layer: its add joins the
+ * final norm, and the classifier's rounding is saved in its place). */
+static void fused_output(const kvg_model *m, const char *name, int bf16_wo)
+{
+    int V = m->cfg.vocab_size, L = m->cfg.n_layers;
+    size_t n = (size_t)N_GEN * V;
+    float *on = malloc(n * sizeof(float)), *off = malloc(n * sizeof(float));
+    int32_t p[12 + N_GEN];
+    long launches[2] = { 0, 0 };
+    char err[512] = "";
+    int ran = 1;
+    prompt_of(m, p, 12 + N_GEN, 77u);
+    for (int f = 0; f < 2; f++) {
+        rig r;
+        long l0;
+        setenv("KVGATE_CUDA_FUSE", f ? "1" : "0", 1);
+        if (rig_new(&r, m, "cuda", "cudnn", 0, 16, 64, err, sizeof err) != 0) {
+            diag("%s", err);
+            ran = 0;
+            unsetenv("KVGATE_CUDA_FUSE");
+            break;
+        }
+        unsetenv("KVGATE_CUDA_FUSE");
+        l0 = kvg_emu_calls("launch");
+        ran &= run(&r, p, 12, 0, N_GEN, f ? on : off) == 0;
+        launches[f] = kvg_emu_calls("launch") - l0;
+        rig_free(&r);
+    }
+    ok(ran && memcmp(on, off, n * sizeof(float)) == 0, "%s: through cuDNN, logits with KVGATE_CUDA_FUSE on and "
+       "off: the same bits", name);
+    diag("%s: through cuDNN, %d steps of %d layers: %ld launches with fusing off, %ld on", name, N_GEN, L,
+         launches[0], launches[1]);
+    if (bf16_wo)
+        ok(ran && launches[0] - launches[1] == 6L * N_GEN * L, "%s: cuDNN's output is wo's input: 6 launches a "
+           "layer and step saved, wo's rounding among them (%ld -> %ld)", name, launches[0], launches[1]);
+    free(on);
+    free(off);
+}
+
 int main(void)
 {
     char err[512];
@@ -733,9 +775,11 @@ int main(void)
     ok(tm_build(&ta, &a) == 0, "test model A (qwen2-like: biases, GQA 4:2, head_dim 16, F16/BF16/F32)");
     prompts(&ta.m, "test model A");
     mixed(&ta.m, "test model A");
+    fused_output(&ta.m, "test model A", 0);    /* its wo is F16: cuDNN's output is rounded again */
     if (syn) {
         prompts(syn, "synthetic:260K-bf16");
         mixed(syn, "synthetic:260K-bf16");
+        fused_output(syn, "synthetic:260K-bf16", 1);
     }
     fallbacks(&ta.m);
     invariant_and_env(&ta.m);
