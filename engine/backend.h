@@ -120,6 +120,9 @@ typedef struct kvg_backend_ops {
      * add and rmsnorm. */
     void (*add_rmsnorm)(kvg_backend *be, float *x, const float *y, const float *w, float eps,
                         int rows, int dim, float *out);
+    /* rope(layer, q, k), then kv_write(kv, layer, k, v), as one unit of work (the CUDA
+     * backend: one kernel), the same values. NULL: forward.c calls the two. */
+    void (*rope_kv_write)(kvg_backend *be, kvg_kv_pool *kv, int layer, float *q, float *k, const float *v);
 
     /* Optional (NULL for the CPU backend, whose operations cannot fail) ---- */
 

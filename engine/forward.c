@@ -358,8 +358,12 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
             ops->rmsnorm(be, f->q, w->q_norm, c->norm_eps, R * c->n_heads, c->head_dim, f->q);
             ops->rmsnorm(be, f->k, w->k_norm, c->norm_eps, R * c->n_kv_heads, c->head_dim, f->k);
         }
-        ops->rope(be, l, f->q, f->k);
-        ops->kv_write(be, f->kv, l, f->k, f->v);
+        if (ops->rope_kv_write) {
+            ops->rope_kv_write(be, f->kv, l, f->q, f->k, f->v);
+        } else {
+            ops->rope(be, l, f->q, f->k);
+            ops->kv_write(be, f->kv, l, f->k, f->v);
+        }
         if (last && n_out == 0)
             break;          /* only this layer's K/V were needed */
         ops->attention(be, f->kv, l, f->q, f->att);

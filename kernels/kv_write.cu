@@ -2,36 +2,19 @@
  * round-to-nearest-even) at their slots; copy_blocks is the copy-on-write block copy.
  * Layout of the pool: kvg_kernels.h (kvg_k_kv_geom). */
 #include "kvg_device.cuh"
+#include "kv_write_row.cuh"
 
 #define KVW_THREADS 256
 #define COPY_THREADS 256
 #define COPY_VECS_PER_THREAD 8       /* 16-byte vectors per thread: 32 KiB per block */
 
-/* One block per row; threads stride over the row's (kv head, element pair). A row writes
- * only its own slot, from its own k/v values: nothing depends on the launch. */
+/* One block per row (kv_write_row.cuh). */
 __global__ void __launch_bounds__(KVW_THREADS)
 kv_write_kernel(__nv_bfloat16 *__restrict__ pool, kvg_k_kv_geom g, int layer,
                 const float2 *__restrict__ k, const float2 *__restrict__ v,
                 const int32_t *__restrict__ row_slot)
 {
-    const int r = blockIdx.x;
-    const int32_t slot = row_slot[r];
-    const int hd2 = g.head_dim / 2, n_pairs = g.n_kv_heads * hd2;
-    if (slot < 0 || slot / g.block_tokens >= g.n_blocks)
-        return;              /* not a slot of this pool (the host never sends one) */
-    const int32_t b = slot / g.block_tokens, t = slot - b * g.block_tokens;
-    __nv_bfloat16 *blk = pool + (int64_t)b * g.block_elems + (int64_t)layer * g.layer_elems;
-    const float2 *kr = k + (int64_t)r * n_pairs, *vr = v + (int64_t)r * n_pairs;
-
-    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
-        const int h = p / hd2, w = p - h * hd2;
-        __nv_bfloat16 *base = blk + (int64_t)h * g.head_elems;
-        const float2 kk = kr[p], vv = vr[p];
-        *(__nv_bfloat162 *)(base + (int64_t)t * g.head_dim + 2 * w) =
-            __floats2bfloat162_rn(kk.x, kk.y);
-        *(__nv_bfloat162 *)(base + (int64_t)(g.block_tokens + t) * g.head_dim + 2 * w) =
-            __floats2bfloat162_rn(vv.x, vv.y);
-    }
+    kvg_kv_write_row(pool, g, layer, k, v, row_slot, (int)blockIdx.x);
 }
 
 extern "C" cudaError_t kvg_k_kv_write(cudaStream_t s, void *pool, const kvg_k_kv_geom *g,

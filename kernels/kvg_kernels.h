@@ -122,6 +122,12 @@ cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs,
                        const float *q_scale, int n_rows, int n_heads, int n_kv_heads,
                        int head_dim, int rot, int layout);
 
+/* kvg_k_rope (k's heads: g->n_kv_heads), then kvg_k_kv_write of the rotated k and v into
+ * the pool's row slots, as one kernel: the same values as the two. */
+cudaError_t kvg_k_rope_kv_write(cudaStream_t s, float *q, float *k, const float *cs, const float *q_scale,
+                                int n_rows, int n_heads, int head_dim, int rot, int layout, void *pool,
+                                const kvg_k_kv_geom *g, int layer, const float *v, const int32_t *row_slot);
+
 /* Stores row r's k and v ([n_rows][n_kv_heads*head_dim], F32) as BF16 at slot row_slot[r]
  * (= block id * block_tokens + position % block_tokens) of `layer`. */
 cudaError_t kvg_k_kv_write(cudaStream_t s, void *pool, const kvg_k_kv_geom *g, int layer,

@@ -9,16 +9,16 @@
  * then multiplied by q_scale[r]: the rotated value is rounded to float and multiplied, as
  * the CPU backend stores it and multiplies it (the dimensions left unrotated included). */
 #include "kvg_device.cuh"
+#include "kv_write_row.cuh"
 
 #define ROPE_THREADS 256
 
-__global__ void __launch_bounds__(ROPE_THREADS)
-rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restrict__ cs,
-            const float *__restrict__ q_scale, int n_heads, int n_kv_heads, int head_dim, int rot,
-            int layout)
+/* Row r's rotations by the block's threads. */
+__device__ __forceinline__ void rope_row(float *q, float *k, const float2 *cs, const float *q_scale,
+                                         int n_heads, int n_kv_heads, int head_dim, int rot, int layout,
+                                         int64_t r)
 {
     const int half = rot / 2;
-    const int64_t r = blockIdx.x;
     const int n_q = n_heads * half, n_all = (n_heads + n_kv_heads) * half;
     const float2 *c = cs + r * (head_dim / 2);
     float *qr = q + r * (int64_t)n_heads * head_dim;
@@ -65,6 +65,29 @@ rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restri
     }
 }
 
+__global__ void __launch_bounds__(ROPE_THREADS)
+rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restrict__ cs,
+            const float *__restrict__ q_scale, int n_heads, int n_kv_heads, int head_dim, int rot,
+            int layout)
+{
+    rope_row(q, k, cs, q_scale, n_heads, n_kv_heads, head_dim, rot, layout, blockIdx.x);
+}
+
+/* RoPE then the row's K and V into the pool, in one kernel: the rotated k is read back by
+ * the threads that store it after the block's barrier (a pool word pairs elements 2w and
+ * 2w + 1, which the rotation of the halves layout computes in different threads). The
+ * same values as kvg_k_rope then kvg_k_kv_write. */
+__global__ void __launch_bounds__(ROPE_THREADS)
+rope_kv_write_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restrict__ cs,
+                     const float *__restrict__ q_scale, int n_heads, int n_kv_heads, int head_dim, int rot,
+                     int layout, __nv_bfloat16 *__restrict__ pool, kvg_k_kv_geom g, int layer,
+                     const float *__restrict__ v, const int32_t *__restrict__ row_slot)
+{
+    rope_row(q, k, cs, q_scale, n_heads, n_kv_heads, head_dim, rot, layout, blockIdx.x);
+    __syncthreads();
+    kvg_kv_write_row(pool, g, layer, (const float2 *)k, (const float2 *)v, row_slot, (int)blockIdx.x);
+}
+
 extern "C" cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs,
                                   const float *q_scale, int n_rows, int n_heads, int n_kv_heads,
                                   int head_dim, int rot, int layout)
@@ -83,5 +106,30 @@ extern "C" cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const floa
         threads = ROPE_THREADS;
     KVG_LAUNCH(rope_kernel, dim3((unsigned)n_rows), dim3(threads), 0, s, q, k,
                (const float2 *)cs, q_scale, n_heads, n_kv_heads, head_dim, rot, layout);
+    return kvg_launch_result();
+}
+
+extern "C" cudaError_t kvg_k_rope_kv_write(cudaStream_t s, float *q, float *k, const float *cs,
+                                           const float *q_scale, int n_rows, int n_heads, int head_dim,
+                                           int rot, int layout, void *pool, const kvg_k_kv_geom *g,
+                                           int layer, const float *v, const int32_t *row_slot)
+{
+    if (n_rows <= 0)
+        return cudaSuccess;
+    if (!q || !k || !cs || !pool || !g || !v || !row_slot || head_dim <= 0 || head_dim % 2 || rot <= 0 ||
+        rot % 2 || rot > head_dim || n_heads <= 0 || g->n_kv_heads <= 0 || (layout != 0 && layout != 1) ||
+        g->head_dim != head_dim || g->block_tokens <= 0 || layer < 0 || layer >= g->n_layers)
+        return cudaErrorInvalidValue;
+    if (!kvg_aligned(q, 8) || !kvg_aligned(k, 8) || !kvg_aligned(cs, 8) || !kvg_aligned(v, 8) ||
+        !kvg_aligned(pool, 4))
+        return cudaErrorInvalidValue;
+    const int n_rope = (n_heads + g->n_kv_heads) * (rot / 2), n_kv = g->n_kv_heads * (head_dim / 2);
+    const int most = n_rope > n_kv ? n_rope : n_kv;
+    unsigned threads = ((unsigned)most + 31u) / 32u * 32u;
+    if (threads > ROPE_THREADS)
+        threads = ROPE_THREADS;
+    KVG_LAUNCH(rope_kv_write_kernel, dim3((unsigned)n_rows), dim3(threads), 0, s, q, k, (const float2 *)cs,
+               q_scale, n_heads, g->n_kv_heads, head_dim, rot, layout, (__nv_bfloat16 *)pool, *g, layer, v,
+               row_slot);
     return kvg_launch_result();
 }

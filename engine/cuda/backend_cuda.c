@@ -383,6 +383,34 @@ static void cu_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, const float
                  "rows=%d", c->plan.n_rows);
 }
 
+/* rope then kv_write in one kernel (KVGATE_CUDA_FUSE, cuda_fuse.c's switch), or the two. */
+static void cu_rope_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, float *q, float *k, const float *v)
+{
+    kvg_cuda *c = cu(be);
+    const kvg_model_config *cfg = &c->m->cfg;
+    const float *cs;
+    kvg_k_kv_geom g;
+    if (!c->fuse) {
+        cu_rope(be, layer, q, k);
+        cu_kv_write(be, kv, layer, k, v);
+        return;
+    }
+    if (!op_begin(c, "rope"))
+        return;
+    c->layer = layer;
+    if (kvg_cu_kv_geom(c, kv, &g) != 0)
+        return;
+    cs = (const float *)(const void *)((const unsigned char *)c->d_plan +
+                                       kvg_step_plan_cs_off(&c->plan, kvg_rope_kind(c->m, layer)));
+    KVG_CU_CHECK(c, "launch kvg_k_rope_kv_write",
+                 kvg_k_rope_kv_write(c->stream, q, k, cs,
+                                     cfg->attn_temp_scale != 0.0f ? DEV(c, const float, off_q_scale) : NULL,
+                                     c->plan.n_rows, cfg->n_heads, cfg->head_dim, kvg_rope_dims(cfg),
+                                     cfg->rope_layout == KVG_ROPE_HALF, kv->data, &g, layer, v,
+                                     DEV(c, const int32_t, off_row_slot)),
+                 "rows=%d", c->plan.n_rows);
+}
+
 static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const float *q, float *out)
 {
     kvg_cuda *c = cu(be);
@@ -591,6 +619,7 @@ static const kvg_backend_ops cuda_ops = {
     .add_rmsnorm = cu_add_rmsnorm,
     .rope = cu_rope,
     .kv_write = cu_kv_write,
+    .rope_kv_write = cu_rope_kv_write,
     .attention = cu_attention,
     .swiglu = cu_swiglu,
     .geglu = cu_geglu,

@@ -355,7 +355,7 @@ static int forward(rig *r, float *rec, long *launches, long *gemms)
  * without (one GEMM per product): all four the same bits. With matmul_n, fusing saves per
  * layer the roundings before q/k/v (or wq alone when the parts differ in type), gate/up
  * (or w_gate), wo (the attention's combine rounds its output) and w_down, and the
- * classifier's: 4 a layer + 1; and the residual adds
+ * classifier's: 4 a layer + 1; RoPE and the K/V write as one kernel (L); and the residual adds
  * before the FFN norm (L) and the next layer's attention norm (L - 1; a decode step's last
  * add is followed by the gather, not a norm). The 20-token prefill's last layer runs its
  * one output row alone: there the add joins the final norm, in place over ob. */
@@ -387,9 +387,9 @@ static void whole(const kvg_model *m, const char *name)
        "prefill, 3 decode steps)", name);
     diag("%s: a decode step (%d layers): fusing off %ld launches + %ld cuBLASLt calls, on %ld + %ld; without "
          "matmul_n: off %ld + %ld, on %ld + %ld", name, L, l[0], g[0], l[1], g[1], l[2], g[2], l[3], g[3]);
-    ok(g[0] == g[1] && l[0] - l[1] == 6 * L, "%s: fusing saves %d launches per decode step (%ld -> %ld: the "
+    ok(g[0] == g[1] && l[0] - l[1] == 7 * L, "%s: fusing saves %d launches per decode step (%ld -> %ld: the "
        "roundings before q/k/v, gate/up, wo, w_down and the classifier, 4 L + 1; the residual adds joined to the "
-       "next norm, 2 L - 1)", name, 6 * L, l[0], l[1]);
+       "next norm, 2 L - 1; RoPE and the K/V write in one kernel, L)", name, 7 * L, l[0], l[1]);
     ok(g[2] == g[3] && l[3] < l[2], "%s: one GEMM per product: %ld -> %ld launches", name, l[2], l[3]);
     for (int i = 0; i < 4; i++)
         free(rec[i]);

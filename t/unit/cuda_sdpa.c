@@ -718,10 +718,11 @@ static void families(void)
 }
 
 /* KVGATE_CUDA_FUSE: cuDNN's BF16 output is wo's input as it is (engine/cuda/cuda_sdpa.c):
- * the same logits with fusing off. With a BF16 wo (bf16_wo), fusing saves 6 launches per
+ * the same logits with fusing off. With a BF16 wo (bf16_wo), fusing saves 7 launches per
  * layer and step, as on the own kernels (t/unit/cuda_fuse.c): the roundings before q/k/v,
  * wo, gate/up and w_down, two residual adds (the prompt's last layer: its add joins the
- * final norm, and the classifier's rounding is saved in its place). */
+ * final norm, and the classifier's rounding is saved in its place), RoPE and the K/V
+ * write as one kernel. */
 static void fused_output(const kvg_model *m, const char *name, int bf16_wo)
 {
     int V = m->cfg.vocab_size, L = m->cfg.n_layers;
@@ -753,7 +754,7 @@ static void fused_output(const kvg_model *m, const char *name, int bf16_wo)
     diag("%s: through cuDNN, %d steps of %d layers: %ld launches with fusing off, %ld on", name, N_GEN, L,
          launches[0], launches[1]);
     if (bf16_wo)
-        ok(ran && launches[0] - launches[1] == 6L * N_GEN * L, "%s: cuDNN's output is wo's input: 6 launches a "
+        ok(ran && launches[0] - launches[1] == 7L * N_GEN * L, "%s: cuDNN's output is wo's input: 7 launches a "
            "layer and step saved, wo's rounding among them (%ld -> %ld)", name, launches[0], launches[1]);
     free(on);
     free(off);
