@@ -285,34 +285,36 @@ static void cu_embed(kvg_backend *be, const kvg_tensor *emb, float *x)
                      "rows=%d dim=%d", c->plan.n_rows, (int)emb->cols);
 }
 
-static void cu_rmsnorm(kvg_backend *be, const float *x, const float *w, float eps, int rows, int dim,
-                       float *out)
+/* rmsnorm, after x += y when y is not NULL (add_rmsnorm): cuda_fuse.c. */
+static void cu_norm(kvg_backend *be, const char *op, float *x, const float *y, const float *w, float eps, int rows,
+                    int dim, float *out)
 {
     kvg_cuda *c = cu(be);
     const kvg_cu_weight *dw;
-    if (!op_begin(c, "rmsnorm"))
+    if (!op_begin(c, op))
         return;
     dw = kvg_cu_weight_of(c, w);
     if (!dw)
         return;
     c->layer = dw->layer;
     c->op = dw->name;
-    kvg_cu_rmsnorm(c, x, w, dw, eps, rows, dim, out);
+    if (y)
+        kvg_cu_add_rmsnorm(c, x, y, w, dw, eps, rows, dim, out);
+    else
+        kvg_cu_rmsnorm(c, x, w, dw, eps, rows, dim, out);
+}
+
+static void cu_rmsnorm(kvg_backend *be, const float *x, const float *w, float eps, int rows, int dim,
+                       float *out)
+{
+    /* x is written only with a residual */
+    cu_norm(be, "rmsnorm", (float *)(uintptr_t)x, NULL, w, eps, rows, dim, out);
 }
 
 static void cu_add_rmsnorm(kvg_backend *be, float *x, const float *y, const float *w, float eps, int rows, int dim,
                            float *out)
 {
-    kvg_cuda *c = cu(be);
-    const kvg_cu_weight *dw;
-    if (!op_begin(c, "add_rmsnorm"))
-        return;
-    dw = kvg_cu_weight_of(c, w);
-    if (!dw)
-        return;
-    c->layer = dw->layer;
-    c->op = dw->name;
-    kvg_cu_add_rmsnorm(c, x, y, w, dw, eps, rows, dim, out);
+    cu_norm(be, "add_rmsnorm", x, y, w, eps, rows, dim, out);
 }
 
 static void cu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
@@ -349,6 +351,14 @@ static void cu_matmul_n(kvg_backend *be, const float *x, int M, int K, int n, co
         cu_matmul(be, x, M, K, w[i], bias ? bias[i] : NULL, y[i]);
 }
 
+/* The step's cos/sin table for `layer`'s kind of rotation (rope.h: the sliding-window
+ * layers may have their own), in the step's device buffer. */
+static const float *rope_table(kvg_cuda *c, int layer)
+{
+    return (const float *)(const void *)((const unsigned char *)c->d_plan +
+                                         kvg_step_plan_cs_off(&c->plan, kvg_rope_kind(c->m, layer)));
+}
+
 static void cu_rope(kvg_backend *be, int layer, float *q, float *k)
 {
     kvg_cuda *c = cu(be);
@@ -357,9 +367,7 @@ static void cu_rope(kvg_backend *be, int layer, float *q, float *k)
     if (!op_begin(c, "rope"))
         return;
     c->layer = layer;
-    /* The layer's kind's table (rope.h: the sliding-window layers may have their own). */
-    cs = (const float *)(const void *)((const unsigned char *)c->d_plan +
-                                       kvg_step_plan_cs_off(&c->plan, kvg_rope_kind(c->m, layer)));
+    cs = rope_table(c, layer);
     KVG_CU_CHECK(c, "launch kvg_k_rope",
                  kvg_k_rope(c->stream, q, k, cs,
                             cfg->attn_temp_scale != 0.0f ? DEV(c, const float, off_q_scale) : NULL,
@@ -400,8 +408,7 @@ static void cu_rope_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, float 
     c->layer = layer;
     if (kvg_cu_kv_geom(c, kv, &g) != 0)
         return;
-    cs = (const float *)(const void *)((const unsigned char *)c->d_plan +
-                                       kvg_step_plan_cs_off(&c->plan, kvg_rope_kind(c->m, layer)));
+    cs = rope_table(c, layer);
     KVG_CU_CHECK(c, "launch kvg_k_rope_kv_write",
                  kvg_k_rope_kv_write(c->stream, q, k, cs,
                                      cfg->attn_temp_scale != 0.0f ? DEV(c, const float, off_q_scale) : NULL,

@@ -27,6 +27,7 @@
 #include "kv_cache.h"
 #include "kvg_cuda_api.h"
 #include "model.h"
+#include "cuda_steps.h"
 
 /* ---- the kernels ---- */
 
@@ -320,35 +321,9 @@ static void record(const kvg_model *m, const char *name)
     rig_free(&b);
 }
 
-/* A 20-token prompt in one step, then 3 decode steps; logits of each (4 x vocab) into rec;
- * the kernel launches and cuBLASLt calls of the last decode step. */
 static int forward(rig *r, float *rec, long *launches, long *gemms)
 {
-    const int V = r->m->cfg.vocab_size;
-    int32_t p[20], t;
-    uint64_t s = 5;
-    kvg_kv_seq seq;
-    char err[512] = "";
-    int rc = 0;
-    for (int i = 0; i < 20; i++)
-        p[i] = (int32_t)(tm_rng(&s) % (uint32_t)V);
-    kvg_kv_seq_init(&seq);
-    {
-        kvg_fwd_seq b = { &seq, p, 20, rec };
-        rc = kvg_forward_step(r->fw, &b, 1, err, sizeof err);
-    }
-    for (int g = 1; g < 4 && rc == 0; g++) {
-        long l0 = kvg_emu_calls("launch"), g0 = kvg_emu_calls("cublasLtMatmul");
-        kvg_fwd_seq b = { &seq, &t, 1, rec + (size_t)g * V };
-        t = (int32_t)((g * 7919) % V);
-        rc = kvg_forward_step(r->fw, &b, 1, err, sizeof err);
-        *launches = kvg_emu_calls("launch") - l0;
-        *gemms = kvg_emu_calls("cublasLtMatmul") - g0;
-    }
-    if (rc)
-        diag("forward: %s", err);
-    kvg_kv_seq_release(r->kv, &seq);
-    return rc;
+    return cuda_steps(r->fw, r->kv, r->m->cfg.vocab_size, rec, launches, gemms);
 }
 
 /* Logits with fusing off and on, each with matmul_n (q/k/v, gate/up as one GEMM) and
