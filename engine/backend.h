@@ -17,6 +17,9 @@
 #ifndef KVG_BACKEND_H
 #define KVG_BACKEND_H
 
+/* end_step's answer: call the step's operations again (see end_step). */
+#define KVG_STEP_AGAIN 1
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -129,7 +132,10 @@ typedef struct kvg_backend_ops {
     /* After the step's last operation and read: waits for the step and reports the
      * first failure of any of its operations (they are void: a device backend records
      * the failure, skips the step's later operations, and tells here). 0, or -1 with
-     * err naming the call, the operation and the step. */
+     * err naming the call, the operation and the step; or KVG_STEP_AGAIN: nothing of
+     * the step ran, the caller calls begin_step, the same operations and end_step once
+     * more (the CUDA backend's graphs: a replay whose operations differ from the graph's,
+     * a capture that failed; never more than twice in a row for one step). */
     int (*end_step)(kvg_backend *be, char *err, size_t err_len);
     /* The KV pool in the backend's memory: the bytes of one block of that geometry, and
      * a pool of n_blocks blocks (kv_cache.h kvg_kv_pool_new_device). NULL: host pool. */

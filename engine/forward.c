@@ -266,70 +266,19 @@ static void add_norm(kvg_backend *be, float *x, const float *y, const float *w, 
     be->ops->rmsnorm(be, x, w, eps, rows, dim, out);
 }
 
-void kvg_forward_set_progress(kvg_forward *f, void (*fn)(void *arg), void *arg)
-{
-    f->progress = fn;
-    f->progress_arg = arg;
-}
-
-int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t err_len)
+/* The step's operations, from the embedding to the logits read back (begin_step made the
+ * step's description). */
+static void step_ops(kvg_forward *f, int R, int n_out)
 {
     const kvg_model *m = f->m;
     const kvg_model_config *c = &m->cfg;
     const kvg_backend_ops *ops = f->be->ops;
     kvg_backend *be = f->be;
-    int64_t rows64;
-    int R, n_out = 0, dim = c->dim, hid = c->hidden_dim;
+    int dim = c->dim, hid = c->hidden_dim;
     int qd = c->n_heads * c->head_dim;
     /* ob holds the last layer's FFN output, not yet added to x: the next layer's norm
      * adds it (add_rmsnorm) */
     int resid = 0;
-    kvg_step st;
-
-    if (check_batch(f, seqs, n, &rows64, err, err_len) != 0)
-        return -1;
-    R = (int)rows64;
-    if (ensure_host(f, R, n) != 0) {
-        kvg_set_err(err, err_len, "forward: out of memory");
-        return -1;
-    }
-    for (int i = 0; i < n; i++) {
-        if (kvg_kv_seq_prepare(f->kv, seqs[i].kv, seqs[i].n_tokens, err, err_len) != 0) {
-            /* Give back the blocks the earlier sequences just took. */
-            for (int o = 0; o < i; o++)
-                kvg_kv_seq_truncate(f->kv, seqs[o].kv, seqs[o].kv->n_tokens);
-            return -1;
-        }
-    }
-    {
-        int r = 0;
-        for (int i = 0; i < n; i++) {
-            for (int t = 0; t < seqs[i].n_tokens; t++, r++) {
-                f->tokens[r] = seqs[i].tokens[t];
-                f->pos[r] = seqs[i].kv->n_tokens + t;
-                f->row_seq[r] = i;
-            }
-            if (seqs[i].logits)
-                f->out_rows[n_out++] = r - 1;
-            f->n_blocks[i] = seqs[i].kv->n_blocks;
-            f->tables[i] = seqs[i].kv->blocks;
-        }
-    }
-    if (ensure_acts(f, R, n_out, err, err_len) != 0)
-        goto fail;
-    memset(&st, 0, sizeof st);
-    st.n_rows = R;
-    st.tokens = f->tokens;
-    st.pos = f->pos;
-    st.row_seq = f->row_seq;
-    st.n_seqs = n;
-    st.block_tokens = f->kv->geom.block_tokens;
-    st.block_tables = f->tables;
-    st.n_blocks = f->n_blocks;
-    st.n_out = n_out;
-    st.out_rows = f->out_rows;
-    if (ops->begin_step(be, &st, err, err_len) != 0)
-        goto fail;
 
     ops->embed(be, &m->tok_embedding, f->x);
     if (c->embed_scale > 0.0f)
@@ -418,10 +367,87 @@ int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t
     }
     if (n_out)
         ops->read(be, f->logits, f->host_logits, (size_t)n_out * c->vocab_size);
-    /* A device backend reports here what failed in the step (its operations are void);
-     * then nothing has advanced: the blocks prepared for the step are given back. */
-    if (ops->end_step && ops->end_step(be, err, err_len) != 0)
+}
+
+void kvg_forward_set_progress(kvg_forward *f, void (*fn)(void *arg), void *arg)
+{
+    f->progress = fn;
+    f->progress_arg = arg;
+}
+
+int kvg_forward_step(kvg_forward *f, kvg_fwd_seq *seqs, int n, char *err, size_t err_len)
+{
+    const kvg_model *m = f->m;
+    const kvg_model_config *c = &m->cfg;
+    const kvg_backend_ops *ops = f->be->ops;
+    kvg_backend *be = f->be;
+    int64_t rows64;
+    int R, n_out = 0;
+    kvg_step st;
+
+    if (check_batch(f, seqs, n, &rows64, err, err_len) != 0)
+        return -1;
+    R = (int)rows64;
+    if (ensure_host(f, R, n) != 0) {
+        kvg_set_err(err, err_len, "forward: out of memory");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (kvg_kv_seq_prepare(f->kv, seqs[i].kv, seqs[i].n_tokens, err, err_len) != 0) {
+            /* Give back the blocks the earlier sequences just took. */
+            for (int o = 0; o < i; o++)
+                kvg_kv_seq_truncate(f->kv, seqs[o].kv, seqs[o].kv->n_tokens);
+            return -1;
+        }
+    }
+    {
+        int r = 0;
+        for (int i = 0; i < n; i++) {
+            for (int t = 0; t < seqs[i].n_tokens; t++, r++) {
+                f->tokens[r] = seqs[i].tokens[t];
+                f->pos[r] = seqs[i].kv->n_tokens + t;
+                f->row_seq[r] = i;
+            }
+            if (seqs[i].logits)
+                f->out_rows[n_out++] = r - 1;
+            f->n_blocks[i] = seqs[i].kv->n_blocks;
+            f->tables[i] = seqs[i].kv->blocks;
+        }
+    }
+    if (ensure_acts(f, R, n_out, err, err_len) != 0)
         goto fail;
+    memset(&st, 0, sizeof st);
+    st.n_rows = R;
+    st.tokens = f->tokens;
+    st.pos = f->pos;
+    st.row_seq = f->row_seq;
+    st.n_seqs = n;
+    st.block_tokens = f->kv->geom.block_tokens;
+    st.block_tables = f->tables;
+    st.n_blocks = f->n_blocks;
+    st.n_out = n_out;
+    st.out_rows = f->out_rows;
+    if (ops->begin_step(be, &st, err, err_len) != 0)
+        goto fail;
+
+    for (int attempt = 0;; attempt++) {
+        int rc;
+        if (attempt > 0 && ops->begin_step(be, &st, err, err_len) != 0)
+            goto fail;
+        step_ops(f, R, n_out);
+        /* A device backend reports here what failed in the step (its operations are
+         * void); then nothing has advanced: the blocks prepared for the step are given
+         * back. KVG_STEP_AGAIN: nothing ran, the operations are called once more. */
+        rc = ops->end_step ? ops->end_step(be, err, err_len) : 0;
+        if (rc == KVG_STEP_AGAIN && attempt < 2)
+            continue;
+        if (rc != 0) {
+            if (rc == KVG_STEP_AGAIN)
+                kvg_set_err(err, err_len, "forward: the backend asked for the step a third time");
+            goto fail;
+        }
+        break;
+    }
     {
         int o = 0;
         for (int i = 0; i < n; i++) {

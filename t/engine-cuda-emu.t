@@ -83,9 +83,11 @@ like($e->ready_line, qr/KV pool \d+ blocks of 16 tokens.*backend cuda \(kvgate e
 is($e->stop, 0, 'SIGTERM: exit 0');
 
 # The 200th GEMM fails: that step's request gets an error naming the call; the engine
-# logs it and serves the next requests normally.
+# logs it and serves the next requests normally. (Without CUDA graphs: a replayed decode
+# step makes no cuBLASLt call, and a capture that fails is run again eagerly.)
 {
     local $ENV{KVG_EMU_FAIL} = 'cublasLtMatmul:200';
+    local $ENV{KVGATE_CUDA_GRAPHS} = '0';
     $e->restart;
 }
 {
@@ -99,6 +101,25 @@ is($e->stop, 0, 'SIGTERM: exit 0');
     is_deeply($j->{choices}[0]{token_ids}, $c0->{greedy_ids}, '  with the reference answer');
     ok(Kvgate::Test->wait_for(sub { $e->log =~ /step failed: cuda: cublasLtMatmul/ }, "the failed step in the engine log"),
        'the engine logged the failed step');
+}
+is($e->stop, 0, 'SIGTERM: exit 0');
+unlike($e->log, qr/AddressSanitizer|runtime error|kvg-emu:/, 'no sanitizer or emulator reports');
+
+# With CUDA graphs (the default) the third graph launch fails (cudaErrorInvalidValue, not
+# sticky): that decode step's request fails naming the launch; the next request works.
+{
+    local $ENV{KVG_EMU_FAIL} = 'cudaGraphLaunch:3:1';
+    $e->restart;
+}
+{
+    my ($rc, $out, $err) = run($cli, @greedy);
+    isnt($rc, 0, 'a failing graph launch: the request fails');
+    like($err, qr/cuda: cudaGraphLaunch \(end_step, the step's graph\) failed: cudaErrorInvalidValue.* in step \d+/,
+         '  with the call and the step named');
+    ($rc, $out, $err) = run($cli, @greedy);
+    my $j = eval { JSON::PP->new->decode($out) } // {};
+    is($rc, 0, 'the next request works') or diag($err);
+    is_deeply($j->{choices}[0]{token_ids}, $c0->{greedy_ids}, '  with the reference answer, from graphs');
 }
 is($e->stop, 0, 'SIGTERM: exit 0');
 unlike($e->log, qr/AddressSanitizer|runtime error|kvg-emu:/, 'no sanitizer or emulator reports');

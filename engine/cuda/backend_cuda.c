@@ -34,11 +34,17 @@ static kvg_cuda *cu(kvg_backend *be)
     return be->ctx;
 }
 
-/* A GEMM begins (matmul, matmul_n): skipped (0) when the step has failed already. The
- * record of what the lowp scratch holds stays (cuda_fuse.c): a GEMM may reuse it. */
+/* An operation's argument, into the step's record (cuda_graph.c): a captured or replayed
+ * step is known by its operations and every argument they were called with. */
+#define NOTE(c, x) kvg_cu_note((c), &(x), sizeof(x))
+
+/* A GEMM begins (matmul, matmul_n): skipped (0) when the step has failed already, or is a
+ * graph's replay (the operations only record). The record of what the lowp scratch holds
+ * stays (cuda_fuse.c): a GEMM may reuse it. */
 static int op_begin_gemm(kvg_cuda *c, const char *op)
 {
-    if (c->failed)
+    NOTE(c, op);
+    if (c->failed || c->step_mode == KVG_CU_REPLAY)
         return 0;
     c->op = op;
     return 1;
@@ -61,7 +67,7 @@ static float *cu_alloc(kvg_backend *be, size_t n)
     void *p = NULL;
     /* a new buffer may reuse a freed one's address: nothing rounded from the old one stays */
     kvg_cu_lowp_clear(cu(be));
-    if (n > SIZE_MAX / sizeof(float))
+    if (n > SIZE_MAX / sizeof(float) || !kvg_cu_alloc_ok(cu(be), "an activation"))
         return NULL;
     if (cudaMalloc(&p, (n ? n : 1) * sizeof(float)) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -81,6 +87,18 @@ static void cu_read(kvg_backend *be, const float *src, float *host, size_t n)
 {
     kvg_cuda *c = cu(be);
     cudaError_t e;
+    NOTE(c, src);
+    NOTE(c, host);
+    NOTE(c, n);
+    if (c->step_mode != KVG_CU_EAGER) {
+        /* A graph's step: the copy follows the graph's launch (end_step); the host
+         * buffer may be pageable, which a capture refuses. */
+        kvg_cu_lowp_clear(c);
+        c->read_src = src;
+        c->read_host = host;
+        c->read_n = n;
+        return;
+    }
     if (!n || !op_begin(c, "read"))
         return;
     c->layer = -1;
@@ -143,8 +161,9 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
         return -1;
     }
     split = kvg_step_plan_split_tokens(s, c->batch_invariant, 2 * c->prop.multiProcessorCount);
-    if (kvg_step_plan_layout(s, c->kv_pool_blocks, split, KVG_K_ATTN_MAX_TILE, cfg->head_dim, c->n_rope_kinds,
-                             &c->plan, err, err_len) != 0) {
+    c->read_n = 0;
+    if (kvg_step_plan_layout_padded(s, c->kv_pool_blocks, split, KVG_K_ATTN_MAX_TILE, cfg->head_dim,
+                                    c->n_rope_kinds, kvg_cu_graph_padded(c, s), &c->plan, err, err_len) != 0) {
         /* Nothing was enqueued: the step is refused, the backend is fine. */
         char msg[400];
         snprintf(msg, sizeof msg, "cuda: %s", err);
@@ -154,6 +173,7 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
     buf = c->plan_half ^ 1;
     if (c->plan.bytes > c->plan_cap) {
         size_t cap = c->plan.bytes + c->plan.bytes / 2;
+        kvg_cu_alloc_ok(c, "the step buffer");          /* between steps: counted */
         /* The previous steps' uploads may still be reading the old pinned buffers. */
         e = cudaStreamSynchronize(c->stream);
         if (e != cudaSuccess) {
@@ -241,6 +261,8 @@ static int cu_begin_step(kvg_backend *be, const kvg_step *s, char *err, size_t e
      * description stays complete: a layer cuDNN cannot express runs them */
     if (kvg_cu_sdpa_begin_step(c, s) != 0)
         goto failed;
+    /* eager, captured into a CUDA graph or replayed from one (cuda_graph.c) */
+    kvg_cu_graph_begin(c, s);
     return 0;
 failed:
     /* Reported by end_step (forward.c calls it only after a successful begin_step). */
@@ -257,6 +279,20 @@ static int cu_end_step(kvg_backend *be, char *err, size_t err_len)
     c->op = "end_step";
     kvg_cu_lowp_clear(c);
     c->layer = -1;
+    if (c->step_mode != KVG_CU_EAGER) {
+        int rc = kvg_cu_graph_end(c);
+        if (rc == KVG_STEP_AGAIN) {
+            c->op = NULL;
+            return rc;
+        }
+        if (rc == 0 && c->read_n) {
+            e = cudaMemcpyAsync(c->read_host, c->read_src, c->read_n * sizeof(float), cudaMemcpyDeviceToHost,
+                                c->stream);
+            if (e != cudaSuccess)
+                kvg_cu_fail(c, "cudaMemcpyAsync", e, "%zu floats to the host", c->read_n);
+        }
+        c->read_n = 0;
+    }
     e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess)
         kvg_cu_fail(c, "cudaStreamSynchronize", e, "the step's work");
@@ -275,6 +311,8 @@ static void cu_embed(kvg_backend *be, const kvg_tensor *emb, float *x)
 {
     kvg_cuda *c = cu(be);
     const kvg_cu_weight *w;
+    NOTE(c, emb);
+    NOTE(c, x);
     if (!op_begin(c, "embed"))
         return;
     c->layer = -1;
@@ -291,6 +329,13 @@ static void cu_norm(kvg_backend *be, const char *op, float *x, const float *y, c
 {
     kvg_cuda *c = cu(be);
     const kvg_cu_weight *dw;
+    NOTE(c, x);
+    NOTE(c, y);
+    NOTE(c, w);
+    NOTE(c, eps);
+    NOTE(c, rows);
+    NOTE(c, dim);
+    NOTE(c, out);
     if (!op_begin(c, op))
         return;
     dw = kvg_cu_weight_of(c, w);
@@ -317,19 +362,30 @@ static void cu_add_rmsnorm(kvg_backend *be, float *x, const float *y, const floa
     cu_norm(be, "add_rmsnorm", x, y, w, eps, rows, dim, out);
 }
 
-static void cu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
-                      const float *bias, float *y)
+/* One product, the operation begun. */
+static void matmul_one(kvg_cuda *c, const float *x, int M, int K, const kvg_tensor *w, const float *bias,
+                       float *y)
 {
-    kvg_cuda *c = cu(be);
-    const kvg_cu_weight *dw;
-    if (!op_begin_gemm(c, "matmul"))
-        return;
-    dw = kvg_cu_weight_of(c, w->data);
+    const kvg_cu_weight *dw = kvg_cu_weight_of(c, w->data);
     if (!dw)
         return;
     c->layer = dw->layer;
     c->op = dw->name;
     kvg_cu_matmul(c, x, M, K, w, bias, y);
+}
+
+static void cu_matmul(kvg_backend *be, const float *x, int M, int K, const kvg_tensor *w,
+                      const float *bias, float *y)
+{
+    kvg_cuda *c = cu(be);
+    NOTE(c, x);
+    NOTE(c, M);
+    NOTE(c, K);
+    NOTE(c, w);
+    NOTE(c, bias);
+    NOTE(c, y);
+    if (op_begin_gemm(c, "matmul"))
+        matmul_one(c, x, M, K, w, bias, y);
 }
 
 /* q/k/v, gate/up: one GEMM over the matrix they were uploaded as (cuda_gemm.c). */
@@ -338,7 +394,17 @@ static void cu_matmul_n(kvg_backend *be, const float *x, int M, int K, int n, co
 {
     kvg_cuda *c = cu(be);
     const kvg_cu_fused *f;
-    if (!op_begin_gemm(c, "matmul"))
+    NOTE(c, x);
+    NOTE(c, M);
+    NOTE(c, K);
+    NOTE(c, n);
+    for (int i = 0; i < n; i++) {
+        const float *b = bias ? bias[i] : NULL;
+        NOTE(c, w[i]);
+        NOTE(c, b);
+        NOTE(c, y[i]);
+    }
+    if (!op_begin_gemm(c, "matmul_n"))
         return;
     f = kvg_cu_fused_of(c, n, w, bias);
     if (f) {
@@ -347,8 +413,8 @@ static void cu_matmul_n(kvg_backend *be, const float *x, int M, int K, int n, co
         kvg_cu_matmul_n(c, x, M, K, n, w, bias, y);
         return;
     }
-    for (int i = 0; i < n; i++)
-        cu_matmul(be, x, M, K, w[i], bias ? bias[i] : NULL, y[i]);
+    for (int i = 0; i < n && !c->failed; i++)
+        matmul_one(c, x, M, K, w[i], bias ? bias[i] : NULL, y[i]);
 }
 
 /* The step's cos/sin table for `layer`'s kind of rotation (rope.h: the sliding-window
@@ -364,6 +430,9 @@ static void cu_rope(kvg_backend *be, int layer, float *q, float *k)
     kvg_cuda *c = cu(be);
     const kvg_model_config *cfg = &c->m->cfg;
     const float *cs;
+    NOTE(c, layer);
+    NOTE(c, q);
+    NOTE(c, k);
     if (!op_begin(c, "rope"))
         return;
     c->layer = layer;
@@ -380,6 +449,10 @@ static void cu_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, const float
 {
     kvg_cuda *c = cu(be);
     kvg_k_kv_geom g;
+    NOTE(c, kv);
+    NOTE(c, layer);
+    NOTE(c, k);
+    NOTE(c, v);
     if (!op_begin(c, "kv_write"))
         return;
     c->layer = layer;
@@ -403,7 +476,12 @@ static void cu_rope_kv_write(kvg_backend *be, kvg_kv_pool *kv, int layer, float 
         cu_kv_write(be, kv, layer, k, v);
         return;
     }
-    if (!op_begin(c, "rope"))
+    NOTE(c, kv);
+    NOTE(c, layer);
+    NOTE(c, q);
+    NOTE(c, k);
+    NOTE(c, v);
+    if (!op_begin(c, "rope_kv_write"))
         return;
     c->layer = layer;
     if (kvg_cu_kv_geom(c, kv, &g) != 0)
@@ -424,6 +502,10 @@ static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
     const kvg_model_config *cfg = &c->m->cfg;
     kvg_k_attn_args a;
     size_t n_out = 0;
+    NOTE(c, kv);
+    NOTE(c, layer);
+    NOTE(c, q);
+    NOTE(c, out);
     if (!op_begin(c, "attention"))
         return;
     c->layer = layer;
@@ -485,6 +567,9 @@ static void cu_attention(kvg_backend *be, kvg_kv_pool *kv, int layer, const floa
 static void cu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
 {
     kvg_cuda *c = cu(be);
+    NOTE(c, gate);
+    NOTE(c, up);
+    NOTE(c, n);
     if (op_begin(c, "swiglu"))
         kvg_cu_glu(c, 0, gate, up, n);
 }
@@ -492,6 +577,9 @@ static void cu_swiglu(kvg_backend *be, float *gate, const float *up, size_t n)
 static void cu_geglu(kvg_backend *be, float *gate, const float *up, size_t n)
 {
     kvg_cuda *c = cu(be);
+    NOTE(c, gate);
+    NOTE(c, up);
+    NOTE(c, n);
     if (op_begin(c, "geglu"))
         kvg_cu_glu(c, 1, gate, up, n);
 }
@@ -499,6 +587,9 @@ static void cu_geglu(kvg_backend *be, float *gate, const float *up, size_t n)
 static void cu_scale(kvg_backend *be, float *x, float s, size_t n)
 {
     kvg_cuda *c = cu(be);
+    NOTE(c, x);
+    NOTE(c, s);
+    NOTE(c, n);
     if (op_begin(c, "scale")) {
         c->layer = -1;
         KVG_CU_CHECK(c, "launch kvg_k_scale", kvg_k_scale(c->stream, x, s, n), "n=%zu scale=%g", n, (double)s);
@@ -508,6 +599,9 @@ static void cu_scale(kvg_backend *be, float *x, float s, size_t n)
 static void cu_softcap(kvg_backend *be, float *x, float cap, size_t n)
 {
     kvg_cuda *c = cu(be);
+    NOTE(c, x);
+    NOTE(c, cap);
+    NOTE(c, n);
     if (op_begin(c, "softcap")) {
         c->layer = -1;
         KVG_CU_CHECK(c, "launch kvg_k_softcap", kvg_k_softcap(c->stream, x, cap, n), "n=%zu cap=%g", n,
@@ -518,6 +612,9 @@ static void cu_softcap(kvg_backend *be, float *x, float cap, size_t n)
 static void cu_add(kvg_backend *be, float *x, const float *y, size_t n)
 {
     kvg_cuda *c = cu(be);
+    NOTE(c, x);
+    NOTE(c, y);
+    NOTE(c, n);
     if (op_begin(c, "add"))
         KVG_CU_CHECK(c, "launch kvg_k_add", kvg_k_add(c->stream, x, y, n), "n=%zu", n);
 }
@@ -525,6 +622,9 @@ static void cu_add(kvg_backend *be, float *x, const float *y, size_t n)
 static void cu_gather_out_rows(kvg_backend *be, const float *x, int width, float *out)
 {
     kvg_cuda *c = cu(be);
+    NOTE(c, x);
+    NOTE(c, width);
+    NOTE(c, out);
     if (op_begin(c, "gather_out_rows"))
         KVG_CU_CHECK(c, "launch kvg_k_gather_rows",
                      kvg_k_gather_rows(c->stream, x, width, DEV(c, const int32_t, off_out_rows), c->plan.n_out,
@@ -535,6 +635,10 @@ static void cu_gather_out_rows(kvg_backend *be, const float *x, int width, float
 static void cu_moe(kvg_backend *be, int layer, const float *x, int rows, float *out)
 {
     kvg_cuda *c = cu(be);
+    NOTE(c, layer);
+    NOTE(c, x);
+    NOTE(c, rows);
+    NOTE(c, out);
     if (!op_begin(c, "moe"))
         return;
     c->layer = layer;
@@ -559,6 +663,7 @@ static kvg_kv_pool *cu_kv_pool_new(kvg_backend *be, const kvg_kv_geom *g, int32_
         kvg_set_err(err, err_len, "cuda: one KV pool per backend");
         return NULL;
     }
+    kvg_cu_alloc_ok(c, "the KV pool");                 /* between steps: counted */
     p = kvg_cu_kv_pool_new(c, g, n_blocks, err, err_len);
     if (p)
         c->kv_pool_blocks = p->n_blocks;
@@ -589,6 +694,7 @@ static void cu_destroy(kvg_backend *be)
     if (c) {
         if (c->stream)
             cudaStreamSynchronize(c->stream);
+        kvg_cu_graph_free(c);
         kvg_cu_gemm_free(c);
         kvg_cu_moe_free(c);
         kvg_cu_sdpa_free(c);
@@ -752,7 +858,7 @@ kvg_backend *kvg_backend_cuda_new(const kvg_model *m, const kvg_backend_opts *o,
         kvg_cu_gemm_init(c, err, err_len) != 0
         || kvg_cu_moe_init(c, err, err_len) != 0 || kvg_cu_gemm_startup(c, err, err_len) != 0)
         goto fail;
-    if (kvg_cu_sdpa_init(c, err, err_len) != 0)
+    if (kvg_cu_sdpa_init(c, err, err_len) != 0 || kvg_cu_graph_init(c, err, err_len) != 0)
         goto fail;
     return be;
 fail:

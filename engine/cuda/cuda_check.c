@@ -116,6 +116,8 @@ int kvg_cu_grow_dev(kvg_cuda *c, void **p, size_t *cap, size_t need, const char 
     cudaError_t e;
     if (need <= *cap)
         return 0;
+    if (!kvg_cu_alloc_ok(c, what))
+        return -1;
     need = need < 4096 ? 4096 : need + need / 2;
     if (*p)
         cudaFree(*p);

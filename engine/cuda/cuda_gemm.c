@@ -326,6 +326,8 @@ static int ensure(kvg_cuda *c, void **p, size_t *have, size_t bytes, const char 
     cudaError_t e;
     if (bytes <= *have)
         return 0;
+    if (!kvg_cu_alloc_ok(c, what))
+        return -1;
     if (*p)
         cudaFree(*p);
     *p = NULL;

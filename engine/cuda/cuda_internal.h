@@ -1,7 +1,8 @@
 /* The CUDA backend's state, shared by its files (backend_cuda.c: the vtable and the step;
  * cuda_check.c: errors; cuda_weights.c: the weight arena; cuda_gemm.c: cuBLASLt;
  * cuda_kv.c: the device KV pool; cuda_moe.c: the mixture-of-experts FFN; cuda_sdpa.c:
- * attention through cuDNN; cuda_fuse.c: kernels that also write the next GEMM's input).
+ * attention through cuDNN; cuda_fuse.c: kernels that also write the next GEMM's input;
+ * cuda_graph.c: decode steps as CUDA graphs).
  * Host C against kernels/kvg_cuda_api.h, the real CUDA runtime or its emulation. */
 #ifndef KVG_CUDA_INTERNAL_H
 #define KVG_CUDA_INTERNAL_H
@@ -44,6 +45,21 @@ typedef struct kvg_cu_fused {
 typedef struct kvg_cu_gemm_shape kvg_cu_gemm_shape;
 typedef struct kvg_cu_moe kvg_cu_moe;
 typedef struct kvg_cu_sdpa kvg_cu_sdpa;
+typedef struct kvg_cu_graph kvg_cu_graph;
+
+/* How the step's work goes to the device (cuda_graph.c): launched as the operations are
+ * called, captured into a CUDA graph, or replayed from one (the operations only record). */
+enum { KVG_CU_EAGER = 0, KVG_CU_CAPTURE = 1, KVG_CU_REPLAY = 2 };
+/* What the step called again after KVG_STEP_AGAIN does: run eagerly, or capture. */
+enum { KVG_CU_AGAIN_EAGER = 1, KVG_CU_AGAIN_CAPTURE = 2 };
+
+typedef struct kvg_cu_graph_stats {
+    int64_t captured;            /* graphs made */
+    int64_t launched;            /* steps run as a graph (captured or replayed) */
+    int64_t again;               /* replays refused: the operations differed */
+    int64_t grown;               /* captures given up for a buffer that had to grow */
+    int64_t failed;              /* captures that failed otherwise */
+} kvg_cu_graph_stats;
 
 typedef struct kvg_cuda {
     const kvg_model *m;
@@ -120,6 +136,26 @@ typedef struct kvg_cuda {
 
     kvg_cu_sdpa *sdpa;           /* attention through cuDNN (cuda_sdpa.h); NULL: the own
                                     kernels (kvg_k_attention) for every layer */
+
+    /* CUDA graphs (cuda_graph.c). */
+    int graphs;                  /* KVGATE_CUDA_GRAPHS (default 1; off with SYNC, MoE) */
+    int step_mode;               /* KVG_CU_EAGER / CAPTURE / REPLAY */
+    int step_again;              /* 0, or what the step's second call does */
+    int recording;               /* the operations append to rec */
+    int graph_grow;              /* the capture was given up for a growing buffer */
+    int graph_failures, graph_mismatches;
+    int64_t alloc_gen;           /* device allocations made (addresses a graph may hold) */
+    unsigned char *rec;          /* the step's signature, then its operations' record */
+    size_t rec_len, rec_cap, sig_len;
+    int rec_oom;
+    kvg_cu_graph *graph;         /* the graph replayed */
+    kvg_cu_graph *graph_cache;   /* [KVG_CU_GRAPHS_KEPT] */
+    int n_graphs;
+    kvg_cu_graph_stats gstats;
+    /* read in a captured or replayed step: done after the graph's launch */
+    const float *read_src;
+    float *read_host;
+    size_t read_n;
 } kvg_cuda;
 
 /* ---- errors (cuda_check.c) ---- */
@@ -222,6 +258,27 @@ void kvg_cu_moe_free(kvg_cuda *c);
 /* backend.h's moe: out[rows][dim] = the MoE FFN of `layer` on x. Records a failure on
  * error. Waits once for the device (the experts' row counts). */
 void kvg_cu_moe_ffn(kvg_cuda *c, int layer, const float *x, int rows, float *out);
+
+/* ---- CUDA graphs (cuda_graph.c) ---- */
+/* KVGATE_CUDA_GRAPHS, at creation (after sync_each is known). 0, or -1 with err. */
+int kvg_cu_graph_init(kvg_cuda *c, char *err, size_t err_len);
+void kvg_cu_graph_free(kvg_cuda *c);
+/* 1 when the step may be captured: its plan is then laid out padded. */
+int kvg_cu_graph_padded(const kvg_cuda *c, const kvg_step *s);
+/* begin_step's last act, after the uploads: the step's mode (c->step_mode) and, for a
+ * graph, its signature. 0. */
+int kvg_cu_graph_begin(kvg_cuda *c, const kvg_step *s);
+/* Appends n bytes to the step's record (nothing when the step is eager): every operation
+ * its name and arguments, before it enqueues anything. */
+void kvg_cu_note(kvg_cuda *c, const void *p, size_t n);
+/* Every device allocation of the backend asks first: 1 (and counted, alloc_gen), or 0
+ * during a capture, which is then given up (recorded as the step's failure; end_step
+ * calls the step again eagerly). */
+int kvg_cu_alloc_ok(kvg_cuda *c, const char *what);
+/* end_step, for a captured or replayed step: the graph made or checked, and launched.
+ * 0; KVG_STEP_AGAIN when the step's operations must be called again (nothing of it ran);
+ * -1 with the failure recorded. */
+int kvg_cu_graph_end(kvg_cuda *c);
 
 /* ---- KV pool (cuda_kv.c) ---- */
 size_t kvg_cu_kv_block_bytes(const kvg_kv_geom *g);

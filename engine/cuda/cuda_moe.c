@@ -163,6 +163,8 @@ static int reserve(kvg_cuda *c, kvg_cu_moe *mo, int rows)
     cudaError_t e;
     if (rows <= mo->cap_rows)
         return 0;
+    if (!kvg_cu_alloc_ok(c, "the MoE buffers"))
+        return -1;
     /* Work still queued may use the old buffers (cudaFree would wait for it anyway). */
     e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess)

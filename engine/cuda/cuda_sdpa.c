@@ -420,6 +420,7 @@ int kvg_cu_sdpa_begin_step(kvg_cuda *c, const kvg_step *s)
     meta = (size_t)(2 * stride + B * P) * sizeof(int32_t);
     if (meta > d->meta_cap) {
         size_t cap = meta + meta / 2;
+        kvg_cu_alloc_ok(c, "cuDNN's page table");      /* before the step's capture: counted */
         /* begin_step waited for the stream: no copy reads the old buffers any more */
         if (d->h_meta)
             cudaFreeHost(d->h_meta);
@@ -465,6 +466,20 @@ int kvg_cu_sdpa_begin_step(kvg_cuda *c, const kvg_step *s)
     if (e != cudaSuccess)
         return kvg_cu_fail(c, "cudaMemcpyAsync", e, "cuDNN page table, %zu bytes", meta);
     return 0;
+}
+
+void kvg_cu_sdpa_note(kvg_cuda *c)
+{
+    kvg_cu_sdpa *d = c->sdpa;
+    const void *plan = d && d->cur ? (const void *)d->cur->plan : NULL;
+    int64_t shape[3] = { d && d->cur ? d->cur->B : 0, d && d->cur ? d->cur->P : 0, d ? d->n_rows : 0 };
+    kvg_cu_note(c, &plan, sizeof plan);
+    kvg_cu_note(c, shape, sizeof shape);
+    if (d) {
+        kvg_cu_note(c, &d->d_meta, sizeof d->d_meta);
+        kvg_cu_note(c, &d->qo, sizeof d->qo);
+        kvg_cu_note(c, &d->ws, sizeof d->ws);
+    }
 }
 
 int kvg_cu_sdpa_attention(kvg_cuda *c, const kvg_kv_pool *kv, int layer, const float *q, float *out)

@@ -46,6 +46,10 @@ void kvg_cu_sdpa_free(kvg_cuda *c);
  * scratch. -1 (recorded) on a CUDA failure. */
 int kvg_cu_sdpa_begin_step(kvg_cuda *c, const kvg_step *s);
 
+/* The step's cuDNN state (the plan, its bucket, the buffers' addresses) into a CUDA
+ * graph's signature (cuda_graph.c). */
+void kvg_cu_sdpa_note(kvg_cuda *c);
+
 /* 1 when the layer's attention went to cuDNN (failures recorded as the step's), 0 when
  * the caller runs the own kernels (no cuDNN this step, or a layer it cannot express). */
 int kvg_cu_sdpa_attention(kvg_cuda *c, const kvg_kv_pool *kv, int layer, const float *q, float *out);

@@ -34,11 +34,24 @@ int kvg_step_plan_split_tokens(const kvg_step *s, int batch_invariant, int targe
     if (target_items < 1)
         target_items = 1;
     split = ((int64_t)max_pos + 1) * tiles / target_items;
-    if (split < bt)
-        split = bt;
     if (split > SPLIT_INVARIANT * 16)
         split = SPLIT_INVARIANT * 16;
-    return round_up((int)split, bt);
+    /* block_tokens times a power of two: the split changes only when the context doubles,
+     * so consecutive decode steps keep their launches' arguments (a CUDA graph replays) */
+    {
+        int64_t q = bt;
+        while (q < split)
+            q *= 2;
+        return (int)q;
+    }
+}
+
+static int64_t pow2_at_least(int64_t x)
+{
+    int64_t p = 1;
+    while (p < x)
+        p *= 2;
+    return p;
 }
 
 /* Rows [r, end) form one tile: same sequence, consecutive positions, <= tile_rows. */
@@ -54,6 +67,14 @@ static int tile_end(const kvg_step *s, int r, int tile_rows)
 int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_tokens,
                          int tile_rows, int head_dim, int n_rope_kinds, kvg_step_plan *p,
                          char *err, size_t err_len)
+{
+    return kvg_step_plan_layout_padded(s, pool_blocks, split_tokens, tile_rows, head_dim, n_rope_kinds, 0, p, err,
+                                       err_len);
+}
+
+int kvg_step_plan_layout_padded(const kvg_step *s, int32_t pool_blocks, int split_tokens,
+                                int tile_rows, int head_dim, int n_rope_kinds, int padded,
+                                kvg_step_plan *p, char *err, size_t err_len)
 {
     int bt = s->block_tokens;
     int64_t items = 0, parts = 0, table = 0;
@@ -131,6 +152,12 @@ int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_token
     p->n_rows = s->n_rows;
     p->n_seqs = s->n_seqs;
     p->n_out = s->n_out;
+    p->n_items_used = (int)items;
+    p->table_cap = table;
+    if (padded) {
+        items = pow2_at_least(items);
+        p->table_cap = pow2_at_least(table > 16 ? table : 16);
+    }
     p->n_items = (int)items;
     p->n_partials = parts;
     p->n_table = table;
@@ -148,7 +175,7 @@ int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_token
     REGION(off_out_rows, s->n_out, 4);
     REGION(off_row_part, s->n_rows, 4);
     REGION(off_table_off, s->n_seqs, 4);
-    REGION(off_tables, table, 4);
+    REGION(off_tables, p->table_cap, 4);
     REGION(off_items, items, sizeof(kvg_plan_item));
     REGION(off_cs, (size_t)n_rope_kinds * (size_t)s->n_rows * p->cs_floats, sizeof(float));
     REGION(off_q_scale, s->n_rows, sizeof(float));
@@ -204,6 +231,9 @@ void kvg_step_plan_fill(const kvg_step *s, const kvg_step_plan *p, void *buf)
         }
         r = e;
     }
+    /* padding (kvg_step_plan_layout_padded): items without rows, which return at once */
+    if (p->n_items > n)
+        memset(items + n, 0, (size_t)(p->n_items - n) * sizeof *items);
 }
 
 int kvg_step_plan_attn_groups(const kvg_step *s, const kvg_step_plan *p, int64_t max_parts,
@@ -237,6 +267,7 @@ int kvg_step_plan_attn_groups(const kvg_step *s, const kvg_step_plan *p, int64_t
         r = e;
     }
     if (cur.n_rows > 0) {
+        cur.n_items += p->n_items - p->n_items_used;    /* the padding, in the last group */
         if (g && n < cap)
             g[n] = cur;
         if (cur.n_parts > biggest)

@@ -34,9 +34,11 @@ typedef struct kvg_plan_item {
 
 typedef struct kvg_step_plan {
     int n_rows, n_seqs, n_out;
-    int n_items;
+    int n_items;                 /* items in the buffer (padding included) */
+    int n_items_used;            /* of those, the step's; the rest have no rows */
     int64_t n_partials;          /* sum over rows of their splits */
     int64_t n_table;             /* block ids in tables */
+    int64_t table_cap;           /* room for block ids in the buffer (padding included) */
     int max_tile_rows;           /* the largest item */
     int tile_rows;               /* the most rows a tile may have */
     int split_tokens, block_tokens;
@@ -50,7 +52,8 @@ typedef struct kvg_step_plan {
 
 /* Split size for a step: a multiple of block_tokens. batch_invariant: the first multiple
  * >= 256 (a constant: a row's splits never depend on the batch). Otherwise one chosen to
- * give about `target_items` items (e.g. 2 x the SM count) for this step's rows. */
+ * give about `target_items` items (e.g. 2 x the SM count) for this step's rows, as
+ * block_tokens times a power of two (it changes only when the context doubles). */
 int kvg_step_plan_split_tokens(const kvg_step *s, int batch_invariant, int target_items);
 
 /* Checks the step against a pool of pool_blocks blocks (every block id of every table
@@ -59,6 +62,16 @@ int kvg_step_plan_split_tokens(const kvg_step *s, int batch_invariant, int targe
 int kvg_step_plan_layout(const kvg_step *s, int32_t pool_blocks, int split_tokens,
                          int tile_rows, int head_dim, int n_rope_kinds, kvg_step_plan *p,
                          char *err, size_t err_len);
+
+/* The same with padded = 1: the items rounded up to a power of two (the rest items
+ * without rows, which the attention's pass 1 returns from at once) and the tables' room
+ * to a power of two (16 at least), so that the layout, the attention's grid and every
+ * launch's arguments stay the same over many decode steps while contexts grow: what lets
+ * a captured CUDA graph replay (cuda_graph.c). The padding goes to the last attention
+ * group. */
+int kvg_step_plan_layout_padded(const kvg_step *s, int32_t pool_blocks, int split_tokens,
+                                int tile_rows, int head_dim, int n_rope_kinds, int padded,
+                                kvg_step_plan *p, char *err, size_t err_len);
 
 /* Byte offset of RoPE kind `kind`'s cos/sin table ([n_rows][cs_floats] floats). */
 size_t kvg_step_plan_cs_off(const kvg_step_plan *p, int kind);

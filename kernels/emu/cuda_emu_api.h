@@ -167,7 +167,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t event);
  * capture is refused here and invalidates it (cudaStreamEndCapture then fails with
  * cudaErrorStreamCaptureInvalidated): synchronizing or querying the capturing stream,
  * cudaDeviceSynchronize, cudaMalloc, cudaFree, cudaMemcpy, a copy to or from pageable
- * host memory, and (global mode) work on the legacy stream. */
+ * host memory, and work on the legacy stream: in global mode from any thread, in
+ * thread-local mode from the capturing thread, never in relaxed mode. */
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus);

@@ -36,6 +36,7 @@
 #include <deque>
 #include <memory>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "cuda_emu_internal.h"
@@ -53,6 +54,7 @@ struct CUstream_st {
     uint64_t order = 0;          /* creation order, for the device-wide drain */
     CUgraph_st *capture = nullptr;   /* recording instead of queueing */
     int capture_mode = 0;
+    std::thread::id capture_thread;  /* who began it (thread-local mode refuses only it) */
     bool capture_invalid = false;
 };
 
@@ -196,7 +198,9 @@ bool capture_refuses()
     std::lock_guard<std::recursive_mutex> g(lock());
     bool refused = false;
     for (CUstream_st *s : ss().live)
-        if (s->capture && s->capture_mode == cudaStreamCaptureModeGlobal) {
+        if (s->capture && (s->capture_mode == cudaStreamCaptureModeGlobal ||
+                           (s->capture_mode == cudaStreamCaptureModeThreadLocal &&
+                            s->capture_thread == std::this_thread::get_id()))) {
             s->capture_invalid = true;
             refused = true;
         }
@@ -437,13 +441,18 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
         return record(cudaErrorInvalidValue);
     stream->capture = new CUgraph_st;
     stream->capture_mode = (int)mode;
+    stream->capture_thread = std::this_thread::get_id();
     stream->capture_invalid = false;
     return cudaSuccess;
 }
 
+/* A failure (an injected one too) ends the capture all the same, as CUDA's does: the
+ * stream queues its work again. */
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
 {
-    EMU_CALL("cudaStreamEndCapture", cudaErrorStreamCaptureInvalidated);
+    std::lock_guard<std::recursive_mutex> guard(lock());
+    cudaError_t dev = device_state();
+    int inj = injected("cudaStreamEndCapture", cudaErrorStreamCaptureInvalidated);
     if (!pGraph)
         return record(cudaErrorInvalidValue);
     *pGraph = nullptr;
@@ -455,6 +464,10 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
     bool invalid = stream->capture_invalid;
     stream->capture = nullptr;
     stream->capture_invalid = false;
+    if (dev || inj) {
+        delete graph;
+        return record(dev ? dev : (cudaError_t)inj);
+    }
     if (invalid) {
         delete graph;
         return record(cudaErrorStreamCaptureInvalidated);

@@ -290,9 +290,47 @@ static void test_split_choice(void)
     ok(sp % 16 == 0 && sp >= 16 && sp < 256, "off: a long decode is split finer (%d)", sp);
 }
 
+/* Padded (CUDA graphs): items and the tables' room rounded up to powers of two, the padding
+ * items without rows, in the last group; the layout the same for decode steps whose
+ * contexts grow inside those powers. */
+static void test_padded(void)
+{
+    char err[256];
+    mk k, k2;
+    kvg_step_plan p, p2, q;
+    kvg_attn_group g[4];
+    int start[] = { 20, 33, 70 }, start2[] = { 21, 34, 71 }, one[] = { 1, 1, 1 };
+    build(&k, 3, start, one, 8);
+    build(&k2, 3, start2, one, 8);
+    /* splits of 32: rows at 20, 33, 70 have 1 + 2 + 3 = 6 items; tables 3 + 5 + 9 = 17 ids */
+    ok(kvg_step_plan_layout(&k.s, 1000, 32, 16, 8, 1, &q, err, sizeof err) == 0 &&
+       kvg_step_plan_layout_padded(&k.s, 1000, 32, 16, 8, 1, 1, &p, err, sizeof err) == 0 &&
+       kvg_step_plan_layout_padded(&k2.s, 1000, 32, 16, 8, 1, 1, &p2, err, sizeof err) == 0, "laid out (%s)", err);
+    ok(q.n_items == 6 && q.n_items_used == 6 && q.table_cap == 17, "unpadded: 6 items, 17 table ids");
+    ok(p.n_items == 8 && p.n_items_used == 6 && p.table_cap == 32 && p.n_table == 17,
+       "padded: 8 items (6 used), room for 32 table ids");
+    ok(p.bytes == p2.bytes && p.off_items == p2.off_items && p.off_cs == p2.off_cs && p.n_items == p2.n_items,
+       "one position further (a new block for the third row): the same layout");
+    {
+        void *buf = aligned_alloc(16, (p.bytes + 15) / 16 * 16);
+        const kvg_plan_item *it;
+        memset(buf, 0xab, p.bytes);
+        kvg_step_plan_fill(&k.s, &p, buf);
+        it = (const kvg_plan_item *)(const void *)((unsigned char *)buf + p.off_items);
+        ok(it[5].n_rows == 1 && it[6].n_rows == 0 && it[7].n_rows == 0 && it[7].seq == 0 && it[7].split == 0,
+           "the padding items have no rows (pass 1 returns from them)");
+        free(buf);
+    }
+    ok(kvg_step_plan_attn_groups(&k.s, &p, 1000, g, 4, NULL) == 1 && g[0].n_items == 8,
+       "one group: the padding in it");
+    ok(kvg_step_plan_attn_groups(&k.s, &p, 3, g, 4, NULL) == 2 && g[0].n_items == 3 && g[1].n_items == 3 + 2,
+       "two groups (3 partials each at most): the padding in the last");
+}
+
 int main(void)
 {
     test_decode_and_prefill();
+    test_padded();
     test_tiles_break();
     test_validation();
     test_rope_kinds();
