@@ -47,6 +47,8 @@ struct kvg_kv_disk {
     int64_t n_slots, n_valid;
     /* per slot */
     uint8_t *state;
+    uint8_t *checked;            /* written or read back by this store (else only its
+                                    header was seen, at open) */
     uint8_t (*hash)[HLEN], (*tag)[HLEN];
     uint64_t *seq;
     int64_t *hnext, *prev, *next;
@@ -298,6 +300,7 @@ static void write_one(kvg_kv_disk *d, pending *p)
     memcpy(d->hash[s], p->hash, HLEN);
     memcpy(d->tag[s], p->tag, HLEN);
     d->seq[s] = seq;
+    d->checked[s] = 1;
     publish(d, s);
     d->st.blocks_written++;
     d->st.bytes_written += d->slot_bytes;
@@ -473,6 +476,7 @@ kvg_kv_disk *kvg_kv_disk_open(const char *dir, uint64_t size_bytes, uint64_t sta
     {
         size_t n = (size_t)d->n_slots;
         d->state = calloc(n, 1);
+        d->checked = calloc(n, 1);
         d->hash = calloc(n, HLEN);
         d->tag = calloc(n, HLEN);
         d->seq = calloc(n, sizeof *d->seq);
@@ -482,7 +486,7 @@ kvg_kv_disk *kvg_kv_disk_open(const char *dir, uint64_t size_bytes, uint64_t sta
         d->free_slots = malloc(n * sizeof *d->free_slots);
         d->rbuf = aligned_alloc(HDR, (size_t)d->slot_bytes);
         if (!d->buckets || !d->state || !d->hash || !d->tag || !d->seq || !d->hnext ||
-            !d->prev || !d->next || !d->free_slots || !d->rbuf) {
+            !d->prev || !d->next || !d->free_slots || !d->rbuf || !d->checked) {
             kvg_set_err(err, err_len, "kv disk: out of memory for %lld slots", (long long)d->n_slots);
             goto fail;
         }
@@ -539,6 +543,7 @@ void kvg_kv_disk_close(kvg_kv_disk *d)
     pthread_cond_destroy(&d->cv_done);
     free(d->buckets);
     free(d->state);
+    free(d->checked);
     free(d->hash);
     free(d->tag);
     free(d->seq);
@@ -573,6 +578,12 @@ int kvg_kv_disk_spill(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block,
         return -1;
     pthread_mutex_lock(&d->mu);
     s = index_find(d, hash);
+    if (s != NIL && !d->checked[s]) {
+        /* Found at open and never read: the pool's copy replaces it (it may be one
+         * of a chain whose corrupt block made this block be recomputed). */
+        drop_slot(d, s, 0);
+        s = NIL;
+    }
     if (s != NIL || queued(d, hash)) {
         if (s != NIL) {          /* stored already: now the most recently used */
             lru_remove(d, s);
@@ -680,6 +691,7 @@ int kvg_kv_disk_load(kvg_kv_disk *d, kvg_kv_pool *pool, int32_t block,
     }
     lru_remove(d, s);
     lru_push(d, s);
+    d->checked[s] = 1;
     d->st.hits++;
     d->st.bytes_read += d->slot_bytes;
     rc = 0;
