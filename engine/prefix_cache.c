@@ -1140,3 +1140,11 @@ int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len)
     }
     return n;
 }
+
+int kvg_pc_disk_stats(const kvg_prefix_cache *pc, struct kvg_kv_disk_stats *out)
+{
+    if (!pc->disk)
+        return -1;
+    kvg_kv_disk_get_stats(pc->disk, out);
+    return 0;
+}

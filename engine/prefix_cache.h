@@ -161,6 +161,10 @@ int32_t kvg_pc_persist(kvg_prefix_cache *pc);
  * dropped. The number of blocks dropped. */
 int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len);
 
+/* The disk tier's statistics (kv_disk.h): 0, or -1 without a disk tier. */
+struct kvg_kv_disk_stats;
+int kvg_pc_disk_stats(const kvg_prefix_cache *pc, struct kvg_kv_disk_stats *out);
+
 /* Whether a block is findable under hash now (any tenant: hashes are salted). */
 int kvg_pc_holds(const kvg_prefix_cache *pc, const uint8_t hash[KVG_PREFIX_HASH_LEN]);
 
