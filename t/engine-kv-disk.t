@@ -33,22 +33,7 @@ my $sock = "$dir/engine.sock";
 my $kv = "$dir/kv";
 
 sub slurp { my ($f) = @_; open my $fh, '<:raw', $f or die "$f: $!"; local $/; my $s = <$fh>; $s // '' }
-
-# Runs a command; returns (exit status, stdout, stderr).
-sub run {
-    my (@cmd) = @_;
-    my (undef, $out) = tempfile(UNLINK => 1);
-    my (undef, $err) = tempfile(UNLINK => 1);
-    my $pid = fork // die "fork: $!";
-    if (!$pid) {
-        open STDIN, '<', '/dev/null' or die;
-        open STDOUT, '>', $out or die;
-        open STDERR, '>', $err or die;
-        exec @cmd or exit 127;
-    }
-    waitpid $pid, 0;
-    return ($? >> 8, slurp($out), slurp($err));
-}
+sub run { return Kvgate::Engine::run_cmd(@_) }
 
 # ---- usage and startup errors ----------------------------------------------------------
 
