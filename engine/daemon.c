@@ -21,6 +21,7 @@
 #include "daemon_req.h"
 #include "errmsg.h"
 #include "cache_index.h"
+#include "kv_disk.h"
 #include "log.h"
 #include "monoclock.h"
 
@@ -425,6 +426,24 @@ static void write_stats(kvg_daemon *d)
     s.evictions_quota = pcs.evictions[KVG_EVICT_QUOTA];
     s.recompute_tokens = pcs.recompute_tokens;
     s.recompute_hit_tokens = pcs.recompute_hit_tokens;
+    {
+        kvg_kv_disk_stats ds;
+        if (kvg_pc_disk_stats(d->pc, &ds) == 0) {
+            s.disk_slots_total = ds.slots_total;
+            s.disk_slots_used = ds.slots_used;
+            s.disk_hit_tokens = pcs.disk_hit_tokens;
+            s.disk_blocks_read = ds.hits;
+            s.disk_blocks_written = ds.blocks_written;
+            s.disk_bytes_read = ds.bytes_read;
+            s.disk_bytes_written = ds.bytes_written;
+            s.disk_read_seconds = ds.read_seconds;
+            s.disk_write_seconds = ds.write_seconds;
+            s.disk_evictions = ds.evictions;
+            s.disk_dropped = ds.dropped;
+            s.disk_corrupt = ds.corrupt;
+            s.disk_io_errors = ds.io_errors;
+        }
+    }
     s.steps = ss.steps;
     s.preemptions = ss.preemptions;
     s.rejected = ss.rejected;

@@ -162,6 +162,37 @@ void kvg_kv_pool_free(kvg_kv_pool *p)
     free(p);
 }
 
+size_t kvg_kv_xfer_bytes(const kvg_kv_pool *p)
+{
+    return p->block_bytes ? p->block_bytes : p->block_floats * sizeof(float);
+}
+
+int kvg_kv_block_export(const kvg_kv_pool *p, int32_t id, void *host)
+{
+    if (id < 0 || id >= p->n_blocks)
+        return -1;
+    if (p->block_bytes)
+        return p->xfer_out ? p->xfer_out(p->copy_ctx, p->data, p->block_bytes, id, host) : -1;
+    memcpy(host, p->data + (size_t)id * p->block_floats, p->block_floats * sizeof(float));
+    return 0;
+}
+
+int kvg_kv_block_import(kvg_kv_pool *p, int32_t id, const void *host)
+{
+    if (id < 0 || id >= p->n_blocks)
+        return -1;
+    if (p->block_bytes)
+        return p->xfer_in ? p->xfer_in(p->copy_ctx, p->data, p->block_bytes, id, (void *)host) : -1;
+    memcpy(p->data + (size_t)id * p->block_floats, host, p->block_floats * sizeof(float));
+    return 0;
+}
+
+void kvg_kv_pool_set_xfer(kvg_kv_pool *p, kvg_kv_xfer_fn out, kvg_kv_xfer_fn in)
+{
+    p->xfer_out = out;
+    p->xfer_in = in;
+}
+
 int32_t kvg_kv_pool_free_blocks(const kvg_kv_pool *p)
 {
     return p->n_free;

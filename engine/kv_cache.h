@@ -44,6 +44,13 @@ typedef struct kvg_kv_geom {
 typedef void (*kvg_kv_copy_fn)(void *ctx, void *storage, size_t block_bytes,
                                int32_t dst, int32_t src);
 
+/* Copies one block's bytes out of the pool into a host buffer (export) or from a host
+ * buffer into the pool (import): how a slower tier (the disk store, kv_disk.h) moves a
+ * block without knowing where the pool lives. A device backend sets them with
+ * kvg_kv_pool_set_xfer (bytes: kvg_kv_xfer_bytes); a host pool is a memcpy. */
+typedef int (*kvg_kv_xfer_fn)(void *ctx, void *storage, size_t block_bytes, int32_t block,
+                              void *host);
+
 /* Fields are read-only outside kv_cache.c. */
 typedef struct kvg_kv_pool {
     kvg_kv_geom geom;
@@ -61,6 +68,9 @@ typedef struct kvg_kv_pool {
      * host pool. */
     size_t block_bytes;
     void (*release)(void *ctx, void *storage);
+    /* A device pool's block export / import (kvg_kv_pool_set_xfer), NULL: none (then
+     * kvg_kv_block_export fails); unused by a host pool. */
+    kvg_kv_xfer_fn xfer_out, xfer_in;
 
     /* Allocator state. The next issue adds per-block chain hashes, a hash table
      * and an LRU list of refcount-0 cached blocks beside this free list. */
@@ -103,6 +113,16 @@ kvg_kv_pool *kvg_kv_pool_new_device(const kvg_kv_geom *g, int32_t n_blocks, void
                                     void (*release)(void *ctx, void *storage), void *ctx,
                                     char *err, size_t err_len);
 void kvg_kv_pool_free(kvg_kv_pool *p);
+
+/* Block transfer to and from host memory (see kvg_kv_xfer_fn). Bytes of one block as
+ * transferred: the padded block of a host pool, block_bytes of a device pool. */
+size_t kvg_kv_xfer_bytes(const kvg_kv_pool *p);
+/* Copies block id's bytes into host (kvg_kv_xfer_bytes of them) / from host into the
+ * block. 0, or -1 for a bad id or a device pool without the hook. */
+int kvg_kv_block_export(const kvg_kv_pool *p, int32_t id, void *host);
+int kvg_kv_block_import(kvg_kv_pool *p, int32_t id, const void *host);
+/* A device pool's hooks (ctx: the pool's copy ctx). */
+void kvg_kv_pool_set_xfer(kvg_kv_pool *p, kvg_kv_xfer_fn out, kvg_kv_xfer_fn in);
 
 /* Allocator: a new block has refcount 1; -1 when the pool is exhausted. */
 int32_t kvg_kv_block_alloc(kvg_kv_pool *p);

@@ -5,6 +5,7 @@
 #include "prefix_cache_testing.h"
 #include "errmsg.h"
 #include "cache_index.h"
+#include "kv_disk.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,8 @@ typedef struct pc_tenant {
     double quota;                /* share of the pool, 0: none */
     int32_t charged;             /* hashed blocks of this tenant, in use or cached */
     int32_t head, tail;          /* its LRU, least recent at head */
+    uint8_t tag[KVG_PREFIX_HASH_LEN];  /* the disk tier's tenant tag (its chain root) */
+    uint8_t has_tag;
 } pc_tenant;
 
 struct kvg_prefix_cache {
@@ -57,6 +60,8 @@ struct kvg_prefix_cache {
     kvg_pc_stats st;
     uint64_t recompute_tokens, recompute_hit_tokens;
     kvg_cache_index_writer *index;   /* the shared cache index, kept equal to the table (or NULL) */
+    kvg_kv_disk *disk;           /* the disk tier (kvg_pc_set_disk), or NULL */
+    kvg_prefix_hasher *hasher;   /* for tenant tags, with the disk tier */
 };
 
 static uint32_t bucket_of(const kvg_prefix_cache *pc, const uint8_t *h)
@@ -267,9 +272,35 @@ static void unhash(kvg_prefix_cache *pc, int32_t id)
     bl->tenant = NIL;
 }
 
+/* The disk tier's tag of a live tenant: the chain root of its salt (computed once), or
+ * NULL when it cannot be hashed. */
+static const uint8_t *tenant_tag(kvg_prefix_cache *pc, int32_t t)
+{
+    pc_tenant *tn = &pc->tenants[t];
+    if (!tn->has_tag) {
+        if (!pc->hasher || kvg_prefix_root(pc->hasher, pc->cfg.model_id, KVG_PREFIX_HASH_LEN, tn->salt,
+                                           tn->salt_len, tn->tag, NULL, 0) != 0)
+            return NULL;
+        tn->has_tag = 1;
+    }
+    return tn->tag;
+}
+
+/* A cached block leaves the pool: with a disk tier its bytes go there (queued, the
+ * copy made now). Not on expiry: a TTL is how long the tenant wanted it kept. */
+static void spill(kvg_prefix_cache *pc, int32_t id, int wait)
+{
+    const uint8_t *tag;
+    if (!pc->disk || !pc->b[id].hashed || !(tag = tenant_tag(pc, pc->b[id].tenant)))
+        return;
+    kvg_kv_disk_spill(pc->disk, pc->pool, id, pc->b[id].hash, tag, wait);
+}
+
 /* A cached block (refcount 0) goes back to the pool's free list. */
 static void evict(kvg_prefix_cache *pc, int32_t id, int cause)
 {
+    if (cause != KVG_EVICT_TTL)
+        spill(pc, id, 0);
     unhash(pc, id);
     kvg_kv_block_put_free(pc->pool, id);
     pc->st.evictions[cause]++;
@@ -461,6 +492,7 @@ void kvg_pc_free(kvg_prefix_cache *pc)
     }
     for (int t = 0; pc->tenants && t < pc->n_slots; t++)
         free(pc->tenants[t].salt);
+    kvg_prefix_hasher_free(pc->hasher);
     free(pc->tenants);
     free(pc->tbuckets);
     free(pc->b);
@@ -677,6 +709,48 @@ int32_t kvg_pc_blocks_needed(const kvg_prefix_cache *pc,
     return (n_tokens + bt - 1) / bt - n;
 }
 
+static void pin_or_ttl(kvg_prefix_cache *pc, pc_block *bl, int64_t ttl_ms);
+
+/* Makes a block of seq findable under hash for tenant (it is full and written). */
+static void publish(kvg_prefix_cache *pc, int32_t id, const uint8_t *hash, int tenant, int64_t ttl_ms)
+{
+    pc_block *bl = &pc->b[id];
+    memcpy(bl->hash, hash, KVG_PREFIX_HASH_LEN);
+    bl->hashed = 1;
+    bl->tenant = tenant;
+    bl->touched_ms = pc->now_ms;
+    bl->pinned = 0;
+    pin_or_ttl(pc, bl, ttl_ms);
+    table_insert(pc, id);
+    pc->tenants[tenant].charged++;
+}
+
+/* Admission's second tier: the chain goes on from block `from` (the first the pool
+ * missed) on disk. Each block found is read into the fresh block admission reserved
+ * for it and published, as if it had been computed; the first one missing (or failing
+ * its checks) ends the run. Returns the blocks read. */
+static int32_t disk_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+                         const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                         int32_t n_tokens, int32_t from, int64_t ttl_ms)
+{
+    int32_t bt = pc->pool->geom.block_tokens;
+    int32_t max = (n_tokens - 1) / bt, n = from;
+    const uint8_t *tag;
+    if (!pc->disk || n_hashes == 0 || !(tag = tenant_tag(pc, tenant)))
+        return 0;
+    if (n_hashes < max)
+        max = n_hashes;
+    for (; n < max; n++) {
+        int32_t id = seq->blocks[n];
+        if (table_find(pc, hashes[n]) != NIL ||
+            kvg_kv_disk_load(pc->disk, pc->pool, id, hashes[n], tag) != 0)
+            break;
+        publish(pc, id, hashes[n], tenant, ttl_ms);
+    }
+    pc->st.disk_hit_tokens += (uint64_t)(n - from) * (uint64_t)bt;
+    return n - from;
+}
+
 static void pin_or_ttl(kvg_prefix_cache *pc, pc_block *bl, int64_t ttl_ms)
 {
     if (ttl_ms == KVG_PC_TTL_PINNED) {
@@ -772,6 +846,7 @@ int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
         seq->blocks[seq->n_blocks++] = id;
     }
     free(ids);
+    n_hit += disk_hits(pc, seq, tenant, hashes, n_hashes, n_tokens, n_hit, ttl_ms);
     seq->n_tokens = n_hit * bt;
     if (recompute) {
         pc->recompute_tokens += (uint64_t)n_tokens;
@@ -804,14 +879,7 @@ void kvg_pc_commit(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t index,
     }
     if (table_find(pc, hash) != NIL)
         return;          /* someone else computed it first: this copy stays private */
-    memcpy(bl->hash, hash, KVG_PREFIX_HASH_LEN);
-    bl->hashed = 1;
-    bl->tenant = tenant;
-    bl->touched_ms = pc->now_ms;
-    bl->pinned = 0;
-    pin_or_ttl(pc, bl, ttl_ms);
-    table_insert(pc, id);
-    pc->tenants[tenant].charged++;
+    publish(pc, id, hash, tenant, ttl_ms);
 }
 
 int kvg_pc_prepare(kvg_prefix_cache *pc, kvg_kv_seq *seq, int32_t n_new, int64_t now_ms,
@@ -1021,4 +1089,62 @@ out:
     free(on_free);
     free(charged);
     return rc;
+}
+
+int kvg_pc_set_disk(kvg_prefix_cache *pc, kvg_kv_disk *d, char *err, size_t err_len)
+{
+    if (d && !pc->hasher && !(pc->hasher = kvg_prefix_hasher_new(err, err_len)))
+        return -1;
+    pc->disk = d;
+    return 0;
+}
+
+int32_t kvg_pc_persist(kvg_prefix_cache *pc)
+{
+    int32_t n = 0;
+    if (!pc->disk)
+        return 0;
+    for (int32_t id = 0; id < pc->pool->n_blocks; id++)
+        if (pc->b[id].hashed && kvg_kv_block_refcount(pc->pool, id) == 0) {
+            spill(pc, id, 1);
+            n++;
+        }
+    return n;
+}
+
+int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len)
+{
+    int64_t n = 0;
+    int32_t t = kvg_pc_tenant_find(pc, salt, len);
+    if (t >= 0) {
+        /* Its record may be reclaimed as its last block loses its hash: hold it. */
+        pc->tenants[t].refs++;
+        for (int32_t id = 0; id < pc->pool->n_blocks; id++) {
+            if (!pc->b[id].hashed || pc->b[id].tenant != t)
+                continue;
+            n++;
+            if (kvg_kv_block_refcount(pc->pool, id) == 0) {
+                unhash(pc, id);
+                kvg_kv_block_put_free(pc->pool, id);
+            } else {
+                unhash(pc, id);   /* stays with its sequence, freed on release */
+            }
+        }
+        kvg_pc_tenant_put(pc, t);
+    }
+    if (pc->disk && pc->hasher) {
+        uint8_t tag[KVG_PREFIX_HASH_LEN];
+        if (kvg_prefix_root(pc->hasher, pc->cfg.model_id, KVG_PREFIX_HASH_LEN, salt, len, tag,
+                            NULL, 0) == 0)
+            n += kvg_kv_disk_wipe(pc->disk, tag);
+    }
+    return n;
+}
+
+int kvg_pc_disk_stats(const kvg_prefix_cache *pc, struct kvg_kv_disk_stats *out)
+{
+    if (!pc->disk)
+        return -1;
+    kvg_kv_disk_get_stats(pc->disk, out);
+    return 0;
 }

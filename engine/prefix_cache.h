@@ -50,6 +50,8 @@ typedef struct kvg_pc_stats {
     uint64_t evictions[KVG_EVICT_N];
     uint64_t recompute_tokens;             /* prompt tokens of preempted requests readmitted */
     uint64_t recompute_hit_tokens;         /* of those, served from the cache */
+    uint64_t disk_hit_tokens;              /* of hit_tokens and recompute_hit_tokens, those
+                                              read back from the disk tier */
 } kvg_pc_stats;
 
 kvg_prefix_cache *kvg_pc_new(kvg_kv_pool *pool, const kvg_pc_config *cfg,
@@ -144,6 +146,24 @@ void kvg_pc_get_stats(const kvg_prefix_cache *pc, kvg_pc_stats *out);
  * now. NULL detaches. 0, or -1 when w is too small for the pool (nothing attached). */
 typedef struct kvg_cache_index_writer kvg_cache_index_writer;
 int kvg_pc_set_index(kvg_prefix_cache *pc, kvg_cache_index_writer *w);
+
+/* The disk tier (kv_disk.h; NULL detaches): blocks evicted from the pool (LRU,
+ * quota; not expired ones) are spilled there, and admission continues a chain the
+ * pool misses there, reading the blocks found into the blocks it reserved. 0, or -1
+ * with err (no hasher for the tenant tags). The store must outlive the cache's use. */
+typedef struct kvg_kv_disk kvg_kv_disk;
+int kvg_pc_set_disk(kvg_prefix_cache *pc, kvg_kv_disk *d, char *err, size_t err_len);
+/* At a clean stop: every cached block (refcount 0) is queued for the disk tier,
+ * waiting for room in its queue, so the next engine finds them. Blocks queued. */
+int32_t kvg_pc_persist(kvg_prefix_cache *pc);
+/* Operator's wipe of one tenant (its salt) in every tier: its cached pool blocks are
+ * freed, its blocks in use lose their hash (never found again), its disk blocks are
+ * dropped. The number of blocks dropped. */
+int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len);
+
+/* The disk tier's statistics (kv_disk.h): 0, or -1 without a disk tier. */
+struct kvg_kv_disk_stats;
+int kvg_pc_disk_stats(const kvg_prefix_cache *pc, struct kvg_kv_disk_stats *out);
 
 /* Whether a block is findable under hash now (any tenant: hashes are salted). */
 int kvg_pc_holds(const kvg_prefix_cache *pc, const uint8_t hash[KVG_PREFIX_HASH_LEN]);

@@ -407,7 +407,9 @@ ngx_http_kvgate_engine_lines(ngx_http_request_t *r,
 
 typedef enum {
     NGX_HTTP_KVGATE_ST_I32,
-    NGX_HTTP_KVGATE_ST_U64
+    NGX_HTTP_KVGATE_ST_U64,
+    NGX_HTTP_KVGATE_ST_I64,
+    NGX_HTTP_KVGATE_ST_F64
 } ngx_http_kvgate_stat_kind_e;
 
 typedef struct {
@@ -459,6 +461,42 @@ static const ngx_http_kvgate_engine_stat_t  ngx_http_kvgate_engine_stats[] = {
       ngx_http_kvgate_st(evictions_ttl), NGX_HTTP_KVGATE_ST_U64 },
     { "kvgate_kv_evictions_total", NULL, NULL, "cause=\"quota\"",
       ngx_http_kvgate_st(evictions_quota), NGX_HTTP_KVGATE_ST_U64 },
+
+    /* the KV disk tier (engine --kv-disk): 0 without one */
+    { "kvgate_kv_disk_slots", "KV disk tier slots (one block each), by state.",
+      "gauge", "state=\"total\"", ngx_http_kvgate_st(disk_slots_total),
+      NGX_HTTP_KVGATE_ST_I64 },
+    { "kvgate_kv_disk_slots", NULL, NULL, "state=\"used\"",
+      ngx_http_kvgate_st(disk_slots_used), NGX_HTTP_KVGATE_ST_I64 },
+    { "kvgate_kv_disk_hit_tokens_total",
+      "Prompt tokens served from the KV disk tier.", "counter", NULL,
+      ngx_http_kvgate_st(disk_hit_tokens), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_blocks_total", "KV blocks moved to and from disk.",
+      "counter", "direction=\"read\"", ngx_http_kvgate_st(disk_blocks_read),
+      NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_blocks_total", NULL, NULL, "direction=\"write\"",
+      ngx_http_kvgate_st(disk_blocks_written), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_bytes_total", "Bytes moved to and from disk.",
+      "counter", "direction=\"read\"", ngx_http_kvgate_st(disk_bytes_read),
+      NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_bytes_total", NULL, NULL, "direction=\"write\"",
+      ngx_http_kvgate_st(disk_bytes_written), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_seconds_total", "Time in disk reads and writes.",
+      "counter", "direction=\"read\"", ngx_http_kvgate_st(disk_read_seconds),
+      NGX_HTTP_KVGATE_ST_F64 },
+    { "kvgate_kv_disk_seconds_total", NULL, NULL, "direction=\"write\"",
+      ngx_http_kvgate_st(disk_write_seconds), NGX_HTTP_KVGATE_ST_F64 },
+    { "kvgate_kv_disk_events_total",
+      "KV disk tier events: blocks evicted by the size bound, not written "
+      "(write queue full), failing their checksum, I/O errors.", "counter",
+      "event=\"eviction\"", ngx_http_kvgate_st(disk_evictions),
+      NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"dropped\"",
+      ngx_http_kvgate_st(disk_dropped), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"corrupt\"",
+      ngx_http_kvgate_st(disk_corrupt), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"io_error\"",
+      ngx_http_kvgate_st(disk_io_errors), NGX_HTTP_KVGATE_ST_U64 },
 
     { "kvgate_engine_requests", "Requests in the engine now.", "gauge",
       "state=\"waiting\"", ngx_http_kvgate_st(waiting),
@@ -552,6 +590,12 @@ ngx_http_kvgate_engine_stats_lines(ngx_http_request_t *r,
 
             if (m->kind == NGX_HTTP_KVGATE_ST_I32) {
                 ngx_http_kvgate_printf(t, "%D\n", *(const int32_t *) p);
+
+            } else if (m->kind == NGX_HTTP_KVGATE_ST_I64) {
+                ngx_http_kvgate_printf(t, "%L\n", *(const int64_t *) p);
+
+            } else if (m->kind == NGX_HTTP_KVGATE_ST_F64) {
+                ngx_http_kvgate_printf(t, "%.6f\n", *(const double *) p);
 
             } else {
                 ngx_http_kvgate_printf(t, "%uL\n", *(const uint64_t *) p);
@@ -810,7 +854,9 @@ ngx_http_kvgate_status_kv(const kvg_stats *st)
 static json_t *
 ngx_http_kvgate_status_cache(const kvg_stats *st)
 {
-    return json_pack("{s:I, s:I, s:f, s:{s:I, s:I, s:I}}",
+    json_t  *c;
+
+    c = json_pack("{s:I, s:I, s:f, s:{s:I, s:I, s:I}}",
                      "query_tokens", (json_int_t) st->query_tokens,
                      "hit_tokens", (json_int_t) st->hit_tokens,
                      "hit_rate", st->query_tokens
@@ -818,6 +864,28 @@ ngx_http_kvgate_status_cache(const kvg_stats *st)
                      "evictions", "lru", (json_int_t) st->evictions_lru,
                      "ttl", (json_int_t) st->evictions_ttl,
                      "quota", (json_int_t) st->evictions_quota);
+
+    /* the disk tier, only where the engine has one */
+
+    if (c != NULL && st->disk_slots_total > 0) {
+        json_object_set_new(c, "disk", json_pack(
+            "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:I, s:I}",
+            "slots_total", (json_int_t) st->disk_slots_total,
+            "slots_used", (json_int_t) st->disk_slots_used,
+            "hit_tokens", (json_int_t) st->disk_hit_tokens,
+            "blocks_read", (json_int_t) st->disk_blocks_read,
+            "blocks_written", (json_int_t) st->disk_blocks_written,
+            "bytes_read", (json_int_t) st->disk_bytes_read,
+            "bytes_written", (json_int_t) st->disk_bytes_written,
+            "read_seconds", st->disk_read_seconds,
+            "write_seconds", st->disk_write_seconds,
+            "evictions", (json_int_t) st->disk_evictions,
+            "dropped", (json_int_t) st->disk_dropped,
+            "corrupt", (json_int_t) st->disk_corrupt,
+            "io_errors", (json_int_t) st->disk_io_errors));
+    }
+
+    return c;
 }
 
 

@@ -437,6 +437,17 @@ typedef struct kvg_stats {
     int32_t live_tenants;        /* tenants the engine holds state for: with queued or
                                     running requests or cached blocks (bypass: none) */
     kvg_stats_tenant tenant[KVG_STATS_TENANTS];
+    /* The KV disk tier (engine --kv-disk; all 0 without one). Its writes happen in the
+     * background: the page shows them as of its last rewrite. */
+    int64_t disk_slots_total, disk_slots_used;
+    uint64_t disk_hit_tokens;    /* of hit_tokens + recompute_hit_tokens, read from disk */
+    uint64_t disk_blocks_read, disk_blocks_written;
+    uint64_t disk_bytes_read, disk_bytes_written;
+    double disk_read_seconds, disk_write_seconds;
+    uint64_t disk_evictions;     /* blocks overwritten by newer ones (the size bound) */
+    uint64_t disk_dropped;       /* evicted blocks not written: the write queue was full */
+    uint64_t disk_corrupt;       /* blocks that failed their checksum or identity: recomputed */
+    uint64_t disk_io_errors;     /* failed reads and writes (a full disk included) */
 } kvg_stats;
 
 /* The engine's heartbeat: how a client tells an engine that makes progress from one

@@ -19,6 +19,7 @@
 #include "daemon.h"
 #include "forward.h"
 #include "kv_cache.h"
+#include "kv_disk.h"
 #include "model.h"
 #include "prefix_cache.h"
 #include "scheduler.h"
@@ -47,6 +48,13 @@ static const char USAGE[] =
     "                          with none and no --chat-template refuses chat requests\n"
     "  --kv-memory SIZE        memory for the KV pool, e.g. 512M, 4G (default: cpu 256M; cuda\n"
     "                          90% of the GPU memory free once the weights are loaded)\n"
+    "  --kv-disk DIR           keep blocks evicted from the KV pool in DIR (one file of\n"
+    "                          --kv-disk-size; written in the background, read back on a\n"
+    "                          prefix hit, found again by the next engine on DIR with the\n"
+    "                          same model; docs/operations.md). cpu backend\n"
+    "  --kv-disk-size SIZE     the disk tier's size, e.g. 512M, 4G (required with --kv-disk)\n"
+    "  --kv-disk-wipe-tenant T drop tenant T's blocks from --kv-disk DIR, then exit (the\n"
+    "                          engine on DIR must be stopped)\n"
     "  --context N             context length (default: the model's)\n"
     "  --threads N             CPU threads (default: all online CPUs)\n"
     "  --max-batch-tokens N    tokens per forward step (default 512)\n"
@@ -87,10 +95,66 @@ static void progress(void *ctx, const char *what, uint64_t done, uint64_t total)
                 (unsigned long long)(total >> 20));
 }
 
+/* The disk tier (--kv-disk): NULL after printing why. */
+static kvg_kv_disk *open_disk(const char *dir, uint64_t bytes, const kvg_model *m, kvg_kv_pool *pool,
+                              kvg_prefix_cache *pc)
+{
+    kvg_kv_disk_ident id;
+    kvg_kv_disk *disk;
+    kvg_kv_disk_stats st;
+    char err[512];
+    if (pool->block_bytes && !pool->xfer_out) {
+        fprintf(stderr, "kvgate-engine: --kv-disk: this backend's KV pool cannot export blocks yet "
+                "(the disk tier runs with --backend cpu)\n");
+        return NULL;
+    }
+    memset(&id, 0, sizeof id);
+    memcpy(id.model_id, m->id, sizeof id.model_id);
+    id.n_layers = pool->geom.n_layers;
+    id.n_kv_heads = pool->geom.n_kv_heads;
+    id.head_dim = pool->geom.head_dim;
+    id.block_tokens = pool->geom.block_tokens;
+    id.dtype = KVG_KV_DTYPE_F32_HOST;
+    id.payload_bytes = kvg_kv_xfer_bytes(pool);
+    disk = kvg_kv_disk_open(dir, bytes, 0, &id, err, sizeof err);
+    if (!disk) {
+        fprintf(stderr, "kvgate-engine: --kv-disk %s\n", err);
+        return NULL;
+    }
+    if (kvg_pc_set_disk(pc, disk, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgate-engine: --kv-disk: %s\n", err);
+        kvg_kv_disk_close(disk);
+        return NULL;
+    }
+    kvg_kv_disk_get_stats(disk, &st);
+    fprintf(stderr, "kvgate-engine: KV disk %s: %lld slots of %llu bytes (%.1f MiB), %llu blocks found\n",
+            kvg_kv_disk_path(disk), (long long)st.slots_total, (unsigned long long)st.slot_bytes,
+            (double)st.slots_total * (double)st.slot_bytes / (1024.0 * 1024.0),
+            (unsigned long long)st.restored);
+    return disk;
+}
+
+/* Writes out the disk tier's queue, says what it did, closes it. */
+static void close_disk(kvg_kv_disk *disk)
+{
+    kvg_kv_disk_stats st;
+    kvg_kv_disk_flush(disk);
+    kvg_kv_disk_get_stats(disk, &st);
+    fprintf(stderr, "kvgate-engine: KV disk: %llu blocks written (%llu bytes, %.3f s), %llu read back "
+            "(%llu bytes, %.3f s), %llu misses, %llu evicted, %llu dropped, %llu corrupt, %llu I/O errors, "
+            "%lld slots used\n", (unsigned long long)st.blocks_written, (unsigned long long)st.bytes_written,
+            st.write_seconds, (unsigned long long)st.hits, (unsigned long long)st.bytes_read, st.read_seconds,
+            (unsigned long long)st.misses, (unsigned long long)st.evictions, (unsigned long long)st.dropped,
+            (unsigned long long)st.corrupt, (unsigned long long)st.io_errors, (long long)st.slots_used);
+    kvg_kv_disk_close(disk);
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *backend = "cpu", *socket_path = NULL;
     const char *served = NULL, *tpl_name = NULL, *warmup_path = NULL, *group = NULL;
+    const char *disk_dir = NULL, *wipe_tenant = NULL;
+    uint64_t disk_bytes = 0;
     int kv_given = 0;
     long device = 0, batch_inv = 1;
     uint64_t kv_bytes = (uint64_t)256 << 20, sq_data = 0, cq_data = 0;
@@ -140,7 +204,16 @@ int main(int argc, char **argv)
             if (kvg_arg_size(v, &kv_bytes) != 0)
                 return usage_error("--kv-memory: '%s' is not a size like 512M or 4G", v);
             kv_given = 1;
-        } else if (!strcmp(a, "--context")) {
+        } else if (!strcmp(a, "--kv-disk")) {
+            if (!*v)
+                return usage_error("--kv-disk: '%s' is not a directory", v);
+            disk_dir = v;
+        } else if (!strcmp(a, "--kv-disk-size")) {
+            if (kvg_arg_size(v, &disk_bytes) != 0 || disk_bytes == 0)
+                return usage_error("--kv-disk-size: '%s' is not a size like 512M or 4G", v);
+        } else if (!strcmp(a, "--kv-disk-wipe-tenant"))
+            wipe_tenant = v;
+        else if (!strcmp(a, "--context")) {
             if (kvg_arg_long(v, 1, INT_MAX, &ctx) != 0)
                 return usage_error("--context: '%s' is not a positive integer", v);
         } else if (!strcmp(a, "--threads")) {
@@ -189,7 +262,11 @@ int main(int argc, char **argv)
     if (tpl_name && !kvg_chat_builtin(tpl_name) && access(tpl_name, R_OK) != 0)
         return usage_error("--chat-template: '%s' is neither a built-in (" KVG_CHAT_BUILTIN_NAMES
                            ") nor a readable file", tpl_name);
-    if (!socket_path)
+    if (disk_dir && !disk_bytes)
+        return usage_error("%s", "--kv-disk needs --kv-disk-size");
+    if ((disk_bytes || wipe_tenant) && !disk_dir)
+        return usage_error("%s", "--kv-disk-size and --kv-disk-wipe-tenant need --kv-disk");
+    if (!socket_path && !wipe_tenant)
         return usage_error("%s", "--socket is required");
     int gid = -1;
     if (group) {
@@ -216,6 +293,7 @@ int main(int argc, char **argv)
     kvg_forward *fw = NULL;
     kvg_prefix_cache *pc = NULL;
     kvg_daemon *d = NULL;
+    kvg_kv_disk *disk = NULL;
     kvg_warmup *w = NULL;
     kvg_chat_choice chat;
     if (!m) {
@@ -264,6 +342,15 @@ int main(int argc, char **argv)
     pc = fw ? kvg_pc_new(pool, &pcfg, err, sizeof err) : NULL;
     if (!pc) {
         fprintf(stderr, "kvgate-engine: %s\n", err);
+        goto out;
+    }
+    if (disk_dir && (disk = open_disk(disk_dir, disk_bytes, m, pool, pc)) == NULL)
+        goto out;
+    if (wipe_tenant) {
+        int64_t n = kvg_pc_wipe_tenant(pc, wipe_tenant, strlen(wipe_tenant));
+        printf("kvgate-engine: --kv-disk-wipe-tenant %s: %lld blocks dropped from %s\n", wipe_tenant,
+               (long long)n, kvg_kv_disk_path(disk));
+        rc = 0;
         goto out;
     }
     kvg_sched_config sc;
@@ -337,6 +424,13 @@ out:
     g_daemon = NULL;
     kvg_daemon_free(d);
     kvg_warmup_free(w);
+    if (disk) {
+        /* A clean stop leaves the pool's cached blocks on disk for the next engine. */
+        if (rc == 0 && !wipe_tenant)
+            kvg_pc_persist(pc);
+        kvg_pc_set_disk(pc, NULL, NULL, 0);
+        close_disk(disk);
+    }
     kvg_pc_free(pc);
     kvg_forward_free(fw);
     kvg_kv_pool_free(pool);

@@ -6,6 +6,7 @@ package Kvgate::Engine;
 #   my $e = Kvgate::Engine->start(socket => "$dir/engine.sock");   # stories260K by default
 #   ... $e->socket, $e->pid, $e->ready_line ...
 #   $e->kill('KILL');  $e->restart;  $e->stop;   # stop: TERM, wait, returns the exit status
+#   my ($rc, $out, $err) = Kvgate::Engine::run_cmd(@cmd);   # any command, to its end
 #
 # Binaries come from $BUILD/bin (default build), or $BUILD/asan/bin with KVGATE_ASAN=1 so
 # that the ASan pass runs the engine and the CLI under the sanitizers too. The engine's
@@ -158,6 +159,25 @@ sub stop {
     my $st = $?;
     $self->{pid} = undef;
     return ($st & 127) ? 128 + ($st & 127) : $st >> 8;
+}
+
+# Runs a command (stdin /dev/null) to its end: (exit status, stdout, stderr).
+sub run_cmd {
+    my (@cmd) = @_;
+    require File::Temp;
+    my ($ofh, $out) = File::Temp::tempfile(UNLINK => 1);
+    my ($efh, $err) = File::Temp::tempfile(UNLINK => 1);
+    my $pid = fork // croak "fork: $!";
+    if (!$pid) {
+        open STDIN, '<', '/dev/null';
+        open STDOUT, '>&', $ofh;
+        open STDERR, '>&', $efh;
+        exec @cmd or POSIX::_exit(127);
+    }
+    waitpid $pid, 0;
+    my $rc = $? >> 8;
+    my @text = map { local $/; seek $_, 0, 0; scalar(<$_>) // '' } $ofh, $efh;
+    return ($rc, @text);
 }
 
 END {

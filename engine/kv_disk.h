@@ -1,0 +1,123 @@
+/* The disk tier of the KV cache: blocks evicted from the pool, kept in one file of
+ * fixed-size slots in a directory (--kv-disk DIR, --kv-disk-size SIZE), found again by
+ * their chain hash, also by the next engine started on the same directory.
+ *
+ * The file, DIR/kvgate-kv.slots, is n_slots = SIZE / slot_bytes slots:
+ *
+ *     slot i at offset i * slot_bytes:  [header: 4096 bytes][payload: block bytes, padded to 4096]
+ *
+ * The header (kvg_kv_disk_hdr below, little-endian) says whose block it is: the model
+ * id, the KV geometry and dtype (kvg_kv_disk_ident: a slot of another model, geometry
+ * or dtype is free space), the block's chain hash (prefix_hash.h), the tenant tag (the
+ * chain root of the tenant's salt under the model: the hash already covers it, the tag
+ * lets an operator wipe one tenant), a write sequence number (the LRU order after a
+ * restart), a CRC32C of the header alone (a slot whose header does not check is free
+ * space when the file is scanned) and a CRC32C of header + payload (checked on every
+ * read: a torn or corrupt slot is dropped and its block recomputed, never used).
+ *
+ * Threads. The engine's scheduler thread calls spill (a cached block evicted from the
+ * pool: its bytes are copied into a staging buffer at once, so the pool block can be
+ * reused, and queued) and load (a lookup that missed the pool: read, checked, imported
+ * into a fresh pool block). A writer thread of the store's own writes the queue out, so
+ * the scheduler never waits for a disk write. The queue is bounded (staging bytes); a
+ * spill that finds it full is dropped (the block is just not cached). One mutex guards
+ * the index; the writer holds it only to pick a slot and to publish it, never across
+ * its write. A load reads under the mutex (the writer then waits, at most one read).
+ *
+ * Failures never fail a request: an I/O error or a full disk (ENOSPC, EFBIG) on a write
+ * drops that block, on a read it is a miss; each kind is logged once and counted. */
+#ifndef KVG_KV_DISK_H
+#define KVG_KV_DISK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_cache.h"
+
+#define KVG_KV_DISK_FILE        "kvgate-kv.slots"
+#define KVG_KV_DISK_MAGIC       "KVGKVBLK"
+#define KVG_KV_DISK_VERSION     1u
+#define KVG_KV_DISK_HDR_BYTES   4096u
+#define KVG_KV_DISK_ID_LEN      32
+
+/* KV dtypes as stored (the pool's transfer layout, kv_cache.h kvg_kv_xfer_bytes). */
+#define KVG_KV_DTYPE_F32_HOST   1u    /* the CPU pool: float32, kv_cache.h's block layout */
+
+/* What a slot must match to be used. */
+typedef struct kvg_kv_disk_ident {
+    uint8_t model_id[KVG_KV_DISK_ID_LEN];
+    int32_t n_layers, n_kv_heads, head_dim, block_tokens;
+    uint32_t dtype;
+    uint64_t payload_bytes;              /* one block as transferred */
+} kvg_kv_disk_ident;
+
+/* The slot header as stored (offsets fixed; the rest of the 4096 bytes is zero). */
+typedef struct kvg_kv_disk_hdr {
+    char magic[8];                       /*   0: KVG_KV_DISK_MAGIC */
+    uint32_t version;                    /*   8: KVG_KV_DISK_VERSION */
+    uint32_t hdr_bytes;                  /*  12: 4096 */
+    uint8_t model_id[KVG_KV_DISK_ID_LEN];/*  16 */
+    int32_t n_layers, n_kv_heads;        /*  48, 52 */
+    int32_t head_dim, block_tokens;      /*  56, 60 */
+    uint32_t dtype;                      /*  64 */
+    uint32_t reserved;                   /*  68: 0 */
+    uint64_t payload_bytes;              /*  72 */
+    uint8_t hash[KVG_KV_DISK_ID_LEN];    /*  80: the block's chain hash */
+    uint8_t tag[KVG_KV_DISK_ID_LEN];     /* 112: tenant tag (chain root) */
+    uint64_t seq;                        /* 144: write sequence number (LRU order) */
+    uint64_t written_unix_ms;            /* 152 */
+    uint32_t hdr_crc;                    /* 160: CRC32C of bytes [0, 160) */
+    uint32_t crc;                        /* 164: CRC32C of bytes [0, 164) then the payload */
+} kvg_kv_disk_hdr;
+
+typedef struct kvg_kv_disk kvg_kv_disk;
+
+typedef struct kvg_kv_disk_stats {
+    int64_t slots_total, slots_used;     /* slots, and those holding a block now */
+    uint64_t slot_bytes;
+    uint64_t restored;                   /* blocks found when the file was opened */
+    uint64_t hits, misses;               /* load: blocks read back / lookups not found */
+    uint64_t blocks_written, bytes_written, bytes_read;
+    double write_seconds, read_seconds;  /* time in pwrite / pread + checks */
+    uint64_t evictions;                  /* blocks overwritten by newer ones (LRU) */
+    uint64_t dropped;                    /* spills not queued: staging full */
+    uint64_t corrupt;                    /* slots dropped on a read: checksum or identity */
+    uint64_t io_errors;                  /* failed reads and writes (ENOSPC included) */
+    uint64_t wiped;                      /* slots dropped by kvg_kv_disk_wipe */
+    int64_t pending;                     /* blocks queued for the writer now */
+} kvg_kv_disk_stats;
+
+/* Opens (creating DIR's file if needed) a store of size_bytes, scans the slot headers
+ * and indexes those of this identity. staging_bytes bounds the write queue (0: a
+ * quarter of size_bytes, at least 4 slots, at most 256 MiB). NULL with err (naming the
+ * directory) when DIR is not a writable directory, the size holds no slot, or another
+ * engine has the file open. A file that cannot be extended to its size is not an error
+ * (logged; writes past its end fail later and are counted). */
+kvg_kv_disk *kvg_kv_disk_open(const char *dir, uint64_t size_bytes, uint64_t staging_bytes,
+                              const kvg_kv_disk_ident *id, char *err, size_t err_len);
+/* Writes out what is queued, stops the writer, closes the file. */
+void kvg_kv_disk_close(kvg_kv_disk *d);
+
+/* Queues pool block `block` (bytes copied out now) under hash and tenant tag. wait: 0,
+ * drop it when the staging is full; 1, wait for room (shutdown). 0 when queued or
+ * already stored, -1 when dropped or the export failed. */
+int kvg_kv_disk_spill(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block,
+                      const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
+                      int wait);
+/* Reads the block of hash (which must carry tag) into pool block `block`: 0, or -1
+ * when it is not stored, fails its checks (the slot is dropped) or cannot be read. A
+ * block still queued is served from its staging copy. */
+int kvg_kv_disk_load(kvg_kv_disk *d, kvg_kv_pool *pool, int32_t block,
+                     const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN]);
+/* Whether hash is stored or queued. */
+int kvg_kv_disk_holds(kvg_kv_disk *d, const uint8_t hash[KVG_KV_DISK_ID_LEN]);
+/* Drops every block of a tenant tag, stored or queued (their headers are zeroed, so a
+ * restart cannot find them). The count of blocks dropped. */
+int64_t kvg_kv_disk_wipe(kvg_kv_disk *d, const uint8_t tag[KVG_KV_DISK_ID_LEN]);
+/* Waits until the writer has written everything queued before the call. */
+void kvg_kv_disk_flush(kvg_kv_disk *d);
+void kvg_kv_disk_get_stats(kvg_kv_disk *d, kvg_kv_disk_stats *out);
+/* The store's file path. */
+const char *kvg_kv_disk_path(const kvg_kv_disk *d);
+
+#endif

@@ -1,0 +1,426 @@
+/* The disk tier's store (engine/kv_disk.h) and its use by the prefix cache:
+ *   - a block written and read back is the same bytes; a wrong tag or an unknown hash
+ *     is a miss;
+ *   - a reopened store (a restart) finds its blocks; a store of another model id or
+ *     geometry ignores them;
+ *   - a flipped payload byte is caught by the checksum (the slot is dropped for good),
+ *     a flipped header byte makes the slot free space;
+ *   - the size bound evicts the least recently used slot; a spill that finds the
+ *     write queue full is dropped, never waited for;
+ *   - a file that cannot grow (RLIMIT_FSIZE: EFBIG as a full disk would give ENOSPC)
+ *     degrades to "not cached" and counts the error;
+ *   - a tenant's blocks are wiped, on disk too, across a reopen;
+ *   - the prefix cache spills evicted blocks and admission reads them back into fresh
+ *     pool blocks (byte-identical), for the right tenant only, across a reopen.
+ * Bad arguments (no directory, a size without a slot, a file in use) are errors. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tap.h"
+#include "kv_cache.h"
+#include "kv_disk.h"
+#include "prefix_cache.h"
+#include "prefix_cache_testing.h"
+#include "prefix_hash.h"
+
+static char err[512];
+static char base[256];
+static const kvg_kv_geom GEOM = { 2, 2, 8, 4 };
+
+static void fill(kvg_kv_pool *p, int32_t id, uint32_t seed)
+{
+    size_t n = kvg_kv_xfer_bytes(p) / sizeof(float);
+    float *f = p->data + (size_t)id * p->block_floats;
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)((seed * 2654435761u + (uint32_t)i * 40503u) % 100003u) * 0.25f;
+}
+
+static int same(const kvg_kv_pool *p, int32_t a, const kvg_kv_pool *q, int32_t b)
+{
+    return memcmp(p->data + (size_t)a * p->block_floats, q->data + (size_t)b * q->block_floats,
+                  kvg_kv_xfer_bytes(p)) == 0;
+}
+
+static void hash_of(uint8_t h[32], uint32_t v)
+{
+    for (int i = 0; i < 32; i++)
+        h[i] = (uint8_t)(v * 31u + (uint32_t)i * 7u + (v >> (i % 24)));
+}
+
+static kvg_kv_disk_ident ident_of(const kvg_kv_pool *p, uint8_t model)
+{
+    kvg_kv_disk_ident id;
+    memset(&id, 0, sizeof id);
+    memset(id.model_id, model, sizeof id.model_id);
+    id.n_layers = p->geom.n_layers;
+    id.n_kv_heads = p->geom.n_kv_heads;
+    id.head_dim = p->geom.head_dim;
+    id.block_tokens = p->geom.block_tokens;
+    id.dtype = KVG_KV_DTYPE_F32_HOST;
+    id.payload_bytes = kvg_kv_xfer_bytes(p);
+    return id;
+}
+
+static kvg_kv_disk *open_in(const char *sub, uint64_t slots, const kvg_kv_disk_ident *id)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/%s", base, sub);
+    uint64_t slot = KVG_KV_DISK_HDR_BYTES + (id->payload_bytes + 4095) / 4096 * 4096;
+    kvg_kv_disk *d = kvg_kv_disk_open(dir, slots * slot, 0, id, err, sizeof err);
+    if (!d)
+        diag("open %s: %s", dir, err);
+    return d;
+}
+
+static void flip_byte(const char *sub, off_t off)
+{
+    char path[400];
+    unsigned char c;
+    snprintf(path, sizeof path, "%s/%s/%s", base, sub, KVG_KV_DISK_FILE);
+    int fd = open(path, O_RDWR);
+    if (fd < 0 || pread(fd, &c, 1, off) != 1)
+        diag("flip: %s", path);
+    c ^= 0x40;
+    if (fd >= 0 && pwrite(fd, &c, 1, off) != 1)
+        diag("flip: write");
+    if (fd >= 0)
+        close(fd);
+}
+
+static kvg_kv_disk_stats stats(kvg_kv_disk *d)
+{
+    kvg_kv_disk_stats s;
+    kvg_kv_disk_get_stats(d, &s);
+    return s;
+}
+
+static void test_round_trip_restart(kvg_kv_pool *p)
+{
+    uint8_t h[32], h2[32], tag[32], tag2[32];
+    kvg_kv_disk_ident id = ident_of(p, 1);
+    kvg_kv_disk *d = open_in("rt", 16, &id);
+    hash_of(h, 1);
+    hash_of(h2, 2);
+    memset(tag, 0xa1, 32);
+    memset(tag2, 0xb2, 32);
+    fill(p, 1, 11);
+    ok(d != NULL, "a store of 16 slots opens");
+    is_int(stats(d).restored, 0, "  a new file holds nothing");
+    is_int(kvg_kv_disk_spill(d, p, 1, h, tag, 0), 0, "spill: queued");
+    kvg_kv_disk_flush(d);
+    is_int(stats(d).blocks_written, 1, "  written by the writer thread");
+    is_int(kvg_kv_disk_spill(d, p, 1, h, tag, 0), 0, "spilling it again: already stored");
+    kvg_kv_disk_flush(d);
+    is_int(stats(d).blocks_written, 1, "  not written twice");
+    is_int(kvg_kv_disk_load(d, p, 5, h, tag), 0, "load into another block");
+    ok(same(p, 1, p, 5), "  the same bytes");
+    is_int(kvg_kv_disk_load(d, p, 6, h, tag2), -1, "another tenant tag: a miss");
+    is_int(kvg_kv_disk_load(d, p, 6, h2, tag), -1, "an unknown hash: a miss");
+    {
+        char e2[256];
+        uint64_t slot = stats(d).slot_bytes;
+        char dir[300];
+        snprintf(dir, sizeof dir, "%s/rt", base);
+        ok(kvg_kv_disk_open(dir, 4 * slot, 0, &id, e2, sizeof e2) == NULL && strstr(e2, "in use"),
+           "a second store on the same directory: refused (%s)", e2);
+    }
+    kvg_kv_disk_close(d);
+
+    d = open_in("rt", 16, &id);
+    is_int(stats(d).restored, 1, "reopened: the block is found again");
+    memset(p->data + 7 * p->block_floats, 0, kvg_kv_xfer_bytes(p));
+    is_int(kvg_kv_disk_load(d, p, 7, h, tag), 0, "  and loads");
+    ok(same(p, 1, p, 7), "  the same bytes");
+    kvg_kv_disk_close(d);
+
+    kvg_kv_disk_ident other = ident_of(p, 2);
+    d = open_in("rt", 16, &other);
+    is_int(stats(d).restored, 0, "another model id: its slots are ignored");
+    is_int(kvg_kv_disk_load(d, p, 7, h, tag), -1, "  a miss");
+    kvg_kv_disk_close(d);
+    other = ident_of(p, 1);
+    other.dtype = 99;
+    d = open_in("rt", 16, &other);
+    is_int(stats(d).restored, 0, "another dtype: ignored");
+    kvg_kv_disk_close(d);
+    other = ident_of(p, 1);
+    other.block_tokens = 8;
+    d = open_in("rt", 16, &other);
+    is_int(stats(d).restored, 0, "another geometry: ignored");
+    kvg_kv_disk_close(d);
+    d = open_in("rt", 16, &id);
+    is_int(stats(d).restored, 1, "the original identity still finds its block");
+    kvg_kv_disk_close(d);
+}
+
+static void test_corrupt(kvg_kv_pool *p)
+{
+    uint8_t h[32], tag[32];
+    kvg_kv_disk_ident id = ident_of(p, 1);
+    kvg_kv_disk *d = open_in("bad", 4, &id);
+    hash_of(h, 3);
+    memset(tag, 0xa1, 32);
+    fill(p, 2, 22);
+    kvg_kv_disk_spill(d, p, 2, h, tag, 0);
+    kvg_kv_disk_close(d);        /* closing writes the queue out */
+    flip_byte("bad", KVG_KV_DISK_HDR_BYTES + 100);   /* slot 0's payload */
+    d = open_in("bad", 4, &id);
+    is_int(stats(d).restored, 1, "a flipped payload byte: the header still indexes it");
+    fill(p, 3, 99);
+    is_int(kvg_kv_disk_load(d, p, 3, h, tag), -1, "  but the checksum refuses it");
+    is_int(stats(d).corrupt, 1, "  counted corrupt");
+    is_int(kvg_kv_disk_holds(d, h), 0, "  and the slot is dropped");
+    kvg_kv_disk_close(d);
+    d = open_in("bad", 4, &id);
+    is_int(stats(d).restored, 0, "  for good: not found after a reopen");
+    kvg_kv_disk_spill(d, p, 2, h, tag, 0);
+    kvg_kv_disk_close(d);
+    flip_byte("bad", 90);        /* slot 0's header: inside the hash */
+    d = open_in("bad", 4, &id);
+    is_int(stats(d).restored, 0, "a flipped header byte: free space");
+    kvg_kv_disk_close(d);
+}
+
+static void test_lru_and_queue(kvg_kv_pool *p)
+{
+    uint8_t h[8][32], tag[32];
+    kvg_kv_disk_ident id = ident_of(p, 1);
+    kvg_kv_disk *d = open_in("lru", 3, &id);
+    memset(tag, 0xa1, 32);
+    for (int i = 0; i < 8; i++)
+        hash_of(h[i], 100u + (uint32_t)i);
+    for (int i = 0; i < 3; i++) {
+        kvg_kv_disk_spill(d, p, 1, h[i], tag, 0);
+        kvg_kv_disk_flush(d);
+    }
+    is_int(kvg_kv_disk_load(d, p, 4, h[0], tag), 0, "3 slots full; the oldest read (used)");
+    kvg_kv_disk_spill(d, p, 1, h[3], tag, 0);
+    kvg_kv_disk_flush(d);
+    ok(kvg_kv_disk_holds(d, h[0]) && !kvg_kv_disk_holds(d, h[1]) && kvg_kv_disk_holds(d, h[2]) &&
+       kvg_kv_disk_holds(d, h[3]), "a 4th block evicts the least recently used (the 2nd)");
+    is_int(stats(d).evictions, 1, "  one eviction");
+    is_int(stats(d).slots_used, 3, "  3 slots used");
+    kvg_kv_disk_close(d);
+
+    /* The queue holds 4 slots (the minimum): 200 spills back to back are each either
+     * written or dropped, never waited for. */
+    d = open_in("queue", 256, &id);
+    int dropped = 0;
+    for (uint32_t i = 0; i < 200; i++) {
+        uint8_t hh[32];
+        hash_of(hh, 1000u + i);
+        dropped += kvg_kv_disk_spill(d, p, 1, hh, tag, 0) != 0;
+    }
+    kvg_kv_disk_flush(d);
+    kvg_kv_disk_stats s = stats(d);
+    is_int(s.blocks_written + s.dropped, 200, "200 spills: written (%llu) + dropped (%llu)",
+           (unsigned long long)s.blocks_written, (unsigned long long)s.dropped);
+    is_int((long long)s.dropped, dropped, "  the dropped ones said so");
+    is_int(s.pending, 0, "  nothing pending after a flush");
+    kvg_kv_disk_close(d);
+}
+
+static void test_wipe(kvg_kv_pool *p)
+{
+    uint8_t h[6][32], ta[32], tb[32];
+    kvg_kv_disk_ident id = ident_of(p, 1);
+    kvg_kv_disk *d = open_in("wipe", 8, &id);
+    memset(ta, 0xa1, 32);
+    memset(tb, 0xb2, 32);
+    for (int i = 0; i < 6; i++) {
+        hash_of(h[i], 200u + (uint32_t)i);
+        kvg_kv_disk_spill(d, p, 1, h[i], i < 4 ? ta : tb, 1);
+    }
+    kvg_kv_disk_flush(d);
+    is_int(kvg_kv_disk_wipe(d, ta), 4, "wipe tenant A: its 4 blocks");
+    ok(!kvg_kv_disk_holds(d, h[0]) && kvg_kv_disk_holds(d, h[4]), "  A's gone, B's kept");
+    kvg_kv_disk_close(d);
+    d = open_in("wipe", 8, &id);
+    is_int(stats(d).restored, 2, "  after a reopen only B's 2 blocks are found");
+    kvg_kv_disk_close(d);
+}
+
+/* A file that cannot grow past 1.5 slots: the first slot is written, the second
+ * fails (EFBIG), both without failing anything. In a child, for the rlimit. */
+static void test_full(kvg_kv_pool *p)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        uint8_t h0[32], h1[32], tag[32];
+        kvg_kv_disk_ident id = ident_of(p, 1);
+        uint64_t slot = KVG_KV_DISK_HDR_BYTES + (id.payload_bytes + 4095) / 4096 * 4096;
+        struct rlimit rl = { slot + slot / 2, slot + slot / 2 };
+        int bad = 0;
+        signal(SIGXFSZ, SIG_IGN);
+        setrlimit(RLIMIT_FSIZE, &rl);
+        kvg_kv_disk *d = open_in("full", 4, &id);
+        if (!d)
+            _exit(100);
+        hash_of(h0, 300);
+        hash_of(h1, 301);
+        memset(tag, 0xa1, 32);
+        bad |= kvg_kv_disk_spill(d, p, 1, h0, tag, 0) != 0;
+        kvg_kv_disk_flush(d);
+        bad |= (kvg_kv_disk_spill(d, p, 1, h1, tag, 0) != 0) << 1;
+        kvg_kv_disk_flush(d);
+        kvg_kv_disk_stats s = stats(d);
+        bad |= (s.io_errors != 1) << 2;
+        bad |= (kvg_kv_disk_load(d, p, 6, h0, tag) != 0) << 3;
+        bad |= (kvg_kv_disk_load(d, p, 6, h1, tag) != -1) << 4;
+        bad |= (s.blocks_written != 1) << 5;
+        kvg_kv_disk_close(d);
+        _exit(bad);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ok(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+       "a file that cannot grow: the first block written, the second an I/O error and a "
+       "miss, nothing fails (child status %d)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
+static void test_bad_args(kvg_kv_pool *p)
+{
+    kvg_kv_disk_ident id = ident_of(p, 1);
+    char path[300];
+    snprintf(path, sizeof path, "%s/afile", base);
+    FILE *f = fopen(path, "w");
+    if (f)
+        fclose(f);
+    ok(kvg_kv_disk_open(path, 1 << 20, 0, &id, err, sizeof err) == NULL && strstr(err, "not a directory"),
+       "a file as the directory: %s", err);
+    snprintf(path, sizeof path, "%s/no/such/dir", base);
+    ok(kvg_kv_disk_open(path, 1 << 20, 0, &id, err, sizeof err) == NULL && strstr(err, "cannot create"),
+       "a missing parent directory: %s", err);
+    snprintf(path, sizeof path, "%s/small", base);
+    ok(kvg_kv_disk_open(path, 4096, 0, &id, err, sizeof err) == NULL && strstr(err, "hold no block"),
+       "a size without one slot: %s", err);
+}
+
+/* The prefix cache over a 4-block pool with the disk tier: a 3-block chain of tenant A
+ * is evicted by tenant B's prompt, spilled, and admitted again from disk. */
+static void test_prefix_cache(void)
+{
+    kvg_prefix_hasher *hs = kvg_prefix_hasher_new(err, sizeof err);
+    kvg_kv_pool *p = kvg_kv_pool_new(&GEOM, 4, err, sizeof err);
+    kvg_kv_pool *ref = kvg_kv_pool_new(&GEOM, 4, err, sizeof err);
+    kvg_pc_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    memset(cfg.model_id, 7, sizeof cfg.model_id);
+    kvg_prefix_cache *pc = kvg_pc_new(p, &cfg, err, sizeof err);
+    kvg_kv_disk_ident id = ident_of(p, 7);
+    kvg_kv_disk *d = open_in("pc", 16, &id);
+    int32_t toks[13], toksb[13];
+    uint8_t ha[3][32], hb[3][32], hab[3][32], root[32];
+    size_t nb;
+    int ta = kvg_pc_tenant(pc, "A", 1, 0), tb = kvg_pc_tenant(pc, "B", 1, 0);
+    for (int i = 0; i < 13; i++) {
+        toks[i] = i + 1;
+        toksb[i] = 100 + i;
+    }
+    kvg_pc_salt_root(pc, hs, "A", 1, root, err, sizeof err);
+    kvg_prefix_chain(hs, root, toks, 13, 4, ha, 3, &nb, err, sizeof err);
+    kvg_pc_salt_root(pc, hs, "B", 1, root, err, sizeof err);
+    kvg_prefix_chain(hs, root, toksb, 13, 4, hb, 3, &nb, err, sizeof err);
+    kvg_prefix_chain(hs, root, toks, 13, 4, hab, 3, &nb, err, sizeof err);   /* A's text, B's salt */
+    ok(kvg_pc_set_disk(pc, d, err, sizeof err) == 0, "the disk tier attaches");
+
+    kvg_kv_seq s;
+    kvg_kv_seq_init(&s);
+    is_int(kvg_pc_admit(pc, &s, ta, ha, 3, 13, 0, 1, 0, err, sizeof err), 0, "A's prompt: a miss");
+    for (int i = 0; i < 3; i++) {
+        fill(p, s.blocks[i], 500u + (uint32_t)i);
+        fill(ref, i, 500u + (uint32_t)i);
+    }
+    s.n_tokens = 13;
+    for (int i = 0; i < 3; i++)
+        kvg_pc_commit(pc, &s, i, ha[i], ta, 0, 1);
+    kvg_pc_release(pc, &s, 2);
+    is_int(kvg_pc_admit(pc, &s, tb, hb, 3, 13, 0, 3, 0, err, sizeof err), 0,
+           "B's prompt takes the whole pool (A's blocks evicted)");
+    kvg_pc_release(pc, &s, 4);
+    kvg_kv_disk_flush(d);
+    is_int(stats(d).blocks_written, 3, "  A's 3 blocks were spilled to disk");
+
+    is_int(kvg_pc_admit(pc, &s, tb, hab, 3, 13, 0, 5, 0, err, sizeof err), 0,
+           "A's text under tenant B: a miss (the salt is in the hash)");
+    kvg_pc_release(pc, &s, 6);
+    is_int(kvg_pc_admit(pc, &s, ta, ha, 3, 13, 0, 7, 0, err, sizeof err), 12,
+           "A's prompt again: 12 tokens hit, read back from disk");
+    ok(same(p, s.blocks[0], ref, 0) && same(p, s.blocks[1], ref, 1) && same(p, s.blocks[2], ref, 2),
+       "  the blocks hold the bytes that were computed");
+    kvg_pc_stats ps;
+    kvg_pc_get_stats(pc, &ps);
+    is_int(ps.disk_hit_tokens, 12, "  counted as disk hits");
+    {
+        const kvg_kv_seq *ss[1] = { &s };
+        ok(kvg_pc_check(pc, ss, 1, err, sizeof err) == 0, "  the cache's invariants hold (%s)", err);
+    }
+    kvg_pc_release(pc, &s, 8);
+
+    /* A restart: persist the pool's cached blocks, reopen the store, new cache. */
+    is_int(kvg_pc_persist(pc), 3, "persist at stop: the 3 cached blocks queued (already stored)");
+    kvg_pc_tenant_put(pc, ta);
+    kvg_pc_tenant_put(pc, tb);
+    kvg_pc_free(pc);
+    kvg_kv_disk_close(d);
+    d = open_in("pc", 16, &id);
+    is_int(stats(d).restored, 3, "restart: A's 3 blocks found again");
+    pc = kvg_pc_new(p, &cfg, err, sizeof err);
+    kvg_pc_set_disk(pc, d, err, sizeof err);
+    ta = kvg_pc_tenant(pc, "A", 1, 0);
+    tb = kvg_pc_tenant(pc, "B", 1, 0);
+    memset(p->data, 0, 4 * p->block_floats * sizeof(float));
+    is_int(kvg_pc_admit(pc, &s, tb, hab, 3, 13, 0, 1, 0, err, sizeof err), 0,
+           "after the restart tenant B still misses A's blocks");
+    kvg_pc_release(pc, &s, 2);
+    is_int(kvg_pc_admit(pc, &s, ta, ha, 3, 13, 0, 3, 0, err, sizeof err), 12,
+           "after the restart A's first request hits 12 tokens");
+    ok(same(p, s.blocks[0], ref, 0) && same(p, s.blocks[2], ref, 2), "  the same bytes");
+    kvg_pc_release(pc, &s, 4);
+    ok(kvg_pc_wipe_tenant(pc, "A", 1) >= 6, "wiping tenant A drops its blocks in the pool and on disk");
+    is_int(kvg_pc_admit(pc, &s, ta, ha, 3, 13, 0, 5, 0, err, sizeof err), 0, "  then A misses");
+    kvg_pc_release(pc, &s, 6);
+    kvg_pc_tenant_put(pc, ta);
+    kvg_pc_tenant_put(pc, tb);
+    kvg_pc_free(pc);
+    kvg_kv_disk_close(d);
+    kvg_kv_pool_free(p);
+    kvg_kv_pool_free(ref);
+    kvg_prefix_hasher_free(hs);
+}
+
+int main(void)
+{
+    snprintf(base, sizeof base, "%s/kvg-disk-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(base)) {
+        printf("Bail out! mkdtemp\n");
+        return 1;
+    }
+    kvg_kv_pool *p = kvg_kv_pool_new(&GEOM, 8, err, sizeof err);
+    if (!p) {
+        printf("Bail out! %s\n", err);
+        return 1;
+    }
+    test_round_trip_restart(p);
+    test_corrupt(p);
+    test_lru_and_queue(p);
+    test_wipe(p);
+    test_full(p);
+    test_bad_args(p);
+    test_prefix_cache();
+    kvg_kv_pool_free(p);
+    {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
+        if (system(cmd) != 0)
+            diag("could not remove %s", base);
+    }
+    return done_testing();
+}
