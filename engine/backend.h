@@ -147,6 +147,11 @@ typedef struct kvg_backend_ops {
     int (*mem_free)(kvg_backend *be, size_t *free_bytes, size_t *total_bytes);
     /* What the backend runs on, for a summary line ("NVIDIA H200, sm_90"); NULL: host. */
     const char *(*describe)(kvg_backend *be);
+    /* Host memory its device copies can run asynchronously from (pinned): the KV host
+     * tier's slots (kv_host.h). NULL on failure; host_free releases it. NULL ops: the
+     * backend's pool is in host memory already (no host tier). */
+    void *(*host_alloc)(kvg_backend *be, size_t bytes);
+    void (*host_free)(kvg_backend *be, void *p);
 } kvg_backend_ops;
 
 struct kvg_backend {

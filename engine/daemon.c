@@ -22,6 +22,7 @@
 #include "errmsg.h"
 #include "cache_index.h"
 #include "kv_disk.h"
+#include "kv_host.h"
 #include "log.h"
 #include "monoclock.h"
 
@@ -442,6 +443,21 @@ static void write_stats(kvg_daemon *d)
             s.disk_dropped = ds.dropped;
             s.disk_corrupt = ds.corrupt;
             s.disk_io_errors = ds.io_errors;
+        }
+    }
+    {
+        kvg_kv_host_stats hs;
+        if (kvg_pc_host_stats(d->pc, &hs) == 0) {
+            s.host_slots_total = hs.slots_total;
+            s.host_slots_used = hs.slots_used;
+            s.host_hit_tokens = pcs.host_hit_tokens;
+            s.host_blocks_in = hs.hits;
+            s.host_blocks_out = hs.puts;
+            s.host_bytes_in = hs.bytes_in;
+            s.host_bytes_out = hs.bytes_out;
+            s.host_seconds = hs.seconds;
+            s.host_evictions = hs.evictions;
+            s.host_spilled = hs.spilled;
         }
     }
     s.steps = ss.steps;

@@ -193,6 +193,17 @@ void kvg_kv_pool_set_xfer(kvg_kv_pool *p, kvg_kv_xfer_fn out, kvg_kv_xfer_fn in)
     p->xfer_in = in;
 }
 
+void kvg_kv_pool_set_xfer_wait(kvg_kv_pool *p, void (*wait)(void *ctx))
+{
+    p->xfer_wait = wait;
+}
+
+void kvg_kv_pool_xfer_wait(const kvg_kv_pool *p)
+{
+    if (p && p->xfer_wait)
+        p->xfer_wait(p->copy_ctx);
+}
+
 int32_t kvg_kv_pool_free_blocks(const kvg_kv_pool *p)
 {
     return p->n_free;

@@ -71,6 +71,9 @@ typedef struct kvg_kv_pool {
     /* A device pool's block export / import (kvg_kv_pool_set_xfer), NULL: none (then
      * kvg_kv_block_export fails); unused by a host pool. */
     kvg_kv_xfer_fn xfer_out, xfer_in;
+    /* Waits until the transfers queued so far have run (a device pool whose transfers
+     * into pinned host memory are asynchronous); NULL: they complete in the call. */
+    void (*xfer_wait)(void *ctx);
 
     /* Allocator state. The next issue adds per-block chain hashes, a hash table
      * and an LRU list of refcount-0 cached blocks beside this free list. */
@@ -121,8 +124,14 @@ size_t kvg_kv_xfer_bytes(const kvg_kv_pool *p);
  * block. 0, or -1 for a bad id or a device pool without the hook. */
 int kvg_kv_block_export(const kvg_kv_pool *p, int32_t id, void *host);
 int kvg_kv_block_import(kvg_kv_pool *p, int32_t id, const void *host);
-/* A device pool's hooks (ctx: the pool's copy ctx). */
+/* A device pool's hooks (ctx: the pool's copy ctx). A transfer into or out of pinned host
+ * memory may be asynchronous (ordered with the backend's later work on the device, as
+ * the CUDA backend's one stream orders them): the host reads such a buffer only after
+ * kvg_kv_pool_xfer_wait. Transfers with pageable host memory complete in the call. */
 void kvg_kv_pool_set_xfer(kvg_kv_pool *p, kvg_kv_xfer_fn out, kvg_kv_xfer_fn in);
+void kvg_kv_pool_set_xfer_wait(kvg_kv_pool *p, void (*wait)(void *ctx));
+/* Waits for the pool's queued transfers (nothing for a host pool or p NULL). */
+void kvg_kv_pool_xfer_wait(const kvg_kv_pool *p);
 
 /* Allocator: a new block has refcount 1; -1 when the pool is exhausted. */
 int32_t kvg_kv_block_alloc(kvg_kv_pool *p);

@@ -568,14 +568,12 @@ static pending *queued(kvg_kv_disk *d, const uint8_t *hash)
     return NULL;
 }
 
-int kvg_kv_disk_spill(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block,
-                      const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
-                      int wait)
+/* The payload from pool block `block`, or (pool NULL) from bytes. */
+static int spill_from(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block, const void *bytes,
+                      const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN], int wait)
 {
     pending *p;
     int64_t s;
-    if (kvg_kv_xfer_bytes(pool) != d->id.payload_bytes)
-        return -1;
     pthread_mutex_lock(&d->mu);
     s = index_find(d, hash);
     if (s != NIL && !d->checked[s]) {
@@ -610,7 +608,9 @@ int kvg_kv_disk_spill(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block,
     p = calloc(1, sizeof *p);
     if (p)
         p->buf = calloc(1, (size_t)d->slot_bytes);
-    if (!p || !p->buf || kvg_kv_block_export(pool, block, p->buf + HDR) != 0) {
+    if (p && p->buf && !pool)
+        memcpy(p->buf + HDR, bytes, (size_t)d->id.payload_bytes);
+    if (!p || !p->buf || (pool && kvg_kv_block_export(pool, block, p->buf + HDR) != 0)) {
         if (p)
             free(p->buf);
         free(p);
@@ -633,6 +633,24 @@ int kvg_kv_disk_spill(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block,
     pthread_cond_signal(&d->cv_work);
     pthread_mutex_unlock(&d->mu);
     return 0;
+}
+
+int kvg_kv_disk_spill(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block,
+                      const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
+                      int wait)
+{
+    if (kvg_kv_xfer_bytes(pool) != d->id.payload_bytes)
+        return -1;
+    return spill_from(d, pool, block, NULL, hash, tag, wait);
+}
+
+int kvg_kv_disk_spill_bytes(kvg_kv_disk *d, const void *payload, size_t bytes,
+                            const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
+                            int wait)
+{
+    if (!d || bytes != d->id.payload_bytes)
+        return -1;
+    return spill_from(d, NULL, -1, payload, hash, tag, wait);
 }
 
 int kvg_kv_disk_load(kvg_kv_disk *d, kvg_kv_pool *pool, int32_t block,

@@ -42,6 +42,7 @@
 
 /* KV dtypes as stored (the pool's transfer layout, kv_cache.h kvg_kv_xfer_bytes). */
 #define KVG_KV_DTYPE_F32_HOST   1u    /* the CPU pool: float32, kv_cache.h's block layout */
+#define KVG_KV_DTYPE_BF16_CUDA  2u    /* the CUDA pool: BF16, kernels/kvg_kernels.h's layout */
 
 /* What a slot must match to be used. */
 typedef struct kvg_kv_disk_ident {
@@ -104,6 +105,11 @@ void kvg_kv_disk_close(kvg_kv_disk *d);
 int kvg_kv_disk_spill(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block,
                       const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
                       int wait);
+/* The same from a block's payload in host memory (`bytes` of it: the pool's transfer
+ * size; a slot of the host tier, kv_host.h), copied now. */
+int kvg_kv_disk_spill_bytes(kvg_kv_disk *d, const void *payload, size_t bytes,
+                            const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
+                            int wait);
 /* Reads the block of hash (which must carry tag) into pool block `block`: 0, or -1
  * when it is not stored, fails its checks (the slot is dropped) or cannot be read. A
  * block still queued is served from its staging copy. */

@@ -6,6 +6,7 @@
 #include "errmsg.h"
 #include "cache_index.h"
 #include "kv_disk.h"
+#include "kv_host.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,7 @@ struct kvg_prefix_cache {
     uint64_t recompute_tokens, recompute_hit_tokens;
     kvg_cache_index_writer *index;   /* the shared cache index, kept equal to the table (or NULL) */
     kvg_kv_disk *disk;           /* the disk tier (kvg_pc_set_disk), or NULL */
+    kvg_kv_host *host;           /* the host tier before it (kvg_pc_set_host), or NULL */
     kvg_prefix_hasher *hasher;   /* for tenant tags, with the disk tier */
 };
 
@@ -286,14 +288,26 @@ static const uint8_t *tenant_tag(kvg_prefix_cache *pc, int32_t t)
     return tn->tag;
 }
 
-/* A cached block leaves the pool: with a disk tier its bytes go there (queued, the
- * copy made now). Not on expiry: a TTL is how long the tenant wanted it kept. */
+/* A cached block leaves the pool: its bytes go to the next tier, the host tier's slots
+ * (a copy queued now) or the disk's queue (the copy made now). Not on expiry: a TTL is
+ * how long the tenant wanted it kept. wait: at a clean stop, straight to the disk, waiting
+ * for room in its queue. */
 static void spill(kvg_prefix_cache *pc, int32_t id, int wait)
 {
     const uint8_t *tag;
-    if (!pc->disk || !pc->b[id].hashed || !(tag = tenant_tag(pc, pc->b[id].tenant)))
+    if ((!pc->disk && !pc->host) || !pc->b[id].hashed || !(tag = tenant_tag(pc, pc->b[id].tenant)))
         return;
-    kvg_kv_disk_spill(pc->disk, pc->pool, id, pc->b[id].hash, tag, wait);
+    if (pc->host && !wait && kvg_kv_host_put(pc->host, pc->pool, id, pc->b[id].hash, tag) == 0)
+        return;
+    if (pc->disk)
+        kvg_kv_disk_spill(pc->disk, pc->pool, id, pc->b[id].hash, tag, wait);
+}
+
+/* A slot leaving the host tier goes on to the disk (kv_host.h's spill). */
+static void host_to_disk(void *ctx, const void *payload, const uint8_t *hash, const uint8_t *tag)
+{
+    kvg_prefix_cache *pc = ctx;
+    kvg_kv_disk_spill_bytes(pc->disk, payload, kvg_kv_xfer_bytes(pc->pool), hash, tag, 0);
 }
 
 /* A cached block (refcount 0) goes back to the pool's free list. */
@@ -725,29 +739,36 @@ static void publish(kvg_prefix_cache *pc, int32_t id, const uint8_t *hash, int t
     pc->tenants[tenant].charged++;
 }
 
-/* Admission's second tier: the chain goes on from block `from` (the first the pool
- * missed) on disk. Each block found is read into the fresh block admission reserved
- * for it and published, as if it had been computed; the first one missing (or failing
- * its checks) ends the run. Returns the blocks read. */
-static int32_t disk_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+/* Admission's slower tiers: the chain goes on from block `from` (the first the pool
+ * missed) in host memory, else on disk, block by block. Each block found is copied into
+ * the fresh block admission reserved for it (from the host tier: queued on the device's
+ * stream, before the step that reads it) and published, as if it had been computed; the
+ * first one missing in both (or failing its checks) ends the run. Returns the blocks
+ * found. */
+static int32_t tier_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
                          const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
                          int32_t n_tokens, int32_t from, int64_t ttl_ms)
 {
     int32_t bt = pc->pool->geom.block_tokens;
     int32_t max = (n_tokens - 1) / bt, n = from;
     const uint8_t *tag;
-    if (!pc->disk || n_hashes == 0 || !(tag = tenant_tag(pc, tenant)))
+    if ((!pc->disk && !pc->host) || n_hashes == 0 || !(tag = tenant_tag(pc, tenant)))
         return 0;
     if (n_hashes < max)
         max = n_hashes;
     for (; n < max; n++) {
         int32_t id = seq->blocks[n];
-        if (table_find(pc, hashes[n]) != NIL ||
-            kvg_kv_disk_load(pc->disk, pc->pool, id, hashes[n], tag) != 0)
+        if (table_find(pc, hashes[n]) != NIL)
             break;
+        if (pc->host && kvg_kv_host_load(pc->host, pc->pool, id, hashes[n], tag) == 0) {
+            pc->st.host_hit_tokens += (uint64_t)bt;
+        } else if (pc->disk && kvg_kv_disk_load(pc->disk, pc->pool, id, hashes[n], tag) == 0) {
+            pc->st.disk_hit_tokens += (uint64_t)bt;
+        } else {
+            break;
+        }
         publish(pc, id, hashes[n], tenant, ttl_ms);
     }
-    pc->st.disk_hit_tokens += (uint64_t)(n - from) * (uint64_t)bt;
     return n - from;
 }
 
@@ -846,7 +867,7 @@ int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
         seq->blocks[seq->n_blocks++] = id;
     }
     free(ids);
-    n_hit += disk_hits(pc, seq, tenant, hashes, n_hashes, n_tokens, n_hit, ttl_ms);
+    n_hit += tier_hits(pc, seq, tenant, hashes, n_hashes, n_tokens, n_hit, ttl_ms);
     seq->n_tokens = n_hit * bt;
     if (recompute) {
         pc->recompute_tokens += (uint64_t)n_tokens;
@@ -1099,11 +1120,24 @@ int kvg_pc_set_disk(kvg_prefix_cache *pc, kvg_kv_disk *d, char *err, size_t err_
     return 0;
 }
 
+int kvg_pc_set_host(kvg_prefix_cache *pc, kvg_kv_host *h, char *err, size_t err_len)
+{
+    if (h && !pc->hasher && !(pc->hasher = kvg_prefix_hasher_new(err, err_len)))
+        return -1;
+    pc->host = h;
+    if (h)
+        kvg_kv_host_set_spill(h, pc->disk ? host_to_disk : NULL, pc);
+    return 0;
+}
+
 int32_t kvg_pc_persist(kvg_prefix_cache *pc)
 {
     int32_t n = 0;
     if (!pc->disk)
         return 0;
+    /* the host tier's blocks first: they are older than the pool's */
+    if (pc->host)
+        kvg_kv_host_drain(pc->host, pc->pool);
     for (int32_t id = 0; id < pc->pool->n_blocks; id++)
         if (pc->b[id].hashed && kvg_kv_block_refcount(pc->pool, id) == 0) {
             spill(pc, id, 1);
@@ -1132,13 +1166,25 @@ int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len)
         }
         kvg_pc_tenant_put(pc, t);
     }
-    if (pc->disk && pc->hasher) {
+    if ((pc->disk || pc->host) && pc->hasher) {
         uint8_t tag[KVG_PREFIX_HASH_LEN];
         if (kvg_prefix_root(pc->hasher, pc->cfg.model_id, KVG_PREFIX_HASH_LEN, salt, len, tag,
-                            NULL, 0) == 0)
-            n += kvg_kv_disk_wipe(pc->disk, tag);
+                            NULL, 0) == 0) {
+            if (pc->host)
+                n += kvg_kv_host_wipe(pc->host, tag);
+            if (pc->disk)
+                n += kvg_kv_disk_wipe(pc->disk, tag);
+        }
     }
     return n;
+}
+
+int kvg_pc_host_stats(const kvg_prefix_cache *pc, struct kvg_kv_host_stats *out)
+{
+    if (!pc->host)
+        return -1;
+    kvg_kv_host_get_stats(pc->host, out);
+    return 0;
 }
 
 int kvg_pc_disk_stats(const kvg_prefix_cache *pc, struct kvg_kv_disk_stats *out)

@@ -52,6 +52,7 @@ typedef struct kvg_pc_stats {
     uint64_t recompute_hit_tokens;         /* of those, served from the cache */
     uint64_t disk_hit_tokens;              /* of hit_tokens and recompute_hit_tokens, those
                                               read back from the disk tier */
+    uint64_t host_hit_tokens;              /* ... and those copied back from the host tier */
 } kvg_pc_stats;
 
 kvg_prefix_cache *kvg_pc_new(kvg_kv_pool *pool, const kvg_pc_config *cfg,
@@ -153,14 +154,24 @@ int kvg_pc_set_index(kvg_prefix_cache *pc, kvg_cache_index_writer *w);
  * with err (no hasher for the tenant tags). The store must outlive the cache's use. */
 typedef struct kvg_kv_disk kvg_kv_disk;
 int kvg_pc_set_disk(kvg_prefix_cache *pc, kvg_kv_disk *d, char *err, size_t err_len);
-/* At a clean stop: every cached block (refcount 0) is queued for the disk tier,
- * waiting for room in its queue, so the next engine finds them. Blocks queued. */
+/* At a clean stop: the host tier's blocks, then every cached block (refcount 0) of the
+ * pool, are queued for the disk tier, waiting for room in its queue, so the next engine
+ * finds them. The pool's blocks queued. */
 int32_t kvg_pc_persist(kvg_prefix_cache *pc);
 /* Operator's wipe of one tenant (its salt) in every tier: its cached pool blocks are
- * freed, its blocks in use lose their hash (never found again), its disk blocks are
- * dropped. The number of blocks dropped. */
+ * freed, its blocks in use lose their hash (never found again), its host and disk blocks
+ * are dropped. The number of blocks dropped. */
 int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len);
 
+/* The host-memory tier (kv_host.h; NULL detaches), between the pool and the disk tier:
+ * blocks evicted from the pool go there first, a slot evicted from it goes on to the disk
+ * (set the disk first), and admission looks there before the disk. The cache does not own
+ * it. 0, or -1 with err. */
+typedef struct kvg_kv_host kvg_kv_host;
+int kvg_pc_set_host(kvg_prefix_cache *pc, kvg_kv_host *h, char *err, size_t err_len);
+/* Its statistics (kv_host.h): 0, or -1 without a host tier. */
+struct kvg_kv_host_stats;
+int kvg_pc_host_stats(const kvg_prefix_cache *pc, struct kvg_kv_host_stats *out);
 /* The disk tier's statistics (kv_disk.h): 0, or -1 without a disk tier. */
 struct kvg_kv_disk_stats;
 int kvg_pc_disk_stats(const kvg_prefix_cache *pc, struct kvg_kv_disk_stats *out);

@@ -462,6 +462,38 @@ static const ngx_http_kvgate_engine_stat_t  ngx_http_kvgate_engine_stats[] = {
     { "kvgate_kv_evictions_total", NULL, NULL, "cause=\"quota\"",
       ngx_http_kvgate_st(evictions_quota), NGX_HTTP_KVGATE_ST_U64 },
 
+    /* the KV host tier (engine --kv-host-memory): 0 without one */
+    { "kvgate_kv_host_slots", "KV host memory tier slots (one block each), by state.",
+      "gauge", "state=\"total\"", ngx_http_kvgate_st(host_slots_total),
+      NGX_HTTP_KVGATE_ST_I64 },
+    { "kvgate_kv_host_slots", NULL, NULL, "state=\"used\"",
+      ngx_http_kvgate_st(host_slots_used), NGX_HTTP_KVGATE_ST_I64 },
+    { "kvgate_kv_host_hit_tokens_total",
+      "Prompt tokens served from the KV host memory tier.", "counter", NULL,
+      ngx_http_kvgate_st(host_hit_tokens), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_host_blocks_total",
+      "KV blocks copied between the device and host memory.",
+      "counter", "direction=\"to_device\"", ngx_http_kvgate_st(host_blocks_in),
+      NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_host_blocks_total", NULL, NULL, "direction=\"to_host\"",
+      ngx_http_kvgate_st(host_blocks_out), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_host_bytes_total",
+      "Bytes copied between the device and host memory.",
+      "counter", "direction=\"to_device\"", ngx_http_kvgate_st(host_bytes_in),
+      NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_host_bytes_total", NULL, NULL, "direction=\"to_host\"",
+      ngx_http_kvgate_st(host_bytes_out), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_host_seconds_total",
+      "Time the engine spent queueing host tier copies.", "counter", NULL,
+      ngx_http_kvgate_st(host_seconds), NGX_HTTP_KVGATE_ST_F64 },
+    { "kvgate_kv_host_events_total",
+      "KV host tier events: slots given to newer blocks, and of those the "
+      "blocks moved on to the disk tier.", "counter",
+      "event=\"eviction\"", ngx_http_kvgate_st(host_evictions),
+      NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_host_events_total", NULL, NULL, "event=\"to_disk\"",
+      ngx_http_kvgate_st(host_spilled), NGX_HTTP_KVGATE_ST_U64 },
+
     /* the KV disk tier (engine --kv-disk): 0 without one */
     { "kvgate_kv_disk_slots", "KV disk tier slots (one block each), by state.",
       "gauge", "state=\"total\"", ngx_http_kvgate_st(disk_slots_total),
@@ -865,7 +897,22 @@ ngx_http_kvgate_status_cache(const kvg_stats *st)
                      "ttl", (json_int_t) st->evictions_ttl,
                      "quota", (json_int_t) st->evictions_quota);
 
-    /* the disk tier, only where the engine has one */
+    /* the host and disk tiers, only where the engine has them */
+
+    if (c != NULL && st->host_slots_total > 0) {
+        json_object_set_new(c, "host", json_pack(
+            "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I}",
+            "slots_total", (json_int_t) st->host_slots_total,
+            "slots_used", (json_int_t) st->host_slots_used,
+            "hit_tokens", (json_int_t) st->host_hit_tokens,
+            "blocks_to_device", (json_int_t) st->host_blocks_in,
+            "blocks_to_host", (json_int_t) st->host_blocks_out,
+            "bytes_to_device", (json_int_t) st->host_bytes_in,
+            "bytes_to_host", (json_int_t) st->host_bytes_out,
+            "seconds", st->host_seconds,
+            "evictions", (json_int_t) st->host_evictions,
+            "to_disk", (json_int_t) st->host_spilled));
+    }
 
     if (c != NULL && st->disk_slots_total > 0) {
         json_object_set_new(c, "disk", json_pack(

@@ -52,10 +52,11 @@
 #include "shm_channel.h"
 
 #define KVG_PROTO_MAGIC     0x6b766731u   /* "1gvk" little-endian */
-#define KVG_PROTO_VERSION   5u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
+#define KVG_PROTO_VERSION   6u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
                                     3: the cache index (fd[5], index_bytes), load_tokens;
                                     4: the statistics page's heartbeat;
-                                    5: the chat template's source (fd[6]) and origin */
+                                    5: the chat template's source (fd[6]) and origin;
+                                    6: the KV disk and host tiers' statistics */
 #define KVG_WELCOME_FDS     7
 
 /* Limits every side enforces. These are the one definition: the engine's scheduler
@@ -448,6 +449,15 @@ typedef struct kvg_stats {
     uint64_t disk_dropped;       /* evicted blocks not written: the write queue was full */
     uint64_t disk_corrupt;       /* blocks that failed their checksum or identity: recomputed */
     uint64_t disk_io_errors;     /* failed reads and writes (a full disk included) */
+    /* The KV host tier (engine --kv-host-memory, a GPU pool's evicted blocks in pinned
+     * host memory; all 0 without one). */
+    int64_t host_slots_total, host_slots_used;
+    uint64_t host_hit_tokens;    /* of hit_tokens + recompute_hit_tokens, copied back */
+    uint64_t host_blocks_in, host_blocks_out;    /* to the device (hits), from it */
+    uint64_t host_bytes_in, host_bytes_out;
+    double host_seconds;         /* time queueing the copies */
+    uint64_t host_evictions;     /* slots given to newer blocks */
+    uint64_t host_spilled;       /* of those, moved on to the disk tier */
 } kvg_stats;
 
 /* The engine's heartbeat: how a client tells an engine that makes progress from one

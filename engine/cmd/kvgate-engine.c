@@ -20,6 +20,7 @@
 #include "forward.h"
 #include "kv_cache.h"
 #include "kv_disk.h"
+#include "kv_host.h"
 #include "model.h"
 #include "prefix_cache.h"
 #include "scheduler.h"
@@ -51,10 +52,13 @@ static const char USAGE[] =
     "  --kv-disk DIR           keep blocks evicted from the KV pool in DIR (one file of\n"
     "                          --kv-disk-size; written in the background, read back on a\n"
     "                          prefix hit, found again by the next engine on DIR with the\n"
-    "                          same model; docs/operations.md). cpu backend\n"
+    "                          same model; docs/operations.md)\n"
     "  --kv-disk-size SIZE     the disk tier's size, e.g. 512M, 4G (required with --kv-disk)\n"
     "  --kv-disk-wipe-tenant T drop tenant T's blocks from --kv-disk DIR, then exit (the\n"
     "                          engine on DIR must be stopped)\n"
+    "  --kv-host-memory SIZE   keep blocks evicted from a GPU's KV pool in SIZE of pinned host\n"
+    "                          memory, copied back on a prefix hit; before --kv-disk when\n"
+    "                          both are given (cuda backend: the cpu pool is host memory)\n"
     "  --context N             context length (default: the model's)\n"
     "  --threads N             CPU threads (default: all online CPUs)\n"
     "  --max-batch-tokens N    tokens per forward step (default 512)\n"
@@ -104,8 +108,7 @@ static kvg_kv_disk *open_disk(const char *dir, uint64_t bytes, const kvg_model *
     kvg_kv_disk_stats st;
     char err[512];
     if (pool->block_bytes && !pool->xfer_out) {
-        fprintf(stderr, "kvgate-engine: --kv-disk: this backend's KV pool cannot export blocks yet "
-                "(the disk tier runs with --backend cpu)\n");
+        fprintf(stderr, "kvgate-engine: --kv-disk: this backend's KV pool cannot export blocks\n");
         return NULL;
     }
     memset(&id, 0, sizeof id);
@@ -114,7 +117,7 @@ static kvg_kv_disk *open_disk(const char *dir, uint64_t bytes, const kvg_model *
     id.n_kv_heads = pool->geom.n_kv_heads;
     id.head_dim = pool->geom.head_dim;
     id.block_tokens = pool->geom.block_tokens;
-    id.dtype = KVG_KV_DTYPE_F32_HOST;
+    id.dtype = pool->block_bytes ? KVG_KV_DTYPE_BF16_CUDA : KVG_KV_DTYPE_F32_HOST;
     id.payload_bytes = kvg_kv_xfer_bytes(pool);
     disk = kvg_kv_disk_open(dir, bytes, 0, &id, err, sizeof err);
     if (!disk) {
@@ -132,6 +135,55 @@ static kvg_kv_disk *open_disk(const char *dir, uint64_t bytes, const kvg_model *
             (double)st.slots_total * (double)st.slot_bytes / (1024.0 * 1024.0),
             (unsigned long long)st.restored);
     return disk;
+}
+
+/* The host tier (--kv-host-memory): its pinned memory from the backend, after the disk
+ * tier (its evictions go there). NULL after printing why. */
+static kvg_kv_host *open_host(kvg_backend *be, uint64_t bytes, kvg_kv_pool *pool, kvg_prefix_cache *pc,
+                              void **buf)
+{
+    kvg_kv_host *h;
+    char err[512];
+    *buf = NULL;
+    if (!be->ops->host_alloc || !pool->xfer_out) {
+        fprintf(stderr, "kvgate-engine: --kv-host-memory: the %s backend's KV pool is in host memory already "
+                "(give it that memory with --kv-memory)\n", be->ops->name);
+        return NULL;
+    }
+    *buf = be->ops->host_alloc(be, (size_t)bytes);
+    if (!*buf) {
+        fprintf(stderr, "kvgate-engine: --kv-host-memory: cannot pin %llu bytes of host memory\n",
+                (unsigned long long)bytes);
+        return NULL;
+    }
+    h = kvg_kv_host_new(*buf, (size_t)bytes, kvg_kv_xfer_bytes(pool), err, sizeof err);
+    if (!h || kvg_pc_set_host(pc, h, err, sizeof err) != 0) {
+        fprintf(stderr, "kvgate-engine: %s\n", err);
+        kvg_kv_host_free(h);
+        be->ops->host_free(be, *buf);
+        *buf = NULL;
+        return NULL;
+    }
+    {
+        kvg_kv_host_stats st;
+        kvg_kv_host_get_stats(h, &st);
+        fprintf(stderr, "kvgate-engine: KV host memory: %lld blocks of %llu bytes (%.1f MiB, pinned)\n",
+                (long long)st.slots_total, (unsigned long long)st.slot_bytes,
+                (double)st.slots_total * (double)st.slot_bytes / (1024.0 * 1024.0));
+    }
+    return h;
+}
+
+static void close_host(kvg_kv_host *h)
+{
+    kvg_kv_host_stats st;
+    kvg_kv_host_get_stats(h, &st);
+    fprintf(stderr, "kvgate-engine: KV host memory: %llu blocks in (%llu bytes), %llu copied back (%llu bytes), "
+            "%llu misses, %llu evicted (%llu to disk), %lld slots used\n", (unsigned long long)st.puts,
+            (unsigned long long)st.bytes_out, (unsigned long long)st.hits, (unsigned long long)st.bytes_in,
+            (unsigned long long)st.misses, (unsigned long long)st.evictions, (unsigned long long)st.spilled,
+            (long long)st.slots_used);
+    kvg_kv_host_free(h);
 }
 
 /* Writes out the disk tier's queue, says what it did, closes it. */
@@ -154,7 +206,9 @@ int main(int argc, char **argv)
     const char *model_path = NULL, *tok_path = NULL, *backend = "cpu", *socket_path = NULL;
     const char *served = NULL, *tpl_name = NULL, *warmup_path = NULL, *group = NULL;
     const char *disk_dir = NULL, *wipe_tenant = NULL;
-    uint64_t disk_bytes = 0;
+    uint64_t disk_bytes = 0, host_bytes = 0;
+    kvg_kv_host *host = NULL;
+    void *host_buf = NULL;
     int kv_given = 0;
     long device = 0, batch_inv = 1;
     uint64_t kv_bytes = (uint64_t)256 << 20, sq_data = 0, cq_data = 0;
@@ -208,6 +262,9 @@ int main(int argc, char **argv)
             if (!*v)
                 return usage_error("--kv-disk: '%s' is not a directory", v);
             disk_dir = v;
+        } else if (!strcmp(a, "--kv-host-memory")) {
+            if (kvg_arg_size(v, &host_bytes) != 0 || host_bytes == 0)
+                return usage_error("--kv-host-memory: '%s' is not a size like 512M or 4G", v);
         } else if (!strcmp(a, "--kv-disk-size")) {
             if (kvg_arg_size(v, &disk_bytes) != 0 || disk_bytes == 0)
                 return usage_error("--kv-disk-size: '%s' is not a size like 512M or 4G", v);
@@ -346,6 +403,8 @@ int main(int argc, char **argv)
     }
     if (disk_dir && (disk = open_disk(disk_dir, disk_bytes, m, pool, pc)) == NULL)
         goto out;
+    if (host_bytes && !wipe_tenant && (host = open_host(be, host_bytes, pool, pc, &host_buf)) == NULL)
+        goto out;
     if (wipe_tenant) {
         int64_t n = kvg_pc_wipe_tenant(pc, wipe_tenant, strlen(wipe_tenant));
         printf("kvgate-engine: --kv-disk-wipe-tenant %s: %lld blocks dropped from %s\n", wipe_tenant,
@@ -425,12 +484,20 @@ out:
     kvg_daemon_free(d);
     kvg_warmup_free(w);
     if (disk) {
-        /* A clean stop leaves the pool's cached blocks on disk for the next engine. */
+        /* A clean stop leaves the host tier's and the pool's cached blocks on disk for the
+         * next engine. */
         if (rc == 0 && !wipe_tenant)
             kvg_pc_persist(pc);
         kvg_pc_set_disk(pc, NULL, NULL, 0);
-        close_disk(disk);
     }
+    if (host) {
+        kvg_pc_set_host(pc, NULL, NULL, 0);
+        close_host(host);
+    }
+    if (host_buf)
+        be->ops->host_free(be, host_buf);
+    if (disk)
+        close_disk(disk);
     kvg_pc_free(pc);
     kvg_forward_free(fw);
     kvg_kv_pool_free(pool);

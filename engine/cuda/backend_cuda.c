@@ -680,6 +680,28 @@ static int cu_mem_free(kvg_backend *be, size_t *fr, size_t *total)
     return 0;
 }
 
+static void *cu_host_alloc(kvg_backend *be, size_t bytes)
+{
+    void *p = NULL;
+    (void)be;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(kvg_backend *be, void *p)
+{
+    kvg_cuda *c = cu(be);
+    if (!p)
+        return;
+    /* copies queued from or into it must have run */
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    cudaFreeHost(p);
+}
+
 static const char *cu_describe(kvg_backend *be)
 {
     return cu(be)->describe;
@@ -746,6 +768,8 @@ static const kvg_backend_ops cuda_ops = {
     .kv_pool_new = cu_kv_pool_new,
     .mem_free = cu_mem_free,
     .describe = cu_describe,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
 };
 
 /* "cuda: no CUDA device: cudaGetDeviceCount: cudaErrorNoDevice (...)". */

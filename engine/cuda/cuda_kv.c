@@ -12,6 +12,7 @@
 #include "cuda_internal.h"
 #include "errmsg.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static int block_tokens_of(const kvg_kv_geom *g)
@@ -42,6 +43,57 @@ static void kv_copy(void *ctx, void *storage, size_t block_bytes, int32_t dst, i
         kvg_cu_fail(c, "cudaMemcpyAsync", e, "block %d <- %d", (int)dst, (int)src);
         c->op = op;
         kvg_cu_mark_dead(c, c->err);
+    }
+}
+
+/* A block to or from host memory (kv_cache.h's transfer hooks: the disk and host tiers):
+ * cudaMemcpyAsync on the steps' stream. Ordered after every step enqueued before and
+ * before every later one: a block exported while its pool slot is reused, or imported
+ * just before the step that reads it, needs no wait. With pinned host memory (the host
+ * tier's) the copy is asynchronous, and kv_xfer_wait is what the host waits on before it
+ * reads the bytes; with pageable memory (the disk tier's staging) CUDA completes it in the
+ * call. A failed copy is the transfer's (the block is not kept, or is recomputed), not a
+ * step's; a sticky error marks the device lost. */
+static int kv_xfer(kvg_cuda *c, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, int32_t block)
+{
+    cudaError_t e;
+    if (c->dead)
+        return -1;
+    e = cudaMemcpyAsync(dst, src, bytes, kind, c->stream);
+    if (e != cudaSuccess) {
+        char what[200];
+        kvg_cu_err_text(e, what, sizeof what);
+        if (kvg_cu_sticky(e)) {
+            char why[400];
+            snprintf(why, sizeof why, "cuda: cudaMemcpyAsync (KV block %d %s the host) failed: %s", (int)block,
+                     kind == cudaMemcpyDeviceToHost ? "to" : "from", what);
+            kvg_cu_mark_dead(c, why);
+        }
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
+static int kv_xfer_out(void *ctx, void *storage, size_t block_bytes, int32_t block, void *host)
+{
+    return kv_xfer(ctx, host, (unsigned char *)storage + (size_t)block * block_bytes, block_bytes,
+                   cudaMemcpyDeviceToHost, block);
+}
+
+static int kv_xfer_in(void *ctx, void *storage, size_t block_bytes, int32_t block, void *host)
+{
+    return kv_xfer(ctx, (unsigned char *)storage + (size_t)block * block_bytes, host, block_bytes,
+                   cudaMemcpyHostToDevice, block);
+}
+
+static void kv_xfer_wait(void *ctx)
+{
+    kvg_cuda *c = ctx;
+    if (cudaStreamSynchronize(c->stream) != cudaSuccess) {
+        cudaError_t e = cudaGetLastError();
+        if (kvg_cu_sticky(e))
+            kvg_cu_mark_dead(c, "cuda: cudaStreamSynchronize (waiting for KV block transfers) failed");
     }
 }
 
@@ -91,7 +143,14 @@ kvg_kv_pool *kvg_cu_kv_pool_new(kvg_cuda *c, const kvg_kv_geom *g, int32_t n_blo
         return NULL;
     }
     c->kv_pools++;
-    return kvg_kv_pool_new_device(g, n_blocks, d, bb, kv_copy, kv_release, c, err, err_len);
+    {
+        kvg_kv_pool *p = kvg_kv_pool_new_device(g, n_blocks, d, bb, kv_copy, kv_release, c, err, err_len);
+        if (p) {
+            kvg_kv_pool_set_xfer(p, kv_xfer_out, kv_xfer_in);
+            kvg_kv_pool_set_xfer_wait(p, kv_xfer_wait);
+        }
+        return p;
+    }
 }
 
 int kvg_cu_kv_geom(kvg_cuda *c, const kvg_kv_pool *p, kvg_k_kv_geom *g)

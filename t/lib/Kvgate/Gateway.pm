@@ -64,8 +64,10 @@ sub new {
         $upstream = "kvgate_engines pool { $lines " . ($o{group} // '') . " }";
         $pass = 'kvgate_pass pool;';
     } else {
+        # engine_bin => another kvgate-engine binary (e.g. the emulated CUDA build)
         $self->{engine} = Kvgate::Engine->start(socket => $t->prefix . '/engine.sock',
                                                 $o{engine_args} ? (args => $o{engine_args}) : (),
+                                                $o{engine_bin} ? (bin => $o{engine_bin}) : (),
                                                 extra => $o{engine} // []);
     }
     my $http = $o{http} // '';
