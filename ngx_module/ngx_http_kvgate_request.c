@@ -1189,8 +1189,10 @@ static void
 ngx_http_kvgate_find_stop_sequence(ngx_http_kvgate_ctx_t *ctx,
     ngx_http_kvgate_choice_t *ch)
 {
-    char                   *text, msg[128];
-    size_t                  len, rest, i;
+    long                    n;
+    char                   *text, *p;
+    size_t                  len, cap, rest, i, tl;
+    kvg_detok               dt;
     const kvg_request      *req = ctx->req;
     const kvg_engine_info  *info;
 
@@ -1205,11 +1207,51 @@ ngx_http_kvgate_find_stop_sequence(ngx_http_kvgate_ctx_t *ctx,
         return;
     }
 
-    if (kvg_tokenizer_decode(info->tokenizer, (const int32_t *) ch->ids,
-                             ch->n_ids, &text, &len, msg, sizeof(msg))
-        != 0)
-    {
+    /* decoded as the engine does a continuation (engine/scheduler.c): token
+       by token, its leading space kept; only the text past the visible
+       bytes matters, so at most the visible bytes and the longest stop
+       sequence are decoded */
+
+    cap = ch->visible + KVG_PROTO_MAX_STOP_LEN + 64;
+    text = ngx_alloc(cap, ngx_cycle->log);
+    if (text == NULL) {
         return;
+    }
+
+    kvg_detok_init(&dt, info->tokenizer);
+    dt.at_start = 0;
+    len = 0;
+
+    for (i = 0; i < ch->n_ids && len < ch->visible + KVG_PROTO_MAX_STOP_LEN;
+         i++)
+    {
+        if (kvg_tokenizer_token_bytes(info->tokenizer, (int32_t) ch->ids[i],
+                                      &tl)
+            == NULL)
+        {
+            break;
+        }
+
+        /* kvg_detok_push's room for any token (tokenizer.h) */
+
+        if (cap - len < 3 * (tl + 4)) {
+            cap = len + 3 * (tl + 4) + cap;
+            p = ngx_alloc(cap, ngx_cycle->log);
+            if (p == NULL) {
+                break;
+            }
+
+            ngx_memcpy(p, text, len);
+            ngx_free(text);
+            text = p;
+        }
+
+        n = kvg_detok_push(&dt, (int32_t) ch->ids[i], text + len, cap - len);
+        if (n < 0) {
+            break;
+        }
+
+        len += (size_t) n;
     }
 
     if (len > ch->visible) {
@@ -1226,7 +1268,7 @@ ngx_http_kvgate_find_stop_sequence(ngx_http_kvgate_ctx_t *ctx,
         }
     }
 
-    free(text);
+    ngx_free(text);
 }
 
 
