@@ -308,5 +308,20 @@ anth_err($g->t->get('/v1/messages'), 405, 'invalid_request_error', 'GET /v1/mess
     is($st, 400, 'a stream refused before it starts: a plain 400');
 }
 
+# ---- the endpoint's own label in kvgate_requests_total -------------------------------------
+
+{
+    my $sum = sub {
+        my ($text, $status) = @_;
+        my $n = 0;
+        $n += $1 while $text =~ /^kvgate_requests_total\{endpoint="messages",[^}]*status="$status"\} (\d+)$/mg;
+        return $n;
+    };
+    my $m = $g->wait_metrics(sub { $sum->($_[0], 200) >= 10 && $sum->($_[0], 404) >= 1 },
+                             'the /v1/messages requests counted');
+    ok($sum->($m, 200) >= 10, 'kvgate_requests_total{endpoint="messages",...,status="200"}');
+    ok($sum->($m, 404) >= 1, '  and status="404"');
+}
+
 $g->stop;
 done_testing;
