@@ -304,8 +304,13 @@ anth_err($g->post('/strict/v1/messages', { model => $M, max_tokens => 4, message
          'authentication_error', 'kvgate_tenant_required without the header', qr/tenant/i);
 anth_err($g->t->get('/v1/messages'), 405, 'invalid_request_error', 'GET /v1/messages', qr/POST/);
 {
-    my ($st, undef, $ev) = anthropic_stream('/v1/messages', { max_tokens => 4 });
+    my $s = $g->send_raw('/v1/messages', { model => $M, stream => JSON::PP::true, max_tokens => 4 });
+    my ($st, $h, $b) = $g->parse_http($g->read_all($s));
+    close $s;
     is($st, 400, 'a stream refused before it starts: a plain 400');
+    like($h->{'content-type'} // '', qr{^application/json}, '  application/json');
+    my $e = eval { JSON::PP->new->decode($b) } // {};
+    ok($e->{type} eq 'error' && $e->{error}{type} eq 'invalid_request_error', '  Anthropic\'s error object');
 }
 
 # ---- the endpoint's own label in kvgate_requests_total -------------------------------------
