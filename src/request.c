@@ -854,7 +854,9 @@ static int parse_anthropic(pctx *p, const json_t *root)
     r->has_max_tokens = 1;
     if (parse_anthropic_messages(p, root) < 0)
         return -1;
-    if ((v = kvg_api_field(root, "temperature")) && get_number(p, v, "temperature", 0, 0, 1, &r->temperature) < 0)
+    /* Anthropic's temperature range is 0..1 */
+    if ((v = kvg_api_field(root, "temperature"))
+        && get_number(p, v, "temperature", 0, 0, 1, &r->temperature) < 0)
         return -1;
     if ((v = kvg_api_field(root, "top_p")) && get_number(p, v, "top_p", 0, 1, 1, &r->top_p) < 0)
         return -1;
