@@ -96,7 +96,19 @@ static void check_request(const kvg_request *r)
         json_decref(j);
         free(dump);
     }
-    if (r->endpoint == KVG_ENDPOINT_CHAT) {
+    if (r->endpoint == KVG_ENDPOINT_MESSAGES) {
+        /* Anthropic's: max_tokens required, n 1, temperature 0..1, the breakpoints kept */
+        if (!r->has_max_tokens || r->n != 1 || r->temperature > 1 || r->has_vote
+            || r->n_cache_breakpoints > KVG_REQ_MAX_CACHE_BREAKPOINTS)
+            abort();
+        for (size_t i = 0; i < r->n_cache_breakpoints; i++)
+            if ((r->cache_breakpoints[i].ttl_s != 300 && r->cache_breakpoints[i].ttl_s != 3600)
+                || r->cache_breakpoints[i].message < -1 || r->cache_breakpoints[i].block < 0)
+                abort();
+    } else if (r->n_cache_breakpoints) {
+        abort();
+    }
+    if (r->endpoint != KVG_ENDPOINT_COMPLETIONS) {
         if (r->n_messages == 0 || r->prompt_kind != KVG_PROMPT_NONE)
             abort();
         if (!json_is_array(json_object_get(r->chat_data, "messages")))
@@ -118,9 +130,10 @@ static void check_request(const kvg_request *r)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const kvg_endpoint eps[] = { KVG_ENDPOINT_COMPLETIONS, KVG_ENDPOINT_CHAT };
+    static const kvg_endpoint eps[] = { KVG_ENDPOINT_COMPLETIONS, KVG_ENDPOINT_CHAT,
+                                        KVG_ENDPOINT_MESSAGES };
 
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
         kvg_api_error e;
         kvg_request *r = kvg_request_parse(eps[i], (const char *)data, size, &e);
         if (r) {

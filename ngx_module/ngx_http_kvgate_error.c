@@ -7,7 +7,8 @@
  * official SDKs pick their exception class from the status), so errors use
  * this shape rather than nginx's HTML error pages. The body is rendered by
  * libkvgate (kvg_api_error_render), which is the one definition of the
- * format.
+ * format; Anthropic's /v1/messages gets that API's error object instead
+ * (kvg_api_error_render_anthropic).
  */
 
 
@@ -78,17 +79,28 @@ ngx_int_t
 ngx_http_kvgate_send_api_error(ngx_http_request_t *r, const kvg_api_error *e,
     ngx_uint_t retry_after)
 {
-    size_t        len;
-    u_char       *p;
-    ngx_buf_t    *b;
-    ngx_chain_t   out;
+    size_t                  len;
+    u_char                 *p;
+    ngx_buf_t              *b;
+    ngx_chain_t             out;
+    ngx_http_kvgate_ctx_t  *ctx;
 
     b = ngx_create_temp_buf(r->pool, KVG_API_ERROR_JSON_MAX + 1);
     if (b == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    len = kvg_api_error_render(e, (char *) b->pos, KVG_API_ERROR_JSON_MAX);
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
+
+    if (ctx && ctx->endpoint == NGX_HTTP_KVGATE_EP_MESSAGES) {
+        len = kvg_api_error_render_anthropic(e, (char *) b->pos,
+                                             KVG_API_ERROR_JSON_MAX);
+
+    } else {
+        len = kvg_api_error_render(e, (char *) b->pos,
+                                   KVG_API_ERROR_JSON_MAX);
+    }
+
     if (len >= KVG_API_ERROR_JSON_MAX) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }

@@ -23,7 +23,7 @@ const ngx_uint_t  ngx_http_kvgate_hist_us[NGX_HTTP_KVGATE_N_HIST] = {
 };
 
 const char *const  ngx_http_kvgate_ep_names[NGX_HTTP_KVGATE_EP_N] = {
-    "completions", "chat", "models", "other"
+    "completions", "chat", "models", "other", "messages"
 };
 
 const char *const  ngx_http_kvgate_cache_names[NGX_HTTP_KVGATE_N_CACHE] = {
@@ -201,7 +201,8 @@ ngx_http_kvgate_metrics_count(ngx_http_request_t *r,
     }
 
     if (ctx->endpoint == NGX_HTTP_KVGATE_EP_COMPLETIONS
-        || ctx->endpoint == NGX_HTTP_KVGATE_EP_CHAT)
+        || ctx->endpoint == NGX_HTTP_KVGATE_EP_CHAT
+        || ctx->endpoint == NGX_HTTP_KVGATE_EP_MESSAGES)
     {
         ngx_gettimeofday(&tv);
         ngx_http_kvgate_observe(&sh->latency,

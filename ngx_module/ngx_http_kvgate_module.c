@@ -330,6 +330,10 @@ ngx_http_kvgate_endpoint(ngx_http_request_t *r)
         return NGX_HTTP_KVGATE_EP_COMPLETIONS;
     }
 
+    if (ngx_http_kvgate_ends("/messages")) {
+        return NGX_HTTP_KVGATE_EP_MESSAGES;
+    }
+
     if (ngx_http_kvgate_ends("/models")
         || ngx_strlcasestrn(u->data, u->data + u->len, (u_char *) "/models/",
                             sizeof("/models/") - 2) != NULL)
@@ -427,6 +431,7 @@ ngx_http_kvgate_handler(ngx_http_request_t *r)
 
     case NGX_HTTP_KVGATE_EP_COMPLETIONS:
     case NGX_HTTP_KVGATE_EP_CHAT:
+    case NGX_HTTP_KVGATE_EP_MESSAGES:
         if (r->method != NGX_HTTP_POST) {
             rc = ngx_http_discard_request_body(r);
             if (rc != NGX_OK) {

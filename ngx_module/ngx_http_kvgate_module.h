@@ -55,7 +55,8 @@
 #define NGX_HTTP_KVGATE_EP_CHAT         1
 #define NGX_HTTP_KVGATE_EP_MODELS       2
 #define NGX_HTTP_KVGATE_EP_OTHER        3
-#define NGX_HTTP_KVGATE_EP_N            4
+#define NGX_HTTP_KVGATE_EP_MESSAGES     4     /* Anthropic's /v1/messages */
+#define NGX_HTTP_KVGATE_EP_N            5
 
 /* bucket label slots: 0..16 the configured buckets, 17 "none" (not tokenized) */
 #define NGX_HTTP_KVGATE_BUCKET_NONE     (KVG_BUCKETS_MAX_BOUNDS + 1)
@@ -161,6 +162,11 @@ typedef struct {
     uint32_t                   lp_n;
     ngx_uint_t                 finished;
     uint32_t                   finish_reason;     /* enum kvg_msg_finish */
+    /* /v1/messages: the bytes of text sent or kept, and the request's stop
+       sequence that ended the sample (-1: none; found at FINISHED from the
+       ids kept in ids, whose decoded text goes on with it) */
+    size_t                     visible;
+    ngx_int_t                  stop_sequence;
 } ngx_http_kvgate_choice_t;
 
 
@@ -284,6 +290,8 @@ ngx_int_t ngx_http_kvgate_send_response(ngx_http_request_t *r,
 /*
  * Sends an OpenAI-style error:
  *   {"error":{"message":M,"type":T,"param":P,"code":C}}
+ * or, for /v1/messages (the request's ctx says so), Anthropic's
+ *   {"type":"error","error":{"type":T,"message":M}}
  * retry_after > 0 adds a Retry-After header. The request body must already be
  * read or discarded. Returns what the caller should finalize the request with;
  * it never finalizes the request itself.

@@ -678,7 +678,7 @@ ngx_http_kvgate_tokens(ngx_http_kvgate_ctx_t *ctx,
         ctx->stop_len[ctx->n_stop++] = req->stop_len[i];
     }
 
-    if (req->endpoint == KVG_ENDPOINT_CHAT) {
+    if (req->endpoint != KVG_ENDPOINT_COMPLETIONS) {
         return ngx_http_kvgate_chat_tokens(ctx, info,
                                            (unsigned) klcf->normalize, err);
     }
@@ -796,7 +796,8 @@ ngx_http_kvgate_prompt_work(ngx_http_kvgate_ctx_t *ctx,
     kvg_endpoint  ep;
 
     ep = ctx->endpoint == NGX_HTTP_KVGATE_EP_CHAT ? KVG_ENDPOINT_CHAT
-                                                  : KVG_ENDPOINT_COMPLETIONS;
+         : ctx->endpoint == NGX_HTTP_KVGATE_EP_MESSAGES ? KVG_ENDPOINT_MESSAGES
+         : KVG_ENDPOINT_COMPLETIONS;
 
     ctx->req = kvg_request_parse(ep, (const char *) body, len, err);
     if (ctx->req == NULL) {
@@ -1378,7 +1379,8 @@ ngx_http_kvgate_route_key_from_body(ngx_http_request_t *r,
     }
 
     if (ctx->endpoint != NGX_HTTP_KVGATE_EP_CHAT
-        && ctx->endpoint != NGX_HTTP_KVGATE_EP_COMPLETIONS)
+        && ctx->endpoint != NGX_HTTP_KVGATE_EP_COMPLETIONS
+        && ctx->endpoint != NGX_HTTP_KVGATE_EP_MESSAGES)
     {
         return NGX_DECLINED;
     }

@@ -23,6 +23,7 @@
 #include "ngx_http_kvgate_module.h"
 
 #include "route.h"
+#include "tokenizer.h"
 
 
 static void ngx_http_kvgate_body_handler(ngx_http_request_t *r);
@@ -481,7 +482,7 @@ ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     /* the engine may have gone (or come back) while a thread tokenized */
 
     req = ctx->req;
-    param = req->endpoint == KVG_ENDPOINT_CHAT ? "messages" : "prompt";
+    param = req->endpoint == KVG_ENDPOINT_COMPLETIONS ? "prompt" : "messages";
 
     if (req->n > klcf->max_n || (uint32_t) req->n > info->max_n) {
         kvg_api_error_set(err, 400, "integer_above_max_value", "n",
@@ -562,6 +563,7 @@ ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     for (j = 0; j < ctx->n_choices; j++) {
         ctx->choices[j].finish_reason = KVG_MSG_FINISH_STOP;
+        ctx->choices[j].stop_sequence = -1;
     }
 
     if (req->has_vote && ngx_http_kvgate_sc_prepare(r, ctx, err) != NGX_OK) {
@@ -571,7 +573,8 @@ ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     ctx->created = ngx_time();
     ctx->id_len = ngx_sprintf(ctx->id, "%s%08xD%08xD%08xD",
                               req->endpoint == KVG_ENDPOINT_CHAT ? "chatcmpl-"
-                                                                 : "cmpl-",
+                              : req->endpoint == KVG_ENDPOINT_MESSAGES ? "msg_"
+                              : "cmpl-",
                               (uint32_t) ngx_random(), (uint32_t) ngx_random(),
                               (uint32_t) ngx_random())
                   - ctx->id;
@@ -1132,6 +1135,143 @@ ngx_http_kvgate_add_text(ngx_http_request_t *r, ngx_http_kvgate_choice_t *ch,
 }
 
 
+/*
+ * /v1/messages answers which of its stop_sequences ended a sample. The
+ * engine says only "stop" (an end-of-turn id, or a stop string); it holds
+ * back text that may be the start of a stop string and drops the match, so
+ * the sample's tokens decode to its visible text followed by the stop
+ * sequence that matched, and to exactly its visible text otherwise. The ids
+ * are kept for that (only when the request has stop sequences).
+ */
+
+static ngx_int_t
+ngx_http_kvgate_keep_ids(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_choice_t *ch, const kvg_client_event *ev)
+{
+    size_t     nc;
+    uint32_t  *ids;
+
+    ch->visible += ev->text_len;
+
+    if (ctx->req->n_stop == 0 || ev->n_tokens == 0) {
+        return NGX_OK;
+    }
+
+    if (ch->n_ids + ev->n_tokens > ch->ids_cap) {
+        nc = ch->ids_cap ? ch->ids_cap * 2 : 64;
+
+        while (nc < ch->n_ids + ev->n_tokens) {
+            nc *= 2;
+        }
+
+        ids = ngx_palloc(r->pool, nc * sizeof(uint32_t));
+        if (ids == NULL) {
+            return NGX_ERROR;
+        }
+
+        if (ch->n_ids) {
+            ngx_memcpy(ids, ch->ids, ch->n_ids * sizeof(uint32_t));
+        }
+
+        ch->ids = ids;
+        ch->ids_cap = nc;
+    }
+
+    ngx_memcpy(ch->ids + ch->n_ids, ev->tokens,
+               ev->n_tokens * sizeof(uint32_t));
+    ch->n_ids += ev->n_tokens;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_kvgate_find_stop_sequence(ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_choice_t *ch)
+{
+    long                    n;
+    char                   *text, *p;
+    size_t                  len, cap, rest, i, tl;
+    kvg_detok               dt;
+    const kvg_request      *req = ctx->req;
+    const kvg_engine_info  *info;
+
+    if (req->n_stop == 0 || ch->n_ids == 0
+        || ch->finish_reason != KVG_MSG_FINISH_STOP)
+    {
+        return;
+    }
+
+    info = ngx_http_kvgate_engine_info(ctx->ereq.engine);
+    if (info == NULL || info->tokenizer == NULL) {
+        return;
+    }
+
+    /* decoded as the engine does a continuation (engine/scheduler.c): token
+       by token, its leading space kept; only the text past the visible
+       bytes matters, so at most the visible bytes and the longest stop
+       sequence are decoded */
+
+    cap = ch->visible + KVG_PROTO_MAX_STOP_LEN + 64;
+    text = ngx_alloc(cap, ngx_cycle->log);
+    if (text == NULL) {
+        return;
+    }
+
+    kvg_detok_init(&dt, info->tokenizer);
+    dt.at_start = 0;
+    len = 0;
+
+    for (i = 0; i < ch->n_ids && len < ch->visible + KVG_PROTO_MAX_STOP_LEN;
+         i++)
+    {
+        if (kvg_tokenizer_token_bytes(info->tokenizer, (int32_t) ch->ids[i],
+                                      &tl)
+            == NULL)
+        {
+            break;
+        }
+
+        /* kvg_detok_push's room for any token (tokenizer.h) */
+
+        if (cap - len < 3 * (tl + 4)) {
+            cap = len + 3 * (tl + 4) + cap;
+            p = ngx_alloc(cap, ngx_cycle->log);
+            if (p == NULL) {
+                break;
+            }
+
+            ngx_memcpy(p, text, len);
+            ngx_free(text);
+            text = p;
+        }
+
+        n = kvg_detok_push(&dt, (int32_t) ch->ids[i], text + len, cap - len);
+        if (n < 0) {
+            break;
+        }
+
+        len += (size_t) n;
+    }
+
+    if (len > ch->visible) {
+        rest = len - ch->visible;
+
+        for (i = 0; i < req->n_stop; i++) {
+            if (req->stop_len[i] <= rest
+                && ngx_memcmp(text + ch->visible, req->stop[i],
+                              req->stop_len[i]) == 0)
+            {
+                ch->stop_sequence = (ngx_int_t) i;
+                break;
+            }
+        }
+    }
+
+    ngx_free(text);
+}
+
+
 /* ---- self-consistency ---- */
 
 /* A sample's logprobs add up to the mean that weighs its vote. */
@@ -1381,6 +1521,13 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
                                           (ngx_uint_t) ctx->req->has_logprobs);
         }
 
+        if (rc != NGX_ERROR
+            && ctx->req->endpoint == KVG_ENDPOINT_MESSAGES)
+        {
+            rc = ngx_http_kvgate_keep_ids(r, ctx, &ctx->choices[ev->sample],
+                                          ev);
+        }
+
         if (rc == NGX_ERROR) {
             ngx_http_kvgate_engine_cancel(&ctx->ereq);
             ngx_http_kvgate_finish(ctx, NGX_ERROR);
@@ -1401,6 +1548,10 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
         ch = &ctx->choices[ev->sample];
         ch->finished = 1;
         ch->finish_reason = ev->finish_reason;
+
+        if (ctx->req->endpoint == KVG_ENDPOINT_MESSAGES) {
+            ngx_http_kvgate_find_stop_sequence(ctx, ch);
+        }
 
         if (ev->finish_reason == KVG_MSG_FINISH_DEADLINE) {
             kvg_api_error_set(&err, 504, "timeout", NULL,

@@ -2,7 +2,11 @@
 /*
  * The OpenAI response shapes: text_completion and chat.completion objects,
  * their streamed chunks as server-sent events ("data: {...}\n\n", then
- * "data: [DONE]\n\n"), and the model list. Text goes straight from the
+ * "data: [DONE]\n\n"), and the model list; and Anthropic's for
+ * /v1/messages: the message object, and its stream of named events
+ * ("event: NAME\ndata: {...}\n\n": message_start, content_block_start,
+ * ping, content_block_delta..., content_block_stop, message_delta,
+ * message_stop). Text goes straight from the
  * engine's events into the output buffers, escaped by libkvgate
  * (kvg_json_escape), so nothing is parsed or rebuilt per token.
  */
@@ -773,6 +777,239 @@ ngx_http_kvgate_logprobs(ngx_http_kvgate_out_t *o, ngx_http_kvgate_ctx_t *ctx,
 }
 
 
+/* ---- Anthropic's Messages API ---- */
+
+static const char *
+ngx_http_kvgate_stop_reason(ngx_http_kvgate_choice_t *ch)
+{
+    if (ch->finish_reason == KVG_MSG_FINISH_LENGTH) {
+        return "max_tokens";
+    }
+
+    return ch->stop_sequence >= 0 ? "stop_sequence" : "end_turn";
+}
+
+
+/* "stop_reason":R,"stop_sequence":S|null */
+
+static void
+ngx_http_kvgate_message_stop(ngx_http_kvgate_out_t *o,
+    ngx_http_kvgate_ctx_t *ctx, ngx_http_kvgate_choice_t *ch)
+{
+    ngx_http_kvgate_out_lit(o, "\"stop_reason\":\"");
+    ngx_http_kvgate_out_cstr(o, ngx_http_kvgate_stop_reason(ch));
+    ngx_http_kvgate_out_lit(o, "\",\"stop_sequence\":");
+
+    if (ch->stop_sequence >= 0
+        && (size_t) ch->stop_sequence < ctx->req->n_stop)
+    {
+        ngx_http_kvgate_out_json(o, ctx->req->stop[ch->stop_sequence],
+                                 ctx->req->stop_len[ch->stop_sequence]);
+
+    } else {
+        ngx_http_kvgate_out_lit(o, "null");
+    }
+}
+
+
+/*
+ * "usage":{...}: input_tokens are the prompt's tokens neither read from the
+ * cache nor written to it; cache_read_input_tokens the cached prefix the
+ * engine reused (OpenAI's prompt_tokens_details.cached_tokens);
+ * cache_creation_input_tokens 0, as nothing is written on a cache_control
+ * breakpoint's behalf yet (the prefix cache fills itself, unbilled).
+ */
+
+static void
+ngx_http_kvgate_message_usage(ngx_http_kvgate_out_t *o,
+    ngx_http_kvgate_ctx_t *ctx, uint32_t output_tokens)
+{
+    uint32_t  cached;
+
+    cached = ngx_min(ctx->cached_tokens, ctx->prompt_tokens);
+
+    ngx_http_kvgate_out_lit(o, "\"usage\":{\"input_tokens\":");
+    ngx_http_kvgate_out_uint(o, ctx->prompt_tokens - cached);
+    ngx_http_kvgate_out_lit(o, ",\"cache_creation_input_tokens\":0"
+                               ",\"cache_read_input_tokens\":");
+    ngx_http_kvgate_out_uint(o, cached);
+    ngx_http_kvgate_out_lit(o, ",\"output_tokens\":");
+    ngx_http_kvgate_out_uint(o, output_tokens);
+    ngx_http_kvgate_out_lit(o, "}");
+}
+
+
+static void
+ngx_http_kvgate_message_head(ngx_http_kvgate_out_t *o,
+    ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_http_kvgate_out_lit(o, "{\"id\":");
+    ngx_http_kvgate_out_json(o, ctx->id, ctx->id_len);
+    ngx_http_kvgate_out_lit(o, ",\"type\":\"message\",\"role\":\"assistant\""
+                               ",\"model\":");
+    ngx_http_kvgate_out_json(o, ctx->req->model, ctx->req->model_len);
+    ngx_http_kvgate_out_lit(o, ",\"content\":");
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_send_message(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_chain_t               *out;
+    ngx_http_kvgate_out_t      o;
+    ngx_http_kvgate_choice_t  *ch;
+
+    ch = &ctx->choices[0];
+
+    ngx_http_kvgate_out_init(&o, r->pool,
+                             1024 + kvg_json_escape_len((char *) ch->text,
+                                                        ch->len));
+
+    ngx_http_kvgate_message_head(&o, ctx);
+    ngx_http_kvgate_out_lit(&o, "[{\"type\":\"text\",\"text\":");
+    ngx_http_kvgate_out_json(&o, ch->text, ch->len);
+    ngx_http_kvgate_out_lit(&o, "}],");
+    ngx_http_kvgate_message_stop(&o, ctx, ch);
+    ngx_http_kvgate_out_lit(&o, ",");
+    ngx_http_kvgate_message_usage(&o, ctx, ctx->completion_tokens);
+    ngx_http_kvgate_out_lit(&o, "}\n");
+
+    out = ngx_http_kvgate_output_whole(r, &o);
+
+    if (out == NULL || ngx_http_kvgate_add_cache_headers(r, ctx) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ctx->header_sent = 1;
+
+    return ngx_http_kvgate_send_response(r, NGX_HTTP_OK, "application/json",
+                                         o.pos - o.start, out);
+}
+
+
+#define ngx_http_kvgate_event(o, name)                                        \
+    ngx_http_kvgate_out_lit(o, "event: " name "\ndata: {\"type\":\"" name "\"")
+
+
+/* message_start (with the prompt's usage), content_block_start, ping */
+
+static ngx_int_t
+ngx_http_kvgate_message_stream_start(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx)
+{
+    ngx_int_t              rc;
+    ngx_http_kvgate_out_t  o;
+
+    ngx_http_kvgate_out_scratch(&o, r, ctx, 1024);
+
+    ngx_http_kvgate_event(&o, "message_start");
+    ngx_http_kvgate_out_lit(&o, ",\"message\":");
+    ngx_http_kvgate_message_head(&o, ctx);
+    ngx_http_kvgate_out_lit(&o, "[],\"stop_reason\":null,"
+                                "\"stop_sequence\":null,");
+    ngx_http_kvgate_message_usage(&o, ctx, 0);
+    ngx_http_kvgate_out_lit(&o, "}}\n\n");
+
+    ngx_http_kvgate_event(&o, "content_block_start");
+    ngx_http_kvgate_out_lit(&o, ",\"index\":0,\"content_block\":"
+                                "{\"type\":\"text\",\"text\":\"\"}}\n\n");
+
+    ngx_http_kvgate_event(&o, "ping");
+    ngx_http_kvgate_out_lit(&o, "}\n\n");
+
+    rc = ngx_http_kvgate_stream_put(r, ctx, &o, 0);
+
+    return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_message_stream_text(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, const kvg_client_event *ev)
+{
+    ngx_int_t              rc;
+    ngx_http_kvgate_out_t  o;
+
+    if (ev->text_len == 0 || ev->sample != 0) {
+        return NGX_OK;
+    }
+
+    ngx_http_kvgate_out_scratch(&o, r, ctx, 256 + 6 * ev->text_len);
+
+    ngx_http_kvgate_event(&o, "content_block_delta");
+    ngx_http_kvgate_out_lit(&o, ",\"index\":0,\"delta\":{\"type\":"
+                                "\"text_delta\",\"text\":");
+    ngx_http_kvgate_out_json(&o, ev->text, ev->text_len);
+    ngx_http_kvgate_out_lit(&o, "}}\n\n");
+
+    rc = ngx_http_kvgate_stream_put(r, ctx, &o, 0);
+
+    return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvgate_message_stream_stop(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, ngx_uint_t choice)
+{
+    ngx_int_t              rc;
+    ngx_http_kvgate_out_t  o;
+
+    if (choice != 0) {
+        return NGX_OK;
+    }
+
+    ngx_http_kvgate_out_scratch(&o, r, ctx, 128);
+
+    ngx_http_kvgate_event(&o, "content_block_stop");
+    ngx_http_kvgate_out_lit(&o, ",\"index\":0}\n\n");
+
+    rc = ngx_http_kvgate_stream_put(r, ctx, &o, 0);
+
+    return rc == NGX_ERROR ? NGX_ERROR : NGX_OK;
+}
+
+
+/* message_delta (stop_reason, stop_sequence, usage) and message_stop; or an
+   error event */
+
+static ngx_int_t
+ngx_http_kvgate_message_stream_end(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, kvg_api_error *error)
+{
+    char                   json[KVG_API_ERROR_JSON_MAX];
+    size_t                 len;
+    ngx_http_kvgate_out_t  o;
+
+    ngx_http_kvgate_out_scratch(&o, r, ctx, 1024);
+
+    if (error) {
+        ctx->status = error->status;
+        len = kvg_api_error_render_anthropic(error, json, sizeof(json));
+
+        ngx_http_kvgate_out_lit(&o, "event: error\ndata: ");
+        ngx_http_kvgate_out_mem(&o, json,
+                                len < sizeof(json) ? len : sizeof(json) - 1);
+        ngx_http_kvgate_out_lit(&o, "\n\n");
+
+        return ngx_http_kvgate_stream_put(r, ctx, &o, 1);
+    }
+
+    ngx_http_kvgate_event(&o, "message_delta");
+    ngx_http_kvgate_out_lit(&o, ",\"delta\":{");
+    ngx_http_kvgate_message_stop(&o, ctx, &ctx->choices[0]);
+    ngx_http_kvgate_out_lit(&o, "},");
+    ngx_http_kvgate_message_usage(&o, ctx, ctx->completion_tokens);
+    ngx_http_kvgate_out_lit(&o, "}\n\n");
+
+    ngx_http_kvgate_event(&o, "message_stop");
+    ngx_http_kvgate_out_lit(&o, "}\n\n");
+
+    return ngx_http_kvgate_stream_put(r, ctx, &o, 1);
+}
+
+
 /* ---- non-streaming ---- */
 
 ngx_int_t
@@ -784,6 +1021,10 @@ ngx_http_kvgate_send_complete(ngx_http_request_t *r,
     ngx_chain_t               *out;
     ngx_http_kvgate_out_t      o;
     ngx_http_kvgate_choice_t  *ch;
+
+    if (ctx->req->endpoint == KVG_ENDPOINT_MESSAGES) {
+        return ngx_http_kvgate_send_message(r, ctx);
+    }
 
     chat = ctx->req->endpoint == KVG_ENDPOINT_CHAT;
 
@@ -904,6 +1145,10 @@ ngx_http_kvgate_stream_start(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx)
         return rc;
     }
 
+    if (ctx->req->endpoint == KVG_ENDPOINT_MESSAGES) {
+        return ngx_http_kvgate_message_stream_start(r, ctx);
+    }
+
     /* chat streams open every choice with the assistant's role (with a
        vote: those of the first wave; later waves as they are drawn) */
 
@@ -957,6 +1202,10 @@ ngx_http_kvgate_stream_tokens(ngx_http_request_t *r,
     ngx_http_kvgate_out_t      o;
     ngx_http_kvgate_choice_t  *ch;
 
+    if (ctx->req->endpoint == KVG_ENDPOINT_MESSAGES) {
+        return ngx_http_kvgate_message_stream_text(r, ctx, ev);
+    }
+
     ch = &ctx->choices[ev->sample];
 
     /* held-back text (a possible stop string) produces no chunk until it is
@@ -1005,6 +1254,10 @@ ngx_http_kvgate_stream_finished(ngx_http_request_t *r,
     ngx_int_t              rc;
     ngx_http_kvgate_out_t  o;
 
+    if (ctx->req->endpoint == KVG_ENDPOINT_MESSAGES) {
+        return ngx_http_kvgate_message_stream_stop(r, ctx, choice);
+    }
+
     ngx_http_kvgate_out_scratch(&o, r, ctx, 384);
     ngx_http_kvgate_chunk_head(&o, ctx);
 
@@ -1041,6 +1294,10 @@ ngx_http_kvgate_stream_end(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     char                   json[KVG_API_ERROR_JSON_MAX];
     size_t                 len;
     ngx_http_kvgate_out_t  o;
+
+    if (ctx->req->endpoint == KVG_ENDPOINT_MESSAGES) {
+        return ngx_http_kvgate_message_stream_end(r, ctx, error);
+    }
 
     ngx_http_kvgate_out_scratch(&o, r, ctx, 512
                                             + ngx_http_kvgate_vote_size(ctx));

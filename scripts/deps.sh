@@ -15,8 +15,8 @@ pkgs=(
     # t/chat-templates.t: the reference chat-template renderer (t/tools/jinja_ref.py)
     python3 python3-jinja2
 )
-# npm: t/gateway-sdk.t and t/chat-templates.t install their npm packages with it. Debian's,
-# unless a Node.js already here brings its own (NodeSource's nodejs package has npm in it,
+# npm: t/gateway-sdk.t, t/gateway-anthropic-sdk.t and t/chat-templates.t install their npm
+# packages with it. Debian's, unless a Node.js already here brings its own (NodeSource's nodejs package has npm in it,
 # and conflicts with Debian's npm).
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 

@@ -88,3 +88,32 @@ size_t kvg_api_error_render(const kvg_api_error *e, char *buf, size_t cap)
         buf[o.len < cap ? o.len : cap - 1] = '\0';
     return o.len;
 }
+
+const char *kvg_api_error_anthropic_type(int status)
+{
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503:
+    case 529: return "overloaded_error";
+    default:  return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
+size_t kvg_api_error_render_anthropic(const kvg_api_error *e, char *buf, size_t cap)
+{
+    outbuf o = { buf, cap, 0 };
+    const char *type = kvg_api_error_anthropic_type(e->status);
+
+    put(&o, "{\"type\":\"error\",\"error\":{\"type\":", 32);
+    put_json_string(&o, type, strlen(type));
+    put(&o, ",\"message\":", 11);
+    put_json_string(&o, e->message, strnlen(e->message, sizeof e->message));
+    put(&o, "}}", 2);
+    if (cap > 0)
+        buf[o.len < cap ? o.len : cap - 1] = '\0';
+    return o.len;
+}

@@ -51,4 +51,16 @@ int kvg_api_error_set(kvg_api_error *e, int status, const char *code, const char
  * always valid JSON. No allocation. */
 size_t kvg_api_error_render(const kvg_api_error *e, char *buf, size_t cap);
 
+/* The same error as Anthropic's Messages API answers it (/v1/messages):
+ *
+ *   {"type":"error","error":{"type":T,"message":M}}
+ *
+ * T from the status: 400 and other 4xx "invalid_request_error", 401
+ * "authentication_error", 403 "permission_error", 404 "not_found_error", 413
+ * "request_too_large", 429 "rate_limit_error", 503 and 529 "overloaded_error",
+ * other 5xx "api_error". param is not part of the shape: the message names the
+ * field. Same contract as kvg_api_error_render. */
+const char *kvg_api_error_anthropic_type(int status);
+size_t kvg_api_error_render_anthropic(const kvg_api_error *e, char *buf, size_t cap);
+
 #endif

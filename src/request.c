@@ -69,6 +69,7 @@ typedef struct {
     kvg_request *req;
     kvg_api_error *err;
     kvg_endpoint ep;
+    size_t n_cache_control;          /* /v1/messages: cache_control blocks seen */
 } pctx;
 
 static int oom(pctx *p)
@@ -601,10 +602,313 @@ static int parse_kvgate(pctx *p, const json_t *root)
     return 0;
 }
 
+
+/* ---- Anthropic's Messages API (/v1/messages) ----
+ *
+ * Its system prompt and turns become the OpenAI chat messages the template
+ * renders (a leading system message, then user/assistant turns whose content
+ * is the same string, or the same text parts), so both APIs give a template
+ * the same data for the same conversation. Parameter paths are Anthropic's
+ * ("messages.1.content.0.text"). */
+
+/* "PARAM: WHAT are not supported by this server[; WHY]." */
+static int not_supported(pctx *p, const char *param, const char *what, const char *why)
+{
+    return kvg_api_error_set(p->err, 400, "unsupported_value", param,
+                             "%s: %s are not supported by this server%s%s.", param, what,
+                             why ? "; " : "", why ? why : "");
+}
+
+static int parse_cache_control(pctx *p, const json_t *blk, const char *param, int32_t message,
+                               int32_t block)
+{
+    json_t *cc = kvg_api_field(blk, "cache_control"), *t, *ttl;
+    kvg_request *r = p->req;
+    char sub[KVG_API_ERROR_PARAM_MAX], q[80];
+    uint32_t ttl_s = 300;
+
+    if (!cc)
+        return 0;
+    kvg_api_param(sub, sizeof sub, "%s.cache_control", param);
+    if (!json_is_object(cc))
+        return type_error(p, sub, "an object", cc);
+    kvg_api_param(sub, sizeof sub, "%s.cache_control.type", param);
+    if (!(t = kvg_api_field(cc, "type")))
+        return missing(p, sub);
+    if (!kvg_api_is_str(t, "ephemeral")) {
+        if (!json_is_string(t))
+            return type_error(p, sub, "a string", t);
+        kvg_api_quote(json_string_value(t), json_string_length(t), q, sizeof q);
+        return kvg_api_error_set(p->err, 400, "invalid_value", sub,
+                                 "%s: Input should be 'ephemeral', but got %s.", sub, q);
+    }
+    if ((ttl = kvg_api_field(cc, "ttl"))) {
+        kvg_api_param(sub, sizeof sub, "%s.cache_control.ttl", param);
+        if (kvg_api_is_str(ttl, "5m")) {
+            ttl_s = 300;
+        } else if (kvg_api_is_str(ttl, "1h")) {
+            ttl_s = 3600;
+        } else if (!json_is_string(ttl)) {
+            return type_error(p, sub, "a string", ttl);
+        } else {
+            kvg_api_quote(json_string_value(ttl), json_string_length(ttl), q, sizeof q);
+            return kvg_api_error_set(p->err, 400, "invalid_value", sub,
+                                     "%s: Input should be '5m' or '1h', but got %s.", sub, q);
+        }
+    }
+    if (p->n_cache_control < KVG_REQ_MAX_CACHE_BREAKPOINTS) {
+        kvg_cache_breakpoint *b = &r->cache_breakpoints[p->n_cache_control];
+        b->message = message;
+        b->block = block;
+        b->ttl_s = ttl_s;
+        r->n_cache_breakpoints = p->n_cache_control + 1;
+    }
+    p->n_cache_control++;
+    return 0;
+}
+
+/* Anthropic content (a string, or an array of text blocks) as OpenAI content
+ * (the same string, or the array of {"type":"text","text":...} parts): a new
+ * reference in *out. */
+static int messages_content(pctx *p, json_t *c, const char *param, int32_t message,
+                            json_t **out)
+{
+    char sub[KVG_API_ERROR_PARAM_MAX], sub2[KVG_API_ERROR_PARAM_MAX];
+    json_t *parts;
+    size_t n;
+
+    *out = NULL;
+    if (json_is_string(c)) {
+        *out = json_incref(c);
+        return 0;
+    }
+    if (!json_is_array(c))
+        return type_error(p, param, "a string or an array of content blocks", c);
+    if ((n = json_array_size(c)) == 0)
+        return empty_array(p, param);
+    if (!(parts = json_array()))
+        return oom(p);
+    for (size_t i = 0; i < n; i++) {
+        json_t *blk = json_array_get(c, i), *t, *text, *part;
+
+        kvg_api_param(sub, sizeof sub, "%s.%zu", param, i);
+        if (!json_is_object(blk)) {
+            json_decref(parts);
+            return type_error(p, sub, "an object", blk);
+        }
+        kvg_api_param(sub2, sizeof sub2, "%s.type", sub);
+        if (!(t = kvg_api_field(blk, "type"))) {
+            json_decref(parts);
+            return missing(p, sub2);
+        }
+        if (!json_is_string(t)) {
+            json_decref(parts);
+            return type_error(p, sub2, "a string", t);
+        }
+        if (strcmp(json_string_value(t), "text") != 0) {
+            char q[80], what[128];
+            kvg_api_quote(json_string_value(t), json_string_length(t), q, sizeof q);
+            snprintf(what, sizeof what, "content blocks of type %s", q);
+            json_decref(parts);
+            return not_supported(p, sub2, what, "it reads text blocks only");
+        }
+        kvg_api_param(sub2, sizeof sub2, "%s.text", sub);
+        if (!(text = kvg_api_field(blk, "text"))) {
+            json_decref(parts);
+            return missing(p, sub2);
+        }
+        if (!json_is_string(text)) {
+            json_decref(parts);
+            return type_error(p, sub2, "a string", text);
+        }
+        if (parse_cache_control(p, blk, sub, message, (int32_t)i) < 0) {
+            json_decref(parts);
+            return -1;
+        }
+        part = json_pack("{s:s,s:O}", "type", "text", "text", text);
+        if (!part || json_array_append_new(parts, part) < 0) {
+            json_decref(parts);
+            return oom(p);
+        }
+    }
+    *out = parts;
+    return 0;
+}
+
+static int append_message(pctx *p, json_t *msgs, const char *role, json_t *content)
+{
+    json_t *m = json_pack("{s:s,s:o}", "role", role, "content", content);
+
+    if (!m || json_array_append_new(msgs, m) < 0)
+        return oom(p);
+    return 0;
+}
+
+static int parse_anthropic_messages(pctx *p, const json_t *root)
+{
+    json_t *sys = kvg_api_field(root, "system"), *v = kvg_api_field(root, "messages");
+    json_t *msgs, *content;
+    char msg[512], param[KVG_API_ERROR_PARAM_MAX], sub[KVG_API_ERROR_PARAM_MAX];
+    size_t n;
+    int rc;
+
+    if (!v)
+        return missing(p, "messages");
+    if (!json_is_array(v))
+        return type_error(p, "messages", "an array", v);
+    if ((n = json_array_size(v)) == 0)
+        return empty_array(p, "messages");
+    if (!(msgs = json_array()))
+        return oom(p);
+    if (sys) {
+        if (messages_content(p, sys, "system", -1, &content) < 0)
+            goto fail;
+        /* an empty system prompt is no system prompt */
+        if (json_is_string(content) && json_string_length(content) == 0)
+            json_decref(content);
+        else if (append_message(p, msgs, "system", content) < 0)
+            goto fail;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(v, i), *role, *c;
+        const char *rs;
+
+        kvg_api_param(sub, sizeof sub, "messages.%zu", i);
+        if (!json_is_object(m)) {
+            type_error(p, sub, "an object", m);
+            goto fail;
+        }
+        kvg_api_param(param, sizeof param, "messages.%zu.role", i);
+        if (!(role = kvg_api_field(m, "role"))) {
+            missing(p, param);
+            goto fail;
+        }
+        if (!json_is_string(role)) {
+            type_error(p, param, "a string", role);
+            goto fail;
+        }
+        rs = json_string_value(role);
+        if (!strcmp(rs, "system")) {
+            kvg_api_error_set(p->err, 400, "invalid_value", param,
+                              "%s: Unexpected role \"system\". The Messages API accepts a "
+                              "top-level `system` parameter, not \"system\" as an input message "
+                              "role.", param);
+            goto fail;
+        }
+        if (strcmp(rs, "user") != 0 && strcmp(rs, "assistant") != 0) {
+            char q[80];
+            kvg_api_quote(rs, json_string_length(role), q, sizeof q);
+            kvg_api_error_set(p->err, 400, "invalid_value", param,
+                              "%s: Input should be 'user' or 'assistant', but got %s.", param, q);
+            goto fail;
+        }
+        kvg_api_param(param, sizeof param, "messages.%zu.content", i);
+        if (!(c = kvg_api_field(m, "content"))) {
+            missing(p, param);
+            goto fail;
+        }
+        if (messages_content(p, c, param, (int32_t)i, &content) < 0
+            || append_message(p, msgs, rs, content) < 0)
+            goto fail;
+        if (i == n - 1 && strcmp(rs, "assistant") == 0) {
+            kvg_api_error_set(p->err, 400, "unsupported_value", sub,
+                              "%s: the last message is the assistant's (a prefill of its "
+                              "answer), which is not supported by this server; end with a user "
+                              "message.", sub);
+            goto fail;
+        }
+    }
+    if (p->n_cache_control > KVG_REQ_MAX_CACHE_BREAKPOINTS) {
+        kvg_api_error_set(p->err, 400, "invalid_value", NULL,
+                          "A maximum of %d blocks with cache_control may be provided. Found %zu.",
+                          KVG_REQ_MAX_CACHE_BREAKPOINTS, p->n_cache_control);
+        goto fail;
+    }
+    param[0] = '\0';
+    rc = kvg_chat_vars_build(msgs, NULL, NULL, &p->req->chat_data, msg, sizeof msg, param,
+                             sizeof param);
+    json_decref(msgs);
+    if (rc == KVG_CHAT_VARS_NOMEM)
+        return oom(p);
+    if (rc != KVG_CHAT_VARS_OK)
+        return kvg_api_error_set(p->err, 400, kvg_chat_vars_error_code(msg), "messages", "%s",
+                                 msg);
+    p->req->n_messages = n;
+    return 0;
+
+fail:
+    json_decref(msgs);
+    return -1;
+}
+
+static int parse_anthropic(pctx *p, const json_t *root)
+{
+    kvg_request *r = p->req;
+    json_t *v, *e;
+    char param[KVG_API_ERROR_PARAM_MAX];
+
+    if (!(v = kvg_api_field(root, "max_tokens")))
+        return missing(p, "max_tokens");
+    if (get_int32(p, v, "max_tokens", 1, INT32_MAX, &r->max_tokens) < 0)
+        return -1;
+    r->has_max_tokens = 1;
+    if (parse_anthropic_messages(p, root) < 0)
+        return -1;
+    /* Anthropic's temperature range is 0..1 */
+    if ((v = kvg_api_field(root, "temperature"))
+        && get_number(p, v, "temperature", 0, 0, 1, &r->temperature) < 0)
+        return -1;
+    if ((v = kvg_api_field(root, "top_p")) && get_number(p, v, "top_p", 0, 1, 1, &r->top_p) < 0)
+        return -1;
+    if ((v = kvg_api_field(root, "top_k")) && get_int32(p, v, "top_k", 1, INT32_MAX, &r->top_k) < 0)
+        return -1;
+    if ((v = kvg_api_field(root, "stop_sequences"))) {
+        size_t n;
+        if (!json_is_array(v))
+            return type_error(p, "stop_sequences", "an array of strings", v);
+        if ((n = json_array_size(v)) > KVG_REQ_MAX_STOP)
+            return kvg_api_error_set(p->err, 400, "array_above_max_length", "stop_sequences",
+                                     "stop_sequences: at most %d stop sequences are supported "
+                                     "by this server, got %zu.", KVG_REQ_MAX_STOP, n);
+        for (size_t i = 0; i < n; i++) {
+            e = json_array_get(v, i);
+            kvg_api_param(param, sizeof param, "stop_sequences.%zu", i);
+            if (!json_is_string(e))
+                return type_error(p, param, "a string", e);
+            if (json_string_length(e) == 0)
+                return kvg_api_error_set(p->err, 400, "invalid_value", param,
+                                         "%s: stop sequences must be non-empty.", param);
+            r->stop_len[i] = json_string_length(e);
+            if (!(r->stop[i] = copy_str(p, json_string_value(e), r->stop_len[i])))
+                return -1;
+        }
+        r->n_stop = n;
+    }
+    if ((v = kvg_api_field(root, "stream")) && get_bool(p, v, "stream", &r->stream) < 0)
+        return -1;
+    if ((v = kvg_api_field(root, "metadata"))) {
+        if (!json_is_object(v))
+            return type_error(p, "metadata", "an object", v);
+        if ((e = kvg_api_field(v, "user_id")) && !json_is_string(e))
+            return type_error(p, "metadata.user_id", "a string", e);
+    }
+    if ((v = kvg_api_field(root, "tools")) && !(json_is_array(v) && json_array_size(v) == 0))
+        return not_supported(p, "tools", "tools", NULL);
+    if ((v = kvg_api_field(root, "tool_choice")))
+        return not_supported(p, "tool_choice", "tool choices", "no tools here");
+    if ((v = kvg_api_field(root, "thinking")) && !(json_is_object(v)
+                                                   && kvg_api_is_str(kvg_api_field(v, "type"),
+                                                                     "disabled")))
+        return not_supported(p, "thinking", "extended thinking settings", NULL);
+    return 0;
+}
+
 static int parse_root(pctx *p, const json_t *root)
 {
     if (parse_model(p, root) < 0)
         return -1;
+    if (p->ep == KVG_ENDPOINT_MESSAGES)
+        return parse_anthropic(p, root);
     if (p->ep == KVG_ENDPOINT_CHAT ? parse_messages(p, root) < 0 : parse_prompt(p, root) < 0)
         return -1;
     if (parse_sampling(p, root) < 0 || parse_stop(p, root) < 0 || parse_stream(p, root) < 0
@@ -640,14 +944,15 @@ kvg_request *kvg_request_parse(kvg_endpoint ep, const char *body, size_t len,
                                kvg_api_error *err)
 {
     kvg_api_error ignored;
-    pctx p = { NULL, NULL, err ? err : &ignored, ep };
+    pctx p = { NULL, NULL, err ? err : &ignored, ep, 0 };
     json_error_t je;
     json_t *root;
     size_t bad;
 
     err = p.err;
     memset(err, 0, sizeof *err);
-    if (ep != KVG_ENDPOINT_COMPLETIONS && ep != KVG_ENDPOINT_CHAT) {
+    if (ep != KVG_ENDPOINT_COMPLETIONS && ep != KVG_ENDPOINT_CHAT
+        && ep != KVG_ENDPOINT_MESSAGES) {
         kvg_api_error_set(err, 500, NULL, NULL, "internal error: unknown endpoint %d", (int)ep);
         return NULL;
     }

@@ -50,6 +50,33 @@
  *                          "kvgate.answer_pattern", "kvgate.min_samples",
  *                          "kvgate.agreement", "kvgate.wave". Keys may be null
  *                          (= absent), like every other field.
+ * Anthropic's Messages API (KVG_ENDPOINT_MESSAGES, POST /v1/messages) is parsed
+ * into the same request, as a chat request (chat_data holds the template's
+ * messages, exactly what /v1/chat/completions would give the template for the
+ * same system prompt and turns):
+ *   model                  as above
+ *   max_tokens             required, integer >= 1
+ *   system                 a string, or an array of {"type":"text","text":...}
+ *                          blocks (joined with "\n", as chat content parts are);
+ *                          becomes a leading {"role":"system"} message when
+ *                          non-empty
+ *   messages               required non-empty array of {"role","content"}, role
+ *                          "user" or "assistant" (anything else -> 400), content a
+ *                          string or a non-empty array of text blocks; other block
+ *                          types (image, document, tool_use, tool_result,
+ *                          thinking, ...) -> 400 "not supported". The last message
+ *                          must be the user's (an assistant prefill -> 400).
+ *   cache_control          on a text block: {"type":"ephemeral","ttl":"5m"|"1h"}
+ *                          (ttl optional, "5m"), at most 4 in a request, else 400;
+ *                          kept in cache_breakpoints
+ *   temperature            number 0..1; top_p (0, 1]; top_k integer >= 1
+ *   stop_sequences         array of at most 4 non-empty strings
+ *   stream                 bool
+ *   metadata               an object (user_id: a string or null), ignored
+ *   tools (non-empty), tool_choice, thinking (enabled) -> 400 "not supported";
+ *   other unknown fields are ignored. Error messages name the field Anthropic's
+ *   way ("messages.1.content.0.type").
+ *
  * Integer fields also accept a JSON number with no fractional part (2.0), as
  * vLLM's validation does.
  *
@@ -85,7 +112,8 @@
 
 typedef enum kvg_endpoint {
     KVG_ENDPOINT_COMPLETIONS = 1,    /* POST /v1/completions */
-    KVG_ENDPOINT_CHAT = 2            /* POST /v1/chat/completions */
+    KVG_ENDPOINT_CHAT = 2,           /* POST /v1/chat/completions */
+    KVG_ENDPOINT_MESSAGES = 3        /* POST /v1/messages (Anthropic; see below) */
 } kvg_endpoint;
 
 typedef enum kvg_prompt_kind {
@@ -99,6 +127,16 @@ typedef enum kvg_prompt_kind {
 #define KVG_REQ_MAX_LOGPROBS    20
 #define KVG_REQ_MAX_MODEL_LEN   256
 #define KVG_REQ_MAX_PATTERN_LEN 1024    /* kvgate.answer_pattern, bytes */
+#define KVG_REQ_MAX_CACHE_BREAKPOINTS 4 /* Anthropic's cache_control blocks */
+
+/* One Anthropic cache_control breakpoint: the prefix up to and including the
+ * block it is on. Parsed and validated; nothing acts on it yet (the prefix
+ * cache is automatic; pinning for the TTL is to come). */
+typedef struct kvg_cache_breakpoint {
+    int32_t message;                 /* -1: the system prompt, else messages[i] */
+    int32_t block;                   /* the content block's index in it */
+    uint32_t ttl_s;                  /* 300 ("5m", the default) or 3600 ("1h") */
+} kvg_cache_breakpoint;
 
 /* All strings are valid UTF-8, NUL-terminated, with their length alongside
  * (lengths exclude the NUL). Everything is owned by the request. */
@@ -134,6 +172,11 @@ typedef struct kvg_request {
     int32_t top_logprobs;            /* alternatives per position, 0..20 */
     const char *user;                /* NULL when absent */
     size_t user_len;
+
+    /* /v1/messages: its cache_control breakpoints, in the order of the
+       prompt (system blocks first, then the messages' blocks) */
+    size_t n_cache_breakpoints;
+    kvg_cache_breakpoint cache_breakpoints[KVG_REQ_MAX_CACHE_BREAKPOINTS];
 
     /* the "kvgate" object (self-consistency); all 0/NULL without a vote */
     int has_vote;                    /* the kvgate object had "vote" */

@@ -1,6 +1,7 @@
 /* OpenAI request parsing: every accepted shape (incl. what the official SDKs
  * send), every error with its HTTP status, param and code, the non-influence of
- * client cache-salt fields, and the error JSON renderer. */
+ * client cache-salt fields, and the error JSON renderer; Anthropic's Messages
+ * API (/v1/messages) into the same request, and its error objects. */
 #include <jansson.h>
 
 #include "tap.h"
@@ -11,6 +12,7 @@
 
 #define CMPL KVG_ENDPOINT_COMPLETIONS
 #define CHAT KVG_ENDPOINT_CHAT
+#define MSGS KVG_ENDPOINT_MESSAGES
 
 static kvg_request *parse(kvg_endpoint ep, const char *body, kvg_api_error *e)
 {
@@ -736,6 +738,129 @@ static void test_kvgate(void)
 #undef KH
 }
 
+
+/* Anthropic's Messages API: the chat messages the template gets, cache_control
+ * breakpoints kept, and every refusal. */
+static void test_messages(void)
+{
+    kvg_request *r;
+    kvg_api_error e;
+    char buf[KVG_API_ERROR_JSON_MAX];
+
+    /* what @anthropic-ai/sdk sends for messages.create({...}) */
+    r = good(MSGS, "{\"model\":\"m\",\"max_tokens\":64,"
+                   "\"system\":[{\"type\":\"text\",\"text\":\"You are helpful.\","
+                   "\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":\"1h\"}},"
+                   "{\"type\":\"text\",\"text\":\"Be brief.\"}],"
+                   "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},"
+                   "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Hello!\"}]},"
+                   "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"One.\"},"
+                   "{\"type\":\"text\",\"text\":\"Two.\",\"cache_control\":{\"type\":\"ephemeral\"}}]}],"
+                   "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":40,\"stop_sequences\":[\"END\",\"\\n\\n\"],"
+                   "\"stream\":true,\"metadata\":{\"user_id\":\"u-1\"},\"tools\":[],\"thinking\":"
+                   "{\"type\":\"disabled\"},\"tenant\":\"sneaky\"}",
+             "a full Messages body");
+    if (r) {
+        is_int(r->endpoint, MSGS, "  endpoint");
+        is_int(r->prompt_kind, KVG_PROMPT_NONE, "  no prompt");
+        is_int(r->n_messages, 3, "  3 messages");
+        is_str(msg_field(r, 0, "role"), "system", "  the system prompt first");
+        is_str(msg_field(r, 0, "content"), "You are helpful.\nBe brief.", "  its blocks joined as chat parts are");
+        is_str(msg_field(r, 1, "content"), "Hi", "  a string content");
+        is_str(msg_field(r, 2, "role"), "assistant", "  the assistant's turn");
+        is_str(msg_field(r, 3, "content"), "One.\nTwo.", "  text blocks");
+        ok(r->has_max_tokens && r->max_tokens == 64, "  max_tokens");
+        ok(r->temperature == 0.5 && r->top_p == 0.9 && r->top_k == 40 && r->n == 1, "  sampling");
+        ok(r->n_stop == 2 && str_is(r->stop[0], r->stop_len[0], "END"), "  stop_sequences");
+        ok(r->stream && !r->include_usage, "  stream");
+        is_int(r->n_cache_breakpoints, 2, "  2 cache_control breakpoints");
+        ok(r->cache_breakpoints[0].message == -1 && r->cache_breakpoints[0].block == 0
+           && r->cache_breakpoints[0].ttl_s == 3600, "  system block 0, 1h");
+        ok(r->cache_breakpoints[1].message == 2 && r->cache_breakpoints[1].block == 1
+           && r->cache_breakpoints[1].ttl_s == 300, "  messages.2 block 1, 5m by default");
+    }
+    kvg_request_free(r);
+
+    r = good(MSGS, "{\"model\":\"m\",\"max_tokens\":1,\"system\":\"\","
+                   "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}", "an empty system prompt");
+    if (r) {
+        is_int(r->n_messages, 1, "  1 message");
+        is_str(msg_field(r, 0, "role"), "user", "  no system message");
+        is_int(r->n_cache_breakpoints, 0, "  no breakpoints");
+    }
+    kvg_request_free(r);
+
+#define U "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]"
+#define CC(x) "{\"type\":\"text\",\"text\":\"" x "\",\"cache_control\":{\"type\":\"ephemeral\"}}"
+    bad(MSGS, "{\"model\":\"m\"," U "}", 400, "max_tokens", "missing_required_parameter",
+        "max_tokens", "no max_tokens");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":0," U "}", 400, "max_tokens", "integer_below_min_value",
+        NULL, "max_tokens 0");
+    bad(MSGS, "{\"max_tokens\":4," U "}", 400, "model", "missing_required_parameter", NULL, "no model");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"messages\":[]}", 400, "messages", "empty_array", NULL,
+        "messages []");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}",
+        400, "messages.0.role", "invalid_value", "top-level `system`", "role system");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}",
+        400, "messages.0.role", "invalid_value", "'user' or 'assistant'", "role tool");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":[]}]}",
+        400, "messages.0.content", "empty_array", NULL, "content []");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":"
+              "[{\"type\":\"image\",\"source\":{}}]}]}", 400, "messages.0.content.0.type",
+        "unsupported_value", "content blocks of type 'image' are not supported", "an image block");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":"
+              "[{\"type\":\"tool_result\",\"tool_use_id\":\"t\"}]}]}", 400, "messages.0.content.0.type",
+        "unsupported_value", "'tool_result'", "a tool_result block");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":"
+              "[{\"type\":\"text\",\"text\":3}]}]}", 400, "messages.0.content.0.text", "invalid_type", NULL,
+        "text 3");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+              "{\"role\":\"assistant\",\"content\":\"b\"}]}", 400, "messages.1", "unsupported_value",
+        "prefill", "an assistant prefill");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"system\":[" CC("a") "," CC("b") "],"
+              "\"messages\":[{\"role\":\"user\",\"content\":[" CC("c") "," CC("d") "," CC("e") "]}]}",
+        400, "", "invalid_value", "A maximum of 4 blocks with cache_control may be provided. Found 5.",
+        "5 breakpoints");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"system\":[{\"type\":\"text\",\"text\":\"a\","
+              "\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":\"10m\"}}]," U "}", 400,
+        "system.0.cache_control.ttl", "invalid_value", "'5m' or '1h'", "ttl 10m");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"system\":[{\"type\":\"text\",\"text\":\"a\","
+              "\"cache_control\":{\"type\":\"persistent\"}}]," U "}", 400,
+        "system.0.cache_control.type", "invalid_value", "'ephemeral'", "cache_control type persistent");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"system\":[{\"type\":\"text\",\"text\":\"a\","
+              "\"cache_control\":\"yes\"}]," U "}", 400, "system.0.cache_control", "invalid_type", NULL,
+        "cache_control a string");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"temperature\":1.5," U "}", 400, "temperature",
+        "decimal_above_max_value", NULL, "temperature 1.5 (Anthropic's range is 0..1)");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"stop_sequences\":[\"a\",\"b\",\"c\",\"d\",\"e\"]," U "}",
+        400, "stop_sequences", "array_above_max_length", "at most 4", "5 stop sequences");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"stop_sequences\":[\"\"]," U "}", 400,
+        "stop_sequences.0", "invalid_value", NULL, "an empty stop sequence");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"metadata\":{\"user_id\":5}," U "}", 400,
+        "metadata.user_id", "invalid_type", NULL, "metadata.user_id 5");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"tools\":[{\"name\":\"f\"}]," U "}", 400, "tools",
+        "unsupported_value", "not supported", "tools");
+    bad(MSGS, "{\"model\":\"m\",\"max_tokens\":4,\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024},"
+              U "}", 400, "thinking", "unsupported_value", "not supported", "thinking enabled");
+#undef U
+#undef CC
+
+    /* the error object */
+    kvg_api_error_set(&e, 400, "invalid_value", "x", "x: bad \"value\".");
+    kvg_api_error_render_anthropic(&e, buf, sizeof buf);
+    is_str(buf, "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\","
+                "\"message\":\"x: bad \\\"value\\\".\"}}", "Anthropic's error object");
+    static const struct { int status; const char *type; } types[] = {
+        { 400, "invalid_request_error" }, { 401, "authentication_error" },
+        { 403, "permission_error" }, { 404, "not_found_error" }, { 405, "invalid_request_error" },
+        { 413, "request_too_large" }, { 429, "rate_limit_error" }, { 500, "api_error" },
+        { 503, "overloaded_error" }, { 504, "api_error" }, { 529, "overloaded_error" },
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        is_str(kvg_api_error_anthropic_type(types[i].status), types[i].type, "  %d: %s",
+               types[i].status, types[i].type);
+}
+
 int main(void)
 {
     test_completions_shapes();
@@ -746,5 +871,6 @@ int main(void)
     test_sampling_errors();
     test_error_render();
     test_kvgate();
+    test_messages();
     return done_testing();
 }

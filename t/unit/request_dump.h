@@ -25,7 +25,9 @@ static json_t *dump_build(const kvg_request *r)
     if (bad)
         return NULL;
     bad |= json_object_set_new(o, "endpoint", json_string(r->endpoint == KVG_ENDPOINT_CHAT
-                                                          ? "chat" : "completions"));
+                                                          ? "chat"
+                                                          : r->endpoint == KVG_ENDPOINT_MESSAGES
+                                                          ? "messages" : "completions"));
     bad |= json_object_set_new(o, "model", json_stringn(r->model, r->model_len));
     if (r->prompt_kind == KVG_PROMPT_TEXT) {
         bad |= json_object_set_new(o, "prompt", json_stringn(r->prompt, r->prompt_len));
@@ -35,8 +37,18 @@ static json_t *dump_build(const kvg_request *r)
             bad |= json_array_append_new(a, json_integer(r->prompt_tokens[i]));
         bad |= json_object_set_new(o, "prompt", a);
     }
-    if (r->endpoint == KVG_ENDPOINT_CHAT)
+    if (r->endpoint != KVG_ENDPOINT_COMPLETIONS)
         bad |= json_object_set_new(o, "chat_data", json_deep_copy(r->chat_data));
+    if (r->n_cache_breakpoints) {
+        /* /v1/messages' cache_control blocks, only when given */
+        a = json_array();
+        for (size_t i = 0; a && i < r->n_cache_breakpoints; i++)
+            bad |= json_array_append_new(a, json_pack("{s:i,s:i,s:i}",
+                                                      "message", (int)r->cache_breakpoints[i].message,
+                                                      "block", (int)r->cache_breakpoints[i].block,
+                                                      "ttl_s", (int)r->cache_breakpoints[i].ttl_s));
+        bad |= json_object_set_new(o, "cache_breakpoints", a);
+    }
     bad |= json_object_set_new(o, "max_tokens",
                                r->has_max_tokens ? json_integer(r->max_tokens) : json_null());
     bad |= json_object_set_new(o, "temperature", json_real(r->temperature));

