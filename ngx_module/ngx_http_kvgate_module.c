@@ -74,6 +74,8 @@ static char *ngx_http_kvgate_check_max_unsent(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_http_kvgate_check_timeout(ngx_conf_t *cf, void *post,
     void *data);
+static char *ngx_http_kvgate_check_cache_ttl_max(ngx_conf_t *cf, void *post,
+    void *data);
 static char *ngx_http_kvgate_check_cache_ttl(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_http_kvgate_check_tenant(ngx_conf_t *cf, void *post,
@@ -109,6 +111,10 @@ static ngx_conf_post_t  ngx_http_kvgate_max_unsent_post = {
 
 static ngx_conf_post_t  ngx_http_kvgate_timeout_post = {
     ngx_http_kvgate_check_timeout
+};
+
+static ngx_conf_post_t  ngx_http_kvgate_cache_ttl_max_post = {
+    ngx_http_kvgate_check_cache_ttl_max
 };
 
 static ngx_conf_post_t  ngx_http_kvgate_cache_ttl_post = {
@@ -226,6 +232,13 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_kvgate_loc_conf_t, cache_ttl),
       &ngx_http_kvgate_cache_ttl_post },
+
+    { ngx_string("kvgate_cache_ttl_max"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvgate_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvgate_loc_conf_t, cache_ttl_max),
+      &ngx_http_kvgate_cache_ttl_max_post },
 
     { ngx_string("kvgate_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -1016,6 +1029,7 @@ ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf)
     klcf->bounds_set = NGX_CONF_UNSET;
     klcf->normalize = NGX_CONF_UNSET;
     klcf->cache_ttl = NGX_CONF_UNSET_MSEC;
+    klcf->cache_ttl_max = NGX_CONF_UNSET_MSEC;
     klcf->timeout = NGX_CONF_UNSET_MSEC;
     klcf->page_refresh = NGX_CONF_UNSET_MSEC;
     klcf->max_tokens = NGX_CONF_UNSET;
@@ -1126,6 +1140,7 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     }
     ngx_conf_merge_value(conf->normalize, prev->normalize, 0);
     ngx_conf_merge_msec_value(conf->cache_ttl, prev->cache_ttl, 0);
+    ngx_conf_merge_msec_value(conf->cache_ttl_max, prev->cache_ttl_max, 3600000);
     ngx_conf_merge_msec_value(conf->timeout, prev->timeout, 300000);
     ngx_conf_merge_msec_value(conf->page_refresh, prev->page_refresh, 1000);
     ngx_conf_merge_value(conf->max_tokens, prev->max_tokens, 0);
@@ -2071,6 +2086,22 @@ ngx_http_kvgate_check_timeout(ngx_conf_t *cf, void *post, void *data)
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "invalid value \"%V\" in \"%V\" directive, "
                        "it must be greater than 0", &value[1], &value[0]);
+
+    return NGX_CONF_ERROR;
+}
+
+
+static char *
+ngx_http_kvgate_check_cache_ttl_max(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_msec_t  *mp = data;
+
+    if (*mp <= 3600000000) {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"kvgate_cache_ttl_max\" is longer than 1000 hours");
 
     return NGX_CONF_ERROR;
 }

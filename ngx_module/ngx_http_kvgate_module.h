@@ -114,6 +114,7 @@ typedef struct {
 
     ngx_int_t                  normalize;         /* KVG_NORM_* flags */
     ngx_msec_t                 cache_ttl;
+    ngx_msec_t                 cache_ttl_max;     /* the longest TTL a client may ask */
     ngx_msec_t                 timeout;
     ngx_int_t                  max_tokens;        /* 0: up to the context */
     ngx_int_t                  max_n;

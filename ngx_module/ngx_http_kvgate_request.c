@@ -51,6 +51,8 @@ static void ngx_http_kvgate_writer(ngx_http_request_t *r);
 static void ngx_http_kvgate_backpressure(ngx_http_kvgate_ctx_t *ctx);
 static void ngx_http_kvgate_deadline(ngx_event_t *ev);
 static void ngx_http_kvgate_cleanup(void *data);
+static uint32_t ngx_http_kvgate_cache_ttl(ngx_http_kvgate_loc_conf_t *klcf,
+    const kvg_request *req);
 static void ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
     const kvg_client_event *ev);
 static void ngx_http_kvgate_sc_tokens(ngx_http_kvgate_ctx_t *ctx,
@@ -617,7 +619,7 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     q.stop = ctx->stop;
     q.stop_len = ctx->stop_len;
     q.n_stop = ctx->n_stop;
-    q.cache_ttl_ms = (uint32_t) klcf->cache_ttl;
+    q.cache_ttl_ms = ngx_http_kvgate_cache_ttl(klcf, req);
 
     /* the engine gives up a little after the gateway does */
 
@@ -712,6 +714,61 @@ ngx_http_kvgate_model_elsewhere(ngx_http_kvgate_ctx_t *ctx,
 }
 
 
+/* The TTL of the blocks a request fills: the location's kvgate_cache_ttl
+   (0: the engine's default), or the retention the client asked for
+   (prompt_cache_retention "24h"), at most kvgate_cache_ttl_max. */
+
+static uint32_t
+ngx_http_kvgate_cache_ttl(ngx_http_kvgate_loc_conf_t *klcf,
+    const kvg_request *req)
+{
+    ngx_msec_t  ttl;
+
+    if (req->cache_retention_s == 0) {
+        return (uint32_t) klcf->cache_ttl;
+    }
+
+    ttl = (ngx_msec_t) req->cache_retention_s * 1000;
+
+    if (ttl > klcf->cache_ttl_max) {
+        ttl = klcf->cache_ttl_max;
+    }
+
+    if (ttl < klcf->cache_ttl) {
+        ttl = klcf->cache_ttl;
+    }
+
+    return (uint32_t) ttl;
+}
+
+
+/* The route key of a prompt_cache_key: FNV-1a over the tenant, a separator
+   and the key (the tenant's, so that equal keys of two tenants do not
+   group), mixed by the route's rendezvous score. */
+
+static uint64_t
+ngx_http_kvgate_affinity_key(const ngx_str_t *tenant, const char *key,
+    size_t len)
+{
+    size_t    i;
+    uint64_t  h;
+
+    h = 0xcbf29ce484222325ULL;
+
+    for (i = 0; i < tenant->len; i++) {
+        h = (h ^ tenant->data[i]) * 0x100000001b3ULL;
+    }
+
+    h = (h ^ 0xff) * 0x100000001b3ULL;
+
+    for (i = 0; i < len; i++) {
+        h = (h ^ (u_char) key[i]) * 0x100000001b3ULL;
+    }
+
+    return h;
+}
+
+
 /* Routes the parsed request: the engines of its group that are up and not
    stalled, serve the model it was tokenized for and have not failed it, by
    their cached prefix and load (a stalled engine's load, which it publishes
@@ -725,6 +782,7 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     size_t                     cached;
     uint64_t                   key;
     ngx_uint_t                 i, short_context;
+    kvg_route_policy           policy;
     kvg_route_reason           why;
     ngx_http_kvgate_group_t   *g = ctx->group;
     ngx_http_kvgate_engine_t  *e;
@@ -793,7 +851,22 @@ ngx_http_kvgate_route(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
               | (uint64_t) ngx_hextoi(&ctx->route_key[i], 1);
     }
 
-    k = kvg_route_pick((kvg_route_policy) g->policy, cands, g->n, key,
+    policy = (kvg_route_policy) g->policy;
+
+    if (ctx->req->prompt_cache_key != NULL
+        && (policy == KVG_ROUTE_PREFIX || policy == KVG_ROUTE_HASH))
+    {
+        /* prompt_cache_key: the client groups requests whose shared prefix
+           may still be being computed; one engine per (tenant, key) by
+           rendezvous hashing, under the same load cap */
+
+        key = ngx_http_kvgate_affinity_key(&ctx->tenant,
+                                           ctx->req->prompt_cache_key,
+                                           ctx->req->prompt_cache_key_len);
+        policy = KVG_ROUTE_HASH;
+    }
+
+    k = kvg_route_pick(policy, cands, g->n, key,
                        ctx->n_tokens, g->balance_factor, &g->rr, &why);
 
     if (k < 0) {

@@ -903,6 +903,40 @@ static int parse_anthropic(pctx *p, const json_t *root)
     return 0;
 }
 
+/* OpenAI's prompt caching fields: prompt_cache_key (an affinity key: which engine, never
+ * which cache) and prompt_cache_retention ("in_memory" or "24h"). */
+static int parse_cache_fields(pctx *p, const json_t *root)
+{
+    kvg_request *r = p->req;
+    json_t *v;
+    if ((v = kvg_api_field(root, "prompt_cache_key"))) {
+        if (!json_is_string(v))
+            return type_error(p, "prompt_cache_key", "a string", v);
+        r->prompt_cache_key_len = json_string_length(v);
+        if (r->prompt_cache_key_len > KVG_REQ_MAX_CACHE_KEY_LEN)
+            return kvg_api_error_set(p->err, 400, "string_above_max_length", "prompt_cache_key",
+                                     "Invalid 'prompt_cache_key': string too long. Expected a string "
+                                     "with maximum length %d, but got a string with length %zu instead.",
+                                     KVG_REQ_MAX_CACHE_KEY_LEN, r->prompt_cache_key_len);
+        if (!(r->prompt_cache_key = copy_str(p, json_string_value(v), r->prompt_cache_key_len)))
+            return -1;
+    }
+    if ((v = kvg_api_field(root, "prompt_cache_retention"))) {
+        const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+        if (!s)
+            return type_error(p, "prompt_cache_retention", "a string", v);
+        if (!strcmp(s, "in_memory"))
+            r->cache_retention_s = 0;
+        else if (!strcmp(s, "24h"))
+            r->cache_retention_s = 24 * 3600;
+        else
+            return kvg_api_error_set(p->err, 400, "invalid_value", "prompt_cache_retention",
+                                     "Invalid value: '%s'. Supported values are: 'in_memory' and "
+                                     "'24h'.", s);
+    }
+    return 0;
+}
+
 static int parse_root(pctx *p, const json_t *root)
 {
     if (parse_model(p, root) < 0)
@@ -913,7 +947,7 @@ static int parse_root(pctx *p, const json_t *root)
         return -1;
     if (parse_sampling(p, root) < 0 || parse_stop(p, root) < 0 || parse_stream(p, root) < 0
         || parse_logprobs(p, root) < 0 || check_unsupported(p, root) < 0
-        || parse_kvgate(p, root) < 0)
+        || parse_cache_fields(p, root) < 0 || parse_kvgate(p, root) < 0)
         return -1;
     return 0;
 }

@@ -80,10 +80,14 @@
  * Integer fields also accept a JSON number with no fractional part (2.0), as
  * vLLM's validation does.
  *
+ * prompt_cache_key (string, at most 1024 bytes) and prompt_cache_retention
+ * ("in_memory" | "24h"), completions and chat: kept for routing and the TTL the
+ * blocks get (bounded by the operator); neither is part of the cache's key.
+ *
  * Unknown fields are ignored, as OpenAI does. In particular a client-sent
- * "cache_salt", "tenant", "prompt_cache_key" or any similar field has NO effect:
- * it is not stored, so it cannot reach the cache key, which the gateway derives
- * from its own configuration. Known OpenAI fields this server does not
+ * "cache_salt", "tenant" or any similar field has NO effect: it is not stored, so
+ * it cannot reach the cache key, which the gateway derives from its own
+ * configuration (the tenant) and the prompt. Known OpenAI fields this server does not
  * implement are rejected (400, code "unsupported_parameter") when they carry a
  * non-default value, rather than silently changing the answer's meaning:
  * presence_penalty, frequency_penalty (non-zero), logit_bias (non-empty),
@@ -128,6 +132,7 @@ typedef enum kvg_prompt_kind {
 #define KVG_REQ_MAX_MODEL_LEN   256
 #define KVG_REQ_MAX_PATTERN_LEN 1024    /* kvgate.answer_pattern, bytes */
 #define KVG_REQ_MAX_CACHE_BREAKPOINTS 4 /* Anthropic's cache_control blocks */
+#define KVG_REQ_MAX_CACHE_KEY_LEN 1024  /* prompt_cache_key, bytes */
 
 /* One Anthropic cache_control breakpoint: the prefix up to and including the
  * block it is on. Parsed and validated; nothing acts on it yet (the prefix
@@ -172,6 +177,13 @@ typedef struct kvg_request {
     int32_t top_logprobs;            /* alternatives per position, 0..20 */
     const char *user;                /* NULL when absent */
     size_t user_len;
+
+    /* OpenAI's prompt caching fields (completions, chat) */
+    const char *prompt_cache_key;    /* NULL when absent: routing affinity within the
+                                        tenant, never part of the cache's key */
+    size_t prompt_cache_key_len;
+    uint32_t cache_retention_s;      /* prompt_cache_retention: 0 "in_memory" (the
+                                        location's kvgate_cache_ttl), 86400 "24h" */
 
     /* /v1/messages: its cache_control breakpoints, in the order of the
        prompt (system blocks first, then the messages' blocks) */

@@ -237,12 +237,25 @@ static void test_cache_salt(void)
     for (size_t i = 0; i < 2; i++) {
         b = parse(CMPL, salted_c[i], &e);
         jb = b ? kvg_request_to_json(b) : NULL;
-        ok(ja && jb && strcmp(ja, jb) == 0, "cache_salt/tenant/prompt_cache_key change nothing (%zu)", i);
+        ok(ja && jb && strcmp(ja, jb) == 0, "cache_salt/tenant/prompt_cache_key change nothing the cache "
+           "is keyed by (%zu)", i);
         if (jb && ja && strcmp(ja, jb))
             diag("  %s\n  %s", ja, jb);
         free(jb);
         kvg_request_free(b);
     }
+    b = parse(CMPL, salted_c[1], &e);
+    ok(b && str_is(b->prompt_cache_key, b->prompt_cache_key_len, "k") && b->cache_retention_s == 0,
+       "prompt_cache_key kept (routing affinity only), retention in_memory by default");
+    kvg_request_free(b);
+    b = parse(CMPL, "{\"model\":\"m\",\"prompt\":\"p\",\"prompt_cache_retention\":\"24h\"}", &e);
+    ok(b && b->cache_retention_s == 86400 && b->prompt_cache_key == NULL, "prompt_cache_retention 24h: 86400 s");
+    kvg_request_free(b);
+    b = parse(CMPL, "{\"model\":\"m\",\"prompt\":\"p\",\"prompt_cache_retention\":\"7d\"}", &e);
+    ok(!b && e.status == 400 && !strcmp(e.param, "prompt_cache_retention"), "prompt_cache_retention 7d: 400");
+    b = parse(CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                    "\"prompt_cache_key\":[1]}", &e);
+    ok(!b && e.status == 400 && !strcmp(e.param, "prompt_cache_key"), "chat: prompt_cache_key [1]: 400");
     is_str(ja, "{\"endpoint\":\"completions\",\"model\":\"m\",\"prompt\":\"secret prefix\","
                "\"max_tokens\":null,\"temperature\":0.5,\"top_p\":1.0,\"top_k\":-1,\"n\":1,"
                "\"seed\":null,\"stop\":[],\"stream\":false,\"include_usage\":false,"
