@@ -32,19 +32,19 @@
 
 static char err[512];
 static char base[256];
-static const kvg_kv_geom GEOM = { 2, 2, 8, 4 };
+static const kvg_kv_geom GEOM = { .n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .block_tokens = 4 };
 
 static void fill(kvg_kv_pool *p, int32_t id, uint32_t seed)
 {
     size_t n = kvg_kv_xfer_bytes(p) / sizeof(float);
-    float *f = p->data + (size_t)id * p->block_floats;
+    float *f = p->data + (size_t)id * (p->stride_bytes / sizeof(float));
     for (size_t i = 0; i < n; i++)
         f[i] = (float)((seed * 2654435761u + (uint32_t)i * 40503u) % 100003u) * 0.25f;
 }
 
 static int same(const kvg_kv_pool *p, int32_t a, const kvg_kv_pool *q, int32_t b)
 {
-    return memcmp(p->data + (size_t)a * p->block_floats, q->data + (size_t)b * q->block_floats,
+    return memcmp(p->data + (size_t)a * (p->stride_bytes / sizeof(float)), q->data + (size_t)b * (q->stride_bytes / sizeof(float)),
                   kvg_kv_xfer_bytes(p)) == 0;
 }
 
@@ -135,7 +135,7 @@ static void test_round_trip_restart(kvg_kv_pool *p)
 
     d = open_in("rt", 16, &id);
     is_int(stats(d).restored, 1, "reopened: the block is found again");
-    memset(p->data + 7 * p->block_floats, 0, kvg_kv_xfer_bytes(p));
+    memset(p->data + 7 * (p->stride_bytes / sizeof(float)), 0, kvg_kv_xfer_bytes(p));
     is_int(kvg_kv_disk_load(d, p, 7, h, tag), 0, "  and loads");
     ok(same(p, 1, p, 7), "  the same bytes");
     kvg_kv_disk_close(d);
@@ -376,7 +376,7 @@ static void test_prefix_cache(void)
     kvg_pc_set_disk(pc, d, err, sizeof err);
     ta = kvg_pc_tenant(pc, "A", 1, 0);
     tb = kvg_pc_tenant(pc, "B", 1, 0);
-    memset(p->data, 0, 4 * p->block_floats * sizeof(float));
+    memset(p->data, 0, 4 * (p->stride_bytes / sizeof(float)) * sizeof(float));
     is_int(kvg_pc_admit(pc, &s, tb, hab, 3, 13, 0, 1, 0, err, sizeof err), 0,
            "after the restart tenant B still misses A's blocks");
     kvg_pc_release(pc, &s, 2);
