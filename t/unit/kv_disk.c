@@ -63,7 +63,7 @@ static kvg_kv_disk_ident ident_of(const kvg_kv_pool *p, uint8_t model)
     id.n_kv_heads = p->geom.n_kv_heads;
     id.head_dim = p->geom.head_dim;
     id.block_tokens = p->geom.block_tokens;
-    id.dtype = KVG_KV_DTYPE_F32_HOST;
+    id.dtype = kvg_kv_disk_host_dtype(p);
     id.payload_bytes = kvg_kv_xfer_bytes(p);
     return id;
 }
@@ -158,6 +158,64 @@ static void test_round_trip_restart(kvg_kv_pool *p)
     d = open_in("rt", 16, &id);
     is_int(stats(d).restored, 1, "the original identity still finds its block");
     kvg_kv_disk_close(d);
+}
+
+/* int8 KV pools (--kv-dtype int8): their own dtype, with the count of float32 layers
+ * in it, so a store written by an engine of one --kv-dtype / --kv-full-precision-layers
+ * is free space for an engine of another; an int8 pool whose every layer is float32 is
+ * an F32 pool. */
+static void test_int8_ident(kvg_kv_pool *f32)
+{
+    kvg_kv_geom g = GEOM;
+    kvg_kv_pool *p0, *p1, *pall;
+    uint8_t h[32], tag[32];
+    kvg_kv_disk *d;
+    kvg_kv_disk_ident id1, id0, idf;
+
+    g.dtype = KVG_KV_INT8;
+    g.full_layers = 0;
+    p0 = kvg_kv_pool_new(&g, 8, err, sizeof err);
+    g.full_layers = 1;
+    p1 = kvg_kv_pool_new(&g, 8, err, sizeof err);
+    g.full_layers = 2;
+    pall = kvg_kv_pool_new(&g, 8, err, sizeof err);
+    if (!ok(p0 && p1 && pall, "int8 pools")) {
+        kvg_kv_pool_free(p0);
+        kvg_kv_pool_free(p1);
+        kvg_kv_pool_free(pall);
+        return;
+    }
+    is_int(kvg_kv_disk_host_dtype(f32), KVG_KV_DTYPE_F32_HOST, "F32 pool: F32_HOST");
+    is_int(kvg_kv_disk_host_dtype(pall), KVG_KV_DTYPE_F32_HOST, "int8 with every layer float32: F32_HOST");
+    is_int(kvg_kv_disk_host_dtype(p0), KVG_KV_DTYPE_INT8_HOST, "int8, no float32 layer: INT8_HOST + 0");
+    is_int(kvg_kv_disk_host_dtype(p1), KVG_KV_DTYPE_INT8_HOST + 1, "int8, 1 float32 layer: INT8_HOST + 1");
+
+    hash_of(h, 77);
+    memset(tag, 0xc3, 32);
+    id1 = ident_of(p1, 1);
+    id0 = ident_of(p0, 1);
+    idf = ident_of(f32, 1);
+    id0.payload_bytes = id1.payload_bytes;    /* only the dtype tells these two apart */
+    fill(p1, 2, 5);
+    d = open_in("i8", 8, &id1);
+    is_int(kvg_kv_disk_spill(d, p1, 2, h, tag, 0), 0, "int8 pool: a block spilled");
+    kvg_kv_disk_close(d);
+    d = open_in("i8", 8, &id0);
+    is_int(stats(d).restored, 0, "another float32-layer count (same payload size): ignored");
+    is_int(kvg_kv_disk_load(d, p0, 3, h, tag), -1, "  a miss");
+    kvg_kv_disk_close(d);
+    d = open_in("i8", 8, &idf);
+    is_int(stats(d).restored, 0, "an F32 engine: ignored");
+    is_int(kvg_kv_disk_load(d, f32, 3, h, tag), -1, "  a miss");
+    kvg_kv_disk_close(d);
+    d = open_in("i8", 8, &id1);
+    is_int(stats(d).restored, 1, "the same int8 identity finds it again");
+    is_int(kvg_kv_disk_load(d, p1, 4, h, tag), 0, "  and loads");
+    ok(same(p1, 2, p1, 4), "  the same bytes");
+    kvg_kv_disk_close(d);
+    kvg_kv_pool_free(p0);
+    kvg_kv_pool_free(p1);
+    kvg_kv_pool_free(pall);
 }
 
 static void test_corrupt(kvg_kv_pool *p)
@@ -409,6 +467,7 @@ int main(void)
         return 1;
     }
     test_round_trip_restart(p);
+    test_int8_ident(p);
     test_corrupt(p);
     test_lru_and_queue(p);
     test_wipe(p);
