@@ -688,6 +688,20 @@ int main(void)
     invariance_suite(&ta.m, "test model A int8 KV");
     long_prompt_suite(&ta.m, "test model A int8 KV");
     invariance_suite(&tb.m, "test model B int8 KV");
+    {
+        /* the family features that change which positions a row sees and how it weighs
+         * them, on int8 layers: sliding windows (layers 0 and 2), soft-capped scores,
+         * attention sinks */
+        tm_spec fs = { 48, 80, 3, 4, 2, 16, 97, 256, 0, 0, 1, 0, 1, 21 };
+        tm_family ff = { .swa_window = 20, .swa_period = 2, .attn_softcap = 30.0f, .sinks = 1 };
+        tm_model tf;
+        if (ok(tm_build(&tf, &fs) == 0 && tm_apply_family(&tf, &ff, fs.seed) == 0,
+               "test model C (windows, soft-cap, sinks)")) {
+            invariance_suite(&tf.m, "test model C int8 KV (windows, soft-cap, sinks)");
+            long_prompt_suite(&tf.m, "test model C int8 KV (windows, soft-cap, sinks)");
+        }
+        tm_free(&tf);
+    }
     kv_full_layers = 0;
     long_prompt_suite(&tb.m, "test model B int8 KV, every layer");
     kv_dtype = KVG_KV_F32;
