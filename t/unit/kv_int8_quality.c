@@ -14,7 +14,9 @@
  *
  * Without arguments, a test: the five golden prompts of stories260K (../shared) with
  * the default 3 float32 layers (their float32 greedy ids are the golden ones) and with
- * every layer int8, and synthetic:260K. With arguments, a measuring tool:
+ * every layer int8, and synthetic:260K; before them, attention over an int8 pool against
+ * attention over its dequantized values, and a device backend refusing an int8 pool.
+ * With arguments, a measuring tool:
  *
  *   build/t/kv_int8_quality --model synthetic:110M [--tokenizer T] [--full-layers N]
  *                           [--prompts K] [--prompt-len P] [--steps S] [--threads T]
@@ -438,11 +440,44 @@ out:
     kvg_model_free(m);
 }
 
+/* A backend whose pool lives in its own memory (the CUDA one) has no int8 layout yet:
+ * kvg_backend_kv_pool_new refuses an int8 geometry, naming the backend; an int8 geometry
+ * whose every layer is float32 is the float32 pool and goes through. */
+static int stub_pool_calls;
+static kvg_kv_pool *stub_pool_new(kvg_backend *be, const kvg_kv_geom *g, int32_t n_blocks, char *e, size_t el)
+{
+    (void)be;
+    stub_pool_calls++;
+    return kvg_kv_pool_new(g, n_blocks, e, el);
+}
+
+static void device_pool_refused(void)
+{
+    kvg_backend_ops ops;
+    kvg_backend be;
+    kvg_kv_geom g = { .n_layers = 4, .n_kv_heads = 2, .head_dim = 8, .dtype = KVG_KV_INT8, .full_layers = 3 };
+    kvg_kv_pool *p;
+    memset(&ops, 0, sizeof ops);
+    memset(&be, 0, sizeof be);
+    ops.name = "devicelike";
+    ops.kv_pool_new = stub_pool_new;
+    be.ops = &ops;
+    err[0] = '\0';
+    p = kvg_backend_kv_pool_new(&be, &g, 4, err, sizeof err);
+    ok(p == NULL && stub_pool_calls == 0 && strstr(err, "devicelike backend: no int8 KV pool"),
+       "a device backend's pool: int8 refused (%s)", err);
+    g.full_layers = 4;
+    p = kvg_backend_kv_pool_new(&be, &g, 4, err, sizeof err);
+    ok(p != NULL && stub_pool_calls == 1, "  every layer float32: the backend's float32 pool");
+    kvg_kv_pool_free(p);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
         return tool(argc, argv);
     const char *dir = getenv("KVGATE_SHARED_DIR") ? getenv("KVGATE_SHARED_DIR") : shared_dir();
+    device_pool_refused();
     golden(dir);
     {
         kvg_model_load_opts lo;
