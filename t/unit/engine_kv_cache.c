@@ -1,6 +1,7 @@
 /* The paged KV pool: geometry and budget arithmetic, the block allocator with reference
  * counts, block tables (prepare / fork / copy-on-write / truncate / release), failure
- * leaving everything unchanged, and the layout accessors. */
+ * leaving everything unchanged, and the layout accessors; the int8 layout (--kv-dtype int8)
+ * and its quantization. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
