@@ -25,10 +25,17 @@ scores_body(const float *restrict q, const float *const *kf, const int8_t *const
             acc[g][l] = 0.0f;
     for (int d = 0; d < hd; d++) {
         float qd = q[d];
-        for (int g = 0; g < NG; g++)
-            for (int l = 0; l < 16; l++)
-                acc[g][l] = fmaf(qd, kv_at(I8 ? (const void *)k8[g] : (const void *)kf[g], (size_t)d * bt + (size_t)l, I8),
-                                 acc[g][l]);
+        for (int g = 0; g < NG; g++) {
+            if (I8) {
+                const int8_t *kd = k8[g] + (size_t)d * bt;
+                for (int l = 0; l < 16; l++)
+                    acc[g][l] = fmaf(qd, (float)kd[l], acc[g][l]);
+            } else {
+                const float *kd = kf[g] + (size_t)d * bt;
+                for (int l = 0; l < 16; l++)
+                    acc[g][l] = fmaf(qd, kd[l], acc[g][l]);
+            }
+        }
     }
     for (int g = 0; g < NG; g++)
         for (int l = 0; l < 16; l++)
