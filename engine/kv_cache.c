@@ -4,6 +4,7 @@
 #include "kv_cache_testing.h"
 #include "errmsg.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +15,13 @@ static int geom_valid(const kvg_kv_geom *g)
 {
     return g && g->n_layers > 0 && g->n_kv_heads > 0 && g->head_dim > 0 &&
            g->block_tokens >= 0 && g->block_tokens <= 4096 &&
-           g->n_layers <= 4096 && g->n_kv_heads <= 4096 && g->head_dim <= 65536;
+           g->n_layers <= 4096 && g->n_kv_heads <= 4096 && g->head_dim <= 65536 &&
+           (g->dtype == KVG_KV_F32 || g->dtype == KVG_KV_INT8) && g->full_layers >= 0;
+}
+
+const char *kvg_kv_dtype_name(int dtype)
+{
+    return dtype == KVG_KV_INT8 ? "int8" : dtype == KVG_KV_F32 ? "f32" : "?";
 }
 
 static int block_tokens_of(const kvg_kv_geom *g)
@@ -22,25 +29,66 @@ static int block_tokens_of(const kvg_kv_geom *g)
     return g->block_tokens ? g->block_tokens : KVG_KV_BLOCK_TOKENS_DEFAULT;
 }
 
-/* Floats from one block to the next. The payload is usually a large power of two
+float kvg_kv_quantize(const float *x, int n, int8_t *q, size_t stride)
+{
+    float amax = 0.0f, scale;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    scale = amax / 127.0f;
+    for (int i = 0; i < n; i++) {
+        /* x / scale is within 127 (1 + 2^-23) of 0: rounds to at most 127 */
+        long v = scale > 0.0f ? lrintf(x[i] / scale) : 0;
+        q[(size_t)i * stride] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+    return scale;
+}
+
+/* Layers [0, n_full) in the F32 layout. */
+static int n_full_of(const kvg_kv_geom *g)
+{
+    return g->dtype == KVG_KV_INT8 && g->full_layers < g->n_layers ? g->full_layers : g->n_layers;
+}
+
+static size_t pad16(size_t n)
+{
+    return (n + 15) / 16 * 16;
+}
+
+/* Bytes of one (layer, kv_head) in the F32 layout: K then V. */
+static size_t head_bytes_f32(const kvg_kv_geom *g)
+{
+    return 2u * (size_t)g->head_dim * (size_t)block_tokens_of(g) * sizeof(float);
+}
+
+/* In the int8 layout: K and V (int8, each padded to 16 bytes), then a float scale per
+ * token for K and one for V (kv_cache.h). */
+static size_t head_bytes_i8(const kvg_kv_geom *g)
+{
+    size_t bt = (size_t)block_tokens_of(g);
+    return pad16(2u * pad16((size_t)g->head_dim * bt) + 2u * bt * sizeof(float));
+}
+
+/* Bytes from one block to the next. The payload is usually a large power of two
  * times something, which would put the same (layer, head) of every block in the same
  * cache sets and make attention, which walks one head across all blocks, thrash the
  * caches; padding the stride to an odd number of 64-byte lines spreads them. */
-static size_t block_stride_floats(const kvg_kv_geom *g)
+static size_t block_stride_bytes(const kvg_kv_geom *g)
 {
-    size_t payload = (size_t)g->n_layers * (size_t)g->n_kv_heads * 2u * (size_t)g->head_dim *
-                     (size_t)block_tokens_of(g);
-    size_t lines = (payload + 15) / 16;
+    size_t nf = (size_t)n_full_of(g), nh = (size_t)g->n_kv_heads;
+    size_t payload = nf * nh * head_bytes_f32(g) + ((size_t)g->n_layers - nf) * nh * head_bytes_i8(g);
+    size_t lines = (payload + 63) / 64;
     if (lines % 2 == 0)
         lines++;
-    return lines * 16;
+    return lines * 64;
 }
 
 size_t kvg_kv_block_bytes(const kvg_kv_geom *g)
 {
     if (!geom_valid(g))
         return 0;
-    return block_stride_floats(g) * sizeof(float);
+    return block_stride_bytes(g);
 }
 
 int32_t kvg_kv_blocks_for_budget(const kvg_kv_geom *g, size_t bytes)
@@ -78,9 +126,13 @@ static kvg_kv_pool *pool_new(const kvg_kv_geom *g, int32_t n_blocks, void *stora
     p->geom = *g;
     p->geom.block_tokens = block_tokens_of(g);
     p->n_blocks = n_blocks;
-    p->head_floats = 2u * (size_t)g->head_dim * (size_t)p->geom.block_tokens;
-    p->layer_floats = p->head_floats * (size_t)g->n_kv_heads;
-    p->block_floats = block_stride_floats(g);
+    p->n_full = n_full_of(g);
+    p->head_bytes_f32 = head_bytes_f32(g);
+    p->head_bytes_i8 = head_bytes_i8(g);
+    p->i8_v_off = pad16((size_t)g->head_dim * (size_t)p->geom.block_tokens);
+    p->i8_ks_off = 2u * p->i8_v_off;
+    p->i8_vs_off = p->i8_ks_off + (size_t)p->geom.block_tokens * sizeof(float);
+    p->stride_bytes = block_stride_bytes(g);
     p->refcount = calloc((size_t)n_blocks, sizeof *p->refcount);
     p->free_ids = malloc((size_t)n_blocks * sizeof *p->free_ids);
     if (storage) {
@@ -156,7 +208,7 @@ void kvg_kv_pool_free(kvg_kv_pool *p)
     if (p->release && p->data)
         p->release(p->copy_ctx, p->data);
     if (p->owns_data && p->data)
-        munmap(p->data, (size_t)p->n_blocks * p->block_floats * sizeof(float));
+        munmap(p->data, (size_t)p->n_blocks * p->stride_bytes);
     free(p->refcount);
     free(p->free_ids);
     free(p);
@@ -164,7 +216,7 @@ void kvg_kv_pool_free(kvg_kv_pool *p)
 
 size_t kvg_kv_xfer_bytes(const kvg_kv_pool *p)
 {
-    return p->block_bytes ? p->block_bytes : p->block_floats * sizeof(float);
+    return p->block_bytes ? p->block_bytes : p->stride_bytes;
 }
 
 int kvg_kv_block_export(const kvg_kv_pool *p, int32_t id, void *host)
@@ -173,7 +225,7 @@ int kvg_kv_block_export(const kvg_kv_pool *p, int32_t id, void *host)
         return -1;
     if (p->block_bytes)
         return p->xfer_out ? p->xfer_out(p->copy_ctx, p->data, p->block_bytes, id, host) : -1;
-    memcpy(host, p->data + (size_t)id * p->block_floats, p->block_floats * sizeof(float));
+    memcpy(host, (const char *)p->data + (size_t)id * p->stride_bytes, p->stride_bytes);
     return 0;
 }
 
@@ -183,7 +235,7 @@ int kvg_kv_block_import(kvg_kv_pool *p, int32_t id, const void *host)
         return -1;
     if (p->block_bytes)
         return p->xfer_in ? p->xfer_in(p->copy_ctx, p->data, p->block_bytes, id, (void *)host) : -1;
-    memcpy(p->data + (size_t)id * p->block_floats, host, p->block_floats * sizeof(float));
+    memcpy((char *)p->data + (size_t)id * p->stride_bytes, host, p->stride_bytes);
     return 0;
 }
 
@@ -271,12 +323,12 @@ int32_t kvg_kv_block_refcount(const kvg_kv_pool *p, int32_t id)
 
 static void copy_block(kvg_kv_pool *p, int32_t dst, int32_t src)
 {
-    size_t bytes = p->block_bytes ? p->block_bytes : p->block_floats * sizeof(float);
+    size_t bytes = p->block_bytes ? p->block_bytes : p->stride_bytes;
     if (p->copy)
         p->copy(p->copy_ctx, p->data, bytes, dst, src);
     else
-        memcpy(p->data + (size_t)dst * p->block_floats,
-               p->data + (size_t)src * p->block_floats, bytes);
+        memcpy((char *)p->data + (size_t)dst * p->stride_bytes,
+               (const char *)p->data + (size_t)src * p->stride_bytes, bytes);
 }
 
 void kvg_kv_seq_init(kvg_kv_seq *s)

@@ -9,6 +9,21 @@
  *
  * (plus padding to an odd number of 64-byte lines, so the same head of consecutive
  * blocks does not land in the same cache sets).
+ *
+ * int8 KV (geom.dtype KVG_KV_INT8, --kv-dtype int8): the first geom.full_layers layers
+ * keep the F32 layout above, the deeper ones hold, per (layer, kv_head):
+ *
+ *     { K: int8 [head_dim][block_tokens]   V: int8 [block_tokens][head_dim]
+ *       K scale: float [block_tokens]      V scale: float [block_tokens] }
+ *
+ * (each int8 array padded to 16 bytes). One scale per (token, kv head) for K and one for
+ * V: symmetric, scale = max|x| / 127, q = x / scale rounded to nearest even (a zero
+ * vector: scale 0, every q 0, so it dequantizes to exactly 0), x ~ q * scale. K stays
+ * dimension-major for the same elementwise FMAs: a score is the FMA chain of q[d] times
+ * the exact float of K's int8 over d, then one multiply by the key's scale; V's scale is
+ * folded into the softmax weight (w_t * scale_t) before the V chain. Both depend on the
+ * stored bytes only, so a cached block gives the bits it gave when it was written.
+ * A block still holds all layers: one block id names everything a prefix block needs.
  * K is stored transposed (dimension-major): attention computes the scores of up to 16
  * keys at once as elementwise FMAs over head_dim (one vector of keys per dimension),
  * never needing a horizontal reduction, and the reduction order of every q.k dot stays
@@ -33,11 +48,18 @@
 
 #define KVG_KV_BLOCK_TOKENS_DEFAULT 16
 
+/* How a pool stores K and V (geom.dtype). */
+#define KVG_KV_F32  0            /* every layer float32 (the default) */
+#define KVG_KV_INT8 1            /* layers from full_layers on: int8 + a scale per token */
+
 typedef struct kvg_kv_geom {
     int n_layers;
     int n_kv_heads;
     int head_dim;
     int block_tokens;            /* 0: KVG_KV_BLOCK_TOKENS_DEFAULT */
+    int dtype;                   /* KVG_KV_F32 (0) or KVG_KV_INT8 */
+    int full_layers;             /* KVG_KV_INT8: layers [0, full_layers) stay F32 (at
+                                    least 0; n_layers or more: every layer F32) */
 } kvg_kv_geom;
 
 /* Copies block `src` to block `dst` in the pool's storage (device backends). */
@@ -55,10 +77,12 @@ typedef int (*kvg_kv_xfer_fn)(void *ctx, void *storage, size_t block_bytes, int3
 typedef struct kvg_kv_pool {
     kvg_kv_geom geom;
     int32_t n_blocks;
-    size_t block_floats;         /* floats from one block to the next (padded) */
-    size_t layer_floats;         /* floats per layer inside a block */
-    size_t head_floats;          /* floats per (layer, kv_head): K then V */
-    float *data;                 /* n_blocks * block_floats */
+    size_t stride_bytes;         /* bytes from one block to the next (padded) */
+    int n_full;                  /* layers [0, n_full) in the F32 layout, the rest int8 */
+    size_t head_bytes_f32;       /* bytes per (layer, kv_head), F32 layout: K then V */
+    size_t head_bytes_i8;        /* int8 layout: K, V, K scales, V scales */
+    size_t i8_v_off, i8_ks_off, i8_vs_off; /* offsets of V, K scales, V scales in it */
+    float *data;                 /* n_blocks * stride_bytes */
     int owns_data;
     kvg_kv_copy_fn copy;
     void *copy_ctx;
@@ -100,7 +124,8 @@ typedef struct kvg_kv_seq {
     int32_t n_tokens;            /* positions whose K/V are written */
 } kvg_kv_seq;
 
-/* Bytes of one block for the geometry, padding included (0 for an invalid geometry). */
+/* Bytes of one block for the geometry, padding included (0 for an invalid geometry:
+ * also an unknown dtype or a negative full_layers). */
 size_t kvg_kv_block_bytes(const kvg_kv_geom *g);
 
 /* A pool of n_blocks blocks in host memory (zeroed lazily by the OS). NULL with err on
@@ -144,11 +169,28 @@ int32_t kvg_kv_block_refcount(const kvg_kv_pool *p, int32_t id);
 int32_t kvg_kv_block_revive(kvg_kv_pool *p, int32_t id);
 int kvg_kv_block_put_free(kvg_kv_pool *p, int32_t id);
 
-/* K of (block, layer, kv_head): head_dim rows of block_tokens floats. */
+/* Whether `layer` is stored as int8 (else float32). */
+static inline int kvg_kv_layer_int8(const kvg_kv_pool *p, int layer)
+{
+    return layer >= p->n_full;
+}
+
+/* The start of (block, layer, kv_head) in a host pool. */
+static inline unsigned char *kvg_kv_head(const kvg_kv_pool *p, int32_t block, int layer, int kv_head)
+{
+    size_t nh = (size_t)p->geom.n_kv_heads, off;
+    if (layer < p->n_full)
+        off = ((size_t)layer * nh + (size_t)kv_head) * p->head_bytes_f32;
+    else
+        off = (size_t)p->n_full * nh * p->head_bytes_f32
+            + ((size_t)(layer - p->n_full) * nh + (size_t)kv_head) * p->head_bytes_i8;
+    return (unsigned char *)p->data + (size_t)block * p->stride_bytes + off;
+}
+
+/* F32 layers. K of (block, layer, kv_head): head_dim rows of block_tokens floats. */
 static inline float *kvg_kv_k(const kvg_kv_pool *p, int32_t block, int layer, int kv_head)
 {
-    return p->data + (size_t)block * p->block_floats + (size_t)layer * p->layer_floats
-         + (size_t)kv_head * p->head_floats;
+    return (float *)(void *)kvg_kv_head(p, block, layer, kv_head);
 }
 
 /* V of (block, layer, kv_head): block_tokens rows of head_dim floats. */
@@ -157,6 +199,36 @@ static inline float *kvg_kv_v(const kvg_kv_pool *p, int32_t block, int layer, in
     return kvg_kv_k(p, block, layer, kv_head)
          + (size_t)p->geom.head_dim * (size_t)p->geom.block_tokens;
 }
+
+/* int8 layers. K: head_dim rows of block_tokens int8; V: block_tokens rows of head_dim
+ * int8; one float scale per token for each. */
+static inline int8_t *kvg_kv_k8(const kvg_kv_pool *p, int32_t block, int layer, int kv_head)
+{
+    return (int8_t *)kvg_kv_head(p, block, layer, kv_head);
+}
+
+static inline int8_t *kvg_kv_v8(const kvg_kv_pool *p, int32_t block, int layer, int kv_head)
+{
+    return (int8_t *)kvg_kv_head(p, block, layer, kv_head) + p->i8_v_off;
+}
+
+static inline float *kvg_kv_kscale(const kvg_kv_pool *p, int32_t block, int layer, int kv_head)
+{
+    return (float *)(void *)(kvg_kv_head(p, block, layer, kv_head) + p->i8_ks_off);
+}
+
+static inline float *kvg_kv_vscale(const kvg_kv_pool *p, int32_t block, int layer, int kv_head)
+{
+    return (float *)(void *)(kvg_kv_head(p, block, layer, kv_head) + p->i8_vs_off);
+}
+
+/* "f32" or "int8", for messages. */
+const char *kvg_kv_dtype_name(int dtype);
+
+/* The int8 layout's quantization of one vector x[0..n): q[i * stride] = x[i] / scale
+ * rounded to nearest even (|q| <= 127), scale = max|x| / 127 returned; a zero vector
+ * gives scale 0 and every q 0. */
+float kvg_kv_quantize(const float *x, int n, int8_t *q, size_t stride);
 
 /* Sequences. A zeroed kvg_kv_seq is an empty sequence. */
 void kvg_kv_seq_init(kvg_kv_seq *s);

@@ -412,6 +412,13 @@ static void size_file(kvg_kv_disk *d)
                 "be cached", d->path, (long long)want, strerror(errno));
 }
 
+uint32_t kvg_kv_disk_host_dtype(const kvg_kv_pool *pool)
+{
+    if (pool->n_full >= pool->geom.n_layers)
+        return KVG_KV_DTYPE_F32_HOST;
+    return KVG_KV_DTYPE_INT8_HOST | (uint32_t)pool->n_full;
+}
+
 kvg_kv_disk *kvg_kv_disk_open(const char *dir, uint64_t size_bytes, uint64_t staging_bytes,
                               const kvg_kv_disk_ident *id, char *err, size_t err_len)
 {

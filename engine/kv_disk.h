@@ -43,6 +43,11 @@
 /* KV dtypes as stored (the pool's transfer layout, kv_cache.h kvg_kv_xfer_bytes). */
 #define KVG_KV_DTYPE_F32_HOST   1u    /* the CPU pool: float32, kv_cache.h's block layout */
 #define KVG_KV_DTYPE_BF16_CUDA  2u    /* the CUDA pool: BF16, kernels/kvg_kernels.h's layout */
+/* The CPU pool with int8 KV (--kv-dtype int8, kv_cache.h): this plus the count of
+ * float32 layers (--kv-full-precision-layers, < n_layers), so an engine restarted with
+ * another dtype or another count never reads these blocks (nor they its). An int8 pool
+ * whose every layer is float32 has the F32 layout, and F32_HOST. */
+#define KVG_KV_DTYPE_INT8_HOST  0x49380000u    /* "I8" << 16 | full-precision layers */
 
 /* What a slot must match to be used. */
 typedef struct kvg_kv_disk_ident {
@@ -87,6 +92,10 @@ typedef struct kvg_kv_disk_stats {
     uint64_t wiped;                      /* slots dropped by kvg_kv_disk_wipe */
     int64_t pending;                     /* blocks queued for the writer now */
 } kvg_kv_disk_stats;
+
+/* The dtype of a host pool's blocks for the ident: F32_HOST or INT8_HOST + its float32
+ * layers. */
+uint32_t kvg_kv_disk_host_dtype(const kvg_kv_pool *pool);
 
 /* Opens (creating DIR's file if needed) a store of size_bytes, scans the slot headers
  * and indexes those of this identity. staging_bytes bounds the write queue (0: a

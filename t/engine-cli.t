@@ -188,6 +188,49 @@ my @req = ('--socket', $sock, '--prompt-file', $docfile, '--temperature', '0.8',
     }
 }
 
+# ---- int8 KV (--kv-dtype int8) ----------------------------------------------------------
+{
+    my ($rc, $out, $err) = run($engine_bin, '--help');
+    like($out, qr/--kv-dtype auto\|int8.*--kv-full-precision-layers N.*every layer/s,
+         '--help lists --kv-dtype and --kv-full-precision-layers');
+    ($rc, undef, $err) = run($engine_bin, '--model', 'x', '--socket', $sock, '--kv-dtype', 'fp8');
+    is($rc, 2, 'bad --kv-dtype: exit 2');
+    like($err, qr/--kv-dtype: 'fp8' is not auto or int8/, '  names the option and value');
+    ($rc, undef, $err) = run($engine_bin, '--model', 'x', '--socket', $sock, '--kv-full-precision-layers', '-1');
+    is($rc, 2, 'bad --kv-full-precision-layers: exit 2');
+    like($err, qr/--kv-full-precision-layers: '-1' is not an integer/, '  names the option and value');
+    ($rc, undef, $err) = run($engine_bin, '--model', 'x', '--socket', $sock, '--kv-dtype', 'int8',
+                             '--backend', 'cuda');
+    is($rc, 2, '--kv-dtype int8 --backend cuda: exit 2');
+    like($err, qr/--kv-dtype int8: the cuda backend/, '  says int8 KV is the cpu backend\'s');
+
+    my $s8 = "$dir/int8.sock";
+    my $e8 = Kvgate::Engine->start(socket => $s8, extra => [ '--kv-dtype', 'int8' ]);
+    like($e8->log, qr/KV int8: layers 0\.\.2 float32, 3\.\.4 int8: \d+ bytes a block \(float32: \d+\)/,
+         'int8 engine: says which layers are int8 and the block size');
+    my @r8 = ('--socket', $s8, '--prompt-file', $docfile, '--temperature', '0', '--max-tokens', '24', '--json');
+    ($rc, $out, $err) = run($cli_bin, @r8, '--tenant', 'acme');
+    my $a = eval { JSON::PP->new->decode($out) } // {};
+    is($rc, 0, 'int8 engine: a long prompt') or diag($err);
+    is($a->{cache}, 'miss', '  miss');
+    ($rc, $out) = run($cli_bin, @r8, '--tenant', 'acme');
+    my $b = eval { JSON::PP->new->decode($out) } // {};
+    ok($b->{cache} eq 'hit' && $b->{usage}{prompt_tokens_details}{cached_tokens} > 0,
+       "  again: a hit ($b->{usage}{prompt_tokens_details}{cached_tokens} cached tokens)");
+    ok(@{ $a->{choices}[0]{token_ids} // [] } == 24, '  24 tokens');
+    is_deeply($b->{choices}[0]{token_ids}, $a->{choices}[0]{token_ids}, '  the hit answers the miss\'s tokens');
+    is($e8->stop, 0, 'int8 engine: SIGTERM exits 0');
+    my $e8all = Kvgate::Engine->start(socket => $s8, extra => [ '--kv-dtype', 'int8',
+                                                                '--kv-full-precision-layers', '5' ]);
+    like($e8all->log, qr/--kv-full-precision-layers 5: all 5 layers keep float32/,
+         '--kv-full-precision-layers 5 of 5: every layer float32, said');
+    ($rc, $out) = run($cli_bin, '--socket', $s8, '--prompt', $c0->{prompt}, '--temperature', '0',
+                      '--max-tokens', $ng, '--json');
+    my $j = eval { JSON::PP->new->decode($out) } // {};
+    is_deeply($j->{choices}[0]{token_ids}, $c0->{greedy_ids}, '  the float32 answer (the reference ids)');
+    is($e8all->stop, 0, '  SIGTERM exits 0');
+}
+
 is($e->stop, 0, 'SIGTERM: the engine exits 0');
 ok(!-e $sock, '  and removes its socket');
 unlike($e->log, qr/AddressSanitizer|runtime error|LeakSanitizer/, 'engine log has no sanitizer reports');

@@ -8,7 +8,10 @@
 #   - after a restart on the same DIR the first request hits, identically; a new
 #     tenant misses;
 #   - an engine of another model on DIR finds nothing; corrupt slots (a flipped byte in
-#     every payload) are dropped and recomputed, identically; a wiped tenant misses.
+#     every payload) are dropped and recomputed, identically; a wiped tenant misses;
+#   - int8 KV (--kv-dtype int8): evicted to disk and back, and after a restart, with the
+#     answers of its first (computed) run; an engine of float32 KV or of another
+#     --kv-full-precision-layers on its DIR finds nothing.
 # No timing: what a running engine wrote is read after it stops (a clean stop writes
 # its queue out), or as a hit served from disk or from the writer's queue alike.
 # With KVGATE_ASAN=1 both binaries are the ASan builds.
@@ -172,5 +175,36 @@ my $wiped = ask(0, 'acme');
 is($wiped->{cached}, 0, 'after the wipe acme misses');
 same_answer($wiped, $first, '  recomputed');
 is($e->stop, 0, 'stops cleanly');
+
+# ---- int8 KV: blocks of its own dtype ----------------------------------------------------
+
+my $kv8 = "$dir/kv8";
+my @disk8 = ('--kv-memory', '300K', '--kv-disk', $kv8, '--kv-disk-size', '4M');
+unlink "$sock.log";
+my $i8 = Kvgate::Engine->start(socket => $sock, extra => [ @disk8, '--kv-dtype', 'int8' ]);
+($pool) = $i8->ready_line =~ /KV pool (\d+) blocks/;
+is($pool, 19, 'int8 KV: 19 blocks in 300K (15,424 bytes a block)');
+my $first8 = ask(0, 'acme');
+is($first8->{cached}, 0, 'int8 KV, prompt A: a miss');
+ask(1, 'acme');
+ask(2, 'acme');
+my $again8 = ask(0, 'acme');
+is($again8->{cached}, $full, "prompt A again after B and C: $full cached tokens");
+same_answer($again8, $first8, '  as computed');
+is($i8->stop, 0, 'stops cleanly');
+unlink "$sock.log";
+$i8->restart;
+like($i8->log, qr/KV disk .*, [1-9]\d* blocks found/, 'restarted with --kv-dtype int8: it finds its blocks');
+my $warm8 = ask(0, 'acme');
+is($warm8->{cached}, $full, "  the first request: $full cached tokens");
+same_answer($warm8, $first8, '  as computed before the restart');
+is($i8->stop, 0, 'stops cleanly');
+for my $other ([ 'float32 KV', [] ], [ '--kv-full-precision-layers 2', [ '--kv-dtype', 'int8', '--kv-full-precision-layers', '2' ] ]) {
+    unlink "$sock.log";
+    my $o8 = Kvgate::Engine->start(socket => $sock, extra => [ @disk8, @{ $other->[1] } ]);
+    like($o8->log, qr/KV disk .*, 0 blocks found/, "an engine of $other->[0] on the int8 engine's directory finds nothing");
+    is(ask(0, 'acme')->{cached}, 0, '  a miss');
+    is($o8->stop, 0, '  stops cleanly');
+}
 
 done_testing();

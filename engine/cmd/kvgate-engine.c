@@ -49,6 +49,13 @@ static const char USAGE[] =
     "                          with none and no --chat-template refuses chat requests\n"
     "  --kv-memory SIZE        memory for the KV pool, e.g. 512M, 4G (default: cpu 256M; cuda\n"
     "                          90% of the GPU memory free once the weights are loaded)\n"
+    "  --kv-dtype auto|int8    how the KV pool stores keys and values: auto (default) as the\n"
+    "                          backend does (cpu: float32; cuda: BF16); int8: the layers past\n"
+    "                          --kv-full-precision-layers as int8 with a scale per token and\n"
+    "                          KV head (about 3.8x less memory for them; cpu backend only;\n"
+    "                          docs/operations.md has the quality figures)\n"
+    "  --kv-full-precision-layers N  with --kv-dtype int8: the first N layers keep float32\n"
+    "                          (default 3; N >= the model's layers: every layer, as auto)\n"
     "  --kv-disk DIR           keep blocks evicted from the KV pool in DIR (one file of\n"
     "                          --kv-disk-size; written in the background, read back on a\n"
     "                          prefix hit, found again by the next engine on DIR with the\n"
@@ -117,7 +124,7 @@ static kvg_kv_disk *open_disk(const char *dir, uint64_t bytes, const kvg_model *
     id.n_kv_heads = pool->geom.n_kv_heads;
     id.head_dim = pool->geom.head_dim;
     id.block_tokens = pool->geom.block_tokens;
-    id.dtype = pool->block_bytes ? KVG_KV_DTYPE_BF16_CUDA : KVG_KV_DTYPE_F32_HOST;
+    id.dtype = pool->block_bytes ? KVG_KV_DTYPE_BF16_CUDA : kvg_kv_disk_host_dtype(pool);
     id.payload_bytes = kvg_kv_xfer_bytes(pool);
     disk = kvg_kv_disk_open(dir, bytes, 0, &id, err, sizeof err);
     if (!disk) {
@@ -209,6 +216,8 @@ int main(int argc, char **argv)
     uint64_t disk_bytes = 0, host_bytes = 0;
     kvg_kv_host *host = NULL;
     void *host_buf = NULL;
+    int kv_dtype = KVG_KV_F32;
+    long kv_full_layers = 3;
     int kv_given = 0;
     long device = 0, batch_inv = 1;
     uint64_t kv_bytes = (uint64_t)256 << 20, sq_data = 0, cq_data = 0;
@@ -258,6 +267,13 @@ int main(int argc, char **argv)
             if (kvg_arg_size(v, &kv_bytes) != 0)
                 return usage_error("--kv-memory: '%s' is not a size like 512M or 4G", v);
             kv_given = 1;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (strcmp(v, "auto") && strcmp(v, "int8"))
+                return usage_error("--kv-dtype: '%s' is not auto or int8", v);
+            kv_dtype = !strcmp(v, "int8") ? KVG_KV_INT8 : KVG_KV_F32;
+        } else if (!strcmp(a, "--kv-full-precision-layers")) {
+            if (kvg_arg_long(v, 0, 4096, &kv_full_layers) != 0)
+                return usage_error("--kv-full-precision-layers: '%s' is not an integer 0..4096", v);
         } else if (!strcmp(a, "--kv-disk")) {
             if (!*v)
                 return usage_error("--kv-disk: '%s' is not a directory", v);
@@ -325,6 +341,9 @@ int main(int argc, char **argv)
         return usage_error("%s", "--kv-disk-size and --kv-disk-wipe-tenant need --kv-disk");
     if (!socket_path && !wipe_tenant)
         return usage_error("%s", "--socket is required");
+    if (kv_dtype == KVG_KV_INT8 && strcmp(backend, "cpu"))
+        return usage_error("--kv-dtype int8: the %s backend keeps its KV pool as it is (BF16); int8 KV "
+                           "runs on --backend cpu", backend);
     int gid = -1;
     if (group) {
         struct group *g = getgrnam(group);
@@ -378,6 +397,18 @@ int main(int argc, char **argv)
     }
     kvg_kv_geom g;
     kvg_forward_kv_geom(m, 0, &g);
+    g.dtype = kv_dtype;
+    g.full_layers = (int)kv_full_layers;
+    if (kv_dtype == KVG_KV_INT8) {
+        if (kv_full_layers >= m->cfg.n_layers)
+            fprintf(stderr, "kvgate-engine: --kv-dtype int8 with --kv-full-precision-layers %ld: all %d layers "
+                    "keep float32\n", kv_full_layers, m->cfg.n_layers);
+        else
+            fprintf(stderr, "kvgate-engine: KV int8: layers 0..%ld float32, %ld..%d int8: %zu bytes a block "
+                    "(float32: %zu)\n", kv_full_layers - 1, kv_full_layers, m->cfg.n_layers - 1,
+                    kvg_kv_block_bytes(&g), kvg_kv_block_bytes(&(kvg_kv_geom){ .n_layers = g.n_layers,
+                    .n_kv_heads = g.n_kv_heads, .head_dim = g.head_dim, .block_tokens = g.block_tokens }));
+    }
     /* A device backend's pool lives in its memory: by default most of what the weights
      * left free. */
     if (!kv_given)

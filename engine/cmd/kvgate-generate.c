@@ -49,6 +49,9 @@ static const char USAGE[] =
     "  --threads N         CPU threads (default: all online CPUs)\n"
     "  --prefill-chunk N   prefill the prompt N tokens per step (default: all at once)\n"
     "  --block-tokens N    tokens per KV block (default 16)\n"
+    "  --kv-dtype auto|int8  the KV pool's storage (kvgate-engine's flag): auto (default)\n"
+    "                      as the backend stores it; int8 past --kv-full-precision-layers (cpu)\n"
+    "  --kv-full-precision-layers N  with --kv-dtype int8: float32 layers (default 3)\n"
     "  --prompt-logits F   write the logits at the last prompt position to F, one per line\n"
     "  --top2-gap          print on stderr each choice's margin, the top logit minus the\n"
     "                      second (\"top2-gap[K]: G\", K = 0 at the last prompt position),\n"
@@ -60,8 +63,8 @@ static const char USAGE[] =
 typedef struct opts {
     const char *model, *tokenizer, *backend, *prompt, *prompt_file, *prompt_ids;
     const char *stop, *prompt_logits, *export_path;
-    long max_tokens, steps, threads, prefill_chunk, block_tokens, device;
-    int batch_invariant;
+    long max_tokens, steps, threads, prefill_chunk, block_tokens, device, kv_full_layers;
+    int batch_invariant, kv_int8;
     kvg_sampler_params sp;
     int ids, logprobs, no_bos, top2_gap;
 } opts;
@@ -82,6 +85,16 @@ static int parse_seed(const char *v, void *dst, char *msg, size_t msg_len)
     if (errno || end == v || *end || v[0] == '-')
         return -1;
     *(uint64_t *)dst = (uint64_t)s;
+    return 0;
+}
+
+/* --kv-dtype: auto (0) or int8 (1). */
+static int parse_kv_dtype(const char *v, void *dst, char *msg, size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    if (strcmp(v, "auto") && strcmp(v, "int8"))
+        return -1;
+    *(int *)dst = !strcmp(v, "int8");
     return 0;
 }
 
@@ -120,6 +133,10 @@ static int parse_args(int argc, char **argv, opts *o)
           "--prefill-chunk needs an integer >= 1, got '%s'", NULL },
         { "--block-tokens", KVG_OPT_LONG, &o->block_tokens, 1, 4096,
           "--block-tokens needs an integer in [1, 4096], got '%s'", NULL },
+        { "--kv-dtype", KVG_OPT_CUSTOM, &o->kv_int8, 0, 0, "--kv-dtype: '%s' is not auto or int8",
+          parse_kv_dtype },
+        { "--kv-full-precision-layers", KVG_OPT_LONG, &o->kv_full_layers, 0, 4096,
+          "--kv-full-precision-layers: '%s' is not an integer 0..4096", NULL },
         { "--prompt-logits", KVG_OPT_STR, &o->prompt_logits, 0, 0, NULL, NULL },
         { "--top2-gap", KVG_OPT_FLAG, &o->top2_gap, 0, 0, NULL, NULL },
         { "--export-llama2c", KVG_OPT_STR, &o->export_path, 0, 0, NULL, NULL },
@@ -131,6 +148,7 @@ static int parse_args(int argc, char **argv, opts *o)
     o->batch_invariant = 1;
     o->max_tokens = 256;
     o->steps = -1;
+    o->kv_full_layers = 3;
     o->sp.temperature = 1.0f;
     o->sp.top_p = 1.0f;
     rc = kvg_args_parse("kvgate-generate", USAGE, argc, argv, table, sizeof table / sizeof table[0]);
@@ -138,6 +156,9 @@ static int parse_args(int argc, char **argv, opts *o)
         return rc;
     if (!o->model)
         return usage_error("%s", "--model is required");
+    if (o->kv_int8 && strcmp(o->backend, "cpu"))
+        return usage_error("--kv-dtype int8: the %s backend keeps its KV pool as it is; int8 KV runs on "
+                           "--backend cpu", o->backend);
     if (o->export_path && !o->prompt && !o->prompt_file && !o->prompt_ids)
         return 0;
     if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->prompt_ids != NULL) != 1)
@@ -365,6 +386,8 @@ static int run(gen *g, char *err, size_t err_len)
     if (!g->be)
         return -1;
     kvg_forward_kv_geom(g->m, (int)o->block_tokens, &geom);
+    geom.dtype = o->kv_int8 ? KVG_KV_INT8 : KVG_KV_F32;
+    geom.full_layers = (int)o->kv_full_layers;
     {
         int bt = o->block_tokens ? (int)o->block_tokens : KVG_KV_BLOCK_TOKENS_DEFAULT;
         g->kv = kvg_backend_kv_pool_new(g->be, &geom, (int32_t)((max_pos + bt - 1) / bt + 1), err, err_len);

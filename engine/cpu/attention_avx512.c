@@ -29,6 +29,11 @@
 #define AV_SWIGLU kvg_swiglu_avx512
 #define AV_SWIGLU_OAI kvg_swiglu_oai_avx512
 #define AV_GEGLU kvg_geglu_avx512
+#define AV_SCORES4_I8 kvg_attn_scores4_i8_avx512
+#define AV_SCORES1_I8 kvg_attn_scores1_i8_avx512
+#define AV_VACC_I8 kvg_attn_vacc_i8_avx512
+#define AV_SCORES4_ROWS_I8 kvg_attn_scores4_rows_i8_avx512
+#define AV_VACC_ROWS_I8 kvg_attn_vacc_rows_i8_avx512
 #define AV_V __m512
 #define AV_VL 16
 #define AV_SET1(f) _mm512_set1_ps(f)
@@ -51,5 +56,6 @@
 /* (an integer OR: the float one needs AVX512DQ) */
 #define AV_NEG_ABS(x) \
     _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u)))
+#define AV_LOAD_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))))
 #include "cpu/attention_simd_x86.h"
 #endif

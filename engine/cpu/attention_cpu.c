@@ -30,6 +30,14 @@
  * scalar code, so every ISA computes it alike -- and weighs no value. All depend on the
  * position alone.
  *
+ * An int8 layer of the KV pool (--kv-dtype int8, kv_cache.h) runs the same chains over
+ * the stored int8 values made float (exactly), then s_j is that chain times K's scale of
+ * position j (one multiply, before the division), and the V chain's weight is
+ * e_j times V's scale of j (one multiply; the sum stays that of the e_j). The kernels
+ * read the stored bytes themselves (the _i8 ones), so what attention sees is what the
+ * block holds, whether it was written in this step or long ago: a cache hit gives a
+ * miss's bits.
+ *
  * The rows of one sequence in a step (a prefill, a cached prompt's recomputed tail) read
  * the same K and V. Done one item at a time, every load of them comes from L2 and the
  * FMAs wait on it; so KVG_ATTN_ROWS items of one head and consecutive rows of one
@@ -46,13 +54,16 @@
 #include "cpu/attention_kernels.h"
 #include "cpu/gemm.h"
 
-/* A partial group of n < 16 keys: the same chains, one key at a time. */
-static void scores_tail(const float *q, const float *k, int bt, int hd, int n, float *out)
+/* A partial group of n < 16 keys: the same chains, one key at a time (k: floats, or
+ * int8 when i8). */
+static void scores_tail(const float *q, const void *k, int i8, int bt, int hd, int n, float *out)
 {
     for (int l = 0; l < n; l++) {
         float a = 0.0f;
-        for (int d = 0; d < hd; d++)
-            a = fmaf(q[d], k[(size_t)d * bt + l], a);
+        for (int d = 0; d < hd; d++) {
+            size_t at = (size_t)d * bt + (size_t)l;
+            a = fmaf(q[d], i8 ? (float)((const int8_t *)k)[at] : ((const float *)k)[at], a);
+        }
         out[l] = a;
     }
 }
@@ -86,7 +97,47 @@ typedef struct attn_job {
     float div;                   /* scores are q.k / div */
     float softcap;               /* 0: none */
     const float *sinks;          /* [n_heads] the layer's sinks; NULL: none */
+    int i8;                      /* the layer's K and V are int8 (kv_cache.h) */
 } attn_job;
+
+/* Column j0 of the K of (block, kv head g): float or int8 as the layer stores it. */
+static const unsigned char *k_at(const attn_job *j, int32_t block, int g, int j0)
+{
+    return kvg_kv_head(j->kv, block, j->layer, g) + (size_t)j0 * (j->i8 ? 1u : sizeof(float));
+}
+
+/* The scores of n (4 or 1) groups of 16 keys (grp[i]: k_at's pointers). */
+static void scores_n(const attn_job *j, const float *q, const unsigned char *const *grp, int n, float *out)
+{
+    int hd = j->c->m->cfg.head_dim, bt = j->kv->geom.block_tokens;
+    if (j->i8) {
+        const int8_t *k[4];
+        for (int i = 0; i < n; i++)
+            k[i] = (const int8_t *)grp[i];
+        (n == 4 ? j->k.scores4_i8 : j->k.scores1_i8)(q, k, bt, hd, out);
+    } else {
+        const float *k[4];
+        for (int i = 0; i < n; i++)
+            k[i] = (const float *)(const void *)grp[i];
+        (n == 4 ? j->k.scores4 : j->k.scores1)(q, k, bt, hd, out);
+    }
+}
+
+/* x[t] *= the scale of position t (K's or V's: which = kvg_kv_kscale / vscale) for t in
+ * [from, T): an int8 layer's scores and weights; nothing for an F32 layer. */
+static void apply_scales(const attn_job *j, float *(*which)(const kvg_kv_pool *, int32_t, int, int),
+                         const int32_t *blocks, int g, int from, int T, float *x)
+{
+    int bt = j->kv->geom.block_tokens;
+    if (!j->i8)
+        return;
+    for (int b = from / bt; b * bt < T; b++) {
+        const float *s = which(j->kv, blocks[b], j->layer, g);
+        int lo = b * bt > from ? b * bt : from, hi = (b + 1) * bt < T ? (b + 1) * bt : T;
+        for (int t = lo; t < hi; t++)
+            x[t] = x[t] * s[t - b * bt];
+    }
+}
 
 /* Scores sc[from..T) of one row (from: the first position of a 16-key group): full
  * groups four at a time where they cover consecutive positions, then the partial one. */
@@ -94,51 +145,56 @@ static void score_keys(const attn_job *j, const float *q, const int32_t *blocks,
                        float *sc)
 {
     int hd = j->c->m->cfg.head_dim, bt = j->kv->geom.block_tokens;
-    const float *grp[4];
+    const unsigned char *grp[4];
     int ng = 0, first = 0;
     for (int b = from / bt; b * bt < T; b++) {
         int n = T - b * bt < bt ? T - b * bt : bt;
-        const float *kb = kvg_kv_k(j->kv, blocks[b], j->layer, g);
         for (int j0 = b * bt < from ? from - b * bt : 0; j0 < n; j0 += 16) {
             int pos0 = b * bt + j0;
+            const unsigned char *kj = k_at(j, blocks[b], g, j0);
             if (n - j0 < 16) {
                 /* Inside a block the vector kernel may read the not yet written
                  * slots: every lane is its own chain, the extra ones are dropped
                  * (sc has room for them). */
                 if (j0 + 16 <= bt)
-                    j->k.scores1(q, (const float *const *)&(const float *){ kb + j0 }, bt, hd, sc + pos0);
+                    scores_n(j, q, &kj, 1, sc + pos0);
                 else
-                    scores_tail(q, kb + j0, bt, hd, n - j0, sc + pos0);
+                    scores_tail(q, kj, j->i8, bt, hd, n - j0, sc + pos0);
                 continue;
             }
             if (ng > 0 && pos0 != first + 16 * ng) {
                 /* not contiguous (block size not a multiple of 16): flush */
                 for (int i = 0; i < ng; i++)
-                    j->k.scores1(q, grp + i, bt, hd, sc + first + 16 * i);
+                    scores_n(j, q, grp + i, 1, sc + first + 16 * i);
                 ng = 0;
             }
             if (ng == 0)
                 first = pos0;
-            grp[ng++] = kb + j0;
+            grp[ng++] = kj;
             if (ng == 4) {
-                j->k.scores4(q, grp, bt, hd, sc + first);
+                scores_n(j, q, grp, 4, sc + first);
                 ng = 0;
             }
         }
     }
     for (int i = 0; i < ng; i++)
-        j->k.scores1(q, grp + i, bt, hd, sc + first + 16 * i);
+        scores_n(j, q, grp + i, 1, sc + first + 16 * i);
+    apply_scales(j, kvg_kv_kscale, blocks, g, from, T, sc);
 }
 
-/* out += the weighted V of positions [from, T), block by block. */
+/* out += the weighted V of positions [from, T), block by block (an int8 layer's w
+ * already times V's scales). */
 static void vacc_keys(const attn_job *j, float *out, const float *w, const int32_t *blocks, int g, int from,
                       int T)
 {
     int hd = j->c->m->cfg.head_dim, bt = j->kv->geom.block_tokens;
     for (int b = from / bt; b * bt < T; b++) {
         int lo = b * bt > from ? b * bt : from, hi = (b + 1) * bt < T ? (b + 1) * bt : T;
-        j->k.vacc(out, w + lo, kvg_kv_v(j->kv, blocks[b], j->layer, g) + (size_t)(lo - b * bt) * hd, hi - lo,
-                  hd);
+        size_t at = (size_t)(lo - b * bt) * hd;
+        if (j->i8)
+            j->k.vacc_i8(out, w + lo, kvg_kv_v8(j->kv, blocks[b], j->layer, g) + at, hi - lo, hd);
+        else
+            j->k.vacc(out, w + lo, kvg_kv_v(j->kv, blocks[b], j->layer, g) + at, hi - lo, hd);
     }
 }
 
@@ -183,6 +239,7 @@ static void attend_one(const attn_job *j, int h, int r, float *sc)
     score_keys(j, q, blocks, g, from, T, sc);
     div = prepare_scores(j, sc, from, lo, T);
     sum = j->k.softmax(sc + from, T - from, div, sink_of(j, h));
+    apply_scales(j, kvg_kv_vscale, blocks, g, from, T, sc);
     memset(out, 0, (size_t)hd * sizeof(float));
     vacc_keys(j, out, sc, blocks, g, from, T);
     for (int d = 0; d < hd; d++)
@@ -218,18 +275,27 @@ static void attend_rows(const attn_job *j, int h, int r0, float *sc0)
     shared = t_min / 64 * 64;
     for (int p = 0; p < shared; p += 64) {
         const float *grp[4];
+        const int8_t *grp8[4];
         float *o[KVG_ATTN_ROWS];
         for (int i = 0; i < 4; i++) {
             int pos = p + 16 * i;
-            grp[i] = kvg_kv_k(j->kv, blocks[pos / bt], j->layer, g) + pos % bt;
+            if (j->i8)
+                grp8[i] = kvg_kv_k8(j->kv, blocks[pos / bt], j->layer, g) + pos % bt;
+            else
+                grp[i] = kvg_kv_k(j->kv, blocks[pos / bt], j->layer, g) + pos % bt;
         }
         for (int i = 0; i < KVG_ATTN_ROWS; i++)
             o[i] = sc[i] + p;
-        j->k.scores4_rows(q, grp, bt, hd, o);
+        if (j->i8)
+            j->k.scores4_rows_i8(q, grp8, bt, hd, o);
+        else
+            j->k.scores4_rows(q, grp, bt, hd, o);
     }
     for (int i = 0; i < KVG_ATTN_ROWS; i++) {
+        apply_scales(j, kvg_kv_kscale, blocks, g, 0, shared, sc[i]);
         score_keys(j, q[i], blocks, g, shared, T[i], sc[i]);
         sum[i] = j->k.softmax(sc[i], T[i], prepare_scores(j, sc[i], 0, 0, T[i]), sink_of(j, h));
+        apply_scales(j, kvg_kv_vscale, blocks, g, 0, T[i], sc[i]);
         memset(out[i], 0, (size_t)hd * sizeof(float));
     }
     /* V: every position below t_min for all rows at once, block by block. */
@@ -238,7 +304,10 @@ static void attend_rows(const attn_job *j, int h, int r0, float *sc0)
         const float *w[KVG_ATTN_ROWS];
         for (int i = 0; i < KVG_ATTN_ROWS; i++)
             w[i] = sc[i] + (size_t)b * bt;
-        j->k.vacc_rows(out, w, kvg_kv_v(j->kv, blocks[b], j->layer, g), n, hd);
+        if (j->i8)
+            j->k.vacc_rows_i8(out, w, kvg_kv_v8(j->kv, blocks[b], j->layer, g), n, hd);
+        else
+            j->k.vacc_rows(out, w, kvg_kv_v(j->kv, blocks[b], j->layer, g), n, hd);
     }
     for (int i = 0; i < KVG_ATTN_ROWS; i++) {
         vacc_keys(j, out[i], sc[i], blocks, g, t_min, T[i]);
@@ -302,6 +371,7 @@ void kvg_cpu_attention(kvg_cpu *c, kvg_kv_pool *kv, int layer, const float *q, f
     j.div = sqrtf(c->m->cfg.attn_query_scalar > 0.0f ? c->m->cfg.attn_query_scalar : (float)c->m->cfg.head_dim);
     j.softcap = c->m->cfg.attn_softcap;
     j.sinks = c->m->layers[layer].attn_sinks;
+    j.i8 = kvg_kv_layer_int8(kv, layer);
     j.q = q;
     j.out = out;
     j.n_items = (size_t)c->m->cfg.n_heads * (size_t)c->n_rows;

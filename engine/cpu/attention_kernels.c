@@ -8,9 +8,16 @@
 /* Scores of NG groups of 16 keys: k[g] points at column 0 of a 16-key group inside a
  * dimension-major K block (row stride bt). out gets 16 * NG scores. Each score is one
  * FMA chain over d; NG groups at once give the core 2*NG independent vector chains. */
-static inline void
-scores_body(const float *restrict q, const float *const *k, int bt, int hd, const int NG,
-            float *restrict out)
+/* Element i of K or V: a float, or an int8 made float (exact; I8 a constant once the
+ * always-inline bodies are inlined). */
+static inline __attribute__((always_inline)) float kv_at(const void *p, size_t i, const int I8)
+{
+    return I8 ? (float)((const int8_t *)p)[i] : ((const float *)p)[i];
+}
+
+static inline __attribute__((always_inline)) void
+scores_body(const float *restrict q, const float *const *kf, const int8_t *const *k8, int bt, int hd,
+            const int NG, const int I8, float *restrict out)
 {
     float acc[4][16];
     for (int g = 0; g < NG; g++)
@@ -19,9 +26,15 @@ scores_body(const float *restrict q, const float *const *k, int bt, int hd, cons
     for (int d = 0; d < hd; d++) {
         float qd = q[d];
         for (int g = 0; g < NG; g++) {
-            const float *kd = k[g] + (size_t)d * bt;
-            for (int l = 0; l < 16; l++)
-                acc[g][l] = fmaf(qd, kd[l], acc[g][l]);
+            if (I8) {
+                const int8_t *kd = k8[g] + (size_t)d * bt;
+                for (int l = 0; l < 16; l++)
+                    acc[g][l] = fmaf(qd, (float)kd[l], acc[g][l]);
+            } else {
+                const float *kd = kf[g] + (size_t)d * bt;
+                for (int l = 0; l < 16; l++)
+                    acc[g][l] = fmaf(qd, kd[l], acc[g][l]);
+            }
         }
     }
     for (int g = 0; g < NG; g++)
@@ -32,17 +45,16 @@ scores_body(const float *restrict q, const float *const *k, int bt, int hd, cons
 /* out[d] = fmaf(w[t], v[t][d], out[d]) for t < n ascending: one chain per d. The
  * output is held in registers W dims at a time across all n tokens. */
 static inline __attribute__((always_inline)) void
-vacc_chunk(float *restrict out, const float *restrict w, const float *restrict v, int n, int hd,
-           const int W)
+vacc_chunk(float *restrict out, const float *restrict w, const void *restrict v, int n, int hd,
+           const int W, const int I8)
 {
     float acc[64];
     for (int l = 0; l < W; l++)
         acc[l] = out[l];
     for (int t = 0; t < n; t++) {
         float wt = w[t];
-        const float *vt = v + (size_t)t * hd;
         for (int l = 0; l < W; l++)
-            acc[l] = fmaf(wt, vt[l], acc[l]);
+            acc[l] = fmaf(wt, kv_at(v, (size_t)t * hd + (size_t)l, I8), acc[l]);
     }
     for (int l = 0; l < W; l++)
         out[l] = acc[l];
@@ -53,10 +65,21 @@ vacc_body(float *restrict out, const float *restrict w, const float *restrict v,
 {
     int d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64)
-        vacc_chunk(out + d0, w, v + d0, n, hd, 64);
+        vacc_chunk(out + d0, w, v + d0, n, hd, 64, 0);
     for (; d0 + 16 <= hd; d0 += 16)
-        vacc_chunk(out + d0, w, v + d0, n, hd, 16);
+        vacc_chunk(out + d0, w, v + d0, n, hd, 16, 0);
     kvg_attn_vacc_tail(out, w, v, n, hd, d0);
+}
+
+static inline __attribute__((always_inline)) void
+vacc_body_i8(float *restrict out, const float *restrict w, const int8_t *restrict v, int n, int hd)
+{
+    int d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64)
+        vacc_chunk(out + d0, w, v + d0, n, hd, 64, 1);
+    for (; d0 + 16 <= hd; d0 += 16)
+        vacc_chunk(out + d0, w, v + d0, n, hd, 16, 1);
+    kvg_attn_vacc_tail_i8(out, w, v, n, hd, d0);
 }
 
 /* In place: sc[t] = exp(sc[t] / scale - max); returns the sum, accumulated in 16
@@ -107,12 +130,27 @@ static void geglu_generic(float *gate, const float *up, size_t n)
 
 static void scores4_generic(const float *q, const float *const *k, int bt, int hd, float *out)
 {
-    scores_body(q, k, bt, hd, 4, out);
+    scores_body(q, k, NULL, bt, hd, 4, 0, out);
 }
 
 static void scores1_generic(const float *q, const float *const *k, int bt, int hd, float *out)
 {
-    scores_body(q, k, bt, hd, 1, out);
+    scores_body(q, k, NULL, bt, hd, 1, 0, out);
+}
+
+static void scores4_i8_generic(const float *q, const int8_t *const *k, int bt, int hd, float *out)
+{
+    scores_body(q, NULL, k, bt, hd, 4, 1, out);
+}
+
+static void scores1_i8_generic(const float *q, const int8_t *const *k, int bt, int hd, float *out)
+{
+    scores_body(q, NULL, k, bt, hd, 1, 1, out);
+}
+
+static void vacc_i8_generic(float *out, const float *w, const int8_t *v, int n, int hd)
+{
+    vacc_body_i8(out, w, v, n, hd);
 }
 
 static void vacc_generic(float *out, const float *w, const float *v, int n, int hd)
@@ -130,7 +168,20 @@ static void scores4_rows_generic(const float *const *q, const float *const *k, i
                                  float *const *out)
 {
     for (int r = 0; r < KVG_ATTN_ROWS; r++)
-        scores_body(q[r], k, bt, hd, 4, out[r]);
+        scores_body(q[r], k, NULL, bt, hd, 4, 0, out[r]);
+}
+
+static void scores4_rows_i8_generic(const float *const *q, const int8_t *const *k, int bt, int hd,
+                                    float *const *out)
+{
+    for (int r = 0; r < KVG_ATTN_ROWS; r++)
+        scores_body(q[r], NULL, k, bt, hd, 4, 1, out[r]);
+}
+
+static void vacc_rows_i8_generic(float *const *out, const float *const *w, const int8_t *v, int n, int hd)
+{
+    for (int r = 0; r < KVG_ATTN_ROWS; r++)
+        vacc_body_i8(out[r], w[r], v, n, hd);
 }
 
 static void vacc_rows_generic(float *const *out, const float *const *w, const float *v, int n, int hd)
@@ -162,6 +213,11 @@ static void vacc_rows_generic(float *const *out, const float *const *w, const fl
 #define AV_SWIGLU swiglu_avx2
 #define AV_SWIGLU_OAI swiglu_oai_avx2
 #define AV_GEGLU geglu_avx2
+#define AV_SCORES4_I8 scores4_i8_avx2
+#define AV_SCORES1_I8 scores1_i8_avx2
+#define AV_VACC_I8 vacc_i8_avx2
+#define AV_SCORES4_ROWS_I8 scores4_rows_i8_avx2
+#define AV_VACC_ROWS_I8 vacc_rows_i8_avx2
 #define AV_V __m256
 #define AV_VL 8
 #define AV_SET1(f) _mm256_set1_ps(f)
@@ -182,6 +238,7 @@ static void vacc_rows_generic(float *const *out, const float *const *w, const fl
 #define AV_KEEP_GE(x, c, y) _mm256_and_ps(_mm256_cmp_ps((x), (c), _CMP_GE_OQ), (y))
 #define AV_SELECT_GE(x, c, a, b) _mm256_blendv_ps((b), (a), _mm256_cmp_ps((x), (c), _CMP_GE_OQ))
 #define AV_NEG_ABS(x) _mm256_or_ps((x), _mm256_set1_ps(-0.0f))
+#define AV_LOAD_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p))))
 #include "cpu/attention_simd_x86.h"
 
 #endif
@@ -190,16 +247,22 @@ static const kvg_attn_kernels generic_kernels = { scores4_generic,      scores1_
                                                   vacc_generic,         softmax_generic,
                                                   scores4_rows_generic, vacc_rows_generic,
                                                   swiglu_generic,       swiglu_oai_generic,
-                                                  geglu_generic };
+                                                  geglu_generic,        scores4_i8_generic,
+                                                  scores1_i8_generic,   vacc_i8_generic,
+                                                  scores4_rows_i8_generic, vacc_rows_i8_generic };
 #if defined(__x86_64__) && defined(__GNUC__)
 static const kvg_attn_kernels avx2_kernels = { scores4_avx2, scores1_avx2,      vacc_avx2,
                                                softmax_avx2, scores4_rows_avx2, vacc_rows_avx2,
-                                               swiglu_avx2,  swiglu_oai_avx2,   geglu_avx2 };
+                                               swiglu_avx2,  swiglu_oai_avx2,   geglu_avx2,
+                                               scores4_i8_avx2, scores1_i8_avx2, vacc_i8_avx2,
+                                               scores4_rows_i8_avx2, vacc_rows_i8_avx2 };
 static const kvg_attn_kernels avx512_kernels = { kvg_attn_scores4_avx512,      kvg_attn_scores1_avx512,
                                                  kvg_attn_vacc_avx512,         kvg_attn_softmax_avx512,
                                                  kvg_attn_scores4_rows_avx512, kvg_attn_vacc_rows_avx512,
                                                  kvg_swiglu_avx512,            kvg_swiglu_oai_avx512,
-                                                 kvg_geglu_avx512 };
+                                                 kvg_geglu_avx512,             kvg_attn_scores4_i8_avx512,
+                                                 kvg_attn_scores1_i8_avx512,   kvg_attn_vacc_i8_avx512,
+                                                 kvg_attn_scores4_rows_i8_avx512, kvg_attn_vacc_rows_i8_avx512 };
 #endif
 
 const kvg_attn_kernels *kvg_attn_kernels_isa(const char *isa)

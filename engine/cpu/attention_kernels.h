@@ -37,6 +37,17 @@ typedef void (*kvg_attn_scores_rows_fn)(const float *const *q, const float *cons
 typedef void (*kvg_attn_vacc_rows_fn)(float *const *out, const float *const *w, const float *v, int n,
                                       int hd);
 
+/* The same kernels over an int8 KV layer (kv_cache.h): K and V as int8, each loaded
+ * value converted to float (exactly) where the float kernels load a float, so every
+ * chain is the float kernel's over those values; the per-token scales are applied by
+ * the caller (attention_cpu.c: the score times K's scale, V's scale in the weight). */
+typedef void (*kvg_attn_scores_i8_fn)(const float *q, const int8_t *const *k, int bt, int hd, float *out);
+typedef void (*kvg_attn_vacc_i8_fn)(float *out, const float *w, const int8_t *v, int n, int hd);
+typedef void (*kvg_attn_scores_rows_i8_fn)(const float *const *q, const int8_t *const *k, int bt, int hd,
+                                           float *const *out);
+typedef void (*kvg_attn_vacc_rows_i8_fn)(float *const *out, const float *const *w, const int8_t *v, int n,
+                                         int hd);
+
 /* gate[i] = kvg_silu_mul(gate[i], up[i]) for i < n (below); the swiglu_oai and geglu
  * kernels kvg_swiglu_oai and kvg_gelu_mul alike. */
 typedef void (*kvg_swiglu_fn)(float *gate, const float *up, size_t n);
@@ -50,6 +61,10 @@ typedef struct kvg_attn_kernels {
     kvg_swiglu_fn swiglu;
     kvg_swiglu_fn swiglu_oai;
     kvg_swiglu_fn geglu;
+    kvg_attn_scores_i8_fn scores4_i8, scores1_i8;
+    kvg_attn_vacc_i8_fn vacc_i8;
+    kvg_attn_scores_rows_i8_fn scores4_rows_i8;
+    kvg_attn_vacc_rows_i8_fn vacc_rows_i8;
 } kvg_attn_kernels;
 
 /* The kernels of "generic", "avx2" or "avx512"; NULL when this CPU cannot run them. */
@@ -65,6 +80,12 @@ void kvg_attn_vacc_rows_avx512(float *const *out, const float *const *w, const f
 void kvg_swiglu_avx512(float *gate, const float *up, size_t n);
 void kvg_swiglu_oai_avx512(float *gate, const float *up, size_t n);
 void kvg_geglu_avx512(float *gate, const float *up, size_t n);
+void kvg_attn_scores4_i8_avx512(const float *q, const int8_t *const *k, int bt, int hd, float *out);
+void kvg_attn_scores1_i8_avx512(const float *q, const int8_t *const *k, int bt, int hd, float *out);
+void kvg_attn_vacc_i8_avx512(float *out, const float *w, const int8_t *v, int n, int hd);
+void kvg_attn_scores4_rows_i8_avx512(const float *const *q, const int8_t *const *k, int bt, int hd,
+                                     float *const *out);
+void kvg_attn_vacc_rows_i8_avx512(float *const *out, const float *const *w, const int8_t *v, int n, int hd);
 
 /* exp(x) for the softmax (x <= 0 there), from exactly rounded operations only --
  * explicit fmaf, one subtraction, one addition and integer exponent arithmetic -- so
@@ -163,6 +184,15 @@ kvg_attn_vacc_tail(float *out, const float *w, const float *v, int n, int hd, in
     for (int d = d0; d < hd; d++)
         for (int t = 0; t < n; t++)
             out[d] = fmaf(w[t], v[(size_t)t * hd + d], out[d]);
+}
+
+/* kvg_attn_vacc_tail over int8 V. */
+static inline __attribute__((always_inline)) void
+kvg_attn_vacc_tail_i8(float *out, const float *w, const int8_t *v, int n, int hd, int d0)
+{
+    for (int d = d0; d < hd; d++)
+        for (int t = 0; t < n; t++)
+            out[d] = fmaf(w[t], (float)v[(size_t)t * hd + d], out[d]);
 }
 
 /* The softmax's scalar pieces, shared by every ISA's kernel (the generic one and

@@ -21,6 +21,9 @@
  *                           the names of the functions it gets (kvg_attn_scores_fn,
  *                           kvg_attn_vacc_fn, kvg_attn_scores_rows_fn,
  *                           kvg_attn_vacc_rows_fn, kvg_attn_softmax_fn, kvg_swiglu_fn)
+ *   AV_SCORES4_I8, AV_SCORES1_I8, AV_VACC_I8, AV_SCORES4_ROWS_I8, AV_VACC_ROWS_I8
+ *                           the same over int8 K / V (an int8 KV layer: kvg_attn_*_i8_fn),
+ *                           the same code with AV_LOAD_I8 for AV_LOADU
  *   AV_ROWS_GROUPS          groups of keys the 4-row scores take at once (1, 2 or 4)
  *   AV_ROWS_VREGS           registers of dimensions the 4-row V accumulation takes at
  *                           once (at most 4): the register budget of the 4-row kernels
@@ -33,15 +36,23 @@
  *                           exp's 2^n, n being what the shifter left in t's low bits
  *   AV_KEEP_GE(x, c, y)     y in the lanes where x >= c (ordered), +0 elsewhere
  *   AV_SELECT_GE(x, c, a, b) a in the lanes where x >= c (ordered), b elsewhere
- *   AV_NEG_ABS(x)           x with its sign bit set (-|x|, NaN stays NaN) */
+ *   AV_NEG_ABS(x)           x with its sign bit set (-|x|, NaN stays NaN)
+ *   AV_LOAD_I8(p)           AV_VL int8 at p, each converted to float (exact) */
 
 #define AV_REGS (16 / AV_VL)
+/* AV_VL elements of K or V at element o of p: floats, or int8 made floats (I8, a
+ * constant once the always-inline helpers below are inlined: no branch is left). */
+#define AV_LOADKV(p, o, I8) \
+    ((I8) ? AV_LOAD_I8((const int8_t *)(p) + (o)) : AV_LOADU((const float *)(p) + (o)))
+/* Group g's K: kf[g] (floats) or k8[g] (int8), the other array NULL. */
+#define AV_KGRP(g, I8) ((I8) ? (const void *)k8[g] : (const void *)kf[g])
 
 /* Scores of NG groups of 16 keys (k[g]: column 0 of a group in a dimension-major K block,
  * row stride bt), 16 per group into out: each an FMA chain over d from +0. NG groups at
  * once give the core NG * AV_REGS independent chains. */
 AV_TGT static inline __attribute__((always_inline)) void
-av_scores(const float *q, const float *const *k, int bt, int hd, const int NG, float *out)
+av_scores(const float *q, const float *const *kf, const int8_t *const *k8, int bt, int hd, const int NG,
+          const int I8, float *out)
 {
     AV_V a[4][AV_REGS];
 #pragma GCC unroll 4
@@ -56,7 +67,7 @@ av_scores(const float *q, const float *const *k, int bt, int hd, const int NG, f
         for (int g = 0; g < NG; g++)
 #pragma GCC unroll 2
             for (int h = 0; h < AV_REGS; h++)
-                a[g][h] = AV_FMA(qd, AV_LOADU(k[g] + o + AV_VL * h), a[g][h]);
+                a[g][h] = AV_FMA(qd, AV_LOADKV(AV_KGRP(g, I8), o + AV_VL * h, I8), a[g][h]);
     }
 #pragma GCC unroll 4
     for (int g = 0; g < NG; g++)
@@ -67,19 +78,29 @@ av_scores(const float *q, const float *const *k, int bt, int hd, const int NG, f
 
 AV_TGT AV_LINK void AV_SCORES4(const float *q, const float *const *k, int bt, int hd, float *out)
 {
-    av_scores(q, k, bt, hd, 4, out);
+    av_scores(q, k, NULL, bt, hd, 4, 0, out);
 }
 
 AV_TGT AV_LINK void AV_SCORES1(const float *q, const float *const *k, int bt, int hd, float *out)
 {
-    av_scores(q, k, bt, hd, 1, out);
+    av_scores(q, k, NULL, bt, hd, 1, 0, out);
+}
+
+AV_TGT AV_LINK void AV_SCORES4_I8(const float *q, const int8_t *const *k, int bt, int hd, float *out)
+{
+    av_scores(q, NULL, k, bt, hd, 4, 1, out);
+}
+
+AV_TGT AV_LINK void AV_SCORES1_I8(const float *q, const int8_t *const *k, int bt, int hd, float *out)
+{
+    av_scores(q, NULL, k, bt, hd, 1, 1, out);
 }
 
 /* NR registers of dimensions of out (v's columns from 0), each lane one chain
  * out[d] = fma(w[t], v[t][d], out[d]) over t ascending, held in registers across all n
  * tokens. */
 AV_TGT static inline __attribute__((always_inline)) void
-av_vacc_chunk(float *out, const float *w, const float *v, int n, int hd, const int NR)
+av_vacc_chunk(float *out, const float *w, const void *v, int n, int hd, const int NR, const int I8)
 {
     AV_V a[8];
 #pragma GCC unroll 8
@@ -87,10 +108,10 @@ av_vacc_chunk(float *out, const float *w, const float *v, int n, int hd, const i
         a[i] = AV_LOADU(out + AV_VL * i);
     for (int t = 0; t < n; t++) {
         AV_V wt = AV_SET1(w[t]);
-        const float *vt = v + (size_t)t * hd;
+        size_t vt = (size_t)t * hd;
 #pragma GCC unroll 8
         for (int i = 0; i < NR; i++)
-            a[i] = AV_FMA(wt, AV_LOADU(vt + AV_VL * i), a[i]);
+            a[i] = AV_FMA(wt, AV_LOADKV(v, vt + AV_VL * i, I8), a[i]);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < NR; i++)
@@ -103,12 +124,25 @@ AV_TGT AV_LINK void AV_VACC(float *out, const float *w, const float *v, int n, i
 {
     int d0 = 0;
     for (; d0 + 8 * AV_VL <= hd; d0 += 8 * AV_VL)
-        av_vacc_chunk(out + d0, w, v + d0, n, hd, 8);
+        av_vacc_chunk(out + d0, w, v + d0, n, hd, 8, 0);
     for (; d0 + 4 * AV_VL <= hd; d0 += 4 * AV_VL)
-        av_vacc_chunk(out + d0, w, v + d0, n, hd, 4);
+        av_vacc_chunk(out + d0, w, v + d0, n, hd, 4, 0);
     for (; d0 + AV_VL <= hd; d0 += AV_VL)
-        av_vacc_chunk(out + d0, w, v + d0, n, hd, 1);
+        av_vacc_chunk(out + d0, w, v + d0, n, hd, 1, 0);
     kvg_attn_vacc_tail(out, w, v, n, hd, d0);
+}
+
+/* AV_VACC over int8 V (its scale already in w). */
+AV_TGT AV_LINK void AV_VACC_I8(float *out, const float *w, const int8_t *v, int n, int hd)
+{
+    int d0 = 0;
+    for (; d0 + 8 * AV_VL <= hd; d0 += 8 * AV_VL)
+        av_vacc_chunk(out + d0, w, v + d0, n, hd, 8, 1);
+    for (; d0 + 4 * AV_VL <= hd; d0 += 4 * AV_VL)
+        av_vacc_chunk(out + d0, w, v + d0, n, hd, 4, 1);
+    for (; d0 + AV_VL <= hd; d0 += AV_VL)
+        av_vacc_chunk(out + d0, w, v + d0, n, hd, 1, 1);
+    kvg_attn_vacc_tail_i8(out, w, v, n, hd, d0);
 }
 
 /* The 4-row kernels' step, an outer product: a[r][j] = fma(s[r][i], y[j], a[r][j]) for
@@ -127,8 +161,9 @@ av_fma_rows(AV_V a[4][4], const float *const *s, size_t i, const AV_V *y, const 
 
 /* 4 rows against the same keys: AV_ROWS_GROUPS groups at a time, each register of K
  * loaded once for the 4 rows; row r's 16 scores of group g into out[r] + 16 g. */
-AV_TGT AV_LINK void AV_SCORES4_ROWS(const float *const *q, const float *const *k, int bt, int hd,
-                                    float *const *out)
+AV_TGT static inline __attribute__((always_inline)) void
+av_scores_rows(const float *const *q, const float *const *kf, const int8_t *const *k8, int bt, int hd,
+               float *const *out, const int I8)
 {
     enum { J = AV_ROWS_GROUPS * AV_REGS };      /* registers of K per dimension, <= 4 */
     for (int g0 = 0; g0 < 4; g0 += AV_ROWS_GROUPS) {
@@ -143,7 +178,7 @@ AV_TGT AV_LINK void AV_SCORES4_ROWS(const float *const *q, const float *const *k
             AV_V kd[J];
 #pragma GCC unroll 4
             for (int j = 0; j < J; j++)
-                kd[j] = AV_LOADU(k[g0 + j / AV_REGS] + o + AV_VL * (j % AV_REGS));
+                kd[j] = AV_LOADKV(AV_KGRP(g0 + j / AV_REGS, I8), o + AV_VL * (j % AV_REGS), I8);
             av_fma_rows(a, q, (size_t)d, kd, J);
         }
 #pragma GCC unroll 4
@@ -154,11 +189,23 @@ AV_TGT AV_LINK void AV_SCORES4_ROWS(const float *const *q, const float *const *k
     }
 }
 
+AV_TGT AV_LINK void AV_SCORES4_ROWS(const float *const *q, const float *const *k, int bt, int hd,
+                                    float *const *out)
+{
+    av_scores_rows(q, k, NULL, bt, hd, out, 0);
+}
+
+AV_TGT AV_LINK void AV_SCORES4_ROWS_I8(const float *const *q, const int8_t *const *k, int bt, int hd,
+                                       float *const *out)
+{
+    av_scores_rows(q, NULL, k, bt, hd, out, 1);
+}
+
 /* 4 rows' outputs over NR registers of dimensions from d0, each register of V loaded
  * once for the 4 rows. */
 AV_TGT static inline __attribute__((always_inline)) void
-av_vacc_rows_chunk(float *const *out, const float *const *w, const float *v, int n, int hd, int d0,
-                   const int NR)
+av_vacc_rows_chunk(float *const *out, const float *const *w, const void *v, int n, int hd, int d0,
+                   const int NR, const int I8)
 {
     AV_V a[4][4];
 #pragma GCC unroll 4
@@ -167,11 +214,11 @@ av_vacc_rows_chunk(float *const *out, const float *const *w, const float *v, int
         for (int i = 0; i < NR; i++)
             a[r][i] = AV_LOADU(out[r] + d0 + AV_VL * i);
     for (int t = 0; t < n; t++) {
-        const float *vt = v + (size_t)t * hd + d0;
+        size_t vt = (size_t)t * hd + (size_t)d0;
         AV_V vv[4];
 #pragma GCC unroll 4
         for (int i = 0; i < NR; i++)
-            vv[i] = AV_LOADU(vt + AV_VL * i);
+            vv[i] = AV_LOADKV(v, vt + AV_VL * i, I8);
         av_fma_rows(a, w, (size_t)t, vv, NR);
     }
 #pragma GCC unroll 4
@@ -187,11 +234,23 @@ AV_TGT AV_LINK void AV_VACC_ROWS(float *const *out, const float *const *w, const
 {
     int d0 = 0;
     for (; d0 + AV_ROWS_VREGS * AV_VL <= hd; d0 += AV_ROWS_VREGS * AV_VL)
-        av_vacc_rows_chunk(out, w, v, n, hd, d0, AV_ROWS_VREGS);
+        av_vacc_rows_chunk(out, w, v, n, hd, d0, AV_ROWS_VREGS, 0);
     for (; d0 + AV_VL <= hd; d0 += AV_VL)
-        av_vacc_rows_chunk(out, w, v, n, hd, d0, 1);
+        av_vacc_rows_chunk(out, w, v, n, hd, d0, 1, 0);
     for (int r = 0; r < 4; r++)
         kvg_attn_vacc_tail(out[r], w[r], v, n, hd, d0);
+}
+
+/* AV_VACC_ROWS over int8 V (its scale already in each row's w). */
+AV_TGT AV_LINK void AV_VACC_ROWS_I8(float *const *out, const float *const *w, const int8_t *v, int n, int hd)
+{
+    int d0 = 0;
+    for (; d0 + AV_ROWS_VREGS * AV_VL <= hd; d0 += AV_ROWS_VREGS * AV_VL)
+        av_vacc_rows_chunk(out, w, v, n, hd, d0, AV_ROWS_VREGS, 1);
+    for (; d0 + AV_VL <= hd; d0 += AV_VL)
+        av_vacc_rows_chunk(out, w, v, n, hd, d0, 1, 1);
+    for (int r = 0; r < 4; r++)
+        kvg_attn_vacc_tail_i8(out[r], w[r], v, n, hd, d0);
 }
 
 /* kvg_attn_exp on AV_VL lanes: the same operations in the same order. */
@@ -302,3 +361,5 @@ AV_TGT AV_LINK float AV_SOFTMAX(float *sc, int T, float scale, float sink)
 }
 
 #undef AV_REGS
+#undef AV_LOADKV
+#undef AV_KGRP

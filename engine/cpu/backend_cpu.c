@@ -344,6 +344,14 @@ static void kv_write_range(void *arg, size_t b, size_t e)
         for (int g = 0; g < nkv; g++) {
             const float *ks = j->k + (r * (size_t)nkv + (size_t)g) * (size_t)hd;
             const float *vs = j->v + (r * (size_t)nkv + (size_t)g) * (size_t)hd;
+            if (kvg_kv_layer_int8(j->kv, j->layer)) {
+                /* K dimension-major like the F32 layout, V token-major; a scale each. */
+                kvg_kv_kscale(j->kv, block, j->layer, g)[slot] =
+                    kvg_kv_quantize(ks, hd, kvg_kv_k8(j->kv, block, j->layer, g) + slot, (size_t)bt);
+                kvg_kv_vscale(j->kv, block, j->layer, g)[slot] =
+                    kvg_kv_quantize(vs, hd, kvg_kv_v8(j->kv, block, j->layer, g) + (size_t)slot * hd, 1);
+                continue;
+            }
             float *kd = kvg_kv_k(j->kv, block, j->layer, g);
             float *vd = kvg_kv_v(j->kv, block, j->layer, g) + (size_t)slot * hd;
             /* K is dimension-major in a block (see kv_cache.h). */

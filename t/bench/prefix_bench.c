@@ -134,7 +134,7 @@ static void bench_ttft(int threads)
 static double hit_rate(double quota, uint64_t *evq, uint64_t *evl)
 {
     enum { TENANTS = 50, SYS_BLOCKS = 24, REQS = 20000 };
-    kvg_kv_geom g = { 1, 1, 1, 16 };
+    kvg_kv_geom g = { .n_layers = 1, .n_kv_heads = 1, .head_dim = 1, .block_tokens = 16 };
     int32_t pool_blocks = TENANTS * SYS_BLOCKS / 3;
     kvg_kv_pool *pool = kvg_kv_pool_new(&g, pool_blocks, err, sizeof err);
     kvg_pc_config cfg;

@@ -7,7 +7,8 @@
  * AVX-512 kernels are checked on CPUs without AVX-512 too. The SwiGLU kernel (which
  * shares the exp) likewise, over lengths with and without a tail and awkward values
  * (+-0, infinities, NaN, values past the exp's range). And the exp and the SwiGLU are
- * accurate. */
+ * accurate. The int8 KV kernels (an int8 layer's K and V) of every ISA give the float
+ * kernels' bits over the same values as floats. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,6 +29,28 @@
 #error "SIMDe must map the AVX-512 FMAs onto real FMA instructions"
 #endif
 #define KVG_AVX512_TARGET "avx2,fma"
+/* This SIMDe lacks the two conversions of the int8 KV load (vpmovsxbd, vcvtdq2ps):
+ * emulated here, element by element, as the instructions define them. */
+static inline simde__m512i emu_cvtepi8_epi32(simde__m128i a)
+{
+    int8_t b[16];
+    int32_t w[16];
+    simde_mm_storeu_si128((simde__m128i *)(void *)b, a);
+    for (int i = 0; i < 16; i++)
+        w[i] = b[i];
+    return simde_mm512_loadu_si512(w);
+}
+static inline simde__m512 emu_cvtepi32_ps(simde__m512i a)
+{
+    int32_t w[16];
+    float f[16];
+    simde_mm512_storeu_si512(w, a);
+    for (int i = 0; i < 16; i++)
+        f[i] = (float)w[i];
+    return simde_mm512_loadu_ps(f);
+}
+#define _mm512_cvtepi8_epi32 emu_cvtepi8_epi32
+#define _mm512_cvtepi32_ps emu_cvtepi32_ps
 void emu_scores4(const float *q, const float *const *k, int bt, int hd, float *out);
 void emu_scores1(const float *q, const float *const *k, int bt, int hd, float *out);
 void emu_vacc(float *out, const float *w, const float *v, int n, int hd);
@@ -37,6 +60,16 @@ void emu_vacc_rows(float *const *out, const float *const *w, const float *v, int
 void emu_swiglu(float *gate, const float *up, size_t n);
 void emu_swiglu_oai(float *gate, const float *up, size_t n);
 void emu_geglu(float *gate, const float *up, size_t n);
+void emu_scores4_i8(const float *q, const int8_t *const *k, int bt, int hd, float *out);
+void emu_scores1_i8(const float *q, const int8_t *const *k, int bt, int hd, float *out);
+void emu_vacc_i8(float *out, const float *w, const int8_t *v, int n, int hd);
+void emu_scores4_rows_i8(const float *const *q, const int8_t *const *k, int bt, int hd, float *const *out);
+void emu_vacc_rows_i8(float *const *out, const float *const *w, const int8_t *v, int n, int hd);
+#define kvg_attn_scores4_i8_avx512 emu_scores4_i8
+#define kvg_attn_scores1_i8_avx512 emu_scores1_i8
+#define kvg_attn_vacc_i8_avx512 emu_vacc_i8
+#define kvg_attn_scores4_rows_i8_avx512 emu_scores4_rows_i8
+#define kvg_attn_vacc_rows_i8_avx512 emu_vacc_rows_i8
 #define kvg_swiglu_avx512 emu_swiglu
 #define kvg_swiglu_oai_avx512 emu_swiglu_oai
 #define kvg_geglu_avx512 emu_geglu
@@ -56,6 +89,13 @@ void emu_geglu(float *gate, const float *up, size_t n);
 #undef kvg_swiglu_avx512
 #undef kvg_swiglu_oai_avx512
 #undef kvg_geglu_avx512
+#undef kvg_attn_scores4_i8_avx512
+#undef kvg_attn_scores1_i8_avx512
+#undef kvg_attn_vacc_i8_avx512
+#undef kvg_attn_scores4_rows_i8_avx512
+#undef kvg_attn_vacc_rows_i8_avx512
+#undef _mm512_cvtepi8_epi32
+#undef _mm512_cvtepi32_ps
 #pragma GCC pop_options
 #else
 #define HAVE_EMULATION 0
@@ -74,6 +114,99 @@ static float rnd(float lo, float hi)
 static int same_bits(const float *a, const float *b, size_t n)
 {
     return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+/* The int8 KV kernels (an int8 layer, kv_cache.h): each ISA's give the bits of the
+ * generic float kernels run over the same values as floats (the conversion is exact and
+ * the chains are the same), for the 4- and 1-group scores, the V accumulation and their
+ * 4-row forms, over head sizes, block sizes and token counts, with the extreme codes
+ * -127 and 127 and with -128 (never stored, but read alike). */
+static void compare_i8(const char *name, const kvg_attn_kernels *k, const kvg_attn_kernels *g)
+{
+    static const int hds[] = { 8, 16, 24, 48, 64, 80, 96, 128, 136, 192, 256 };
+    static const int bts[] = { 16, 32, 48 };
+    size_t nk = 256 * 48 * 4, nv = 16 * 256;
+    int8_t *K8 = malloc(nk), *V8 = malloc(nv);
+    float *K = malloc(nk * sizeof(float)), *V = malloc(nv * sizeof(float));
+    float q[256], o1[64], o2[64], out1[256], out2[256], w[16];
+    float q4[4][256], r1[4][64], r2[4][64], vo1[4][256], vo2[4][256], w4[4][16];
+    int bad_s4 = 0, bad_s1 = 0, bad_v = 0, bad_sr = 0, bad_vr = 0, cases = 0;
+
+    for (size_t i = 0; i < nk; i++) {
+        K8[i] = (int8_t)(i % 97 == 5 ? 127 : i % 89 == 7 ? -127 : i % 211 == 3 ? -128 : (int)rnd(-127.0f, 128.0f));
+        K[i] = (float)K8[i];
+    }
+    for (size_t i = 0; i < nv; i++) {
+        V8[i] = (int8_t)(i % 31 == 5 ? 127 : i % 37 == 7 ? -127 : (int)rnd(-127.0f, 128.0f));
+        V[i] = (float)V8[i];
+    }
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
+        int hd = hds[h];
+        for (int d = 0; d < hd; d++)
+            q[d] = rnd(-1.5f, 1.5f);
+        for (size_t b = 0; b < sizeof bts / sizeof bts[0]; b++) {
+            int bt = bts[b];
+            size_t off[4] = { 0, bt == 16 ? 3 * (size_t)hd * bt : (size_t)(16 % bt),
+                              (size_t)hd * bt + (bt > 16 ? 16 : 0), 2 * (size_t)hd * bt };
+            const float *grp[4];
+            const int8_t *grp8[4];
+            for (int i = 0; i < 4; i++) {
+                grp[i] = K + off[i];
+                grp8[i] = K8 + off[i];
+            }
+            memset(o2, 0xff, sizeof o2);
+            g->scores4(q, grp, bt, hd, o1);
+            k->scores4_i8(q, grp8, bt, hd, o2);
+            bad_s4 += !same_bits(o1, o2, 64);
+            g->scores1(q, grp + 2, bt, hd, o1);
+            k->scores1_i8(q, grp8 + 2, bt, hd, o2);
+            bad_s1 += !same_bits(o1, o2, 16);
+            {
+                const float *qr[4] = { q4[0], q4[1], q4[2], q4[3] };
+                float *outr[4] = { r2[0], r2[1], r2[2], r2[3] };
+                for (int r = 0; r < 4; r++)
+                    for (int d = 0; d < hd; d++)
+                        q4[r][d] = rnd(-1.5f, 1.5f);
+                memset(r2, 0xff, sizeof r2);
+                for (int r = 0; r < 4; r++)
+                    g->scores4(q4[r], grp, bt, hd, r1[r]);
+                k->scores4_rows_i8(qr, grp8, bt, hd, outr);
+                bad_sr += !same_bits(r1[0], r2[0], 4 * 64);
+            }
+            cases++;
+        }
+        for (int n = 1; n <= 16; n += 5) {
+            float *o2p[4] = { vo2[0], vo2[1], vo2[2], vo2[3] };
+            const float *wp[4] = { w4[0], w4[1], w4[2], w4[3] };
+            for (int t = 0; t < n; t++)
+                w[t] = rnd(0.0f, 0.01f);
+            for (int d = 0; d < hd; d++)
+                out1[d] = out2[d] = rnd(-1.0f, 1.0f);
+            g->vacc(out1, w, V, n, hd);
+            k->vacc_i8(out2, w, V8, n, hd);
+            bad_v += !same_bits(out1, out2, (size_t)hd);
+            for (int r = 0; r < 4; r++) {
+                for (int t = 0; t < n; t++)
+                    w4[r][t] = rnd(0.0f, 0.01f);
+                for (int d = 0; d < hd; d++)
+                    vo1[r][d] = vo2[r][d] = rnd(-1.0f, 1.0f);
+                g->vacc(vo1[r], w4[r], V, n, hd);
+            }
+            k->vacc_rows_i8(o2p, wp, V8, n, hd);
+            for (int r = 0; r < 4; r++)
+                bad_vr += !same_bits(vo1[r], vo2[r], (size_t)hd);
+        }
+    }
+    ok(bad_s4 == 0, "%s int8: scores4 = the float kernel on the same values (%d/%d differ)", name, bad_s4, cases);
+    ok(bad_s1 == 0, "%s int8: scores1 = the float kernel (%d/%d differ)", name, bad_s1, cases);
+    ok(bad_sr == 0, "%s int8: 4-row scores = the one-row float kernel row by row (%d/%d differ)", name, bad_sr,
+       cases);
+    ok(bad_v == 0, "%s int8: V accumulation = the float kernel (%d differ)", name, bad_v);
+    ok(bad_vr == 0, "%s int8: 4-row V accumulation = the float kernel row by row (%d differ)", name, bad_vr);
+    free(K8);
+    free(V8);
+    free(K);
+    free(V);
 }
 
 /* One ISA's kernels against the generic ones. */
@@ -399,20 +532,25 @@ int main(void)
     check_geglu(g);
     check_swiglu(g);
     compare("generic (its rows' kernels)", g, g);
-    if ((k = kvg_attn_kernels_isa("avx2")))
+    compare_i8("generic", g, g);
+    if ((k = kvg_attn_kernels_isa("avx2"))) {
         compare("avx2", k, g);
-    else
+        compare_i8("avx2", k, g);
+    } else
         diag("no AVX2 + FMA on this CPU: avx2 kernels not run");
-    if ((k = kvg_attn_kernels_isa("avx512")))
+    if ((k = kvg_attn_kernels_isa("avx512"))) {
         compare("avx512 (native)", k, g);
-    else
+        compare_i8("avx512 (native)", k, g);
+    } else
         diag("no AVX-512 on this CPU: native avx512 kernels not run");
 #if HAVE_EMULATION
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         kvg_attn_kernels emu = { emu_scores4,  emu_scores1,      emu_vacc,     emu_softmax,
                                  emu_scores4_rows, emu_vacc_rows, emu_swiglu, emu_swiglu_oai,
-                                 emu_geglu };
+                                 emu_geglu, emu_scores4_i8, emu_scores1_i8, emu_vacc_i8,
+                                 emu_scores4_rows_i8, emu_vacc_rows_i8 };
         compare("avx512 (emulated with SIMDe)", &emu, g);
+        compare_i8("avx512 (emulated with SIMDe)", &emu, g);
     } else {
         diag("no AVX2 + FMA: the emulated avx512 kernels need them");
     }

@@ -5,7 +5,9 @@
  * blocks and copy on write. A 150-token prompt also, whose attention takes 4 rows of
  * a sequence at a time, against the same prompt fed a token at a time. Models: stories260K (../shared), synthetic:260K-bf16, and
  * two hand-built models covering biases, rotate-half RoPE, Llama 3 rope scaling,
- * head_dim != dim/n_heads, GQA and MHA, tied and untied output, F16/BF16/F32. */
+ * head_dim != dim/n_heads, GQA and MHA, tied and untied output, F16/BF16/F32. The same
+ * invariance (chunkings, batch mixes, threads, block sizes, forks, every ISA) with an
+ * int8 KV pool (--kv-dtype int8, kv_cache.h: the first layer F32, the deeper ones int8). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,9 @@ typedef struct rig {
     kvg_forward *fw;
 } rig;
 
+/* The KV pool's dtype and F32 layers for the rigs (kv_cache.h). */
+static int kv_dtype = KVG_KV_F32, kv_full_layers;
+
 static int rig_new(rig *r, const kvg_model *m, int threads, int block_tokens, int n_blocks)
 {
     char err[256];
@@ -37,6 +42,8 @@ static int rig_new(rig *r, const kvg_model *m, int threads, int block_tokens, in
     r->m = m;
     r->be = kvg_backend_cpu_new(m, threads, err, sizeof err);
     kvg_forward_kv_geom(m, block_tokens, &g);
+    g.dtype = kv_dtype;
+    g.full_layers = kv_full_layers;
     r->kv = r->be ? kvg_kv_pool_new(&g, n_blocks, err, sizeof err) : NULL;
     r->fw = r->kv ? kvg_forward_new(m, r->be, r->kv, err, sizeof err) : NULL;
     if (!r->fw) {
@@ -209,6 +216,8 @@ static void check_reference(const kvg_model *m, const char *name, script *sc)
     int V = m->cfg.vocab_size;
     double maxdiff = 0.0, maxabs = 0.0;
     int argmax_same = 1;
+    if (kv_dtype != KVG_KV_F32)
+        return;                  /* int8 KV: its error is measured by t/unit/kv_int8_quality.c */
     if (ref_init(&ref, m, sc->n_prompt + sc->n_cont) != 0) {
         ok(0, "%s: reference init", name);
         return;
@@ -567,13 +576,26 @@ static uint64_t digest(const kvg_model *m, uint64_t h)
     return h;
 }
 
+/* The digest of models a and b with an F32 KV pool, then with an int8 one (the first
+ * layer F32): the int8 attention kernels of each ISA too. */
+static uint64_t digest_all(const kvg_model *a, const kvg_model *b)
+{
+    uint64_t h = digest(b, digest(a, 0xcbf29ce484222325ull));
+    kv_dtype = KVG_KV_INT8;
+    kv_full_layers = 1;
+    h = digest(b, digest(a, h));
+    kv_dtype = KVG_KV_F32;
+    kv_full_layers = 0;
+    return h;
+}
+
 /* The same logits bits with every kernel ISA this CPU has: children re-run this program
  * with KVG_GEMM_ISA forced (the attention kernels follow the GEMM's choice). */
 static void isa_suite(const kvg_model *a, const kvg_model *b)
 {
     static const char *isas[] = { "generic", "avx2", "avx512" };
     char self[512], cmd[700], line[256] = "";
-    uint64_t mine = digest(b, digest(a, 0xcbf29ce484222325ull));
+    uint64_t mine = digest_all(a, b);
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
         ok(0, "readlink /proc/self/exe");
@@ -631,7 +653,7 @@ int main(void)
 
     if (getenv("KVG_ENGINE_DIGEST")) {
         printf("DIGEST %s %016llx\n", kvg_gemm_isa(),
-               (unsigned long long)digest(&tb.m, digest(&ta.m, 0xcbf29ce484222325ull)));
+               (unsigned long long)digest_all(&ta.m, &tb.m));
         tm_free(&ta);
         tm_free(&tb);
         kvg_model_free(stories);
@@ -654,6 +676,35 @@ int main(void)
     long_prompt_suite(&ta.m, "test model A");
     long_prompt_suite(&tb.m, "test model B");
     isa_suite(&ta.m, &tb.m);
+
+    /* int8 KV: the first layer F32, the deeper ones int8 */
+    kv_dtype = KVG_KV_INT8;
+    kv_full_layers = 1;
+    if (stories) {
+        invariance_suite(stories, "stories260K int8 KV");
+        fork_suite(stories, "stories260K int8 KV");
+        long_prompt_suite(stories, "stories260K int8 KV");
+    }
+    invariance_suite(&ta.m, "test model A int8 KV");
+    long_prompt_suite(&ta.m, "test model A int8 KV");
+    invariance_suite(&tb.m, "test model B int8 KV");
+    {
+        /* the family features that change which positions a row sees and how it weighs
+         * them, on int8 layers: sliding windows (layers 0 and 2), soft-capped scores,
+         * attention sinks */
+        tm_spec fs = { 48, 80, 3, 4, 2, 16, 97, 256, 0, 0, 1, 0, 1, 21 };
+        tm_family ff = { .swa_window = 20, .swa_period = 2, .attn_softcap = 30.0f, .sinks = 1 };
+        tm_model tf;
+        if (ok(tm_build(&tf, &fs) == 0 && tm_apply_family(&tf, &ff, fs.seed) == 0,
+               "test model C (windows, soft-cap, sinks)")) {
+            invariance_suite(&tf.m, "test model C int8 KV (windows, soft-cap, sinks)");
+            long_prompt_suite(&tf.m, "test model C int8 KV (windows, soft-cap, sinks)");
+        }
+        tm_free(&tf);
+    }
+    kv_full_layers = 0;
+    long_prompt_suite(&tb.m, "test model B int8 KV, every layer");
+    kv_dtype = KVG_KV_F32;
 
     kvg_model_free(stories);
     kvg_model_free(syn);

@@ -1,6 +1,9 @@
 /* The paged KV pool: geometry and budget arithmetic, the block allocator with reference
  * counts, block tables (prepare / fork / copy-on-write / truncate / release), failure
- * leaving everything unchanged, and the layout accessors. */
+ * leaving everything unchanged, and the layout accessors; the int8 layout (--kv-dtype int8)
+ * and its quantization. */
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -10,7 +13,7 @@
 
 static kvg_kv_geom geom(int layers, int heads, int hd, int bt)
 {
-    kvg_kv_geom g = { layers, heads, hd, bt };
+    kvg_kv_geom g = { .n_layers = layers, .n_kv_heads = heads, .head_dim = hd, .block_tokens = bt };
     return g;
 }
 
@@ -18,14 +21,14 @@ static kvg_kv_geom geom(int layers, int heads, int hd, int bt)
 static void fill_block(kvg_kv_pool *p, int32_t b, float base)
 {
     float *k = kvg_kv_k(p, b, 0, 0);
-    for (size_t i = 0; i < p->block_floats; i++)
+    for (size_t i = 0; i < (p->stride_bytes / sizeof(float)); i++)
         k[i] = base + (float)i;
 }
 
 static int block_has(const kvg_kv_pool *p, int32_t b, float base)
 {
     const float *k = kvg_kv_k(p, b, 0, 0);
-    for (size_t i = 0; i < p->block_floats; i++)
+    for (size_t i = 0; i < (p->stride_bytes / sizeof(float)); i++)
         if (k[i] != base + (float)i)
             return 0;
     return 1;
@@ -63,7 +66,7 @@ static void test_geometry(void)
     ok(kvg_kv_k(p, 0, 1, 0) - kvg_kv_k(p, 0, 0, 0) == 2 * 2 * 8 * 16, "next layer after all heads");
     ok(kvg_kv_k(p, 1, 0, 0) - kvg_kv_k(p, 0, 0, 0) == 3 * 2 * 2 * 8 * 16 + 16,
        "next block after all layers and one line of padding (1536 floats = 96 lines -> 97)");
-    ok(kvg_kv_k(p, 3, 2, 1) + 2 * 8 * 16 + 16 == p->data + 4 * p->block_floats, "last head + padding ends the pool");
+    ok(kvg_kv_k(p, 3, 2, 1) + 2 * 8 * 16 + 16 == p->data + 4 * (p->stride_bytes / sizeof(float)), "last head + padding ends the pool");
     ok(((uintptr_t)p->data & 63) == 0, "pool storage is 64-byte aligned");
     kvg_kv_pool_free(p);
 
@@ -71,6 +74,84 @@ static void test_geometry(void)
     p = kvg_kv_pool_new(&g, 1, err, sizeof err);
     is_int(p->geom.block_tokens, KVG_KV_BLOCK_TOKENS_DEFAULT, "block_tokens 0 -> default 16");
     kvg_kv_pool_free(p);
+}
+
+/* The int8 layout (--kv-dtype int8): the first full_layers layers as F32, the deeper
+ * ones int8 K [hd][bt], V [bt][hd], then a float scale per token for each; the block
+ * size; the geometry's checks; the quantization's rule. */
+static void test_int8_layout(void)
+{
+    char err[256];
+    kvg_kv_geom g = geom(3, 2, 8, 16);
+    kvg_kv_pool *p;
+    size_t f32_head = 2 * 8 * 16 * 4, i8_head = 2 * 8 * 16 + 2 * 16 * 4;
+
+    g.dtype = KVG_KV_INT8;
+    g.full_layers = 1;
+    /* 1 layer x 2 heads x 1024 + 2 layers x 2 heads x 384 = 3584 bytes = 56 lines -> 57 */
+    is_int(kvg_kv_block_bytes(&g), 57 * 64, "int8, 1 full layer of 3: block bytes (56 lines -> 57)");
+    p = kvg_kv_pool_new(&g, 2, err, sizeof err);
+    ok(p != NULL, "int8 pool");
+    ok(!kvg_kv_layer_int8(p, 0) && kvg_kv_layer_int8(p, 1) && kvg_kv_layer_int8(p, 2),
+       "layer 0 F32, layers 1 and 2 int8");
+    ok((unsigned char *)kvg_kv_k(p, 0, 0, 1) - (unsigned char *)kvg_kv_k(p, 0, 0, 0) == (ptrdiff_t)f32_head,
+       "F32 layer: heads of K and V floats");
+    ok((unsigned char *)kvg_kv_k8(p, 0, 1, 0) - (unsigned char *)p->data == (ptrdiff_t)(2 * f32_head),
+       "first int8 layer after the F32 layers");
+    ok(kvg_kv_v8(p, 0, 1, 0) - kvg_kv_k8(p, 0, 1, 0) == 8 * 16, "int8 V after int8 K");
+    ok((unsigned char *)kvg_kv_kscale(p, 0, 1, 0) - (unsigned char *)kvg_kv_k8(p, 0, 1, 0) == 2 * 8 * 16,
+       "K scales after V");
+    ok(kvg_kv_vscale(p, 0, 1, 0) - kvg_kv_kscale(p, 0, 1, 0) == 16, "V scales after K scales");
+    ok(kvg_kv_k8(p, 0, 2, 1) - kvg_kv_k8(p, 0, 1, 0) == (ptrdiff_t)(3 * i8_head), "int8 heads back to back");
+    ok((unsigned char *)kvg_kv_vscale(p, 0, 2, 1) + 16 * 4 <= (unsigned char *)kvg_kv_k(p, 1, 0, 0) &&
+       (unsigned char *)kvg_kv_k(p, 1, 0, 0) - (unsigned char *)p->data == 57 * 64,
+       "the last scales end inside the block; the next block at the stride");
+    ok(((uintptr_t)kvg_kv_kscale(p, 1, 2, 1) & 3) == 0, "scales float-aligned");
+    is_int((long)kvg_kv_xfer_bytes(p), 57 * 64, "a block's transfer is its stride");
+    kvg_kv_pool_free(p);
+
+    g.full_layers = 3;
+    is_int(kvg_kv_block_bytes(&g), 97 * 64, "full_layers = n_layers: the F32 block");
+    g.full_layers = 99;
+    is_int(kvg_kv_block_bytes(&g), 97 * 64, "full_layers > n_layers: the F32 block");
+    g.full_layers = 0;
+    /* 6 x 384 = 2304 bytes = 36 lines -> 37 */
+    is_int(kvg_kv_block_bytes(&g), 37 * 64, "full_layers 0: every layer int8");
+    g.full_layers = -1;
+    is_int(kvg_kv_block_bytes(&g), 0, "negative full_layers: invalid");
+    g.full_layers = 0;
+    g.dtype = 7;
+    is_int(kvg_kv_block_bytes(&g), 0, "unknown dtype: invalid");
+    ok(kvg_kv_pool_new(&g, 1, err, sizeof err) == NULL && strstr(err, "geometry"), "unknown dtype refused");
+
+    /* head_dim 5, block 5: the int8 arrays are padded to 16 bytes */
+    g = geom(1, 1, 5, 5);
+    g.dtype = KVG_KV_INT8;
+    p = kvg_kv_pool_new(&g, 1, err, sizeof err);
+    ok(p && kvg_kv_v8(p, 0, 0, 0) - kvg_kv_k8(p, 0, 0, 0) == 32 &&
+       (unsigned char *)kvg_kv_kscale(p, 0, 0, 0) - (unsigned char *)kvg_kv_k8(p, 0, 0, 0) == 64,
+       "odd sizes: int8 arrays padded to 16 bytes");
+    kvg_kv_pool_free(p);
+
+    {
+        /* scale = max|x| / 127, x / scale to nearest even, the extremes +-127 */
+        float x[6] = { 1.27f, -1.27f, 0.005f, 0.015f, 0.635f, -0.0f }, s;
+        int8_t q[12];
+        memset(q, 0x55, sizeof q);
+        s = kvg_kv_quantize(x, 6, q, 2);
+        ok(s == 1.27f / 127.0f, "scale = max|x| / 127");
+        ok(q[0] == 127 && q[2] == -127 && q[10] == 0 && q[1] == 0x55, "the extremes +-127, the stride kept");
+        ok(q[4] == (int8_t)lrintf(0.005f / s) && q[6] == (int8_t)lrintf(0.015f / s) && q[8] == (int8_t)lrintf(0.635f / s),
+           "x / scale rounded to nearest (%d %d %d)", q[4], q[6], q[8]);
+        float z[4] = { 0.0f, -0.0f, 0.0f, 0.0f };
+        memset(q, 0x55, sizeof q);
+        s = kvg_kv_quantize(z, 4, q, 1);
+        ok(s == 0.0f && q[0] == 0 && q[1] == 0 && q[2] == 0 && q[3] == 0, "the zero vector: scale 0, codes 0");
+        /* ties to even: x / scale exactly k + 0.5 */
+        float t[3] = { 127.0f, 2.5f, -3.5f };
+        kvg_kv_quantize(t, 3, q, 1);
+        ok(q[1] == 2 && q[2] == -4, "ties to even (2.5 -> 2, -3.5 -> -4)");
+    }
 }
 
 static void test_allocator(void)
@@ -258,6 +339,7 @@ static void test_external_storage(void)
 int main(void)
 {
     test_geometry();
+    test_int8_layout();
     test_allocator();
     test_sequences();
     test_many_forks();

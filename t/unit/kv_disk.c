@@ -32,19 +32,19 @@
 
 static char err[512];
 static char base[256];
-static const kvg_kv_geom GEOM = { 2, 2, 8, 4 };
+static const kvg_kv_geom GEOM = { .n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .block_tokens = 4 };
 
 static void fill(kvg_kv_pool *p, int32_t id, uint32_t seed)
 {
     size_t n = kvg_kv_xfer_bytes(p) / sizeof(float);
-    float *f = p->data + (size_t)id * p->block_floats;
+    float *f = p->data + (size_t)id * (p->stride_bytes / sizeof(float));
     for (size_t i = 0; i < n; i++)
         f[i] = (float)((seed * 2654435761u + (uint32_t)i * 40503u) % 100003u) * 0.25f;
 }
 
 static int same(const kvg_kv_pool *p, int32_t a, const kvg_kv_pool *q, int32_t b)
 {
-    return memcmp(p->data + (size_t)a * p->block_floats, q->data + (size_t)b * q->block_floats,
+    return memcmp(p->data + (size_t)a * (p->stride_bytes / sizeof(float)), q->data + (size_t)b * (q->stride_bytes / sizeof(float)),
                   kvg_kv_xfer_bytes(p)) == 0;
 }
 
@@ -63,7 +63,7 @@ static kvg_kv_disk_ident ident_of(const kvg_kv_pool *p, uint8_t model)
     id.n_kv_heads = p->geom.n_kv_heads;
     id.head_dim = p->geom.head_dim;
     id.block_tokens = p->geom.block_tokens;
-    id.dtype = KVG_KV_DTYPE_F32_HOST;
+    id.dtype = kvg_kv_disk_host_dtype(p);
     id.payload_bytes = kvg_kv_xfer_bytes(p);
     return id;
 }
@@ -135,7 +135,7 @@ static void test_round_trip_restart(kvg_kv_pool *p)
 
     d = open_in("rt", 16, &id);
     is_int(stats(d).restored, 1, "reopened: the block is found again");
-    memset(p->data + 7 * p->block_floats, 0, kvg_kv_xfer_bytes(p));
+    memset(p->data + 7 * (p->stride_bytes / sizeof(float)), 0, kvg_kv_xfer_bytes(p));
     is_int(kvg_kv_disk_load(d, p, 7, h, tag), 0, "  and loads");
     ok(same(p, 1, p, 7), "  the same bytes");
     kvg_kv_disk_close(d);
@@ -158,6 +158,64 @@ static void test_round_trip_restart(kvg_kv_pool *p)
     d = open_in("rt", 16, &id);
     is_int(stats(d).restored, 1, "the original identity still finds its block");
     kvg_kv_disk_close(d);
+}
+
+/* int8 KV pools (--kv-dtype int8): their own dtype, with the count of float32 layers
+ * in it, so a store written by an engine of one --kv-dtype / --kv-full-precision-layers
+ * is free space for an engine of another; an int8 pool whose every layer is float32 is
+ * an F32 pool. */
+static void test_int8_ident(kvg_kv_pool *f32)
+{
+    kvg_kv_geom g = GEOM;
+    kvg_kv_pool *p0, *p1, *pall;
+    uint8_t h[32], tag[32];
+    kvg_kv_disk *d;
+    kvg_kv_disk_ident id1, id0, idf;
+
+    g.dtype = KVG_KV_INT8;
+    g.full_layers = 0;
+    p0 = kvg_kv_pool_new(&g, 8, err, sizeof err);
+    g.full_layers = 1;
+    p1 = kvg_kv_pool_new(&g, 8, err, sizeof err);
+    g.full_layers = 2;
+    pall = kvg_kv_pool_new(&g, 8, err, sizeof err);
+    if (!ok(p0 && p1 && pall, "int8 pools")) {
+        kvg_kv_pool_free(p0);
+        kvg_kv_pool_free(p1);
+        kvg_kv_pool_free(pall);
+        return;
+    }
+    is_int(kvg_kv_disk_host_dtype(f32), KVG_KV_DTYPE_F32_HOST, "F32 pool: F32_HOST");
+    is_int(kvg_kv_disk_host_dtype(pall), KVG_KV_DTYPE_F32_HOST, "int8 with every layer float32: F32_HOST");
+    is_int(kvg_kv_disk_host_dtype(p0), KVG_KV_DTYPE_INT8_HOST, "int8, no float32 layer: INT8_HOST + 0");
+    is_int(kvg_kv_disk_host_dtype(p1), KVG_KV_DTYPE_INT8_HOST + 1, "int8, 1 float32 layer: INT8_HOST + 1");
+
+    hash_of(h, 77);
+    memset(tag, 0xc3, 32);
+    id1 = ident_of(p1, 1);
+    id0 = ident_of(p0, 1);
+    idf = ident_of(f32, 1);
+    id0.payload_bytes = id1.payload_bytes;    /* only the dtype tells these two apart */
+    fill(p1, 2, 5);
+    d = open_in("i8", 8, &id1);
+    is_int(kvg_kv_disk_spill(d, p1, 2, h, tag, 0), 0, "int8 pool: a block spilled");
+    kvg_kv_disk_close(d);
+    d = open_in("i8", 8, &id0);
+    is_int(stats(d).restored, 0, "another float32-layer count (same payload size): ignored");
+    is_int(kvg_kv_disk_load(d, p0, 3, h, tag), -1, "  a miss");
+    kvg_kv_disk_close(d);
+    d = open_in("i8", 8, &idf);
+    is_int(stats(d).restored, 0, "an F32 engine: ignored");
+    is_int(kvg_kv_disk_load(d, f32, 3, h, tag), -1, "  a miss");
+    kvg_kv_disk_close(d);
+    d = open_in("i8", 8, &id1);
+    is_int(stats(d).restored, 1, "the same int8 identity finds it again");
+    is_int(kvg_kv_disk_load(d, p1, 4, h, tag), 0, "  and loads");
+    ok(same(p1, 2, p1, 4), "  the same bytes");
+    kvg_kv_disk_close(d);
+    kvg_kv_pool_free(p0);
+    kvg_kv_pool_free(p1);
+    kvg_kv_pool_free(pall);
 }
 
 static void test_corrupt(kvg_kv_pool *p)
@@ -376,7 +434,7 @@ static void test_prefix_cache(void)
     kvg_pc_set_disk(pc, d, err, sizeof err);
     ta = kvg_pc_tenant(pc, "A", 1, 0);
     tb = kvg_pc_tenant(pc, "B", 1, 0);
-    memset(p->data, 0, 4 * p->block_floats * sizeof(float));
+    memset(p->data, 0, 4 * (p->stride_bytes / sizeof(float)) * sizeof(float));
     is_int(kvg_pc_admit(pc, &s, tb, hab, 3, 13, 0, 1, 0, err, sizeof err), 0,
            "after the restart tenant B still misses A's blocks");
     kvg_pc_release(pc, &s, 2);
@@ -409,6 +467,7 @@ int main(void)
         return 1;
     }
     test_round_trip_restart(p);
+    test_int8_ident(p);
     test_corrupt(p);
     test_lru_and_queue(p);
     test_wipe(p);

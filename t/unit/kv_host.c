@@ -25,19 +25,20 @@
 #include "prefix_hash.h"
 
 static char err[512];
-static const kvg_kv_geom GEOM = { 2, 2, 8, 4 };
+static const kvg_kv_geom GEOM = { .n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .block_tokens = 4 };
 
 static void fill(kvg_kv_pool *p, int32_t id, uint32_t seed)
 {
     size_t n = kvg_kv_xfer_bytes(p) / sizeof(float);
-    float *f = p->data + (size_t)id * p->block_floats;
+    float *f = p->data + (size_t)id * (p->stride_bytes / sizeof(float));
     for (size_t i = 0; i < n; i++)
         f[i] = (float)((seed * 2654435761u + (uint32_t)i * 40503u) % 100003u) * 0.25f;
 }
 
 static int same(const kvg_kv_pool *p, int32_t a, const kvg_kv_pool *q, int32_t b)
 {
-    return memcmp(p->data + (size_t)a * p->block_floats, q->data + (size_t)b * q->block_floats,
+    return memcmp(p->data + (size_t)a * (p->stride_bytes / sizeof(float)),
+                  q->data + (size_t)b * (q->stride_bytes / sizeof(float)),
                   kvg_kv_xfer_bytes(p)) == 0;
 }
 
@@ -65,7 +66,7 @@ static void on_spill(void *ctx, const void *payload, const uint8_t *hash, const 
         s->first[s->n] = hash[0];
         s->tag0[s->n] = tag[0];
         if (s->ref && s->ref_block[s->n] >= 0 &&
-            memcmp(payload, s->ref->data + (size_t)s->ref_block[s->n] * s->ref->block_floats,
+            memcmp(payload, s->ref->data + (size_t)s->ref_block[s->n] * (s->ref->stride_bytes / sizeof(float)),
                    kvg_kv_xfer_bytes(s->ref)) != 0)
             s->bytes_ok = 0;
     }

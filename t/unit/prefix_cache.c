@@ -35,7 +35,7 @@ typedef struct req {
 
 static kvg_kv_pool *pool_new(int n_blocks)
 {
-    kvg_kv_geom g = { 1, 1, 1, BT };
+    kvg_kv_geom g = { .n_layers = 1, .n_kv_heads = 1, .head_dim = 1, .block_tokens = BT };
     return kvg_kv_pool_new(&g, n_blocks, err, sizeof err);
 }
 

@@ -4,7 +4,9 @@
  * then a few tokens are decoded greedily with every filled block published; the
  * logits after the prompt and after each generated token, and the tokens, must be
  * BIT-identical to a run of the same prompt alone on a fresh pool with no cache.
- * Models: stories260K (../shared) and a hand-built GQA model with biases. */
+ * Models: stories260K (../shared) and a hand-built GQA model with biases; each also with
+ * int8 KV (--kv-dtype int8: the deep layers' K and V int8, kv_cache.h), where a hit
+ * reads the stored int8 blocks and must still give the fresh run's bits. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +84,7 @@ static int run_seq(kvg_forward *fw, const kvg_model *m, kvg_prefix_cache *pc, kv
     return 0;
 }
 
-static void property(const char *name, const kvg_model *m)
+static void property(const char *name, const kvg_model *m, int kv_dtype, int full_layers)
 {
     enum { NP = 14 };
     int V = m->cfg.vocab_size;
@@ -99,6 +101,8 @@ static void property(const char *name, const kvg_model *m)
     kvg_pc_stats st;
 
     kvg_forward_kv_geom(m, BT, &g);
+    g.dtype = kv_dtype;
+    g.full_layers = full_layers;
     if (be) {
         ref_pool = kvg_kv_pool_new(&g, MAXP / BT + 4, err, sizeof err);
         pool = kvg_kv_pool_new(&g, 36, err, sizeof err);   /* ~2 prompts' worth: evictions */
@@ -219,11 +223,17 @@ int main(void)
     lo.tokenizer_path = tpath;
     stories = kvg_model_load(path, &lo, err, sizeof err);
     if (ok(stories != NULL, "load stories260K"))
-        property("stories260K", stories);
-    else
+    {
+        property("stories260K", stories, KVG_KV_F32, 0);
+        property("stories260K int8 KV (2 F32 layers of 5)", stories, KVG_KV_INT8, 2);
+        property("stories260K int8 KV (every layer)", stories, KVG_KV_INT8, 0);
+    } else
         diag("%s", err);
     if (ok(tm_build(&ta, &a) == 0, "build the test model (GQA, biases, mixed dtypes)"))
-        property("testmodel", &ta.m);
+    {
+        property("testmodel", &ta.m, KVG_KV_F32, 0);
+        property("testmodel int8 KV (1 F32 layer)", &ta.m, KVG_KV_INT8, 1);
+    }
     tm_free(&ta);
     kvg_model_free(stories);
     kvg_prefix_hasher_free(hasher);
