@@ -254,6 +254,17 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
         kvgd_reply_error(c, id, 400, "n_active %u is more than n %u", v.h.n_active, v.h.n);
         return;
     }
+    if (v.h.n_holds > KVG_PROTO_MAX_HOLDS || (bypass && v.h.n_holds)) {
+        kvgd_reply_error(c, id, 400, "%u holds (at most %d, none when bypassing the cache)", v.h.n_holds,
+                         KVG_PROTO_MAX_HOLDS);
+        return;
+    }
+    for (uint32_t i = 0; i < v.h.n_holds; i++)
+        if (v.h.hold_blocks[i] < 1 || v.h.hold_blocks[i] > v.h.n_block_hashes || v.h.hold_ms[i] < 1) {
+            kvgd_reply_error(c, id, 400, "hold %u: %u blocks for %u ms (1..%u blocks, at least 1 ms)", i,
+                             v.h.hold_blocks[i], v.h.hold_ms[i], v.h.n_block_hashes);
+            return;
+        }
     memset(&q, 0, sizeof q);
     /* The hashes are checked against the salt before the request gets a tenant: a
      * refused request leaves no cache state behind. A bypass request needs no root. */
@@ -334,6 +345,11 @@ static void on_submit(dconn *c, const kvg_shm_msg *m)
         q.n_stop = (int)v.h.n_stop;
     }
     q.ttl_ms = v.h.cache_ttl_ms == KVG_TTL_PINNED ? KVG_PC_TTL_PINNED : (int64_t)v.h.cache_ttl_ms;
+    q.n_holds = (int)v.h.n_holds;
+    for (uint32_t i = 0; i < v.h.n_holds; i++) {
+        q.hold_blocks[i] = (int32_t)v.h.hold_blocks[i];
+        q.hold_ms[i] = (int64_t)v.h.hold_ms[i];
+    }
     q.priority = v.h.priority;
     q.logprobs = (v.h.flags & KVG_SUBMIT_LOGPROBS) != 0;
 

@@ -66,6 +66,7 @@ typedef struct dreq {
     uint32_t prompt_tokens, cached_tokens;
     int done;                    /* the scheduler reported the request complete */
     uint32_t completion_tokens;
+    uint32_t cache_write_tokens; /* prompt tokens computed and held for its holds */
     int error;                   /* ends with ERROR instead of DONE */
     uint32_t err_status;
     char err_msg[256];

@@ -124,6 +124,7 @@ void kvgd_sched_event(void *ctx, const kvg_sched_event *ev)
         r->prompt_tokens = (uint32_t)ev->prompt_tokens;
         r->cached_tokens = (uint32_t)ev->cached_tokens;
         r->completion_tokens = (uint32_t)ev->completion_tokens;
+        r->cache_write_tokens = (uint32_t)ev->cache_write_tokens;
         d->counters.completed++;
         if (r->expired)
             d->counters.deadlines++;
@@ -246,7 +247,7 @@ static int flush_req(dconn *c, dreq *r)
     }
     if (r->done) {
         kvg_msg_done dn = { KVG_PROTO_VERSION, 0, r->client_id, r->prompt_tokens, r->cached_tokens,
-                            r->completion_tokens, 0 };
+                            r->completion_tokens, r->cache_write_tokens };
         if ((rc = push(c, KVG_MSG_DONE, &dn, sizeof dn, NULL, 0)) != 0)
             return rc;
         kvgd_req_free(r);

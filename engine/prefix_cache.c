@@ -22,6 +22,7 @@ typedef struct pc_block {
     int32_t prev, next;          /* global LRU (refcount 0, hashed, unpinned) */
     int32_t tprev, tnext;        /* the tenant's LRU */
     int64_t touched_ms, ttl_ms;
+    int64_t hold_until_ms;       /* pinned: until then (kvg_pc_hold); INT64_MAX: for good */
     int32_t tenant;
     uint8_t hashed, pinned, in_lru;
 } pc_block;
@@ -35,6 +36,7 @@ typedef struct pc_tenant {
     int32_t refs;                /* holders of the id (requests, callers of kvg_pc_tenant) */
     double quota;                /* share of the pool, 0: none */
     int32_t charged;             /* hashed blocks of this tenant, in use or cached */
+    int32_t n_pinned;            /* of those, pinned (for good or held) */
     int32_t head, tail;          /* its LRU, least recent at head */
     uint8_t tag[KVG_PREFIX_HASH_LEN];  /* the disk tier's tenant tag (its chain root) */
     uint8_t has_tag;
@@ -50,6 +52,7 @@ struct kvg_prefix_cache {
     int32_t n_lru, n_kept_pinned, n_pinned, pin_cap;
     int64_t now_ms;
     int64_t next_expiry_ms;      /* no cached block expires before this */
+    int64_t next_hold_ms;        /* no hold ends before this */
     pc_tenant *tenants;
     int n_slots, cap_slots;      /* slots ever used (ids < n_slots), allocated */
     int n_live;                  /* live tenants */
@@ -264,6 +267,7 @@ static void unhash(kvg_prefix_cache *pc, int32_t id)
     table_remove(pc, id);
     if (bl->pinned) {
         pc->n_pinned--;
+        pc->tenants[bl->tenant].n_pinned--;
         if (kvg_kv_block_refcount(pc->pool, id) == 0)
             pc->n_kept_pinned--;
     }
@@ -372,8 +376,41 @@ static int32_t sweep(kvg_prefix_cache *pc)
     return n;
 }
 
+/* Holds whose time has come end: the block is an ordinary cached one again, its TTL
+ * (at least the hold's) counted from its last use, so a block nobody used meanwhile
+ * expires at once. */
+static void end_holds(kvg_prefix_cache *pc)
+{
+    int64_t next = INT64_MAX;
+    for (int32_t id = 0; id < pc->pool->n_blocks; id++) {
+        pc_block *bl = &pc->b[id];
+        int64_t exp;
+        if (!bl->hashed || !bl->pinned || bl->hold_until_ms == INT64_MAX)
+            continue;
+        if (bl->hold_until_ms > pc->now_ms) {
+            if (bl->hold_until_ms < next)
+                next = bl->hold_until_ms;
+            continue;
+        }
+        bl->pinned = 0;
+        bl->hold_until_ms = 0;
+        pc->n_pinned--;
+        pc->tenants[bl->tenant].n_pinned--;
+        if (kvg_kv_block_refcount(pc->pool, id) == 0) {
+            pc->n_kept_pinned--;
+            lru_push(pc, id);
+            exp = expiry_of(bl);
+            if (exp < pc->next_expiry_ms)
+                pc->next_expiry_ms = exp;
+        }
+    }
+    pc->next_hold_ms = next;
+}
+
 static void sweep_if_due(kvg_prefix_cache *pc)
 {
+    if (pc->now_ms >= pc->next_hold_ms)
+        end_holds(pc);
     if (pc->now_ms >= pc->next_expiry_ms)
         sweep(pc);
 }
@@ -485,6 +522,7 @@ kvg_prefix_cache *kvg_pc_new(kvg_kv_pool *pool, const kvg_pc_config *cfg,
     pc->pin_cap = (int32_t)(cfg->pinned_share * (double)pool->n_blocks);
     pc->now_ms = 0;
     pc->next_expiry_ms = INT64_MAX;
+    pc->next_hold_ms = INT64_MAX;
     pool->keep = on_zero;
     pool->reclaim = on_reclaim;
     pool->hook_ctx = pc;
@@ -734,6 +772,7 @@ static void publish(kvg_prefix_cache *pc, int32_t id, const uint8_t *hash, int t
     bl->tenant = tenant;
     bl->touched_ms = pc->now_ms;
     bl->pinned = 0;
+    bl->hold_until_ms = 0;
     pin_or_ttl(pc, bl, ttl_ms);
     table_insert(pc, id);
     pc->tenants[tenant].charged++;
@@ -772,19 +811,69 @@ static int32_t tier_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
     return n - from;
 }
 
+/* Pins a hashed block that is not (until: INT64_MAX for good, else a hold's end) within
+ * the pool's cap and its tenant's; 0 when a cap refuses. A cached block leaves the LRU. */
+static int pin(kvg_prefix_cache *pc, int32_t id, int64_t until)
+{
+    pc_block *bl = &pc->b[id];
+    pc_tenant *tn = &pc->tenants[bl->tenant];
+    if (pc->n_pinned >= pc->pin_cap || (pc->cfg.tenant_pin_blocks > 0 && tn->n_pinned >= pc->cfg.tenant_pin_blocks))
+        return 0;
+    bl->pinned = 1;
+    bl->hold_until_ms = until;
+    pc->n_pinned++;
+    tn->n_pinned++;
+    if (bl->in_lru) {            /* cached (refcount 0) */
+        lru_remove(pc, id);
+        pc->n_kept_pinned++;
+    }
+    if (until < pc->next_hold_ms)
+        pc->next_hold_ms = until;
+    return 1;
+}
+
 static void pin_or_ttl(kvg_prefix_cache *pc, pc_block *bl, int64_t ttl_ms)
 {
     if (ttl_ms == KVG_PC_TTL_PINNED) {
-        if (!bl->pinned && pc->n_pinned < pc->pin_cap) {
-            bl->pinned = 1;
-            pc->n_pinned++;
-        }
+        if (!bl->pinned)
+            pin(pc, (int32_t)(bl - pc->b), INT64_MAX);
+        else
+            bl->hold_until_ms = INT64_MAX;      /* a hold becomes a pin for good */
         if (bl->pinned)
             return;
         ttl_ms = 0;      /* over the pin cap: an ordinary entry */
     }
     if (!bl->pinned)
         bl->ttl_ms = ttl_or_default(pc, ttl_ms);
+}
+
+int32_t kvg_pc_hold(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t from, int32_t n_blocks, int64_t hold_ms,
+                    int64_t now_ms)
+{
+    int32_t held = 0;
+    int64_t until;
+    set_now(pc, now_ms);
+    if (hold_ms <= 0 || from < 0)
+        return 0;
+    until = hold_ms > INT64_MAX - pc->now_ms ? INT64_MAX - 1 : pc->now_ms + hold_ms;
+    for (int32_t i = from; i < from + n_blocks && i < seq->n_blocks; i++) {
+        int32_t id = seq->blocks[i];
+        pc_block *bl = &pc->b[id];
+        if (!bl->hashed)
+            continue;            /* not published (a private copy): nothing to keep */
+        /* after the hold, at least its TTL, so that it ends as the hold does */
+        bl->touched_ms = pc->now_ms;
+        if (bl->ttl_ms < hold_ms)
+            bl->ttl_ms = hold_ms;
+        if (bl->pinned) {
+            if (bl->hold_until_ms < until)
+                bl->hold_until_ms = until;
+            held++;
+        } else {
+            held += pin(pc, id, until);
+        }
+    }
+    return held;
 }
 
 int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
@@ -926,6 +1015,8 @@ void kvg_pc_release(kvg_prefix_cache *pc, kvg_kv_seq *seq, int64_t now_ms)
 int32_t kvg_pc_sweep(kvg_prefix_cache *pc, int64_t now_ms)
 {
     set_now(pc, now_ms);
+    if (pc->now_ms >= pc->next_hold_ms)
+        end_holds(pc);
     return sweep(pc);
 }
 

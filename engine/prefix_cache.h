@@ -38,6 +38,8 @@ typedef struct kvg_pc_config {
     int64_t default_ttl_ms;                /* 0: 5 minutes */
     double pinned_share;                   /* max share of the pool pinned blocks may hold (0..1) */
     double default_quota;                  /* per-tenant share of the pool, 0 = no quota */
+    int32_t tenant_pin_blocks;             /* most blocks one tenant may have pinned or held
+                                              (kvg_pc_hold), 0 = only the pool's pinned share */
 } kvg_pc_config;
 
 /* Eviction causes, for metrics. */
@@ -121,6 +123,16 @@ int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
 void kvg_pc_commit(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t index,
                    const uint8_t hash[KVG_PREFIX_HASH_LEN], int tenant, int64_t ttl_ms,
                    int64_t now_ms);
+
+/* Holds blocks [from, from + n_blocks) of seq (published: hits, or committed; others are
+ * skipped) for hold_ms: pinned, never evicted, until now + hold_ms at least (a hold
+ * already longer stays), within the pool's pinned share and cfg.tenant_pin_blocks; a
+ * block a cap refuses stays an ordinary cached block. Their TTL becomes at least hold_ms
+ * from now, so that when the hold ends unused the block expires with it. What Anthropic's
+ * cache_control asks of a prefix: kept for its TTL, refreshed by each request that marks
+ * it. Returns the blocks held now. */
+int32_t kvg_pc_hold(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t from, int32_t n_blocks, int64_t hold_ms,
+                    int64_t now_ms);
 
 /* Blocks for appending n_new positions to seq (decode, prefill chunks), copy-on-write
  * of a shared partial block included; evicts as needed. -1 when the pool is out. */

@@ -61,6 +61,7 @@ typedef struct req {
     int draw_pending;            /* kvg_sched_samples during a step: done at its end */
     uint32_t cancel_mask_pending;
     int32_t cached, max_gen;
+    int32_t cache_written;       /* prompt tokens it computed and held (cache_control) */
     int32_t hint_cached;         /* prompt tokens whose blocks the cache held at submit: an
                                     estimate of `cached` for the load while queued */
     uint64_t arrival, admit_no;
@@ -495,6 +496,7 @@ static void finish_sample(kvg_sched *s, req *q, int j, kvg_finish_reason why, co
         ev.cached_tokens = q->cached;
         ev.prompt_tokens = q->r.n_prompt;
         ev.completion_tokens = comp;
+        ev.cache_write_tokens = q->cache_written;
         s->st.bucket[q->r.bucket].completion_tokens += (uint64_t)comp;
         q->state = RQ_FINISHED;
         emit(s, &ev, q);
@@ -643,6 +645,17 @@ int kvg_sched_hold(kvg_sched *s, uint64_t id, int held)
     return -1;
 }
 
+/* How long prompt block i is held: the longest of the request's holds covering it (0:
+ * none). */
+static int64_t hold_of(const req *q, int32_t i)
+{
+    int64_t ms = 0;
+    for (int k = 0; k < q->r.n_holds; k++)
+        if (i < q->r.hold_blocks[k] && q->r.hold_ms[k] > ms)
+            ms = q->r.hold_ms[k];
+    return ms;
+}
+
 /* Commits every block of sample j's sequence that became full. */
 static void commit_blocks(kvg_sched *s, req *q, int j, int64_t now)
 {
@@ -667,6 +680,9 @@ static void commit_blocks(kvg_sched *s, req *q, int j, int64_t now)
                 return;          /* ids are valid: cannot happen; the block just stays private */
         }
         kvg_pc_commit(s->pc, &p->seq, i, h, q->r.tenant, q->r.ttl_ms ? q->r.ttl_ms : s->cfg.default_ttl_ms, now);
+        if (j < 0 && hold_of(q, i) > 0 &&
+            kvg_pc_hold(s->pc, &p->seq, i, 1, hold_of(q, i), now) == 1)
+            q->cache_written += bt;          /* computed by this request and now held */
         memcpy(p->last_hash, h, sizeof h);
         p->n_hashed++;
     }
@@ -772,6 +788,10 @@ static void admit(kvg_sched *s, int64_t now)
         best->state = RQ_PREFILLING;
         best->admit_no = ++s->admits;
         p->n_hashed = got / s->pool->geom.block_tokens;
+        /* the holds of the blocks it hit: refreshed (as a hit refreshes a TTL) */
+        for (int32_t i = 0; i < p->n_hashed && best->r.n_holds > 0; i++)
+            if (hold_of(best, i) > 0)
+                kvg_pc_hold(s->pc, &p->seq, i, 1, hold_of(best, i), now);
         if (p->n_hashed > 0)
             memcpy(p->last_hash, best->hashes[p->n_hashed - 1], KVG_PREFIX_HASH_LEN);
         else

@@ -57,6 +57,7 @@
  * a SUBMIT may carry, the scheduler takes. */
 #define KVG_SCHED_MAX_N        KVG_PROTO_MAX_N
 #define KVG_SCHED_MAX_STOP_IDS 8
+#define KVG_SCHED_MAX_HOLDS    KVG_PROTO_MAX_HOLDS
 #define KVG_SCHED_BUCKETS      KVG_STATS_BUCKETS
 
 typedef struct kvg_sched kvg_sched;
@@ -99,6 +100,11 @@ typedef struct kvg_sched_req {
     const char *stop[KVG_STOP_MAX];             /* stop strings (NUL-terminated) */
     int n_stop;
     int64_t ttl_ms;              /* 0: config default; KVG_PC_TTL_PINNED: pinned */
+    /* cache_control: the prompt's first hold_blocks[i] blocks held for hold_ms[i]
+     * (prefix_cache.h kvg_pc_hold), each block for the longest hold covering it */
+    int n_holds;
+    int32_t hold_blocks[KVG_SCHED_MAX_HOLDS];
+    int64_t hold_ms[KVG_SCHED_MAX_HOLDS];
     int priority;                /* higher is admitted first */
     int logprobs;                /* report each token's log-probability (TOKEN events'
                                     logprob; NaN without): a softmax over the whole
@@ -133,6 +139,7 @@ typedef struct kvg_sched_event {
     int32_t cached_tokens;       /* ACCEPTED, DONE */
     int32_t prompt_tokens;       /* DONE */
     int32_t completion_tokens;   /* DONE: over all samples */
+    int32_t cache_write_tokens;  /* DONE: prompt tokens it computed and held (holds) */
     const char *error;           /* FINISHED with KVG_FINISH_ERROR */
 } kvg_sched_event;
 

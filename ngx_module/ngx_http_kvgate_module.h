@@ -194,6 +194,11 @@ struct ngx_http_kvgate_ctx_s {
     size_t                     n_tokens;
     uint8_t                  (*hashes)[KVG_PREFIX_HASH_LEN];
     size_t                     n_hashes;
+    /* cache_control breakpoints (/v1/messages): the prompt tokens up to each
+       (the prefix its rendering shares with the whole prompt's), its TTL */
+    size_t                     n_breakpoints;
+    size_t                     bp_tokens[KVG_PROTO_MAX_HOLDS];
+    uint32_t                   bp_ttl_s[KVG_PROTO_MAX_HOLDS];
     u_char                     route_key[2 * KVG_PREFIX_HASH_LEN];
     ngx_uint_t                 route_key_set;
     int32_t                    stop_ids[KVG_PROTO_MAX_STOP_IDS];
@@ -232,6 +237,7 @@ struct ngx_http_kvgate_ctx_s {
     uint32_t                   prompt_tokens;
     uint32_t                   cached_tokens;
     uint32_t                   completion_tokens;
+    uint32_t                   cache_write_tokens; /* held for cache_control */
     ngx_uint_t                 usage_set;
 
     ngx_msec_t                 start;             /* ngx_current_msec at arrival */

@@ -403,6 +403,110 @@ ngx_http_kvgate_chat_stops(ngx_http_kvgate_ctx_t *ctx,
 
 
 /*
+ * Where a cache_control breakpoint ends in the prompt's tokens: the
+ * conversation up to and including the marked block (the messages before it,
+ * its message with its blocks up to the marked one) rendered without the
+ * generation prompt and tokenized; the prefix those tokens share with the
+ * whole prompt's covers the marked block (what the template writes after it
+ * differs). 0 when that conversation does not render (a template that wants
+ * a user turn last): the breakpoint then holds nothing.
+ */
+
+static size_t
+ngx_http_kvgate_breakpoint_tokens(ngx_http_kvgate_ctx_t *ctx,
+    const kvg_engine_info *info, json_t *trusted,
+    const kvg_cache_breakpoint *bp)
+{
+    int                  rc;
+    char                 msg[256];
+    size_t               i, n, idx, common;
+    int32_t             *ids;
+    json_t              *data, *all, *msgs, *m, *first, *role, *content;
+    kvg_jinja_output     out;
+
+    all = json_object_get(ctx->req->chat_data, "messages");
+    first = json_array_get(all, 0);
+    role = json_object_get(first, "role");
+
+    /* the system prompt, when there is one, is the first message */
+
+    idx = (size_t) (bp->message + 1);
+
+    if (!(json_is_string(role)
+          && ngx_strcmp(json_string_value(role), "system") == 0))
+    {
+        if (bp->message < 0) {
+            return 0;
+        }
+
+        idx = (size_t) bp->message;
+    }
+
+    if (idx >= json_array_size(all)) {
+        return 0;
+    }
+
+    data = json_copy(ctx->req->chat_data);
+    msgs = json_array();
+
+    if (data == NULL || msgs == NULL || json_object_set(data, "messages", msgs)) {
+        json_decref(data);
+        json_decref(msgs);
+        return 0;
+    }
+
+    for (i = 0; i < idx; i++) {
+        json_array_append(msgs, json_array_get(all, i));
+    }
+
+    m = json_copy(json_array_get(all, idx));
+    content = json_object_get(m, "content");
+
+    if (m != NULL && json_is_array(content)) {
+        json_t  *parts = json_array();
+
+        for (i = 0; i <= (size_t) bp->block && i < json_array_size(content);
+             i++)
+        {
+            json_array_append(parts, json_array_get(content, i));
+        }
+
+        json_object_set_new(m, "content", parts);
+    }
+
+    json_array_append_new(msgs, m);
+    json_decref(msgs);
+
+    rc = kvg_jinja_render(info->chat_template, trusted, data, NULL, &out, msg,
+                          sizeof(msg));
+    json_decref(data);
+
+    if (rc != KVG_JINJA_OK) {
+        return 0;
+    }
+
+    rc = kvg_tokenizer_encode_spans(info->tokenizer, out.text, out.len,
+                                    KVG_ENC_PARSE_SPECIAL, out.spans,
+                                    out.n_spans, &ids, &n, msg, sizeof(msg));
+    kvg_jinja_output_free(&out);
+
+    if (rc != 0) {
+        return 0;
+    }
+
+    for (common = 0; common < n && common < ctx->n_tokens; common++) {
+        if (ids[common] != ctx->tokens[common]) {
+            break;
+        }
+    }
+
+    free(ids);
+
+    return common;
+}
+
+
+/*
  * The engine's chat template over the request's messages, tokenized as one
  * text the way the model's reference does (the template renders BOS itself;
  * nothing is added), except that special-token text inside what came from
@@ -454,7 +558,6 @@ ngx_http_kvgate_chat_tokens(ngx_http_kvgate_ctx_t *ctx,
 
     rc = kvg_jinja_render(info->chat_template, trusted, req->chat_data, NULL,
                           &out, msg, sizeof(msg));
-    json_decref(trusted);
 
     switch (rc) {
 
@@ -462,16 +565,19 @@ ngx_http_kvgate_chat_tokens(ngx_http_kvgate_ctx_t *ctx,
         break;
 
     case KVG_JINJA_RAISED:
+        json_decref(trusted);
         kvg_api_error_set(err, 400, "invalid_value", "messages",
                           "The model's chat template does not accept these "
                           "messages: %s", msg);
         return NGX_ERROR;
 
     case KVG_JINJA_NOMEM:
+        json_decref(trusted);
         kvg_api_error_set(err, 500, NULL, NULL, "out of memory");
         return NGX_ERROR;
 
     default:
+        json_decref(trusted);
         kvg_api_error_set(err, 400, "invalid_value", "messages",
                           "The model's chat template cannot render these "
                           "messages: %s", msg);
@@ -485,8 +591,32 @@ ngx_http_kvgate_chat_tokens(ngx_http_kvgate_ctx_t *ctx,
     kvg_jinja_output_free(&out);
 
     if (rc != NGX_OK) {
+        json_decref(trusted);
         return NGX_ERROR;
     }
+
+    /* where each cache_control breakpoint ends */
+
+    ctx->n_breakpoints = 0;
+
+    if (req->n_cache_breakpoints
+        && json_object_set_new(trusted, "add_generation_prompt", json_false())
+           == 0)
+    {
+        size_t  i;
+
+        for (i = 0; i < req->n_cache_breakpoints
+                    && ctx->n_breakpoints < KVG_PROTO_MAX_HOLDS; i++)
+        {
+            ctx->bp_tokens[ctx->n_breakpoints] =
+                ngx_http_kvgate_breakpoint_tokens(ctx, info, trusted,
+                                                  &req->cache_breakpoints[i]);
+            ctx->bp_ttl_s[ctx->n_breakpoints++] =
+                req->cache_breakpoints[i].ttl_s;
+        }
+    }
+
+    json_decref(trusted);
 
     ngx_http_kvgate_chat_stops(ctx, info);
 

@@ -585,6 +585,37 @@ ngx_http_kvgate_prepare(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 }
 
 
+/* cache_control's holds: the full blocks before each breakpoint, for its TTL
+   (at most kvgate_cache_ttl_max) */
+
+static void
+ngx_http_kvgate_holds(ngx_http_kvgate_ctx_t *ctx,
+    ngx_http_kvgate_loc_conf_t *klcf, kvg_client_req *q)
+{
+    size_t                  i, nb;
+    ngx_msec_t              ms;
+    const kvg_engine_info  *info;
+
+    info = ngx_http_kvgate_engine_info(ctx->ereq.engine);
+
+    if (ctx->bypass || info == NULL || info->block_tokens == 0) {
+        return;
+    }
+
+    for (i = 0; i < ctx->n_breakpoints; i++) {
+        nb = ngx_min(ctx->bp_tokens[i] / info->block_tokens, ctx->n_hashes);
+        ms = ngx_min((ngx_msec_t) ctx->bp_ttl_s[i] * 1000, klcf->cache_ttl_max);
+
+        if (nb == 0 || ms == 0) {
+            continue;
+        }
+
+        q->hold_blocks[q->n_holds] = (uint32_t) nb;
+        q->hold_ms[q->n_holds++] = (uint32_t) ms;
+    }
+}
+
+
 static ngx_int_t
 ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
 {
@@ -620,6 +651,7 @@ ngx_http_kvgate_submit(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     q.stop_len = ctx->stop_len;
     q.n_stop = ctx->n_stop;
     q.cache_ttl_ms = ngx_http_kvgate_cache_ttl(klcf, req);
+    ngx_http_kvgate_holds(ctx, klcf, &q);
 
     /* the engine gives up a little after the gateway does */
 
@@ -1673,6 +1705,7 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
         ctx->prompt_tokens = ev->prompt_tokens;
         ctx->cached_tokens = ev->cached_tokens;
         ctx->completion_tokens = ev->completion_tokens;
+        ctx->cache_write_tokens = ev->cache_write_tokens;
 
         if (ctx->cache_status == NULL) {
             info = ngx_http_kvgate_engine_info(ctx->ereq.engine);

@@ -816,22 +816,25 @@ ngx_http_kvgate_message_stop(ngx_http_kvgate_out_t *o,
  * "usage":{...}: input_tokens are the prompt's tokens neither read from the
  * cache nor written to it; cache_read_input_tokens the cached prefix the
  * engine reused (OpenAI's prompt_tokens_details.cached_tokens);
- * cache_creation_input_tokens 0, as nothing is written on a cache_control
- * breakpoint's behalf yet (the prefix cache fills itself, unbilled).
+ * cache_creation_input_tokens the prompt tokens the engine computed and now
+ * holds for the request's cache_control breakpoints (its DONE: known at the
+ * end, so a stream's message_start says 0 and its message_delta the count).
  */
 
 static void
 ngx_http_kvgate_message_usage(ngx_http_kvgate_out_t *o,
     ngx_http_kvgate_ctx_t *ctx, uint32_t output_tokens)
 {
-    uint32_t  cached;
+    uint32_t  cached, written;
 
     cached = ngx_min(ctx->cached_tokens, ctx->prompt_tokens);
+    written = ngx_min(ctx->cache_write_tokens, ctx->prompt_tokens - cached);
 
     ngx_http_kvgate_out_lit(o, "\"usage\":{\"input_tokens\":");
-    ngx_http_kvgate_out_uint(o, ctx->prompt_tokens - cached);
-    ngx_http_kvgate_out_lit(o, ",\"cache_creation_input_tokens\":0"
-                               ",\"cache_read_input_tokens\":");
+    ngx_http_kvgate_out_uint(o, ctx->prompt_tokens - cached - written);
+    ngx_http_kvgate_out_lit(o, ",\"cache_creation_input_tokens\":");
+    ngx_http_kvgate_out_uint(o, written);
+    ngx_http_kvgate_out_lit(o, ",\"cache_read_input_tokens\":");
     ngx_http_kvgate_out_uint(o, cached);
     ngx_http_kvgate_out_lit(o, ",\"output_tokens\":");
     ngx_http_kvgate_out_uint(o, output_tokens);

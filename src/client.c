@@ -561,6 +561,13 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
         v.h.bucket = KVG_STATS_BUCKETS - 1;
     v.h.priority = r->priority;
     v.h.cache_ttl_ms = r->cache_ttl_ms;
+    if (r->n_holds > KVG_PROTO_MAX_HOLDS)
+        return kvg_fail(err, err_len, "request", "%u holds (at most %d)", r->n_holds, KVG_PROTO_MAX_HOLDS);
+    v.h.n_holds = r->bypass ? 0 : r->n_holds;
+    for (unsigned i = 0; i < v.h.n_holds; i++) {
+        v.h.hold_blocks[i] = r->hold_blocks[i];
+        v.h.hold_ms[i] = r->hold_ms[i];
+    }
     v.h.deadline_ms = r->deadline_ms;
     v.h.n = n;
     v.h.n_active = r->n_active;
@@ -780,6 +787,7 @@ static int decode(kvg_client *c, const kvg_shm_msg *m, kvg_client_event *ev, cha
         ev->prompt_tokens = d.prompt_tokens;
         ev->cached_tokens = d.cached_tokens;
         ev->completion_tokens = d.completion_tokens;
+        ev->cache_write_tokens = d.cache_write_tokens;
         break;
     }
     case KVG_MSG_ERROR: {

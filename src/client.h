@@ -97,6 +97,10 @@ typedef struct kvg_client_req {
     const size_t *stop_len;
     size_t n_stop;
     uint32_t cache_ttl_ms;       /* 0: the engine's default; KVG_TTL_PINNED */
+    unsigned n_holds;            /* cache_control: the first hold_blocks[i] blocks held for
+                                    hold_ms[i] (proto.h kvg_msg_submit) */
+    uint32_t hold_blocks[KVG_PROTO_MAX_HOLDS];
+    uint32_t hold_ms[KVG_PROTO_MAX_HOLDS];
     uint32_t deadline_ms;        /* 0: none */
     int priority;
     int logprobs;                /* report the chosen tokens' logprobs */
@@ -126,6 +130,7 @@ typedef struct kvg_client_event {
     size_t text_len;
     uint32_t finish_reason;      /* enum kvg_msg_finish */
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
+    uint32_t cache_write_tokens; /* DONE: prompt tokens computed and held for the holds */
     int status;                  /* ERROR: HTTP-like status */
     const char *message;         /* ERROR, DOWN: NUL-terminated */
 } kvg_client_event;

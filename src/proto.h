@@ -52,11 +52,13 @@
 #include "shm_channel.h"
 
 #define KVG_PROTO_MAGIC     0x6b766731u   /* "1gvk" little-endian */
-#define KVG_PROTO_VERSION   6u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
+#define KVG_PROTO_VERSION   7u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
                                     3: the cache index (fd[5], index_bytes), load_tokens;
                                     4: the statistics page's heartbeat;
                                     5: the chat template's source (fd[6]) and origin;
-                                    6: the KV disk and host tiers' statistics */
+                                    6: the KV disk and host tiers' statistics;
+                                    7: SUBMIT's holds (cache_control), DONE's
+                                       cache_write_tokens */
 #define KVG_WELCOME_FDS     7
 
 /* Limits every side enforces. These are the one definition: the engine's scheduler
@@ -148,6 +150,7 @@ enum kvg_msg_type {
 #define KVG_SUBMIT_FLAGS     0x3u   /* every bit a decoder accepts */
 
 #define KVG_TTL_PINNED       UINT32_MAX   /* cache_ttl_ms: pin the committed blocks */
+#define KVG_PROTO_MAX_HOLDS  4            /* Anthropic's cache_control breakpoints */
 
 /* Payload: tenant salt (salt_len bytes) | token ids (uint32 x n_tokens) | block
  * hashes (KVG_PREFIX_HASH_LEN bytes x n_block_hashes: the chain over the full blocks
@@ -193,6 +196,13 @@ typedef struct kvg_msg_submit {
     uint32_t n_active;           /* samples started once the prompt is ready: 0 = all n, else
                                     1..n (the engine's intake answers 400 otherwise); the
                                     others wait, undrawn, for SAMPLES */
+    /* cache_control breakpoints: the prompt's first hold_blocks[i] blocks are held (pinned,
+     * never evicted) for hold_ms[i] (kvg_pc_hold), a block for the longest hold covering
+     * it. n_holds <= KVG_PROTO_MAX_HOLDS, each hold_blocks[i] in 1..n_block_hashes,
+     * hold_ms[i] >= 1; none with bypass (the intake answers 400 otherwise). */
+    uint32_t n_holds;
+    uint32_t hold_blocks[KVG_PROTO_MAX_HOLDS];
+    uint32_t hold_ms[KVG_PROTO_MAX_HOLDS];
 } kvg_msg_submit;
 
 /* No payload. The engine stops the request within one step and releases its blocks;
@@ -291,7 +301,8 @@ typedef struct kvg_msg_done {
     uint32_t prompt_tokens;
     uint32_t cached_tokens;
     uint32_t completion_tokens;  /* over all samples */
-    uint32_t reserved2;
+    uint32_t cache_write_tokens; /* prompt tokens this request computed and held for its
+                                    holds (Anthropic's cache_creation_input_tokens) */
 } kvg_msg_done;
 
 /* Payload: the message (message_len bytes of UTF-8, at most KVG_PROTO_MAX_ERROR_LEN).

@@ -135,8 +135,8 @@ typedef enum kvg_prompt_kind {
 #define KVG_REQ_MAX_CACHE_KEY_LEN 1024  /* prompt_cache_key, bytes */
 
 /* One Anthropic cache_control breakpoint: the prefix up to and including the
- * block it is on. Parsed and validated; nothing acts on it yet (the prefix
- * cache is automatic; pinning for the TTL is to come). */
+ * block it is on, which the gateway asks the engine to hold for ttl_s
+ * (docs/caching-apis.md). */
 typedef struct kvg_cache_breakpoint {
     int32_t message;                 /* -1: the system prompt, else messages[i] */
     int32_t block;                   /* the content block's index in it */

@@ -100,13 +100,17 @@ is($rs->{delta_usage}{output_tokens}, 24, '  message_delta usage.output_tokens')
 is($rs->{stop_reason}, 'max_tokens', '  message_delta stop_reason');
 
 my $k = $o->{cache} // {};
-my $pt = ($k->{first}{input_tokens} // 0) + ($k->{first}{cache_read_input_tokens} // 0);
+my $pt = ($k->{first}{input_tokens} // 0) + ($k->{first}{cache_read_input_tokens} // 0)
+         + ($k->{first}{cache_creation_input_tokens} // 0);
 my $cached = int(($pt - 1) / 16) * 16;
+my $written = $k->{first}{cache_creation_input_tokens} // 0;
 ok($pt >= 128, "a $pt-token prompt with a cache_control breakpoint on its system block");
 is($k->{first}{cache_read_input_tokens}, 0, '  first: cache_read_input_tokens 0');
+ok($written >= 16 && $written % 16 == 0 && $written < $pt,
+   "  first: cache_creation_input_tokens $written (the system block's full blocks, now held)");
 is($k->{second}{cache_read_input_tokens}, $cached, "  second: cache_read_input_tokens $cached");
 is($k->{second}{input_tokens}, $pt - $cached, '  second: input_tokens the rest');
-is($k->{second}{cache_creation_input_tokens}, 0, '  cache_creation_input_tokens 0 (no pinning yet)');
+is($k->{second}{cache_creation_input_tokens}, 0, '  second: cache_creation_input_tokens 0 (read, not written)');
 is($k->{streamed}{cache_read_input_tokens}, $cached, '  streamed: finalMessage() usage.cache_read_input_tokens');
 is($k->{streamed}{input_tokens}, $pt - $cached, '  streamed: usage.input_tokens');
 ok($k->{same_text}, '  the same answer, cached or not');

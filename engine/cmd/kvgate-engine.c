@@ -73,6 +73,8 @@ static const char USAGE[] =
     "  --max-waiting N         requests waiting to start before new ones get 429 (default 256)\n"
     "  --cache-ttl SECONDS     how long an unused cached block is kept (default 300)\n"
     "  --pinned-share F        share of the pool pinned blocks may hold (default 0.5)\n"
+    "  --tenant-pinned-blocks N  most blocks one tenant may have pinned or held by\n"
+    "                          cache_control (default 0: only --pinned-share bounds it)\n"
     "  --tenant-quota F        per-tenant share of the pool, evicted first when over (default 0: none)\n"
     "  --warmup FILE           JSON Lines prompts to prefill before serving (see engine/warmup.h)\n"
     "  --drain-timeout SECONDS time running requests get to finish on stop (default 10)\n"
@@ -223,6 +225,7 @@ int main(int argc, char **argv)
     uint64_t kv_bytes = (uint64_t)256 << 20, sq_data = 0, cq_data = 0;
     long busy_poll = 50, threads = 0, ctx = 0, max_batch = 0, max_running = 0, max_waiting = 0, mode = 0660, ring_slots = 0;
     double cache_ttl = 300, pinned_share = 0.5, quota = 0, drain = 10;
+    long tenant_pins = 0;
     char err[512];
     int rc = 1;
 
@@ -304,6 +307,9 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--cache-ttl")) {
             if (kvg_arg_double(v, 0.001, 1e7, &cache_ttl) != 0)
                 return usage_error("--cache-ttl: '%s' is not a number of seconds > 0", v);
+        } else if (!strcmp(a, "--tenant-pinned-blocks")) {
+            if (kvg_arg_long(v, 0, INT32_MAX, &tenant_pins) != 0)
+                return usage_error("--tenant-pinned-blocks: '%s' is not a block count >= 0", v);
         } else if (!strcmp(a, "--pinned-share")) {
             if (kvg_arg_double(v, 0, 1, &pinned_share) != 0)
                 return usage_error("--pinned-share: '%s' is not a number 0..1", v);
@@ -426,6 +432,7 @@ int main(int argc, char **argv)
     memcpy(pcfg.model_id, m->id, sizeof pcfg.model_id);
     pcfg.default_ttl_ms = (int64_t)(cache_ttl * 1000.0);
     pcfg.pinned_share = pinned_share;
+    pcfg.tenant_pin_blocks = (int32_t)tenant_pins;
     pcfg.default_quota = quota;
     pc = fw ? kvg_pc_new(pool, &pcfg, err, sizeof err) : NULL;
     if (!pc) {

@@ -374,6 +374,86 @@ static void test_pinned(void)
     kvg_kv_pool_free(p);
 }
 
+/* cache_control holds (kvg_pc_hold): a held prefix survives the pressure that evicts an
+ * unheld one, a later hold extends it, it ends after its time (and then expires, nobody
+ * having used it), the pool's pinned share and the tenant's cap bound it. */
+static void test_holds(void)
+{
+    kvg_kv_pool *p = pool_new(8);
+    kvg_prefix_cache *pc;
+    kvg_pc_config c;
+    int32_t tk[16], tu[16];
+    req a, u, b;
+    kvg_kv_seq x;
+    kvg_pc_stats st;
+    int t, t2;
+
+    memset(&c, 0, sizeof c);
+    memcpy(c.model_id, "model-A-0123456789abcdef01234567", KVG_PREFIX_HASH_LEN);
+    c.pinned_share = 0.5;        /* 4 blocks */
+    c.tenant_pin_blocks = 3;
+    c.default_ttl_ms = 1000;     /* shorter than the holds: a hold sets how long A lives */
+    pc = kvg_pc_new(p, &c, err, sizeof err);
+    t = kvg_pc_tenant(pc, "acme", 4, 0);
+    t2 = kvg_pc_tenant(pc, "other", 5, 0);
+    seq_toks(tk, 16, 40);
+    seq_toks(tu, 16, 400);
+    req_init(pc, &a, t, tk, 13, 0);      /* 3 full blocks + 1 */
+    req_init(pc, &u, t, tu, 13, 0);
+    run_prompt(pc, &a, 1000);
+    is_int(kvg_pc_hold(pc, &a.seq, 0, 2, 5000, 1000), 2, "the first 2 blocks of A held for 5 s");
+    kvg_pc_release(pc, &a.seq, 1000);
+    run_prompt(pc, &u, 1001);
+    kvg_pc_release(pc, &u.seq, 1001);
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.blocks_pinned, 2, "2 blocks pinned by the hold");
+    kvg_kv_seq_init(&x);
+    ok(kvg_pc_prepare(pc, &x, 6 * BT, 2000, err, sizeof err) == 0, "6 blocks under pressure (evicts the rest)");
+    is_int(hits_of(pc, &a), 2, "A's held prefix survives");
+    is_int(hits_of(pc, &u), 0, "U (no hold) was evicted");
+    ok(kvg_pc_prepare(pc, &x, 7 * BT, 2000, err, sizeof err) != 0, "  a 7th block cannot take a held one");
+    {
+        const kvg_kv_seq *s[] = { &x };
+        ok(check(pc, s, 1, "holds") == 0, "invariants under holds");
+    }
+    kvg_pc_release(pc, &x, 2000);
+
+    /* a hit at 4 s holds again for 5 s: until 9 s */
+    req_init(pc, &b, t, tk, 13, 0);
+    is_int(run_prompt(pc, &b, 4000), 2 * BT, "A again at 4 s: its 2 held blocks hit");
+    is_int(kvg_pc_hold(pc, &b.seq, 0, 2, 5000, 4000), 2, "  held again for 5 s");
+    kvg_pc_release(pc, &b.seq, 4000);
+    kvg_pc_sweep(pc, 6500);
+    kvg_kv_seq_init(&x);
+    ok(kvg_pc_prepare(pc, &x, 6 * BT, 6500, err, sizeof err) == 0, "pressure at 6.5 s");
+    kvg_pc_release(pc, &x, 6500);
+    is_int(hits_of(pc, &a), 2, "  past the first hold's end the refreshed hold keeps A");
+    kvg_pc_sweep(pc, 9500);
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.blocks_pinned, 0, "at 9.5 s the hold has ended");
+    is_int(hits_of(pc, &a), 0, "  and A's blocks expired with it (unused since 4 s)");
+
+    /* caps: the tenant's 3, then the pool's 4 */
+    req_init(pc, &a, t, tk, 16, 0);
+    run_prompt(pc, &a, 10000);
+    is_int(kvg_pc_hold(pc, &a.seq, 0, 4, 60000, 10000), 3, "4 blocks asked, the tenant's cap holds 3");
+    req_init(pc, &u, t2, tu, 13, 0);
+    run_prompt(pc, &u, 10000);
+    is_int(kvg_pc_hold(pc, &u.seq, 0, 3, 60000, 10000), 1, "another tenant: the pool's cap (4) leaves 1");
+    kvg_pc_get_stats(pc, &st);
+    is_int(st.blocks_pinned, 4, "4 pinned in all");
+    {
+        const kvg_kv_seq *s[] = { &a.seq, &u.seq };
+        ok(check(pc, s, 2, "caps") == 0, "invariants at the caps");
+    }
+    kvg_pc_release(pc, &a.seq, 10000);
+    kvg_pc_release(pc, &u.seq, 10000);
+    kvg_pc_tenant_put(pc, t);
+    kvg_pc_tenant_put(pc, t2);
+    kvg_pc_free(pc);
+    kvg_kv_pool_free(p);
+}
+
 static uint64_t rs = 99;
 static uint32_t rnd(uint32_t n)
 {
@@ -696,6 +776,7 @@ int main(void)
     test_tenants_and_model();
     test_quota();
     test_pinned();
+    test_holds();
     test_random(0);
     test_random(1);
     test_tenant_lifecycle();
