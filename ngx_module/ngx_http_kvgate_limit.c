@@ -353,28 +353,23 @@ ngx_http_kvgate_limit_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
 /* The limits written, to check their zones once the http block is read. */
 
-static ngx_array_t  *ngx_http_kvgate_limit_refs;
-static ngx_cycle_t  *ngx_http_kvgate_limit_refs_cycle;
-
-
 char *
 ngx_http_kvgate_limit_ref(ngx_conf_t *cf, ngx_http_kvgate_limit_t *lim)
 {
-    ngx_http_kvgate_limit_t  **lp;
+    ngx_http_kvgate_limit_t      **lp;
+    ngx_http_kvgate_main_conf_t   *kmcf;
 
-    if (ngx_http_kvgate_limit_refs == NULL
-        || ngx_http_kvgate_limit_refs_cycle != cf->cycle)
+    kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvgate_module);
+
+    if (kmcf->limit_refs.elts == NULL
+        && ngx_array_init(&kmcf->limit_refs, cf->pool, 4,
+                          sizeof(ngx_http_kvgate_limit_t *))
+           != NGX_OK)
     {
-        ngx_http_kvgate_limit_refs = ngx_array_create(cf->pool, 4,
-                                         sizeof(ngx_http_kvgate_limit_t *));
-        if (ngx_http_kvgate_limit_refs == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        ngx_http_kvgate_limit_refs_cycle = cf->cycle;
+        return NGX_CONF_ERROR;
     }
 
-    lp = ngx_array_push(ngx_http_kvgate_limit_refs);
+    lp = ngx_array_push(&kmcf->limit_refs);
     if (lp == NULL) {
         return NGX_CONF_ERROR;
     }
@@ -388,18 +383,15 @@ ngx_http_kvgate_limit_ref(ngx_conf_t *cf, ngx_http_kvgate_limit_t *lim)
 ngx_int_t
 ngx_http_kvgate_limit_check(ngx_conf_t *cf)
 {
-    ngx_uint_t                 i;
-    ngx_http_kvgate_limit_t  **lp;
+    ngx_uint_t                     i;
+    ngx_http_kvgate_limit_t      **lp;
+    ngx_http_kvgate_main_conf_t   *kmcf;
 
-    if (ngx_http_kvgate_limit_refs == NULL
-        || ngx_http_kvgate_limit_refs_cycle != cf->cycle)
-    {
-        return NGX_OK;
-    }
+    kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvgate_module);
 
-    lp = ngx_http_kvgate_limit_refs->elts;
+    lp = kmcf->limit_refs.elts;
 
-    for (i = 0; i < ngx_http_kvgate_limit_refs->nelts; i++) {
+    for (i = 0; i < kmcf->limit_refs.nelts; i++) {
         if (lp[i]->shm_zone->data == NULL) {
             ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
                           "unknown zone \"%V\" in \"kvgate_limit_tokens\" "
@@ -409,9 +401,6 @@ ngx_http_kvgate_limit_check(ngx_conf_t *cf)
             return NGX_ERROR;
         }
     }
-
-    ngx_http_kvgate_limit_refs = NULL;
-    ngx_http_kvgate_limit_refs_cycle = NULL;
 
     return NGX_OK;
 }

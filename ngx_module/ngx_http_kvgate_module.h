@@ -100,6 +100,9 @@ typedef struct {
 
     /* kvgate_limit_tokens_zone's (ngx_http_kvgate_limit_zone_t *) */
     ngx_array_t                limit_zones;
+    /* every kvgate_limit_tokens (ngx_http_kvgate_limit_t *), to check that
+       their zones are declared once the http block is read */
+    ngx_array_t                limit_refs;
 } ngx_http_kvgate_main_conf_t;
 
 

@@ -6,7 +6,7 @@
 # /v1/messages); another tenant goes on; completion tokens are charged; cached prompt
 # tokens cost the configured weight; the counters on /metrics and /status and the
 # access-log variables ($kvgate_cache_write_tokens among them); configuration errors
-# name the directive.
+# name the directive; a reload keeps the buckets.
 #
 # Deterministic: the buckets refill at 1 token a minute, so over the test's seconds
 # they refill by less than one token, and each outcome is predicted from the usage the
@@ -229,6 +229,16 @@ SKIP: {
     is($?, 0, 'promtool check metrics passes');
     is($out, '', '  and says nothing') or diag($out);
 }
+
+# ---- a reload keeps the buckets and counters ----------------------------------------------------
+
+$g->reload;
+$r = req('/a/v1/completions', { prompt => 'Once upon a time', max_tokens => 30 }, 'ant');
+is($r->{status}, 429, 'after a reload: ant still refused (its bucket lives on)');
+$r = req('/a/v1/completions', { prompt => 'Once upon a time', max_tokens => 1 }, 'bee');
+is($r->{status}, 200, 'after a reload: bee still admitted');
+$k = key_status('tok', 'ant', sub { $_[0]{refused} == 5 }, 'ant counted after the reload');
+is($k->{refused}, 5, 'status: ant 5 refused, counted over the reload');
 
 # ---- configuration errors name the directive ----------------------------------------------------
 
