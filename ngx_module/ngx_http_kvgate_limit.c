@@ -680,10 +680,12 @@ ngx_http_kvgate_limit_admit(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
         ngx_shmtx_unlock(&z->shpool->mutex);
 
-        ctx->limit_retry = (ngx_uint_t) wait + 1;
+        /* the seconds until the bucket holds enough, rounded up */
 
-        if (ctx->limit_retry > (ngx_uint_t) wait + 1) {
-            ctx->limit_retry = 1;
+        ctx->limit_retry = (ngx_uint_t) wait;
+
+        if ((double) ctx->limit_retry < wait || ctx->limit_retry == 0) {
+            ctx->limit_retry++;
         }
 
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
@@ -786,9 +788,24 @@ ngx_http_kvgate_limit_done(ngx_http_kvgate_ctx_t *ctx)
     ngx_memzero(&add, sizeof(ngx_http_kvgate_limit_counts_t));
 
     if (!ctx->usage_set) {
-        /* no usage from the engine (an error, the client left): what was
+
+        if (ctx->cache_status == NULL) {
+            /* the engine never accepted it (down, saturated, the client
+               left before): nothing was spent, the prompt goes back */
+            ngx_http_kvgate_limit_charge(ctx, -ctx->limit_charged, &add);
+            return;
+        }
+
+        /* accepted, then no usage (an error, the client left): what was
            charged stays */
-        add.prompt = ctx->n_tokens;
+        add.prompt = ctx->prompt_tokens;
+        add.cached = ngx_min(ctx->cached_tokens, ctx->prompt_tokens);
+
+        if (ctx->limit_charged > (double) ctx->n_tokens) {
+            add.completion = (uint64_t) (ctx->limit_charged
+                                         - (double) ctx->n_tokens);
+        }
+
         ngx_http_kvgate_limit_charge(ctx, 0, &add);
         return;
     }

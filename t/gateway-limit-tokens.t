@@ -22,6 +22,7 @@ use Test::More;
 use Kvgate::Gateway;
 
 my $g = Kvgate::Gateway->new(
+    stall => 'off',   # the engine is stopped (SIGSTOP) below
     http => <<'EOF',
     kvgate_limit_tokens_zone $kvgate_tenant zone=tok:1m;
     kvgate_limit_tokens_zone $kvgate_tenant zone=tokw:1m;
@@ -228,6 +229,22 @@ SKIP: {
     my $out = `/usr/bin/promtool check metrics < $f 2>&1`;
     is($?, 0, 'promtool check metrics passes');
     is($out, '', '  and says nothing') or diag($out);
+}
+
+# ---- a request the engine never accepted gets its prompt tokens back -----------------------------
+
+{
+    $g->engine->signal('STOP');
+    my $sock = $g->send_raw('/a/v1/completions', { model => $M, prompt => 'Once upon a time', max_tokens => 30 },
+                            'X-Tenant-Id' => 'cat');
+    my $kc = key_status('tok', 'cat', sub { $_[0]{requests} == 1 }, 'cat admitted');
+    is($kc->{tokens_left}, 100 - $pc, "cat: admitted, its $pc prompt tokens taken");
+    close $sock;    # before the (stopped) engine accepted it
+    $kc = key_status('tok', 'cat', sub { $_[0]{tokens_left} == 100 }, 'cat refunded');
+    is($kc->{tokens_left}, 100, 'cat: gone before the engine accepted it: the prompt given back');
+    is($kc->{prompt_tokens}, 0, '  and no prompt tokens counted');
+    $g->engine->signal('CONT');
+    $g->t->wait_log('logs/limit.log', qr/^499 t=cat /);
 }
 
 # ---- a reload keeps the buckets and counters ----------------------------------------------------
