@@ -609,7 +609,7 @@ ngx_int_t
 ngx_http_kvgate_limit_admit(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
     kvg_api_error *err)
 {
-    double                         need, prompt, wait;
+    double                         need, prompt, wait, left;
     ngx_str_t                      key;
     ngx_http_kvgate_limit_t       *lim;
     ngx_http_kvgate_loc_conf_t    *klcf;
@@ -675,6 +675,7 @@ ngx_http_kvgate_limit_admit(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
 
     if (ln->level < need) {
         wait = (need - ln->level) / lim->rate / 1000;
+        left = ln->level > 0 ? ln->level : 0.0;
         ln->counts.refused++;
         z->sh->total.refused++;
 
@@ -691,14 +692,13 @@ ngx_http_kvgate_limit_admit(ngx_http_request_t *r, ngx_http_kvgate_ctx_t *ctx,
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "kvgate: token budget of \"%V\" in zone \"%V\" "
                       "exceeded: %.0f tokens left, %.0f needed",
-                      &key, &z->name, ln->level > 0 ? ln->level : 0.0, need);
+                      &key, &z->name, left, need);
 
         kvg_api_error_set(err, 429, "rate_limit_exceeded", NULL,
                           "Rate limit reached for tokens: the budget of "
                           "\"%.*s\" allows %.0f more tokens now and the "
                           "prompt has %.0f; retry after %u s",
-                          (int) ngx_min(key.len, 256), key.data,
-                          ln->level > 0 ? ln->level : 0.0, prompt,
+                          (int) ngx_min(key.len, 256), key.data, left, prompt,
                           (unsigned) ctx->limit_retry);
         return NGX_DECLINED;
     }
