@@ -826,20 +826,23 @@ ngx_http_kvgate_limit_done(ngx_http_kvgate_ctx_t *ctx)
 
 /* ---- the pages ---- */
 
-static int
-ngx_http_kvgate_limit_cmp(const void *a, const void *b)
+/* Whether key a goes before key b on the pages: more tokens, then more
+   refusals. */
+
+static ngx_uint_t
+ngx_http_kvgate_limit_before(ngx_http_kvgate_limit_node_t *a,
+    ngx_http_kvgate_limit_node_t *b)
 {
-    const ngx_http_kvgate_limit_row_t  *x = a, *y = b;
-    uint64_t                            tx, ty;
+    uint64_t  ta, tb;
 
-    tx = x->counts.prompt + x->counts.completion;
-    ty = y->counts.prompt + y->counts.completion;
+    ta = a->counts.prompt + a->counts.completion;
+    tb = b->counts.prompt + b->counts.completion;
 
-    if (tx != ty) {
-        return tx > ty ? -1 : 1;
+    if (ta != tb) {
+        return ta > tb;
     }
 
-    return (int) y->counts.refused - (int) x->counts.refused;
+    return a->counts.refused > b->counts.refused;
 }
 
 
@@ -847,14 +850,14 @@ ngx_array_t *
 ngx_http_kvgate_limit_snapshot(ngx_http_request_t *r)
 {
     u_char                         *p;
-    ngx_uint_t                      i, n;
+    ngx_uint_t                      i, j, n;
     ngx_queue_t                    *q;
     ngx_array_t                    *snaps;
     ngx_http_kvgate_limit_row_t    *rows, *row;
     ngx_http_kvgate_limit_snap_t   *snap;
     ngx_http_kvgate_limit_zone_t  **zp, *z;
     ngx_http_kvgate_main_conf_t    *kmcf;
-    ngx_http_kvgate_limit_node_t   *ln;
+    ngx_http_kvgate_limit_node_t   *ln, *top[NGX_HTTP_KVGATE_LIMIT_KEYS];
 
     kmcf = ngx_http_get_module_main_conf(r, ngx_http_kvgate_module);
 
@@ -887,20 +890,43 @@ ngx_http_kvgate_limit_snapshot(ngx_http_request_t *r)
         snap->reclaimed = z->sh->reclaimed;
         snap->total = z->sh->total;
 
-        rows = ngx_pnalloc(r->pool, (z->sh->keys + 1)
-                                    * sizeof(ngx_http_kvgate_limit_row_t));
+        /* the top keys, most tokens first (an insertion into at most
+           NGX_HTTP_KVGATE_LIMIT_KEYS: one pass over the keys, whatever their
+           number, and only the listed ones copied) */
+
+        n = 0;
+
+        for (q = ngx_queue_head(&z->sh->queue);
+             q != ngx_queue_sentinel(&z->sh->queue);
+             q = ngx_queue_next(q))
+        {
+            ln = ngx_queue_data(q, ngx_http_kvgate_limit_node_t, queue);
+
+            if (n == NGX_HTTP_KVGATE_LIMIT_KEYS
+                && !ngx_http_kvgate_limit_before(ln, top[n - 1]))
+            {
+                continue;
+            }
+
+            j = (n < NGX_HTTP_KVGATE_LIMIT_KEYS) ? n++ : n - 1;
+
+            while (j > 0 && ngx_http_kvgate_limit_before(ln, top[j - 1])) {
+                top[j] = top[j - 1];
+                j--;
+            }
+
+            top[j] = ln;
+        }
+
+        rows = ngx_palloc(r->pool,
+                          (n + 1) * sizeof(ngx_http_kvgate_limit_row_t));
         if (rows == NULL) {
             ngx_shmtx_unlock(&z->shpool->mutex);
             return NULL;
         }
 
-        n = 0;
-
-        for (q = ngx_queue_head(&z->sh->queue);
-             q != ngx_queue_sentinel(&z->sh->queue) && n < z->sh->keys;
-             q = ngx_queue_next(q))
-        {
-            ln = ngx_queue_data(q, ngx_http_kvgate_limit_node_t, queue);
+        for (j = 0; j < n; j++) {
+            ln = top[j];
 
             p = ngx_pnalloc(r->pool, ln->len + 1);
             if (p == NULL) {
@@ -908,7 +934,7 @@ ngx_http_kvgate_limit_snapshot(ngx_http_request_t *r)
                 return NULL;
             }
 
-            row = &rows[n++];
+            row = &rows[j];
             ngx_memcpy(p, ln->data, ln->len);
             p[ln->len] = '\0';
             row->key = (char *) p;
@@ -919,11 +945,8 @@ ngx_http_kvgate_limit_snapshot(ngx_http_request_t *r)
 
         ngx_shmtx_unlock(&z->shpool->mutex);
 
-        ngx_qsort(rows, n, sizeof(ngx_http_kvgate_limit_row_t),
-                  ngx_http_kvgate_limit_cmp);
-
         snap->rows = rows;
-        snap->n_rows = ngx_min(n, NGX_HTTP_KVGATE_LIMIT_KEYS);
+        snap->n_rows = n;
 
         /* the keys not listed, summed: the zone's totals less the rows (the
            totals also hold the usage of keys reclaimed) */

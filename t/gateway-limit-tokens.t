@@ -26,6 +26,7 @@ my $g = Kvgate::Gateway->new(
     http => <<'EOF',
     kvgate_limit_tokens_zone $kvgate_tenant zone=tok:1m;
     kvgate_limit_tokens_zone $kvgate_tenant zone=tokw:1m;
+    kvgate_limit_tokens_zone $kvgate_tenant zone=small:32k;
     log_format limit '$status t=$kvgate_tenant p=$kvgate_prompt_tokens c=$kvgate_cached_tokens '
                      'g=$kvgate_completion_tokens w=$kvgate_cache_write_tokens u=$request_uri';
 EOF
@@ -38,6 +39,10 @@ EOF
         location /w/v1/ {
             kvgate_pass;
             kvgate_limit_tokens zone=tokw rate=1/m burst=3000 cached=0.1;
+        }
+        location /r/v1/ {
+            kvgate_pass;
+            kvgate_limit_tokens zone=small rate=1/m burst=6;
         }
 EOF
 
@@ -245,6 +250,39 @@ SKIP: {
     is($kc->{prompt_tokens}, 0, '  and no prompt tokens counted');
     $g->engine->signal('CONT');
     $g->t->wait_log('logs/limit.log', qr/^499 t=cat /);
+}
+
+# ---- a full zone reclaims the least recently used keys; the pages list 32 keys ------------------
+
+{
+    my $n = 300;
+    my $bad = 0;
+    for my $i (0 .. $n - 1) {
+        my $rr = req('/r/v1/completions', { prompt => 'Once upon a time', max_tokens => 1 }, sprintf('r%03d', $i));
+        $bad++ if $rr->{status} != 200;
+    }
+    is($bad, 0, "$n tenants in a 32k zone: each admitted once (a 6-token burst)");
+    $r = req('/r/v1/completions', { prompt => 'Once upon a time', max_tokens => 1 }, sprintf('r%03d', $n - 1));
+    is($r->{status}, 429, 'the last tenant again: refused (its key is kept)');
+    $r = req('/r/v1/completions', { prompt => 'Once upon a time', max_tokens => 1 }, 'r000');
+    is($r->{status}, 200, 'the first tenant again: admitted (its key was reclaimed, its bucket full again)');
+    my $mz = $g->wait_metrics(sub { $g->metric($_[0], 'kvgate_limit_other_refused_total{zone="small"}')
+                                    + $g->metric($_[0], 'kvgate_limit_refused_total{zone="small",key="r299"}') == 1 },
+                              'the small zone counted');
+    my $keys = $g->metric($mz, 'kvgate_limit_keys{zone="small"}');
+    my $reclaimed = $g->metric($mz, 'kvgate_limit_keys_reclaimed_total{zone="small"}');
+    ok($keys > 0 && $keys < $n, "metrics: $keys keys held");
+    is($keys + $reclaimed, $n + 1, "metrics: $reclaimed reclaimed (held + reclaimed = keys ever made)");
+    my @listed = grep { /^kvgate_limit_requests_total\{zone="small",/ } split /\n/, $mz;
+    is(scalar @listed, 32, 'metrics: 32 keys of the zone listed');
+    my $sum = 0;
+    $sum += (split ' ', $_)[1] for @listed;
+    is($sum + $g->metric($mz, 'kvgate_limit_other_requests_total{zone="small"}'), $n + 1,
+       'metrics: listed + other = every admitted request');
+    my $sz = $g->status;
+    my ($zs) = grep { $_->{zone} eq 'small' } @{ $sz->{token_limits} // [] };
+    is(scalar @{ $zs->{top} // [] }, 32, 'status: 32 keys listed');
+    is($zs->{total}{requests}, $n + 1, 'status: the zone total');
 }
 
 # ---- a reload keeps the buckets and counters ----------------------------------------------------
