@@ -156,6 +156,20 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       offsetof(ngx_http_kvgate_main_conf_t, engine_stall),
       NULL },
 
+    { ngx_string("kvgate_limit_tokens_zone"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE2,
+      ngx_http_kvgate_limit_zone_directive,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("kvgate_limit_tokens"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_kvgate_limit_directive,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("kvgate_pass"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_kvgate_pass,
@@ -560,7 +574,8 @@ typedef enum {
     NGX_HTTP_KVGATE_VAR_SAMPLES,
     NGX_HTTP_KVGATE_VAR_VOTE_ANSWER,
     NGX_HTTP_KVGATE_VAR_ENGINE,
-    NGX_HTTP_KVGATE_VAR_ANSWER_STEPS
+    NGX_HTTP_KVGATE_VAR_ANSWER_STEPS,
+    NGX_HTTP_KVGATE_VAR_CACHE_WRITE_TOKENS
 } ngx_http_kvgate_var_e;
 
 
@@ -664,6 +679,18 @@ ngx_http_kvgate_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
         }
 
         n = ctx->completion_tokens;
+        break;
+
+    case NGX_HTTP_KVGATE_VAR_CACHE_WRITE_TOKENS:
+        /* prompt tokens the request wrote to the tenant's cache: those not
+           served from it, when it went through the cache (0 for a bypass) */
+        if (!ctx->usage_set) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+
+        n = ctx->bypass ? 0 : ctx->prompt_tokens
+                              - ngx_min(ctx->cached_tokens, ctx->prompt_tokens);
         break;
 
     case NGX_HTTP_KVGATE_VAR_CACHE_STATUS:
@@ -808,6 +835,9 @@ static ngx_http_variable_t  ngx_http_kvgate_vars[] = {
     { ngx_string("kvgate_answer_steps"), NULL, ngx_http_kvgate_variable,
       NGX_HTTP_KVGATE_VAR_ANSWER_STEPS, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
+    { ngx_string("kvgate_cache_write_tokens"), NULL, ngx_http_kvgate_variable,
+      NGX_HTTP_KVGATE_VAR_CACHE_WRITE_TOKENS, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
       ngx_http_null_variable
 };
 
@@ -841,6 +871,7 @@ ngx_http_kvgate_log_handler(ngx_http_request_t *r)
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvgate_module);
 
     if (ctx != NULL && !ctx->front) {
+        ngx_http_kvgate_limit_done(ctx);
         ngx_http_kvgate_metrics_count(r, ctx);
     }
 
@@ -862,6 +893,10 @@ ngx_http_kvgate_postconfiguration(ngx_conf_t *cf)
     }
 
     *h = ngx_http_kvgate_log_handler;
+
+    if (ngx_http_kvgate_limit_check(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
     if (ngx_http_kvgate_server_error_pages(cf) != NGX_OK) {
         return NGX_ERROR;
@@ -1024,6 +1059,7 @@ ngx_http_kvgate_create_loc_conf(ngx_conf_t *cf)
      */
 
     klcf->tenant = NGX_CONF_UNSET_PTR;
+    klcf->limit = NGX_CONF_UNSET_PTR;
     klcf->tenant_required = NGX_CONF_UNSET;
     klcf->cache_min_tokens = NGX_CONF_UNSET;
     klcf->bounds_set = NGX_CONF_UNSET;
@@ -1130,6 +1166,7 @@ ngx_http_kvgate_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         conf->tenant_headers = prev->tenant_headers;
     }
 
+    ngx_conf_merge_ptr_value(conf->limit, prev->limit, NULL);
     ngx_conf_merge_value(conf->tenant_required, prev->tenant_required, 0);
     ngx_conf_merge_str_value(conf->default_tenant, prev->default_tenant,
                              "default");

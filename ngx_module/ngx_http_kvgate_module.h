@@ -63,6 +63,11 @@
 #define NGX_HTTP_KVGATE_BUCKET_N        (KVG_BUCKETS_MAX_BOUNDS + 2)
 
 
+/* kvgate_limit_tokens (ngx_http_kvgate_limit.c) */
+typedef struct ngx_http_kvgate_limit_s       ngx_http_kvgate_limit_t;
+typedef struct ngx_http_kvgate_limit_zone_s  ngx_http_kvgate_limit_zone_t;
+
+
 typedef struct {
     /* "unix:/path" as written (kvgate_engine), for messages */
     ngx_str_t                  engine;
@@ -92,6 +97,12 @@ typedef struct {
        location's URI: nginx's own refusals before a location is chosen are
        sent there to become OpenAI errors (ngx_http_kvgate_server_t) */
     ngx_array_t                servers;
+
+    /* kvgate_limit_tokens_zone's (ngx_http_kvgate_limit_zone_t *) */
+    ngx_array_t                limit_zones;
+    /* every kvgate_limit_tokens (ngx_http_kvgate_limit_t *), to check that
+       their zones are declared once the http block is read */
+    ngx_array_t                limit_refs;
 } ngx_http_kvgate_main_conf_t;
 
 
@@ -134,6 +145,8 @@ typedef struct {
 #endif
     ngx_str_t                  thread_pool_name;  /* "off": none */
     size_t                     thread_min_bytes;
+
+    ngx_http_kvgate_limit_t   *limit;             /* kvgate_limit_tokens */
 } ngx_http_kvgate_loc_conf_t;
 
 
@@ -274,6 +287,15 @@ struct ngx_http_kvgate_ctx_s {
     ngx_chain_t               *open;
     u_char                    *scratch;
     size_t                     scratch_size;
+
+    /* kvgate_limit_tokens: the limit the request was admitted under (NULL:
+       none), its key, the tokens charged so far; the Retry-After of its 429 */
+    ngx_http_kvgate_limit_t   *limit;
+    ngx_str_t                  limit_key;
+    uint32_t                   limit_hash;
+    ngx_uint_t                 limit_closed;
+    double                     limit_charged;
+    ngx_uint_t                 limit_retry;
 };
 
 
@@ -389,6 +411,51 @@ ngx_int_t ngx_http_kvgate_answer_compile(ngx_http_request_t *r,
 ngx_int_t ngx_http_kvgate_answer_extract(ngx_http_kvgate_ctx_t *ctx,
     const u_char *text, size_t len, char *out, size_t cap, size_t *out_len,
     kvg_api_error *err);
+
+/* ngx_http_kvgate_limit.c */
+/* token counts of a key or a zone */
+typedef struct {
+    uint64_t                   prompt;
+    uint64_t                   cached;
+    uint64_t                   completion;
+    uint64_t                   requests;          /* admitted */
+    uint64_t                   refused;
+} ngx_http_kvgate_limit_counts_t;
+/* the keys the pages list per zone, by tokens (the others summed) */
+#define NGX_HTTP_KVGATE_LIMIT_KEYS  32
+typedef struct {
+    char                      *key;
+    ngx_http_kvgate_limit_counts_t  counts;
+    double                     level;             /* at its last charge */
+    ngx_msec_t                 last;
+} ngx_http_kvgate_limit_row_t;
+typedef struct {
+    ngx_str_t                  name;
+    ngx_uint_t                 keys;
+    ngx_uint_t                 reclaimed;
+    ngx_http_kvgate_limit_counts_t  total;
+    ngx_http_kvgate_limit_counts_t  other;        /* keys not listed */
+    ngx_http_kvgate_limit_row_t    *rows;
+    ngx_uint_t                 n_rows;
+} ngx_http_kvgate_limit_snap_t;
+char *ngx_http_kvgate_limit_zone_directive(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+char *ngx_http_kvgate_limit_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_kvgate_limit_ref(ngx_conf_t *cf, ngx_http_kvgate_limit_t *lim);
+/* postconfiguration: every kvgate_limit_tokens names a declared zone */
+ngx_int_t ngx_http_kvgate_limit_check(ngx_conf_t *cf);
+/* Admission, before the request reaches the engine: NGX_OK (admitted, its
+   prompt charged, or not limited), NGX_DECLINED (429 in *err,
+   ctx->limit_retry its Retry-After), NGX_ERROR. */
+ngx_int_t ngx_http_kvgate_limit_admit(ngx_http_request_t *r,
+    ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err);
+/* completion tokens produced */
+void ngx_http_kvgate_limit_tokens(ngx_http_kvgate_ctx_t *ctx, ngx_uint_t n);
+/* the request ends: the charge set right with the engine's usage */
+void ngx_http_kvgate_limit_done(ngx_http_kvgate_ctx_t *ctx);
+/* the zones' keys and counters (ngx_http_kvgate_limit_snap_t), in r->pool */
+ngx_array_t *ngx_http_kvgate_limit_snapshot(ngx_http_request_t *r);
 
 /* ngx_http_kvgate_status.c */
 ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);

@@ -1063,6 +1063,20 @@ ngx_http_kvgate_go(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
                 return NGX_ERROR;
             }
 
+            /* the token budget: refused before it reaches the engine */
+
+            rc = ngx_http_kvgate_limit_admit(r, ctx, err);
+
+            if (rc == NGX_DECLINED) {
+                return NGX_ERROR;
+            }
+
+            if (rc != NGX_OK) {
+                kvg_api_error_set(err, 500, NULL, NULL,
+                                  "The token budget could not be checked");
+                return NGX_ERROR;
+            }
+
             ctx->prepared = 1;
         }
 
@@ -1164,7 +1178,8 @@ ngx_http_kvgate_fail(ngx_http_kvgate_ctx_t *ctx, kvg_api_error *err)
     } else {
         ctx->status = err->status;
         rc = ngx_http_kvgate_send_api_error(r, err,
-                 ngx_http_kvgate_retry_after(err->status));
+                 ctx->limit_retry ? ctx->limit_retry
+                                  : ngx_http_kvgate_retry_after(err->status));
     }
 
     ngx_http_kvgate_finish(ctx, rc);
@@ -1608,6 +1623,8 @@ ngx_http_kvgate_engine_event(ngx_http_kvgate_engine_req_t *er,
         if (ev->sample >= ctx->n_choices) {
             return;
         }
+
+        ngx_http_kvgate_limit_tokens(ctx, ev->n_tokens);
 
         if (ctx->sc) {
             ngx_http_kvgate_sc_tokens(ctx, &ctx->choices[ev->sample], ev);

@@ -695,6 +695,180 @@ ngx_http_kvgate_metrics_handler(ngx_http_request_t *r)
 }
 
 
+/*
+ * kvgate_limit_tokens_zone: per zone and key, the tokens and requests of the
+ * NGX_HTTP_KVGATE_LIMIT_KEYS keys that used the most tokens, the others
+ * summed per zone in the kvgate_limit_other_* series (as the per-tenant cache
+ * gauges are), so the cardinality stays bounded whatever keys clients send.
+ */
+
+static void
+ngx_http_kvgate_limit_lines(ngx_http_request_t *r, ngx_http_kvgate_text_t *t)
+{
+    ngx_uint_t                      i, j, m;
+    ngx_array_t                    *snaps;
+    ngx_http_kvgate_limit_snap_t   *snap;
+    ngx_http_kvgate_limit_counts_t *c;
+
+    static const struct {
+        const char  *name;
+        const char  *other;
+        const char  *help;
+        size_t       offset;
+    } metrics[] = {
+        { "kvgate_limit_prompt_tokens_total",
+          "kvgate_limit_other_prompt_tokens_total",
+          "Prompt tokens of the requests admitted by kvgate_limit_tokens, "
+          "by zone and key.",
+          offsetof(ngx_http_kvgate_limit_counts_t, prompt) },
+        { "kvgate_limit_cached_tokens_total",
+          "kvgate_limit_other_cached_tokens_total",
+          "Of those, prompt tokens served from the tenant's cache.",
+          offsetof(ngx_http_kvgate_limit_counts_t, cached) },
+        { "kvgate_limit_completion_tokens_total",
+          "kvgate_limit_other_completion_tokens_total",
+          "Completion tokens of the requests admitted by "
+          "kvgate_limit_tokens.",
+          offsetof(ngx_http_kvgate_limit_counts_t, completion) },
+        { "kvgate_limit_requests_total",
+          "kvgate_limit_other_requests_total",
+          "Requests admitted by kvgate_limit_tokens.",
+          offsetof(ngx_http_kvgate_limit_counts_t, requests) },
+        { "kvgate_limit_refused_total",
+          "kvgate_limit_other_refused_total",
+          "Requests refused (429) by kvgate_limit_tokens.",
+          offsetof(ngx_http_kvgate_limit_counts_t, refused) },
+    };
+
+    snaps = ngx_http_kvgate_limit_snapshot(r);
+
+    if (snaps == NULL) {
+        t->failed = 1;
+        return;
+    }
+
+    if (snaps->nelts == 0) {
+        return;
+    }
+
+    snap = snaps->elts;
+
+    for (m = 0; m < sizeof(metrics) / sizeof(metrics[0]); m++) {
+        ngx_http_kvgate_printf(t,
+            "# HELP %s %s The %d keys with the most tokens per zone; the "
+            "others summed in %s.\n"
+            "# TYPE %s counter\n",
+            metrics[m].name, metrics[m].help, NGX_HTTP_KVGATE_LIMIT_KEYS,
+            metrics[m].other, metrics[m].name);
+
+        for (i = 0; i < snaps->nelts; i++) {
+            for (j = 0; j < snap[i].n_rows; j++) {
+                c = &snap[i].rows[j].counts;
+                ngx_http_kvgate_printf(t, "%s{zone=\"%V\",key=\"%s\"} %uL\n",
+                    metrics[m].name, &snap[i].name,
+                    ngx_http_kvgate_label(r->pool, snap[i].rows[j].key),
+                    *(uint64_t *) ((u_char *) c + metrics[m].offset));
+            }
+        }
+
+        ngx_http_kvgate_printf(t,
+            "# HELP %s The same as %s, summed over the keys not listed.\n"
+            "# TYPE %s counter\n", metrics[m].other, metrics[m].name,
+            metrics[m].other);
+
+        for (i = 0; i < snaps->nelts; i++) {
+            c = &snap[i].other;
+            ngx_http_kvgate_printf(t, "%s{zone=\"%V\"} %uL\n",
+                metrics[m].other, &snap[i].name,
+                *(uint64_t *) ((u_char *) c + metrics[m].offset));
+        }
+    }
+
+    ngx_http_kvgate_printf(t,
+        "# HELP kvgate_limit_keys Keys held by a kvgate_limit_tokens_zone.\n"
+        "# TYPE kvgate_limit_keys gauge\n");
+
+    for (i = 0; i < snaps->nelts; i++) {
+        ngx_http_kvgate_printf(t, "kvgate_limit_keys{zone=\"%V\"} %ui\n",
+                               &snap[i].name, snap[i].keys);
+    }
+
+    ngx_http_kvgate_printf(t,
+        "# HELP kvgate_limit_keys_reclaimed_total Keys reclaimed (least "
+        "recently used) when the zone was full.\n"
+        "# TYPE kvgate_limit_keys_reclaimed_total counter\n");
+
+    for (i = 0; i < snaps->nelts; i++) {
+        ngx_http_kvgate_printf(t,
+                               "kvgate_limit_keys_reclaimed_total{zone=\"%V\"} "
+                               "%ui\n", &snap[i].name, snap[i].reclaimed);
+    }
+}
+
+
+static json_t *
+ngx_http_kvgate_limit_counts_json(ngx_http_kvgate_limit_counts_t *c)
+{
+    return json_pack("{s:I, s:I, s:I, s:I, s:I}",
+                     "prompt_tokens", (json_int_t) c->prompt,
+                     "cached_tokens", (json_int_t) c->cached,
+                     "completion_tokens", (json_int_t) c->completion,
+                     "requests", (json_int_t) c->requests,
+                     "refused", (json_int_t) c->refused);
+}
+
+
+static json_t *
+ngx_http_kvgate_limit_json(ngx_http_request_t *r)
+{
+    ngx_uint_t                     i, j;
+    json_t                        *zones, *z, *keys, *k, *v;
+    ngx_array_t                   *snaps;
+    ngx_http_kvgate_limit_snap_t  *snap;
+
+    snaps = ngx_http_kvgate_limit_snapshot(r);
+    if (snaps == NULL) {
+        return NULL;
+    }
+
+    zones = json_array();
+    snap = snaps->elts;
+
+    for (i = 0; zones && i < snaps->nelts; i++) {
+        keys = json_array();
+
+        for (j = 0; keys && j < snap[i].n_rows; j++) {
+            k = ngx_http_kvgate_limit_counts_json(&snap[i].rows[j].counts);
+            if (k == NULL) {
+                continue;
+            }
+
+            v = json_string(snap[i].rows[j].key);
+            json_object_set_new(k, "key", v ? v : json_string("?"));
+            json_object_set_new(k, "tokens_left",
+                                json_real(snap[i].rows[j].level));
+            json_array_append_new(keys, k);
+        }
+
+        z = json_pack("{s:s%, s:I, s:I, s:o, s:o, s:o}",
+                      "zone", (char *) snap[i].name.data,
+                      (size_t) snap[i].name.len,
+                      "keys", (json_int_t) snap[i].keys,
+                      "reclaimed", (json_int_t) snap[i].reclaimed,
+                      "total",
+                      ngx_http_kvgate_limit_counts_json(&snap[i].total),
+                      "other",
+                      ngx_http_kvgate_limit_counts_json(&snap[i].other),
+                      "top", keys ? keys : json_array());
+        if (z) {
+            json_array_append_new(zones, z);
+        }
+    }
+
+    return zones;
+}
+
+
 static ngx_int_t
 ngx_http_kvgate_metrics_render(ngx_http_request_t *r,
     ngx_http_kvgate_text_t *text)
@@ -858,6 +1032,7 @@ ngx_http_kvgate_metrics_render(ngx_http_request_t *r,
         sh->sc_early_stops, sh->sc_pattern_refusals);
 
     ngx_http_kvgate_engine_stats_lines(r, &t);
+    ngx_http_kvgate_limit_lines(r, &t);
 
     *text = t;
 
@@ -1417,6 +1592,11 @@ ngx_http_kvgate_status_render(ngx_http_request_t *r,
         "answer_pattern_refusals", (json_int_t) sh->sc_pattern_refusals));
 
     json_object_set_new(root, "gateway", o);
+
+    o = ngx_http_kvgate_limit_json(r);
+    if (o) {
+        json_object_set_new(root, "token_limits", o);
+    }
 
     tp = ngx_timeofday();
     json_object_set_new(root, "now_unix_ms", json_integer(
