@@ -129,6 +129,8 @@ typedef struct kvg_cuda {
     int n_rope_kinds;            /* 1, or 2 when the window layers have their own (rope.h) */
     float *inv_freq;             /* [n_rope_kinds][head_dim/2] */
     int32_t kv_pool_blocks;      /* the pool's size: block ids are checked against it */
+    size_t kv_block_bytes;       /* its block (cuDNN's K/V block stride: the int8 layers
+                                    make it more than the BF16 layers') */
 
     int64_t kv_pools;            /* device pools alive (their bytes are theirs) */
 
@@ -284,6 +286,8 @@ int kvg_cu_graph_end(kvg_cuda *c);
 size_t kvg_cu_kv_block_bytes(const kvg_kv_geom *g);
 kvg_kv_pool *kvg_cu_kv_pool_new(kvg_cuda *c, const kvg_kv_geom *g, int32_t n_blocks,
                                 char *err, size_t err_len);
+/* The layers a pool keeps in BF16 (all but --kv-dtype int8's deep ones). */
+int kvg_cu_kv_full_layers(const kvg_kv_pool *p);
 /* The kernels' view of a pool; -1 (recorded) when the pool is not this backend's. */
 int kvg_cu_kv_geom(kvg_cuda *c, const kvg_kv_pool *p, kvg_k_kv_geom *g);
 
