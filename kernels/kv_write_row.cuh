@@ -86,7 +86,7 @@ __device__ __forceinline__ void kvg_kv_write_row_any(void *pool, const kvg_k_kv_
                                                      const float2 *k, const float2 *v, const int32_t *row_slot,
                                                      int r)
 {
-    if (kvg_k_layer_int8(&g, layer))
+    if (layer >= g.n_layers - g.n_i8)         /* kvg_k_layer_int8 (a host function) */
         kvg_kv_write_row_i8((unsigned char *)pool, g, layer, (const float *)k, (const float *)v, row_slot, r);
     else
         kvg_kv_write_row((__nv_bfloat16 *)pool, g, layer, k, v, row_slot, r);

@@ -400,10 +400,10 @@ int main(int argc, char **argv)
     if (kv_dtype == KVG_KV_INT8) {
         if (kv_full_layers >= m->cfg.n_layers)
             fprintf(stderr, "kvgate-engine: --kv-dtype int8 with --kv-full-precision-layers %ld: all %d layers "
-                    "keep full precision\n", kv_full_layers, m->cfg.n_layers);
+                    "keep %s\n", kv_full_layers, m->cfg.n_layers, strcmp(backend, "cpu") ? "BF16" : "float32");
         else
             fprintf(stderr, "kvgate-engine: KV int8: layers 0..%ld %s, %ld..%d int8: %zu bytes a block "
-                    "(all %s: %zu)\n", kv_full_layers - 1, strcmp(backend, "cpu") ? "BF16" : "float32",
+                    "(%s: %zu)\n", kv_full_layers - 1, strcmp(backend, "cpu") ? "BF16" : "float32",
                     kv_full_layers, m->cfg.n_layers - 1, kvg_backend_kv_block_bytes(be, &g),
                     strcmp(backend, "cpu") ? "BF16" : "float32",
                     kvg_backend_kv_block_bytes(be, &(kvg_kv_geom){ .n_layers = g.n_layers,
