@@ -216,7 +216,11 @@ cudaError_t kvg_k_gather_rows(cudaStream_t s, const float *x, int width, const i
  * A window changes which keys a row sees by its position alone: a split (or a chunk of
  * one) wholly before the window contributes nothing (m = -inf, l = 0), whatever the
  * batch. Sinks (gpt-oss) enter pass 2 only, once per (row, head): M = max(sink, m_j...),
- * L = sum_j exp(m_j - M) l_j + exp(sink - M); pass 1's partials are the keys' alone. */
+ * L = sum_j exp(m_j - M) l_j + exp(sink - M); pass 1's partials are the keys' alone.
+ * An int8 layer (kvg_k_layer_int8) is read as stored: a score is ((sum_d q[d] *
+ * (float)k8[d]) * kscale) * scale, the sum in the BF16 path's order, and a key's weight in
+ * the V accumulation is p * vscale (exact conversion, then the scales): the same
+ * invariance, since every value still depends on the stored bytes and the row alone. */
 typedef struct kvg_k_attn_item {
     int32_t seq;                 /* the sequence of the item's rows */
     int32_t row0;                /* first row of the step in the item */

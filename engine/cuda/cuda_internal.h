@@ -286,8 +286,6 @@ int kvg_cu_graph_end(kvg_cuda *c);
 size_t kvg_cu_kv_block_bytes(const kvg_kv_geom *g);
 kvg_kv_pool *kvg_cu_kv_pool_new(kvg_cuda *c, const kvg_kv_geom *g, int32_t n_blocks,
                                 char *err, size_t err_len);
-/* The layers a pool keeps in BF16 (all but --kv-dtype int8's deep ones). */
-int kvg_cu_kv_full_layers(const kvg_kv_pool *p);
 /* The kernels' view of a pool; -1 (recorded) when the pool is not this backend's. */
 int kvg_cu_kv_geom(kvg_cuda *c, const kvg_kv_pool *p, kvg_k_kv_geom *g);
 

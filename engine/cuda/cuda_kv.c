@@ -39,11 +39,6 @@ size_t kvg_cu_kv_block_bytes(const kvg_kv_geom *g)
     return kvg_k_kv_block_bytes(g->n_layers, n_i8_of(g), g->n_kv_heads, g->head_dim, block_tokens_of(g));
 }
 
-int kvg_cu_kv_full_layers(const kvg_kv_pool *p)
-{
-    return p->geom.n_layers - n_i8_of(&p->geom);
-}
-
 static void kv_copy(void *ctx, void *storage, size_t block_bytes, int32_t dst, int32_t src)
 {
     kvg_cuda *c = ctx;
