@@ -245,6 +245,11 @@ static void sizes(const kvg_model *m)
         ok(p && p->block_bytes == L * nh * 4 * bt * hd && kvg_kv_disk_cuda_dtype(p) == KVG_KV_DTYPE_BF16_CUDA,
            "int8 with every layer full precision: the BF16 pool and dtype");
         kvg_kv_pool_free(p);
+        g.full_layers = 1;
+        g.head_dim = 6;
+        p = be ? kvg_backend_kv_pool_new(be, &g, 4, err, sizeof err) : NULL;
+        ok(!p && strstr(err, "int8 KV needs head_dim % 4 == 0"), "int8 with head_dim 6: refused (%s)", err);
+        kvg_kv_pool_free(p);
         kvg_backend_free(be);
     }
 }
