@@ -1,8 +1,9 @@
 /* The KV pool in device memory: one cudaMalloc of n_blocks blocks in the layout of
  * kvg_k_kv_geom (no padding): every layer BF16, or with --kv-dtype int8 the first
- * full_layers BF16 and the deeper ones int8 with a float scale per (token, kv head), under the same allocator, block ids and sequences as the
- * host pool (kv_cache.c kvg_kv_pool_new_device), so the prefix cache and the scheduler
- * never know where the bytes are.
+ * full_layers BF16 and the deeper ones int8 with a float scale per (token, kv head);
+ * under the same allocator, block ids and sequences as the host pool (kv_cache.c
+ * kvg_kv_pool_new_device), so the prefix cache and the scheduler never know where the
+ * bytes are.
  *
  * Copy-on-write: the pool's copy hook enqueues a device-to-device cudaMemcpyAsync of the
  * whole block on the backend's stream at once. kvg_kv_seq_prepare calls it before the

@@ -386,8 +386,9 @@ static void test_attention(int hd)
             double e = ref_err(W, p, win, alone + p * row);
             worst = e > worst ? e : worst;
         }
-        ok(!bad && worst <= 5e-6, "int8 attention (head_dim %d, window %d) = the dequantized reference (max rel err %.3g "
-           "<= 5e-6)", HD, win, worst);
+        ok(!bad && worst <= 5e-6,
+           "int8 attention (head_dim %d, window %d) = the dequantized reference (max rel err %.3g <= 5e-6)", HD, win,
+           worst);
         static const int tiles[] = { 3, 16 };
         for (size_t ti = 0; ti < sizeof tiles / sizeof *tiles; ti++) {
             /* the sequence as a prefill from position 5 (rows 0..4 its cached prefix) */

@@ -316,7 +316,8 @@ static int measure(const kvg_model *m, int full_layers, const int32_t *prompt, i
     const size_t sz = (size_t)(steps + 1) * V * sizeof(float);
     float *rf = malloc(sz), *rq = malloc(sz);
     double *lf = malloc((size_t)V * sizeof(double)), *lq = malloc((size_t)V * sizeof(double));
-    int32_t *bf_ids = malloc((size_t)(steps + 1) * sizeof(int32_t)), *ids = malloc((size_t)(steps + 1) * sizeof(int32_t));
+    int32_t *bf_ids = malloc((size_t)(steps + 1) * sizeof(int32_t));
+    int32_t *ids = malloc((size_t)(steps + 1) * sizeof(int32_t));
     int n_blocks = (np + steps) / 16 + 2, rc = -1;
     rig b16, i8;
     memset(fg, 0, sizeof *fg);
