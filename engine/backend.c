@@ -24,12 +24,6 @@ kvg_kv_pool *kvg_backend_kv_pool_new(kvg_backend *be, const kvg_kv_geom *g, int3
                                      char *err, size_t err_len)
 {
     if (be && be->ops->kv_pool_new) {
-        /* A device pool has the backend's own layout, which has no int8 form yet. */
-        if (g->dtype != KVG_KV_F32 && g->full_layers < g->n_layers) {
-            kvg_set_err(err, err_len, "%s backend: no %s KV pool (int8 KV is the cpu backend's)",
-                        be->ops->name, kvg_kv_dtype_name(g->dtype));
-            return NULL;
-        }
         return be->ops->kv_pool_new(be, g, n_blocks, err, err_len);
     }
     return kvg_kv_pool_new(g, n_blocks, err, err_len);

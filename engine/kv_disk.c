@@ -419,6 +419,13 @@ uint32_t kvg_kv_disk_host_dtype(const kvg_kv_pool *pool)
     return KVG_KV_DTYPE_INT8_HOST | (uint32_t)pool->n_full;
 }
 
+uint32_t kvg_kv_disk_cuda_dtype(const kvg_kv_pool *pool)
+{
+    if (pool->n_full >= pool->geom.n_layers)
+        return KVG_KV_DTYPE_BF16_CUDA;
+    return KVG_KV_DTYPE_INT8_CUDA | (uint32_t)pool->n_full;
+}
+
 kvg_kv_disk *kvg_kv_disk_open(const char *dir, uint64_t size_bytes, uint64_t staging_bytes,
                               const kvg_kv_disk_ident *id, char *err, size_t err_len)
 {

@@ -48,6 +48,10 @@
  * another dtype or another count never reads these blocks (nor they its). An int8 pool
  * whose every layer is float32 has the F32 layout, and F32_HOST. */
 #define KVG_KV_DTYPE_INT8_HOST  0x49380000u    /* "I8" << 16 | full-precision layers */
+/* The CUDA pool with int8 KV (kernels/kvg_kernels.h: BF16 layers, then int8 with a float
+ * scale per (token, kv head)): this plus its BF16 layer count, for the same reason. A
+ * pool with no int8 layer has BF16_CUDA. */
+#define KVG_KV_DTYPE_INT8_CUDA  0x49430000u    /* "IC" << 16 | full-precision layers */
 
 /* What a slot must match to be used. */
 typedef struct kvg_kv_disk_ident {
@@ -96,6 +100,8 @@ typedef struct kvg_kv_disk_stats {
 /* The dtype of a host pool's blocks for the ident: F32_HOST or INT8_HOST + its float32
  * layers. */
 uint32_t kvg_kv_disk_host_dtype(const kvg_kv_pool *pool);
+/* The same for a CUDA pool: BF16_CUDA or INT8_CUDA + its BF16 layers. */
+uint32_t kvg_kv_disk_cuda_dtype(const kvg_kv_pool *pool);
 
 /* Opens (creating DIR's file if needed) a store of size_bytes, scans the slot headers
  * and indexes those of this identity. staging_bytes bounds the write queue (0: a

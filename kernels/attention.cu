@@ -253,6 +253,202 @@ KVG_UNROLL
     }
 }
 
+/* ---- int8 layers (kvg_kernels.h: int8 K and V rows, a float scale per token) ----------
+ * The same pass 1, its chunking, its window and its order of operations, over a layer
+ * stored as int8. Shared memory per key: key_off (the byte offset of its K row), its K
+ * and V rows as 32-bit words of 4 int8 (SW odd, as above), its K and V scales, the
+ * warps' scores. Dequantization is exact conversion then scale:
+ *   score_j = ((sum_d q[d] * (float)k8_j[d]) * kscale_j) * scale, the sum as two fmaf
+ *             chains (even and odd elements) over d in index order, added at the end;
+ *   acc[d] = fmaf(p_j * vscale_j, (float)v8_j[d], acc[d]), l += p_j.
+ * int8 -> float is exact, and every value depends on the stored bytes, the row's q and
+ * its position only: the BF16 path's invariance (batch, chunking, cache hit == miss). */
+static inline size_t attn_smem_bytes_i8(int C, int SW)
+{
+    return (size_t)C * (sizeof(int64_t) + 2 * sizeof(unsigned) * (size_t)SW + 2 * sizeof(float) +
+                        sizeof(float) * ATT_MAX_WARPS);
+}
+
+/* The 4 int8 of a word as floats (element 4w + e in byte e: little-endian). */
+__device__ __forceinline__ float kvg_i8_of(unsigned w, int e)
+{
+    return (float)(int)(signed char)(unsigned char)(w >> (8 * e));
+}
+
+/* NP4: words (4 elements) of head_dim per lane, 1 or 2 (head_dim <= 128, 256). PW = 4 /
+ * NP4 pairs per warp per pass keeps acc at 16 registers. */
+template <int NP4>
+__global__ void __launch_bounds__(ATT_MAX_WARPS * KVG_WARP, 2)
+attn_pass1_i8(kvg_k_attn_args a, int C, int SW)
+{
+    constexpr int PW = 4 / NP4;
+    KVG_DYNAMIC_SMEM(unsigned char, smem);
+    int64_t *key_off = (int64_t *)smem;
+    unsigned *kw = (unsigned *)(key_off + C);
+    unsigned *vw = kw + (size_t)C * SW;
+    float *ksc = (float *)(vw + (size_t)C * SW);
+    float *vsc = ksc + C;
+    float *pbuf = vsc + C;
+    float *qbuf = pbuf + (size_t)ATT_MAX_WARPS * C;
+
+    const kvg_k_attn_item it = a.items[a.item0 + blockIdx.x];
+    const int kvh = blockIdx.y;
+    const int G = a.n_heads / a.g.n_kv_heads;
+    const int hd = a.g.head_dim, hw4 = hd / 4, bt = a.g.block_tokens;
+    const int lane = threadIdx.x % KVG_WARP, warp = threadIdx.x / KVG_WARP;
+    const int n_warps = blockDim.x / KVG_WARP;
+    float *ps = pbuf + (size_t)warp * C;
+    float *qs = qbuf + (size_t)warp * hd;
+    const int split_start = it.split * a.split_tokens;
+    const int split_end = split_start + a.split_tokens;
+
+    int max_pos = -1;
+    for (int i = 0; i < it.n_rows; i++)
+        max_pos = max(max_pos, (int)a.pos[it.row0 + i]);
+    const int kv_end = min(split_end, max_pos + 1);
+    if (kv_end <= split_start)
+        return;
+    int c_first = split_start;
+    if (a.window > 0) {
+        const int lo = (int)a.pos[it.row0] - a.window + 1;
+        if (lo > split_start)
+            c_first = split_start + (lo - split_start) / C * C;
+    }
+
+    const int32_t *table = a.tables + a.table_off[it.seq];
+    const unsigned char *pool = (const unsigned char *)a.pool;
+    const int64_t head_base = a.g.i8_off +
+                              ((int64_t)(a.layer - (a.g.n_layers - a.g.n_i8)) * a.g.n_kv_heads + kvh) *
+                                  a.g.head_bytes_i8;
+    const int64_t v_delta = (int64_t)bt * hd;        /* bytes from a K row to its V row */
+    const int64_t s_delta = 2 * (int64_t)bt * hd;    /* from the head to its K scales */
+    const int n_pairs = it.n_rows * G;
+    const int per_pass = n_warps * PW;
+    const int64_t q_stride = (int64_t)a.n_heads * hd;
+
+    for (int pass0 = 0; pass0 < n_pairs; pass0 += per_pass) {
+        float m[PW], l[PW], acc[PW][4 * NP4];
+KVG_UNROLL
+        for (int pi = 0; pi < PW; pi++) {
+            m[pi] = -INFINITY;
+            l[pi] = 0.0f;
+KVG_UNROLL
+            for (int e = 0; e < 4 * NP4; e++)
+                acc[pi][e] = 0.0f;
+        }
+
+        for (int c0 = c_first; c0 < kv_end; c0 += C) {
+            const int clen = min(C, kv_end - c0);
+            __syncthreads();
+            for (int j = threadIdx.x; j < clen; j += blockDim.x) {
+                const int p = c0 + j, t = p % bt;
+                const int64_t hb = (int64_t)table[p / bt] * 2 * a.g.block_elems + head_base;
+                key_off[j] = hb + (int64_t)t * hd;
+                ksc[j] = *(const float *)(pool + hb + s_delta + 4 * (int64_t)t);
+                vsc[j] = *(const float *)(pool + hb + s_delta + 4 * (int64_t)(bt + t));
+            }
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < clen * hw4; idx += blockDim.x) {
+                const int j = idx / hw4, w = idx - j * hw4;
+                const unsigned *kr = (const unsigned *)(pool + key_off[j]);
+                kw[j * SW + w] = kr[w];
+                vw[j * SW + w] = ((const unsigned *)(pool + key_off[j] + v_delta))[w];
+            }
+            __syncthreads();
+
+KVG_UNROLL
+            for (int pi = 0; pi < PW; pi++) {
+                const int pair = pass0 + warp + pi * n_warps;
+                if (pair >= n_pairs)
+                    continue;
+                const int rr = pair / G;
+                const int r = it.row0 + rr, h = kvh * G + (pair - rr * G);
+                const int nk = min(clen, (int)a.pos[r] + 1 - c0);
+                if (nk <= 0)
+                    continue;
+                const int j0 = a.window > 0 ? max(0, (int)a.pos[r] - a.window + 1 - c0) : 0;
+                if (j0 >= nk)
+                    continue;
+                const float *qg = a.q + r * q_stride + (int64_t)h * hd;
+                for (int e = lane; e < hd; e += KVG_WARP)
+                    qs[e] = qg[e];
+                __syncwarp(KVG_FULL_MASK);
+
+                float cmax = -INFINITY;
+                for (int j = j0 + lane; j < nk; j += KVG_WARP) {
+                    const unsigned *kr = kw + j * SW;
+                    float s0 = 0.0f, s1 = 0.0f;
+                    for (int w = 0; w < hw4; w++) {
+                        const unsigned kq = kr[w];
+                        s0 = fmaf(qs[4 * w], kvg_i8_of(kq, 0), s0);
+                        s1 = fmaf(qs[4 * w + 1], kvg_i8_of(kq, 1), s1);
+                        s0 = fmaf(qs[4 * w + 2], kvg_i8_of(kq, 2), s0);
+                        s1 = fmaf(qs[4 * w + 3], kvg_i8_of(kq, 3), s1);
+                    }
+                    float sc = __fmul_rn(__fmul_rn(s0 + s1, ksc[j]), a.scale);
+                    if (a.softcap > 0.0f)
+                        sc = a.softcap * tanhf(sc / a.softcap);
+                    ps[j] = sc;
+                    cmax = fmaxf(cmax, sc);
+                }
+                cmax = kvg_warp_max(cmax);
+                const float m_new = fmaxf(m[pi], cmax);
+                for (int j = j0 + lane; j < nk; j += KVG_WARP)
+                    ps[j] = expf(ps[j] - m_new);
+                __syncwarp(KVG_FULL_MASK);
+                const float alpha = expf(m[pi] - m_new);
+                l[pi] *= alpha;
+KVG_UNROLL
+                for (int e = 0; e < 4 * NP4; e++)
+                    acc[pi][e] *= alpha;
+                for (int j = j0; j < nk; j++) {
+                    const float p = ps[j];
+                    const float pv = __fmul_rn(p, vsc[j]);   /* V's scale in the weight */
+                    const unsigned *vr = vw + j * SW;
+                    l[pi] += p;
+KVG_UNROLL
+                    for (int i = 0; i < NP4; i++) {
+                        const int w = lane + KVG_WARP * i;
+                        if (w < hw4) {
+                            const unsigned vq = vr[w];
+KVG_UNROLL
+                            for (int e = 0; e < 4; e++)
+                                acc[pi][4 * i + e] = fmaf(pv, kvg_i8_of(vq, e), acc[pi][4 * i + e]);
+                        }
+                    }
+                }
+                m[pi] = m_new;
+                __syncwarp(KVG_FULL_MASK);
+            }
+        }
+
+KVG_UNROLL
+        for (int pi = 0; pi < PW; pi++) {
+            const int pair = pass0 + warp + pi * n_warps;
+            if (pair >= n_pairs)
+                continue;
+            const int rr = pair / G;
+            const int r = it.row0 + rr, h = kvh * G + (pair - rr * G);
+            if (a.pos[r] < split_start)
+                continue;
+            float *dst = a.partials +
+                         ((int64_t)(a.row_part[r] - a.part0 + it.split) * a.n_heads + h) * (hd + 2);
+            if (lane == 0) {
+                dst[0] = m[pi];
+                dst[1] = l[pi];
+            }
+KVG_UNROLL
+            for (int i = 0; i < NP4; i++) {
+                const int w = lane + KVG_WARP * i;
+                if (w < hw4) {
+                    ((float2 *)(dst + 2))[2 * w] = make_float2(acc[pi][4 * i], acc[pi][4 * i + 1]);
+                    ((float2 *)(dst + 2))[2 * w + 1] = make_float2(acc[pi][4 * i + 2], acc[pi][4 * i + 3]);
+                }
+            }
+        }
+    }
+}
+
 /* grid (row, group of ATT_COMBINE_WARPS query heads); warp = one (row, head). */
 __global__ void __launch_bounds__(ATT_COMBINE_WARPS * KVG_WARP)
 attn_combine(kvg_k_attn_args a)
@@ -328,7 +524,29 @@ extern "C" cudaError_t kvg_k_attention(cudaStream_t s, const kvg_k_attn_args *a)
         !kvg_aligned(a->out, 8))
         return cudaErrorInvalidValue;
 
-    if (a->n_items > 0) {
+    if (a->n_items > 0 && kvg_k_layer_int8(g, a->layer)) {
+        if (hd % 4)
+            return cudaErrorInvalidValue;
+        const int hw4 = hd / 4;
+        const int SW = hw4 | 1;
+        /* The chunk: as for BF16, a function of head_dim and split_tokens only. */
+        int C = (int)(ATT_SMEM_BUDGET / attn_smem_bytes_i8(1, SW));
+        if (C >= KVG_WARP)
+            C = C / KVG_WARP * KVG_WARP;
+        if (C > a->split_tokens)
+            C = a->split_tokens;
+        const int G = a->n_heads / g->n_kv_heads;
+        int warps = a->max_tile_rows * G;
+        if (warps > ATT_MAX_WARPS)
+            warps = ATT_MAX_WARPS;
+        void (*k1)(kvg_k_attn_args, int, int) = hw4 <= 32 ? attn_pass1_i8<1> : attn_pass1_i8<2>;
+        const kvg_k_attn_args args = *a;
+        const size_t smem = attn_smem_bytes_i8(C, SW) + attn_q_bytes(hd);
+        if (smem > 48u * 1024u)
+            return cudaErrorInvalidValue;
+        KVG_LAUNCH(k1, dim3((unsigned)a->n_items, (unsigned)g->n_kv_heads),
+                   dim3((unsigned)warps * KVG_WARP), smem, s, args, C, SW);
+    } else if (a->n_items > 0) {
         const int hw = hd / 2;
         const int SW = hw | 1;
         /* The chunk: as many keys as fit (a multiple of 32 when more than 32 fit), at most

@@ -1,5 +1,6 @@
 /* The KV pool's writers: kv_write stores the step's K and V rows (F32 -> BF16,
- * round-to-nearest-even) at their slots; copy_blocks is the copy-on-write block copy.
+ * round-to-nearest-even, or int8 with a scale per (row, kv head) on an int8 layer) at
+ * their slots; copy_blocks is the copy-on-write block copy.
  * Layout of the pool: kvg_kernels.h (kvg_k_kv_geom). */
 #include "kvg_device.cuh"
 #include "kv_write_row.cuh"
@@ -10,11 +11,11 @@
 
 /* One block per row (kv_write_row.cuh). */
 __global__ void __launch_bounds__(KVW_THREADS)
-kv_write_kernel(__nv_bfloat16 *__restrict__ pool, kvg_k_kv_geom g, int layer,
+kv_write_kernel(void *__restrict__ pool, kvg_k_kv_geom g, int layer,
                 const float2 *__restrict__ k, const float2 *__restrict__ v,
                 const int32_t *__restrict__ row_slot)
 {
-    kvg_kv_write_row(pool, g, layer, k, v, row_slot, (int)blockIdx.x);
+    kvg_kv_write_row_any(pool, g, layer, k, v, row_slot, (int)blockIdx.x);
 }
 
 extern "C" cudaError_t kvg_k_kv_write(cudaStream_t s, void *pool, const kvg_k_kv_geom *g,
@@ -24,16 +25,18 @@ extern "C" cudaError_t kvg_k_kv_write(cudaStream_t s, void *pool, const kvg_k_kv
     if (n_rows <= 0)
         return cudaSuccess;
     if (!pool || !g || !k || !v || !row_slot || g->head_dim <= 0 || g->head_dim % 2 ||
-        g->block_tokens <= 0 || layer < 0 || layer >= g->n_layers || g->n_kv_heads <= 0)
+        g->block_tokens <= 0 || layer < 0 || layer >= g->n_layers || g->n_kv_heads <= 0 ||
+        (kvg_k_layer_int8(g, layer) && g->head_dim % 4))
         return cudaErrorInvalidValue;
     if (!kvg_aligned(pool, 4) || !kvg_aligned(k, 8) || !kvg_aligned(v, 8))
         return cudaErrorInvalidValue;
-    const int n_pairs = g->n_kv_heads * (g->head_dim / 2);
+    /* BF16: a thread per element pair; int8: a warp per kv head */
+    const int n_pairs = kvg_k_layer_int8(g, layer) ? g->n_kv_heads * KVG_WARP : g->n_kv_heads * (g->head_dim / 2);
     unsigned threads = ((unsigned)n_pairs + 31u) / 32u * 32u;
     if (threads > KVW_THREADS)
         threads = KVW_THREADS;
     KVG_LAUNCH(kv_write_kernel, dim3((unsigned)n_rows), dim3(threads), 0, s,
-               (__nv_bfloat16 *)pool, *g, layer, (const float2 *)k, (const float2 *)v, row_slot);
+               pool, *g, layer, (const float2 *)k, (const float2 *)v, row_slot);
     return kvg_launch_result();
 }
 

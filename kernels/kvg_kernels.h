@@ -28,20 +28,64 @@ typedef enum kvg_kt {
     KVG_KT_BF16 = 2
 } kvg_kt;
 
-/* The device KV pool: n_blocks blocks of BF16, no padding. Block b, layer l, kv head h:
+/* The device KV pool: n_blocks blocks, no padding between them. A block holds all layers;
+ * the first n_layers - n_i8 layers are BF16, the last n_i8 int8 (--kv-dtype int8; n_i8 = 0:
+ * every layer BF16, the pool as it always was). Block b, BF16 layer l, kv head h (2-byte
+ * elements):
  *     base = pool + b * block_elems + l * layer_elems + h * head_elems
  *     K of token t (0 <= t < block_tokens): base[t * head_dim + d]
  *     V of token t:                         base[(block_tokens + t) * head_dim + d]
  * Both token-major, so one warp reads one key's or value's head_dim in one coalesced run.
- * Block ids are the CPU pool's (engine/kv_cache.h): the prefix cache never knows which
- * backend holds the bytes. */
+ * int8 layer l (l >= n_layers - n_i8, i = l - (n_layers - n_i8)), kv head h, in bytes:
+ *     base = pool + 2 * b * block_elems + i8_off + (i * n_kv_heads + h) * head_bytes_i8
+ *     K of token t: int8 base[t * head_dim + d]                        [block_tokens][head_dim]
+ *     V of token t: int8 base[(block_tokens + t) * head_dim + d]       [block_tokens][head_dim]
+ *     K scale of t: float at base + 2 * block_tokens * head_dim + 4 t  [block_tokens]
+ *     V scale of t: float at base + 2 * block_tokens * head_dim + 4 (block_tokens + t)
+ * head_bytes_i8 = 2 * block_tokens * head_dim + 8 * block_tokens, i8_off = the BF16 layers'
+ * bytes (2 * (n_layers - n_i8) * layer_elems). int8 needs head_dim % 4 == 0 (a 32-bit word
+ * is 4 elements of one row), which keeps every scale 4-byte aligned. One scale per (token,
+ * kv head) for K and one for V: x ~ q * scale, scale = max|x| / 127 over head_dim, q =
+ * x / scale rounded to nearest even (a zero vector: scale 0, q 0), the arithmetic of the
+ * CPU's kvg_kv_quantize (engine/kv_cache.h), so both backends store the same bytes for
+ * the same floats. F32 scales (not BF16): 4 bytes per 128-byte row are 3%, and a BF16
+ * scale would add a second rounding the CPU does not have. K stays token-major here (the
+ * CPU's is dimension-major): a lane computes one key's dot from shared memory, a warp
+ * loads a key's row coalesced, as for BF16.
+ * block_elems is the block's size in 2-byte units whatever its layers (what
+ * kvg_k_copy_blocks copies). Block ids are the CPU pool's (engine/kv_cache.h): the prefix
+ * cache never knows which backend holds the bytes. */
 typedef struct kvg_k_kv_geom {
     int32_t n_layers, n_kv_heads, head_dim, block_tokens;
     int32_t n_blocks;
     int64_t head_elems;          /* 2 * block_tokens * head_dim */
-    int64_t layer_elems;         /* n_kv_heads * head_elems */
-    int64_t block_elems;         /* n_layers * layer_elems */
+    int64_t layer_elems;         /* n_kv_heads * head_elems (a BF16 layer) */
+    int64_t block_elems;         /* the block in 2-byte units: n_layers * layer_elems
+                                    when n_i8 = 0 */
+    int32_t n_i8;                /* the last n_i8 layers are int8; 0: none */
+    int64_t head_bytes_i8;       /* 2 * block_tokens * head_dim + 8 * block_tokens */
+    int64_t i8_off;              /* bytes from a block's start to its first int8 layer */
 } kvg_k_kv_geom;
+
+/* Whether `layer` of the pool is stored as int8. */
+static inline int kvg_k_layer_int8(const kvg_k_kv_geom *g, int layer)
+{
+    return layer >= g->n_layers - g->n_i8;
+}
+
+/* The block's bytes for this geometry (BF16 layers, then int8 ones): what the pool's
+ * blocks are, in kvg_k_kv_geom's layout. 0 when the geometry is invalid (int8 layers with
+ * head_dim % 4 != 0 included). */
+static inline size_t kvg_k_kv_block_bytes(int n_layers, int n_i8, int n_kv_heads, int head_dim,
+                                          int block_tokens)
+{
+    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 || block_tokens <= 0 ||
+        n_i8 < 0 || n_i8 > n_layers || (n_i8 > 0 && head_dim % 4))
+        return 0;
+    const size_t bt = (size_t)block_tokens, hd = (size_t)head_dim, nh = (size_t)n_kv_heads;
+    return (size_t)(n_layers - n_i8) * nh * 4u * bt * hd +
+           (size_t)n_i8 * nh * (2u * bt * hd + 8u * bt);
+}
 
 /* x[r][:] = row tokens[r] of the embedding table ([vocab][dim], of type dt) as F32. */
 cudaError_t kvg_k_embed(cudaStream_t s, const void *table, kvg_kt dt, int dim,
@@ -128,8 +172,10 @@ cudaError_t kvg_k_rope_kv_write(cudaStream_t s, float *q, float *k, const float 
                                 int n_rows, int n_heads, int head_dim, int rot, int layout, void *pool,
                                 const kvg_k_kv_geom *g, int layer, const float *v, const int32_t *row_slot);
 
-/* Stores row r's k and v ([n_rows][n_kv_heads*head_dim], F32) as BF16 at slot row_slot[r]
- * (= block id * block_tokens + position % block_tokens) of `layer`. */
+/* Stores row r's k and v ([n_rows][n_kv_heads*head_dim], F32) at slot row_slot[r] (=
+ * block id * block_tokens + position % block_tokens) of `layer`: as BF16 (nearest even),
+ * or, on an int8 layer, each (row, kv head)'s head_dim values quantized as the layout
+ * above says (the CPU's kvg_kv_quantize: the same int8 and scale bits). */
 cudaError_t kvg_k_kv_write(cudaStream_t s, void *pool, const kvg_k_kv_geom *g, int layer,
                            const float *k, const float *v, const int32_t *row_slot, int n_rows);
 
@@ -170,7 +216,11 @@ cudaError_t kvg_k_gather_rows(cudaStream_t s, const float *x, int width, const i
  * A window changes which keys a row sees by its position alone: a split (or a chunk of
  * one) wholly before the window contributes nothing (m = -inf, l = 0), whatever the
  * batch. Sinks (gpt-oss) enter pass 2 only, once per (row, head): M = max(sink, m_j...),
- * L = sum_j exp(m_j - M) l_j + exp(sink - M); pass 1's partials are the keys' alone. */
+ * L = sum_j exp(m_j - M) l_j + exp(sink - M); pass 1's partials are the keys' alone.
+ * An int8 layer (kvg_k_layer_int8) is read as stored: a score is ((sum_d q[d] *
+ * (float)k8[d]) * kscale) * scale, the sum in the BF16 path's order, and a key's weight in
+ * the V accumulation is p * vscale (exact conversion, then the scales): the same
+ * invariance, since every value still depends on the stored bytes and the row alone. */
 typedef struct kvg_k_attn_item {
     int32_t seq;                 /* the sequence of the item's rows */
     int32_t row0;                /* first row of the step in the item */
@@ -179,7 +229,7 @@ typedef struct kvg_k_attn_item {
 } kvg_k_attn_item;
 
 typedef struct kvg_k_attn_args {
-    const void *pool;            /* the KV pool (BF16) */
+    const void *pool;            /* the KV pool (layer BF16 or int8, kvg_k_kv_geom) */
     kvg_k_kv_geom g;
     int layer;
     const float *q;              /* [n_rows][n_heads * head_dim], rotated */

@@ -80,12 +80,12 @@ rope_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restri
 __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kv_write_kernel(float *__restrict__ q, float *__restrict__ k, const float2 *__restrict__ cs,
                      const float *__restrict__ q_scale, int n_heads, int n_kv_heads, int head_dim, int rot,
-                     int layout, __nv_bfloat16 *__restrict__ pool, kvg_k_kv_geom g, int layer,
+                     int layout, void *__restrict__ pool, kvg_k_kv_geom g, int layer,
                      const float *__restrict__ v, const int32_t *__restrict__ row_slot)
 {
     rope_row(q, k, cs, q_scale, n_heads, n_kv_heads, head_dim, rot, layout, blockIdx.x);
     __syncthreads();
-    kvg_kv_write_row(pool, g, layer, (const float2 *)k, (const float2 *)v, row_slot, (int)blockIdx.x);
+    kvg_kv_write_row_any(pool, g, layer, (const float2 *)k, (const float2 *)v, row_slot, (int)blockIdx.x);
 }
 
 extern "C" cudaError_t kvg_k_rope(cudaStream_t s, float *q, float *k, const float *cs,
@@ -118,18 +118,21 @@ extern "C" cudaError_t kvg_k_rope_kv_write(cudaStream_t s, float *q, float *k, c
         return cudaSuccess;
     if (!q || !k || !cs || !pool || !g || !v || !row_slot || head_dim <= 0 || head_dim % 2 || rot <= 0 ||
         rot % 2 || rot > head_dim || n_heads <= 0 || g->n_kv_heads <= 0 || (layout != 0 && layout != 1) ||
-        g->head_dim != head_dim || g->block_tokens <= 0 || layer < 0 || layer >= g->n_layers)
+        g->head_dim != head_dim || g->block_tokens <= 0 || layer < 0 || layer >= g->n_layers ||
+        (kvg_k_layer_int8(g, layer) && head_dim % 4))
         return cudaErrorInvalidValue;
     if (!kvg_aligned(q, 8) || !kvg_aligned(k, 8) || !kvg_aligned(cs, 8) || !kvg_aligned(v, 8) ||
         !kvg_aligned(pool, 4))
         return cudaErrorInvalidValue;
-    const int n_rope = (n_heads + g->n_kv_heads) * (rot / 2), n_kv = g->n_kv_heads * (head_dim / 2);
+    /* the write: a thread per element pair (BF16), a warp per kv head (int8) */
+    const int n_rope = (n_heads + g->n_kv_heads) * (rot / 2);
+    const int n_kv = kvg_k_layer_int8(g, layer) ? g->n_kv_heads * KVG_WARP : g->n_kv_heads * (head_dim / 2);
     const int most = n_rope > n_kv ? n_rope : n_kv;
     unsigned threads = ((unsigned)most + 31u) / 32u * 32u;
     if (threads > ROPE_THREADS)
         threads = ROPE_THREADS;
     KVG_LAUNCH(rope_kv_write_kernel, dim3((unsigned)n_rows), dim3(threads), 0, s, q, k, (const float2 *)cs,
-               q_scale, n_heads, g->n_kv_heads, head_dim, rot, layout, (__nv_bfloat16 *)pool, *g, layer, v,
+               q_scale, n_heads, g->n_kv_heads, head_dim, rot, layout, pool, *g, layer, v,
                row_slot);
     return kvg_launch_result();
 }

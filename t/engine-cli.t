@@ -151,7 +151,7 @@ my @req = ('--socket', $sock, '--prompt-file', $docfile, '--temperature', '0.8',
     my @gen = (Kvgate::Engine::stories_args(), '--prompt-ids', '1 403 407', '--max-tokens', '8', '--ids',
                '--temperature', '0');
     SKIP: {
-        skip 'no emulated binaries (make emu)', 10 unless -x $emu_engine && -x $emu_gen;
+        skip 'no emulated binaries (make emu)', 16 unless -x $emu_engine && -x $emu_gen;
         my ($rc, $out, $err);
         {
             local $ENV{KVG_EMU_DEVICES} = '0';
@@ -177,6 +177,25 @@ my @req = ('--socket', $sock, '--prompt-file', $docfile, '--temperature', '0.8',
         is($rc, 0, 'emulated kvgate-generate --backend cuda runs');
         like($err, qr/backend cuda \(.+, sm_\d+, device 0\)/, '  the summary names the device');
         is($out, $out_cpu, '  greedy ids equal to the CPU backend\'s');
+        # int8 KV on the CUDA backend: generate, and an engine that says its layout and serves
+        ($rc, $out, $err) = run($emu_gen, @gen, '--backend', 'cuda', '--kv-dtype', 'int8',
+                                '--kv-full-precision-layers', '1');
+        is($rc, 0, 'emulated kvgate-generate --backend cuda --kv-dtype int8 runs') or diag($err);
+        like($out, qr/^\d+( \d+){7}\s*$/, '  8 greedy ids');
+        my $s8 = "$sock.cuda8";
+        my $e8 = Kvgate::Engine->start(socket => $s8, bin => $emu_engine,
+                                       extra => [ '--backend', 'cuda', '--kv-dtype', 'int8' ]);
+        like($e8->log, qr/KV int8: layers 0\.\.2 BF16, 3\.\.4 int8: (\d+) bytes a block \(BF16: (\d+)\)/,
+             'emulated engine --backend cuda --kv-dtype int8 starts, saying its layout and block size');
+        my @r8 = ('--socket', $s8, '--prompt-file', $docfile, '--temperature', '0', '--max-tokens', '8', '--json',
+                  '--tenant', 'acme');
+        my ($rc1, $o1) = run($cli_bin, @r8);
+        my ($rc2, $o2) = run($cli_bin, @r8);
+        my ($a8, $b8) = map { eval { JSON::PP->new->decode($_) } // {} } ($o1, $o2);
+        ok($rc1 == 0 && $rc2 == 0 && @{ $a8->{choices}[0]{token_ids} // [] } == 8, '  serves a request, twice');
+        ok(($b8->{cache} // '') eq 'hit', '  the second a cache hit') or diag($o2);
+        is_deeply($b8->{choices}[0]{token_ids}, $a8->{choices}[0]{token_ids}, '  the hit answers the miss\'s tokens');
+        is($e8->stop, 0, '  SIGTERM exits 0');
     }
     my $gen_bin = Kvgate::Engine::bin('kvgate-generate');
     SKIP: {
@@ -199,10 +218,6 @@ my @req = ('--socket', $sock, '--prompt-file', $docfile, '--temperature', '0.8',
     ($rc, undef, $err) = run($engine_bin, '--model', 'x', '--socket', $sock, '--kv-full-precision-layers', '-1');
     is($rc, 2, 'bad --kv-full-precision-layers: exit 2');
     like($err, qr/--kv-full-precision-layers: '-1' is not an integer/, '  names the option and value');
-    ($rc, undef, $err) = run($engine_bin, '--model', 'x', '--socket', $sock, '--kv-dtype', 'int8',
-                             '--backend', 'cuda');
-    is($rc, 2, '--kv-dtype int8 --backend cuda: exit 2');
-    like($err, qr/--kv-dtype int8: the cuda backend/, '  says int8 KV is the cpu backend\'s');
 
     my $s8 = "$dir/int8.sock";
     my $e8 = Kvgate::Engine->start(socket => $s8, extra => [ '--kv-dtype', 'int8' ]);

@@ -11,7 +11,9 @@
 #   - host and disk together, the host tier too small for the working set: blocks go on
 #     from host memory to the disk; the prompt hits again (host and disk blocks), the same
 #     answer; a clean stop writes the host tier's blocks to disk; after a restart the first
-#     request hits, the same answer.
+#     request hits, the same answer;
+#   - the same with int8 KV (--kv-dtype int8) on the same DIR: the BF16 blocks there are not
+#     read (another dtype), the int8 ones come back with the answer int8 computed.
 # No timing: what a running engine did is read from its log after it stops.
 use strict;
 use warnings;
@@ -146,6 +148,32 @@ $e = Kvgate::Engine->start(socket => $sock, bin => $emu_engine, extra => \@tiers
 my $a3 = ask(0, 'acme');
 is($a3->{cached}, $full, "after a restart, prompt A: $full cached tokens");
 same_answer($a3, $first, '  as computed');
+is($e->stop, 0, 'the engine stops cleanly');
+unlike($e->log, qr/kvg-emu:|AddressSanitizer|runtime error/, '  no emulator report');
+
+# ---- int8 KV (--kv-dtype int8) through both tiers ---------------------------------------
+
+# The same DIR holds the BF16 engine's blocks: the int8 pool's dtype (INT8_CUDA + 3) is
+# another, so none of them is read; its own blocks come back from host memory and disk, and
+# after a restart, with the answer it computed.
+my @tiers8 = (@tiers, '--kv-dtype', 'int8');
+$e = Kvgate::Engine->start(socket => $sock, bin => $emu_engine, extra => \@tiers8);
+like($e->log, qr/KV int8: layers 0\.\.2 BF16, 3\.\.4 int8: 9216 bytes a block \(BF16: 10240\)/,
+     'int8 KV on CUDA: 9,216-byte blocks (BF16: 10,240)');
+my $i1 = ask(0, 'acme');
+is($i1->{cached}, 0, 'int8, prompt A: a miss (the BF16 blocks on disk are not this layout)');
+ask(1, 'acme');
+ask(2, 'acme');
+my $i2 = ask(0, 'acme');
+is($i2->{cached}, $full, "int8, prompt A again: $full cached tokens, from host memory and disk");
+same_answer($i2, $i1, '  as computed with int8 KV');
+is($e->stop, 0, 'the engine stops cleanly');
+($in, $back, $to_disk) = host_summary($e->log);
+ok(($to_disk // 0) > 0, '  int8 host blocks went on to disk (' . ($to_disk // 'none') . ')');
+$e = Kvgate::Engine->start(socket => $sock, bin => $emu_engine, extra => \@tiers8);
+my $i3 = ask(0, 'acme');
+is($i3->{cached}, $full, "int8, after a restart, prompt A: $full cached tokens");
+same_answer($i3, $i1, '  as computed');
 is($e->stop, 0, 'the engine stops cleanly');
 unlike($e->log, qr/kvg-emu:|AddressSanitizer|runtime error/, '  no emulator report');
 

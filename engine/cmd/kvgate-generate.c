@@ -50,8 +50,9 @@ static const char USAGE[] =
     "  --prefill-chunk N   prefill the prompt N tokens per step (default: all at once)\n"
     "  --block-tokens N    tokens per KV block (default 16)\n"
     "  --kv-dtype auto|int8  the KV pool's storage (kvgate-engine's flag): auto (default)\n"
-    "                      as the backend stores it; int8 past --kv-full-precision-layers (cpu)\n"
-    "  --kv-full-precision-layers N  with --kv-dtype int8: float32 layers (default 3)\n"
+    "                      as the backend stores it; int8 past --kv-full-precision-layers\n"
+    "  --kv-full-precision-layers N  with --kv-dtype int8: float32 (cpu) or BF16 (cuda)\n"
+    "                      layers (default 3)\n"
     "  --prompt-logits F   write the logits at the last prompt position to F, one per line\n"
     "  --top2-gap          print on stderr each choice's margin, the top logit minus the\n"
     "                      second (\"top2-gap[K]: G\", K = 0 at the last prompt position),\n"
@@ -156,9 +157,6 @@ static int parse_args(int argc, char **argv, opts *o)
         return rc;
     if (!o->model)
         return usage_error("%s", "--model is required");
-    if (o->kv_int8 && strcmp(o->backend, "cpu"))
-        return usage_error("--kv-dtype int8: the %s backend keeps its KV pool as it is; int8 KV runs on "
-                           "--backend cpu", o->backend);
     if (o->export_path && !o->prompt && !o->prompt_file && !o->prompt_ids)
         return 0;
     if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->prompt_ids != NULL) != 1)

@@ -72,6 +72,8 @@ static const char USAGE[] =
     "  --tol X               logits tolerance relative to max(1, max|ref|) (default 0.03)\n"
     "  --tie-tol X           near-tie margin, in logits (default: tol * scale)\n"
     "  --block-tokens N      tokens per KV block (default 16)\n"
+    "  --kv-dtype auto|int8  both backends' KV pools (kvgate-engine's flag; default auto)\n"
+    "  --kv-full-precision-layers N  with --kv-dtype int8: full-precision layers (default 3)\n"
     "  --seed N              seed of the random prompts (default 1)\n"
     "  --help                show this help\n";
 
@@ -81,6 +83,7 @@ typedef struct opts {
     const char *model, *tokenizer, *backend, *reference, *golden, *json;
     int do_golden, do_logits, do_invariance;
     int batch_invariant, device, threads, prompt_len, n_decode, block_tokens, golden_cases;
+    int kv_int8, kv_full;        /* --kv-dtype int8, --kv-full-precision-layers */
     int batches[MAX_LIST], n_batches, chunks[MAX_LIST], n_chunks;
     double tol, tie_tol;
     uint64_t seed;
@@ -121,6 +124,15 @@ static int parse_checks(const char *v, void *dst, char *msg, size_t msg_len)
             return -1;
         }
     }
+    return 0;
+}
+
+static int parse_kv_dtype(const char *v, void *dst, char *msg, size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    if (strcmp(v, "auto") && strcmp(v, "int8"))
+        return -1;
+    ((opts *)dst)->kv_int8 = !strcmp(v, "int8");
     return 0;
 }
 
@@ -178,6 +190,9 @@ static int parse_args(int argc, char **argv, opts *o)
         { "--block-tokens", KVG_OPT_INT, &o->block_tokens, 1, 4096,
           "--block-tokens needs an integer in [1, 4096], got '%s'", NULL },
         { "--seed", KVG_OPT_CUSTOM, o, 0, 0, "--seed needs an integer >= 0, got '%s'", parse_seed },
+        { "--kv-dtype", KVG_OPT_CUSTOM, o, 0, 0, "--kv-dtype: '%s' is not auto or int8", parse_kv_dtype },
+        { "--kv-full-precision-layers", KVG_OPT_INT, &o->kv_full, 0, 4096,
+          "--kv-full-precision-layers needs an integer in [0, 4096], got '%s'", NULL },
     };
     int rc;
 
@@ -191,6 +206,7 @@ static int parse_args(int argc, char **argv, opts *o)
     o->tol = 0.03;
     o->tie_tol = -1;
     o->seed = 1;
+    o->kv_full = 3;
     o->golden_cases = -1;
     o->n_batches = 3;
     o->batches[0] = 1, o->batches[1] = 8, o->batches[2] = 64;
@@ -242,6 +258,11 @@ static int runner_new(runner *r, const char *name, const kvg_model *m, const opt
         return -1;
     }
     kvg_forward_kv_geom(m, o->block_tokens, &g);
+    if (o->kv_int8) {
+        /* int8 KV past kv_full layers, in both backends' layouts (the same quantization) */
+        g.dtype = KVG_KV_INT8;
+        g.full_layers = o->kv_full;
+    }
     r->kv = pool_new(r->be, &g, n_blocks, e, sizeof e);
     if (!r->kv) {
         snprintf(err, err_len, "backend %s: KV pool of %ld blocks: %s", name, (long)n_blocks, e);
@@ -915,6 +936,9 @@ int main(int argc, char **argv)
     json_object_set_new(root, "backend", json_string(o.backend));
     json_object_set_new(root, "reference", json_string(o.reference));
     json_object_set_new(root, "batch_invariant", json_boolean(o.batch_invariant));
+    json_object_set_new(root, "kv_dtype", json_string(o.kv_int8 ? "int8" : "auto"));
+    if (o.kv_int8)
+        json_object_set_new(root, "kv_full_precision_layers", json_integer(o.kv_full));
     printf("kvgate-gpu-check: %s on %s (reference %s), batch-invariant %s\n", m->name, o.backend,
            o.reference, o.batch_invariant ? "on" : "off");
 

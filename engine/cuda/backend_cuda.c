@@ -665,8 +665,10 @@ static kvg_kv_pool *cu_kv_pool_new(kvg_backend *be, const kvg_kv_geom *g, int32_
     }
     kvg_cu_alloc_ok(c, "the KV pool");                 /* between steps: counted */
     p = kvg_cu_kv_pool_new(c, g, n_blocks, err, err_len);
-    if (p)
+    if (p) {
         c->kv_pool_blocks = p->n_blocks;
+        c->kv_block_bytes = p->block_bytes;
+    }
     return p;
 }
 

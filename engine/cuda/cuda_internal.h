@@ -129,6 +129,8 @@ typedef struct kvg_cuda {
     int n_rope_kinds;            /* 1, or 2 when the window layers have their own (rope.h) */
     float *inv_freq;             /* [n_rope_kinds][head_dim/2] */
     int32_t kv_pool_blocks;      /* the pool's size: block ids are checked against it */
+    size_t kv_block_bytes;       /* its block (cuDNN's K/V block stride: the int8 layers
+                                    make it more than the BF16 layers') */
 
     int64_t kv_pools;            /* device pools alive (their bytes are theirs) */
 

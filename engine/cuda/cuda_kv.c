@@ -1,7 +1,9 @@
-/* The KV pool in device memory: one cudaMalloc of n_blocks blocks of BF16 in the layout of
- * kvg_k_kv_geom (no padding), under the same allocator, block ids and sequences as the
- * host pool (kv_cache.c kvg_kv_pool_new_device), so the prefix cache and the scheduler
- * never know where the bytes are.
+/* The KV pool in device memory: one cudaMalloc of n_blocks blocks in the layout of
+ * kvg_k_kv_geom (no padding): every layer BF16, or with --kv-dtype int8 the first
+ * full_layers BF16 and the deeper ones int8 with a float scale per (token, kv head);
+ * under the same allocator, block ids and sequences as the host pool (kv_cache.c
+ * kvg_kv_pool_new_device), so the prefix cache and the scheduler never know where the
+ * bytes are.
  *
  * Copy-on-write: the pool's copy hook enqueues a device-to-device cudaMemcpyAsync of the
  * whole block on the backend's stream at once. kvg_kv_seq_prepare calls it before the
@@ -20,12 +22,22 @@ static int block_tokens_of(const kvg_kv_geom *g)
     return g->block_tokens ? g->block_tokens : KVG_KV_BLOCK_TOKENS_DEFAULT;
 }
 
+/* The int8 layers of the geometry: the last n_layers - full_layers with --kv-dtype int8
+ * (none when full_layers covers every layer), -1 for an unknown dtype. */
+static int n_i8_of(const kvg_kv_geom *g)
+{
+    if (g->dtype == KVG_KV_F32)
+        return 0;
+    if (g->dtype != KVG_KV_INT8 || g->full_layers < 0)
+        return -1;
+    return g->full_layers < g->n_layers ? g->n_layers - g->full_layers : 0;
+}
+
 size_t kvg_cu_kv_block_bytes(const kvg_kv_geom *g)
 {
-    if (!g || g->n_layers <= 0 || g->n_kv_heads <= 0 || g->head_dim <= 0 || block_tokens_of(g) <= 0)
+    if (!g || n_i8_of(g) < 0)
         return 0;
-    return (size_t)g->n_layers * (size_t)g->n_kv_heads * 2u * (size_t)block_tokens_of(g) *
-           (size_t)g->head_dim * 2u;
+    return kvg_k_kv_block_bytes(g->n_layers, n_i8_of(g), g->n_kv_heads, g->head_dim, block_tokens_of(g));
 }
 
 static void kv_copy(void *ctx, void *storage, size_t block_bytes, int32_t dst, int32_t src)
@@ -103,6 +115,7 @@ static void kv_release(void *ctx, void *storage)
     cudaFree(storage);
     c->kv_pools--;
     c->kv_pool_blocks = 0;
+    c->kv_block_bytes = 0;
 }
 
 kvg_kv_pool *kvg_cu_kv_pool_new(kvg_cuda *c, const kvg_kv_geom *g, int32_t n_blocks,
@@ -112,7 +125,8 @@ kvg_kv_pool *kvg_cu_kv_pool_new(kvg_cuda *c, const kvg_kv_geom *g, int32_t n_blo
     void *d = NULL;
     cudaError_t e;
     if (!bb || n_blocks <= 0) {
-        kvg_set_err(err, err_len, "cuda: invalid KV geometry or block count (%d)", (int)n_blocks);
+        kvg_set_err(err, err_len, "cuda: invalid KV geometry or block count (%d)%s", (int)n_blocks,
+                    g && n_i8_of(g) > 0 && g->head_dim % 4 ? ": int8 KV needs head_dim % 4 == 0" : "");
         return NULL;
     }
     if ((size_t)n_blocks > SIZE_MAX / bb) {
@@ -167,6 +181,9 @@ int kvg_cu_kv_geom(kvg_cuda *c, const kvg_kv_pool *p, kvg_k_kv_geom *g)
     g->n_blocks = p->n_blocks;
     g->head_elems = 2 * (int64_t)g->block_tokens * g->head_dim;
     g->layer_elems = (int64_t)g->n_kv_heads * g->head_elems;
-    g->block_elems = (int64_t)g->n_layers * g->layer_elems;
+    g->n_i8 = n_i8_of(&p->geom);
+    g->head_bytes_i8 = 2 * (int64_t)g->block_tokens * g->head_dim + 8 * (int64_t)g->block_tokens;
+    g->i8_off = 2 * (int64_t)(g->n_layers - g->n_i8) * g->layer_elems;
+    g->block_elems = (int64_t)(p->block_bytes / 2);   /* kvg_cu_kv_block_bytes, 2-byte units */
     return 0;
 }

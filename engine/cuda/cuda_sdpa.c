@@ -36,6 +36,7 @@ struct kvg_cu_sdpa {
     cudnnHandle_t h;
     int on;                      /* 0 once a build failed: the own kernels from then on */
     int32_t pool_blocks;         /* the pool the plans' K/V containers describe */
+    size_t pool_block_bytes;     /* ... and its block stride */
     float scale;
     sdpa_plan plans[MAX_PLANS];
     int n_plans;
@@ -274,7 +275,8 @@ static int build_plan(kvg_cuda *c, build *b, int64_t B, int64_t P)
 
     T = c->plan.block_tokens;
     {
-        int64_t head_elems = 2 * T * D, block_elems = (int64_t)cfg->n_layers * Hk * head_elems;
+        /* the pool's block in BF16 elements: its int8 layers (kvg_kernels.h) included */
+        int64_t head_elems = 2 * T * D, block_elems = (int64_t)(c->kv_block_bytes / 2);
         int64_t qd[4] = { B, H, 1, D }, qs[4] = { H * D, D, H * D, 1 };
         int64_t kd[4] = { N, Hk, T, D }, ks[4] = { block_elems, head_elems, D, 1 };
         int64_t ptd[4] = { B, 1, P, 1 }, pts[4] = { P, P, 1, 1 };
@@ -398,12 +400,13 @@ int kvg_cu_sdpa_begin_step(kvg_cuda *c, const kvg_step *s)
     d->cur = NULL;
     if (!d->on)
         return 0;
-    if (d->pool_blocks != c->kv_pool_blocks) {
-        /* a new pool: the plans' K/V containers describe the old one's size */
+    if (d->pool_blocks != c->kv_pool_blocks || d->pool_block_bytes != c->kv_block_bytes) {
+        /* a new pool: the plans' K/V containers describe the old one's size and stride */
         for (int i = 0; i < d->n_plans; i++)
             plan_free(&d->plans[i]);
         d->n_plans = 0;
         d->pool_blocks = c->kv_pool_blocks;
+        d->pool_block_bytes = c->kv_block_bytes;
     }
     for (int i = 0; i < s->n_seqs; i++)
         if (s->n_blocks[i] > P)
@@ -503,6 +506,8 @@ int kvg_cu_sdpa_attention(kvg_cuda *c, const kvg_kv_pool *kv, int layer, const f
         return 0;
     if (kvg_cu_kv_geom(c, kv, &g) != 0)
         return 1;
+    if (kvg_k_layer_int8(&g, layer))
+        return 0;                /* an int8 layer (--kv-dtype int8): cuDNN reads BF16 only */
     p = d->cur;
     n = (size_t)d->n_rows * (size_t)cfg->n_heads * (size_t)cfg->head_dim;
     KVG_CU_CHECK(c, "launch kvg_k_to_lowp", kvg_k_to_lowp(c->stream, q, n, KVG_KT_BF16, d->q16),

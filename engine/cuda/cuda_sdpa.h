@@ -25,7 +25,9 @@
  *
  * What the operation cannot express falls back to the own kernels per layer: sliding
  * windows (Gemma 2/3, Mistral's SWA layers), soft-capped scores (Gemma 2), attention sinks
- * (gpt-oss); a head_dim above 256 or not a multiple of 8, all layers. The divisor variants
+ * (gpt-oss), the int8 layers of --kv-dtype int8 (cuDNN reads the BF16 ones, whose K/V
+ * block stride is then the whole block's, int8 layers included); a head_dim above 256 or
+ * not a multiple of 8, all layers. The divisor variants
  * (Gemma 2 27B's attn_query_scalar) are a different SCALE. */
 #ifndef KVG_CUDA_SDPA_H
 #define KVG_CUDA_SDPA_H

@@ -11,6 +11,7 @@
 #      synthetic:8B4L), and torch's prefill/decode speed on the 8B shape (torch_ref.py);
 #   3. batch invariance (cache hit vs miss, batch 1/8/64, chunks 1/7/64/whole): bit-identical
 #      with --batch-invariant on (a failure otherwise), the differing counts with it off;
+#      the same with int8 KV on stories260K (and its logits against the CPU's int8 pool);
 #   4. compute-sanitizer memcheck and racecheck on a short run, when it is installed;
 #   5. the benchmark (bench/gpu_bench: synthetic:1B-bf16, synthetic:110M-bf16, and
 #      synthetic:8B4L-bf16 at a 4k context), each configuration twice, the attention paths
@@ -390,6 +391,13 @@ if want invariance; then
     done
     [ -z "$llama8" ] || step invariance-on-8B4L "$t_inv" "$W/invariance-on-8B4L.json" "$check" --model "$llama8" \
         "${dev[@]}" --check invariance --batch-invariant on "${inv_args[@]}" --json "$W/invariance-on-8B4L.json"
+    # int8 KV (--kv-dtype int8, layers past the first int8): invariance exact, the logits
+    # against the CPU backend's int8 pool within 0.06 (a K/V value whose BF16-path float
+    # rounds to the other int8 level moves by its scale, max/127: up to 4x BF16's step;
+    # emulated, stories260K measures 0.032)
+    step int8-stories260K "$t_inv" "$W/int8-stories260K.json" "$check" "${stories[@]}" "${dev[@]}" \
+        --check logits,invariance --kv-dtype int8 --kv-full-precision-layers 1 --tol 0.06 "${inv_args[@]}" \
+        --json "$W/int8-stories260K.json"
 fi
 
 # 4. compute-sanitizer on a short run.

@@ -13,6 +13,8 @@
  *     new graph is captured, the logits are the eager run's;
  *   - failures: cudaGraphInstantiate or cudaStreamEndCapture failing (injected) make the
  *     step run eagerly, correct; three such failures turn graphs off;
+ *   - the same with int8 KV (--kv-dtype int8, layer 0 BF16, layer 1 int8), invariant and
+ *     through cuDNN (which takes the BF16 layer, the own kernels the int8 one);
  *   - KVGATE_CUDA_GRAPHS=2 refused at creation; KVGATE_CUDA_SYNC=1 runs without graphs;
  *   - nothing left on the device. */
 #include <stdint.h>
@@ -36,6 +38,10 @@ typedef struct rig {
     kvg_forward *fw;
 } rig;
 
+/* The rigs' KV pool: int8 KV past the first layer when set (--kv-dtype int8
+ * --kv-full-precision-layers 1). */
+static int g_int8;
+
 /* graphs: KVGATE_CUDA_GRAPHS at creation (NULL: unset); attention: KVGATE_CUDA_ATTENTION. */
 static int rig_new(rig *r, const kvg_model *m, const char *graphs, const char *attention, int invariant,
                    char *err, size_t err_len)
@@ -56,6 +62,10 @@ static int rig_new(rig *r, const kvg_model *m, const char *graphs, const char *a
     unsetenv("KVGATE_CUDA_ATTENTION");
     /* blocks of 8 positions: contexts cross blocks every few steps */
     kvg_forward_kv_geom(m, 8, &g);
+    if (g_int8) {
+        g.dtype = KVG_KV_INT8;
+        g.full_layers = 1;
+    }
     r->kv = r->be ? kvg_backend_kv_pool_new(r->be, &g, 96, err, err_len) : NULL;
     r->fw = r->kv ? kvg_forward_new(m, r->be, r->kv, err, err_len) : NULL;
     return r->fw ? 0 : -1;
@@ -344,6 +354,10 @@ int main(void)
     same_as_eager(&q.m, "invariant, own attention", NULL, 1);
     same_as_eager(&q.m, "--batch-invariant off, own attention", "own", 0);
     same_as_eager(&q.m, "--batch-invariant off, cuDNN attention", "cudnn", 0);
+    g_int8 = 1;
+    same_as_eager(&q.m, "int8 KV, invariant, own attention", NULL, 1);
+    same_as_eager(&q.m, "int8 KV, --batch-invariant off, cuDNN attention", "cudnn", 0);
+    g_int8 = 0;
     first_step_grows(&q.m);
     refused_replay(&q.m);
     failures(&q.m);
