@@ -41,17 +41,19 @@
 
 /* Shared memory of pass 1 for C keys and a K/V row stride of SW 32-bit words:
  *   int64_t key_off[C]          word offset of key j's K row in the pool
- *   unsigned k[C][SW], v[C][SW] the chunk's K and V (BF16 pairs), SW odd so that 32 lanes
- *                               reading word w of 32 consecutive keys hit 32 banks
+ *   unsigned k[C][SW], v[C][SW] the chunk's K and V (BF16 pairs, or 4 int8 a word), SW odd
+ *                               so that 32 lanes reading word w of 32 consecutive keys hit
+ *                               32 banks
+ *   float ks[C], vs[C]          int8 layers only: each key's K and V scale
  *   float p[ATT_MAX_WARPS][C]   each warp's scores, then probabilities
  * Sized for ATT_MAX_WARPS whatever the block, so C never depends on the launch. Then, on
  * top of the chunk's budget (so that C stays what it was before it was added):
  *   float q[ATT_MAX_WARPS][head_dim]  the query of the pair each warp is on: its 32 lanes
  *                               read the same element at once (a broadcast), where they
  *                               used to read q from global memory inside the dot product. */
-static inline size_t attn_smem_bytes(int C, int SW)
+static inline size_t attn_smem_bytes(int C, int SW, bool i8)
 {
-    return (size_t)C * (sizeof(int64_t) + 2 * sizeof(unsigned) * (size_t)SW +
+    return (size_t)C * (sizeof(int64_t) + 2 * sizeof(unsigned) * (size_t)SW + (i8 ? 2 * sizeof(float) : 0) +
                         sizeof(float) * ATT_MAX_WARPS);
 }
 
@@ -60,24 +62,44 @@ static inline size_t attn_q_bytes(int head_dim)
     return sizeof(float) * ATT_MAX_WARPS * (size_t)head_dim;
 }
 
-/* NP: 32-bit words (element pairs) of head_dim per lane, 1, 2 or 4 (head_dim <= 64, 128,
- * 256). PW = 8 / NP pairs per warp per pass keeps acc at 16 registers. */
-template <int NP>
+/* Element e of a pool word: BF16 (2 a word, element 2w + e in the low (e = 0) or high
+ * half) or int8 (4 a word, element 4w + e in byte e: little-endian). Both conversions are
+ * exact. */
+template <bool I8>
+__device__ __forceinline__ float kv_elem(unsigned w, int e)
+{
+    if (I8)
+        return (float)(int)(signed char)(unsigned char)(w >> (8 * e));
+    return __uint_as_float(e == 0 ? w << 16 : w & 0xffff0000u);
+}
+
+/* I8: the layer is int8 (kvg_kernels.h: int8 K and V rows, a float scale per token), whose
+ * dequantization is exact conversion then scale:
+ *   score_j = ((sum_d q[d] * (float)k8_j[d]) * kscale_j) * scale,
+ *   acc[d] = fmaf(p_j * vscale_j, (float)v8_j[d], acc[d]), l += p_j;
+ * every value a function of the stored bytes, the row's q and its position, as for BF16.
+ * NW: 32-bit words of head_dim per lane, 1, 2 or 4 (BF16: head_dim <= 64, 128, 256; int8:
+ * 1 or 2, head_dim <= 128, 256). PW = 16 / (elements a lane holds) pairs per warp per pass
+ * keeps acc at 16 registers. */
+template <bool I8, int NW>
 __global__ void __launch_bounds__(ATT_MAX_WARPS * KVG_WARP, 2)
 attn_pass1(kvg_k_attn_args a, int C, int SW)
 {
-    constexpr int PW = 8 / NP;
+    constexpr int EPW = I8 ? 4 : 2;      /* elements a 32-bit word holds */
+    constexpr int PW = 16 / (EPW * NW);
     KVG_DYNAMIC_SMEM(unsigned char, smem);
     int64_t *key_off = (int64_t *)smem;
     unsigned *kw = (unsigned *)(key_off + C);
     unsigned *vw = kw + (size_t)C * SW;
-    float *pbuf = (float *)(vw + (size_t)C * SW);
+    float *ksc = (float *)(vw + (size_t)C * SW);
+    float *vsc = ksc + C;
+    float *pbuf = I8 ? vsc + C : ksc;
     float *qbuf = pbuf + (size_t)ATT_MAX_WARPS * C;
 
     const kvg_k_attn_item it = a.items[a.item0 + blockIdx.x];
     const int kvh = blockIdx.y;
     const int G = a.n_heads / a.g.n_kv_heads;
-    const int hd = a.g.head_dim, hw = hd / 2, bt = a.g.block_tokens;
+    const int hd = a.g.head_dim, hw = hd / EPW, bt = a.g.block_tokens;
     const int lane = threadIdx.x % KVG_WARP, warp = threadIdx.x / KVG_WARP;
     const int n_warps = blockDim.x / KVG_WARP;
     float *ps = pbuf + (size_t)warp * C;
@@ -105,20 +127,25 @@ attn_pass1(kvg_k_attn_args a, int C, int SW)
 
     const int32_t *table = a.tables + a.table_off[it.seq];
     const unsigned *pool = (const unsigned *)a.pool;
-    const int64_t head_base = (int64_t)a.layer * a.g.layer_elems + (int64_t)kvh * a.g.head_elems;
+    /* The (layer, kv head)'s start in a block, in words: BF16 rows of head_dim elements;
+     * int8 rows of head_dim bytes after the BF16 layers, then the scales (2 bt floats). */
+    const int64_t head_base =
+        I8 ? (a.g.i8_off + ((int64_t)(a.layer - (a.g.n_layers - a.g.n_i8)) * a.g.n_kv_heads + kvh) *
+                               a.g.head_bytes_i8) / 4
+           : ((int64_t)a.layer * a.g.layer_elems + (int64_t)kvh * a.g.head_elems) / 2;
     const int v_delta = bt * hw;     /* words from a key's K row to its V row */
     const int n_pairs = it.n_rows * G;
     const int per_pass = n_warps * PW;
     const int64_t q_stride = (int64_t)a.n_heads * hd;
 
     for (int pass0 = 0; pass0 < n_pairs; pass0 += per_pass) {
-        float m[PW], l[PW], acc[PW][2 * NP];
+        float m[PW], l[PW], acc[PW][EPW * NW];
 KVG_UNROLL
         for (int pi = 0; pi < PW; pi++) {
             m[pi] = -INFINITY;
             l[pi] = 0.0f;
 KVG_UNROLL
-            for (int e = 0; e < 2 * NP; e++)
+            for (int e = 0; e < EPW * NW; e++)
                 acc[pi][e] = 0.0f;
         }
 
@@ -126,16 +153,21 @@ KVG_UNROLL
             const int clen = min(C, kv_end - c0);
             __syncthreads();         /* the previous chunk's readers are done */
             for (int j = threadIdx.x; j < clen; j += blockDim.x) {
-                const int p = c0 + j;
-                const int64_t b = table[p / bt];
-                key_off[j] = (b * a.g.block_elems + head_base + (int64_t)(p % bt) * hd) / 2;
+                const int p = c0 + j, t = p % bt;
+                /* the block's start in words (block_elems: 2-byte units) */
+                const int64_t hb = (int64_t)table[p / bt] * a.g.block_elems / 2 + head_base;
+                key_off[j] = hb + (int64_t)t * hw;
+                if (I8) {
+                    ksc[j] = __uint_as_float(pool[hb + 2 * v_delta + t]);
+                    vsc[j] = __uint_as_float(pool[hb + 2 * v_delta + bt + t]);
+                }
             }
             __syncthreads();
             /* Consecutive threads read consecutive words of a key row (and the rows of one
-             * pool block are contiguous): coalesced. A row of head_dim % 8 == 0 elements
-             * starts on 16 bytes (the pool is 256-byte aligned, its rows whole 16-byte
-             * multiples): 128-bit loads, four words stored apart (SW is odd). */
-            if (hw % 4 == 0) {
+             * pool block are contiguous): coalesced. A BF16 row of head_dim % 8 == 0
+             * elements starts on 16 bytes (the pool is 256-byte aligned, its rows whole
+             * 16-byte multiples): 128-bit loads, four words stored apart (SW is odd). */
+            if (!I8 && hw % 4 == 0) {
                 const int hq = hw / 4;
                 for (int idx = threadIdx.x; idx < clen * hq; idx += blockDim.x) {
                     const int j = idx / hq, w = (idx - j * hq) * 4;
@@ -187,13 +219,17 @@ KVG_UNROLL
                 float cmax = -INFINITY;
                 for (int j = j0 + lane; j < nk; j += KVG_WARP) {
                     const unsigned *kr = kw + j * SW;
+                    /* two chains, even and odd elements, each in index order */
                     float s0 = 0.0f, s1 = 0.0f;
                     for (int w = 0; w < hw; w++) {
-                        const float2 kk = kvg_bf16x2_word_to_f32(kr[w]);
-                        s0 = fmaf(qs[2 * w], kk.x, s0);
-                        s1 = fmaf(qs[2 * w + 1], kk.y, s1);
+                        const unsigned kq = kr[w];
+KVG_UNROLL
+                        for (int e = 0; e < EPW; e += 2) {
+                            s0 = fmaf(qs[EPW * w + e], kv_elem<I8>(kq, e), s0);
+                            s1 = fmaf(qs[EPW * w + e + 1], kv_elem<I8>(kq, e + 1), s1);
+                        }
                     }
-                    float sc = (s0 + s1) * a.scale;
+                    float sc = I8 ? __fmul_rn(__fmul_rn(s0 + s1, ksc[j]), a.scale) : (s0 + s1) * a.scale;
                     if (a.softcap > 0.0f)
                         sc = a.softcap * tanhf(sc / a.softcap);
                     ps[j] = sc;
@@ -207,19 +243,21 @@ KVG_UNROLL
                 const float alpha = expf(m[pi] - m_new);   /* 0 for the first chunk */
                 l[pi] *= alpha;
 KVG_UNROLL
-                for (int e = 0; e < 2 * NP; e++)
+                for (int e = 0; e < EPW * NW; e++)
                     acc[pi][e] *= alpha;
                 for (int j = j0; j < nk; j++) {
                     const float p = ps[j];
+                    const float pv = I8 ? __fmul_rn(p, vsc[j]) : p;   /* V's scale in the weight */
                     const unsigned *vr = vw + j * SW;
                     l[pi] += p;
 KVG_UNROLL
-                    for (int i = 0; i < NP; i++) {
+                    for (int i = 0; i < NW; i++) {
                         const int w = lane + KVG_WARP * i;
                         if (w < hw) {
-                            const float2 vv = kvg_bf16x2_word_to_f32(vr[w]);
-                            acc[pi][2 * i] = fmaf(p, vv.x, acc[pi][2 * i]);
-                            acc[pi][2 * i + 1] = fmaf(p, vv.y, acc[pi][2 * i + 1]);
+                            const unsigned vq = vr[w];
+KVG_UNROLL
+                            for (int e = 0; e < EPW; e++)
+                                acc[pi][EPW * i + e] = fmaf(pv, kv_elem<I8>(vq, e), acc[pi][EPW * i + e]);
                         }
                     }
                 }
@@ -244,205 +282,13 @@ KVG_UNROLL
                 dst[1] = l[pi];
             }
 KVG_UNROLL
-            for (int i = 0; i < NP; i++) {
+            for (int i = 0; i < NW; i++) {
                 const int w = lane + KVG_WARP * i;
-                if (w < hw)
-                    ((float2 *)(dst + 2))[w] = make_float2(acc[pi][2 * i], acc[pi][2 * i + 1]);
-            }
-        }
-    }
-}
-
-/* ---- int8 layers (kvg_kernels.h: int8 K and V rows, a float scale per token) ----------
- * The same pass 1, its chunking, its window and its order of operations, over a layer
- * stored as int8. Shared memory per key: key_off (the byte offset of its K row), its K
- * and V rows as 32-bit words of 4 int8 (SW odd, as above), its K and V scales, the
- * warps' scores. Dequantization is exact conversion then scale:
- *   score_j = ((sum_d q[d] * (float)k8_j[d]) * kscale_j) * scale, the sum as two fmaf
- *             chains (even and odd elements) over d in index order, added at the end;
- *   acc[d] = fmaf(p_j * vscale_j, (float)v8_j[d], acc[d]), l += p_j.
- * int8 -> float is exact, and every value depends on the stored bytes, the row's q and
- * its position only: the BF16 path's invariance (batch, chunking, cache hit == miss). */
-static inline size_t attn_smem_bytes_i8(int C, int SW)
-{
-    return (size_t)C * (sizeof(int64_t) + 2 * sizeof(unsigned) * (size_t)SW + 2 * sizeof(float) +
-                        sizeof(float) * ATT_MAX_WARPS);
-}
-
-/* The 4 int8 of a word as floats (element 4w + e in byte e: little-endian). */
-__device__ __forceinline__ float kvg_i8_of(unsigned w, int e)
-{
-    return (float)(int)(signed char)(unsigned char)(w >> (8 * e));
-}
-
-/* NP4: words (4 elements) of head_dim per lane, 1 or 2 (head_dim <= 128, 256). PW = 4 /
- * NP4 pairs per warp per pass keeps acc at 16 registers. */
-template <int NP4>
-__global__ void __launch_bounds__(ATT_MAX_WARPS * KVG_WARP, 2)
-attn_pass1_i8(kvg_k_attn_args a, int C, int SW)
-{
-    constexpr int PW = 4 / NP4;
-    KVG_DYNAMIC_SMEM(unsigned char, smem);
-    int64_t *key_off = (int64_t *)smem;
-    unsigned *kw = (unsigned *)(key_off + C);
-    unsigned *vw = kw + (size_t)C * SW;
-    float *ksc = (float *)(vw + (size_t)C * SW);
-    float *vsc = ksc + C;
-    float *pbuf = vsc + C;
-    float *qbuf = pbuf + (size_t)ATT_MAX_WARPS * C;
-
-    const kvg_k_attn_item it = a.items[a.item0 + blockIdx.x];
-    const int kvh = blockIdx.y;
-    const int G = a.n_heads / a.g.n_kv_heads;
-    const int hd = a.g.head_dim, hw4 = hd / 4, bt = a.g.block_tokens;
-    const int lane = threadIdx.x % KVG_WARP, warp = threadIdx.x / KVG_WARP;
-    const int n_warps = blockDim.x / KVG_WARP;
-    float *ps = pbuf + (size_t)warp * C;
-    float *qs = qbuf + (size_t)warp * hd;
-    const int split_start = it.split * a.split_tokens;
-    const int split_end = split_start + a.split_tokens;
-
-    int max_pos = -1;
-    for (int i = 0; i < it.n_rows; i++)
-        max_pos = max(max_pos, (int)a.pos[it.row0 + i]);
-    const int kv_end = min(split_end, max_pos + 1);
-    if (kv_end <= split_start)
-        return;
-    int c_first = split_start;
-    if (a.window > 0) {
-        const int lo = (int)a.pos[it.row0] - a.window + 1;
-        if (lo > split_start)
-            c_first = split_start + (lo - split_start) / C * C;
-    }
-
-    const int32_t *table = a.tables + a.table_off[it.seq];
-    const unsigned char *pool = (const unsigned char *)a.pool;
-    const int64_t head_base = a.g.i8_off +
-                              ((int64_t)(a.layer - (a.g.n_layers - a.g.n_i8)) * a.g.n_kv_heads + kvh) *
-                                  a.g.head_bytes_i8;
-    const int64_t v_delta = (int64_t)bt * hd;        /* bytes from a K row to its V row */
-    const int64_t s_delta = 2 * (int64_t)bt * hd;    /* from the head to its K scales */
-    const int n_pairs = it.n_rows * G;
-    const int per_pass = n_warps * PW;
-    const int64_t q_stride = (int64_t)a.n_heads * hd;
-
-    for (int pass0 = 0; pass0 < n_pairs; pass0 += per_pass) {
-        float m[PW], l[PW], acc[PW][4 * NP4];
+                if (w < hw) {
 KVG_UNROLL
-        for (int pi = 0; pi < PW; pi++) {
-            m[pi] = -INFINITY;
-            l[pi] = 0.0f;
-KVG_UNROLL
-            for (int e = 0; e < 4 * NP4; e++)
-                acc[pi][e] = 0.0f;
-        }
-
-        for (int c0 = c_first; c0 < kv_end; c0 += C) {
-            const int clen = min(C, kv_end - c0);
-            __syncthreads();
-            for (int j = threadIdx.x; j < clen; j += blockDim.x) {
-                const int p = c0 + j, t = p % bt;
-                const int64_t hb = (int64_t)table[p / bt] * 2 * a.g.block_elems + head_base;
-                key_off[j] = hb + (int64_t)t * hd;
-                ksc[j] = *(const float *)(pool + hb + s_delta + 4 * (int64_t)t);
-                vsc[j] = *(const float *)(pool + hb + s_delta + 4 * (int64_t)(bt + t));
-            }
-            __syncthreads();
-            for (int idx = threadIdx.x; idx < clen * hw4; idx += blockDim.x) {
-                const int j = idx / hw4, w = idx - j * hw4;
-                const unsigned *kr = (const unsigned *)(pool + key_off[j]);
-                kw[j * SW + w] = kr[w];
-                vw[j * SW + w] = ((const unsigned *)(pool + key_off[j] + v_delta))[w];
-            }
-            __syncthreads();
-
-KVG_UNROLL
-            for (int pi = 0; pi < PW; pi++) {
-                const int pair = pass0 + warp + pi * n_warps;
-                if (pair >= n_pairs)
-                    continue;
-                const int rr = pair / G;
-                const int r = it.row0 + rr, h = kvh * G + (pair - rr * G);
-                const int nk = min(clen, (int)a.pos[r] + 1 - c0);
-                if (nk <= 0)
-                    continue;
-                const int j0 = a.window > 0 ? max(0, (int)a.pos[r] - a.window + 1 - c0) : 0;
-                if (j0 >= nk)
-                    continue;
-                const float *qg = a.q + r * q_stride + (int64_t)h * hd;
-                for (int e = lane; e < hd; e += KVG_WARP)
-                    qs[e] = qg[e];
-                __syncwarp(KVG_FULL_MASK);
-
-                float cmax = -INFINITY;
-                for (int j = j0 + lane; j < nk; j += KVG_WARP) {
-                    const unsigned *kr = kw + j * SW;
-                    float s0 = 0.0f, s1 = 0.0f;
-                    for (int w = 0; w < hw4; w++) {
-                        const unsigned kq = kr[w];
-                        s0 = fmaf(qs[4 * w], kvg_i8_of(kq, 0), s0);
-                        s1 = fmaf(qs[4 * w + 1], kvg_i8_of(kq, 1), s1);
-                        s0 = fmaf(qs[4 * w + 2], kvg_i8_of(kq, 2), s0);
-                        s1 = fmaf(qs[4 * w + 3], kvg_i8_of(kq, 3), s1);
-                    }
-                    float sc = __fmul_rn(__fmul_rn(s0 + s1, ksc[j]), a.scale);
-                    if (a.softcap > 0.0f)
-                        sc = a.softcap * tanhf(sc / a.softcap);
-                    ps[j] = sc;
-                    cmax = fmaxf(cmax, sc);
-                }
-                cmax = kvg_warp_max(cmax);
-                const float m_new = fmaxf(m[pi], cmax);
-                for (int j = j0 + lane; j < nk; j += KVG_WARP)
-                    ps[j] = expf(ps[j] - m_new);
-                __syncwarp(KVG_FULL_MASK);
-                const float alpha = expf(m[pi] - m_new);
-                l[pi] *= alpha;
-KVG_UNROLL
-                for (int e = 0; e < 4 * NP4; e++)
-                    acc[pi][e] *= alpha;
-                for (int j = j0; j < nk; j++) {
-                    const float p = ps[j];
-                    const float pv = __fmul_rn(p, vsc[j]);   /* V's scale in the weight */
-                    const unsigned *vr = vw + j * SW;
-                    l[pi] += p;
-KVG_UNROLL
-                    for (int i = 0; i < NP4; i++) {
-                        const int w = lane + KVG_WARP * i;
-                        if (w < hw4) {
-                            const unsigned vq = vr[w];
-KVG_UNROLL
-                            for (int e = 0; e < 4; e++)
-                                acc[pi][4 * i + e] = fmaf(pv, kvg_i8_of(vq, e), acc[pi][4 * i + e]);
-                        }
-                    }
-                }
-                m[pi] = m_new;
-                __syncwarp(KVG_FULL_MASK);
-            }
-        }
-
-KVG_UNROLL
-        for (int pi = 0; pi < PW; pi++) {
-            const int pair = pass0 + warp + pi * n_warps;
-            if (pair >= n_pairs)
-                continue;
-            const int rr = pair / G;
-            const int r = it.row0 + rr, h = kvh * G + (pair - rr * G);
-            if (a.pos[r] < split_start)
-                continue;
-            float *dst = a.partials +
-                         ((int64_t)(a.row_part[r] - a.part0 + it.split) * a.n_heads + h) * (hd + 2);
-            if (lane == 0) {
-                dst[0] = m[pi];
-                dst[1] = l[pi];
-            }
-KVG_UNROLL
-            for (int i = 0; i < NP4; i++) {
-                const int w = lane + KVG_WARP * i;
-                if (w < hw4) {
-                    ((float2 *)(dst + 2))[2 * w] = make_float2(acc[pi][4 * i], acc[pi][4 * i + 1]);
-                    ((float2 *)(dst + 2))[2 * w + 1] = make_float2(acc[pi][4 * i + 2], acc[pi][4 * i + 3]);
+                    for (int k = 0; k < EPW / 2; k++)
+                        ((float2 *)(dst + 2))[EPW / 2 * w + k] =
+                            make_float2(acc[pi][EPW * i + 2 * k], acc[pi][EPW * i + 2 * k + 1]);
                 }
             }
         }
@@ -524,34 +370,15 @@ extern "C" cudaError_t kvg_k_attention(cudaStream_t s, const kvg_k_attn_args *a)
         !kvg_aligned(a->out, 8))
         return cudaErrorInvalidValue;
 
-    if (a->n_items > 0 && kvg_k_layer_int8(g, a->layer)) {
-        if (hd % 4)
+    if (a->n_items > 0) {
+        const bool i8 = kvg_k_layer_int8(g, a->layer);
+        if (i8 && hd % 4)
             return cudaErrorInvalidValue;
-        const int hw4 = hd / 4;
-        const int SW = hw4 | 1;
-        /* The chunk: as for BF16, a function of head_dim and split_tokens only. */
-        int C = (int)(ATT_SMEM_BUDGET / attn_smem_bytes_i8(1, SW));
-        if (C >= KVG_WARP)
-            C = C / KVG_WARP * KVG_WARP;
-        if (C > a->split_tokens)
-            C = a->split_tokens;
-        const int G = a->n_heads / g->n_kv_heads;
-        int warps = a->max_tile_rows * G;
-        if (warps > ATT_MAX_WARPS)
-            warps = ATT_MAX_WARPS;
-        void (*k1)(kvg_k_attn_args, int, int) = hw4 <= 32 ? attn_pass1_i8<1> : attn_pass1_i8<2>;
-        const kvg_k_attn_args args = *a;
-        const size_t smem = attn_smem_bytes_i8(C, SW) + attn_q_bytes(hd);
-        if (smem > 48u * 1024u)
-            return cudaErrorInvalidValue;
-        KVG_LAUNCH(k1, dim3((unsigned)a->n_items, (unsigned)g->n_kv_heads),
-                   dim3((unsigned)warps * KVG_WARP), smem, s, args, C, SW);
-    } else if (a->n_items > 0) {
-        const int hw = hd / 2;
+        const int hw = i8 ? hd / 4 : hd / 2;     /* 32-bit words a row */
         const int SW = hw | 1;
         /* The chunk: as many keys as fit (a multiple of 32 when more than 32 fit), at most
-         * the split. A function of head_dim and split_tokens only. */
-        int C = (int)(ATT_SMEM_BUDGET / attn_smem_bytes(1, SW));
+         * the split. A function of head_dim, split_tokens and the layer's type only. */
+        int C = (int)(ATT_SMEM_BUDGET / attn_smem_bytes(1, SW, i8));
         if (C >= KVG_WARP)
             C = C / KVG_WARP * KVG_WARP;
         if (C > a->split_tokens)
@@ -561,9 +388,10 @@ extern "C" cudaError_t kvg_k_attention(cudaStream_t s, const kvg_k_attn_args *a)
         if (warps > ATT_MAX_WARPS)
             warps = ATT_MAX_WARPS;
         void (*k1)(kvg_k_attn_args, int, int) =
-            hw <= 32 ? attn_pass1<1> : hw <= 64 ? attn_pass1<2> : attn_pass1<4>;
+            i8 ? (hw <= 32 ? attn_pass1<true, 1> : attn_pass1<true, 2>)
+               : (hw <= 32 ? attn_pass1<false, 1> : hw <= 64 ? attn_pass1<false, 2> : attn_pass1<false, 4>);
         const kvg_k_attn_args args = *a;
-        const size_t smem = attn_smem_bytes(C, SW) + attn_q_bytes(hd);
+        const size_t smem = attn_smem_bytes(C, SW, i8) + attn_q_bytes(hd);
         if (smem > 48u * 1024u)
             return cudaErrorInvalidValue;   /* not for head_dim <= KVG_K_ATTN_MAX_HEAD_DIM */
         KVG_LAUNCH(k1, dim3((unsigned)a->n_items, (unsigned)g->n_kv_heads),
