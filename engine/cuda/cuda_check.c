@@ -110,6 +110,25 @@ void kvg_cu_mark_dead(kvg_cuda *c, const char *why)
     snprintf(c->dead_err, sizeof c->dead_err, "%s", why);
 }
 
+/* Every device allocation (cuda_internal.h): refused while a step is captured into a
+ * CUDA graph (cuda_graph.c). */
+int kvg_cu_alloc_ok(kvg_cuda *c, const char *what)
+{
+    if (c->step_mode == KVG_CU_CAPTURE) {
+        /* cudaMalloc/cudaFree in a capture: refused (and it would leave the graph with the
+         * old address). The capture is given up; the step runs again eagerly and grows the
+         * buffer then. */
+        c->graph_grow = 1;
+        if (!c->failed) {
+            c->failed = 1;
+            snprintf(c->err, sizeof c->err, "cuda: %s must grow during a graph capture", what);
+        }
+        return 0;
+    }
+    c->alloc_gen++;
+    return 1;
+}
+
 /* Buffers that grow with the step (cuda_internal.h). */
 int kvg_cu_grow_dev(kvg_cuda *c, void **p, size_t *cap, size_t need, const char *what)
 {

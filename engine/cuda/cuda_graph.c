@@ -112,23 +112,6 @@ void kvg_cu_note(kvg_cuda *c, const void *p, size_t n)
     c->rec_len += n;
 }
 
-int kvg_cu_alloc_ok(kvg_cuda *c, const char *what)
-{
-    if (c->step_mode == KVG_CU_CAPTURE) {
-        /* cudaMalloc/cudaFree in a capture: refused (and it would leave the graph with the
-         * old address). The capture is given up; the step runs again eagerly and grows the
-         * buffer then. */
-        c->graph_grow = 1;
-        if (!c->failed) {
-            c->failed = 1;
-            snprintf(c->err, sizeof c->err, "cuda: %s must grow during a graph capture", what);
-        }
-        return 0;
-    }
-    c->alloc_gen++;
-    return 1;
-}
-
 int kvg_cu_graph_padded(const kvg_cuda *c, const kvg_step *s)
 {
     return c->graphs && c->step_again != KVG_CU_AGAIN_EAGER && s->n_rows == s->n_seqs &&
@@ -177,7 +160,11 @@ int kvg_cu_graph_begin(kvg_cuda *c, const kvg_step *s)
     kvg_cu_note(c, &c->d_plan, sizeof c->d_plan);
     kvg_cu_note(c, &c->d_partials, sizeof c->d_partials);
     kvg_cu_note(c, &c->alloc_gen, sizeof c->alloc_gen);
-    kvg_cu_sdpa_note(c);
+    {
+        kvg_cu_sdpa_signature sg;
+        kvg_cu_sdpa_sig(c, &sg);
+        kvg_cu_note(c, &sg, sizeof sg);
+    }
     c->sig_len = c->rec_len;
     if (again != KVG_CU_AGAIN_CAPTURE && (c->graph = graph_find_sig(c)) != NULL) {
         c->step_mode = KVG_CU_REPLAY;

@@ -471,18 +471,21 @@ int kvg_cu_sdpa_begin_step(kvg_cuda *c, const kvg_step *s)
     return 0;
 }
 
-void kvg_cu_sdpa_note(kvg_cuda *c)
+void kvg_cu_sdpa_sig(const kvg_cuda *c, kvg_cu_sdpa_signature *out)
 {
-    kvg_cu_sdpa *d = c->sdpa;
-    const void *plan = d && d->cur ? (const void *)d->cur->plan : NULL;
-    int64_t shape[3] = { d && d->cur ? d->cur->B : 0, d && d->cur ? d->cur->P : 0, d ? d->n_rows : 0 };
-    kvg_cu_note(c, &plan, sizeof plan);
-    kvg_cu_note(c, shape, sizeof shape);
-    if (d) {
-        kvg_cu_note(c, &d->d_meta, sizeof d->d_meta);
-        kvg_cu_note(c, &d->qo, sizeof d->qo);
-        kvg_cu_note(c, &d->ws, sizeof d->ws);
+    const kvg_cu_sdpa *d = c->sdpa;
+    memset(out, 0, sizeof *out);
+    if (!d)
+        return;
+    if (d->cur) {
+        out->plan = (const void *)d->cur->plan;
+        out->B = d->cur->B;
+        out->P = d->cur->P;
     }
+    out->n_rows = d->n_rows;
+    out->meta = d->d_meta;
+    out->qo = d->qo;
+    out->ws = d->ws;
 }
 
 int kvg_cu_sdpa_attention(kvg_cuda *c, const kvg_kv_pool *kv, int layer, const float *q, float *out)

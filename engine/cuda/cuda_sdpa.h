@@ -48,9 +48,14 @@ void kvg_cu_sdpa_free(kvg_cuda *c);
  * scratch. -1 (recorded) on a CUDA failure. */
 int kvg_cu_sdpa_begin_step(kvg_cuda *c, const kvg_step *s);
 
-/* The step's cuDNN state (the plan, its bucket, the buffers' addresses) into a CUDA
- * graph's signature (cuda_graph.c). */
-void kvg_cu_sdpa_note(kvg_cuda *c);
+/* The step's cuDNN state that a CUDA graph's launches depend on (cuda_graph.c's
+ * signature): the plan, its bucket, the buffers' addresses; all 0 without cuDNN. */
+typedef struct kvg_cu_sdpa_signature {
+    const void *plan;
+    int64_t B, P, n_rows;
+    const void *meta, *qo, *ws;
+} kvg_cu_sdpa_signature;
+void kvg_cu_sdpa_sig(const kvg_cuda *c, kvg_cu_sdpa_signature *out);
 
 /* 1 when the layer's attention went to cuDNN (failures recorded as the step's), 0 when
  * the caller runs the own kernels (no cuDNN this step, or a layer it cannot express). */
