@@ -19,6 +19,9 @@ struct kvg_kv_host {
     unsigned char *used;
     uint64_t *put_seq;           /* the put that filled the slot: its copy from the pool has
                                     run once the copies up to waited_seq were waited for */
+    int64_t *expires;            /* the block's expiry (the caller's ms) */
+    int64_t now_ms;              /* the latest time a caller gave */
+    kvg_u64map tags;             /* tag's first 8 bytes -> slots held (a quota's count) */
     uint64_t seq, waited_seq;
     int32_t *prev, *next;        /* LRU list of used slots: head the most recent */
     int32_t head, tail;
@@ -63,10 +66,12 @@ kvg_kv_host *kvg_kv_host_new(void *buf, size_t bytes, size_t block_bytes, char *
     h->tag = calloc(n, sizeof *h->tag);
     h->used = calloc(n, 1);
     h->put_seq = calloc(n, sizeof *h->put_seq);
+    h->expires = calloc(n, sizeof *h->expires);
     h->prev = malloc(n * sizeof *h->prev);
     h->next = malloc(n * sizeof *h->next);
     h->free_ids = malloc(n * sizeof *h->free_ids);
-    if (!h->hash || !h->tag || !h->used || !h->put_seq || !h->prev || !h->next || !h->free_ids)
+    if (!h->hash || !h->tag || !h->used || !h->put_seq || !h->expires || !h->prev || !h->next ||
+        !h->free_ids)
         goto oom;
     /* popped from the end: slot 0 first */
     for (int32_t i = 0; i < h->n_slots; i++)
@@ -87,6 +92,8 @@ void kvg_kv_host_free(kvg_kv_host *h)
     if (!h)
         return;
     kvg_u64map_free(&h->index);
+    kvg_u64map_free(&h->tags);
+    free(h->expires);
     free(h->hash);
     free(h->tag);
     free(h->used);
@@ -141,10 +148,27 @@ static void lru_push(kvg_kv_host *h, int32_t s)
         h->tail = s;
 }
 
-/* The slot leaves the tier (to the next one when `spill` and there is one). */
+/* Slots the tenant of tag holds. */
+static int64_t tag_count(const kvg_kv_host *h, const uint8_t *tag)
+{
+    void *v;
+    return kvg_u64map_find(&h->tags, key_of(tag), &v) ? (int64_t)(uintptr_t)v : 0;
+}
+
+static void tag_add(kvg_kv_host *h, const uint8_t *tag, int64_t d)
+{
+    int64_t n = tag_count(h, tag) + d;
+    if (n > 0)
+        kvg_u64map_put(&h->tags, key_of(tag), (void *)(uintptr_t)n);
+    else
+        kvg_u64map_del(&h->tags, key_of(tag));
+}
+
+/* The slot leaves the tier (to the next one when `spill`, there is one and the block has
+ * not expired: a TTL is how long the tenant wanted it kept). */
 static void drop(kvg_kv_host *h, kvg_kv_pool *pool, int32_t s, int spill)
 {
-    if (spill && h->spill) {
+    if (spill && h->spill && h->expires[s] > h->now_ms) {
         if (h->put_seq[s] > h->waited_seq) {
             /* its copy from the pool may still be queued on the stream */
             kvg_kv_pool_xfer_wait(pool);
@@ -154,6 +178,7 @@ static void drop(kvg_kv_host *h, kvg_kv_pool *pool, int32_t s, int spill)
         h->st.spilled++;
     }
     kvg_u64map_del(&h->index, key_of(h->hash[s]));
+    tag_add(h, h->tag[s], -1);
     lru_remove(h, s);
     h->used[s] = 0;
     h->free_ids[h->n_free++] = s;
@@ -161,21 +186,41 @@ static void drop(kvg_kv_host *h, kvg_kv_pool *pool, int32_t s, int spill)
 }
 
 int kvg_kv_host_put(kvg_kv_host *h, kvg_kv_pool *pool, int32_t block, const uint8_t *hash,
-                    const uint8_t *tag)
+                    const uint8_t *tag, double quota, int64_t expires_ms, int64_t now_ms)
 {
     double t0 = mono_s();
     int32_t s = find(h, hash);
     void *v;
-    if (kvg_kv_xfer_bytes(pool) != h->slot_bytes)
+    if (now_ms > h->now_ms)
+        h->now_ms = now_ms;
+    if (kvg_kv_xfer_bytes(pool) != h->slot_bytes || expires_ms <= h->now_ms)
         return -1;
     if (s != NIL) {
         /* the same chain hash: the same bytes; now the most recently used */
+        if (h->expires[s] < expires_ms)
+            h->expires[s] = expires_ms;
         lru_remove(h, s);
         lru_push(h, s);
         return 0;
     }
     if (kvg_u64map_find(&h->index, key_of(hash), &v))
         return -1;               /* another hash with the same first 8 bytes: not kept */
+    if (quota > 0.0) {
+        int64_t share = (int64_t)(quota * (double)h->n_slots);
+        if (share < 1)
+            share = 1;
+        if (tag_count(h, tag) >= share) {
+            /* at its share: its own least recently used slot makes room */
+            int32_t victim = h->tail;
+            while (victim != NIL && memcmp(h->tag[victim], tag, HLEN) != 0)
+                victim = h->prev[victim];
+            if (victim != NIL) {
+                drop(h, pool, victim, 1);
+                h->st.evictions++;
+                h->st.quota_evictions++;
+            }
+        }
+    }
     if (h->n_free == 0) {
         drop(h, pool, h->tail, 1);
         h->st.evictions++;
@@ -188,6 +233,8 @@ int kvg_kv_host_put(kvg_kv_host *h, kvg_kv_pool *pool, int32_t block, const uint
     }
     memcpy(h->hash[s], hash, HLEN);
     memcpy(h->tag[s], tag, HLEN);
+    tag_add(h, tag, 1);
+    h->expires[s] = expires_ms;
     h->used[s] = 1;
     h->put_seq[s] = ++h->seq;
     lru_push(h, s);
@@ -199,10 +246,17 @@ int kvg_kv_host_put(kvg_kv_host *h, kvg_kv_pool *pool, int32_t block, const uint
 }
 
 int kvg_kv_host_load(kvg_kv_host *h, kvg_kv_pool *pool, int32_t block, const uint8_t *hash,
-                     const uint8_t *tag)
+                     const uint8_t *tag, int64_t now_ms)
 {
     double t0 = mono_s();
     int32_t s = find(h, hash);
+    if (now_ms > h->now_ms)
+        h->now_ms = now_ms;
+    if (s != NIL && h->expires[s] <= h->now_ms) {
+        drop(h, pool, s, 0);     /* expired: never served, never moved on */
+        h->st.expired++;
+        s = NIL;
+    }
     if (s == NIL || memcmp(h->tag[s], tag, HLEN) != 0 || kvg_kv_xfer_bytes(pool) != h->slot_bytes ||
         kvg_kv_block_import(pool, block, payload(h, s)) != 0) {
         h->st.misses++;

@@ -21,7 +21,11 @@
  *
  * Slots are found by the block's chain hash (which covers the model and the tenant) and
  * also carry the tenant tag (the disk tier's: the chain root of the tenant's salt), which
- * a load must match and by which a tenant's blocks are wiped. LRU over slots.
+ * a load must match and by which a tenant's blocks are wiped. LRU over slots, and the two
+ * rules the pool's cache keeps, spanning both tiers: a block keeps the expiry it had in
+ * the pool (an expired slot is never loaded, nor moved on to disk), and a tenant with a
+ * quota (a share) holds at most that share of the slots (over it, its own least recently
+ * used slot makes room).
  * Not thread-safe: the scheduler thread owns it, as it owns the pool and the cache. */
 #ifndef KVG_KV_HOST_H
 #define KVG_KV_HOST_H
@@ -41,7 +45,9 @@ typedef struct kvg_kv_host_stats {
     uint64_t puts;                       /* blocks copied in from the pool */
     uint64_t hits, misses;               /* loads: blocks copied back / lookups not found */
     uint64_t bytes_out, bytes_in;        /* pool -> host, host -> pool */
-    uint64_t evictions;                  /* slots given to a newer block (LRU) */
+    uint64_t evictions;                  /* slots given to a newer block (LRU or quota) */
+    uint64_t quota_evictions;            /* of those, the tenant's own (its quota) */
+    uint64_t expired;                    /* slots dropped past their expiry */
     uint64_t spilled;                    /* of those, handed to the next tier */
     uint64_t wiped;
     double seconds;                      /* time in put and load (queueing the copies) */
@@ -59,15 +65,17 @@ void kvg_kv_host_free(kvg_kv_host *h);
 /* The next tier a slot goes to when it is evicted (NULL: none, the block is gone). */
 void kvg_kv_host_set_spill(kvg_kv_host *h, kvg_kv_host_spill_fn fn, void *ctx);
 
-/* Pool block `block` (a cached block being evicted) into a slot under hash and tag: the
- * least recently used slot is evicted for it when none is free. 0, or -1 when the copy
+/* Pool block `block` (a cached block being evicted) into a slot under hash and tag, with
+ * its expiry (ms, the caller's clock; INT64_MAX: none) and its tenant's quota (a share of
+ * the slots, 0: none): the tenant's own least recently used slot makes room when it is at
+ * its share, else the least recently used slot when none is free. 0, or -1 when the copy
  * could not be queued (then the block is simply not kept). Already held: refreshed. */
 int kvg_kv_host_put(kvg_kv_host *h, kvg_kv_pool *pool, int32_t block, const uint8_t *hash,
-                    const uint8_t *tag);
+                    const uint8_t *tag, double quota, int64_t expires_ms, int64_t now_ms);
 /* The block of hash (which must carry tag) into pool block `block`: 0 (the slot is now the
- * most recently used), or -1 when not held. */
+ * most recently used), or -1 when not held or expired by now_ms (then dropped). */
 int kvg_kv_host_load(kvg_kv_host *h, kvg_kv_pool *pool, int32_t block, const uint8_t *hash,
-                     const uint8_t *tag);
+                     const uint8_t *tag, int64_t now_ms);
 int kvg_kv_host_holds(const kvg_kv_host *h, const uint8_t *hash);
 /* Drops every block of a tenant tag; the count dropped. */
 int64_t kvg_kv_host_wipe(kvg_kv_host *h, const uint8_t *tag);

@@ -301,7 +301,9 @@ static void spill(kvg_prefix_cache *pc, int32_t id, int wait)
     const uint8_t *tag;
     if ((!pc->disk && !pc->host) || !pc->b[id].hashed || !(tag = tenant_tag(pc, pc->b[id].tenant)))
         return;
-    if (pc->host && !wait && kvg_kv_host_put(pc->host, pc->pool, id, pc->b[id].hash, tag) == 0)
+    if (pc->host && !wait &&
+        kvg_kv_host_put(pc->host, pc->pool, id, pc->b[id].hash, tag, pc->tenants[pc->b[id].tenant].quota,
+                        expiry_of(&pc->b[id]), pc->now_ms) == 0)
         return;
     if (pc->disk)
         kvg_kv_disk_spill(pc->disk, pc->pool, id, pc->b[id].hash, tag, wait);
@@ -799,7 +801,7 @@ static int32_t tier_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
         int32_t id = seq->blocks[n];
         if (table_find(pc, hashes[n]) != NIL)
             break;
-        if (pc->host && kvg_kv_host_load(pc->host, pc->pool, id, hashes[n], tag) == 0) {
+        if (pc->host && kvg_kv_host_load(pc->host, pc->pool, id, hashes[n], tag, pc->now_ms) == 0) {
             pc->st.host_hit_tokens += (uint64_t)bt;
         } else if (pc->disk && kvg_kv_disk_load(pc->disk, pc->pool, id, hashes[n], tag) == 0) {
             pc->st.disk_hit_tokens += (uint64_t)bt;

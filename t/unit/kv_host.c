@@ -7,6 +7,8 @@
  *     and tag), a load refreshing a slot's place; drain hands every slot over, oldest
  *     first; without a hook an evicted slot is just gone;
  *   - a tenant's slots are wiped; two hashes with the same first 8 bytes never mix;
+ *   - a slot keeps its block's expiry (never loaded past it, nor moved on to disk); a
+ *     tenant at its quota's share of the slots makes room from its own;
  *   - the prefix cache puts evicted blocks there, admission copies them back (byte
  *     identical, counted as host hits) for the right tenant only; with a disk tier behind
  *     it, a slot evicted from host memory goes on to the disk and is found there;
@@ -25,6 +27,8 @@
 #include "prefix_hash.h"
 
 static char err[512];
+#define NO_EXPIRY INT64_MAX
+
 static const kvg_kv_geom GEOM = { .n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .block_tokens = 4 };
 
 static void fill(kvg_kv_pool *p, int32_t id, uint32_t seed)
@@ -102,19 +106,22 @@ static void test_store(void)
         sp.ref_block[i] = -1;
     kvg_kv_host_set_spill(k, on_spill, &sp);
 
-    ok(kvg_kv_host_put(k, p, 0, h[0], tag_a) == 0 && kvg_kv_host_put(k, p, 1, h[1], tag_a) == 0 &&
-       kvg_kv_host_put(k, p, 2, h[2], tag_b) == 0, "three blocks in");
+    ok(kvg_kv_host_put(k, p, 0, h[0], tag_a, 0, NO_EXPIRY, 0) == 0 &&
+       kvg_kv_host_put(k, p, 1, h[1], tag_a, 0, NO_EXPIRY, 0) == 0 &&
+       kvg_kv_host_put(k, p, 2, h[2], tag_b, 0, NO_EXPIRY, 0) == 0, "three blocks in");
     ok(kvg_kv_host_holds(k, h[1]) && !kvg_kv_host_holds(k, h[3]), "held and not held");
-    ok(kvg_kv_host_load(k, q, 5, h[1], tag_a) == 0 && same(q, 5, p, 1), "block 1 back: the same bytes");
-    ok(kvg_kv_host_load(k, q, 5, h[2], tag_a) != 0, "tenant b's block under tenant a's tag: a miss");
-    ok(kvg_kv_host_load(k, q, 5, h[4], tag_a) != 0, "an unknown hash: a miss");
+    ok(kvg_kv_host_load(k, q, 5, h[1], tag_a, 0) == 0 && same(q, 5, p, 1), "block 1 back: the same bytes");
+    ok(kvg_kv_host_load(k, q, 5, h[2], tag_a, 0) != 0, "tenant b's block under tenant a's tag: a miss");
+    ok(kvg_kv_host_load(k, q, 5, h[4], tag_a, 0) != 0, "an unknown hash: a miss");
     fill(p, 0, 999);             /* the pool block changed; the same hash is not copied again */
-    ok(kvg_kv_host_put(k, p, 0, h[0], tag_a) == 0 && kvg_kv_host_load(k, q, 6, h[0], tag_a) == 0 &&
+    ok(kvg_kv_host_put(k, p, 0, h[0], tag_a, 0, NO_EXPIRY, 0) == 0 &&
+       kvg_kv_host_load(k, q, 6, h[0], tag_a, 0) == 0 &&
        !same(q, 6, p, 0), "a held hash put again: refreshed, not copied");
     fill(p, 0, 100);
     /* LRU now (oldest first): 2, 1, 0; a fourth block evicts 2 to the hook */
     sp.ref_block[0] = 2;
-    ok(kvg_kv_host_put(k, p, 3, h[3], tag_a) == 0 && sp.n == 1 && sp.first[0] == h[2][0] && sp.tag0[0] == 0xb,
+    ok(kvg_kv_host_put(k, p, 3, h[3], tag_a, 0, NO_EXPIRY, 0) == 0 && sp.n == 1 && sp.first[0] == h[2][0] &&
+       sp.tag0[0] == 0xb,
        "full: the least recently used (block 2, tenant b) to the spill hook");
     ok(sp.bytes_ok, "  with its bytes");
     ok(!kvg_kv_host_holds(k, h[2]), "  and gone from the tier");
@@ -133,23 +140,53 @@ static void test_store(void)
 
     /* wipe; no hook: evicted slots are gone */
     kvg_kv_host_set_spill(k, NULL, NULL);
-    kvg_kv_host_put(k, p, 0, h[0], tag_a);
-    kvg_kv_host_put(k, p, 1, h[1], tag_b);
-    kvg_kv_host_put(k, p, 2, h[2], tag_a);
+    kvg_kv_host_put(k, p, 0, h[0], tag_a, 0, NO_EXPIRY, 0);
+    kvg_kv_host_put(k, p, 1, h[1], tag_b, 0, NO_EXPIRY, 0);
+    kvg_kv_host_put(k, p, 2, h[2], tag_a, 0, NO_EXPIRY, 0);
     is_int(kvg_kv_host_wipe(k, tag_a), 2, "wipe tenant a: 2 blocks");
     ok(!kvg_kv_host_holds(k, h[0]) && kvg_kv_host_holds(k, h[1]) && !kvg_kv_host_holds(k, h[2]),
        "  tenant b's block stays");
-    kvg_kv_host_put(k, p, 3, h[3], tag_a);
-    kvg_kv_host_put(k, p, 4, h[4], tag_a);
-    ok(kvg_kv_host_put(k, p, 5, h[5], tag_a) == 0 && !kvg_kv_host_holds(k, h[1]) && sp.n == 4,
+    kvg_kv_host_put(k, p, 3, h[3], tag_a, 0, NO_EXPIRY, 0);
+    kvg_kv_host_put(k, p, 4, h[4], tag_a, 0, NO_EXPIRY, 0);
+    ok(kvg_kv_host_put(k, p, 5, h[5], tag_a, 0, NO_EXPIRY, 0) == 0 && !kvg_kv_host_holds(k, h[1]) && sp.n == 4,
        "no hook: the evicted slot is gone, nothing spilled");
     {
         uint8_t twin[32];
         memcpy(twin, h[5], 32);
         twin[31] ^= 1;           /* the same first 8 bytes, another hash */
-        ok(kvg_kv_host_put(k, p, 1, twin, tag_a) != 0 && kvg_kv_host_load(k, q, 7, twin, tag_a) != 0,
+        ok(kvg_kv_host_put(k, p, 1, twin, tag_a, 0, NO_EXPIRY, 0) != 0 && kvg_kv_host_load(k, q, 7, twin, tag_a, 0) != 0,
            "a hash sharing another's first 8 bytes: not kept, never served the other's block");
     }
+    /* expiry: a block keeps the expiry it had in the pool */
+    kvg_kv_host_wipe(k, tag_a);
+    kvg_kv_host_wipe(k, tag_b);
+    kvg_kv_host_set_spill(k, on_spill, &sp);
+    sp.n = 0;
+    for (int i = 0; i < 16; i++)
+        sp.ref_block[i] = -1;
+    ok(kvg_kv_host_put(k, p, 0, h[0], tag_a, 0, 1000, 100) == 0, "a block expiring at 1000 ms in");
+    ok(kvg_kv_host_load(k, q, 5, h[0], tag_a, 999) == 0, "  loaded at 999 ms");
+    ok(kvg_kv_host_load(k, q, 5, h[0], tag_a, 1000) != 0 && !kvg_kv_host_holds(k, h[0]),
+       "  at 1000 ms expired: a miss, and dropped");
+    ok(kvg_kv_host_put(k, p, 1, h[1], tag_a, 0, 900, 1000) != 0, "a block already expired is not kept");
+    kvg_kv_host_put(k, p, 2, h[2], tag_a, 0, 1500, 1000);
+    kvg_kv_host_put(k, p, 3, h[3], tag_a, 0, NO_EXPIRY, 1000);
+    kvg_kv_host_put(k, p, 4, h[4], tag_a, 0, NO_EXPIRY, 1000);
+    ok(kvg_kv_host_put(k, p, 5, h[5], tag_a, 0, NO_EXPIRY, 2000) == 0 && sp.n == 0 && !kvg_kv_host_holds(k, h[2]),
+       "an expired slot evicted is not moved on to disk (a TTL is how long the tenant wanted it)");
+    kvg_kv_host_get_stats(k, &st);
+    is_int(st.expired, 1, "  one expired at a load");
+
+    /* quota: tenant a at a third of 3 slots holds 1; its own oldest makes room */
+    kvg_kv_host_wipe(k, tag_a);
+    sp.n = 0;
+    kvg_kv_host_put(k, p, 0, h[0], tag_b, 0, NO_EXPIRY, 2000);
+    kvg_kv_host_put(k, p, 1, h[1], tag_a, 0.34, NO_EXPIRY, 2000);
+    ok(kvg_kv_host_put(k, p, 2, h[2], tag_a, 0.34, NO_EXPIRY, 2000) == 0 && !kvg_kv_host_holds(k, h[1]) &&
+       kvg_kv_host_holds(k, h[2]) && kvg_kv_host_holds(k, h[0]) && sp.n == 1 && sp.first[0] == h[1][0],
+       "a tenant at its quota: its own least recently used slot makes room (moved on), not another's");
+    kvg_kv_host_get_stats(k, &st);
+    ok(st.quota_evictions == 1 && st.slots_used == 2, "  counted as a quota eviction; a slot still free");
     kvg_kv_host_free(k);
     ok(kvg_kv_host_new(buf, bb - 1, bb, err, sizeof err) == NULL && strstr(err, "--kv-host-memory"),
        "a size below one block refused (%s)", err);
