@@ -1,7 +1,7 @@
 #!/usr/bin/env perl
 # Anthropic's cache_control as kvgate keeps it (/v1/messages): the prefix up to a marked
 # block is held (pinned in the engine's pool, never evicted) for its TTL, within the
-# operator's kvgate_cache_ttl_max (5 s here, so the test can outlive it) and the pool's
+# operator's kvgate_cache_ttl_max (8 s here: the storm fits well inside it, and the test outlives it) and the pool's
 # pinned share; usage says what was written and read:
 #   - first request: cache_creation_input_tokens = the system block's full blocks, now
 #     held; cache_read 0; input_tokens the rest;
@@ -24,7 +24,7 @@ use Kvgate::Engine;
 use Kvgate::Gateway;
 
 my $g = Kvgate::Gateway->new(engine => [ '--kv-memory', '800K' ],
-                             http => 'kvgate_cache_ttl_max 5s;');
+                             http => 'kvgate_cache_ttl_max 8s;');
 
 my @cases = @{ JSON::PP->new->decode(do {
     open my $fh, '<', Kvgate::Engine::shared_dir() . '/models/stories260K/golden-greedy.json' or die $!;
@@ -82,7 +82,7 @@ my $m = $g->wait_metrics(sub { $g->engine_metric($_[0], 'kvgate_kv_blocks', 'sta
 is($g->engine_metric($m, 'kvgate_kv_blocks', 'state="pinned"'), $w / 16, 'kvgate_kv_blocks{state="pinned"}: the held blocks');
 
 # (past kvgate_cache_ttl_max from the last marked request: its hold has ended)
-sleep 5.5;
+sleep 8.5;
 storm();
 my $u3 = marked('Who is Lily?');
 is($u3->{cache_read_input_tokens}, 0, 'past the TTL, after a storm: the prefix is gone (cache_read 0)');

@@ -36,7 +36,11 @@ static kvg_cuda *cu(kvg_backend *be)
 
 /* An operation's argument, into the step's record (cuda_graph.c): a captured or replayed
  * step is known by its operations and every argument they were called with. */
-#define NOTE(c, x) kvg_cu_note((c), &(x), sizeof(x))
+#define NOTE(c, x)                                   \
+    do {                                             \
+        if ((c)->recording)   /* eager: nothing */   \
+            kvg_cu_note((c), &(x), sizeof(x));       \
+    } while (0)
 
 /* A GEMM begins (matmul, matmul_n): skipped (0) when the step has failed already, or is a
  * graph's replay (the operations only record). The record of what the lowp scratch holds
