@@ -70,6 +70,14 @@ is($o->{chat_role}, 'assistant', 'chat.completions.create(): an assistant messag
 ok(length($o->{chat_text} // ''), "  '" . ($o->{chat_text} // '') . "'");
 is($o->{chat_finish}, 'length', '  finish_reason length');
 is($o->{chat_stream_text}, $o->{chat_text}, 'chat streamed: the same content');
+{
+    my $k = $o->{cache_key} // {};
+    my $pt = $k->{first}{prompt_tokens} // 0;
+    ok($pt >= 128, "prompt_cache_key and prompt_cache_retention through the SDK: a $pt-token prompt");
+    is($k->{first}{prompt_tokens_details}{cached_tokens}, 0, '  first: nothing cached');
+    is($k->{second}{prompt_tokens_details}{cached_tokens}, int(($pt - 1) / 16) * 16, '  second: its full blocks cached');
+    ok($k->{same}, '  the same answer');
+}
 is($o->{chat_stream_usage}{completion_tokens}, 24, '  include_usage: the usage chunk');
 is(scalar @{ $o->{n_texts} // [] }, 2, 'n: 2 choices');
 is_deeply($o->{n_texts_again}, $o->{n_texts}, '  the same seed, the same choices');

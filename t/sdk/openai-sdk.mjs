@@ -47,6 +47,14 @@ out.chat_text = chat.choices[0].message.content;
 out.chat_role = chat.choices[0].message.role;
 out.chat_finish = chat.choices[0].finish_reason;
 
+// OpenAI's caching fields through the SDK: a long prompt twice, the second served cached
+const longMessages = [{ role: 'user', content: 'Once upon a time there was a little girl named Lily. '.repeat(16) }];
+const k1 = await client.chat.completions.create({ model, messages: longMessages, max_tokens: 8, temperature: 0,
+                                                  prompt_cache_key: 'sdk-test', prompt_cache_retention: '24h' });
+const k2 = await client.chat.completions.create({ model, messages: longMessages, max_tokens: 8, temperature: 0,
+                                                  prompt_cache_key: 'sdk-test', prompt_cache_retention: '24h' });
+out.cache_key = { first: k1.usage, second: k2.usage, same: k1.choices[0].message.content === k2.choices[0].message.content };
+
 let chatStreamed = '';
 let usage = null;
 const stream = await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0, stream: true,
