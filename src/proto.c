@@ -17,6 +17,8 @@ _Static_assert(sizeof(kvg_msg_finished) <= KVG_SHM_BODY_MAX, "finished fits a sl
 _Static_assert(sizeof(kvg_msg_done) <= KVG_SHM_BODY_MAX, "done fits a slot");
 _Static_assert(sizeof(kvg_msg_error) <= KVG_SHM_BODY_MAX, "error fits a slot");
 _Static_assert(sizeof(kvg_msg_pause) <= KVG_SHM_BODY_MAX, "pause fits a slot");
+_Static_assert(sizeof(kvg_msg_wipe) <= KVG_SHM_BODY_MAX, "wipe fits a slot");
+_Static_assert(sizeof(kvg_msg_wiped) <= KVG_SHM_BODY_MAX, "wiped fits a slot");
 _Static_assert(sizeof(kvg_welcome) < 1024, "welcome is one small packet");
 _Static_assert(sizeof(kvg_stats_page) <= 65536, "stats page size");
 /* A bucket index (buckets.h: bypass, then one per bound) labels the page's buckets. */
@@ -427,6 +429,41 @@ int kvg_proto_decode_samples(const kvg_shm_msg *m, kvg_msg_samples *out, char *e
     memcpy(out, m->body, sizeof *out);
     if (out->reserved != 0)
         return kvg_fail(err, err_len, "protocol", "SAMPLES with reserved field %u (must be 0)", out->reserved);
+    return 0;
+}
+
+int kvg_proto_decode_wipe(const kvg_shm_msg *m, kvg_msg_wipe *h, const uint8_t **salt, uint64_t *id,
+                          char *err, size_t err_len)
+{
+    *id = 0;
+    *salt = NULL;
+    if (check_body(m, KVG_MSG_WIPE, sizeof *h, "WIPE", err, err_len) != 0)
+        return -1;
+    memcpy(h, m->body, sizeof *h);
+    *id = h->request_id;
+    if (h->request_id == 0)
+        return kvg_fail(err, err_len, "WIPE", "request id 0 is reserved");
+    if (h->flags != 0 || h->reserved != 0)
+        return kvg_fail(err, err_len, "WIPE", "flags 0x%x and reserved %u must be 0", h->flags, h->reserved);
+    if (h->salt_len > KVG_PROTO_MAX_SALT)
+        return kvg_fail(err, err_len, "WIPE", "tenant salt of %u bytes (at most %d)", h->salt_len,
+                        KVG_PROTO_MAX_SALT);
+    if (m->payload_len != h->salt_len)
+        return kvg_fail(err, err_len, "WIPE", "payload of %u bytes for a salt of %u", m->payload_len,
+                        h->salt_len);
+    *salt = m->payload;
+    return 0;
+}
+
+int kvg_proto_decode_wiped(const kvg_shm_msg *m, kvg_msg_wiped *h, char *err, size_t err_len)
+{
+    if (check_body(m, KVG_MSG_WIPED, sizeof *h, "WIPED", err, err_len) != 0)
+        return -1;
+    if (m->payload_len != 0)
+        return kvg_fail(err, err_len, "protocol", "WIPED carries an unexpected payload");
+    memcpy(h, m->body, sizeof *h);
+    if (h->reserved != 0)
+        return kvg_fail(err, err_len, "protocol", "WIPED with reserved field %u (must be 0)", h->reserved);
     return 0;
 }
 

@@ -30,11 +30,12 @@
  *    notices the other dying.
  *
  * 2. Messages in the region's rings (slot body = one of the structs below, payload in
- *    the data area). Client -> engine: SUBMIT, CANCEL, PAUSE, RESUME, SAMPLES. Engine -> client,
- *    per request:
+ *    the data area). Client -> engine: SUBMIT, CANCEL, PAUSE, RESUME, SAMPLES, WIPE.
+ *    Engine -> client, per request:
  *    ACCEPTED once (cached tokens known), TOKENS as they are produced (streamed, not
  *    at the end), FINISHED once per sample, then DONE (usage); or ERROR at any point,
  *    which ends the request. DONE and ERROR are always the last message of a request.
+ *    A WIPE is answered by one WIPED (or one ERROR) under its id.
  *
  * Every body starts with its protocol version. The receiver checks type, body_len ==
  * sizeof(struct) and version before reading anything else, then the payload layout
@@ -52,13 +53,14 @@
 #include "shm_channel.h"
 
 #define KVG_PROTO_MAGIC     0x6b766731u   /* "1gvk" little-endian */
-#define KVG_PROTO_VERSION   7u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
+#define KVG_PROTO_VERSION   8u   /* 2: SUBMIT's n_active, SAMPLES, the samples_* statistics;
                                     3: the cache index (fd[5], index_bytes), load_tokens;
                                     4: the statistics page's heartbeat;
                                     5: the chat template's source (fd[6]) and origin;
                                     6: the KV disk and host tiers' statistics;
                                     7: SUBMIT's holds (cache_control), DONE's
-                                       cache_write_tokens */
+                                       cache_write_tokens;
+                                    8: WIPE and WIPED (an operator's tenant wipe) */
 #define KVG_WELCOME_FDS     7
 
 /* Limits every side enforces. These are the one definition: the engine's scheduler
@@ -138,7 +140,9 @@ enum kvg_msg_type {
     KVG_MSG_ERROR    = 7,        /* cq */
     KVG_MSG_PAUSE    = 8,        /* sq */
     KVG_MSG_RESUME   = 9,        /* sq */
-    KVG_MSG_SAMPLES  = 10        /* sq */
+    KVG_MSG_SAMPLES  = 10,       /* sq */
+    KVG_MSG_WIPE     = 11,       /* sq */
+    KVG_MSG_WIPED    = 12        /* cq */
 };
 
 /* Bypass (neither look up nor fill the prefix cache) is bucket 0, and only that: it
@@ -250,6 +254,42 @@ typedef struct kvg_msg_samples {
     uint32_t cancel_mask;
     uint32_t reserved;
 } kvg_msg_samples;
+
+/* WIPE, payload: the tenant's salt (salt_len bytes, 0..KVG_PROTO_MAX_SALT): exactly
+ * the salt SUBMIT carries for that tenant, so the engine derives the same chain root
+ * (the tag its host and disk tiers keep) and finds the same tenant record. An
+ * operator's wipe of the tenant on a running engine, in every tier:
+ *   pool  its cached blocks (refcount 0) are freed. Its blocks in use by live requests
+ *         lose their hash at once: never found again, by anyone, and freed when their
+ *         requests release them; those requests go on unchanged (their K/V stay, so
+ *         their answers are what they would have been) but commit nothing more, so no
+ *         block of a request that was live at the wipe enters the cache afterwards.
+ *         Requests SUBMITted after the WIPE cache as usual.
+ *   host  its slots are dropped.
+ *   disk  its slots are dropped (their headers rewritten, so a restarted engine finds
+ *         none), and its blocks still queued for writing are never written.
+ * The cache index (fd[5]) loses the pool's hashes with them, so routing forgets the
+ * tenant too. The engine answers WIPED with the counts under request_id (chosen by the
+ * client, unique among its live ids, never 0), or ERROR 400 for a malformed WIPE.
+ * flags and reserved must be 0. A salt no tenant has is no error: WIPED with zeros. */
+typedef struct kvg_msg_wipe {
+    uint32_t version;
+    uint32_t flags;              /* none defined: 0 */
+    uint64_t request_id;
+    uint32_t salt_len;
+    uint32_t reserved;
+} kvg_msg_wipe;
+
+/* No payload. The wipe of request_id is done: the blocks dropped in each tier (pool:
+ * cached ones freed plus in-use ones unhashed). */
+typedef struct kvg_msg_wiped {
+    uint32_t version;
+    uint32_t reserved;
+    uint64_t request_id;
+    uint64_t pool_blocks;
+    uint64_t host_blocks;
+    uint64_t disk_blocks;
+} kvg_msg_wiped;
 
 /* No payload. The request was admitted: its prompt is being computed. */
 typedef struct kvg_msg_accepted {
@@ -369,6 +409,13 @@ int kvg_proto_decode_pause(const kvg_shm_msg *m, kvg_msg_pause *h, int *paused, 
 /* SAMPLES: the fixed checks, reserved == 0 (draw and cancel_mask are any value: a
  * draw beyond what remains is clamped, bits past n are ignored). */
 int kvg_proto_decode_samples(const kvg_shm_msg *m, kvg_msg_samples *out, char *err, size_t err_len);
+/* WIPE: the fixed checks, request_id != 0, flags and reserved 0, salt_len within
+ * KVG_PROTO_MAX_SALT and equal to payload_len; *salt points into the payload. *id gets
+ * the request id whenever the body was readable (0 otherwise). */
+int kvg_proto_decode_wipe(const kvg_shm_msg *m, kvg_msg_wipe *h, const uint8_t **salt, uint64_t *id,
+                          char *err, size_t err_len);
+/* WIPED: the fixed checks, reserved 0. */
+int kvg_proto_decode_wiped(const kvg_shm_msg *m, kvg_msg_wiped *h, char *err, size_t err_len);
 /* ERROR: *h and the message (validated UTF-8 is not required; length bounded). */
 int kvg_proto_decode_error(const kvg_shm_msg *m, kvg_msg_error *h, const char **msg,
                            char *err, size_t err_len);

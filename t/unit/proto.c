@@ -1,6 +1,7 @@
 /* The engine protocol's encoders and decoders: submissions round-trip part by part;
  * every count, flag and length that does not match is refused with a message naming
- * it; TOKENS, ERROR and fixed bodies check type, size and version; the statistics page
+ * it; TOKENS, ERROR and fixed bodies check type, size and version; WIPE carries exactly
+ * its salt and WIPED its counts; the statistics page
  * reads back what was written. */
 #include <string.h>
 
@@ -270,6 +271,88 @@ int main(void)
         m = msg(KVG_MSG_PAUSE, &sm, sizeof sm, NULL, 0);
         ok(kvg_proto_decode_samples(&m, &so, err, sizeof err) != 0 && strstr(err, "expected a SAMPLES message"),
            "a PAUSE read as SAMPLES: refused (%s)", err);
+    }
+
+    /* WIPE: a fixed body, the salt as its payload (0..KVG_PROTO_MAX_SALT bytes, exactly
+     * salt_len), id != 0, flags and reserved 0; WIPED: fixed, no payload, reserved 0 */
+    {
+        kvg_msg_wipe wh = { KVG_PROTO_VERSION, 0, 91, 4, 0 }, wo;
+        const uint8_t *salt = NULL;
+        is_int(sizeof wh, 24, "WIPE body: 24 bytes");
+        memcpy(payload, "acme", 4);
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, payload, 4);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) == 0 && id == 91 && wo.salt_len == 4 &&
+           salt == payload && memcmp(salt, "acme", 4) == 0, "WIPE round-trips (id 91, salt \"acme\")");
+        /* a default tenant's salt starts with a NUL: bytes, not a string */
+        static const uint8_t dsalt[5] = { 0, 'a', 'n', 'o', 'n' };
+        memcpy(payload, dsalt, 5);
+        wh.salt_len = 5;
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, payload, 5);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) == 0 && memcmp(salt, dsalt, 5) == 0,
+           "WIPE of a default tenant's salt (0x00 + name) round-trips");
+        wh.salt_len = 0;
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, NULL, 0);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) == 0 && wo.salt_len == 0,
+           "WIPE of the empty salt decodes (what SUBMIT may carry too)");
+        wh.salt_len = KVG_PROTO_MAX_SALT;
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, payload, KVG_PROTO_MAX_SALT);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) == 0, "WIPE of a %d-byte salt decodes",
+           KVG_PROTO_MAX_SALT);
+        wh.salt_len = KVG_PROTO_MAX_SALT + 1;
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, payload, KVG_PROTO_MAX_SALT + 1);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) != 0 && strstr(err, "at most 256") &&
+           id == 91, "WIPE of a longer salt: refused, naming the request (%s)", err);
+        wh.salt_len = 4;
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, payload, 8);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) != 0 &&
+           strstr(err, "payload of 8 bytes for a salt of 4"), "WIPE whose payload is not its salt: refused (%s)",
+           err);
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, payload, 3);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) != 0, "WIPE with a short payload: refused");
+        wh.request_id = 0;
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, payload, 4);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) != 0 && strstr(err, "request id 0"),
+           "WIPE with id 0: refused (%s)", err);
+        wh.request_id = 91;
+        wh.flags = 1;
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, payload, 4);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) != 0 && strstr(err, "must be 0"),
+           "WIPE with a flag set: refused (%s)", err);
+        wh.flags = 0;
+        wh.reserved = 2;
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, payload, 4);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) != 0 && strstr(err, "reserved 2"),
+           "WIPE with a reserved field set: refused (%s)", err);
+        wh.reserved = 0;
+        wh.version = KVG_PROTO_VERSION - 1;
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh, payload, 4);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) != 0 && strstr(err, "protocol version") &&
+           id == 0, "WIPE of the previous protocol version: refused (%s)", err);
+        wh.version = KVG_PROTO_VERSION;
+        m = msg(KVG_MSG_WIPE, &wh, sizeof wh - 8, payload, 4);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) != 0 && strstr(err, "body of 16 bytes"),
+           "WIPE with a short body: refused (%s)", err);
+        m = msg(KVG_MSG_SUBMIT, &wh, sizeof wh, payload, 4);
+        ok(kvg_proto_decode_wipe(&m, &wo, &salt, &id, err, sizeof err) != 0 && strstr(err, "expected a WIPE"),
+           "a SUBMIT read as WIPE: refused (%s)", err);
+
+        kvg_msg_wiped dh = { KVG_PROTO_VERSION, 0, 91, 3, (uint64_t)1 << 40, 7 }, d2;
+        is_int(sizeof dh, 40, "WIPED body: 40 bytes");
+        m = msg(KVG_MSG_WIPED, &dh, sizeof dh, NULL, 0);
+        ok(kvg_proto_decode_wiped(&m, &d2, err, sizeof err) == 0 && d2.request_id == 91 && d2.pool_blocks == 3 &&
+           d2.host_blocks == (uint64_t)1 << 40 && d2.disk_blocks == 7, "WIPED round-trips (3, 2^40, 7 blocks)");
+        m = msg(KVG_MSG_WIPED, &dh, sizeof dh, payload, 8);
+        ok(kvg_proto_decode_wiped(&m, &d2, err, sizeof err) != 0 && strstr(err, "unexpected payload"),
+           "WIPED with a payload: refused (%s)", err);
+        dh.reserved = 1;
+        m = msg(KVG_MSG_WIPED, &dh, sizeof dh, NULL, 0);
+        ok(kvg_proto_decode_wiped(&m, &d2, err, sizeof err) != 0 && strstr(err, "reserved field 1"),
+           "WIPED with a reserved field set: refused (%s)", err);
+        dh.reserved = 0;
+        m = msg(KVG_MSG_DONE, &dh, sizeof dh, NULL, 0);
+        ok(kvg_proto_decode_wiped(&m, &d2, err, sizeof err) != 0 && strstr(err, "expected a WIPED"),
+           "a DONE read as WIPED: refused (%s)", err);
+        ok(KVG_PROTO_VERSION >= 8, "protocol version %u carries WIPE (8 introduced it)", KVG_PROTO_VERSION);
     }
 
     /* statistics page */
