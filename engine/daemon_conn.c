@@ -468,6 +468,46 @@ static void on_samples(dconn *c, const kvg_shm_msg *m)
     c->dirty = 1;
 }
 
+/* WIPE: an operator's wipe of one tenant in every tier (proto.h kvg_msg_wipe). It runs
+ * here, on the loop's thread, between two steps: the scheduler, the prefix cache and its
+ * tiers are this thread's, so nothing else is in the middle of using them. The live
+ * requests of the tenant are marked first (they commit nothing more), then the cache
+ * drops what it holds. The answer is a record of its own, pushed in order with the
+ * connection's other output (a full ring delays it, never loses it). */
+static void on_wipe(dconn *c, const kvg_shm_msg *m)
+{
+    kvg_daemon *d = c->d;
+    kvg_msg_wipe h;
+    const uint8_t *salt;
+    uint64_t id;
+    int64_t n[3] = { 0, 0, 0 };
+    char err[160];
+    int marked = 0;
+
+    if (kvg_proto_decode_wipe(m, &h, &salt, &id, err, sizeof err) != 0) {
+        d->counters.protocol_errors++;
+        kvgd_reply_error(c, id, 400, "%s", err);
+        return;
+    }
+    int t = kvg_pc_tenant_lookup(d->pc, salt, h.salt_len);
+    if (t >= 0)
+        marked = kvg_sched_forget_tenant(d->sched, t);
+    kvg_pc_wipe_tenant_tiers(d->pc, salt, h.salt_len, &n[0], &n[1], &n[2]);
+    dreq *r = kvgd_req_new(c, id);
+    if (!r) {
+        kvgd_conn_fail(c, "out of memory answering wipe %llu", (unsigned long long)id);
+        return;
+    }
+    r->wipe = 1;
+    for (int i = 0; i < 3; i++)
+        r->wiped[i] = (uint64_t)(n[i] > 0 ? n[i] : 0);
+    c->dirty = 1;
+    d->stats_written_ms = 0;     /* the statistics page shows the cache without them at once */
+    kvg_log("client %llu wiped a tenant (salt of %u bytes): %lld pool blocks (%d live requests of it "
+            "commit nothing more), %lld host, %lld disk", (unsigned long long)c->serial, h.salt_len,
+            (long long)n[0], marked, (long long)n[1], (long long)n[2]);
+}
+
 void kvgd_conn_intake(dconn *c)
 {
     char err[256];
@@ -496,6 +536,8 @@ void kvgd_conn_intake(dconn *c)
             on_pause(c, &m);
         else if (m.type == KVG_MSG_SAMPLES)
             on_samples(c, &m);
+        else if (m.type == KVG_MSG_WIPE)
+            on_wipe(c, &m);
         else {
             c->d->counters.protocol_errors++;
             kvgd_reply_error(c, 0, 400, "unknown message type %u", m.type);

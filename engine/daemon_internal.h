@@ -67,6 +67,8 @@ typedef struct dreq {
     int done;                    /* the scheduler reported the request complete */
     uint32_t completion_tokens;
     uint32_t cache_write_tokens; /* prompt tokens computed and held for its holds */
+    int wipe;                    /* not a request: a WIPE's answer (WIPED with wiped[]) */
+    uint64_t wiped[3];           /* blocks dropped: pool, host, disk */
     int error;                   /* ends with ERROR instead of DONE */
     uint32_t err_status;
     char err_msg[256];

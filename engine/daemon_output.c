@@ -228,6 +228,13 @@ static int flush_req(dconn *c, dreq *r)
             kvgd_req_free(r);
         return 0;
     }
+    if (r->wipe) {
+        kvg_msg_wiped w = { KVG_PROTO_VERSION, 0, r->client_id, r->wiped[0], r->wiped[1], r->wiped[2] };
+        if ((rc = push(c, KVG_MSG_WIPED, &w, sizeof w, NULL, 0)) != 0)
+            return rc;
+        kvgd_req_free(r);
+        return 0;
+    }
     if (r->accepted && !r->accepted_sent) {
         kvg_msg_accepted a = { KVG_PROTO_VERSION, 0, r->client_id, r->prompt_tokens, r->cached_tokens };
         if ((rc = push(c, KVG_MSG_ACCEPTED, &a, sizeof a, NULL, 0)) != 0)

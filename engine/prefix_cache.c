@@ -1241,7 +1241,18 @@ int32_t kvg_pc_persist(kvg_prefix_cache *pc)
 
 int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len)
 {
-    int64_t n = 0;
+    return kvg_pc_wipe_tenant_tiers(pc, salt, len, NULL, NULL, NULL);
+}
+
+int kvg_pc_tenant_lookup(kvg_prefix_cache *pc, const void *salt, size_t len)
+{
+    return kvg_pc_tenant_find(pc, salt, len);
+}
+
+int64_t kvg_pc_wipe_tenant_tiers(kvg_prefix_cache *pc, const void *salt, size_t len, int64_t *pool,
+                                 int64_t *host, int64_t *disk)
+{
+    int64_t n = 0, nh = 0, nd = 0;
     int32_t t = kvg_pc_tenant_find(pc, salt, len);
     if (t >= 0) {
         /* Its record may be reclaimed as its last block loses its hash: hold it. */
@@ -1264,12 +1275,18 @@ int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len)
         if (kvg_prefix_root(pc->hasher, pc->cfg.model_id, KVG_PREFIX_HASH_LEN, salt, len, tag,
                             NULL, 0) == 0) {
             if (pc->host)
-                n += kvg_kv_host_wipe(pc->host, tag);
+                nh = kvg_kv_host_wipe(pc->host, tag);
             if (pc->disk)
-                n += kvg_kv_disk_wipe(pc->disk, tag);
+                nd = kvg_kv_disk_wipe(pc->disk, tag);
         }
     }
-    return n;
+    if (pool)
+        *pool = n;
+    if (host)
+        *host = nh;
+    if (disk)
+        *disk = nd;
+    return n + nh + nd;
 }
 
 int kvg_pc_host_stats(const kvg_prefix_cache *pc, struct kvg_kv_host_stats *out)

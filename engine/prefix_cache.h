@@ -174,6 +174,12 @@ int32_t kvg_pc_persist(kvg_prefix_cache *pc);
  * freed, its blocks in use lose their hash (never found again), its host and disk blocks
  * are dropped. The number of blocks dropped. */
 int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len);
+/* The same, with the blocks dropped in each tier (any pointer may be NULL): pool (cached
+ * ones freed and in-use ones unhashed), host, disk. */
+int64_t kvg_pc_wipe_tenant_tiers(kvg_prefix_cache *pc, const void *salt, size_t len, int64_t *pool,
+                                 int64_t *host, int64_t *disk);
+/* The live tenant of a salt, or -1 (nothing is created). */
+int kvg_pc_tenant_lookup(kvg_prefix_cache *pc, const void *salt, size_t len);
 
 /* The host-memory tier (kv_host.h; NULL detaches), between the pool and the disk tier:
  * blocks evicted from the pool go there first, a slot evicted from it goes on to the disk

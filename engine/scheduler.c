@@ -55,6 +55,7 @@ typedef struct req {
     req_state state;
     /* Not states: each can be true in any live state. */
     int bypass;                  /* bucket 0 (fixed at submit): no cache lookup nor commit */
+    int no_commit;               /* its tenant was wiped while it was live: commits nothing */
     int held;                    /* kvg_sched_hold: out of batches and admission, keeps its place */
     int cancel_pending;          /* kvg_sched_cancel during a step: finished at its end */
     int ttft_noted;              /* the first output's time is in the stats */
@@ -645,6 +646,21 @@ int kvg_sched_hold(kvg_sched *s, uint64_t id, int held)
     return -1;
 }
 
+int kvg_sched_forget_tenant(kvg_sched *s, int tenant)
+{
+    int n = 0;
+    if (tenant < 0)
+        return 0;
+    for (int i = 0; i < s->n_live; i++) {
+        req *q = s->live[i];
+        if (!is_live(q) || q->bypass || q->r.tenant != tenant)
+            continue;
+        q->no_commit = 1;
+        n++;
+    }
+    return n;
+}
+
 /* How long prompt block i is held: the longest of the request's holds covering it (0:
  * none). */
 static int64_t hold_of(const req *q, int32_t i)
@@ -662,7 +678,7 @@ static void commit_blocks(kvg_sched *s, req *q, int j, int64_t now)
     sample *p = j < 0 ? &q->pr : &q->smp[j];   /* the prompt's own has no gen: positions < n_prompt */
     int32_t bt = s->pool->geom.block_tokens, full = p->seq.n_tokens / bt;
     char err[128];
-    if (q->bypass) {
+    if (q->bypass || q->no_commit) {
         p->n_hashed = full;
         return;
     }

@@ -201,6 +201,12 @@ int kvg_sched_hold(kvg_sched *s, uint64_t id, int held);
  * is finished or dropped. 0, or -1 when no live request has that id. */
 int kvg_sched_samples(kvg_sched *s, uint64_t id, int draw, uint32_t cancel_mask);
 
+/* A tenant's cache was wiped (kvg_pc_wipe_tenant_tiers): every live request of tenant
+ * (queued, running or held) goes on unchanged but commits no block from now on, so
+ * nothing of a request that was live at the wipe enters the cache afterwards. Call it
+ * before the wipe. The requests marked. */
+int kvg_sched_forget_tenant(kvg_sched *s, int tenant);
+
 /* One scheduling step and forward pass. Returns the number of rows computed (0 when
  * idle), or -1 with err on an engine failure (the requests in the failed batch are
  * finished with KVG_FINISH_ERROR; the scheduler stays usable). */

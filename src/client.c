@@ -660,6 +660,44 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
     return 0;
 }
 
+int kvg_client_wipe(kvg_client *c, const void *salt, size_t salt_len, void *user, uint64_t *id,
+                    char *err, size_t err_len)
+{
+    kvg_msg_wipe h;
+    int rc;
+
+    if (c->state != KVG_CLIENT_UP)
+        return kvg_fail(err, err_len, "engine client", "not connected");
+    if (salt_len > KVG_PROTO_MAX_SALT)
+        return kvg_fail(err, err_len, "wipe", "tenant salt of %zu bytes (at most %d)", salt_len,
+                        KVG_PROTO_MAX_SALT);
+    memset(&h, 0, sizeof h);
+    h.version = KVG_PROTO_VERSION;
+    h.request_id = c->next_id;
+    h.salt_len = (uint32_t)salt_len;
+    if (kvg_u64map_put(&c->live, h.request_id, user) != 0)
+        return kvg_fail(err, err_len, "engine client", "out of memory");
+    if (c->n_ctl)
+        flush_ctl(c);
+    rc = c->n_ctl ? KVG_SHM_FULL
+                  : kvg_shm_try_push(&c->shm.sq, KVG_MSG_WIPE, &h, sizeof h, salt, salt_len, err, err_len);
+    if (rc != 0) {
+        kvg_u64map_del(&c->live, h.request_id);
+        if (rc == KVG_SHM_FULL) {
+            kvg_shm_producer_wait(&c->shm.sq);
+            c->want_writable = 1;
+            c->want_payload = salt_len;
+            return KVG_CLIENT_AGAIN;
+        }
+        go_down(c, err && *err ? err : "submission ring failed");
+        return -1;
+    }
+    c->next_id++;
+    *id = h.request_id;
+    ring_engine(c);
+    return 0;
+}
+
 size_t kvg_client_fail_live(kvg_client *c, int status, const char *why)
 {
     size_t n = c->live.n;
@@ -790,6 +828,17 @@ static int decode(kvg_client *c, const kvg_shm_msg *m, kvg_client_event *ev, cha
         ev->cache_write_tokens = d.cache_write_tokens;
         break;
     }
+    case KVG_MSG_WIPED: {
+        kvg_msg_wiped w;
+        if (kvg_proto_decode_wiped(m, &w, err, err_len) != 0)
+            return -1;
+        id = w.request_id;
+        ev->kind = KVG_CEV_WIPED;
+        ev->wiped_pool = w.pool_blocks;
+        ev->wiped_host = w.host_blocks;
+        ev->wiped_disk = w.disk_blocks;
+        break;
+    }
     case KVG_MSG_ERROR: {
         kvg_msg_error e;
         const char *text;
@@ -816,7 +865,7 @@ static int decode(kvg_client *c, const kvg_shm_msg *m, kvg_client_event *ev, cha
         return 0;
     ev->id = id;
     ev->user = user;
-    if (ev->kind == KVG_CEV_DONE || ev->kind == KVG_CEV_ERROR)
+    if (ev->kind == KVG_CEV_DONE || ev->kind == KVG_CEV_ERROR || ev->kind == KVG_CEV_WIPED)
         kvg_u64map_del(&c->live, id);
     return 1;
 }

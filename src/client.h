@@ -114,7 +114,8 @@ typedef enum kvg_client_event_kind {
     KVG_CEV_TOKENS,              /* sample, tokens, logprobs, text */
     KVG_CEV_FINISHED,            /* sample, finish_reason, completion_tokens (of the sample) */
     KVG_CEV_DONE,                /* prompt/cached/completion tokens; the request is over */
-    KVG_CEV_ERROR                /* status, message; the request is over */
+    KVG_CEV_ERROR,               /* status, message; the request is over */
+    KVG_CEV_WIPED                /* a wipe's answer: wiped_pool, wiped_host, wiped_disk */
 } kvg_client_event_kind;
 
 /* One event. Pointers stay valid until the next kvg_client_next_event call. */
@@ -131,6 +132,7 @@ typedef struct kvg_client_event {
     uint32_t finish_reason;      /* enum kvg_msg_finish */
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
     uint32_t cache_write_tokens; /* DONE: prompt tokens computed and held for the holds */
+    uint64_t wiped_pool, wiped_host, wiped_disk;   /* WIPED: blocks dropped per tier */
     int status;                  /* ERROR: HTTP-like status */
     const char *message;         /* ERROR, DOWN: NUL-terminated */
 } kvg_client_event;
@@ -185,6 +187,15 @@ int kvg_client_hash_prompt(kvg_client *c, const void *salt, size_t salt_len,
  * validates what"). */
 int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64_t *id,
                       char *err, size_t err_len);
+/* Asks the engine to wipe one tenant's blocks from every tier (WIPE, proto.h): salt is
+ * exactly what kvg_client_req.salt is for that tenant. It is live under *id like a
+ * request (the same id space): exactly one KVG_CEV_WIPED (the counts) or KVG_CEV_ERROR
+ * (a refusal, or 503 when the engine goes away or is failed by kvg_client_fail_live)
+ * comes for it; kvg_client_cancel forgets it (the wipe itself cannot be taken back).
+ * 0; KVG_CLIENT_AGAIN when the submission ring is full right now (nothing sent; retry
+ * after KVG_CEV_WRITABLE); -1 with err when not connected or the salt is too long. */
+int kvg_client_wipe(kvg_client *c, const void *salt, size_t salt_len, void *user, uint64_t *id,
+                    char *err, size_t err_len);
 /* Cancels a live request: the engine stops it, and no more events come for it. -1
  * when the id is not live. A full ring delays the cancel message, never loses it. */
 int kvg_client_cancel(kvg_client *c, uint64_t id);

@@ -1,6 +1,6 @@
 /* The engine daemon under faults: hostile clients (wrong protocol version, junk on the
  * socket, syntactically valid submissions with bad fields, random bytes written over
- * the shared region) never crash it or disturb other clients; a client killed with
+ * the shared region, malformed WIPEs) never crash it or disturb other clients; a client killed with
  * SIGKILL mid-stream has its requests cancelled and the block accounting returns to
  * its baseline; cancel and deadlines stop generation within a step; an engine killed
  * mid-stream fails every in-flight request at once and clients reconnect to its
@@ -313,6 +313,37 @@ static void test_hostile(engine_proc *e)
             done = m.type == KVG_MSG_DONE;
         }
         ok(done, "a valid request on the same connection then completes (%d messages)", seen);
+    }
+    /* WIPE: malformed ones are refused with ERROR 400 under their id, the connection
+     * stays; a good one is answered with WIPED under its id. */
+    {
+        static unsigned char buf[1 << 16] __attribute__((aligned(8))), salt[300];
+        static const struct { kvg_msg_wipe h; uint32_t plen; const char *what, *needle; } bad[] = {
+            { { KVG_PROTO_VERSION, 1, 31, 4, 0 }, 4, "WIPE with a flag set", "must be 0" },
+            { { KVG_PROTO_VERSION, 0, 32, 4, 0 }, 8, "WIPE whose payload is not its salt", "payload of 8 bytes" },
+            { { KVG_PROTO_VERSION, 0, 33, 300, 0 }, 300, "WIPE of a 300-byte salt", "at most 256" },
+        };
+        memset(salt, 'w', sizeof salt);
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            kvg_shm_try_push(&r.shm.sq, KVG_MSG_WIPE, &bad[i].h, sizeof bad[i].h, salt, bad[i].plen, err, sizeof err);
+            raw_ring(&r);
+            kvg_shm_msg m;
+            kvg_msg_error me;
+            const char *msg = "";
+            int okk = raw_next(&r, &m, buf, sizeof buf, 3000) == 1 &&
+                      kvg_proto_decode_error(&m, &me, &msg, NULL, 0) == 0 && me.status == 400 &&
+                      me.request_id == bad[i].h.request_id;
+            char text[300];
+            snprintf(text, sizeof text, "%.*s", okk ? (int)me.message_len : 0, msg);
+            ok(okk && strstr(text, bad[i].needle), "%s: 400 \"%s\"", bad[i].what, text);
+        }
+        kvg_msg_wipe wh = { KVG_PROTO_VERSION, 0, 34, 4, 0 };
+        kvg_shm_try_push(&r.shm.sq, KVG_MSG_WIPE, &wh, sizeof wh, "acme", 4, err, sizeof err);
+        raw_ring(&r);
+        kvg_shm_msg m;
+        kvg_msg_wiped wd;
+        ok(raw_next(&r, &m, buf, sizeof buf, 3000) == 1 && kvg_proto_decode_wiped(&m, &wd, err, sizeof err) == 0 &&
+           wd.request_id == 34, "a good WIPE on the same connection: WIPED under its id");
     }
     /* Random bodies of every type (version right, everything else random). */
     for (int i = 0; i < 300; i++) {

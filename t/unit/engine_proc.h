@@ -194,6 +194,8 @@ typedef struct ep_result {
     uint32_t finish[KVG_PROTO_MAX_N];
     uint32_t sample_completion[KVG_PROTO_MAX_N];
     double t_first, t_end;
+    int wiped;                   /* a wipe's answer came (done is set too) */
+    uint64_t wiped_blocks[3];    /* pool, host, disk */
 } ep_result;
 
 /* Files an event into the result its user pointer names. */
@@ -231,6 +233,13 @@ __attribute__((unused)) static void ep_record(const kvg_client_event *ev)
         r->prompt_tokens = ev->prompt_tokens;
         r->cached_tokens = ev->cached_tokens;
         r->completion_tokens = ev->completion_tokens;
+        r->t_end = ep_now();
+        break;
+    case KVG_CEV_WIPED:
+        r->done = r->wiped = 1;
+        r->wiped_blocks[0] = ev->wiped_pool;
+        r->wiped_blocks[1] = ev->wiped_host;
+        r->wiped_blocks[2] = ev->wiped_disk;
         r->t_end = ep_now();
         break;
     case KVG_CEV_ERROR:
