@@ -785,7 +785,9 @@ ngx_http_kvgate_engine_drain(ngx_http_kvgate_engine_t *w)
                 break;
             }
 
-            if (ev.kind == KVG_CEV_DONE || ev.kind == KVG_CEV_ERROR) {
+            if (ev.kind == KVG_CEV_DONE || ev.kind == KVG_CEV_ERROR
+                || ev.kind == KVG_CEV_WIPED)
+            {
                 /* the engine is done with it: nothing left to cancel */
                 er->submitted = 0;
                 ngx_http_kvgate_samples_forget(er);
@@ -915,6 +917,61 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
                           "kvgate: the engine connection failed: %s", msg);
 
         /* the client reports DOWN from its next event */
+        ngx_http_kvgate_engine_drain(w);
+        return NGX_ERROR;
+    }
+
+    kvg_api_error_set(err, 400, "invalid_request", NULL, "%s", msg);
+
+    return NGX_ERROR;
+}
+
+
+ngx_int_t
+ngx_http_kvgate_engine_wipe(ngx_http_kvgate_engine_req_t *er,
+    const u_char *salt, size_t salt_len, kvg_api_error *err)
+{
+    int                        rc;
+    char                       msg[320];
+    uint64_t                   id;
+    ngx_http_kvgate_engine_t  *w = er->engine;
+
+    if (!w->up || w->stalled) {
+        ngx_http_kvgate_engine_unavailable(w, err);
+        return NGX_ERROR;
+    }
+
+    if (!ngx_queue_empty(&w->waiting) && !er->queued && !er->resubmit) {
+
+        /* in order with the requests that wait for room */
+
+        return ngx_http_kvgate_engine_enqueue(er, err);
+    }
+
+    rc = kvg_client_wipe(w->client, salt, salt_len, er, &id, msg,
+                         sizeof(msg));
+
+    if (rc == 0) {
+        er->id = id;
+        er->submitted = 1;
+        er->instance = kvg_client_info(w->client)->instance;
+
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, er->log, 0,
+                       "kvgate: wipe sent as engine request %uL", er->id);
+
+        return NGX_OK;
+    }
+
+    if (rc == KVG_CLIENT_AGAIN) {
+        ngx_queue_insert_head(&w->waiting, &er->queue);
+        w->n_waiting++;
+        er->queued = 1;
+        return NGX_AGAIN;
+    }
+
+    if (kvg_client_get_state(w->client) != KVG_CLIENT_UP) {
+        kvg_api_error_set(err, 503, "engine_unavailable", NULL,
+                          "kvgate: the engine connection failed: %s", msg);
         ngx_http_kvgate_engine_drain(w);
         return NGX_ERROR;
     }

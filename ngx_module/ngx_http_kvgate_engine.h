@@ -216,6 +216,13 @@ void ngx_http_kvgate_group_unavailable(ngx_http_kvgate_group_t *g,
    400; 503 too when the engine is stalled). */
 ngx_int_t ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
     const kvg_client_req *q, kvg_api_error *err);
+/* Sends er a WIPE of the tenant whose salt is salt (kvg_client_wipe): er
+   gets one event, KVG_CEV_WIPED with the counts or KVG_CEV_ERROR. NGX_OK
+   (out), NGX_AGAIN (waits for ring room in the submission queue: er->retry
+   is called then), or NGX_ERROR with *err set (503 when the engine is down
+   or stalled). */
+ngx_int_t ngx_http_kvgate_engine_wipe(ngx_http_kvgate_engine_req_t *er,
+    const u_char *salt, size_t salt_len, kvg_api_error *err);
 /* NGX_OK when the engine is up; NGX_AGAIN when a handshake is in progress:
    er waits (in the same queue as for ring room, in arrival order) and
    er->retry is called when it completes, fails or runs out of

@@ -350,6 +350,25 @@ ngx_http_kvgate_metrics_backpressure(ngx_uint_t what)
 }
 
 
+void
+ngx_http_kvgate_metrics_wipe(ngx_uint_t complete, const uint64_t *blocks)
+{
+    ngx_uint_t  i;
+
+    if (ngx_http_kvgate_sh == NULL) {
+        return;
+    }
+
+    (void) ngx_atomic_fetch_add(&ngx_http_kvgate_sh->wipes[complete ? 1 : 0],
+                                1);
+
+    for (i = 0; i < 3; i++) {
+        (void) ngx_atomic_fetch_add(&ngx_http_kvgate_sh->wiped_blocks[i],
+                                    (ngx_atomic_int_t) blocks[i]);
+    }
+}
+
+
 /* ---- the rendered pages cache ---- */
 
 void

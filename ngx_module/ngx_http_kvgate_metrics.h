@@ -99,6 +99,10 @@ typedef struct {
     ngx_atomic_t            sc_early_stops;
     /* those refused because their answer_pattern ran out of its steps */
     ngx_atomic_t            sc_pattern_refusals;
+    /* kvgate_admin's tenant wipes: answered with every engine wiped, or
+       not; and the blocks they dropped by tier (pool, host, disk) */
+    ngx_atomic_t            wipes[2];             /* [0] failed, [1] ok */
+    ngx_atomic_t            wiped_blocks[3];
 
     /* the rendered pages cache (kvgate_page_refresh), under the zone's
        mutex */

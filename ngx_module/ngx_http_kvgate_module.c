@@ -191,6 +191,13 @@ static ngx_command_t  ngx_http_kvgate_commands[] = {
       NGX_HTTP_KVGATE_STATUS,
       NULL },
 
+    { ngx_string("kvgate_admin"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
+      ngx_http_kvgate_pass,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_HTTP_KVGATE_ADMIN,
+      NULL },
+
     { ngx_string("kvgate_page_refresh"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_kvgate_set_msec_slot,
@@ -415,6 +422,10 @@ ngx_http_kvgate_handler(ngx_http_request_t *r)
 
     if (klcf->handler == NGX_HTTP_KVGATE_STATUS) {
         return ngx_http_kvgate_status_handler(r);
+    }
+
+    if (klcf->handler == NGX_HTTP_KVGATE_ADMIN) {
+        return ngx_http_kvgate_admin_handler(r);
     }
 
     ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_kvgate_ctx_t));
@@ -916,9 +927,11 @@ typedef struct {
 } ngx_http_kvgate_server_t;
 
 
-/* A kvgate_pass, to be given its group once the http block is read. */
+/* A kvgate_pass (or kvgate_admin), to be given its group once the http
+   block is read. */
 
 typedef struct {
+    ngx_str_t                    directive;   /* which of the two */
     ngx_str_t                    name;        /* empty: kvgate_engine's */
     ngx_http_kvgate_loc_conf_t  *klcf;
     ngx_str_t                    file;
@@ -984,9 +997,10 @@ ngx_http_kvgate_init_main_conf(ngx_conf_t *cf, void *conf)
         if (ref[i].name.len == 0) {
             if (kmcf->default_group == NULL) {
                 ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
-                              "\"kvgate_pass\" in %V:%ui requires "
+                              "\"%V\" in %V:%ui requires "
                               "\"kvgate_engine\" in the http block (or name "
                               "a \"kvgate_engines\" group)",
+                              &ref[i].directive,
                               &ref[i].file, ref[i].line);
                 return NGX_CONF_ERROR;
             }
@@ -1009,10 +1023,10 @@ ngx_http_kvgate_init_main_conf(ngx_conf_t *cf, void *conf)
 
         if (g == NULL) {
             ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
-                          "\"kvgate_pass %V\" in %V:%ui: there is no "
+                          "\"%V %V\" in %V:%ui: there is no "
                           "\"kvgate_engines %V\" block in the http block",
-                          &ref[i].name, &ref[i].file, ref[i].line,
-                          &ref[i].name);
+                          &ref[i].directive, &ref[i].name, &ref[i].file,
+                          ref[i].line, &ref[i].name);
             return NGX_CONF_ERROR;
         }
 
@@ -1849,7 +1863,8 @@ ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     if (klcf->handler != 0) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"%V\" cannot share a location with "
-                           "kvgate_pass, kvgate_metrics or kvgate_status",
+                           "kvgate_pass, kvgate_metrics, kvgate_status or "
+                           "kvgate_admin",
                            &cmd->name);
         return NGX_CONF_ERROR;
     }
@@ -1866,11 +1881,14 @@ ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         kmcf->pass_line = cf->conf_file->line;
     }
 
-    if (cmd->offset != NGX_HTTP_KVGATE_PASS) {
+    if (cmd->offset != NGX_HTTP_KVGATE_PASS
+        && cmd->offset != NGX_HTTP_KVGATE_ADMIN)
+    {
         return NGX_CONF_OK;
     }
 
-    /* the group is found once the whole http block is read */
+    /* the group is found once the whole http block is read (kvgate_admin's
+       as kvgate_pass's: the engines it wipes) */
 
     value = cf->args->elts;
 
@@ -1886,6 +1904,7 @@ ngx_http_kvgate_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         ngx_str_null(&ref->name);
     }
 
+    ref->directive = cmd->name;
     ref->klcf = klcf;
     ref->file = cf->conf_file->file.name;
     ref->line = cf->conf_file->line;

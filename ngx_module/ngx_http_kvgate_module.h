@@ -12,6 +12,8 @@
  *                                events, finalization
  *   ngx_http_kvgate_status.c     the kvgate_metrics (Prometheus) and
  *                                kvgate_status (JSON) pages
+ *   ngx_http_kvgate_admin.c      kvgate_admin: a tenant's wipe on every
+ *                                engine of a group (beside status.c)
  *   ngx_http_kvgate_response.c   OpenAI response objects and SSE chunks
  *                                (status.c and response.c side by side:
  *                                neither calls the other)
@@ -49,6 +51,7 @@
 #define NGX_HTTP_KVGATE_PASS      1
 #define NGX_HTTP_KVGATE_METRICS   2
 #define NGX_HTTP_KVGATE_STATUS    3
+#define NGX_HTTP_KVGATE_ADMIN     4
 
 /* endpoints, for metrics labels */
 #define NGX_HTTP_KVGATE_EP_COMPLETIONS  0
@@ -357,6 +360,10 @@ void ngx_http_kvgate_metrics_submit_wait(void);
 #define NGX_HTTP_KVGATE_BP_TIMEOUT  2
 void ngx_http_kvgate_metrics_backpressure(ngx_uint_t what);
 
+/* a tenant wipe answered (kvgate_admin): complete (every engine wiped) or
+   not, and the blocks dropped in each tier (pool, host, disk) */
+void ngx_http_kvgate_metrics_wipe(ngx_uint_t complete, const uint64_t *blocks);
+
 /* ngx_http_kvgate_prompt.c */
 /* Whether the client closed its connection (marks it; *err: the socket
    error, 0 for an EOF), without reading what it may still send. */
@@ -460,6 +467,9 @@ ngx_array_t *ngx_http_kvgate_limit_snapshot(ngx_http_request_t *r);
 /* ngx_http_kvgate_status.c */
 ngx_int_t ngx_http_kvgate_metrics_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_kvgate_status_handler(ngx_http_request_t *r);
+
+/* ngx_http_kvgate_admin.c (beside status.c: kvgate_admin's tenant wipe) */
+ngx_int_t ngx_http_kvgate_admin_handler(ngx_http_request_t *r);
 
 /* ngx_http_kvgate_response.c */
 ngx_int_t ngx_http_kvgate_send_models(ngx_http_request_t *r);

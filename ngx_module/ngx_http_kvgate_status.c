@@ -1007,6 +1007,22 @@ ngx_http_kvgate_metrics_render(ngx_http_request_t *r,
         sh->backpressure[NGX_HTTP_KVGATE_BP_TIMEOUT]);
 
     ngx_http_kvgate_printf(&t,
+        "# HELP kvgate_tenant_wipes_total Tenant wipes answered by "
+        "kvgate_admin: every engine of the group wiped (ok) or not "
+        "(failed: an engine down, stalled, silent or refusing).\n"
+        "# TYPE kvgate_tenant_wipes_total counter\n"
+        "kvgate_tenant_wipes_total{result=\"ok\"} %uA\n"
+        "kvgate_tenant_wipes_total{result=\"failed\"} %uA\n"
+        "# HELP kvgate_tenant_wiped_blocks_total KV blocks the engines "
+        "dropped for tenant wipes, by tier.\n"
+        "# TYPE kvgate_tenant_wiped_blocks_total counter\n"
+        "kvgate_tenant_wiped_blocks_total{tier=\"pool\"} %uA\n"
+        "kvgate_tenant_wiped_blocks_total{tier=\"host\"} %uA\n"
+        "kvgate_tenant_wiped_blocks_total{tier=\"disk\"} %uA\n",
+        sh->wipes[1], sh->wipes[0], sh->wiped_blocks[0],
+        sh->wiped_blocks[1], sh->wiped_blocks[2]);
+
+    ngx_http_kvgate_printf(&t,
         "# HELP kvgate_sc_requests_total Self-consistency requests (with a "
         "kvgate.vote) whose samples ran to a vote.\n"
         "# TYPE kvgate_sc_requests_total counter\n"

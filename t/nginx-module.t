@@ -87,6 +87,14 @@ conf_fails("$engine\nserver { listen 127.0.0.1:%%PORT%%; location / { kvgate_pas
 conf_fails("$engine\nserver { listen 127.0.0.1:%%PORT%%; location / { kvgate_pass on; } }",
            qr/"kvgate_pass on" in \S+:\d+: there is no "kvgate_engines on" block/, 'kvgate_pass names an unknown group');
 
+conf_fails("$engine\nserver { listen 127.0.0.1:%%PORT%%; location /admin/ { kvgate_admin nosuch; } }",
+           qr/"kvgate_admin nosuch" in \S+:\d+: there is no "kvgate_engines nosuch" block/,
+           'kvgate_admin names an unknown group');
+conf_fails("server { listen 127.0.0.1:%%PORT%%; location /admin/ { kvgate_admin; } }",
+           qr/"kvgate_admin" in \S+check-\d+\.conf:\d+ requires "kvgate_engine"/, 'kvgate_admin without kvgate_engine');
+conf_fails("$engine\nserver { listen 127.0.0.1:%%PORT%%; location / { kvgate_pass; kvgate_admin; } }",
+           qr/"kvgate_admin" cannot share a location with kvgate_pass/, 'kvgate_pass and kvgate_admin in one location');
+
 conf_fails("kvgate_engines g { route prefix; }\n$server",
            qr/"kvgate_engines g" has no "engine"/, 'kvgate_engines without an engine');
 
@@ -156,7 +164,8 @@ conf_fails("$engine\nserver { listen 127.0.0.1:%%PORT%%; location / { kvgate_pas
         . "kvgate_normalize newlines trailing;\nkvgate_cache_ttl 10m;\nkvgate_timeout 2m;\nkvgate_max_tokens 4096;\n"
         . "kvgate_max_n 8;\nkvgate_route_blocks 4;\nkvgate_answer_pattern_steps 200000 800000;\n"
         . "server { listen 127.0.0.1:%%PORT%%; location /v1/ { kvgate_pass; kvgate_normalize off; }\n"
-        . "location = /metrics { kvgate_metrics; } location = /status { kvgate_status; } }");
+        . "location = /metrics { kvgate_metrics; } location = /status { kvgate_status; }\n"
+        . "location /admin/ { kvgate_admin; allow 127.0.0.1; deny all; } }");
     is($rc, 0, 'every directive with a good value: nginx -t passes') or diag($out);
 }
 
