@@ -170,4 +170,26 @@ is($g->metric($m, 'kvgate_tenant_wipes_total{result="failed"}'), 2, 'kvgate_tena
 
 $g->stop;
 $g->t->check_logs;
+
+# ---- a group of two engines: both are asked; one down is named, the other still wipes ---
+my $g2 = Kvgate::Gateway->new(
+    engines => [ { name => 'a' }, { name => 'b' } ], group => 'route prefix;',
+    locations => "        location /admin/ { kvgate_admin pool; kvgate_timeout 10s; }\n");
+$g = $g2;
+ask('A');
+is(cached(ask('A')), $full, 'two engines: A caches the prompt on the one routing chose');
+ask('B');
+$w = admin('POST', '/tenants/A/wipe');
+is($w->{status}, 200, 'POST /admin/tenants/A/wipe: 200') or diag($w->{body});
+is(join(',', map { $_->{engine} } @{ $w->{json}{engines} // [] }), 'a,b', '  both engines answered, in order');
+ok(($w->{json}{wiped}{pool} // 0) >= $nb, "  $w->{json}{wiped}{pool} pool blocks in all");
+is(cached(ask('A')), 0, '  A misses');
+$g2->engine_named('b')->stop;
+$w = admin('POST', '/tenants/B/wipe');
+is($w->{status}, 502, 'engine b down: 502');
+my %by = map { $_->{engine} => $_ } @{ $w->{json}{engines} // [] };
+ok($by{a}{ok} && !$by{b}{ok}, '  a wiped, b did not');
+is($by{b}{status}, 503, '  b: 503');
+$g2->stop;
+$g2->t->check_logs;
 done_testing();
