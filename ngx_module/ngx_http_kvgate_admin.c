@@ -163,9 +163,10 @@ ngx_http_kvgate_admin_handler(ngx_http_request_t *r)
     w->deadline.log = r->connection->log;
 
     ngx_log_error(NGX_LOG_NOTICE, r->connection->log, 0,
-                  "kvgate: wiping the %stenant \"%V\" on %ui engines of "
-                  "\"%V\"", w->default_tenant ? "default " : "",
-                  &w->tenant_log, w->group->n, &w->group->name);
+                  "kvgate: wiping the %stenant \"%V\" on %ui engine%s%s%V",
+                  w->default_tenant ? "default " : "", &w->tenant_log,
+                  w->group->n, w->group->n == 1 ? "" : "s",
+                  w->group->name.len ? " of " : "", &w->group->name);
 
     /* every engine is asked at once; the answers come in any order */
 
