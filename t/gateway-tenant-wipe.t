@@ -7,8 +7,9 @@
 # restart A still misses while B hits from disk. A location's default tenant is wiped by
 # its name (/admin/default-tenants/default/wipe), a percent-encoded name is decoded,
 # bad admin requests get JSON 4xx, an engine that does not answer within kvgate_timeout
-# (stopped) and one that is down are named in a 502, and /metrics counts the wipes. The admin location is protected with allow/deny as the
-# documentation says.
+# (stopped) and one that is down are named in a 502, and /metrics counts the wipes. The
+# admin location is protected with allow/deny as the documentation says. Behind a group of
+# two engines both are asked, and one down is named while the other still wipes.
 use strict;
 use warnings;
 

@@ -110,8 +110,8 @@ int main(void)
     kvg_client_req qa = req_for("A", ids, n, 12), qb = req_for("B", ids, n, 12);
     ep_run(c, &qa, &first, EP_WAIT_S);
     ep_run(c, &qa, &again, EP_WAIT_S);
-    ok(first.done && first.cached_tokens == 0 && again.cached_tokens == full, "A caches the prompt (%u, then %u cached)",
-       first.cached_tokens, again.cached_tokens);
+    ok(first.done && first.cached_tokens == 0 && again.cached_tokens == full,
+       "A caches the prompt (%u, then %u cached)", first.cached_tokens, again.cached_tokens);
     ep_run(c, &qb, &r, EP_WAIT_S);
     ep_run(c, &qb, &r, EP_WAIT_S);
     is_int(r.cached_tokens, full, "B caches it too (its own blocks)");
