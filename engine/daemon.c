@@ -443,6 +443,8 @@ static void write_stats(kvg_daemon *d)
             s.disk_dropped = ds.dropped;
             s.disk_corrupt = ds.corrupt;
             s.disk_io_errors = ds.io_errors;
+            s.disk_quota_evictions = ds.quota_evictions;
+            s.disk_expired = ds.expired;
         }
     }
     {

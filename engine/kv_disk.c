@@ -6,6 +6,7 @@
 #include "crc32c.h"
 #include "errmsg.h"
 #include "log.h"
+#include "u64map.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,8 +27,9 @@
 
 _Static_assert(offsetof(kvg_kv_disk_hdr, hash) == 80, "slot header layout");
 _Static_assert(offsetof(kvg_kv_disk_hdr, seq) == 144, "slot header layout");
-_Static_assert(offsetof(kvg_kv_disk_hdr, hdr_crc) == 160, "slot header layout");
-_Static_assert(sizeof(kvg_kv_disk_hdr) == 168, "slot header layout");
+_Static_assert(offsetof(kvg_kv_disk_hdr, expires_unix_ms) == 160, "slot header layout");
+_Static_assert(offsetof(kvg_kv_disk_hdr, hdr_crc) == 168, "slot header layout");
+_Static_assert(sizeof(kvg_kv_disk_hdr) == 176, "slot header layout");
 
 enum { SLOT_FREE = 0, SLOT_VALID = 1, SLOT_WRITING = 2 };
 
@@ -36,6 +38,8 @@ typedef struct pending {
     struct pending *next;
     uint8_t hash[HLEN], tag[HLEN];
     uint8_t *buf;                /* slot_bytes */
+    int64_t expires;             /* the store's clock; INT64_MAX: none */
+    double quota;                /* its tenant's share of the slots, 0: none */
     int dead;                    /* wiped while queued or being written */
 } pending;
 
@@ -51,6 +55,7 @@ struct kvg_kv_disk {
                                     header was seen, at open) */
     uint8_t (*hash)[HLEN], (*tag)[HLEN];
     uint64_t *seq;
+    int64_t *expires;            /* the store's clock (Unix ms); INT64_MAX: none */
     int64_t *hnext, *prev, *next;
     /* index: hash -> VALID slot, chained through hnext */
     int64_t *buckets;
@@ -58,6 +63,10 @@ struct kvg_kv_disk {
     int64_t lru_head, lru_tail;  /* VALID slots, least recently used at head */
     int64_t *free_slots, n_free;
     uint64_t next_seq;
+    int64_t next_expiry;         /* no VALID slot expires before this (a lower bound) */
+    kvg_u64map tags;             /* tag's first 8 bytes -> VALID slots (a quota's count) */
+    kvg_kv_disk_clock_fn clock;
+    void *clock_ctx;
     /* the writer's queue */
     pending *q_head, *q_tail, *writing;
     uint64_t staging_cap, staging_used;
@@ -78,11 +87,28 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static uint64_t unix_ms(void)
+static int64_t unix_ms(void *ctx)
 {
     struct timespec ts;
+    (void)ctx;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return (int64_t)ts.tv_sec * 1000 + (int64_t)ts.tv_nsec / 1000000;
+}
+
+static int64_t now_of(const kvg_kv_disk *d)
+{
+    return d->clock(d->clock_ctx);
+}
+
+/* An expiry as stored (UINT64_MAX: none) and back. */
+static uint64_t expiry_to_disk(int64_t e)
+{
+    return e == INT64_MAX ? UINT64_MAX : e < 0 ? 0 : (uint64_t)e;
+}
+
+static int64_t expiry_from_disk(uint64_t e)
+{
+    return e > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)e;
 }
 
 /* Whole-buffer pread / pwrite: 0, or -1 with errno (a short read is EIO). */
@@ -181,19 +207,48 @@ static void lru_remove(kvg_kv_disk *d, int64_t s)
     d->prev[s] = d->next[s] = NIL;
 }
 
+/* The map key of a tag: its first 8 bytes (0 is the map's empty mark: 1 then). */
+static uint64_t tag_key(const uint8_t *tag)
+{
+    uint64_t k;
+    memcpy(&k, tag, sizeof k);
+    return k ? k : 1;
+}
+
+/* VALID slots of the tenant of tag. */
+static int64_t tag_count(const kvg_kv_disk *d, const uint8_t *tag)
+{
+    void *v;
+    return kvg_u64map_find(&d->tags, tag_key(tag), &v) ? (int64_t)(uintptr_t)v : 0;
+}
+
+static void tag_add(kvg_kv_disk *d, const uint8_t *tag, int64_t n)
+{
+    n += tag_count(d, tag);
+    if (n > 0)
+        (void)kvg_u64map_put(&d->tags, tag_key(tag), (void *)(uintptr_t)n);
+    else
+        kvg_u64map_del(&d->tags, tag_key(tag));
+}
+
 /* A VALID slot leaves the index (it is then being rewritten or dropped). */
 static void unpublish(kvg_kv_disk *d, int64_t s)
 {
     index_remove(d, s);
     lru_remove(d, s);
+    tag_add(d, d->tag[s], -1);
     d->n_valid--;
 }
 
+/* A slot whose hash, tag and expiry are set becomes VALID, the most recently used. */
 static void publish(kvg_kv_disk *d, int64_t s)
 {
     d->state[s] = SLOT_VALID;
     index_insert(d, s);
     lru_push(d, s);
+    tag_add(d, d->tag[s], 1);
+    if (d->expires[s] < d->next_expiry)
+        d->next_expiry = d->expires[s];
     d->n_valid++;
 }
 
@@ -209,13 +264,54 @@ static void drop_slot(kvg_kv_disk *d, int64_t s, int zero)
         (void)!pwrite(d->fd, zeros, sizeof zeros, slot_off(d, s));
 }
 
-/* A slot for the writer: a free one, else the least recently used (evicted). */
-static int64_t pick_slot(kvg_kv_disk *d)
+/* Frees every VALID slot expired by now (their headers stay: expired, they are dropped
+ * again by the next scan) and renews next_expiry. */
+static void sweep_expired(kvg_kv_disk *d, int64_t now)
+{
+    int64_t next = INT64_MAX, s = d->lru_head;
+    while (s != NIL) {
+        int64_t nx = d->next[s];
+        if (d->expires[s] <= now) {
+            drop_slot(d, s, 0);
+            d->st.expired++;
+        } else if (d->expires[s] < next) {
+            next = d->expires[s];
+        }
+        s = nx;
+    }
+    d->next_expiry = next;
+}
+
+/* The least recently used slot of tag, or NIL. */
+static int64_t lru_of_tag(const kvg_kv_disk *d, const uint8_t *tag)
+{
+    int64_t s = d->lru_head;
+    while (s != NIL && memcmp(d->tag[s], tag, HLEN) != 0)
+        s = d->next[s];
+    return s;
+}
+
+/* A slot for the writer to write p into, in this order: when p's tenant is at its
+ * quota's share, its own least recently used slot (never another tenant's); a free one
+ * (expired slots are freed first); the least recently used (evicted). */
+static int64_t pick_slot(kvg_kv_disk *d, const pending *p, int64_t now)
 {
     int64_t s = NIL;
-    if (d->n_free > 0) {
+    if (now >= d->next_expiry)
+        sweep_expired(d, now);
+    if (p->quota > 0.0) {
+        int64_t share = (int64_t)(p->quota * (double)d->n_slots);
+        if (share < 1)
+            share = 1;
+        if (tag_count(d, p->tag) >= share && (s = lru_of_tag(d, p->tag)) != NIL) {
+            unpublish(d, s);
+            d->st.evictions++;
+            d->st.quota_evictions++;
+        }
+    }
+    if (s == NIL && d->n_free > 0) {
         s = d->free_slots[--d->n_free];
-    } else if (d->lru_head != NIL) {
+    } else if (s == NIL && d->lru_head != NIL) {
         s = d->lru_head;
         unpublish(d, s);
         d->st.evictions++;
@@ -243,7 +339,7 @@ static uint32_t slot_crc(const kvg_kv_disk *d, const uint8_t *img)
 
 /* ---- the writer ---- */
 
-static void fill_header(kvg_kv_disk *d, pending *p, uint64_t seq)
+static void fill_header(kvg_kv_disk *d, pending *p, uint64_t seq, int64_t now, int64_t expires)
 {
     kvg_kv_disk_hdr h;
     memset(&h, 0, sizeof h);
@@ -260,7 +356,8 @@ static void fill_header(kvg_kv_disk *d, pending *p, uint64_t seq)
     memcpy(h.hash, p->hash, HLEN);
     memcpy(h.tag, p->tag, HLEN);
     h.seq = seq;
-    h.written_unix_ms = unix_ms();
+    h.written_unix_ms = expiry_to_disk(now);
+    h.expires_unix_ms = expiry_to_disk(expires);
     h.hdr_crc = kvg_crc32c(0, &h, offsetof(kvg_kv_disk_hdr, hdr_crc));
     memcpy(p->buf, &h, sizeof h);
     h.crc = slot_crc(d, p->buf);
@@ -270,18 +367,22 @@ static void fill_header(kvg_kv_disk *d, pending *p, uint64_t seq)
 /* Writes one queued block; called and returns with mu held. */
 static void write_one(kvg_kv_disk *d, pending *p)
 {
-    int64_t s;
+    int64_t s, now = now_of(d), expires = p->expires;
     uint64_t seq;
     double t0;
     int rc, e;
     if (p->dead || index_find(d, p->hash) != NIL)
         return;                  /* wiped, or stored meanwhile */
-    s = pick_slot(d);
+    if (p->expires <= now) {     /* expired while queued */
+        d->st.expired++;
+        return;
+    }
+    s = pick_slot(d, p, now);
     if (s == NIL)
         return;                  /* every slot is being written: one slot only */
     seq = d->next_seq++;
     pthread_mutex_unlock(&d->mu);
-    fill_header(d, p, seq);
+    fill_header(d, p, seq, now, expires);    /* p->expires may grow meanwhile (a spill) */
     t0 = mono_s();
     rc = pwrite_full(d->fd, p->buf, (size_t)d->slot_bytes, slot_off(d, s));
     e = errno;
@@ -300,6 +401,7 @@ static void write_one(kvg_kv_disk *d, pending *p)
     memcpy(d->hash[s], p->hash, HLEN);
     memcpy(d->tag[s], p->tag, HLEN);
     d->seq[s] = seq;
+    d->expires[s] = p->expires;
     d->checked[s] = 1;
     publish(d, s);
     d->st.blocks_written++;
@@ -348,13 +450,24 @@ static int cmp_seq(const void *a, const void *b, void *ctx)
 
 static void scan(kvg_kv_disk *d)
 {
-    int64_t *valid = malloc((size_t)d->n_slots * sizeof *valid), nv = 0;
+    int64_t *valid = malloc((size_t)d->n_slots * sizeof *valid), nv = 0, n_old = 0;
+    int64_t now = now_of(d);
     for (int64_t s = 0; s < d->n_slots; s++) {
         kvg_kv_disk_hdr h;
         int64_t o;
         d->state[s] = SLOT_FREE;
-        if (pread_full(d->fd, &h, sizeof h, slot_off(d, s)) != 0 || !ident_matches(d, &h))
+        if (pread_full(d->fd, &h, sizeof h, slot_off(d, s)) != 0)
             continue;
+        if (memcmp(h.magic, KVG_KV_DISK_MAGIC, 8) == 0 && h.version != KVG_KV_DISK_VERSION) {
+            n_old++;             /* another format: free space */
+            continue;
+        }
+        if (!ident_matches(d, &h))
+            continue;
+        if (expiry_from_disk(h.expires_unix_ms) <= now) {
+            d->st.expired++;     /* its header stays; the slot is free space */
+            continue;
+        }
         o = index_find(d, h.hash);
         if (o != NIL) {          /* the same block twice (a crash mid-way): keep the newer */
             if (d->seq[o] >= h.seq)
@@ -365,6 +478,7 @@ static void scan(kvg_kv_disk *d)
         memcpy(d->hash[s], h.hash, HLEN);
         memcpy(d->tag[s], h.tag, HLEN);
         d->seq[s] = h.seq;
+        d->expires[s] = expiry_from_disk(h.expires_unix_ms);
         d->state[s] = SLOT_VALID;
         index_insert(d, s);
         if (h.seq >= d->next_seq)
@@ -376,7 +490,11 @@ static void scan(kvg_kv_disk *d)
     if (valid) {
         qsort_r(valid, (size_t)nv, sizeof *valid, cmp_seq, d->seq);
         for (int64_t i = 0; i < nv; i++) {
-            lru_push(d, valid[i]);
+            int64_t s = valid[i];
+            lru_push(d, s);
+            tag_add(d, d->tag[s], 1);
+            if (d->expires[s] < d->next_expiry)
+                d->next_expiry = d->expires[s];
             d->n_valid++;
         }
     } else {                     /* no memory to order them: start empty */
@@ -392,6 +510,9 @@ static void scan(kvg_kv_disk *d)
         if (d->state[s] == SLOT_FREE)
             d->free_slots[d->n_free++] = s;
     d->st.restored = (uint64_t)d->n_valid;
+    if (n_old)
+        kvg_log("kv disk: %s: %lld slots of another format version (this engine writes "
+                "version %u): free space", d->path, (long long)n_old, KVG_KV_DISK_VERSION);
 }
 
 /* Extends (or shrinks) the file to n_slots slots; a failure is only logged. */
@@ -429,6 +550,13 @@ uint32_t kvg_kv_disk_cuda_dtype(const kvg_kv_pool *pool)
 kvg_kv_disk *kvg_kv_disk_open(const char *dir, uint64_t size_bytes, uint64_t staging_bytes,
                               const kvg_kv_disk_ident *id, char *err, size_t err_len)
 {
+    return kvg_kv_disk_open_clock(dir, size_bytes, staging_bytes, id, NULL, NULL, err, err_len);
+}
+
+kvg_kv_disk *kvg_kv_disk_open_clock(const char *dir, uint64_t size_bytes, uint64_t staging_bytes,
+                                    const kvg_kv_disk_ident *id, kvg_kv_disk_clock_fn clock,
+                                    void *clock_ctx, char *err, size_t err_len)
+{
     kvg_kv_disk *d;
     struct stat sb;
     uint64_t payload_pad;
@@ -460,6 +588,9 @@ kvg_kv_disk *kvg_kv_disk_open(const char *dir, uint64_t size_bytes, uint64_t sta
     d->slot_bytes = HDR + payload_pad;
     d->n_slots = (int64_t)(size_bytes / d->slot_bytes);
     d->lru_head = d->lru_tail = NIL;
+    d->next_expiry = INT64_MAX;
+    d->clock = clock ? clock : unix_ms;
+    d->clock_ctx = clock_ctx;
     if ((size_t)snprintf(d->path, sizeof d->path, "%s/%s", dir, KVG_KV_DISK_FILE) >= sizeof d->path) {
         kvg_set_err(err, err_len, "%s: path too long", dir);
         free(d);
@@ -494,12 +625,13 @@ kvg_kv_disk *kvg_kv_disk_open(const char *dir, uint64_t size_bytes, uint64_t sta
         d->hash = calloc(n, HLEN);
         d->tag = calloc(n, HLEN);
         d->seq = calloc(n, sizeof *d->seq);
+        d->expires = calloc(n, sizeof *d->expires);
         d->hnext = malloc(n * sizeof *d->hnext);
         d->prev = malloc(n * sizeof *d->prev);
         d->next = malloc(n * sizeof *d->next);
         d->free_slots = malloc(n * sizeof *d->free_slots);
         d->rbuf = aligned_alloc(HDR, (size_t)d->slot_bytes);
-        if (!d->buckets || !d->state || !d->hash || !d->tag || !d->seq || !d->hnext ||
+        if (!d->buckets || !d->state || !d->hash || !d->tag || !d->seq || !d->expires || !d->hnext ||
             !d->prev || !d->next || !d->free_slots || !d->rbuf || !d->checked) {
             kvg_set_err(err, err_len, "kv disk: out of memory for %lld slots", (long long)d->n_slots);
             goto fail;
@@ -561,6 +693,8 @@ void kvg_kv_disk_close(kvg_kv_disk *d)
     free(d->hash);
     free(d->tag);
     free(d->seq);
+    free(d->expires);
+    kvg_u64map_free(&d->tags);
     free(d->hnext);
     free(d->prev);
     free(d->next);
@@ -584,22 +718,39 @@ static pending *queued(kvg_kv_disk *d, const uint8_t *hash)
 
 /* The payload from pool block `block`, or (pool NULL) from bytes. */
 static int spill_from(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block, const void *bytes,
-                      const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN], int wait)
+                      const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
+                      double quota, int64_t ttl_ms, int wait)
 {
-    pending *p;
-    int64_t s;
+    pending *p, *q;
+    int64_t s, now, expires;
     pthread_mutex_lock(&d->mu);
+    now = now_of(d);
+    if (ttl_ms <= 0) {           /* past its expiry: the tenant no longer wants it */
+        d->st.expired++;
+        pthread_mutex_unlock(&d->mu);
+        return -1;
+    }
+    expires = now > 0 && ttl_ms > INT64_MAX - now ? INT64_MAX : now + ttl_ms;
     s = index_find(d, hash);
+    if (s != NIL && d->expires[s] <= now) {
+        drop_slot(d, s, 0);      /* expired: this copy replaces it */
+        d->st.expired++;
+        s = NIL;
+    }
     if (s != NIL && !d->checked[s]) {
         /* Found at open and never read: the pool's copy replaces it (it may be one
          * of a chain whose corrupt block made this block be recomputed). */
         drop_slot(d, s, 0);
         s = NIL;
     }
-    if (s != NIL || queued(d, hash)) {
+    if (s != NIL || (q = queued(d, hash)) != NULL) {
         if (s != NIL) {          /* stored already: now the most recently used */
             lru_remove(d, s);
             lru_push(d, s);
+            if (d->expires[s] < expires)
+                d->expires[s] = expires;   /* the header keeps the written one */
+        } else if (q->expires < expires) {
+            q->expires = expires;
         }
         pthread_mutex_unlock(&d->mu);
         return 0;
@@ -637,6 +788,8 @@ static int spill_from(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block, co
     }
     memcpy(p->hash, hash, HLEN);
     memcpy(p->tag, tag, HLEN);
+    p->expires = expires;
+    p->quota = quota;
     pthread_mutex_lock(&d->mu);
     if (d->q_tail)
         d->q_tail->next = p;
@@ -651,20 +804,20 @@ static int spill_from(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block, co
 
 int kvg_kv_disk_spill(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block,
                       const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
-                      int wait)
+                      double quota, int64_t ttl_ms, int wait)
 {
     if (kvg_kv_xfer_bytes(pool) != d->id.payload_bytes)
         return -1;
-    return spill_from(d, pool, block, NULL, hash, tag, wait);
+    return spill_from(d, pool, block, NULL, hash, tag, quota, ttl_ms, wait);
 }
 
 int kvg_kv_disk_spill_bytes(kvg_kv_disk *d, const void *payload, size_t bytes,
                             const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
-                            int wait)
+                            double quota, int64_t ttl_ms, int wait)
 {
     if (!d || bytes != d->id.payload_bytes)
         return -1;
-    return spill_from(d, NULL, -1, payload, hash, tag, wait);
+    return spill_from(d, NULL, -1, payload, hash, tag, quota, ttl_ms, wait);
 }
 
 int kvg_kv_disk_load(kvg_kv_disk *d, kvg_kv_pool *pool, int32_t block,
@@ -680,7 +833,8 @@ int kvg_kv_disk_load(kvg_kv_disk *d, kvg_kv_pool *pool, int32_t block,
     pthread_mutex_lock(&d->mu);
     p = queued(d, hash);
     if (p) {                     /* not written yet: its staging copy */
-        if (memcmp(p->tag, tag, HLEN) == 0 && kvg_kv_block_import(pool, block, p->buf + HDR) == 0) {
+        if (memcmp(p->tag, tag, HLEN) == 0 && p->expires > now_of(d) &&
+            kvg_kv_block_import(pool, block, p->buf + HDR) == 0) {
             d->st.hits++;
             rc = 0;
         } else {
@@ -690,6 +844,11 @@ int kvg_kv_disk_load(kvg_kv_disk *d, kvg_kv_pool *pool, int32_t block,
         return rc;
     }
     s = index_find(d, hash);
+    if (s != NIL && d->expires[s] <= now_of(d)) {
+        drop_slot(d, s, 0);      /* expired: never served; the slot is free */
+        d->st.expired++;
+        s = NIL;
+    }
     if (s == NIL || memcmp(d->tag[s], tag, HLEN) != 0) {
         d->st.misses++;
         pthread_mutex_unlock(&d->mu);
@@ -735,9 +894,11 @@ out:
 
 int kvg_kv_disk_holds(kvg_kv_disk *d, const uint8_t hash[KVG_KV_DISK_ID_LEN])
 {
+    int64_t s;
     int r;
     pthread_mutex_lock(&d->mu);
-    r = index_find(d, hash) != NIL || queued(d, hash) != NULL;
+    s = index_find(d, hash);
+    r = (s != NIL && d->expires[s] > now_of(d)) || queued(d, hash) != NULL;
     pthread_mutex_unlock(&d->mu);
     return r;
 }

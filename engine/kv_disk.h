@@ -11,9 +11,19 @@
  * or dtype is free space), the block's chain hash (prefix_hash.h), the tenant tag (the
  * chain root of the tenant's salt under the model: the hash already covers it, the tag
  * lets an operator wipe one tenant), a write sequence number (the LRU order after a
- * restart), a CRC32C of the header alone (a slot whose header does not check is free
+ * restart), the block's expiry (Unix ms: the store outlives the engine's monotonic
+ * clock), a CRC32C of the header alone (a slot whose header does not check is free
  * space when the file is scanned) and a CRC32C of header + payload (checked on every
- * read: a torn or corrupt slot is dropped and its block recomputed, never used).
+ * read: a torn or corrupt slot is dropped and its block recomputed, never used). A slot
+ * of another format version (version 1 had no expiry) is free space.
+ *
+ * The pool's two rules span the store (as they span the host tier, kv_host.h):
+ *   - expiry: a block keeps the expiry it had in the pool; one already past it is not
+ *     written, an expired slot is never read (a miss; the slot is freed), the writer
+ *     takes expired slots before evicting live ones, and opening the file drops them;
+ *   - quota: a tenant with a quota (a share) holds at most that share of the slots;
+ *     at its share, its own least recently used slot makes room, never another's.
+ * Time is the store's clock (Unix ms; kvg_kv_disk_open_clock lets a test set it).
  *
  * Threads. The engine's scheduler thread calls spill (a cached block evicted from the
  * pool: its bytes are copied into a staging buffer at once, so the pool block can be
@@ -36,7 +46,7 @@
 
 #define KVG_KV_DISK_FILE        "kvgate-kv.slots"
 #define KVG_KV_DISK_MAGIC       "KVGKVBLK"
-#define KVG_KV_DISK_VERSION     1u
+#define KVG_KV_DISK_VERSION     2u    /* 2: + expires_unix_ms (1: free space) */
 #define KVG_KV_DISK_HDR_BYTES   4096u
 #define KVG_KV_DISK_ID_LEN      32
 
@@ -76,9 +86,16 @@ typedef struct kvg_kv_disk_hdr {
     uint8_t tag[KVG_KV_DISK_ID_LEN];     /* 112: tenant tag (chain root) */
     uint64_t seq;                        /* 144: write sequence number (LRU order) */
     uint64_t written_unix_ms;            /* 152 */
-    uint32_t hdr_crc;                    /* 160: CRC32C of bytes [0, 160) */
-    uint32_t crc;                        /* 164: CRC32C of bytes [0, 164) then the payload */
+    uint64_t expires_unix_ms;            /* 160: the block's expiry; UINT64_MAX: none */
+    uint32_t hdr_crc;                    /* 168: CRC32C of bytes [0, 168) */
+    uint32_t crc;                        /* 172: CRC32C of bytes [0, 172) then the payload */
 } kvg_kv_disk_hdr;
+
+/* A spill's ttl_ms for a block that never expires (pinned for good). */
+#define KVG_KV_DISK_NO_EXPIRY   INT64_MAX
+
+/* The store's clock: Unix ms. */
+typedef int64_t (*kvg_kv_disk_clock_fn)(void *ctx);
 
 typedef struct kvg_kv_disk kvg_kv_disk;
 
@@ -89,7 +106,10 @@ typedef struct kvg_kv_disk_stats {
     uint64_t hits, misses;               /* load: blocks read back / lookups not found */
     uint64_t blocks_written, bytes_written, bytes_read;
     double write_seconds, read_seconds;  /* time in pwrite / pread + checks */
-    uint64_t evictions;                  /* blocks overwritten by newer ones (LRU) */
+    uint64_t evictions;                  /* blocks overwritten by newer ones (LRU or quota) */
+    uint64_t quota_evictions;            /* of those, the tenant's own (at its quota's share) */
+    uint64_t expired;                    /* blocks dropped past their expiry: not written,
+                                            found expired by a load, the writer or the scan */
     uint64_t dropped;                    /* spills not queued: staging full */
     uint64_t corrupt;                    /* slots dropped on a read: checksum or identity */
     uint64_t io_errors;                  /* failed reads and writes (ENOSPC included) */
@@ -111,23 +131,30 @@ uint32_t kvg_kv_disk_cuda_dtype(const kvg_kv_pool *pool);
  * (logged; writes past its end fail later and are counted). */
 kvg_kv_disk *kvg_kv_disk_open(const char *dir, uint64_t size_bytes, uint64_t staging_bytes,
                               const kvg_kv_disk_ident *id, char *err, size_t err_len);
+/* The same with the store's clock (NULL: CLOCK_REALTIME), for tests: it is read from the
+ * caller's thread and the writer's, under the store's lock. */
+kvg_kv_disk *kvg_kv_disk_open_clock(const char *dir, uint64_t size_bytes, uint64_t staging_bytes,
+                                    const kvg_kv_disk_ident *id, kvg_kv_disk_clock_fn clock,
+                                    void *clock_ctx, char *err, size_t err_len);
 /* Writes out what is queued, stops the writer, closes the file. */
 void kvg_kv_disk_close(kvg_kv_disk *d);
 
-/* Queues pool block `block` (bytes copied out now) under hash and tenant tag. wait: 0,
- * drop it when the staging is full; 1, wait for room (shutdown). 0 when queued or
- * already stored, -1 when dropped or the export failed. */
+/* Queues pool block `block` (bytes copied out now) under hash and tenant tag, with its
+ * tenant's quota (a share of the slots, 0: none) and the time it has left (ms from now;
+ * KVG_KV_DISK_NO_EXPIRY: none). wait: 0, drop it when the staging is full; 1, wait for
+ * room (shutdown). 0 when queued or already stored (then its expiry is extended to this
+ * one's, in the index only), -1 when dropped, expired (ttl_ms <= 0) or the export failed. */
 int kvg_kv_disk_spill(kvg_kv_disk *d, const kvg_kv_pool *pool, int32_t block,
                       const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
-                      int wait);
+                      double quota, int64_t ttl_ms, int wait);
 /* The same from a block's payload in host memory (`bytes` of it: the pool's transfer
  * size; a slot of the host tier, kv_host.h), copied now. */
 int kvg_kv_disk_spill_bytes(kvg_kv_disk *d, const void *payload, size_t bytes,
                             const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN],
-                            int wait);
+                            double quota, int64_t ttl_ms, int wait);
 /* Reads the block of hash (which must carry tag) into pool block `block`: 0, or -1
- * when it is not stored, fails its checks (the slot is dropped) or cannot be read. A
- * block still queued is served from its staging copy. */
+ * when it is not stored, has expired (the slot is freed), fails its checks (the slot is
+ * dropped) or cannot be read. A block still queued is served from its staging copy. */
 int kvg_kv_disk_load(kvg_kv_disk *d, kvg_kv_pool *pool, int32_t block,
                      const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN]);
 /* Whether hash is stored or queued. */

@@ -20,6 +20,7 @@ struct kvg_kv_host {
     uint64_t *put_seq;           /* the put that filled the slot: its copy from the pool has
                                     run once the copies up to waited_seq were waited for */
     int64_t *expires;            /* the block's expiry (the caller's ms) */
+    double *quota;               /* its tenant's quota, for the next tier */
     int64_t now_ms;              /* the latest time a caller gave */
     kvg_u64map tags;             /* tag's first 8 bytes -> slots held (a quota's count) */
     uint64_t seq, waited_seq;
@@ -67,10 +68,11 @@ kvg_kv_host *kvg_kv_host_new(void *buf, size_t bytes, size_t block_bytes, char *
     h->used = calloc(n, 1);
     h->put_seq = calloc(n, sizeof *h->put_seq);
     h->expires = calloc(n, sizeof *h->expires);
+    h->quota = calloc(n, sizeof *h->quota);
     h->prev = malloc(n * sizeof *h->prev);
     h->next = malloc(n * sizeof *h->next);
     h->free_ids = malloc(n * sizeof *h->free_ids);
-    if (!h->hash || !h->tag || !h->used || !h->put_seq || !h->expires || !h->prev || !h->next ||
+    if (!h->hash || !h->tag || !h->used || !h->put_seq || !h->expires || !h->quota || !h->prev || !h->next ||
         !h->free_ids)
         goto oom;
     /* popped from the end: slot 0 first */
@@ -94,6 +96,7 @@ void kvg_kv_host_free(kvg_kv_host *h)
     kvg_u64map_free(&h->index);
     kvg_u64map_free(&h->tags);
     free(h->expires);
+    free(h->quota);
     free(h->hash);
     free(h->tag);
     free(h->used);
@@ -174,7 +177,8 @@ static void drop(kvg_kv_host *h, kvg_kv_pool *pool, int32_t s, int spill)
             kvg_kv_pool_xfer_wait(pool);
             h->waited_seq = h->seq;
         }
-        h->spill(h->spill_ctx, payload(h, s), h->hash[s], h->tag[s]);
+        h->spill(h->spill_ctx, payload(h, s), h->hash[s], h->tag[s], h->quota[s],
+                 h->expires[s] == INT64_MAX ? INT64_MAX : h->expires[s] - h->now_ms);
         h->st.spilled++;
     }
     kvg_u64map_del(&h->index, key_of(h->hash[s]));
@@ -235,6 +239,7 @@ int kvg_kv_host_put(kvg_kv_host *h, kvg_kv_pool *pool, int32_t block, const uint
     memcpy(h->tag[s], tag, HLEN);
     tag_add(h, tag, 1);
     h->expires[s] = expires_ms;
+    h->quota[s] = quota;
     h->used[s] = 1;
     h->put_seq[s] = ++h->seq;
     lru_push(h, s);

@@ -54,8 +54,11 @@ typedef struct kvg_kv_host_stats {
 } kvg_kv_host_stats;
 
 /* A slot leaving the host tier, to the next tier (the disk): its payload (bytes of one
- * block as the pool transfers it), hash and tag. */
-typedef void (*kvg_kv_host_spill_fn)(void *ctx, const void *payload, const uint8_t *hash, const uint8_t *tag);
+ * block as the pool transfers it), hash and tag, its tenant's quota (as put was given it)
+ * and the time its block has left (ms, > 0; INT64_MAX: no expiry), so that both rules go
+ * on there. */
+typedef void (*kvg_kv_host_spill_fn)(void *ctx, const void *payload, const uint8_t *hash, const uint8_t *tag,
+                                     double quota, int64_t ttl_ms);
 
 /* A tier of `bytes` of host memory at buf (pinned, the backend's; not freed here) in
  * slots of block_bytes (kvg_kv_xfer_bytes of the pool). NULL with err when not one slot

@@ -292,28 +292,44 @@ static const uint8_t *tenant_tag(kvg_prefix_cache *pc, int32_t t)
     return tn->tag;
 }
 
+/* The expiry a block takes to the tiers after the pool: its own; a pinned one (only a
+ * clean stop moves those) none while pinned for good, else at least its hold's end. */
+static int64_t tier_expiry(const pc_block *bl)
+{
+    int64_t exp = expiry_of(bl);
+    if (bl->pinned && bl->hold_until_ms > exp)
+        return bl->hold_until_ms;
+    return exp;
+}
+
 /* A cached block leaves the pool: its bytes go to the next tier, the host tier's slots
- * (a copy queued now) or the disk's queue (the copy made now). Not on expiry: a TTL is
- * how long the tenant wanted it kept. wait: at a clean stop, straight to the disk, waiting
- * for room in its queue. */
+ * (a copy queued now) or the disk's queue (the copy made now), with its expiry and its
+ * tenant's quota. Not on expiry: a TTL is how long the tenant wanted it kept. wait: at a
+ * clean stop, straight to the disk, waiting for room in its queue. */
 static void spill(kvg_prefix_cache *pc, int32_t id, int wait)
 {
     const uint8_t *tag;
+    double quota;
+    int64_t exp;
     if ((!pc->disk && !pc->host) || !pc->b[id].hashed || !(tag = tenant_tag(pc, pc->b[id].tenant)))
         return;
+    quota = pc->tenants[pc->b[id].tenant].quota;
+    exp = tier_expiry(&pc->b[id]);
     if (pc->host && !wait &&
-        kvg_kv_host_put(pc->host, pc->pool, id, pc->b[id].hash, tag, pc->tenants[pc->b[id].tenant].quota,
-                        expiry_of(&pc->b[id]), pc->now_ms) == 0)
+        kvg_kv_host_put(pc->host, pc->pool, id, pc->b[id].hash, tag, quota, exp, pc->now_ms) == 0)
         return;
-    if (pc->disk)
-        kvg_kv_disk_spill(pc->disk, pc->pool, id, pc->b[id].hash, tag, wait);
+    if (pc->disk)    /* the disk keeps wall-clock time: the time left, not the pool's clock */
+        kvg_kv_disk_spill(pc->disk, pc->pool, id, pc->b[id].hash, tag, quota,
+                          exp == INT64_MAX ? KVG_KV_DISK_NO_EXPIRY : exp - pc->now_ms, wait);
 }
 
 /* A slot leaving the host tier goes on to the disk (kv_host.h's spill). */
-static void host_to_disk(void *ctx, const void *payload, const uint8_t *hash, const uint8_t *tag)
+static void host_to_disk(void *ctx, const void *payload, const uint8_t *hash, const uint8_t *tag,
+                         double quota, int64_t ttl_ms)
 {
     kvg_prefix_cache *pc = ctx;
-    kvg_kv_disk_spill_bytes(pc->disk, payload, kvg_kv_xfer_bytes(pc->pool), hash, tag, 0);
+    kvg_kv_disk_spill_bytes(pc->disk, payload, kvg_kv_xfer_bytes(pc->pool), hash, tag, quota,
+                            ttl_ms == INT64_MAX ? KVG_KV_DISK_NO_EXPIRY : ttl_ms, 0);
 }
 
 /* A cached block (refcount 0) goes back to the pool's free list. */

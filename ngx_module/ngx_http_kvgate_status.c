@@ -519,10 +519,15 @@ static const ngx_http_kvgate_engine_stat_t  ngx_http_kvgate_engine_stats[] = {
     { "kvgate_kv_disk_seconds_total", NULL, NULL, "direction=\"write\"",
       ngx_http_kvgate_st(disk_write_seconds), NGX_HTTP_KVGATE_ST_F64 },
     { "kvgate_kv_disk_events_total",
-      "KV disk tier events: blocks evicted by the size bound, not written "
-      "(write queue full), failing their checksum, I/O errors.", "counter",
+      "KV disk tier events: blocks evicted by the size bound or a quota (and "
+      "of those by a tenant at its quota), dropped past their expiry, not "
+      "written (write queue full), failing their checksum, I/O errors.", "counter",
       "event=\"eviction\"", ngx_http_kvgate_st(disk_evictions),
       NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"quota_eviction\"",
+      ngx_http_kvgate_st(disk_quota_evictions), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"expired\"",
+      ngx_http_kvgate_st(disk_expired), NGX_HTTP_KVGATE_ST_U64 },
     { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"dropped\"",
       ngx_http_kvgate_st(disk_dropped), NGX_HTTP_KVGATE_ST_U64 },
     { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"corrupt\"",
@@ -1107,7 +1112,7 @@ ngx_http_kvgate_status_cache(const kvg_stats *st)
 
     if (c != NULL && st->disk_slots_total > 0) {
         json_object_set_new(c, "disk", json_pack(
-            "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:I, s:I}",
+            "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I}",
             "slots_total", (json_int_t) st->disk_slots_total,
             "slots_used", (json_int_t) st->disk_slots_used,
             "hit_tokens", (json_int_t) st->disk_hit_tokens,
@@ -1120,7 +1125,9 @@ ngx_http_kvgate_status_cache(const kvg_stats *st)
             "evictions", (json_int_t) st->disk_evictions,
             "dropped", (json_int_t) st->disk_dropped,
             "corrupt", (json_int_t) st->disk_corrupt,
-            "io_errors", (json_int_t) st->disk_io_errors));
+            "io_errors", (json_int_t) st->disk_io_errors,
+            "quota_evictions", (json_int_t) st->disk_quota_evictions,
+            "expired", (json_int_t) st->disk_expired));
     }
 
     return c;

@@ -516,6 +516,10 @@ typedef struct kvg_stats {
     double host_seconds;         /* time queueing the copies */
     uint64_t host_evictions;     /* slots given to newer blocks */
     uint64_t host_spilled;       /* of those, moved on to the disk tier */
+    /* The KV disk tier's expiry and quota (kv_disk.h; 0 without one). */
+    uint64_t disk_quota_evictions;   /* of disk_evictions, a tenant at its quota's share */
+    uint64_t disk_expired;       /* blocks dropped past their expiry (not written, found
+                                    expired by a read, the writer or a restart) */
 } kvg_stats;
 
 /* The engine's heartbeat: how a client tells an engine that makes progress from one

@@ -7,12 +7,15 @@
 #     first (computed) answer; another tenant misses the same text;
 #   - after a restart on the same DIR the first request hits, identically; a new
 #     tenant misses;
+#   - expiry: blocks of an engine with --cache-ttl 1 are gone for an engine started on
+#     their DIR more than a second after it stopped (the expiry is wall-clock time in
+#     the slot header);
 #   - an engine of another model on DIR finds nothing; corrupt slots (a flipped byte in
 #     every payload) are dropped and recomputed, identically; a wiped tenant misses;
 #   - int8 KV (--kv-dtype int8): evicted to disk and back, and after a restart, with the
 #     answers of its first (computed) run; an engine of float32 KV or of another
 #     --kv-full-precision-layers on its DIR finds nothing.
-# No timing: what a running engine wrote is read after it stops (a clean stop writes
+# No timing (the expiry case only waits for a second to pass): what a running engine wrote is read after it stops (a clean stop writes
 # its queue out), or as a hit served from disk or from the writer's queue alike.
 # With KVGATE_ASAN=1 both binaries are the ASan builds.
 use strict;
@@ -123,6 +126,24 @@ is($warm->{cached}, $full, "the first request after the restart: $full cached to
 same_answer($warm, $first, '  as computed before the restart');
 is(ask(0, 'newcomer')->{cached}, 0, "a new tenant misses acme's blocks found on disk");
 is($e->stop, 0, 'stops cleanly');
+
+# ---- expiry across a restart -----------------------------------------------------------
+
+{
+    my $kvt = "$dir/kvttl";
+    my @ttl = ('--kv-memory', '400K', '--kv-disk', $kvt, '--kv-disk-size', '4M', '--cache-ttl', '1');
+    unlink "$sock.log";
+    my $t = Kvgate::Engine->start(socket => $sock, extra => \@ttl);
+    is(ask(0, 'acme')->{cached}, 0, '--cache-ttl 1: prompt A, a miss');
+    is($t->stop, 0, '  stopped cleanly (its blocks, if still live, written with 1 s to live)');
+    # every block expires at most 1 s after its last use, before the stop
+    select(undef, undef, undef, 1.5);
+    unlink "$sock.log";
+    $t->restart;
+    like($t->log, qr/KV disk .*, 0 blocks found/, '  1.5 s later an engine on its directory finds none');
+    is(ask(0, 'acme')->{cached}, 0, '  prompt A: a miss');
+    is($t->stop, 0, '  stops cleanly');
+}
 
 # ---- another model on the directory ----------------------------------------------------
 

@@ -50,10 +50,14 @@ ok($g->engine_metric($m, 'kvgate_kv_disk_blocks_total', 'direction="write"') > 0
 like($m, qr/^kvgate_kv_disk_seconds_total\{engine="[^"]+",direction="read"\} \d+\.\d{6}$/m, '  seconds as a float');
 is($g->engine_metric($m, 'kvgate_kv_disk_events_total', 'event="corrupt"'), 0, '  no corrupt block');
 is($g->engine_metric($m, 'kvgate_kv_disk_events_total', 'event="io_error"'), 0, '  no I/O error');
+is($g->engine_metric($m, 'kvgate_kv_disk_events_total', 'event="expired"'), 0, '  nothing expired (the 5-minute TTL)');
+is($g->engine_metric($m, 'kvgate_kv_disk_events_total', 'event="quota_eviction"'), 0, '  no quota eviction (no --tenant-quota)');
 
 my $s = $g->status // {};
 is($s->{cache}{disk}{slots_total}, 146, '/status: cache.disk.slots_total');
 ok(($s->{cache}{disk}{hit_tokens} // 0) >= $full, '  cache.disk.hit_tokens');
+ok(exists $s->{cache}{disk}{expired} && exists $s->{cache}{disk}{quota_evictions},
+   '  cache.disk.expired and cache.disk.quota_evictions');
 
 SKIP: {
     my $promtool = (grep { -x "$_/promtool" } split /:/, $ENV{PATH})[0];

@@ -140,10 +140,10 @@ static kvg_kv_disk *open_disk(const char *dir, uint64_t bytes, const kvg_model *
         return NULL;
     }
     kvg_kv_disk_get_stats(disk, &st);
-    fprintf(stderr, "kvgate-engine: KV disk %s: %lld slots of %llu bytes (%.1f MiB), %llu blocks found\n",
-            kvg_kv_disk_path(disk), (long long)st.slots_total, (unsigned long long)st.slot_bytes,
-            (double)st.slots_total * (double)st.slot_bytes / (1024.0 * 1024.0),
-            (unsigned long long)st.restored);
+    fprintf(stderr, "kvgate-engine: KV disk %s: %lld slots of %llu bytes (%.1f MiB), %llu blocks found "
+            "(%llu expired, dropped)\n", kvg_kv_disk_path(disk), (long long)st.slots_total,
+            (unsigned long long)st.slot_bytes, (double)st.slots_total * (double)st.slot_bytes / (1024.0 * 1024.0),
+            (unsigned long long)st.restored, (unsigned long long)st.expired);
     return disk;
 }
 
@@ -203,10 +203,12 @@ static void close_disk(kvg_kv_disk *disk)
     kvg_kv_disk_flush(disk);
     kvg_kv_disk_get_stats(disk, &st);
     fprintf(stderr, "kvgate-engine: KV disk: %llu blocks written (%llu bytes, %.3f s), %llu read back "
-            "(%llu bytes, %.3f s), %llu misses, %llu evicted, %llu dropped, %llu corrupt, %llu I/O errors, "
-            "%lld slots used\n", (unsigned long long)st.blocks_written, (unsigned long long)st.bytes_written,
-            st.write_seconds, (unsigned long long)st.hits, (unsigned long long)st.bytes_read, st.read_seconds,
-            (unsigned long long)st.misses, (unsigned long long)st.evictions, (unsigned long long)st.dropped,
+            "(%llu bytes, %.3f s), %llu misses, %llu evicted (%llu by a quota), %llu expired, %llu dropped, "
+            "%llu corrupt, %llu I/O errors, %lld slots used\n", (unsigned long long)st.blocks_written,
+            (unsigned long long)st.bytes_written, st.write_seconds, (unsigned long long)st.hits,
+            (unsigned long long)st.bytes_read, st.read_seconds, (unsigned long long)st.misses,
+            (unsigned long long)st.evictions, (unsigned long long)st.quota_evictions,
+            (unsigned long long)st.expired, (unsigned long long)st.dropped,
             (unsigned long long)st.corrupt, (unsigned long long)st.io_errors, (long long)st.slots_used);
     kvg_kv_disk_close(disk);
 }

@@ -58,15 +58,20 @@ typedef struct spilled {
     int n;
     uint8_t first[16];
     uint8_t tag0[16];
+    double quota[16];            /* the quota and time left handed on with each */
+    int64_t ttl[16];
     const kvg_kv_pool *ref;      /* ref block i holds seed i's bytes */
     int32_t ref_block[16];
     int bytes_ok;
 } spilled;
 
-static void on_spill(void *ctx, const void *payload, const uint8_t *hash, const uint8_t *tag)
+static void on_spill(void *ctx, const void *payload, const uint8_t *hash, const uint8_t *tag, double quota,
+                     int64_t ttl_ms)
 {
     spilled *s = ctx;
     if (s->n < 16) {
+        s->quota[s->n] = quota;
+        s->ttl[s->n] = ttl_ms;
         s->first[s->n] = hash[0];
         s->tag0[s->n] = tag[0];
         if (s->ref && s->ref_block[s->n] >= 0 &&
@@ -85,6 +90,7 @@ static void test_store(void)
     void *buf = malloc(3 * bb + 17);
     uint8_t h[6][32], tag_a[32], tag_b[32];
     kvg_kv_host_stats st;
+    int rc;
     spilled sp;
     kvg_kv_host *k;
 
@@ -187,6 +193,16 @@ static void test_store(void)
        "a tenant at its quota: its own least recently used slot makes room (moved on), not another's");
     kvg_kv_host_get_stats(k, &st);
     ok(st.quota_evictions == 1 && st.slots_used == 2, "  counted as a quota eviction; a slot still free");
+    ok(sp.quota[0] == 0.34 && sp.ttl[0] == NO_EXPIRY, "  handed on with its quota and no expiry");
+    /* the time left, not the caller's clock, goes on to the next tier */
+    kvg_kv_host_wipe(k, tag_a);
+    kvg_kv_host_wipe(k, tag_b);
+    kvg_kv_host_put(k, p, 0, h[0], tag_b, 0.5, 5000, 2000);
+    kvg_kv_host_put(k, p, 3, h[3], tag_b, 0, NO_EXPIRY, 2000);
+    kvg_kv_host_put(k, p, 4, h[4], tag_b, 0, NO_EXPIRY, 2000);
+    rc = kvg_kv_host_put(k, p, 5, h[5], tag_b, 0, NO_EXPIRY, 2500);
+    ok(rc == 0 && sp.n == 2 && sp.first[1] == h[0][0] && sp.ttl[1] == 2500 && sp.quota[1] == 0.5,
+       "  a block expiring at 5000 ms moved on at 2500 ms: 2500 ms left (%lld), its quota", (long long)sp.ttl[1]);
     kvg_kv_host_free(k);
     ok(kvg_kv_host_new(buf, bb - 1, bb, err, sizeof err) == NULL && strstr(err, "--kv-host-memory"),
        "a size below one block refused (%s)", err);
