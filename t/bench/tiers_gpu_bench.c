@@ -389,6 +389,9 @@ int main(int argc, char **argv)
     memset(&b, 0, sizeof b);
     b.o = &o;
     b.P = o.prompt;
+    /* no device: say so now, not after building a model of gigabytes */
+    if (strcmp(o.backend, "cuda") == 0 && kvg_backend_cuda_probe(o.device, err, sizeof err) != 0)
+        die("backend", err);
     memset(&lo, 0, sizeof lo);
     lo.max_seq_len = b.P + 64;           /* synthetic models take a longer context */
     kvg_model *m = kvg_model_load(o.model, &lo, err, sizeof err);
@@ -403,7 +406,7 @@ int main(int argc, char **argv)
     bo.device = o.device;
     bo.batch_invariant = 1;              /* a hit's logits must equal a recompute's */
     if (!(b.be = kvg_backend_new_opts(o.backend, m, &bo, err, sizeof err)))
-        die(o.backend, err);
+        die("backend", err);
     if (!b.be->ops->host_alloc)
         die(o.backend, "the backend's KV pool is in host memory already: it has no host tier (use --backend cuda)");
     kvg_forward_kv_geom(m, 0, &g);
@@ -430,6 +433,7 @@ int main(int argc, char **argv)
     memset(&pcfg, 0, sizeof pcfg);
     memcpy(pcfg.model_id, m->id, sizeof pcfg.model_id);
     pcfg.pinned_share = 0.5;
+    pcfg.default_ttl_ms = 3600 * 1000;   /* nothing expires within a run (the default is 5 min) */
     if (!(b.pc = kvg_pc_new(b.pool, &pcfg, err, sizeof err)))
         die("prefix cache", err);
     slot = kvg_kv_xfer_bytes(b.pool);
