@@ -190,9 +190,9 @@ static void same_bits(const bench *b, const char *what)
         }
 }
 
-/* Evicts every cached block of the pool: another prompt (no tenant, no hashes: nothing
- * looked up nor kept) as long as the pool is admitted, then released; its admission takes
- * the whole pool, so the cache evicts each cached block, the host tier taking it. Then
+/* Evicts every cached block of the pool: another prompt, as long as the whole pool (no
+ * tenant, no hashes: nothing looked up nor kept), is admitted and released; its admission
+ * takes every block, so the cache evicts each cached one, the host tier taking it. Then
  * waits for the D2H copies queued. */
 static void evict_all(bench *b)
 {
