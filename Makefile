@@ -262,8 +262,8 @@ $(BUILD)/asan/t/cuda_emu_strict: $(BUILD)/asan/emu/obj/t/unit/cuda_emu_strict_ke
 # The engine's commands linked with the emulated CUDA backend: `--backend cuda` runs on the
 # host (slowly: tiny models only). t/gpu/run.sh's steps run through these where no GPU is.
 EMU_BINS   := $(ENGINE_CMDS:engine/cmd/%.c=$(BUILD)/emu/bin/%)
-# The GPU benchmark too (t/gpu/run.sh with KVG_RUN_EMU=1 runs it emulated).
-EMU_BENCHES := $(BUILD)/emu/bench/gpu_bench
+# The GPU benchmarks too (t/gpu/run.sh with KVG_RUN_EMU=1 runs them emulated).
+EMU_BENCHES := $(BUILD)/emu/bench/gpu_bench $(BUILD)/emu/bench/tiers_gpu_bench
 emu: $(EMU_BINS) $(EMU_BENCHES) $(CUDA_UNITS) $(EMU_FAMILY_CHECK)
 
 $(BUILD)/emu/bench/%: t/bench/%.c $(ENGINE_LIB) $(EMU_LIB) $(LIB) $(HDRS)

@@ -5,7 +5,7 @@
 #
 #   scripts/gpu-bundle.sh            (make gpu-bundle)  -> $BUILD/gpu-bundle/
 #
-#   bin/kvgate-engine bin/kvgate-generate bin/kvgate-gpu-check bench/gpu_bench
+#   bin/kvgate-engine bin/kvgate-generate bin/kvgate-gpu-check bench/gpu_bench bench/tiers_gpu_bench
 #   models/stories260K/{stories260K.bin,tok512.bin,golden-greedy.json,README.md}
 #   run.sh torch_ref.py README.md BUILD-INFO
 #
@@ -109,6 +109,8 @@ for c in kvgate-engine kvgate-generate kvgate-gpu-check; do
     link "engine/cmd/$c.c" "$out.tmp/bin/$c"
 done
 link t/bench/gpu_bench.c "$out.tmp/bench/gpu_bench"
+# the host tier's TTFT (the tiers-8k and tiers-32k steps)
+link t/bench/tiers_gpu_bench.c "$out.tmp/bench/tiers_gpu_bench"
 # the model families' step writes its tiny GGUFs on the GPU machine (36 MiB each in F32;
 # 0.7 MiB of vocabulary here)
 link t/bench/synth_gguf.c "$out.tmp/bench/synth_gguf"

@@ -6,7 +6,8 @@
 # runs its steps emulated (KVG_RUN_EMU=1: the build/emu binaries, tiny models), when
 # `make emu` has built them; its bench steps run both attention paths (own, cudnn), each
 # labelled in results.json, and a cuDNN without the paged SDPA op makes the cudnn step
-# "unsupported" (KVG_EMU_CUDNN_VERSION), not a failure.
+# "unsupported" (KVG_EMU_CUDNN_VERSION), not a failure; its host-tier steps (tiers-8k,
+# tiers-32k: a short prompt on the tiny shape) pass, their JSON holding the figures.
 #
 # Skipped without nvcc. The bundle links the libraries of $BUILD (KVG_BUNDLE_OBJ=$BUILD:
 # the objects `make` built already; so only the links run here). The ASan pass skips: the
@@ -83,7 +84,8 @@ my $size = 0;
 find(sub { $size += -s $_ if -f $_ }, $bundle);
 cmp_ok($size, '<', 64 * 1024 * 1024, sprintf('the bundle is under 64 MiB (%.1f MiB)', $size / 1048576));
 
-my @bins = map { "$bundle/$_" } qw(bin/kvgate-engine bin/kvgate-generate bin/kvgate-gpu-check bench/gpu_bench);
+my @bins = map { "$bundle/$_" } qw(bin/kvgate-engine bin/kvgate-generate bin/kvgate-gpu-check bench/gpu_bench
+                                   bench/tiers_gpu_bench);
 for my $f (@bins, map { "$bundle/models/stories260K/$_" } qw(stories260K.bin tok512.bin golden-greedy.json)) {
     ok(-f $f, "bundle holds " . substr($f, length($bundle) + 1));
 }
@@ -173,11 +175,13 @@ SKIP: {
 SKIP: {
     my $emu_check = "$build/emu/bin/kvgate-gpu-check";
     my $emu_bench = "$build/emu/bench/gpu_bench";
-    skip "the emulated binaries are not built ($emu_check, $emu_bench: make emu)", 8
-        unless -x $emu_check && -x $emu_bench;
+    my $emu_tiers = "$build/emu/bench/tiers_gpu_bench";
+    skip "the emulated binaries are not built ($emu_check, $emu_bench, $emu_tiers: make emu)", 10
+        unless -x $emu_check && -x $emu_bench && -x $emu_tiers;
     local $ENV{KVG_RUN_EMU} = 1;
     local $ENV{KVG_BIN} = "$build/emu/bin";
     local $ENV{KVG_BENCH} = $emu_bench;
+    local $ENV{KVG_TIERS_BENCH} = $emu_tiers;
     local $ENV{OUT} = "$dir/out";
     my ($rc, $out, $secs) = run(600, "$bundle/run.sh");
     is($rc, 0, sprintf('run.sh, emulated, passes (%.1f s)', $secs)) or diag($out);
@@ -204,6 +208,26 @@ SKIP: {
         or diag(encode_json($cudnn // {}));
     like($out, qr/^== bench-0-own: attention own, pass.*^== bench-0-cudnn: attention cudnn, pass/ms,
          'the summary labels both bench results with their attention path');
+
+    # The host tier's steps: each passed (the host hit's logits equal the recompute's, the
+    # blocks went through the host tier), and its JSON has the figures: as many blocks
+    # copied back as the prompt has before its last token's block, their bytes, positive
+    # times and bandwidth.
+    for my $t (qw(tiers-8k tiers-32k)) {
+        my ($st) = grep { $_->{name} eq $t } @{ $res->{steps} // [] };
+        my $r = $st && $st->{result} // {};
+        my @num = qw(recompute_ms device_hit_ms host_hit_ms h2d_ms h2d_gbs speedup_host speedup_device evict_ms d2h_gbs);
+        my @miss = grep { !defined $r->{$_} || $r->{$_} <= 0 } @num;
+        ok($st && $st->{status} eq 'pass' && $r->{tool} && $r->{tool} eq 'tiers_gpu_bench' && !@miss
+           && $r->{logits_identical} && $r->{block_tokens} > 0 && $r->{prompt} > $r->{block_tokens}
+           && $r->{cached_tokens} == int(($r->{prompt} - 1) / $r->{block_tokens}) * $r->{block_tokens}
+           && $r->{blocks_copied} == $r->{cached_tokens} / $r->{block_tokens}
+           && $r->{bytes_copied} == $r->{blocks_copied} * $r->{block_bytes}
+           && $r->{evict_blocks} >= $r->{blocks_copied},
+           "results.json: $t passed, with the host tier's figures")
+            or diag(encode_json($st // {}) . (@miss ? " (missing or not positive: @miss)" : ''));
+    }
+    like($out, qr/^tiers-8k\s+pass.*\n(?:\s+.*\n)*?\s+TTFT host hit/m, 'the summary shows the host hit\'s TTFT');
 
     # A cuDNN without the paged SDPA op (the emulator's cudnnGetVersion says 9.10): the cudnn
     # step is "unsupported", its reason recorded, and the run still passes.

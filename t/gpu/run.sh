@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The checks and figures on a real GPU, in one run of under 8 minutes on an H200:
+# The checks and figures on a real GPU, in one run of under 8 minutes on an H200 (and the
+# tiers steps, 4b, under 2 x 120 s more):
 #
 #   0. the machine (nvidia-smi), the binaries start;
 #   1. stories260K greedy through --backend cuda equals the golden ids (a BF16 divergence
@@ -13,6 +14,11 @@
 #      with --batch-invariant on (a failure otherwise), the differing counts with it off;
 #      the same with int8 KV on stories260K (and its logits against the CPU's int8 pool);
 #   4. compute-sanitizer memcheck and racecheck on a short run, when it is installed;
+#   4b. the KV host tier (bench/tiers_gpu_bench, synthetic:8B4L-bf16): time to first token of
+#      an 8k and a 32k prompt (tiers-8k, tiers-32k) recomputed, from the device pool, and
+#      copied back from pinned host memory after an eviction, with the H2D copies' time and
+#      bandwidth; the host hit's logits must equal the recompute's bit for bit (a failure
+#      otherwise);
 #   5. the benchmark (bench/gpu_bench: synthetic:1B-bf16, synthetic:110M-bf16, and
 #      synthetic:8B4L-bf16 at a 4k context), each configuration twice, the attention paths
 #      side by side: bench-N-own (KVGATE_CUDA_ATTENTION=own, --batch-invariant both: the
@@ -36,8 +42,9 @@
 # timeout (a timeout is a failure) so the whole stays under 8 minutes.
 #
 # Overrides: KVG_BIN (folder of kvgate-gpu-check), KVG_BENCH (the gpu_bench binary),
-# KVG_MODELS (folder holding stories260K/), KVG_STEPS (e.g. "golden logits": the steps to
-# run, of info golden logits torch invariance sanitizer bench families), KVG_DEVICE (CUDA ordinal),
+# KVG_TIERS_BENCH (the tiers_gpu_bench binary), KVG_MODELS (folder holding stories260K/),
+# KVG_STEPS (e.g. "golden logits": the steps to run, of info golden logits torch invariance
+# sanitizer tiers bench families), KVG_DEVICE (CUDA ordinal),
 # KVG_BACKEND (default cuda; cpu checks the script itself against the CPU backend),
 # KVG_BENCH_DEADLINE_S (seconds from the start after which no bench step starts and each one's
 # limit is cut to what is left; default 390, leaving the families step its time).
@@ -47,16 +54,16 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 emu=${KVG_RUN_EMU:-0}
 if [ -d "$here/bin" ]; then                     # the bundle
-    bin=$here/bin bench=$here/bench/gpu_bench models=$here/models
+    bin=$here/bin bench=$here/bench/gpu_bench tiers=$here/bench/tiers_gpu_bench models=$here/models
     synth=$here/bench/synth_gguf vocab=$here/models/vocab/ggml-vocab-llama-spm.gguf
 else                                            # t/gpu/ in a checkout
     root=$(cd "$here/../.." && pwd)
     b=${BUILD:-build}
     case $b in /*) ;; *) b=$root/$b ;; esac
     if [ "$emu" = 1 ]; then
-        bin=$b/emu/bin bench=$b/emu/bench/gpu_bench
+        bin=$b/emu/bin bench=$b/emu/bench/gpu_bench tiers=$b/emu/bench/tiers_gpu_bench
     else
-        bin=$b/bin bench=$b/bench/gpu_bench
+        bin=$b/bin bench=$b/bench/gpu_bench tiers=$b/bench/tiers_gpu_bench
     fi
     models=$root/../shared/models
     synth=$b/bench/synth_gguf vocab=$root/../shared/tokenizers/vectors/ggml-vocab-llama-spm.gguf
@@ -64,9 +71,10 @@ fi
 synth=${KVG_SYNTH:-$synth}
 bin=${KVG_BIN:-$bin}
 bench=${KVG_BENCH:-$bench}
+tiers=${KVG_TIERS_BENCH:-$tiers}
 models=${KVG_MODELS:-$models}
 OUT=${OUT:-./out}
-steps=${KVG_STEPS:-info golden logits torch invariance sanitizer bench families}
+steps=${KVG_STEPS:-info golden logits torch invariance sanitizer tiers bench families}
 dev=(--backend "${KVG_BACKEND:-cuda}" --device "${KVG_DEVICE:-0}")
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
@@ -90,12 +98,17 @@ if [ "$emu" = 1 ]; then
     inv_args=(--prompt-len 40 --decode 2 --batches 1,8 --chunks 1,7,0)
     san_args=(--prompt-len 20 --decode 1 --batches 1,4 --chunks 7)
     bench_runs=("--model synthetic:260K --quick --batches 1,8")
+    # the host tier's steps on the tiny shape, one rep: a prompt of whole blocks (the last
+    # one's computed: 2 of 3 copied back) in one step, and one ending in a partial block, in
+    # chunks (4 of 4.5 copied back, 3 steps)
+    tiers_runs=("8k:--model synthetic:260K --prompt 48 --prefill-chunk 64 --reps 1"
+                "32k:--model synthetic:260K --prompt 72 --prefill-chunk 32 --reps 1")
     bench_deadline=${KVG_BENCH_DEADLINE_S:-600}
     # two families here (every kernel of MoE, sinks and windows); t/engine-families.t runs
     # every family on the emulated backend
     fam_list="qwen3moe:0.06 gpt-oss:0.1"
     fam_args=(--prompt-len 24 --decode 2 --batches 1,4 --chunks 7,0 --seed 3)
-    t_golden=120 t_logits=120 t_inv=180 t_san=60 t_bench=120 t_fam=180
+    t_golden=120 t_logits=120 t_inv=180 t_san=60 t_bench=120 t_fam=180 t_tiers=60
 else
     big=synthetic:1B-bf16
     # Llama 3 8B's shape with 4 of its layers (head_dim 128, GQA 4, vocab 128k): the
@@ -110,9 +123,19 @@ else
     # and no 32k prefill, so that the bench stays within its share of the 8 minutes
     bench_runs=("--model synthetic:1B-bf16 --reps 2" "--model synthetic:110M-bf16 --reps 1 --prefill 4096"
                 "--model synthetic:8B4L-bf16 --reps 2 --prefill 4096 --batches 1,32 --decode-ctx 4096 --ttft-prefix 8192")
+    # The host tier on the 8B shape: synthetic:8B4L-bf16's KV block is 16 tokens x 4 layers
+    # x 8 KV heads x 128 x 2 (K and V) x 2 bytes (BF16) = 256 KiB, so a 32k prompt is 2048
+    # blocks, 512 MiB: --kv-memory 1G (4096 blocks) holds it and the warm-up's, and so does
+    # the pinned --kv-host-memory 1G; the 8k prompt's 512 blocks (128 MiB) fit 256M of each.
+    # With the weights (BF16: 2 x 128256 x 4096 x 2 B of embedding and output = 2.1 GB, 4
+    # layers x 218M x 2 B = 1.7 GB) and a 512-token step's scratch, under 6 GB of an H100's
+    # 80; 1 GiB pinned of the host's memory. Prefill chunks of 512 (the engine's default
+    # --max-batch-tokens), 3 reps.
+    tiers_runs=("8k:--model synthetic:8B4L-bf16 --prompt 8192 --kv-memory 256M --kv-host-memory 256M"
+                "32k:--model synthetic:8B4L-bf16 --prompt 32768 --kv-memory 1G --kv-host-memory 1G")
     fam_list="llama:0.03 qwen2:0.07 qwen3:0.06 qwen3moe:0.06 gemma2:0.05 gemma3:0.13 phi3:0.08 mistral3:0.06 gpt-oss:0.1"
     fam_args=(--prompt-len 100 --decode 4 --batches 1,8 --chunks 1,7,0 --threads "$threads" --seed 3)
-    t_golden=60 t_logits=150 t_inv=120 t_san=150 t_bench=150 t_fam=60
+    t_golden=60 t_logits=150 t_inv=120 t_san=150 t_bench=150 t_fam=60 t_tiers=120
     bench_deadline=${KVG_BENCH_DEADLINE_S:-390}
 fi
 # the cudnn bench steps run one mode (off) where the own ones run two
@@ -166,7 +189,7 @@ step() {
     [ "$st" = pass ] || [ "$st" = unsupported ] || failed=1
     printf '%-28s %-11s %4ss%s\n' "$name" "$st" "$(( $(date +%s) - t0 ))" "${step_attn:+  (attention: $step_attn)}"
     [ "$st" != unsupported ] || grep -m1 -- "$unsup_re" "$W/$name.log" | sed 's/^/    /'
-    case $name in bench-*|info) ;; *) sed 's/^/    /' "$W/$name.log" | grep -E 'first divergence|FAIL|max\|diff\||differ|error|Error|ERROR|: (pass|fail|error)|TTFT|tok/s|share|batch-invariant|CUDA|cuda' | head -40 ;; esac
+    case $name in bench-*|info) ;; *) sed 's/^/    /' "$W/$name.log" | grep -E 'first divergence|FAIL|max\|diff\||differ|error|Error|ERROR|: (pass|fail|error)|TTFT|H2D|D2H|tok/s|share|batch-invariant|CUDA|cuda' | head -40 ;; esac
     [ -z "$json" ] || [ -s "$json" ] || echo "{}" >"$json"
     write_results
 }
@@ -218,7 +241,7 @@ if [ "$emu" != 1 ]; then
     fi
     command -v nvidia-smi >/dev/null 2>&1 &&
         echo "  driver: $(nvidia-smi 2>/dev/null | grep -o 'Driver Version: [0-9.]*\|CUDA Version: [0-9.]*' | tr '\n' ' ')"
-    missing=$(for x in "$check" "$bench" "$synth"; do [ -x "$x" ] && ldd "$x" 2>&1; done | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+    missing=$(for x in "$check" "$bench" "$tiers" "$synth"; do [ -x "$x" ] && ldd "$x" 2>&1; done | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
     if [ -n "$missing" ]; then
         echo "FAILED before any step: the binaries need $missing which neither their rpath (the CUDA" \
              "toolkit's lib64) nor LD_LIBRARY_PATH nor Python's nvidia packages provide. Install the" \
@@ -438,6 +461,26 @@ bench_step() {                                  # bench_step NAME LIMIT ATTENTIO
     fi
     step_attn=
 }
+# 4b. the KV host tier (tiers_gpu_bench): TTFT of one prompt recomputed, from the device
+# pool, and from pinned host memory after another prompt filled the pool (the prefix cache
+# evicting the blocks into the host tier, as the engine's --kv-host-memory does), plus the
+# H2D copies alone; batch-invariant, the host hit's logits equal to the recompute's bit for
+# bit or the step fails. These run before the bench steps, under their deadline, which moves
+# by the time they took (as after the torch step), so the bench's figures keep their time.
+# The CPU backend has no host tier (its pool is in host memory): skipped there.
+if want tiers; then
+    tiers_t0=$(date +%s)
+    for run in "${tiers_runs[@]}"; do
+        if [ "${KVG_BACKEND:-cuda}" != cuda ]; then
+            skip "tiers-${run%%:*}" "the ${KVG_BACKEND} backend has no host tier"
+            continue
+        fi
+        # shellcheck disable=SC2086 # the words of one run
+        bench_step "tiers-${run%%:*}" "$t_tiers" own "$tiers" "${dev[@]}" ${run#*:}
+    done
+    bench_deadline=$(( bench_deadline + $(date +%s) - tiers_t0 ))
+fi
+
 if want bench; then
     i=0
     for args in "${bench_runs[@]}"; do
