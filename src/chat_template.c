@@ -99,7 +99,8 @@ const char *const *kvg_chat_builtin_stop_strings(const char *name, size_t *n)
 static const char *const END_PIECES[] = {
     "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>",
     "<end_of_turn>", "<|end|>", "<|return|>", "<|call|>", "<|EOT|>",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    /* DeepSeek's <｜end▁of▁sentence｜> (split: "\x9c" "e" must not read as "\x9ce") */
+    ("<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"),
     "<|END_OF_TURN_TOKEN|>", "<|user|>", "<|observation|>", "</s>",
 };
 
