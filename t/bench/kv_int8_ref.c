@@ -48,8 +48,9 @@
  *
  * A benchmark, not a test: llama.cpp's F16 and q8_0 arithmetic is its own (flash
  * attention converts Q to the cache's type before the dot products), so only the
- * figures, side by side, are the result. t/bench/kv_int8_ref runs it on the synthetic
- * 110M shape.
+ * figures, side by side, are the result. t/bench/kv_int8_ref runs it on synth_gguf's
+ * files (llama tiny and 110M, gemma3 110M); t/bench-kv-int8-ref.t checks it on the tiny
+ * one (the caches llama.cpp made, the anchor, determinism).
  *
  * Exit status: 0 done, 1 error, 2 usage, 3 no usable library (llamacpp_api.h). */
 #include <math.h>
