@@ -18,9 +18,12 @@
  * booleans embeddings, offload_kqv, no_perf, ...); the offsets below were matched
  * against the bytes llama_context_default_params() returns (n_ctx 512, n_batch 2048,
  * n_ubatch 512, n_seq_max 1, n_threads 4 twice, flash_attn_type -1 = auto, YaRN -1.0f,
- * type_k = type_v = 1 = GGML_TYPE_F16, offload_kqv and no_perf true), and lc_new_ctx
+ * type_k = type_v = 1 = GGML_TYPE_F16, offload_kqv and no_perf true), and lc_new_ctx_kv
  * checks the defaults it overwrites are still those before writing: a library whose
- * struct moved is refused rather than fed misplaced values. Another version is refused
+ * struct moved is refused rather than fed misplaced values. type_k, type_v and
+ * flash_attn_type are checked twice: their defaults before, and after the context is
+ * made, llama.cpp's own log of what it made (the cache's types, flash attention on or
+ * off, the K/V rotation) against what was written (lc_seen below). Another version is refused
  * (exit 3) unless KVG_LLAMA_ABI_FORCE=1. Exit 3 also when the library is absent: the
  * caller skips (a benchmark) or fails (a test that installed it). */
 #ifndef KVG_LLAMACPP_API_H
@@ -41,8 +44,10 @@ enum {
     CP_N_THREADS_BATCH = 32, CP_FLASH_ATTN = 52, CP_TYPE_K = 104, CP_TYPE_V = 108, CP_OFFLOAD_KQV = 129,
     CP_NO_PERF = 130
 };
-enum { LC_GGML_TYPE_F32 = 0, LC_GGML_TYPE_F16 = 1 };
-enum { LC_FLASH_ATTN_AUTO = -1, LC_FLASH_ATTN_DISABLED = 0 };
+/* ggml.h's enum ggml_type (F32 0, F16 1, Q8_0 8: blocks of 32 values, one F16 scale
+ * each) and llama.h's enum llama_flash_attn_type. */
+enum { LC_GGML_TYPE_F32 = 0, LC_GGML_TYPE_F16 = 1, LC_GGML_TYPE_Q8_0 = 8 };
+enum { LC_FLASH_ATTN_AUTO = -1, LC_FLASH_ATTN_DISABLED = 0, LC_FLASH_ATTN_ENABLED = 1 };
 _Static_assert(sizeof(lc_model_params) == 80 && sizeof(lc_context_params) == 160, "llama.h 0.5.0 sizes");
 _Static_assert(CP_TYPE_V + 4 <= CP_OFFLOAD_KQV && CP_NO_PERF < (int)sizeof(lc_context_params), "offsets");
 
@@ -87,9 +92,48 @@ typedef struct lc_api {
 static const char *lc_who = "llamacpp";
 static int lc_verbose;
 
+/* What llama.cpp's log said of the last context made: the K/V cache's types (from
+ * "llama_kv_cache: size = ..., K (q8_0): ..., V (q8_0): ...", ggml_type_name's
+ * spelling), whether it rotates K and V (the "attn_rot_k = 1" lines: a Walsh-Hadamard
+ * rotation of K and V before they are quantized, which llama.cpp applies to a quantized
+ * cache whose head size is a multiple of 64 unless LLAMA_ATTN_ROT_DISABLE=1; -1 not
+ * said) and whether flash attention runs ("flash_attn = enabled" / "Flash Attention
+ * enabled": 1, "disabled": 0, -1 not said). lc_new_ctx_kv checks them against what it
+ * asked for: the log is the one place the library says what it really made. */
+typedef struct lc_seen {
+    char type_k[16], type_v[16];
+    int rot_k, rot_v, flash;
+} lc_seen;
+static lc_seen lc_last;
+
+__attribute__((unused)) static void lc_seen_reset(void)
+{
+    memset(&lc_last, 0, sizeof lc_last);
+    lc_last.rot_k = lc_last.rot_v = lc_last.flash = -1;
+}
+
+/* One log message (llama.cpp formats each line in one call). */
+__attribute__((unused)) static void lc_seen_parse(const char *text)
+{
+    const char *p;
+    if (strstr(text, "llama_kv_cache: size =")) {
+        if ((p = strstr(text, " K (")))
+            sscanf(p + 4, "%15[^)]", lc_last.type_k);
+        if ((p = strstr(text, " V (")))
+            sscanf(p + 4, "%15[^)]", lc_last.type_v);
+    }
+    if ((p = strstr(text, "attn_rot_k = ")))
+        lc_last.rot_k = atoi(p + 13);
+    if ((p = strstr(text, "attn_rot_v = ")))
+        lc_last.rot_v = atoi(p + 13);
+    if ((p = strstr(text, "Flash Attention ")) || ((p = strstr(text, "flash_attn ")) && strstr(text, "= ")))
+        lc_last.flash = strstr(p, "enabled") ? 1 : strstr(p, "disabled") ? 0 : lc_last.flash;
+}
+
 __attribute__((unused)) static void lc_log(int level, const char *text, void *ud)
 {
     (void)ud;
+    lc_seen_parse(text);
     if (lc_verbose || level == 4 /* GGML_LOG_LEVEL_ERROR */)
         fputs(text, stderr);
 }
@@ -193,22 +237,40 @@ __attribute__((unused)) static void lc_set_i32(lc_context_params *cp, int off, i
     memcpy(cp->b + off, &v, 4);
 }
 
+/* The K/V cache and attention a context is made with: ggml types of K and V
+ * (LC_GGML_TYPE_*), flash attention (LC_FLASH_ATTN_*), and for a quantized cache
+ * whether llama.cpp may rotate it (1: its default; 0: LLAMA_ATTN_ROT_DISABLE=1 while
+ * the context is made, the plain per-block quantization). */
+typedef struct lc_kv {
+    int32_t type_k, type_v, flash_attn;
+    int rot;
+} lc_kv;
+
+/* ggml_type_name's spelling of the types lc_kv names; NULL for another. */
+__attribute__((unused)) static const char *lc_type_name(int32_t t)
+{
+    return t == LC_GGML_TYPE_F32 ? "f32" : t == LC_GGML_TYPE_F16 ? "f16" : t == LC_GGML_TYPE_Q8_0 ? "q8_0" : NULL;
+}
+
 /* A context of n_ctx positions, batches of n_batch tokens in one ubatch, n_seq
- * sequences, `threads` threads. exact: the K/V cache in F32 and no flash attention (the
- * plain attention path: K*Q, softmax and V*KQ in F32), the most precise llama.cpp
- * computes on the CPU; otherwise its defaults (F16 cache, flash attention chosen
- * automatically), as a user runs it. Dies when the library's defaults are not the ones
- * the offsets were checked against. */
-__attribute__((unused)) static void *lc_new_ctx(const lc_api *api, void *model, uint32_t n_ctx, uint32_t n_batch,
-                                                uint32_t n_seq, int32_t threads, int exact)
+ * sequences, `threads` threads, the K/V cache `kv`. Dies when the library's defaults
+ * are not the ones the offsets were checked against, and when its log does not say it
+ * made the cache asked for (the types, flash attention when asked on or off, no
+ * rotation when it was refused) or says nothing of it. */
+__attribute__((unused)) static void *lc_new_ctx_kv(const lc_api *api, void *model, uint32_t n_ctx, uint32_t n_batch,
+                                                   uint32_t n_seq, int32_t threads, const lc_kv *kv)
 {
     lc_context_params cp = api->context_default_params();
     _Bool no_perf = 1;
+    const char *tk = lc_type_name(kv->type_k), *tv = lc_type_name(kv->type_v);
+    char why[256];
     if (lc_get_i32(&cp, CP_N_SEQ_MAX) != 1 || lc_get_i32(&cp, CP_TYPE_K) != LC_GGML_TYPE_F16
         || lc_get_i32(&cp, CP_TYPE_V) != LC_GGML_TYPE_F16 || lc_get_i32(&cp, CP_FLASH_ATTN) != LC_FLASH_ATTN_AUTO
         || cp.b[CP_OFFLOAD_KQV] != 1)
         lc_die("llama_context_default_params: not the defaults the field offsets were checked against "
                "(another llama.h layout)");
+    if (!tk || !tv || kv->flash_attn < LC_FLASH_ATTN_AUTO || kv->flash_attn > LC_FLASH_ATTN_ENABLED)
+        lc_die("lc_new_ctx_kv: a K/V type or flash attention setting this header does not know");
     lc_set_i32(&cp, CP_N_CTX, (int32_t)n_ctx);
     lc_set_i32(&cp, CP_N_BATCH, (int32_t)n_batch);
     lc_set_i32(&cp, CP_N_UBATCH, (int32_t)n_batch);
@@ -216,15 +278,53 @@ __attribute__((unused)) static void *lc_new_ctx(const lc_api *api, void *model, 
     lc_set_i32(&cp, CP_N_THREADS, threads);
     lc_set_i32(&cp, CP_N_THREADS_BATCH, threads);
     memcpy(cp.b + CP_NO_PERF, &no_perf, 1);
-    if (exact) {
-        lc_set_i32(&cp, CP_TYPE_K, LC_GGML_TYPE_F32);
-        lc_set_i32(&cp, CP_TYPE_V, LC_GGML_TYPE_F32);
-        lc_set_i32(&cp, CP_FLASH_ATTN, LC_FLASH_ATTN_DISABLED);
-    }
+    lc_set_i32(&cp, CP_TYPE_K, kv->type_k);
+    lc_set_i32(&cp, CP_TYPE_V, kv->type_v);
+    lc_set_i32(&cp, CP_FLASH_ATTN, kv->flash_attn);
+    /* llama.cpp reads LLAMA_ATTN_ROT_DISABLE when it makes the cache. */
+    char *saved = getenv("LLAMA_ATTN_ROT_DISABLE") ? strdup(getenv("LLAMA_ATTN_ROT_DISABLE")) : NULL;
+    if (!kv->rot)
+        setenv("LLAMA_ATTN_ROT_DISABLE", "1", 1);
+    else
+        unsetenv("LLAMA_ATTN_ROT_DISABLE");
+    lc_seen_reset();
     void *ctx = api->init_from_model(model, cp);
+    if (saved) {
+        setenv("LLAMA_ATTN_ROT_DISABLE", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("LLAMA_ATTN_ROT_DISABLE");
+    }
     if (!ctx)
         lc_die("llama_init_from_model failed (--verbose shows why)");
+    why[0] = '\0';
+    if (strcmp(lc_last.type_k, tk) != 0 || strcmp(lc_last.type_v, tv) != 0)
+        snprintf(why, sizeof why, "K/V cache types %s/%s asked for, its log says \"%s\"/\"%s\"", tk, tv,
+                 lc_last.type_k, lc_last.type_v);
+    else if (kv->flash_attn != LC_FLASH_ATTN_AUTO && lc_last.flash != kv->flash_attn)
+        snprintf(why, sizeof why, "flash attention %s asked for, its log says %s",
+                 kv->flash_attn ? "on" : "off", lc_last.flash < 0 ? "nothing of it" : lc_last.flash ? "on" : "off");
+    else if (!kv->rot && (lc_last.rot_k != 0 || lc_last.rot_v != 0))
+        snprintf(why, sizeof why, "no K/V rotation asked for, its log says attn_rot_k %d, attn_rot_v %d",
+                 lc_last.rot_k, lc_last.rot_v);
+    if (why[0]) {
+        fprintf(stderr, "%s: llama_init_from_model: %s\n", lc_who, why);
+        exit(1);
+    }
     return ctx;
+}
+
+/* lc_new_ctx_kv for the two settings the tools use most. exact: the K/V cache in F32
+ * and no flash attention (the plain attention path: K*Q, softmax and V*KQ in F32), the
+ * most precise llama.cpp computes on the CPU; otherwise its defaults (F16 cache, flash
+ * attention chosen automatically), as a user runs it. */
+__attribute__((unused)) static void *lc_new_ctx(const lc_api *api, void *model, uint32_t n_ctx, uint32_t n_batch,
+                                                uint32_t n_seq, int32_t threads, int exact)
+{
+    lc_kv kv = { LC_GGML_TYPE_F16, LC_GGML_TYPE_F16, LC_FLASH_ATTN_AUTO, 1 };
+    if (exact)
+        kv = (lc_kv){ LC_GGML_TYPE_F32, LC_GGML_TYPE_F32, LC_FLASH_ATTN_DISABLED, 1 };
+    return lc_new_ctx_kv(api, model, n_ctx, n_batch, n_seq, threads, &kv);
 }
 
 #endif

@@ -18,7 +18,8 @@
  *
  *   build/bench/llamacpp_ref --model F.gguf --lib DIR|libllama.so --prompt-ids "1 2 3"
  *       [--steps 64] [--threads 2] [--prompt-logits F] [--top2-gap] [--stop none]
- *       [--default-ctx] [--verbose]
+ *       [--default-ctx] [--type-k T] [--type-v T] [--flash-attn on|off|auto]
+ *       [--kv-rotation on|off] [--verbose]
  *
  * kvgate-generate's spellings are taken too, so that one argument list runs either:
  * --max-tokens N is --steps N, and --ids, --logprobs and --temperature 0 say what this
@@ -28,8 +29,15 @@
  * n_ctx = prompt + steps rounded up to 256, n_batch = n_ubatch = the prompt (one ubatch,
  * like kvgate's single prefill step), the K/V cache in F32 and no flash attention (the
  * plain attention path, F32 throughout); --default-ctx keeps llama.cpp's defaults for
- * those two (F16 cache, flash attention automatic) instead, to see what they cost. The
- * model is loaded with llama.cpp's default model parameters (mmap; F32 weights are used
+ * those two (F16 cache, flash attention automatic) instead, to see what they cost.
+ * --type-k / --type-v (f32, f16 or q8_0) and --flash-attn pick the cache and the
+ * attention path one by one, over those defaults: llama.cpp's quantized KV cache is
+ * --type-k q8_0 --type-v q8_0 --flash-attn on (a quantized V needs flash attention, so
+ * it is asked for, not left to "auto"). A quantized cache whose head size is a multiple
+ * of 64 is rotated by llama.cpp (a Walsh-Hadamard rotation of K and V before they are
+ * quantized); --kv-rotation off sets LLAMA_ATTN_ROT_DISABLE=1 for the plain per-block
+ * quantization. The context's log must say it made what was asked for
+ * (llamacpp_api.h's lc_new_ctx_kv), else exit 1. The model is loaded with llama.cpp's default model parameters (mmap; F32 weights are used
  * as stored).
  *
  * Exit status: 0 done, 1 error, 2 usage, 3 no usable library (llamacpp_api.h). */
@@ -46,7 +54,16 @@
 
 static const char USAGE[] =
     "usage: llamacpp_ref --model F.gguf --lib DIR|libllama.so --prompt-ids IDS [--steps 64] [--threads 2]\n"
-    "                    [--prompt-logits F] [--top2-gap] [--stop none] [--default-ctx] [--verbose]\n";
+    "                    [--prompt-logits F] [--top2-gap] [--stop none] [--default-ctx]\n"
+    "                    [--type-k f32|f16|q8_0] [--type-v f32|f16|q8_0] [--flash-attn on|off|auto]\n"
+    "                    [--kv-rotation on|off] [--verbose]\n";
+
+/* ggml type of a --type-k / --type-v value; -1 for another. */
+static int32_t kv_type(const char *v)
+{
+    return !strcmp(v, "f32") ? LC_GGML_TYPE_F32 : !strcmp(v, "f16") ? LC_GGML_TYPE_F16
+         : !strcmp(v, "q8_0") ? LC_GGML_TYPE_Q8_0 : -1;
+}
 
 static int usage(const char *msg)
 {
@@ -59,6 +76,7 @@ int main(int argc, char **argv)
     const char *model_path = NULL, *lib = NULL, *ids_arg = NULL, *logits_path = NULL;
     long steps = 64, threads = 2;
     int top2 = 0, stop_eos = 1, exact = 1;
+    const char *type_k = NULL, *type_v = NULL, *flash = NULL, *rot = "on";
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     lc_api api;
@@ -95,6 +113,14 @@ int main(int argc, char **argv)
             threads = strtol(v, NULL, 10);
         else if (!strcmp(a, "--stop") && !strcmp(v, "none"))
             stop_eos = 0;
+        else if (!strcmp(a, "--type-k") && kv_type(v) >= 0)
+            type_k = v;
+        else if (!strcmp(a, "--type-v") && kv_type(v) >= 0)
+            type_v = v;
+        else if (!strcmp(a, "--flash-attn") && (!strcmp(v, "on") || !strcmp(v, "off") || !strcmp(v, "auto")))
+            flash = v;
+        else if (!strcmp(a, "--kv-rotation") && (!strcmp(v, "on") || !strcmp(v, "off")))
+            rot = v;
         else
             return usage("unknown option or value");
         i++;
@@ -105,6 +131,20 @@ int main(int argc, char **argv)
         return usage("--steps is in [1, 2^20], --threads in [1, 256]");
     if (kvg_arg_ids(ids_arg, &prompt, &n_prompt) != 0 || n_prompt == 0 || n_prompt > 1 << 20)
         return usage("--prompt-ids: not a list of token ids");
+    lc_kv kv = exact ? (lc_kv){ LC_GGML_TYPE_F32, LC_GGML_TYPE_F32, LC_FLASH_ATTN_DISABLED, 1 }
+                     : (lc_kv){ LC_GGML_TYPE_F16, LC_GGML_TYPE_F16, LC_FLASH_ATTN_AUTO, 1 };
+    if (type_k)
+        kv.type_k = kv_type(type_k);
+    if (type_v)
+        kv.type_v = kv_type(type_v);
+    if (flash)
+        kv.flash_attn = !strcmp(flash, "on") ? LC_FLASH_ATTN_ENABLED
+                      : !strcmp(flash, "off") ? LC_FLASH_ATTN_DISABLED : LC_FLASH_ATTN_AUTO;
+    kv.rot = !strcmp(rot, "on");
+    if (kv.type_v == LC_GGML_TYPE_Q8_0 && kv.flash_attn != LC_FLASH_ATTN_ENABLED) {
+        free(prompt);
+        return usage("--type-v q8_0 needs --flash-attn on (llama.cpp quantizes V only under flash attention)");
+    }
 
     lc_load_api(&api, lib);
     void *model = api.model_load_from_file(model_path, api.model_default_params());
@@ -119,9 +159,11 @@ int main(int argc, char **argv)
             return 1;
         }
     uint32_t n_ctx = (uint32_t)(((long)n_prompt + steps + 255) / 256 * 256);
-    void *ctx = lc_new_ctx(&api, model, n_ctx, (uint32_t)n_prompt, 1, (int32_t)threads, exact);
-    fprintf(stderr, "llamacpp_ref: llama.cpp %s, vocab %d, prompt %zu tokens, n_ctx %u, %s\n", api.version(), V,
-            n_prompt, n_ctx, exact ? "F32 K/V cache, no flash attention" : "llama.cpp's default context");
+    void *ctx = lc_new_ctx_kv(&api, model, n_ctx, (uint32_t)n_prompt, 1, (int32_t)threads, &kv);
+    fprintf(stderr, "llamacpp_ref: llama.cpp %s, vocab %d, prompt %zu tokens, n_ctx %u, K/V cache %s/%s "
+            "(rotated: %s), flash attention %s\n", api.version(), V, n_prompt, n_ctx, lc_last.type_k, lc_last.type_v,
+            lc_last.rot_k > 0 || lc_last.rot_v > 0 ? "yes" : "no",
+            lc_last.flash < 0 ? "auto" : lc_last.flash ? "on" : "off");
 
     /* The prompt in one batch (llama_batch_get_one: positions from 0, one sequence, the
      * last token's logits only). */
