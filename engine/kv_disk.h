@@ -17,8 +17,9 @@
  *
  * Threads. The engine's scheduler thread calls spill (a cached block evicted from the
  * pool: its bytes are copied into a staging buffer at once, so the pool block can be
- * reused, and queued) and load (a lookup that missed the pool: read, checked, imported
- * into a fresh pool block). A writer thread of the store's own writes the queue out, so
+ * reused, and queued), the asynchronous reads below, and load (the synchronous read of
+ * a lookup that missed the pool: read, checked, imported into a fresh pool block; the
+ * engine uses it only with KVGATE_KV_DISK_SYNC=1). A writer thread of the store's own writes the queue out, so
  * the scheduler never waits for a disk write. The queue is bounded (staging bytes); a
  * spill that finds it full is dropped (the block is just not cached). One mutex guards
  * the index; the writer holds it only to pick a slot and to publish it, never across

@@ -798,7 +798,7 @@ static void publish(kvg_prefix_cache *pc, int32_t id, const uint8_t *hash, int t
  * found. */
 static int32_t tier_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
                          const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
-                         int32_t n_tokens, int32_t from, int64_t ttl_ms, const kvg_pc_fetch *f)
+                         int32_t n_tokens, int32_t from, int64_t ttl_ms, int async, const kvg_pc_fetch *f)
 {
     int32_t bt = pc->pool->geom.block_tokens;
     int32_t max = (n_tokens - 1) / bt, n = from;
@@ -813,10 +813,10 @@ static int32_t tier_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
             break;
         if (pc->host && kvg_kv_host_load(pc->host, pc->pool, id, hashes[n], tag, pc->now_ms) == 0) {
             pc->st.host_hit_tokens += (uint64_t)bt;
-        } else if (f ? (n >= f->from && n < f->from + f->n && f->rd[n - f->from] &&
-                        kvg_kv_disk_read_import(pc->disk, f->rd[n - f->from], pc->pool, id) == 0)
-                     : (pc->disk && kvg_kv_disk_load(pc->disk, pc->pool, id, hashes[n], tag) == 0)) {
-            /* with f, only what its reads brought in: admission never waits for the disk */
+        } else if (async ? (f && n >= f->from && n < f->from + f->n && f->rd[n - f->from] &&
+                            kvg_kv_disk_read_import(pc->disk, f->rd[n - f->from], pc->pool, id) == 0)
+                         : (pc->disk && kvg_kv_disk_load(pc->disk, pc->pool, id, hashes[n], tag) == 0)) {
+            /* async: only what f's reads brought in; admission never waits for the disk */
             pc->st.disk_hit_tokens += (uint64_t)bt;
         } else {
             break;
@@ -967,19 +967,11 @@ int32_t kvg_pc_hold(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t from, i
     return held;
 }
 
-int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+/* Admission; async: the disk tier serves only f's reads (f may be NULL: nothing). */
+static int32_t admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
                      const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
-                     int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
-                     char *err, size_t err_len)
-{
-    return kvg_pc_admit_fetched(pc, seq, tenant, hashes, n_hashes, n_tokens, ttl_ms, now_ms, recompute,
-                                NULL, err, err_len);
-}
-
-int32_t kvg_pc_admit_fetched(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
-                             const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
-                             int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
-                             const kvg_pc_fetch *f, char *err, size_t err_len)
+                     int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute, int async,
+                     const kvg_pc_fetch *f, char *err, size_t err_len)
 {
     int32_t bt = pc->pool->geom.block_tokens;
     int32_t n_hit, n_kept, total, need, evictable;
@@ -1056,7 +1048,7 @@ int32_t kvg_pc_admit_fetched(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
         seq->blocks[seq->n_blocks++] = id;
     }
     free(ids);
-    n_hit += tier_hits(pc, seq, tenant, hashes, n_hashes, n_tokens, n_hit, ttl_ms, f);
+    n_hit += tier_hits(pc, seq, tenant, hashes, n_hashes, n_tokens, n_hit, ttl_ms, async, f);
     seq->n_tokens = n_hit * bt;
     if (recompute) {
         pc->recompute_tokens += (uint64_t)n_tokens;
@@ -1066,6 +1058,23 @@ int32_t kvg_pc_admit_fetched(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
         pc->st.hit_tokens += (uint64_t)seq->n_tokens;
     }
     return seq->n_tokens;
+}
+
+int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+                     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                     int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
+                     char *err, size_t err_len)
+{
+    return admit(pc, seq, tenant, hashes, n_hashes, n_tokens, ttl_ms, now_ms, recompute, 0, NULL, err, err_len);
+}
+
+int32_t kvg_pc_admit_fetched(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+                             const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                             int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
+                             const kvg_pc_fetch *f, char *err, size_t err_len)
+{
+    return admit(pc, seq, tenant, hashes, n_hashes, n_tokens, ttl_ms, now_ms, recompute, !pc->disk_sync, f,
+                 err, err_len);
 }
 
 void kvg_pc_commit(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t index,

@@ -188,8 +188,9 @@ kvg_pc_fetch *kvg_pc_fetch_start(kvg_prefix_cache *pc, int tenant,
 int kvg_pc_fetch_pending(kvg_prefix_cache *pc, const kvg_pc_fetch *f);
 /* Releases f's reads (their staging) and f; NULL: nothing. */
 void kvg_pc_fetch_free(kvg_prefix_cache *pc, kvg_pc_fetch *f);
-/* kvg_pc_admit with the reads of f (NULL: kvg_pc_admit itself, whose disk reads are
- * synchronous): the disk tier serves only what f read. */
+/* kvg_pc_admit with the reads of f: the disk tier serves only what f read (f NULL:
+ * nothing), so admission never reads the disk, except with kvg_pc_disk_sync_reads on,
+ * when this is kvg_pc_admit (which reads what it finds on disk synchronously). */
 int32_t kvg_pc_admit_fetched(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
                              const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
                              int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,

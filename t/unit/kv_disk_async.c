@@ -13,7 +13,8 @@
  *   - a corrupt slot found by the reader is a miss: the prompt is recomputed, the same
  *     answer, the slot counted corrupt;
  *   - reads beyond the staging bound are not started: those blocks are recomputed (the
- *     staged ones still hit), the same answer.
+ *     staged ones still hit), the same answer; a request none of whose reads can be staged
+ *     is admitted at once and recomputes, nothing read on the scheduler's thread.
  * The cache's invariants hold after each. */
 #include <fcntl.h>
 #include <stdio.h>
@@ -68,9 +69,9 @@ static kvg_backend *BE;
 static sched_rig R;
 static kvg_kv_disk *D;
 static char err[512], base[256];
-static int32_t A[NP], B[40];
+static int32_t A[NP], B[40], C[NP];
 static uint8_t HA[NP / SCHED_RIG_BLOCK_TOKENS][KVG_PREFIX_HASH_LEN];
-static out refA, refB;
+static out refA, refB, refC;
 
 static kvg_kv_disk *open_disk(uint64_t staging)
 {
@@ -280,7 +281,11 @@ static void test_corrupt(void)
 static void test_staging_bound(void)
 {
     kvg_kv_disk_stats s0, s1;
-    ok(disk_only(), "A's prompt (recomputed) on disk only again");
+    char e[256];
+    submit(7, C, NP, 16, 0);     /* its slots were corrupted too: recomputed, kept in the pool */
+    sched_rig_drain(&R, 10000);
+    ok(outs[7].cached == 0 && same(&outs[7], &refC, "C"), "C recomputed after its corrupt slots, the same answer");
+    ok(disk_only(), "A's and C's prompts (recomputed) on disk only again");
     kvg_pc_set_disk(R.pc, NULL, NULL, 0);
     kvg_kv_disk_close(D);
     D = open_disk(1);            /* the least staging: 4 slots */
@@ -289,12 +294,24 @@ static void test_staging_bound(void)
         return;
     }
     s0 = dstats();
+    kvg_kv_disk_hold_reads(D, 1);
     submit(1, A, NP, 16, 0);
-    sched_rig_drain(&R, 10000);
+    kvg_sched_step(R.s, e, sizeof e);
     s1 = dstats();
-    is_int(outs[1].cached, 32, "reads staged for 4 blocks only: 32 tokens cached, the rest recomputed");
+    is_int((int)s1.reads_live, 4, "reads staged for 4 of A's 11 blocks only (the bound)");
+    ok(s1.read_staging_full > s0.read_staging_full, "  the 5th found the staging full");
+    /* C's blocks are on disk too, but no read of them can be staged now. */
+    submit(7, C, NP, 16, 0);
+    kvg_sched_step(R.s, e, sizeof e);
+    s0 = dstats();
+    ok(outs[7].accepted == 1 && outs[7].cached == 0, "C, whose reads cannot be staged, is admitted at once: recomputed");
+    ok(s0.hits == s1.hits && s0.bytes_read == s1.bytes_read, "  nothing read on the scheduler's thread");
+    kvg_kv_disk_hold_reads(D, 0);
+    sched_rig_drain(&R, 10000);
+    is_int(outs[1].cached, 32, "A: its 4 staged blocks hit (32 tokens), the rest recomputed");
     ok(same(&outs[1], &refA, "A staged in part"), "  the same answer");
-    ok(s1.read_staging_full > s0.read_staging_full, "  a read found the staging full");
+    ok(same(&outs[7], &refC, "C"), "  C's answer is its computed one");
+    ok(dstats().reads_live == 0, "  no read left staged");
     ok(check(), "  the cache's invariants hold");
 }
 
@@ -331,6 +348,9 @@ int main(void)
         A[i] = sched_rig_rnd_tok(&rs, M->cfg.vocab_size);
     for (int i = 1; i < 40; i++)
         B[i] = sched_rig_rnd_tok(&rs, M->cfg.vocab_size);
+    C[0] = A[0];
+    for (int i = 1; i < NP; i++)
+        C[i] = sched_rig_rnd_tok(&rs, M->cfg.vocab_size);
     h = kvg_prefix_hasher_new(err, sizeof err);
     if (!h || kvg_prefix_chain(h, R.root, A, NP, SCHED_RIG_BLOCK_TOKENS, HA, NP / SCHED_RIG_BLOCK_TOKENS, &nh,
                                err, sizeof err) != 0) {
@@ -349,6 +369,10 @@ int main(void)
     sched_rig_drain(&R, 10000);
     refB = outs[0];
     is_int(refB.n, 40, "B alone: 40 tokens");
+    submit(0, C, NP, 16, 0);
+    sched_rig_drain(&R, 10000);
+    refC = outs[0];
+    is_int(refC.cached, 0, "C computed (a miss)");
 
     test_hit();
     test_running_request_goes_on();
