@@ -75,6 +75,7 @@ struct kvg_prefix_cache {
 /* A waiting request's disk reads (kvg_pc_fetch_start): rd[i] reads chain block from + i,
  * NULL where the host tier held the block when the reads started. */
 struct kvg_pc_fetch {
+    kvg_kv_disk *disk;           /* its store (the cache's may be detached before it is freed) */
     int32_t from, n;
     kvg_kv_disk_read *rd[];
 };
@@ -814,7 +815,7 @@ static int32_t tier_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
         if (pc->host && kvg_kv_host_load(pc->host, pc->pool, id, hashes[n], tag, pc->now_ms) == 0) {
             pc->st.host_hit_tokens += (uint64_t)bt;
         } else if (async ? (f && n >= f->from && n < f->from + f->n && f->rd[n - f->from] &&
-                            kvg_kv_disk_read_import(pc->disk, f->rd[n - f->from], pc->pool, id) == 0)
+                            kvg_kv_disk_read_import(f->disk, f->rd[n - f->from], pc->pool, id) == 0)
                          : (pc->disk && kvg_kv_disk_load(pc->disk, pc->pool, id, hashes[n], tag) == 0)) {
             /* async: only what f's reads brought in; admission never waits for the disk */
             pc->st.disk_hit_tokens += (uint64_t)bt;
@@ -844,7 +845,8 @@ kvg_pc_fetch *kvg_pc_fetch_start(kvg_prefix_cache *pc, int tenant,
         return NULL;
     f = calloc(1, sizeof *f + (size_t)(max - from) * sizeof f->rd[0]);
     if (!f)
-        return NULL;             /* admission reads synchronously */
+        return NULL;             /* no memory: those blocks are recomputed */
+    f->disk = pc->disk;
     f->from = from;
     /* The run admission would walk: host blocks are copied then, disk blocks read now;
      * it ends at the first block neither holds, or whose read cannot be staged. */
@@ -865,8 +867,9 @@ kvg_pc_fetch *kvg_pc_fetch_start(kvg_prefix_cache *pc, int tenant,
 
 int kvg_pc_fetch_pending(kvg_prefix_cache *pc, const kvg_pc_fetch *f)
 {
+    (void)pc;
     for (int32_t i = 0; f && i < f->n; i++)
-        if (f->rd[i] && kvg_kv_disk_read_state(pc->disk, f->rd[i]) == KVG_KV_DISK_READ_PENDING)
+        if (f->rd[i] && kvg_kv_disk_read_state(f->disk, f->rd[i]) == KVG_KV_DISK_READ_PENDING)
             return 1;
     return 0;
 }
@@ -875,8 +878,9 @@ void kvg_pc_fetch_free(kvg_prefix_cache *pc, kvg_pc_fetch *f)
 {
     if (!f)
         return;
+    (void)pc;
     for (int32_t i = 0; i < f->n; i++)
-        kvg_kv_disk_read_put(pc->disk, f->rd[i]);
+        kvg_kv_disk_read_put(f->disk, f->rd[i]);
     free(f);
 }
 

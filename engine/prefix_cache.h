@@ -186,7 +186,8 @@ kvg_pc_fetch *kvg_pc_fetch_start(kvg_prefix_cache *pc, int tenant,
                                  int32_t n_tokens);
 /* 1 while a read of f is still in flight, else 0. */
 int kvg_pc_fetch_pending(kvg_prefix_cache *pc, const kvg_pc_fetch *f);
-/* Releases f's reads (their staging) and f; NULL: nothing. */
+/* Releases f's reads (their staging) and f; NULL: nothing. The disk store must outlive
+ * every fetch (its cache may detach it first). */
 void kvg_pc_fetch_free(kvg_prefix_cache *pc, kvg_pc_fetch *f);
 /* kvg_pc_admit with the reads of f: the disk tier serves only what f read (f NULL:
  * nothing), so admission never reads the disk, except with kvg_pc_disk_sync_reads on,
