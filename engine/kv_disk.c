@@ -911,6 +911,11 @@ int64_t kvg_kv_disk_wipe(kvg_kv_disk *d, const uint8_t tag[KVG_KV_DISK_ID_LEN])
             p->dead = 1;
             n++;
         }
+    /* Reads staged but not imported yet are never served now (one queued or being read
+     * fails by itself: its slot is gone). */
+    for (kvg_kv_disk_read *r = d->reads; r; r = r->lnext)
+        if (r->state == KVG_KV_DISK_READ_DONE && memcmp(r->tag, tag, HLEN) == 0)
+            r->state = KVG_KV_DISK_READ_FAILED;
     d->st.wiped += (uint64_t)n;
     pthread_mutex_unlock(&d->mu);
     return n;

@@ -14,7 +14,8 @@
  *     answer, the slot counted corrupt;
  *   - reads beyond the staging bound are not started: those blocks are recomputed (the
  *     staged ones still hit), the same answer; a request none of whose reads can be staged
- *     is admitted at once and recomputes, nothing read on the scheduler's thread.
+ *     is admitted at once and recomputes, nothing read on the scheduler's thread;
+ *   - reads staged when their tenant is wiped are not served: recomputed.
  * The cache's invariants hold after each. */
 #include <fcntl.h>
 #include <stdio.h>
@@ -315,6 +316,24 @@ static void test_staging_bound(void)
     ok(check(), "  the cache's invariants hold");
 }
 
+static void test_wipe(void)
+{
+    char e[256];
+    ok(disk_only(), "A's prompt on disk only again");
+    kvg_kv_disk_hold_reads(D, 1);
+    submit(1, A, NP, 16, 0);
+    kvg_sched_step(R.s, e, sizeof e);    /* its reads queued */
+    kvg_kv_disk_hold_reads(D, 0);
+    for (int g = 0; g < 1000 && dstats().reads_in_flight > 0; g++)
+        kvg_pc_disk_wait(R.pc, 100);     /* read and staged, not admitted */
+    ok(outs[1].accepted == 0 && dstats().reads_live > 0, "A's reads staged, A not admitted yet");
+    ok(kvg_pc_wipe_tenant(R.pc, "acme", 4) > 0, "its tenant wiped");
+    sched_rig_drain(&R, 10000);
+    is_int(outs[1].cached, 0, "  the staged blocks are not served: A recomputed");
+    ok(same(&outs[1], &refA, "A after the wipe"), "  the same answer");
+    ok(check(), "  the cache's invariants hold");
+}
+
 int main(void)
 {
     sched_rig_opts o;
@@ -379,6 +398,7 @@ int main(void)
     test_shared_and_cancel();
     test_corrupt();
     test_staging_bound();
+    test_wipe();
 
     sched_rig_free(&R);
     kvg_kv_disk_close(D);
