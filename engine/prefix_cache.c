@@ -791,6 +791,22 @@ static void publish(kvg_prefix_cache *pc, int32_t id, const uint8_t *hash, int t
     pc->tenants[tenant].charged++;
 }
 
+/* Block n of an admission with reads (kvg_pc_fetch_start) into pool block id from the
+ * disk: what f's read brought in. Or a block that was in a faster tier when f started (a
+ * pool hit before f->from, a host block f skipped) and is on disk now: this admission's
+ * own evictions (pool -> host -> disk) moved it there a moment ago, so it is loaded
+ * directly, from the write queue or the page cache (a block it was never going to wait
+ * for). Anything else is a miss: admission never waits for the disk. 0 or -1. */
+static int fetched(kvg_prefix_cache *pc, const kvg_pc_fetch *f, int32_t n, int32_t id, const uint8_t *hash,
+                   const uint8_t *tag)
+{
+    if (!f || n >= f->from + f->n)
+        return -1;
+    if (n >= f->from && f->rd[n - f->from])
+        return kvg_kv_disk_read_import(f->disk, f->rd[n - f->from], pc->pool, id);
+    return kvg_kv_disk_load(f->disk, pc->pool, id, hash, tag);
+}
+
 /* Admission's slower tiers: the chain goes on from block `from` (the first the pool
  * missed) in host memory, else on disk, block by block. Each block found is copied into
  * the fresh block admission reserved for it (from the host tier: queued on the device's
@@ -814,10 +830,8 @@ static int32_t tier_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
             break;
         if (pc->host && kvg_kv_host_load(pc->host, pc->pool, id, hashes[n], tag, pc->now_ms) == 0) {
             pc->st.host_hit_tokens += (uint64_t)bt;
-        } else if (async ? (f && n >= f->from && n < f->from + f->n && f->rd[n - f->from] &&
-                            kvg_kv_disk_read_import(f->disk, f->rd[n - f->from], pc->pool, id) == 0)
+        } else if (async ? fetched(pc, f, n, id, hashes[n], tag) == 0
                          : (pc->disk && kvg_kv_disk_load(pc->disk, pc->pool, id, hashes[n], tag) == 0)) {
-            /* async: only what f's reads brought in; admission never waits for the disk */
             pc->st.disk_hit_tokens += (uint64_t)bt;
         } else {
             break;
@@ -831,7 +845,7 @@ kvg_pc_fetch *kvg_pc_fetch_start(kvg_prefix_cache *pc, int tenant,
                                  const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
                                  int32_t n_tokens)
 {
-    int32_t bt = pc->pool->geom.block_tokens, max, from, n, n_reads = 0;
+    int32_t bt = pc->pool->geom.block_tokens, max, from, n;
     const uint8_t *tag;
     kvg_pc_fetch *f;
     if (!pc->disk || pc->disk_sync || n_hashes <= 0 || n_tokens <= 0 || !hashes ||
@@ -855,14 +869,13 @@ kvg_pc_fetch *kvg_pc_fetch_start(kvg_prefix_cache *pc, int tenant,
             continue;
         if (!(f->rd[n - from] = kvg_kv_disk_read_start(pc->disk, hashes[n], tag)))
             break;
-        n_reads++;
     }
     f->n = n - from;
-    if (n_reads == 0) {
+    if (f->n == 0) {             /* nothing in host memory nor on disk */
         free(f);
         return NULL;
     }
-    return f;
+    return f;                    /* with no read (all in host memory) it is not pending */
 }
 
 int kvg_pc_fetch_pending(kvg_prefix_cache *pc, const kvg_pc_fetch *f)

@@ -178,9 +178,10 @@ int kvg_pc_set_disk(kvg_prefix_cache *pc, kvg_kv_disk *d, char *err, size_t err_
  * those only the disk holds. A block whose read cannot be staged (the reads' staging is
  * full) ends the run too: it and what follows are recomputed, never read synchronously. */
 typedef struct kvg_pc_fetch kvg_pc_fetch;
-/* The reads of a prompt's chain (arguments as kvg_pc_admit's), or NULL when there is none
- * to wait for (no disk tier, synchronous reads chosen, nothing only on disk, or nothing
- * could be staged): then admit at once with kvg_pc_admit. */
+/* The reads of a prompt's chain (arguments as kvg_pc_admit's), or NULL when the chain's
+ * next block is in neither the host tier nor the disk (or its read cannot be staged), or
+ * there is no disk tier, or synchronous reads were chosen. Without a read in flight (the
+ * run is in host memory) it is not pending: admit at once, with it. */
 kvg_pc_fetch *kvg_pc_fetch_start(kvg_prefix_cache *pc, int tenant,
                                  const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
                                  int32_t n_tokens);
@@ -189,9 +190,11 @@ int kvg_pc_fetch_pending(kvg_prefix_cache *pc, const kvg_pc_fetch *f);
 /* Releases f's reads (their staging) and f; NULL: nothing. The disk store must outlive
  * every fetch (its cache may detach it first). */
 void kvg_pc_fetch_free(kvg_prefix_cache *pc, kvg_pc_fetch *f);
-/* kvg_pc_admit with the reads of f: the disk tier serves only what f read (f NULL:
- * nothing), so admission never reads the disk, except with kvg_pc_disk_sync_reads on,
- * when this is kvg_pc_admit (which reads what it finds on disk synchronously). */
+/* kvg_pc_admit with the reads of f: the disk tier serves what f read (f NULL: nothing),
+ * and the blocks that were in a faster tier when f started (the pool, the host tier) but
+ * that this admission's own evictions have just moved on to disk (from the write queue or
+ * the page cache); it never waits for a block that was on disk only. With
+ * kvg_pc_disk_sync_reads on this is kvg_pc_admit, which reads whatever it finds on disk. */
 int32_t kvg_pc_admit_fetched(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
                              const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
                              int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
