@@ -239,6 +239,16 @@ kvg_daemon *kvg_daemon_new(const kvg_model *m, kvg_forward *fw, kvg_prefix_cache
             goto fail;
         }
     }
+    /* The disk tier's reader signals each read that ends: a request waiting for its
+     * blocks is admitted at once, not at the next poll. */
+    d->disk_tag = (dtag){ TAG_DISK, NULL };
+    if (kvg_pc_disk_fd(pc) >= 0) {
+        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &d->disk_tag };
+        if (epoll_ctl(d->ep, EPOLL_CTL_ADD, kvg_pc_disk_fd(pc), &ev) != 0) {
+            kvg_set_err(err, err_len, "engine daemon: epoll: %s", strerror(errno));
+            goto fail;
+        }
+    }
     return d;
 fail:
     kvg_daemon_free(d);
@@ -595,7 +605,8 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
         if (pending && last_rows > 0)
             timeout = 0;
         else if (pending)
-            timeout = 10;        /* everything is held or waiting for blocks: poll gently */
+            timeout = 10;        /* everything is held or waiting for blocks: poll gently
+                                    (a disk read that ends wakes it at once: TAG_DISK) */
         else if (d->stopping)
             timeout = 0;
         else
@@ -626,6 +637,11 @@ int kvg_daemon_run(kvg_daemon *d, char *err, size_t err_len)
                 break;
             case TAG_SOCK:
                 kvgd_conn_readable(t->conn);
+                break;
+            case TAG_DISK:
+                if (read(kvg_pc_disk_fd(d->pc), &v, sizeof v) < 0) {
+                    /* EAGAIN: already cleared */
+                }
                 break;
             case TAG_BELL:
                 if (read(t->conn->bell_in, &v, sizeof v) < 0) {

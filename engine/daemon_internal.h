@@ -26,7 +26,7 @@
 #include "u64map.h"
 
 /* What epoll reports: which object and which of its descriptors. */
-enum { TAG_LISTEN = 1, TAG_STOP, TAG_SOCK, TAG_BELL };
+enum { TAG_LISTEN = 1, TAG_STOP, TAG_SOCK, TAG_BELL, TAG_DISK };
 typedef struct dtag {
     int kind;
     struct dconn *conn;
@@ -119,7 +119,7 @@ struct kvg_daemon {
     int ep;                      /* epoll */
     int listen_fd;
     int stop_fd;                 /* eventfd written by kvg_daemon_request_stop */
-    dtag listen_tag, stop_tag;
+    dtag listen_tag, stop_tag, disk_tag;
     int listening;
     uint64_t sock_ino, sock_dev;     /* the socket file we bound (removed on stop) */
     volatile int stop_requests;  /* written by the signal handler */

@@ -1,8 +1,10 @@
 /* The disk tier's store: one file of fixed-size slots, an in-memory index (chain hash
  * -> slot) rebuilt from the slot headers when the file is opened, an LRU over the
- * slots, and a writer thread draining a bounded queue of blocks to write. See
- * kv_disk.h for the format and the threading rules. */
+ * slots, a writer thread draining a bounded queue of blocks to write, and a reader
+ * thread serving a queue of asynchronous reads. See kv_disk.h for the format and the
+ * threading rules. */
 #include "kv_disk.h"
+#include "kv_disk_testing.h"
 #include "crc32c.h"
 #include "errmsg.h"
 #include "log.h"
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -42,6 +45,18 @@ typedef struct pending {
     double quota;                /* its tenant's share of the slots, 0: none */
     int dead;                    /* wiped while queued or being written */
 } pending;
+
+/* An asynchronous read (kv_disk.h): queued for the reader, then DONE or FAILED; on the
+ * store's list of reads while a request holds it (or the reader is reading it), so a
+ * second request for the same block shares it. */
+struct kvg_kv_disk_read {
+    struct kvg_kv_disk_read *next;   /* the reader's queue */
+    struct kvg_kv_disk_read *lprev, *lnext;  /* the store's list of reads */
+    uint8_t hash[HLEN], tag[HLEN];
+    uint8_t *buf;                /* slot_bytes: the slot as read (header, then payload) */
+    int refs;                    /* requests holding it */
+    int state;                   /* KVG_KV_DISK_READ_* */
+};
 
 struct kvg_kv_disk {
     char path[PATH_MAX];
@@ -76,6 +91,18 @@ struct kvg_kv_disk {
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_done;
     uint8_t *rbuf;               /* one slot, for loads (under mu) */
+    /* the reader's queue (kvg_kv_disk_read_start) */
+    kvg_kv_disk_read *rq_head, *rq_tail, *reading, *reads;  /* reads: every live one */
+    uint64_t rd_cap, rd_used;    /* staging bytes of the reads */
+    int64_t reading_slot;        /* the slot the reader reads outside mu (NIL: none): the
+                                    writer never takes it, a drop leaves it off the free
+                                    list until the read ends */
+    int reading_dropped;         /* it was dropped meanwhile: the read is a miss */
+    int hold_reads;              /* kvg_kv_disk_hold_reads (tests) */
+    int efd;                     /* eventfd signalled when a read ends, -1: none */
+    int writer_up, reader_up;
+    pthread_t reader;
+    pthread_cond_t cv_read;
     kvg_kv_disk_stats st;
     int logged_write, logged_read, logged_corrupt, logged_drop;
 };
@@ -259,7 +286,10 @@ static void drop_slot(kvg_kv_disk *d, int64_t s, int zero)
     static const uint8_t zeros[8];
     unpublish(d, s);
     d->state[s] = SLOT_FREE;
-    d->free_slots[d->n_free++] = s;
+    if (s == d->reading_slot)
+        d->reading_dropped = 1;  /* freed when the reader is done with it */
+    else
+        d->free_slots[d->n_free++] = s;
     if (zero)
         (void)!pwrite(d->fd, zeros, sizeof zeros, slot_off(d, s));
 }
@@ -282,11 +312,11 @@ static void sweep_expired(kvg_kv_disk *d, int64_t now)
     d->next_expiry = next;
 }
 
-/* The least recently used slot of tag, or NIL. */
+/* The least recently used slot of tag not being read, or NIL. */
 static int64_t lru_of_tag(const kvg_kv_disk *d, const uint8_t *tag)
 {
     int64_t s = d->lru_head;
-    while (s != NIL && memcmp(d->tag[s], tag, HLEN) != 0)
+    while (s != NIL && (s == d->reading_slot || memcmp(d->tag[s], tag, HLEN) != 0))
         s = d->next[s];
     return s;
 }
@@ -313,6 +343,10 @@ static int64_t pick_slot(kvg_kv_disk *d, const pending *p, int64_t now)
         s = d->free_slots[--d->n_free];
     } else if (s == NIL && d->lru_head != NIL) {
         s = d->lru_head;
+        if (s == d->reading_slot)    /* being read: the next least recently used */
+            s = d->next[s];
+        if (s == NIL)
+            return NIL;
         unpublish(d, s);
         d->st.evictions++;
     }
@@ -434,6 +468,108 @@ static void *writer_main(void *arg)
         free(p->buf);
         free(p);
         pthread_mutex_lock(&d->mu);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* ---- the reader ---- */
+
+/* A read leaves the store: its staging goes back (under mu). */
+static void free_read(kvg_kv_disk *d, kvg_kv_disk_read *r)
+{
+    if (r->lprev)
+        r->lprev->lnext = r->lnext;
+    else
+        d->reads = r->lnext;
+    if (r->lnext)
+        r->lnext->lprev = r->lprev;
+    d->rd_used -= d->slot_bytes;
+    free(r->buf);
+    free(r);
+}
+
+/* Reads and checks one queued read's slot; called and returns with mu held, which it
+ * drops for the pread and the checksum. Its slot stays out of the writer's reach
+ * meanwhile (reading_slot), so what is read is what the index said. */
+static void read_one(kvg_kv_disk *d, kvg_kv_disk_read *r)
+{
+    kvg_kv_disk_hdr h;
+    int64_t s = index_find(d, r->hash);
+    double t0;
+    int rc, e = 0, bad = 0;
+    if (s == NIL || memcmp(d->tag[s], r->tag, HLEN) != 0) {
+        r->state = KVG_KV_DISK_READ_FAILED;     /* evicted or wiped since it was queued */
+        d->st.misses++;
+        return;
+    }
+    d->reading_slot = s;
+    d->reading_dropped = 0;
+    pthread_mutex_unlock(&d->mu);
+    t0 = mono_s();
+    rc = pread_full(d->fd, r->buf, (size_t)d->slot_bytes, slot_off(d, s));
+    if (rc != 0) {
+        e = errno;
+    } else {
+        memcpy(&h, r->buf, sizeof h);
+        bad = !ident_matches(d, &h) || memcmp(h.hash, r->hash, HLEN) != 0 ||
+              memcmp(h.tag, r->tag, HLEN) != 0 || h.crc != slot_crc(d, r->buf);
+    }
+    t0 = mono_s() - t0;
+    pthread_mutex_lock(&d->mu);
+    d->reading_slot = NIL;
+    d->st.read_seconds += t0;
+    r->state = KVG_KV_DISK_READ_FAILED;
+    if (d->reading_dropped) {    /* wiped or replaced while being read: a miss */
+        d->free_slots[d->n_free++] = s;
+        d->st.misses++;
+    } else if (rc != 0) {
+        d->st.io_errors++;
+        d->st.misses++;
+        if (!d->logged_read++)
+            kvg_log("kv disk: cannot read %s (%s): the block is recomputed (logged once)",
+                    d->path, strerror(e));
+        drop_slot(d, s, 0);
+    } else if (bad) {
+        d->st.corrupt++;
+        d->st.misses++;
+        if (!d->logged_corrupt++)
+            kvg_log("kv disk: a corrupt block in %s (slot %lld: checksum or identity): dropped, "
+                    "recomputed (logged once)", d->path, (long long)s);
+        drop_slot(d, s, 1);
+    } else {
+        lru_remove(d, s);
+        lru_push(d, s);
+        d->checked[s] = 1;
+        d->st.bytes_read += d->slot_bytes;
+        r->state = KVG_KV_DISK_READ_DONE;
+    }
+}
+
+static void *reader_main(void *arg)
+{
+    kvg_kv_disk *d = arg;
+    pthread_mutex_lock(&d->mu);
+    for (;;) {
+        kvg_kv_disk_read *r;
+        while ((!d->rq_head || d->hold_reads) && !d->stop)
+            pthread_cond_wait(&d->cv_read, &d->mu);
+        if (d->stop)
+            break;               /* reads still queued are freed by close */
+        r = d->rq_head;
+        d->rq_head = r->next;
+        if (!d->rq_head)
+            d->rq_tail = NULL;
+        r->next = NULL;
+        d->reading = r;
+        read_one(d, r);
+        d->reading = NULL;
+        if (r->refs == 0)        /* its requests went away meanwhile */
+            free_read(d, r);
+        if (d->efd >= 0) {
+            uint64_t one = 1;
+            (void)!write(d->efd, &one, sizeof one);
+        }
     }
     pthread_mutex_unlock(&d->mu);
     return NULL;
@@ -584,6 +720,8 @@ kvg_kv_disk *kvg_kv_disk_open_clock(const char *dir, uint64_t size_bytes, uint64
         return NULL;
     }
     d->fd = -1;
+    d->efd = -1;
+    d->reading_slot = NIL;
     d->id = *id;
     d->slot_bytes = HDR + payload_pad;
     d->n_slots = (int64_t)(size_bytes / d->slot_bytes);
@@ -599,6 +737,7 @@ kvg_kv_disk *kvg_kv_disk_open_clock(const char *dir, uint64_t size_bytes, uint64
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv_work, NULL);
     pthread_cond_init(&d->cv_done, NULL);
+    pthread_cond_init(&d->cv_read, NULL);
     d->fd = open(d->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (d->fd < 0) {
         kvg_set_err(err, err_len, "%s: cannot open: %s", d->path, strerror(errno));
@@ -647,6 +786,9 @@ kvg_kv_disk *kvg_kv_disk_open_clock(const char *dir, uint64_t size_bytes, uint64
     if (staging_bytes < 4 * d->slot_bytes)
         staging_bytes = 4 * d->slot_bytes;
     d->staging_cap = staging_bytes;
+    d->rd_cap = staging_bytes;   /* the reads' own budget, as large */
+    /* Without it the engine's loop polls for ended reads instead of sleeping on them. */
+    d->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     size_file(d);
     scan(d);
     d->st.slots_total = d->n_slots;
@@ -655,12 +797,14 @@ kvg_kv_disk *kvg_kv_disk_open_clock(const char *dir, uint64_t size_bytes, uint64
         kvg_set_err(err, err_len, "kv disk: cannot start the writer thread");
         goto fail;
     }
+    d->writer_up = 1;
+    if (pthread_create(&d->reader, NULL, reader_main, d) != 0) {
+        kvg_set_err(err, err_len, "kv disk: cannot start the reader thread");
+        goto fail;
+    }
+    d->reader_up = 1;
     return d;
 fail:
-    if (d->fd >= 0)
-        close(d->fd);
-    d->fd = -1;
-    d->stop = -1;                /* no writer to join */
     kvg_kv_disk_close(d);
     return NULL;
 }
@@ -669,24 +813,31 @@ void kvg_kv_disk_close(kvg_kv_disk *d)
 {
     if (!d)
         return;
-    if (d->stop != -1) {
-        pthread_mutex_lock(&d->mu);
-        d->stop = 1;
-        pthread_cond_signal(&d->cv_work);
-        pthread_mutex_unlock(&d->mu);
+    pthread_mutex_lock(&d->mu);
+    d->stop = 1;
+    pthread_cond_signal(&d->cv_work);
+    pthread_cond_signal(&d->cv_read);
+    pthread_mutex_unlock(&d->mu);
+    if (d->writer_up)
         pthread_join(d->writer, NULL);
-    }
+    if (d->reader_up)
+        pthread_join(d->reader, NULL);
     while (d->q_head) {          /* only when the writer never ran */
         pending *p = d->q_head;
         d->q_head = p->next;
         free(p->buf);
         free(p);
     }
+    while (d->reads)             /* references still held become invalid */
+        free_read(d, d->reads);
     if (d->fd >= 0)
         close(d->fd);
+    if (d->efd >= 0)
+        close(d->efd);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv_work);
     pthread_cond_destroy(&d->cv_done);
+    pthread_cond_destroy(&d->cv_read);
     free(d->buckets);
     free(d->state);
     free(d->checked);
@@ -921,6 +1072,11 @@ int64_t kvg_kv_disk_wipe(kvg_kv_disk *d, const uint8_t tag[KVG_KV_DISK_ID_LEN])
             p->dead = 1;
             n++;
         }
+    /* Reads staged but not imported yet are never served now (one queued or being read
+     * fails by itself: its slot is gone). */
+    for (kvg_kv_disk_read *r = d->reads; r; r = r->lnext)
+        if (r->state == KVG_KV_DISK_READ_DONE && memcmp(r->tag, tag, HLEN) == 0)
+            r->state = KVG_KV_DISK_READ_FAILED;
     d->st.wiped += (uint64_t)n;
     pthread_mutex_unlock(&d->mu);
     return n;
@@ -941,10 +1097,151 @@ void kvg_kv_disk_get_stats(kvg_kv_disk *d, kvg_kv_disk_stats *out)
     *out = d->st;
     out->slots_used = d->n_valid;
     out->pending = (int64_t)(d->submitted - d->completed);
+    out->reads_in_flight = d->reading != NULL;
+    for (const kvg_kv_disk_read *r = d->rq_head; r; r = r->next)
+        out->reads_in_flight++;
+    for (const kvg_kv_disk_read *r = d->reads; r; r = r->lnext)
+        out->reads_live += r->refs > 0;
     pthread_mutex_unlock(&d->mu);
 }
 
 const char *kvg_kv_disk_path(const kvg_kv_disk *d)
 {
     return d->path;
+}
+
+/* ---- asynchronous reads: the scheduler's side ---- */
+
+kvg_kv_disk_read *kvg_kv_disk_read_start(kvg_kv_disk *d, const uint8_t hash[KVG_KV_DISK_ID_LEN],
+                                         const uint8_t tag[KVG_KV_DISK_ID_LEN])
+{
+    kvg_kv_disk_read *r;
+    pending *p;
+    int64_t s;
+    pthread_mutex_lock(&d->mu);
+    for (r = d->reads; r; r = r->lnext)
+        if (r->state != KVG_KV_DISK_READ_FAILED && memcmp(r->hash, hash, HLEN) == 0 &&
+            memcmp(r->tag, tag, HLEN) == 0) {
+            r->refs++;           /* another request waits for the same block */
+            pthread_mutex_unlock(&d->mu);
+            return r;
+        }
+    p = queued(d, hash);
+    s = p ? NIL : index_find(d, hash);
+    if (s != NIL && d->expires[s] <= now_of(d)) {
+        drop_slot(d, s, 0);      /* expired: never served (as a load); the slot is free */
+        d->st.expired++;
+        s = NIL;
+    }
+    if (p ? memcmp(p->tag, tag, HLEN) != 0 || p->expires <= now_of(d)
+          : (s == NIL || memcmp(d->tag[s], tag, HLEN) != 0)) {
+        d->st.misses++;
+        pthread_mutex_unlock(&d->mu);
+        return NULL;
+    }
+    if (d->rd_used + d->slot_bytes > d->rd_cap) {
+        d->st.read_staging_full++;
+        pthread_mutex_unlock(&d->mu);
+        return NULL;
+    }
+    d->rd_used += d->slot_bytes;
+    pthread_mutex_unlock(&d->mu);
+    r = calloc(1, sizeof *r);
+    if (r)
+        r->buf = aligned_alloc(HDR, (size_t)d->slot_bytes);
+    pthread_mutex_lock(&d->mu);
+    if (!r || !r->buf) {
+        if (r)
+            free(r);
+        d->rd_used -= d->slot_bytes;
+        d->st.read_staging_full++;
+        pthread_mutex_unlock(&d->mu);
+        return NULL;
+    }
+    memcpy(r->hash, hash, HLEN);
+    memcpy(r->tag, tag, HLEN);
+    r->refs = 1;
+    r->lnext = d->reads;
+    if (d->reads)
+        d->reads->lprev = r;
+    d->reads = r;
+    p = queued(d, hash);         /* again: the writer may have taken it meanwhile */
+    if (p && memcmp(p->tag, tag, HLEN) == 0 && p->expires > now_of(d)) {
+        /* Not written yet: its staging copy, now (a memcpy, as a load does). */
+        memcpy(r->buf + HDR, p->buf + HDR, (size_t)d->id.payload_bytes);
+        r->state = KVG_KV_DISK_READ_DONE;
+    } else {
+        r->state = KVG_KV_DISK_READ_PENDING;
+        if (d->rq_tail)
+            d->rq_tail->next = r;
+        else
+            d->rq_head = r;
+        d->rq_tail = r;
+        d->st.async_reads++;
+        pthread_cond_signal(&d->cv_read);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return r;
+}
+
+int kvg_kv_disk_read_state(kvg_kv_disk *d, const kvg_kv_disk_read *r)
+{
+    int st;
+    pthread_mutex_lock(&d->mu);
+    st = r->state;
+    pthread_mutex_unlock(&d->mu);
+    return st;
+}
+
+int kvg_kv_disk_read_import(kvg_kv_disk *d, const kvg_kv_disk_read *r, kvg_kv_pool *pool, int32_t block)
+{
+    int rc;
+    if (kvg_kv_disk_read_state(d, r) != KVG_KV_DISK_READ_DONE)
+        return -1;               /* a failed read was counted by the reader */
+    /* Once DONE the buffer is never written again: the import runs outside mu. */
+    rc = kvg_kv_xfer_bytes(pool) == d->id.payload_bytes &&
+         kvg_kv_block_import(pool, block, r->buf + HDR) == 0 ? 0 : -1;
+    pthread_mutex_lock(&d->mu);
+    if (rc == 0)
+        d->st.hits++;
+    else
+        d->st.misses++;
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+void kvg_kv_disk_read_put(kvg_kv_disk *d, kvg_kv_disk_read *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_lock(&d->mu);
+    if (--r->refs == 0 && r != d->reading) {   /* being read: the reader frees it */
+        if (r->state == KVG_KV_DISK_READ_PENDING) {
+            kvg_kv_disk_read **pp = &d->rq_head, *prev = NULL;
+            while (*pp && *pp != r) {
+                prev = *pp;
+                pp = &(*pp)->next;
+            }
+            if (*pp) {
+                *pp = r->next;
+                if (d->rq_tail == r)
+                    d->rq_tail = prev;
+            }
+        }
+        free_read(d, r);
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+int kvg_kv_disk_read_fd(const kvg_kv_disk *d)
+{
+    return d ? d->efd : -1;
+}
+
+void kvg_kv_disk_hold_reads(kvg_kv_disk *d, int hold)
+{
+    pthread_mutex_lock(&d->mu);
+    d->hold_reads = hold != 0;
+    pthread_cond_broadcast(&d->cv_read);
+    pthread_mutex_unlock(&d->mu);
 }

@@ -27,12 +27,23 @@
  *
  * Threads. The engine's scheduler thread calls spill (a cached block evicted from the
  * pool: its bytes are copied into a staging buffer at once, so the pool block can be
- * reused, and queued) and load (a lookup that missed the pool: read, checked, imported
- * into a fresh pool block). A writer thread of the store's own writes the queue out, so
+ * reused, and queued), the asynchronous reads below, and load (the synchronous read of
+ * a lookup that missed the pool: read, checked, imported into a fresh pool block; the
+ * engine uses it only with KVGATE_KV_DISK_SYNC=1). A writer thread of the store's own writes the queue out, so
  * the scheduler never waits for a disk write. The queue is bounded (staging bytes); a
  * spill that finds it full is dropped (the block is just not cached). One mutex guards
  * the index; the writer holds it only to pick a slot and to publish it, never across
  * its write. A load reads under the mutex (the writer then waits, at most one read).
+ *
+ * Asynchronous reads. A request whose prefix continues on disk does not read on the
+ * scheduler thread: kvg_kv_disk_read_start queues the block for the store's reader
+ * thread, which reads the slot outside the mutex (the slot is marked, so the writer never
+ * rewrites it meanwhile) and checks it into a staging buffer of its own; the scheduler
+ * polls the read (kvg_kv_disk_read_state, or sleeps on kvg_kv_disk_read_fd) and imports
+ * the checked bytes into a pool block on its own thread (kvg_kv_disk_read_import). Two
+ * requests wanting the same block share one read (a reference count). The staging of
+ * reads is bounded like the write queue's (its own budget of the same size): a read that
+ * finds it full is not started, and the block is recomputed.
  *
  * Failures never fail a request: an I/O error or a full disk (ENOSPC, EFBIG) on a write
  * drops that block, on a read it is a miss; each kind is logged once and counted. */
@@ -115,6 +126,10 @@ typedef struct kvg_kv_disk_stats {
     uint64_t io_errors;                  /* failed reads and writes (ENOSPC included) */
     uint64_t wiped;                      /* slots dropped by kvg_kv_disk_wipe */
     int64_t pending;                     /* blocks queued for the writer now */
+    uint64_t async_reads;                /* reads started for the reader thread */
+    uint64_t read_staging_full;          /* reads not started: their staging was full */
+    int64_t reads_in_flight;             /* reads queued or being read now */
+    int64_t reads_live;                  /* reads held by requests (staged or in flight) */
 } kvg_kv_disk_stats;
 
 /* The dtype of a host pool's blocks for the ident: F32_HOST or INT8_HOST + its float32
@@ -157,6 +172,29 @@ int kvg_kv_disk_spill_bytes(kvg_kv_disk *d, const void *payload, size_t bytes,
  * dropped) or cannot be read. A block still queued is served from its staging copy. */
 int kvg_kv_disk_load(kvg_kv_disk *d, kvg_kv_pool *pool, int32_t block,
                      const uint8_t hash[KVG_KV_DISK_ID_LEN], const uint8_t tag[KVG_KV_DISK_ID_LEN]);
+/* An asynchronous read (see above): shared by the requests waiting for one block. */
+typedef struct kvg_kv_disk_read kvg_kv_disk_read;
+enum { KVG_KV_DISK_READ_PENDING = 0, KVG_KV_DISK_READ_DONE = 1, KVG_KV_DISK_READ_FAILED = 2 };
+/* Starts reading the block of hash (which must carry tag), or joins the read of it already
+ * started; a block still in the write queue is copied from its staging copy now (DONE at
+ * once). The caller's reference (drop it with kvg_kv_disk_read_put), or NULL when the block
+ * is not stored (a miss) or the reads' staging is full. */
+kvg_kv_disk_read *kvg_kv_disk_read_start(kvg_kv_disk *d, const uint8_t hash[KVG_KV_DISK_ID_LEN],
+                                         const uint8_t tag[KVG_KV_DISK_ID_LEN]);
+/* PENDING (queued or being read), DONE (read and checked) or FAILED (gone meanwhile,
+ * corrupt, an I/O error: the block is a miss and is recomputed). */
+int kvg_kv_disk_read_state(kvg_kv_disk *d, const kvg_kv_disk_read *r);
+/* A DONE read's bytes into pool block `block` (a memcpy into a host pool; a device pool's
+ * transfer hook from pageable memory, complete when it returns): 0, or -1 (not DONE, or
+ * the import failed: a miss). */
+int kvg_kv_disk_read_import(kvg_kv_disk *d, const kvg_kv_disk_read *r, kvg_kv_pool *pool, int32_t block);
+/* Drops a reference (NULL: nothing); the last one frees the staging, also of a read not
+ * done yet (one being read is freed by the reader when it ends). */
+void kvg_kv_disk_read_put(kvg_kv_disk *d, kvg_kv_disk_read *r);
+/* An eventfd the reader signals each time a read ends (the scheduler's loop sleeps on it
+ * with its other descriptors and reads it to clear it), or -1. */
+int kvg_kv_disk_read_fd(const kvg_kv_disk *d);
+
 /* Whether hash is stored or queued. */
 int kvg_kv_disk_holds(kvg_kv_disk *d, const uint8_t hash[KVG_KV_DISK_ID_LEN]);
 /* Drops every block of a tenant tag, stored or queued (their headers are zeroed, so a

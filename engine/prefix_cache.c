@@ -8,10 +8,12 @@
 #include "kv_disk.h"
 #include "kv_host.h"
 
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #define NIL (-1)
 #define DEFAULT_TTL_MS (5 * 60 * 1000)
@@ -67,6 +69,15 @@ struct kvg_prefix_cache {
     kvg_kv_disk *disk;           /* the disk tier (kvg_pc_set_disk), or NULL */
     kvg_kv_host *host;           /* the host tier before it (kvg_pc_set_host), or NULL */
     kvg_prefix_hasher *hasher;   /* for tenant tags, with the disk tier */
+    int disk_sync;               /* kvg_pc_disk_sync_reads */
+};
+
+/* A waiting request's disk reads (kvg_pc_fetch_start): rd[i] reads chain block from + i,
+ * NULL where the host tier held the block when the reads started. */
+struct kvg_pc_fetch {
+    kvg_kv_disk *disk;           /* its store (the cache's may be detached before it is freed) */
+    int32_t from, n;
+    kvg_kv_disk_read *rd[];
 };
 
 static uint32_t bucket_of(const kvg_prefix_cache *pc, const uint8_t *h)
@@ -796,6 +807,22 @@ static void publish(kvg_prefix_cache *pc, int32_t id, const uint8_t *hash, int t
     pc->tenants[tenant].charged++;
 }
 
+/* Block n of an admission with reads (kvg_pc_fetch_start) into pool block id from the
+ * disk: what f's read brought in. Or a block that was in a faster tier when f started (a
+ * pool hit before f->from, a host block f skipped) and is on disk now: this admission's
+ * own evictions (pool -> host -> disk) moved it there a moment ago, so it is loaded
+ * directly, from the write queue or the page cache (a block it was never going to wait
+ * for). Anything else is a miss: admission never waits for the disk. 0 or -1. */
+static int fetched(kvg_prefix_cache *pc, const kvg_pc_fetch *f, int32_t n, int32_t id, const uint8_t *hash,
+                   const uint8_t *tag)
+{
+    if (!f || n >= f->from + f->n)
+        return -1;
+    if (n >= f->from && f->rd[n - f->from])
+        return kvg_kv_disk_read_import(f->disk, f->rd[n - f->from], pc->pool, id);
+    return kvg_kv_disk_load(f->disk, pc->pool, id, hash, tag);
+}
+
 /* Admission's slower tiers: the chain goes on from block `from` (the first the pool
  * missed) in host memory, else on disk, block by block. Each block found is copied into
  * the fresh block admission reserved for it (from the host tier: queued on the device's
@@ -804,7 +831,7 @@ static void publish(kvg_prefix_cache *pc, int32_t id, const uint8_t *hash, int t
  * found. */
 static int32_t tier_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
                          const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
-                         int32_t n_tokens, int32_t from, int64_t ttl_ms)
+                         int32_t n_tokens, int32_t from, int64_t ttl_ms, int async, const kvg_pc_fetch *f)
 {
     int32_t bt = pc->pool->geom.block_tokens;
     int32_t max = (n_tokens - 1) / bt, n = from;
@@ -819,7 +846,8 @@ static int32_t tier_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
             break;
         if (pc->host && kvg_kv_host_load(pc->host, pc->pool, id, hashes[n], tag, pc->now_ms) == 0) {
             pc->st.host_hit_tokens += (uint64_t)bt;
-        } else if (pc->disk && kvg_kv_disk_load(pc->disk, pc->pool, id, hashes[n], tag) == 0) {
+        } else if (async ? fetched(pc, f, n, id, hashes[n], tag) == 0
+                         : (pc->disk && kvg_kv_disk_load(pc->disk, pc->pool, id, hashes[n], tag) == 0)) {
             pc->st.disk_hit_tokens += (uint64_t)bt;
         } else {
             break;
@@ -827,6 +855,84 @@ static int32_t tier_hits(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
         publish(pc, id, hashes[n], tenant, ttl_ms);
     }
     return n - from;
+}
+
+kvg_pc_fetch *kvg_pc_fetch_start(kvg_prefix_cache *pc, int tenant,
+                                 const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                                 int32_t n_tokens)
+{
+    int32_t bt = pc->pool->geom.block_tokens, max, from, n;
+    const uint8_t *tag;
+    kvg_pc_fetch *f;
+    if (!pc->disk || pc->disk_sync || n_hashes <= 0 || n_tokens <= 0 || !hashes ||
+        !tenant_is_live(pc, tenant) || !(tag = tenant_tag(pc, tenant)))
+        return NULL;
+    max = (n_tokens - 1) / bt;
+    if (n_hashes < max)
+        max = n_hashes;
+    from = count_hits(pc, tenant, hashes, n_hashes, n_tokens, NULL, NULL);
+    if (from >= max)
+        return NULL;
+    f = calloc(1, sizeof *f + (size_t)(max - from) * sizeof f->rd[0]);
+    if (!f)
+        return NULL;             /* no memory: those blocks are recomputed */
+    f->disk = pc->disk;
+    f->from = from;
+    /* The run admission would walk: host blocks are copied then, disk blocks read now;
+     * it ends at the first block neither holds, or whose read cannot be staged. */
+    for (n = from; n < max; n++) {
+        if (pc->host && kvg_kv_host_holds(pc->host, hashes[n]))
+            continue;
+        if (!(f->rd[n - from] = kvg_kv_disk_read_start(pc->disk, hashes[n], tag)))
+            break;
+    }
+    f->n = n - from;
+    if (f->n == 0) {             /* nothing in host memory nor on disk */
+        free(f);
+        return NULL;
+    }
+    return f;                    /* with no read (all in host memory) it is not pending */
+}
+
+int kvg_pc_fetch_pending(kvg_prefix_cache *pc, const kvg_pc_fetch *f)
+{
+    (void)pc;
+    for (int32_t i = 0; f && i < f->n; i++)
+        if (f->rd[i] && kvg_kv_disk_read_state(f->disk, f->rd[i]) == KVG_KV_DISK_READ_PENDING)
+            return 1;
+    return 0;
+}
+
+void kvg_pc_fetch_free(kvg_prefix_cache *pc, kvg_pc_fetch *f)
+{
+    if (!f)
+        return;
+    (void)pc;
+    for (int32_t i = 0; i < f->n; i++)
+        kvg_kv_disk_read_put(f->disk, f->rd[i]);
+    free(f);
+}
+
+void kvg_pc_disk_sync_reads(kvg_prefix_cache *pc, int sync)
+{
+    pc->disk_sync = sync != 0;
+}
+
+int kvg_pc_disk_fd(const kvg_prefix_cache *pc)
+{
+    return kvg_kv_disk_read_fd(pc->disk);
+}
+
+int kvg_pc_disk_wait(const kvg_prefix_cache *pc, int timeout_ms)
+{
+    struct pollfd p = { .fd = kvg_pc_disk_fd(pc), .events = POLLIN };
+    uint64_t v;
+    if (p.fd < 0 || poll(&p, 1, timeout_ms) <= 0)
+        return 0;
+    if (read(p.fd, &v, sizeof v) < 0) {
+        /* EAGAIN: another waiter cleared it */
+    }
+    return 1;
 }
 
 /* Pins a hashed block that is not (until: INT64_MAX for good, else a hold's end) within
@@ -894,10 +1000,11 @@ int32_t kvg_pc_hold(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t from, i
     return held;
 }
 
-int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+/* Admission; async: the disk tier serves only f's reads (f may be NULL: nothing). */
+static int32_t admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
                      const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
-                     int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
-                     char *err, size_t err_len)
+                     int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute, int async,
+                     const kvg_pc_fetch *f, char *err, size_t err_len)
 {
     int32_t bt = pc->pool->geom.block_tokens;
     int32_t n_hit, n_kept, total, need, evictable;
@@ -974,7 +1081,7 @@ int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
         seq->blocks[seq->n_blocks++] = id;
     }
     free(ids);
-    n_hit += tier_hits(pc, seq, tenant, hashes, n_hashes, n_tokens, n_hit, ttl_ms);
+    n_hit += tier_hits(pc, seq, tenant, hashes, n_hashes, n_tokens, n_hit, ttl_ms, async, f);
     seq->n_tokens = n_hit * bt;
     if (recompute) {
         pc->recompute_tokens += (uint64_t)n_tokens;
@@ -984,6 +1091,23 @@ int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
         pc->st.hit_tokens += (uint64_t)seq->n_tokens;
     }
     return seq->n_tokens;
+}
+
+int32_t kvg_pc_admit(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+                     const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                     int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
+                     char *err, size_t err_len)
+{
+    return admit(pc, seq, tenant, hashes, n_hashes, n_tokens, ttl_ms, now_ms, recompute, 0, NULL, err, err_len);
+}
+
+int32_t kvg_pc_admit_fetched(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+                             const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                             int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
+                             const kvg_pc_fetch *f, char *err, size_t err_len)
+{
+    return admit(pc, seq, tenant, hashes, n_hashes, n_tokens, ttl_ms, now_ms, recompute, !pc->disk_sync, f,
+                 err, err_len);
 }
 
 void kvg_pc_commit(kvg_prefix_cache *pc, const kvg_kv_seq *seq, int32_t index,

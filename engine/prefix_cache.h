@@ -166,6 +166,49 @@ int kvg_pc_set_index(kvg_prefix_cache *pc, kvg_cache_index_writer *w);
  * with err (no hasher for the tenant tags). The store must outlive the cache's use. */
 typedef struct kvg_kv_disk kvg_kv_disk;
 int kvg_pc_set_disk(kvg_prefix_cache *pc, kvg_kv_disk *d, char *err, size_t err_len);
+/* Asynchronous disk reads before admission (kv_disk.h's reader thread), so that a prefix
+ * read from disk never holds up the other requests' steps. The scheduler starts the reads
+ * of a waiting request (kvg_pc_fetch_start), leaves it waiting while any is in flight
+ * (kvg_pc_fetch_pending; it may sleep on kvg_pc_disk_fd), then admits it with them
+ * (kvg_pc_admit_fetched): blocks read and checked are copied into the blocks admission
+ * reserves, on the scheduler's thread, as hits; a block whose read failed (corrupt, an I/O
+ * error, gone) ends the run there and the rest is recomputed. kvg_pc_fetch_free releases
+ * the reads (admitted, cancelled, expired). The chain is walked as admission walks it: past
+ * the pool's hits, through blocks the host tier holds (copied at admission, as before), to
+ * those only the disk holds. A block whose read cannot be staged (the reads' staging is
+ * full) ends the run too: it and what follows are recomputed, never read synchronously. */
+typedef struct kvg_pc_fetch kvg_pc_fetch;
+/* The reads of a prompt's chain (arguments as kvg_pc_admit's), or NULL when the chain's
+ * next block is in neither the host tier nor the disk (or its read cannot be staged), or
+ * there is no disk tier, or synchronous reads were chosen. Without a read in flight (the
+ * run is in host memory) it is not pending: admit at once, with it. */
+kvg_pc_fetch *kvg_pc_fetch_start(kvg_prefix_cache *pc, int tenant,
+                                 const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                                 int32_t n_tokens);
+/* 1 while a read of f is still in flight, else 0. */
+int kvg_pc_fetch_pending(kvg_prefix_cache *pc, const kvg_pc_fetch *f);
+/* Releases f's reads (their staging) and f; NULL: nothing. The disk store must outlive
+ * every fetch (its cache may detach it first). */
+void kvg_pc_fetch_free(kvg_prefix_cache *pc, kvg_pc_fetch *f);
+/* kvg_pc_admit with the reads of f: the disk tier serves what f read (f NULL: nothing),
+ * and the blocks that were in a faster tier when f started (the pool, the host tier) but
+ * that this admission's own evictions have just moved on to disk (from the write queue or
+ * the page cache); it never waits for a block that was on disk only. With
+ * kvg_pc_disk_sync_reads on this is kvg_pc_admit, which reads whatever it finds on disk. */
+int32_t kvg_pc_admit_fetched(kvg_prefix_cache *pc, kvg_kv_seq *seq, int tenant,
+                             const uint8_t (*hashes)[KVG_PREFIX_HASH_LEN], int32_t n_hashes,
+                             int32_t n_tokens, int64_t ttl_ms, int64_t now_ms, int recompute,
+                             const kvg_pc_fetch *f, char *err, size_t err_len);
+/* sync != 0: kvg_pc_fetch_start starts nothing and admission reads the disk on the
+ * scheduler's thread, as before the reader existed (KVGATE_KV_DISK_SYNC=1: for comparing). */
+void kvg_pc_disk_sync_reads(kvg_prefix_cache *pc, int sync);
+/* The disk tier's eventfd signalled when a read ends (kv_disk.h), or -1. */
+int kvg_pc_disk_fd(const kvg_prefix_cache *pc);
+/* For a loop stepping the scheduler by itself (warm-up, tests; the engine's loop has the fd
+ * in its epoll set): sleeps until a disk read ends or timeout_ms pass, and clears the
+ * signal. 1 when a read ended, else 0 (also without a disk tier: no sleep then). */
+int kvg_pc_disk_wait(const kvg_prefix_cache *pc, int timeout_ms);
+
 /* At a clean stop: the host tier's blocks, then every cached block (refcount 0) of the
  * pool, are queued for the disk tier, waiting for room in its queue, so the next engine
  * finds them. The pool's blocks queued. */

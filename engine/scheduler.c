@@ -67,6 +67,11 @@ typedef struct req {
                                     estimate of `cached` for the load while queued */
     uint64_t arrival, admit_no;
     double t_submit;
+    /* Its prompt's blocks being read from the disk tier before admission (prefix_cache.h
+     * kvg_pc_fetch_start): while a read is in flight it is passed over by admission, the
+     * others run; fetch_tried: started once per admission. */
+    kvg_pc_fetch *fetch;
+    int fetch_tried;
     /* The prompt's own sequence (only seq, n_hashed and last_hash are used): the prompt
      * is prefilled into it and every drawn sample forks it. It is released once the
      * prompt is in and no sample is left undrawn; until then it keeps the prompt's
@@ -195,6 +200,7 @@ static void req_free(kvg_sched *s, req *q)
     }
     kvg_pc_release(s->pc, &q->pr.seq, now_ms(s));
     free(q->pr.seq.blocks);
+    kvg_pc_fetch_free(s->pc, q->fetch);  /* cancelled while its reads were in flight */
     free(q->plogits);
     free(q->prompt);
     free(q->hashes);
@@ -781,8 +787,8 @@ static void admit(kvg_sched *s, int64_t now)
         req *best = NULL;
         for (int i = 0; i < s->n_live; i++) {
             req *q = s->live[i];
-            if (!is_queued(q) || q->held)
-                continue;
+            if (!is_queued(q) || q->held || kvg_pc_fetch_pending(s->pc, q->fetch))
+                continue;        /* a request waiting for disk reads holds up nobody */
             if (!best || q->r.priority > best->r.priority ||
                 (q->r.priority == best->r.priority && q->arrival < best->arrival))
                 best = q;
@@ -793,13 +799,26 @@ static void admit(kvg_sched *s, int64_t now)
         if (!best || (running > 0 && running + best->n_live - best->n_undrawn > s->cfg.max_running))
             return;
         sample *p = &best->pr;
-        int32_t got = kvg_pc_admit(s->pc, &p->seq, best->r.tenant,
-                                   best->bypass ? NULL : (const uint8_t (*)[KVG_PREFIX_HASH_LEN])best->hashes,
-                                   best->bypass ? 0 : best->n_hashes, best->r.n_prompt,
-                                   best->r.ttl_ms ? best->r.ttl_ms : s->cfg.default_ttl_ms, now,
-                                   best->state == RQ_PREEMPTED || best->bypass, err, sizeof err);
+        if (!best->bypass && !best->fetch_tried) {
+            /* Blocks only the disk holds are read by the store's reader while the
+             * others run; it is admitted once they are in (or failed: recomputed). */
+            best->fetch_tried = 1;
+            best->fetch = kvg_pc_fetch_start(s->pc, best->r.tenant,
+                                             (const uint8_t (*)[KVG_PREFIX_HASH_LEN])best->hashes,
+                                             best->n_hashes, best->r.n_prompt);
+            if (kvg_pc_fetch_pending(s->pc, best->fetch))
+                continue;
+        }
+        int32_t got = kvg_pc_admit_fetched(s->pc, &p->seq, best->r.tenant,
+                                           best->bypass ? NULL : (const uint8_t (*)[KVG_PREFIX_HASH_LEN])best->hashes,
+                                           best->bypass ? 0 : best->n_hashes, best->r.n_prompt,
+                                           best->r.ttl_ms ? best->r.ttl_ms : s->cfg.default_ttl_ms, now,
+                                           best->state == RQ_PREEMPTED || best->bypass, best->fetch,
+                                           err, sizeof err);
         if (got < 0)
             return;              /* waits for blocks; later arrivals wait behind it */
+        kvg_pc_fetch_free(s->pc, best->fetch);
+        best->fetch = NULL;
         int first = best->state == RQ_WAITING;
         best->state = RQ_PREFILLING;
         best->admit_no = ++s->admits;
@@ -837,6 +856,7 @@ static void preempt(kvg_sched *s, req *q)
     kvg_pc_release(s->pc, &q->pr.seq, now);
     q->pr.n_hashed = 0;
     q->state = RQ_PREEMPTED;
+    q->fetch_tried = 0;          /* its blocks may be on disk by its readmission */
     s->st.preemptions++;
 }
 

@@ -13,6 +13,12 @@
  * a cache hit) with its tokens so far kept, so nobody fails. A request that could never
  * fit (longer than the context, or than the pool) is rejected at submit.
  *
+ * A request whose prompt goes on in the disk tier is not admitted until the store's
+ * reader thread has read those blocks (prefix_cache.h kvg_pc_fetch_start): admission
+ * passes it over meanwhile, so the reads never hold up the running requests' steps. A
+ * step with nothing else to do computes nothing (0 rows); the caller may sleep on the
+ * reader's eventfd (kvg_pc_disk_fd, kvg_pc_disk_wait) until a read ends.
+ *
  * Bypass requests (bucket 0) are neither looked up nor inserted in the prefix cache.
  * Others hit their prompt's blocks, and every block filled during prefill or decode is
  * committed under its chain hash (the request's hashes for prompt blocks, then

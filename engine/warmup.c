@@ -365,15 +365,19 @@ static int cmp_hash(const void *a, const void *b)
     return memcmp(a, b, KVG_PREFIX_HASH_LEN);
 }
 
-/* Steps until nothing is pending; on a step failure, cancels what is left. */
-static int drain(kvg_sched *s, char *err, size_t err_len)
+/* Steps until nothing is pending; on a step failure, cancels what is left. A step that
+ * ran nothing has requests waiting for disk reads: it sleeps until one ends. */
+static int drain(kvg_sched *s, kvg_prefix_cache *pc, char *err, size_t err_len)
 {
     char serr[256];
     while (kvg_sched_pending(s) > 0) {
-        if (kvg_sched_step(s, serr, sizeof serr) < 0) {
+        int rows = kvg_sched_step(s, serr, sizeof serr);
+        if (rows < 0) {
             kvg_set_err(err, err_len, "step: %s", serr);
             return -1;
         }
+        if (rows == 0)
+            kvg_pc_disk_wait(pc, 10);
     }
     return 0;
 }
@@ -458,7 +462,7 @@ int kvg_warmup_run(const kvg_warmup *w, kvg_sched *s, kvg_prefix_cache *pc,
         }
         /* One at a time: a later entry sharing a prefix hits the earlier one's blocks
          * instead of racing it to commit the same hashes. */
-        if (drain(s, serr, sizeof serr) != 0) {
+        if (drain(s, pc, serr, sizeof serr) != 0) {
             for (size_t k = 0; k <= i; k++)
                 kvg_sched_cancel(s, o.id_base + k);
             line_err(err, err_len, w->name, e->line, "prompt", "%s", serr);

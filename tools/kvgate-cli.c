@@ -44,7 +44,8 @@ static const char USAGE[] =
     "  --stream               print tokens as they arrive (the default; n > 1 prints each\n"
     "                         completion when it is complete)\n"
     "  --json                 print one JSON object: texts, finish reasons, usage (incl.\n"
-    "                         cached_tokens), cache status, token ids and logprobs\n"
+    "                         cached_tokens), cache status, token ids and logprobs,\n"
+    "                         ttft_ms, total_ms, max_gap_ms (longest wait between tokens)\n"
     "  --help                 show this help\n";
 
 typedef struct sample_out {
@@ -126,7 +127,7 @@ static int run_request(kvg_client *c, const kvg_client_req *req, sample_out *out
 {
     char err[512];
     uint64_t id;
-    double t0 = kvg_mono_s(), ttft = -1;
+    double t0 = kvg_mono_s(), ttft = -1, last_tok = -1, max_gap = 0;
     int src;
     while ((src = kvg_client_submit(c, req, NULL, &id, err, sizeof err)) == KVG_CLIENT_AGAIN)
         kvg_client_wait(c, 100);
@@ -150,6 +151,10 @@ static int run_request(kvg_client *c, const kvg_client_req *req, sample_out *out
                     break;
                 if (ttft < 0)
                     ttft = kvg_mono_s() - t0;
+                /* the longest wait between tokens: how long decoding stalled */
+                if (last_tok >= 0 && kvg_mono_s() - last_tok > max_gap)
+                    max_gap = kvg_mono_s() - last_tok;
+                last_tok = kvg_mono_s();
                 if (append(&outs[ev.sample], &ev) != 0) {
                     fprintf(stderr, "kvgate-cli: out of memory\n");
                     return 1;
@@ -225,6 +230,7 @@ static int run_request(kvg_client *c, const kvg_client_req *req, sample_out *out
         json_object_set_new(o, "bucket", json_string(kvg_bucket_label(buckets, req->bucket)));
         json_object_set_new(o, "ttft_ms", json_real(ttft < 0 ? 0 : ttft * 1000.0));
         json_object_set_new(o, "total_ms", json_real(total * 1000.0));
+        json_object_set_new(o, "max_gap_ms", json_real(max_gap * 1000.0));
         char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
         if (s)
             puts(s);

@@ -117,6 +117,7 @@ static kvg_kv_disk *open_disk(const char *dir, uint64_t bytes, const kvg_model *
     kvg_kv_disk *disk;
     kvg_kv_disk_stats st;
     char err[512];
+    int sync;
     if (pool->block_bytes && !pool->xfer_out) {
         fprintf(stderr, "kvgate-engine: --kv-disk: this backend's KV pool cannot export blocks\n");
         return NULL;
@@ -139,11 +140,16 @@ static kvg_kv_disk *open_disk(const char *dir, uint64_t bytes, const kvg_model *
         kvg_kv_disk_close(disk);
         return NULL;
     }
+    /* KVGATE_KV_DISK_SYNC=1: disk reads on the scheduler's thread, as before the reader
+     * thread (the baseline of t/bench/tiers --stall). */
+    sync = getenv("KVGATE_KV_DISK_SYNC") && strcmp(getenv("KVGATE_KV_DISK_SYNC"), "1") == 0;
+    kvg_pc_disk_sync_reads(pc, sync);
     kvg_kv_disk_get_stats(disk, &st);
     fprintf(stderr, "kvgate-engine: KV disk %s: %lld slots of %llu bytes (%.1f MiB), %llu blocks found "
-            "(%llu expired, dropped)\n", kvg_kv_disk_path(disk), (long long)st.slots_total,
+            "(%llu expired, dropped)%s\n", kvg_kv_disk_path(disk), (long long)st.slots_total,
             (unsigned long long)st.slot_bytes, (double)st.slots_total * (double)st.slot_bytes / (1024.0 * 1024.0),
-            (unsigned long long)st.restored, (unsigned long long)st.expired);
+            (unsigned long long)st.restored, (unsigned long long)st.expired,
+            sync ? ", reads synchronous (KVGATE_KV_DISK_SYNC=1)" : "");
     return disk;
 }
 

@@ -396,17 +396,24 @@ static void test_expiry(kvg_kv_pool *p)
     is_int(stats(d).expired, 2, "  the two counted expired");
     atomic_store(&clk, t0 + 999);
     is_int(kvg_kv_disk_load(d, p, 5, h[0], tag), 0, "999 ms later it loads");
+    {
+        kvg_kv_disk_read *r = kvg_kv_disk_read_start(d, h[0], tag);
+        ok(r != NULL, "  and the reader thread would read it");
+        kvg_kv_disk_read_put(d, r);
+    }
     atomic_store(&clk, t0 + 1000);
     is_int(kvg_kv_disk_holds(d, h[0]), 0, "at 1000 ms it is no longer held");
-    is_int(kvg_kv_disk_load(d, p, 5, h[0], tag), -1, "  a load misses");
+    ok(kvg_kv_disk_read_start(d, h[0], tag) == NULL, "  the reader is not asked to read it");
     is_int(stats(d).expired, 3, "  counted expired");
+    is_int(kvg_kv_disk_load(d, p, 5, h[0], tag), -1, "  a load misses");
     is_int(stats(d).slots_used, 0, "  and its slot is free");
     /* A block queued with 1 ms left and read after it: a miss, whether the writer wrote
      * it before the clock moved or found it expired; either way it is gone (and counted)
      * by the writer's next slot choice. */
     kvg_kv_disk_spill(d, p, 1, h[6], tag, 0, 1, 0);
     atomic_store(&clk, t0 + 1001);
-    is_int(kvg_kv_disk_load(d, p, 5, h[6], tag), -1, "a block past its expiry while queued: a miss");
+    ok(kvg_kv_disk_read_start(d, h[6], tag) == NULL, "a block past its expiry while queued: not read");
+    is_int(kvg_kv_disk_load(d, p, 5, h[6], tag), -1, "  nor loaded: a miss");
     kvg_kv_disk_flush(d);
 
     /* The writer takes an expired slot before evicting a live one: 4 slots, the 2nd of

@@ -11,7 +11,9 @@
  *     tenant at its quota's share of the slots makes room from its own;
  *   - the prefix cache puts evicted blocks there, admission copies them back (byte
  *     identical, counted as host hits) for the right tenant only; with a disk tier behind
- *     it, a slot evicted from host memory goes on to the disk and is found there;
+ *     it, a slot evicted from host memory goes on to the disk and is found there; through
+ *     the disk's reader thread (kvg_pc_fetch_start) too, blocks the admission itself pushes
+ *     from host memory on to disk included;
  *   - sizes that hold no slot are refused. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -290,6 +292,46 @@ static void test_prefix_cache(void)
         ok(kvg_pc_check(pc, ss, 1, err, sizeof err) == 0, "  the cache's invariants hold (%s)", err);
     }
     kvg_pc_release(pc, &s, 8);
+    {
+        /* The same through the disk tier's reader, as the scheduler admits: A's block on
+         * disk read ahead, those in host memory copied, except that A's admission evicts
+         * C's fresh blocks from the pool into host memory, which pushes A's there on to
+         * disk: those are loaded from the write queue (they were never cold). */
+        kvg_pc_stats ps0;
+        kvg_pc_fetch *f;
+        const kvg_kv_seq *ss[1] = { &s };
+        int32_t toksc[13];
+        uint8_t hc[3][32];
+        for (int i = 0; i < 13; i++)
+            toksc[i] = 200 + i;
+        kvg_prefix_chain(hs, root, toksc, 13, 4, hc, 3, &nb, err, sizeof err);
+        is_int(kvg_pc_admit(pc, &s, tb, hc, 3, 13, 0, 9, 0, err, sizeof err), 0,
+               "C's prompt (tenant B): a miss, A's blocks out of the pool");
+        for (int i = 0; i < 3; i++)
+            fill(p, s.blocks[i], 900u + (uint32_t)i);
+        s.n_tokens = 13;
+        for (int i = 0; i < 3; i++)
+            kvg_pc_commit(pc, &s, i, hc[i], tb, 0, 9);
+        kvg_pc_release(pc, &s, 9);
+        kvg_kv_host_get_stats(k, &hst);
+        ok(kvg_kv_host_holds(k, ha[0]) || kvg_kv_host_holds(k, ha[1]) || kvg_kv_host_holds(k, ha[2]),
+           "  some of A in host memory");
+        f = kvg_pc_fetch_start(pc, ta, ha, 3, 13);
+        ok(f != NULL, "A's prompt through the reader thread: its reads started");
+        for (int g = 0; g < 100 && kvg_pc_fetch_pending(pc, f); g++)
+            kvg_pc_disk_wait(pc, 100);
+        ok(!kvg_pc_fetch_pending(pc, f), "  and done");
+        kvg_pc_get_stats(pc, &ps0);
+        is_int(kvg_pc_admit_fetched(pc, &s, ta, ha, 3, 13, 0, 10, 0, f, err, sizeof err), 12, "  12 tokens hit");
+        kvg_pc_fetch_free(pc, f);
+        ok(same(p, s.blocks[0], ref, 0) && same(p, s.blocks[1], ref, 1) && same(p, s.blocks[2], ref, 2),
+           "  the bytes that were computed");
+        kvg_pc_get_stats(pc, &ps);
+        ok(ps.disk_hit_tokens - ps0.disk_hit_tokens == 12, "  all from disk (%llu tokens): read ahead, or "
+           "just pushed there from host memory", (unsigned long long)(ps.disk_hit_tokens - ps0.disk_hit_tokens));
+        ok(kvg_pc_check(pc, ss, 1, err, sizeof err) == 0, "  the cache's invariants hold (%s)", err);
+        kvg_pc_release(pc, &s, 10);
+    }
     is_int(kvg_pc_host_stats(pc, &hst), 0, "host stats through the cache");
     {
         int64_t w = kvg_pc_wipe_tenant(pc, "A", 1);
@@ -297,7 +339,8 @@ static void test_prefix_cache(void)
            (long long)w);
     }
     kvg_kv_host_get_stats(k, &hst);
-    ok(hst.slots_used == 0 && !kvg_kv_host_holds(k, ha[1]), "  none of A's left in host memory");
+    ok(!kvg_kv_host_holds(k, ha[0]) && !kvg_kv_host_holds(k, ha[1]) && !kvg_kv_host_holds(k, ha[2]),
+       "  none of A's left in host memory (%lld slots of B's)", (long long)hst.slots_used);
     is_int(kvg_pc_admit(pc, &s, ta, ha, 3, 13, 0, 9, 0, err, sizeof err), 0, "  A's prompt: a miss");
     kvg_pc_release(pc, &s, 10);
     kvg_pc_tenant_put(pc, ta);

@@ -95,10 +95,13 @@ static inline int sched_rig_drain(sched_rig *r, int max_steps)
 {
     char err[256];
     for (int guard = 0; kvg_sched_pending(r->s) > 0; guard++) {
-        if (guard > max_steps || kvg_sched_step(r->s, err, sizeof err) < 0) {
+        int rows = guard > max_steps ? -1 : kvg_sched_step(r->s, err, sizeof err);
+        if (rows < 0) {
             diag("step: %s", guard > max_steps ? "no progress" : err);
             return -1;
         }
+        if (rows == 0)           /* waiting for disk reads (a disk tier's): sleep on them */
+            kvg_pc_disk_wait(r->pc, 100);
     }
     return 0;
 }
