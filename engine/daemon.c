@@ -455,6 +455,9 @@ static void write_stats(kvg_daemon *d)
             s.disk_io_errors = ds.io_errors;
             s.disk_quota_evictions = ds.quota_evictions;
             s.disk_expired = ds.expired;
+            s.disk_reader_blocks = ds.async_reads;
+            s.disk_staging_full = ds.read_staging_full;
+            s.disk_reads_in_flight = ds.reads_in_flight;
         }
     }
     {

@@ -508,6 +508,14 @@ static const ngx_http_kvgate_engine_stat_t  ngx_http_kvgate_engine_stats[] = {
       NGX_HTTP_KVGATE_ST_U64 },
     { "kvgate_kv_disk_blocks_total", NULL, NULL, "direction=\"write\"",
       ngx_http_kvgate_st(disk_blocks_written), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_reader_blocks_total",
+      "Of the blocks read from disk, those read by the disk tier's reader "
+      "thread while the other requests ran (the rest came from the write "
+      "queue's copies).", "counter", NULL,
+      ngx_http_kvgate_st(disk_reader_blocks), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_reads_in_flight",
+      "Disk tier reads queued or being read now.", "gauge", NULL,
+      ngx_http_kvgate_st(disk_reads_in_flight), NGX_HTTP_KVGATE_ST_I64 },
     { "kvgate_kv_disk_bytes_total", "Bytes moved to and from disk.",
       "counter", "direction=\"read\"", ngx_http_kvgate_st(disk_bytes_read),
       NGX_HTTP_KVGATE_ST_U64 },
@@ -521,13 +529,16 @@ static const ngx_http_kvgate_engine_stat_t  ngx_http_kvgate_engine_stats[] = {
     { "kvgate_kv_disk_events_total",
       "KV disk tier events: blocks evicted by the size bound or a quota (and "
       "of those by a tenant at its quota), dropped past their expiry, not "
-      "written (write queue full), failing their checksum, I/O errors.", "counter",
+      "written (write queue full), reads not started (read staging full: "
+      "recomputed), failing their checksum, I/O errors.", "counter",
       "event=\"eviction\"", ngx_http_kvgate_st(disk_evictions),
       NGX_HTTP_KVGATE_ST_U64 },
     { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"quota_eviction\"",
       ngx_http_kvgate_st(disk_quota_evictions), NGX_HTTP_KVGATE_ST_U64 },
     { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"expired\"",
       ngx_http_kvgate_st(disk_expired), NGX_HTTP_KVGATE_ST_U64 },
+    { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"staging_full\"",
+      ngx_http_kvgate_st(disk_staging_full), NGX_HTTP_KVGATE_ST_U64 },
     { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"dropped\"",
       ngx_http_kvgate_st(disk_dropped), NGX_HTTP_KVGATE_ST_U64 },
     { "kvgate_kv_disk_events_total", NULL, NULL, "event=\"corrupt\"",
@@ -1112,7 +1123,8 @@ ngx_http_kvgate_status_cache(const kvg_stats *st)
 
     if (c != NULL && st->disk_slots_total > 0) {
         json_object_set_new(c, "disk", json_pack(
-            "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I}",
+            "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I,"
+            " s:I, s:I, s:I}",
             "slots_total", (json_int_t) st->disk_slots_total,
             "slots_used", (json_int_t) st->disk_slots_used,
             "hit_tokens", (json_int_t) st->disk_hit_tokens,
@@ -1127,7 +1139,10 @@ ngx_http_kvgate_status_cache(const kvg_stats *st)
             "corrupt", (json_int_t) st->disk_corrupt,
             "io_errors", (json_int_t) st->disk_io_errors,
             "quota_evictions", (json_int_t) st->disk_quota_evictions,
-            "expired", (json_int_t) st->disk_expired));
+            "expired", (json_int_t) st->disk_expired,
+            "reader_blocks", (json_int_t) st->disk_reader_blocks,
+            "staging_full", (json_int_t) st->disk_staging_full,
+            "reads_in_flight", (json_int_t) st->disk_reads_in_flight));
     }
 
     return c;

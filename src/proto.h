@@ -520,6 +520,12 @@ typedef struct kvg_stats {
     uint64_t disk_quota_evictions;   /* of disk_evictions, a tenant at its quota's share */
     uint64_t disk_expired;       /* blocks dropped past their expiry (not written, found
                                     expired by a read, the writer or a restart) */
+    /* The disk tier's reader thread (kv_disk.h: a request's blocks read while the others
+     * run). */
+    uint64_t disk_reader_blocks;     /* of disk_blocks_read, read by the reader thread (the
+                                        others came from the write queue's copies) */
+    uint64_t disk_staging_full;      /* reads not started, their staging full: recomputed */
+    int64_t disk_reads_in_flight;    /* reads queued or being read now */
 } kvg_stats;
 
 /* The engine's heartbeat: how a client tells an engine that makes progress from one

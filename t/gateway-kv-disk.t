@@ -52,12 +52,20 @@ is($g->engine_metric($m, 'kvgate_kv_disk_events_total', 'event="corrupt"'), 0, '
 is($g->engine_metric($m, 'kvgate_kv_disk_events_total', 'event="io_error"'), 0, '  no I/O error');
 is($g->engine_metric($m, 'kvgate_kv_disk_events_total', 'event="expired"'), 0, '  nothing expired (the 5-minute TTL)');
 is($g->engine_metric($m, 'kvgate_kv_disk_events_total', 'event="quota_eviction"'), 0, '  no quota eviction (no --tenant-quota)');
+is($g->engine_metric($m, 'kvgate_kv_disk_events_total', 'event="staging_full"'), 0, '  no read refused for want of staging');
+like($m, qr/^kvgate_kv_disk_reads_in_flight\{engine="[^"]+"\} 0$/m, 'kvgate_kv_disk_reads_in_flight 0: the hit\'s reads are done');
+my ($reader) = $m =~ /^kvgate_kv_disk_reader_blocks_total\{engine="[^"]+"\} (\d+)$/m;
+ok(defined $reader && $reader <= $g->engine_metric($m, 'kvgate_kv_disk_blocks_total', 'direction="read"'),
+   'kvgate_kv_disk_reader_blocks_total ' . ($reader // 'absent') . ': of the blocks read');
 
 my $s = $g->status // {};
 is($s->{cache}{disk}{slots_total}, 146, '/status: cache.disk.slots_total');
 ok(($s->{cache}{disk}{hit_tokens} // 0) >= $full, '  cache.disk.hit_tokens');
 ok(exists $s->{cache}{disk}{expired} && exists $s->{cache}{disk}{quota_evictions},
    '  cache.disk.expired and cache.disk.quota_evictions');
+is_deeply([ map { $s->{cache}{disk}{$_} } qw(staging_full reads_in_flight) ], [0, 0],
+          '  cache.disk.staging_full and reads_in_flight 0');
+ok(defined $s->{cache}{disk}{reader_blocks}, '  cache.disk.reader_blocks');
 
 SKIP: {
     my $promtool = (grep { -x "$_/promtool" } split /:/, $ENV{PATH})[0];
