@@ -521,6 +521,43 @@ int kvg_client_hash_prompt(kvg_client *c, const void *salt, size_t salt_len,
                             err, err_len);
 }
 
+/* Pushes a message that the engine answers under its id (c->next_id, already in the
+ * header) and tracks the id with user: 0 sent; KVG_CLIENT_AGAIN the submission ring is
+ * full (nothing sent, nothing tracked: called again once kvg_client_on_event says the
+ * ring has room for payload_len); -1 the connection went down. The first push that
+ * finds the ring full announces the wait, then tries once more: the engine may have
+ * drained it in between, and would then ring no doorbell (shm_channel.h). */
+static int push_tracked(kvg_client *c, uint32_t type, const void *hdr, size_t hdr_len, const void *payload,
+                        size_t payload_len, void *user, char *err, size_t err_len)
+{
+    uint64_t id = c->next_id;
+    int rc;
+    if (kvg_u64map_put(&c->live, id, user) != 0)
+        return kvg_fail(err, err_len, "engine client", "out of memory");
+    if (c->n_ctl)
+        flush_ctl(c);
+    rc = c->n_ctl ? KVG_SHM_FULL
+                  : kvg_shm_try_push(&c->shm.sq, type, hdr, hdr_len, payload, payload_len, err, err_len);
+    if (rc == KVG_SHM_FULL) {
+        kvg_shm_producer_wait(&c->shm.sq);
+        rc = c->n_ctl ? KVG_SHM_FULL
+                      : kvg_shm_try_push(&c->shm.sq, type, hdr, hdr_len, payload, payload_len, err, err_len);
+    }
+    if (rc != 0) {
+        kvg_u64map_del(&c->live, id);
+        if (rc == KVG_SHM_FULL) {
+            c->want_writable = 1;
+            c->want_payload = payload_len;
+            return KVG_CLIENT_AGAIN;
+        }
+        go_down(c, err && *err ? err : "submission ring failed");
+        return -1;
+    }
+    c->next_id++;
+    ring_engine(c);
+    return 0;
+}
+
 int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64_t *id,
                       char *err, size_t err_len)
 {
@@ -631,33 +668,10 @@ int kvg_client_submit(kvg_client *c, const kvg_client_req *r, void *user, uint64
     kvg_proto_encode_submit(&v, c->submit_buf, c->submit_cap);
     free(own_hashes);
 
-    if (kvg_u64map_put(&c->live, v.h.request_id, user) != 0)
-        return kvg_fail(err, err_len, "engine client", "out of memory");
-    if (c->n_ctl)
-        flush_ctl(c);
-    rc = c->n_ctl ? KVG_SHM_FULL
-                      : kvg_shm_try_push(&c->shm.sq, KVG_MSG_SUBMIT, &v.h, sizeof v.h, c->submit_buf, need, err,
-                                         err_len);
-    if (rc == KVG_SHM_FULL) {
-        kvg_shm_producer_wait(&c->shm.sq);
-        rc = c->n_ctl ? KVG_SHM_FULL
-                          : kvg_shm_try_push(&c->shm.sq, KVG_MSG_SUBMIT, &v.h, sizeof v.h, c->submit_buf, need,
-                                             err, err_len);
-    }
-    if (rc != 0) {
-        kvg_u64map_del(&c->live, v.h.request_id);
-        if (rc == KVG_SHM_FULL) {
-            c->want_writable = 1;
-            c->want_payload = need;
-            return KVG_CLIENT_AGAIN;
-        }
-        go_down(c, err && *err ? err : "submission ring failed");
-        return -1;
-    }
-    c->next_id++;
-    *id = v.h.request_id;
-    ring_engine(c);
-    return 0;
+    rc = push_tracked(c, KVG_MSG_SUBMIT, &v.h, sizeof v.h, c->submit_buf, need, user, err, err_len);
+    if (rc == 0)
+        *id = v.h.request_id;
+    return rc;
 }
 
 int kvg_client_wipe(kvg_client *c, const void *salt, size_t salt_len, void *user, uint64_t *id,
@@ -675,27 +689,10 @@ int kvg_client_wipe(kvg_client *c, const void *salt, size_t salt_len, void *user
     h.version = KVG_PROTO_VERSION;
     h.request_id = c->next_id;
     h.salt_len = (uint32_t)salt_len;
-    if (kvg_u64map_put(&c->live, h.request_id, user) != 0)
-        return kvg_fail(err, err_len, "engine client", "out of memory");
-    if (c->n_ctl)
-        flush_ctl(c);
-    rc = c->n_ctl ? KVG_SHM_FULL
-                  : kvg_shm_try_push(&c->shm.sq, KVG_MSG_WIPE, &h, sizeof h, salt, salt_len, err, err_len);
-    if (rc != 0) {
-        kvg_u64map_del(&c->live, h.request_id);
-        if (rc == KVG_SHM_FULL) {
-            kvg_shm_producer_wait(&c->shm.sq);
-            c->want_writable = 1;
-            c->want_payload = salt_len;
-            return KVG_CLIENT_AGAIN;
-        }
-        go_down(c, err && *err ? err : "submission ring failed");
-        return -1;
-    }
-    c->next_id++;
-    *id = h.request_id;
-    ring_engine(c);
-    return 0;
+    rc = push_tracked(c, KVG_MSG_WIPE, &h, sizeof h, salt, salt_len, user, err, err_len);
+    if (rc == 0)
+        *id = h.request_id;
+    return rc;
 }
 
 size_t kvg_client_fail_live(kvg_client *c, int status, const char *why)
