@@ -864,30 +864,16 @@ ngx_http_kvgate_engine_wait_up(ngx_http_kvgate_engine_req_t *er,
 }
 
 
-ngx_int_t
-ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
-    const kvg_client_req *q, kvg_api_error *err)
+/*
+ * What a push to the engine's submission ring came to (kvg_client_submit or
+ * kvg_client_wipe: rc, the id it went out under, msg when it failed).
+ */
+
+static ngx_int_t
+ngx_http_kvgate_engine_pushed(ngx_http_kvgate_engine_req_t *er, int rc,
+    uint64_t id, const char *msg, kvg_api_error *err)
 {
-    int                        rc;
-    char                       msg[320];
-    uint64_t                   id;
     ngx_http_kvgate_engine_t  *w = er->engine;
-
-    if (!w->up || w->stalled) {
-        /* a stalled engine would only hold it: the layer above routes it
-           to another engine */
-        ngx_http_kvgate_engine_unavailable(w, err);
-        return NGX_ERROR;
-    }
-
-    if (!ngx_queue_empty(&w->waiting) && !er->queued && !er->resubmit) {
-
-        /* keep the order: others wait for room already */
-
-        return ngx_http_kvgate_engine_enqueue(er, err);
-    }
-
-    rc = kvg_client_submit(w->client, q, er, &id, msg, sizeof(msg));
 
     if (rc == 0) {
         er->id = id;
@@ -895,7 +881,7 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
         er->instance = kvg_client_info(w->client)->instance;
 
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, er->log, 0,
-                       "kvgate: submitted as engine request %uL "
+                       "kvgate: sent as engine request %uL "
                        "(instance %016xL)", er->id, er->instance);
 
         return NGX_OK;
@@ -927,13 +913,16 @@ ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
 }
 
 
-ngx_int_t
-ngx_http_kvgate_engine_wipe(ngx_http_kvgate_engine_req_t *er,
-    const u_char *salt, size_t salt_len, kvg_api_error *err)
+/*
+ * Whether er may go to the engine now: NGX_OK, NGX_AGAIN queued behind
+ * those that wait for room (the order is kept), NGX_ERROR with err when
+ * the engine is down or stalled (the layer above routes it elsewhere).
+ */
+
+static ngx_int_t
+ngx_http_kvgate_engine_may_push(ngx_http_kvgate_engine_req_t *er,
+    kvg_api_error *err)
 {
-    int                        rc;
-    char                       msg[320];
-    uint64_t                   id;
     ngx_http_kvgate_engine_t  *w = er->engine;
 
     if (!w->up || w->stalled) {
@@ -942,43 +931,55 @@ ngx_http_kvgate_engine_wipe(ngx_http_kvgate_engine_req_t *er,
     }
 
     if (!ngx_queue_empty(&w->waiting) && !er->queued && !er->resubmit) {
-
-        /* in order with the requests that wait for room */
-
         return ngx_http_kvgate_engine_enqueue(er, err);
     }
 
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_kvgate_engine_submit(ngx_http_kvgate_engine_req_t *er,
+    const kvg_client_req *q, kvg_api_error *err)
+{
+    int                        rc;
+    char                       msg[320];
+    uint64_t                   id;
+    ngx_int_t                  may;
+    ngx_http_kvgate_engine_t  *w = er->engine;
+
+    may = ngx_http_kvgate_engine_may_push(er, err);
+    if (may != NGX_OK) {
+        return may;
+    }
+
+    id = 0;
+    rc = kvg_client_submit(w->client, q, er, &id, msg, sizeof(msg));
+
+    return ngx_http_kvgate_engine_pushed(er, rc, id, msg, err);
+}
+
+
+ngx_int_t
+ngx_http_kvgate_engine_wipe(ngx_http_kvgate_engine_req_t *er,
+    const u_char *salt, size_t salt_len, kvg_api_error *err)
+{
+    int                        rc;
+    char                       msg[320];
+    uint64_t                   id;
+    ngx_int_t                  may;
+    ngx_http_kvgate_engine_t  *w = er->engine;
+
+    may = ngx_http_kvgate_engine_may_push(er, err);
+    if (may != NGX_OK) {
+        return may;
+    }
+
+    id = 0;
     rc = kvg_client_wipe(w->client, salt, salt_len, er, &id, msg,
                          sizeof(msg));
 
-    if (rc == 0) {
-        er->id = id;
-        er->submitted = 1;
-        er->instance = kvg_client_info(w->client)->instance;
-
-        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, er->log, 0,
-                       "kvgate: wipe sent as engine request %uL", er->id);
-
-        return NGX_OK;
-    }
-
-    if (rc == KVG_CLIENT_AGAIN) {
-        ngx_queue_insert_head(&w->waiting, &er->queue);
-        w->n_waiting++;
-        er->queued = 1;
-        return NGX_AGAIN;
-    }
-
-    if (kvg_client_get_state(w->client) != KVG_CLIENT_UP) {
-        kvg_api_error_set(err, 503, "engine_unavailable", NULL,
-                          "kvgate: the engine connection failed: %s", msg);
-        ngx_http_kvgate_engine_drain(w);
-        return NGX_ERROR;
-    }
-
-    kvg_api_error_set(err, 400, "invalid_request", NULL, "%s", msg);
-
-    return NGX_ERROR;
+    return ngx_http_kvgate_engine_pushed(er, rc, id, msg, err);
 }
 
 
