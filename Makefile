@@ -178,6 +178,15 @@ $(CUDA_UNITS): $(BUILD)/t/%: t/unit/%.c $(ENGINE_LIB) $(EMU_LIB) $(LIB) $(HDRS) 
 $(BUILD)/t/%: t/unit/%.c $(ENGINE_LIB) $(ABSENT_OBJ) $(LIB) $(HDRS) | $(BUILD)/t
 	$(CC) $(CFLAGS) -It/unit -Iengine $< -o $@ $(ENGINE_LIB) $(ABSENT_OBJ) $(LIB) $(LDLIBS)
 
+# The AVX-512 kernels on SIMDe (t/unit/gemm*_avx512_emu.c): at -O2 gcc takes over two
+# minutes on the int8 one (SIMDe's 512-bit emulation inlined into the unrolled kernels:
+# the longest step of the whole build), at -Og 11 s, and the tests still run in a tenth
+# of a second; under ASan -O0 halves -O1's time. What they check (bit-identical to the
+# generic kernels) holds at any level. `private`: not passed on to the prerequisites.
+SIMDE_UNITS := gemm_avx512_emu gemm_int8_avx512_emu
+$(SIMDE_UNITS:%=$(BUILD)/t/%): private CFLAGS += -Og
+$(SIMDE_UNITS:%=$(BUILD)/asan/t/%): private ASAN_CFLAGS += -O0
+
 # family_check links what an engine command links (--backend cuda: the real backend where
 # this build has one), the emulated backend in build/emu/t/, the CPU alone under ASan.
 $(FAMILY_CHECK): t/tools/family_check.c $(ENGINE_LIB) $(ENGINE_CUDA) $(LIB) $(HDRS) | $(BUILD)/t
