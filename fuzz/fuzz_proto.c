@@ -3,7 +3,9 @@
  * ends in success or an error, never a bad access; a decoded submission's parts lie
  * inside the payload and satisfy the documented limits, and re-encoding a decoded
  * submission gives back the same payload bytes; a decoded SAMPLES (or PAUSE/RESUME)
- * has no payload and its reserved field clear. */
+ * has no payload and its reserved field clear; a decoded WIPE's salt is the whole
+ * payload, within the salt bound, under a non-zero id; a decoded WIPED has its reserved
+ * field clear. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 3)
         return 0;
     memset(&m, 0, sizeof m);
-    m.type = data[0] % 11;   /* 0 (no such type) .. KVG_MSG_SAMPLES */
+    m.type = data[0] % 13;   /* 0 (no such type) .. KVG_MSG_WIPED */
     m.body_len = data[1] % (KVG_SHM_BODY_MAX + 1);
     data += 2;
     size -= 2;
@@ -97,6 +99,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvg_msg_pause h;
     int paused;
     if (kvg_proto_decode_pause(&m, &h, &paused, err, sizeof err) == 0 && h.reserved != 0)
+        abort();
+    kvg_msg_wipe w;
+    const uint8_t *salt;
+    if (kvg_proto_decode_wipe(&m, &w, &salt, &id, err, sizeof err) == 0) {
+        if (m.type != KVG_MSG_WIPE || w.request_id == 0 || id != w.request_id || w.flags != 0 || w.reserved != 0 ||
+            w.salt_len > KVG_PROTO_MAX_SALT || w.salt_len != pl)
+            abort();
+        check_in(salt, w.salt_len, payload, pl);
+    }
+    kvg_msg_wiped wd;
+    if (kvg_proto_decode_wiped(&m, &wd, err, sizeof err) == 0 && (m.type != KVG_MSG_WIPED || wd.reserved != 0))
         abort();
     return 0;
 }
