@@ -489,7 +489,7 @@ static void on_wipe(dconn *c, const kvg_shm_msg *m)
         kvgd_reply_error(c, id, 400, "%s", err);
         return;
     }
-    int t = kvg_pc_tenant_lookup(d->pc, salt, h.salt_len);
+    int t = kvg_pc_tenant_find(d->pc, salt, h.salt_len);
     if (t >= 0)
         marked = kvg_sched_forget_tenant(d->sched, t);
     kvg_pc_wipe_tenant_tiers(d->pc, salt, h.salt_len, &n[0], &n[1], &n[2]);

@@ -1384,11 +1384,6 @@ int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len)
     return kvg_pc_wipe_tenant_tiers(pc, salt, len, NULL, NULL, NULL);
 }
 
-int kvg_pc_tenant_lookup(kvg_prefix_cache *pc, const void *salt, size_t len)
-{
-    return kvg_pc_tenant_find(pc, salt, len);
-}
-
 int64_t kvg_pc_wipe_tenant_tiers(kvg_prefix_cache *pc, const void *salt, size_t len, int64_t *pool,
                                  int64_t *host, int64_t *disk)
 {

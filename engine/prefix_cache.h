@@ -221,8 +221,8 @@ int64_t kvg_pc_wipe_tenant(kvg_prefix_cache *pc, const void *salt, size_t len);
  * ones freed and in-use ones unhashed), host, disk. */
 int64_t kvg_pc_wipe_tenant_tiers(kvg_prefix_cache *pc, const void *salt, size_t len, int64_t *pool,
                                  int64_t *host, int64_t *disk);
-/* The live tenant of a salt, or -1 (nothing is created). */
-int kvg_pc_tenant_lookup(kvg_prefix_cache *pc, const void *salt, size_t len);
+/* The live tenant of a salt without taking a reference, or -1 (nothing is created). */
+int kvg_pc_tenant_find(const kvg_prefix_cache *pc, const void *salt, size_t len);
 
 /* The host-memory tier (kv_host.h; NULL detaches), between the pool and the disk tier:
  * blocks evicted from the pool go there first, a slot evicted from it goes on to the disk

@@ -6,10 +6,6 @@
 
 #include "prefix_cache.h"
 
-/* The live tenant of a salt without taking a reference (for tests and statistics),
- * or -1. */
-int kvg_pc_tenant_find(const kvg_prefix_cache *pc, const void *salt, size_t len);
-
 /* The chain root of a live tenant: kvg_pc_salt_root of its salt. */
 int kvg_pc_tenant_root(kvg_prefix_cache *pc, kvg_prefix_hasher *h, int tenant,
                        uint8_t root[KVG_PREFIX_HASH_LEN], char *err, size_t err_len);
