@@ -49,7 +49,9 @@ typedef struct kvg_daemon_config {
     uint32_t ring_slots;         /* slots per direction; 0: 256 (sq) and 1024 (cq) */
     uint64_t sq_data_bytes;      /* 0: twice the largest submission the context allows */
     uint64_t cq_data_bytes;      /* 0: 1 MiB */
-    int hold_tokens;             /* undelivered tokens per sample before holding; 0: 256 */
+    int hold_tokens;             /* tokens per sample made and not yet read by the client
+                                    (buffered here or unread in its ring) before the
+                                    request is held; 0: 256 */
     int busy_poll_us;            /* after work, watch the rings this long before sleeping
                                     (saves a wake-up when requests come back to back);
                                     0: 50; < 0: never */

@@ -92,8 +92,10 @@ static void handshake(dconn *c, const kvg_hello *h)
     c->region_size = kvg_shm_region_size(&caps);
     c->buf_cap = (size_t)(d->sq_data / 2);
     c->buf = aligned_alloc(64, (c->buf_cap + 63) & ~(size_t)63);
+    c->unread_cap = d->cq_slots;
+    c->unread = calloc(c->unread_cap, sizeof *c->unread);
     memfd = memfd_create("kvgate-region", MFD_CLOEXEC);
-    if (!c->buf || memfd < 0 || ftruncate(memfd, (off_t)c->region_size) != 0) {
+    if (!c->buf || !c->unread || memfd < 0 || ftruncate(memfd, (off_t)c->region_size) != 0) {
         refuse(c, 500, "the engine cannot create a region");
         goto out;
     }
@@ -595,5 +597,6 @@ void kvgd_conn_close(dconn *c)
     kvg_u64map_free(&c->by_id);
     free(c->buf);
     free(c->out);
+    free(c->unread);
     free(c);
 }

@@ -43,6 +43,7 @@ typedef struct dsample {
     char *text;
     uint32_t text_len, text_cap;
     uint32_t completion;         /* tokens produced so far (delivered or not) */
+    uint32_t unread;             /* tokens pushed in TOKENS messages the client has not read */
     int finished;                /* the FINISHED is known */
     int finished_sent;
     uint32_t reason;             /* kvg_msg_finish */
@@ -75,6 +76,14 @@ typedef struct dreq {
     dsample smp[KVG_PROTO_MAX_N];
 } dreq;
 
+/* A TOKENS message in the completion ring: it is read once the ring's released count
+ * reaches seq. */
+typedef struct dunread {
+    uint64_t seq;                /* kvg_shm_pushed() right after it was pushed */
+    uint64_t client_id;
+    uint32_t sample, tokens;
+} dunread;
+
 typedef struct dconn {
     struct kvg_daemon *d;
     struct dconn *next;          /* all connections */
@@ -101,6 +110,10 @@ typedef struct dconn {
     int dirty;                   /* output waits to be pushed */
     int pushed;                  /* messages pushed since the last doorbell */
     int blocked;                 /* the completion ring was full: wait for the client */
+    /* The TOKENS messages the client has not read yet, oldest first: a FIFO of
+     * unread_cap (the ring's slot count, a power of two) entries. */
+    dunread *unread;
+    uint32_t unread_cap, unread_first, unread_n;
 } dconn;
 
 struct kvg_daemon {

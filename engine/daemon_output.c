@@ -3,10 +3,17 @@
  * Output is kept per request and per sample instead of as a queue of messages: the
  * tokens a sample produced while its client's ring was full coalesce into the next
  * TOKENS message, and the state (accepted? finished? done?) says which message comes
- * next. So a slow reader costs at most hold_tokens tokens per sample of buffering:
- * past that its requests are held in the scheduler until it catches up. A request
- * is also held while its client paused it (PAUSE: the client's own reader is slow);
- * the scheduler holds it while either reason holds. */
+ * next.
+ *
+ * A request is held in the scheduler once one of its samples has hold_tokens tokens
+ * its client has not read: buffered here (the ring was full) or pushed in TOKENS
+ * messages still unread in the ring (c->unread remembers which). It is released once
+ * the client has read them down to half of that. So a slow reader costs at most
+ * hold_tokens tokens per sample however far the client falls behind, in the engine's
+ * buffers and the client's together: the gateway's bound on a paused stream's memory
+ * (kvgate_max_unsent) rests on it. A request is also held while its client paused it
+ * (PAUSE: the client's own reader is slow); the scheduler holds it while either
+ * reason holds. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +162,74 @@ static int push(dconn *c, uint32_t type, const void *body, size_t len, const voi
     return -1;
 }
 
+/* ---- what the client has not read ---- */
+
+/* Forgets the TOKENS messages the client has read: their tokens no longer count
+ * against their request. A request already gone is skipped. */
+static void retire_read(dconn *c)
+{
+    uint64_t read = kvg_shm_released(&c->shm.cq);
+
+    while (c->unread_n > 0) {
+        dunread *u = &c->unread[c->unread_first];
+        void *v;
+        if (u->seq > read)
+            break;
+        if (kvg_u64map_find(&c->by_id, u->client_id, &v)) {
+            dsample *s = &((dreq *)v)->smp[u->sample];
+            s->unread -= u->tokens < s->unread ? u->tokens : s->unread;
+        }
+        c->unread_first = (c->unread_first + 1) & (c->unread_cap - 1);
+        c->unread_n--;
+    }
+}
+
+/* Remembers a TOKENS message just pushed. The ring holds at most unread_cap
+ * messages, so once the read ones are retired there is room. */
+static void note_unread(dconn *c, dreq *r, int j, uint32_t tokens)
+{
+    if (c->unread_n == c->unread_cap)
+        retire_read(c);
+    if (c->unread_n == c->unread_cap)
+        return;              /* cannot happen while the client's indices are sane */
+    dunread *u = &c->unread[(c->unread_first + c->unread_n) & (c->unread_cap - 1)];
+    u->seq = kvg_shm_pushed(&c->shm.cq);
+    u->client_id = r->client_id;
+    u->sample = (uint32_t)j;
+    u->tokens = tokens;
+    c->unread_n++;
+    r->smp[j].unread += tokens;
+}
+
+/* Holds the requests with hold_tokens tokens of a sample not read by the client;
+ * releases them once it has read down to half. Returns the number held. */
+static int update_holds(dconn *c)
+{
+    kvg_daemon *d = c->d;
+    uint32_t hold = (uint32_t)d->cfg.hold_tokens;
+    int held = 0;
+
+    retire_read(c);
+    for (dreq *r = c->head; r; r = r->next) {
+        uint32_t behind = 0;
+        if (!r->in_sched)
+            continue;
+        for (int j = 0; j < r->n; j++)
+            if (r->smp[j].n + r->smp[j].unread > behind)
+                behind = r->smp[j].n + r->smp[j].unread;
+        if (!r->backlogged && behind >= hold) {
+            r->backlogged = 1;
+            kvg_sched_hold(d->sched, r->sched_id, 1);
+        } else if (r->backlogged && behind <= hold / 2) {
+            r->backlogged = 0;
+            /* still held while its client has it paused (PAUSE, daemon_conn.c) */
+            kvg_sched_hold(d->sched, r->sched_id, r->paused);
+        }
+        held += r->backlogged;
+    }
+    return held;
+}
+
 /* Pushes sample j's buffered tokens and text as TOKENS messages. */
 static int push_tokens(dconn *c, dreq *r, int j)
 {
@@ -188,6 +263,7 @@ static int push_tokens(dconn *c, dreq *r, int j)
         int rc = push(c, KVG_MSG_TOKENS, &t, sizeof t, c->out, plen);
         if (rc != 0)
             return rc;
+        note_unread(c, r, j, k);
         /* Drop what went out. A buffer may still be NULL (no logprobs asked for, no
          * text yet: tokens that decode to nothing) when nothing of it is left, and
          * memmove's pointers must not be NULL even for 0 bytes. */
@@ -273,7 +349,6 @@ static void ring_client(dconn *c)
 
 void kvgd_conn_flush(dconn *c)
 {
-    kvg_daemon *d = c->d;
     int full = 0;
 
     if (!c->up || c->closing)
@@ -299,23 +374,13 @@ void kvgd_conn_flush(dconn *c)
     }
     c->blocked = full;
     c->dirty = full;
-    /* Hold the requests whose output piles up (backlogged); release them once it
-     * went out. */
-    for (dreq *r = c->head; r; r = r->next) {
-        uint32_t pending = 0;
-        for (int j = 0; j < r->n; j++)
-            if (r->smp[j].n > pending)
-                pending = r->smp[j].n;
-        if (!r->in_sched)
-            continue;
-        if (!r->backlogged && pending >= (uint32_t)d->cfg.hold_tokens) {
-            r->backlogged = 1;
-            kvg_sched_hold(d->sched, r->sched_id, 1);
-        } else if (r->backlogged && pending == 0) {
-            r->backlogged = 0;
-            /* still held while its client has it paused (PAUSE, daemon_conn.c) */
-            kvg_sched_hold(d->sched, r->sched_id, r->paused);
-        }
+    /* While requests are held for their unread output, the client rings us as it
+     * reads (the waiter flag), and each loop looks again (dirty). The flag is set
+     * before the second look, so a read in between is not missed. */
+    if (update_holds(c) > 0) {
+        kvg_shm_producer_wait(&c->shm.cq);
+        if (update_holds(c) > 0)
+            c->dirty = 1;
     }
     ring_client(c);
 }

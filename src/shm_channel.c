@@ -316,6 +316,20 @@ int kvg_shm_can_push(kvg_shm_ring *r, size_t payload_len)
     return start + need - dhead <= r->data_cap;
 }
 
+uint64_t kvg_shm_pushed(const kvg_shm_ring *r)
+{
+    return r->p_tail;
+}
+
+uint64_t kvg_shm_released(const kvg_shm_ring *r)
+{
+    uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
+
+    if (r->p_tail - head > (uint64_t)r->slot_mask + 1)
+        return r->p_tail;
+    return head;
+}
+
 /* ---- consumer ---- */
 
 static int consumer_fail(kvg_shm_ring *r, char *err, size_t err_len, const char *what,

@@ -157,6 +157,14 @@ int kvg_shm_try_push(kvg_shm_ring *r, uint32_t type, const void *body, size_t bo
  * when the ring failed). Nothing is written. */
 int kvg_shm_can_push(kvg_shm_ring *r, size_t payload_len);
 
+/* Producer: messages pushed so far, and how many of them the consumer has
+ * released (read). The i-th message pushed (counting from 1) has been read once
+ * kvg_shm_released() >= i: a producer can tell which of its own messages are
+ * still unread. released comes from the peer; a value that cannot be right (more
+ * than pushed, or fewer than a full ring behind) reads as "all read". */
+uint64_t kvg_shm_pushed(const kvg_shm_ring *r);
+uint64_t kvg_shm_released(const kvg_shm_ring *r);
+
 /* Consumer: 1 when a message is waiting (one atomic load; for busy-polling). */
 int kvg_shm_can_pop(const kvg_shm_ring *r);
 

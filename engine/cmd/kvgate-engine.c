@@ -83,6 +83,9 @@ static const char USAGE[] =
     "  --sq-data SIZE          submission data area per client (power of two; default: twice the\n"
     "                          largest request the context allows)\n"
     "  --cq-data SIZE          completion data area per client (power of two; default 1M)\n"
+    "  --max-unread-tokens N   tokens a sample may run ahead of what its client has read\n"
+    "                          before the request is held until it reads (default 256;\n"
+    "                          bounds a slow stream's memory in the gateway)\n"
     "  --busy-poll-us N        after work, watch the rings N microseconds before sleeping\n"
     "                          (default 50; 0 never: saves CPU, costs a wake-up per request)\n"
     "  --help                  show this help\n";
@@ -232,7 +235,7 @@ int main(int argc, char **argv)
     int kv_given = 0;
     long device = 0, batch_inv = 1;
     uint64_t kv_bytes = (uint64_t)256 << 20, sq_data = 0, cq_data = 0;
-    long busy_poll = 50, threads = 0, ctx = 0, max_batch = 0, max_running = 0, max_waiting = 0, mode = 0660, ring_slots = 0;
+    long busy_poll = 50, unread_tokens = 0, threads = 0, ctx = 0, max_batch = 0, max_running = 0, max_waiting = 0, mode = 0660, ring_slots = 0;
     double cache_ttl = 300, pinned_share = 0.5, quota = 0, drain = 10;
     long tenant_pins = 0;
     char err[512];
@@ -330,6 +333,9 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--drain-timeout")) {
             if (kvg_arg_double(v, 0, 1e6, &drain) != 0)
                 return usage_error("--drain-timeout: '%s' is not a number of seconds >= 0", v);
+        } else if (!strcmp(a, "--max-unread-tokens")) {
+            if (kvg_arg_long(v, 1, 1 << 20, &unread_tokens) != 0)
+                return usage_error("--max-unread-tokens: '%s' is not an integer 1..1048576", v);
         } else if (!strcmp(a, "--busy-poll-us")) {
             if (kvg_arg_long(v, 0, 1000000, &busy_poll) != 0)
                 return usage_error("--busy-poll-us: '%s' is not an integer 0..1000000", v);
@@ -475,6 +481,7 @@ int main(int argc, char **argv)
     dc.drain_timeout_ms = drain == 0 ? -1 : (int)(drain * 1000.0);
     dc.ring_slots = (uint32_t)ring_slots;
     dc.busy_poll_us = busy_poll == 0 ? -1 : (int)busy_poll;
+    dc.hold_tokens = (int)unread_tokens;
     dc.sq_data_bytes = sq_data;
     dc.cq_data_bytes = cq_data;
     d = kvg_daemon_new(m, fw, pc, pool, &sc, &dc, err, sizeof err);

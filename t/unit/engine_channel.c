@@ -443,6 +443,55 @@ static void test_pause_resume(void)
     kvg_client_free(c);
 }
 
+/* A client that reads nothing: the engine makes at most --max-unread-tokens (256 by
+ * default) tokens per sample ahead of it, though its completion ring (1024 slots) has
+ * room for the whole answer. That is what bounds a paused stream's memory in the
+ * gateway whatever the machine's scheduling: the ring's unread messages count, not
+ * only what the engine still buffers. */
+static void test_unread_bound(void)
+{
+    kvg_client *c = ep_connect(sock1);
+    char err[256];
+    uint64_t id;
+    kvg_stats st0, st, st2;
+    if (!c) {
+        ok(0, "connect for the unread bound");
+        return;
+    }
+    size_t n;
+    int32_t *ids = ep_tokens(c, "Once upon a time", &n);
+    kvg_client_req q = ep_req(ids, n, 480);
+    q.n = 2;
+    q.bypass = 1;
+    ep_run(c, &q, &REF[45], 60);
+    ep_stats(c, &st0);
+    memset(&R[45], 0, sizeof R[45]);
+    ok(kvg_client_submit(c, &q, &R[45], &id, err, sizeof err) == 0, "a 2 x 480-token request nobody reads");
+    double until = ep_now() + EP_WAIT_S;
+    do {
+        ep_sleep_ms(5);
+        ep_stats(c, &st);
+    } while (ep_now() < until && st.held != 1);
+    ep_sleep_ms(200);
+    ep_stats(c, &st2);
+    uint64_t made = st2.decode_tokens - st0.decode_tokens;
+    ok(st.held == 1 && st2.held == 1 && st2.running == 1 && st2.decode_tokens == st.decode_tokens,
+       "  held by the engine, generating nothing more (held %d, running %d, %llu -> %llu decode tokens)",
+       st2.held, st2.running, (unsigned long long)st.decode_tokens, (unsigned long long)st2.decode_tokens);
+    ok(made >= 2 * 255 && made <= 2 * 257,
+       "  after 256 tokens a sample, not all %u of its answer, though its ring has room (%llu made)",
+       REF[45].n_tokens[0], (unsigned long long)made);
+    ep_result *rs[1] = { &R[45] };
+    ok(ep_pump(&c, 1, rs, 1, 60) == 0 && R[45].done, "  read, it completes");
+    ok(ep_same(&REF[45], &R[45], 2), "  with exactly the output it has when read at once (2 x %u tokens)",
+       R[45].n_tokens[0]);
+    ep_stats(c, &st2);
+    ok(st2.held == 0 && st2.running == 0, "  nothing held or running after it (held %d, running %d)", st2.held,
+       st2.running);
+    free(ids);
+    kvg_client_free(c);
+}
+
 static void test_channel_limits(void)
 {
     kvg_client *c = ep_connect(sock3);
@@ -576,6 +625,7 @@ int main(void)
     test_concurrent_clients();
     test_small_rings();
     test_pause_resume();
+    test_unread_bound();
     test_channel_limits();
     is_int(ep_stop(&e1, SIGTERM, 30), 0, "engine 1 exits 0 on SIGTERM");
     is_int(ep_stop(&e2, SIGTERM, 30), 0, "engine 2 exits 0 on SIGTERM");

@@ -138,6 +138,19 @@ static void test_data_wrap(void)
     is_int(kvg_shm_try_pop(&h.cq, &m, buf, sizeof buf, err, sizeof err), 0, "pop empty-payload message");
     is_int(m.payload_len, 0, "  length 0");
 
+    /* What the producer can tell of its messages: pushed 3, all read; one more, unread.
+     * A consumer index that cannot be right reads as "all read". */
+    ok(kvg_shm_pushed(&h.cq) == 3 && kvg_shm_released(&h.cq) == 3, "3 pushed, 3 released (%llu, %llu)",
+       (unsigned long long)kvg_shm_pushed(&h.cq), (unsigned long long)kvg_shm_released(&h.cq));
+    kvg_shm_try_push(&h.cq, 4, NULL, 0, NULL, 0, err, sizeof err);
+    ok(kvg_shm_pushed(&h.cq) == 4 && kvg_shm_released(&h.cq) == 3, "  one more pushed: 4, still 3 released");
+    uint64_t head = atomic_load(&h.cq.ctl->head);
+    atomic_store(&h.cq.ctl->head, head + 5);
+    ok(kvg_shm_released(&h.cq) == 4, "  a consumer index past the tail reads as all read");
+    atomic_store(&h.cq.ctl->head, head);
+    is_int(kvg_shm_try_pop(&h.cq, &m, buf, sizeof buf, err, sizeof err), 0, "  and the message is still there");
+    ok(kvg_shm_released(&h.cq) == 4, "  read: 4 released");
+
     /* Varying sizes, including ones that must skip the area's tail. */
     {
         uint32_t lens[16];
