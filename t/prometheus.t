@@ -28,7 +28,6 @@ use lib "$FindBin::Bin/lib";
 
 use File::Temp qw(tempdir);
 use HTTP::Tiny;
-use IO::Socket::INET;
 use JSON::PP;
 use List::Util qw(sum max);
 use POSIX qw(ceil WNOHANG);
@@ -102,12 +101,7 @@ note("engine s serves " . ($syn // "?"));
 
 my $pdir = tempdir('kvgate-prom-XXXXXX', DIR => $ENV{TMPDIR} && -d $ENV{TMPDIR} ? $ENV{TMPDIR} : '/tmp',
                    CLEANUP => !$ENV{KVGATE_TEST_KEEP});
-my $pport = do {
-    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 1, Proto => 'tcp') or die;
-    my $p = $s->sockport;
-    close $s;
-    $p;
-};
+my $pport = $g->t->port('prometheus');    # never one of the gateway's own
 my $gport = $g->t->port(0);
 {
     open my $fh, '>', "$pdir/prometheus.yml" or die;

@@ -117,15 +117,24 @@ sub module { return $_[0]{module} }
 sub error_log { return "$_[0]{prefix}/logs/error.log" }
 
 # A port that was free a moment ago (bind to 0, close). Stable per index for this object.
+# Never one this process handed out before: the kernel may well give a port just closed
+# again, and one config listing it twice has nginx serve both servers on one socket
+# (it only warns: "conflicting server name"), so the test talks to the wrong server.
+my %issued;
 sub port {
     my ($self, $i) = @_;
     $i //= 0;
     return $self->{ports}{$i} //= do {
-        my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 1,
-                                      ReuseAddr => 1, Proto => 'tcp')
-            or croak "cannot find a free port: $!";
-        my $p = $s->sockport;
-        close $s;
+        my $p;
+        for my $try (1 .. 1000) {
+            my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 1,
+                                          ReuseAddr => 1, Proto => 'tcp')
+                or croak "cannot find a free port: $!";
+            $p = $s->sockport;
+            close $s;
+            last unless $issued{$p};
+        }
+        croak "cannot find a port not handed out before" if $issued{$p}++;
         $p;
     };
 }
