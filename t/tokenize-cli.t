@@ -245,6 +245,64 @@ fails_like("1 two 3", ['--tokenizer', $tok512, '--decode'], qr/'two' at byte off
     is($rc, 2, '--template without --chat: exit status 2');
     ($rc, undef, $err) = run_cli('', '--chat', $conv, '--template', $show, '--text', '--bos');
     is($rc, 2, '--bos with --chat: exit status 2 (the template renders BOS)');
+
+    # --chat-batch: many runs in one process, each as its command line alone would be
+    my $accents = put("$dir/accents.json", '[{"role":"user","content":"d\u00e9j\u00e0 vu \u2014 \ud83d\ude00"}]');
+    my @jobs = (
+        ['--chat', $conv, '--template', $show, '--text'],
+        ['--chat', $conv, '--template', $show, '--text', '--add-generation-prompt', '--bos-token', '<B>',
+         '--eos-token', '<E>'],
+        ['--chat', $obj, '--template', $vars, '--text', '--tools', $tools, '--template-kwargs', '{"flag":"option"}'],
+        ['--chat', $accents, '--template', $show, '--text'],
+        ['--chat', $says, '--template', $eot, '--tokenizer', "$vectors/ggml-vocab-gpt-2.gguf"],
+        ['--chat', $conv, '--tokenizer', $gfile, '--text'],
+        ['--chat', $conv, '--template', $raise, '--text'],
+        ['--chat', $conv, '--template', $broken, '--text'],
+        ['--chat', $bad, '--template', $show, '--text'],
+        ['--chat', $conv, '--text'],
+        ['--chat', $conv, '--template', $show, '--text', '--bogus'],
+        ['--chat', $conv, '--template', $show, '--text', '--lines'],
+    );
+    my $jobs = put("$dir/jobs.json", JSON::PP->new->encode(\@jobs));
+    ($rc, $out, $err) = run_cli('', '--chat-batch', $jobs);
+    is($rc, 0, '--chat-batch: exit status 0') or diag($err);
+    my $res = eval { JSON::PP->new->utf8->decode($out) } || [];
+    is(scalar @$res, scalar @jobs, '  one result per job');
+    my $same = 0;
+    for my $i (0 .. $#jobs) {
+        my ($rc1, $out1, $err1) = run_cli('', @{ $jobs[$i] });
+        my ($rc2, $out2, $err2) = @{ $res->[$i] // {} }{qw(rc out err)};
+        utf8::encode($out2) if defined $out2;
+        utf8::encode($err2) if defined $err2;
+        # a usage error (2) prints the usage after its message when run alone
+        $err1 =~ s/usage: kvgate-tokenize .*//s if $rc1 == 2;
+        if (($rc2 // -1) == $rc1 && ($out2 // '') eq $out1 && ($err2 // '') eq $err1) {
+            $same++;
+        } else {
+            diag("job $i (@{ $jobs[$i] }): alone rc $rc1 out '$out1' err '$err1'; "
+                 . "in the batch rc @{[ $rc2 // 'none' ]} out '@{[ $out2 // '' ]}' err '@{[ $err2 // '' ]}'");
+        }
+    }
+    is($same, scalar @jobs, '  each job\'s exit status, output and error exactly those of its command line alone '
+       . '(text, UTF-8 text, ids, a GGUF, raise, a broken template, a bad request, usage errors)');
+    like($res->[3]{out} // '', qr/d\x{e9}j\x{e0} vu \x{2014} \x{1f600}/, '  UTF-8 text stays itself');
+    my $notlist = put("$dir/notlist.json", '{"jobs":[]}');
+    ($rc, undef, $err) = run_cli('', '--chat-batch', $notlist);
+    ok($rc == 1 && $err =~ /not a JSON array of jobs/, '--chat-batch with an object: exit 1, said') or diag($err);
+    ($rc, undef, $err) = run_cli('', '--chat-batch', $notjson);
+    ok($rc == 1 && $err =~ /--chat-batch \Q$notjson\E:1:\d+: /, '  a file that is not JSON: exit 1, its place')
+        or diag($err);
+    my $badjob = put("$dir/badjob.json", '[["--chat"], "--text"]');
+    ($rc, undef, $err) = run_cli('', '--chat-batch', $badjob);
+    ok($rc == 1 && $err =~ /job 2 is not an array of arguments/, '  a job that is not an array: exit 1, said')
+        or diag($err);
+    my $badarg = put("$dir/badarg.json", '[["--chat", 7]]');
+    ($rc, $out, $err) = run_cli('', '--chat-batch', $badarg);
+    $res = eval { JSON::PP->new->utf8->decode($out) } || [];
+    ok($rc == 0 && ($res->[0]{rc} // 0) == 2 && ($res->[0]{err} // '') =~ /argument 2 is not a string/,
+       '  an argument that is not a string: that job fails with 2, said') or diag($out, $err);
+    ($rc, undef, $err) = run_cli('', '--chat-batch', $jobs, '--text');
+    ok($rc == 2 && $err =~ /takes its options from its file/, '  other options beside it: exit 2') or diag($err);
 }
 
 {

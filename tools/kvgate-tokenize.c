@@ -6,6 +6,8 @@
  *   kvgate-tokenize --chat MESSAGES.json (--template T.jinja | --tokenizer M) [--text] ...
  *                                                                 -> the prompt's ids,
  *                                                                    or its text
+ *   kvgate-tokenize --chat-batch JOBS.json                        -> a JSON array of
+ *                                                                    --chat results
  *
  * FILE is a llama2.c tokenizer.bin, a GGUF file or a tokenizer.json (detected
  * from its contents). Exit status: 0 ok, 1 bad tokenizer file or input (or a
@@ -27,6 +29,7 @@ static const char USAGE[] =
     "       kvgate-tokenize --chat MESSAGES.json (--template FILE.jinja | --tokenizer MODEL)\n"
     "                       [--tools TOOLS.json] [--template-kwargs JSON] [--add-generation-prompt]\n"
     "                       [--bos-token TEXT] [--eos-token TEXT] [--text]\n"
+    "       kvgate-tokenize --chat-batch JOBS.json\n"
     "\n"
     "Reads all of standard input. By default encodes it as one text and prints the\n"
     "token ids on one line, separated by spaces. With --decode, reads whitespace-\n"
@@ -57,6 +60,12 @@ static const char USAGE[] =
     "  --bos-token TEXT, --eos-token TEXT  the template's bos_token and eos_token\n"
     "                    (default: the model's, else \"\")\n"
     "  --text            print the rendered text instead of token ids\n"
+    "\n"
+    "  --chat-batch FILE many --chat runs in one process: FILE is a JSON array whose\n"
+    "                    elements are the arguments of one run each (arrays of strings,\n"
+    "                    --chat and its options); prints a JSON array with one object\n"
+    "                    per run: {\"rc\": exit status, \"out\": what it printed, \"err\":\n"
+    "                    its error message}. Exit status 0 when every run could be made.\n"
     "\n"
     "KVGATE_TEMPLATE_NOW=SECONDS fixes the clock strftime_now reads (tests).\n";
 
@@ -190,21 +199,21 @@ typedef struct chat_opts {
     int add_generation_prompt, text;
 } chat_opts;
 
-static json_t *load_json(const char *path, const char *what)
+static json_t *load_json(const char *path, const char *what, FILE *errf)
 {
     json_error_t je;
     json_t *v = json_load_file(path, JSON_DECODE_ANY, &je);
 
     if (!v)
-        fprintf(stderr, "kvgate-tokenize: %s %s:%d:%d: %s\n", what, path, je.line, je.column, je.text);
+        fprintf(errf, "kvgate-tokenize: %s %s:%d:%d: %s\n", what, path, je.line, je.column, je.text);
     return v;
 }
 
 /* The request's variables: messages (and tools, chat_template_kwargs) from the
  * --chat file, --tools and --template-kwargs replacing the file's. */
-static json_t *request_data(const chat_opts *o)
+static json_t *request_data(const chat_opts *o, FILE *errf)
 {
-    json_t *file = load_json(o->chat, "--chat"), *tools = NULL, *kwargs = NULL, *data = NULL;
+    json_t *file = load_json(o->chat, "--chat", errf), *tools = NULL, *kwargs = NULL, *data = NULL;
     const json_t *messages = file, *ftools = NULL, *fkwargs = NULL;
     char err[512], param[128];
     json_error_t je;
@@ -216,15 +225,15 @@ static json_t *request_data(const chat_opts *o)
         ftools = json_object_get(file, "tools");
         fkwargs = json_object_get(file, "chat_template_kwargs");
     }
-    if (o->tools && !(tools = load_json(o->tools, "--tools")))
+    if (o->tools && !(tools = load_json(o->tools, "--tools", errf)))
         goto done;
     if (o->kwargs && !(kwargs = json_loads(o->kwargs, JSON_DECODE_ANY, &je))) {
-        fprintf(stderr, "kvgate-tokenize: --template-kwargs: %s at character %d\n", je.text, je.position);
+        fprintf(errf, "kvgate-tokenize: --template-kwargs: %s at character %d\n", je.text, je.position);
         goto done;
     }
     if (kvg_chat_vars_build(messages, tools ? tools : ftools, kwargs ? kwargs : fkwargs, &data,
                             err, sizeof err, param, sizeof param) != KVG_CHAT_VARS_OK)
-        fprintf(stderr, "kvgate-tokenize: %s: %s\n", o->chat, err);
+        fprintf(errf, "kvgate-tokenize: %s: %s\n", o->chat, err);
 done:
     json_decref(tools);
     json_decref(kwargs);
@@ -266,7 +275,7 @@ static const char *special_default(const char *given, const kvg_chat_source *src
     return "";
 }
 
-static int print_ids(const kvg_tokenizer *t, const kvg_jinja_output *out)
+static int print_ids(const kvg_tokenizer *t, const kvg_jinja_output *out, FILE *outf, FILE *errf)
 {
     int32_t *ids;
     size_t n;
@@ -274,17 +283,18 @@ static int print_ids(const kvg_tokenizer *t, const kvg_jinja_output *out)
 
     if (kvg_tokenizer_encode_spans(t, out->text, out->len, KVG_ENC_PARSE_SPECIAL, out->spans,
                                    out->n_spans, &ids, &n, err, sizeof err) < 0) {
-        fprintf(stderr, "kvgate-tokenize: cannot encode the rendered prompt: %s\n", err);
+        fprintf(errf, "kvgate-tokenize: cannot encode the rendered prompt: %s\n", err);
         return 1;
     }
     for (size_t i = 0; i < n; i++)
-        printf(i ? " %d" : "%d", ids[i]);
-    putchar('\n');
+        fprintf(outf, i ? " %d" : "%d", ids[i]);
+    fputc('\n', outf);
     free(ids);
     return 0;
 }
 
-static int chat(const chat_opts *o, const char *tok_path)
+/* One --chat run: what it prints goes to outf, its errors to errf. */
+static int chat(const chat_opts *o, const char *tok_path, FILE *outf, FILE *errf)
 {
     kvg_chat_source src = { 0 };
     kvg_tokenizer *t = NULL;
@@ -302,7 +312,7 @@ static int chat(const chat_opts *o, const char *tok_path)
          * are wanted, and a vocabulary without them (tokenizer.bin) is fine */
         have_src = kvg_chat_source_load(tok_path, &src, err, sizeof err) == 0;
         if (!have_src && !o->template_path) {
-            fprintf(stderr, "kvgate-tokenize: %s\n", err);
+            fprintf(errf, "kvgate-tokenize: %s\n", err);
             return 1;
         }
         /* the vocabulary is for the ids, or for BOS/EOS texts no file gave; a
@@ -314,13 +324,13 @@ static int chat(const chat_opts *o, const char *tok_path)
         }
         if ((!o->text || (!have_src && (!o->bos || !o->eos)))
             && !(t = kvg_tokenizer_load(have_src ? src.tokenizer_path : tok_path, err, sizeof err))) {
-            fprintf(stderr, "kvgate-tokenize: %s\n", err);
+            fprintf(errf, "kvgate-tokenize: %s\n", err);
             goto done;
         }
     }
     if (o->template_path) {
         if (!(tpl_text = slurp_file(o->template_path, &tpl_len))) {
-            fprintf(stderr, "kvgate-tokenize: %s: cannot read: %s\n", o->template_path, strerror(errno));
+            fprintf(errf, "kvgate-tokenize: %s: cannot read: %s\n", o->template_path, strerror(errno));
             goto done;
         }
         tpl_name = o->template_path;
@@ -330,7 +340,7 @@ static int chat(const chat_opts *o, const char *tok_path)
         src.template_src = NULL;
         tpl_name = src.where;
     }
-    if (!(data = request_data(o)))
+    if (!(data = request_data(o, errf)))
         goto done;
     trusted = json_pack("{s:s, s:s, s:b}",
                         "bos_token", special_default(o->bos, have_src ? &src : NULL, src.bos_token, t,
@@ -339,28 +349,28 @@ static int chat(const chat_opts *o, const char *tok_path)
                                                      t ? kvg_tokenizer_eos(t) : -1, eos_buf, sizeof eos_buf),
                         "add_generation_prompt", o->add_generation_prompt);
     if (!trusted) {
-        fprintf(stderr, "kvgate-tokenize: out of memory (or a --bos-token/--eos-token not UTF-8)\n");
+        fprintf(errf, "kvgate-tokenize: out of memory (or a --bos-token/--eos-token not UTF-8)\n");
         goto done;
     }
     if (!(tpl = kvg_jinja_compile(tpl_text, tpl_len, tpl_name, err, sizeof err))) {
-        fprintf(stderr, "kvgate-tokenize: %s\n", err);
+        fprintf(errf, "kvgate-tokenize: %s\n", err);
         goto done;
     }
     if (env && *env)
         lim.now = (time_t)strtoll(env, NULL, 10);
     if ((jrc = kvg_jinja_render(tpl, trusted, data, &lim, &out, err, sizeof err)) != KVG_JINJA_OK) {
         if (jrc == KVG_JINJA_ERROR)     /* err names the template and line itself */
-            fprintf(stderr, "kvgate-tokenize: %s\n", err);
+            fprintf(errf, "kvgate-tokenize: %s\n", err);
         else
-            fprintf(stderr, "kvgate-tokenize: %s: %s%s\n", tpl_name,
+            fprintf(errf, "kvgate-tokenize: %s: %s%s\n", tpl_name,
                     jrc == KVG_JINJA_RAISED ? "the template raised an exception: " : "", err);
         goto done;
     }
     if (o->text) {
-        fwrite(out.text, 1, out.len, stdout);
+        fwrite(out.text, 1, out.len, outf);
         rc = 0;
     } else {
-        rc = print_ids(t, &out);
+        rc = print_ids(t, &out, outf, errf);
     }
 done:
     if (out.text)
@@ -377,81 +387,221 @@ done:
     return rc;
 }
 
-int main(int argc, char **argv)
-{
-    int lines = 0;
-    const char *path = NULL;
-    unsigned flags = 0;
-    int do_decode = 0;
-    chat_opts co = { 0 };
+/* ---- the command line ---- */
 
-    for (int i = 1; i < argc; i++) {
+typedef struct cli_opts {
+    const char *path;            /* --tokenizer */
+    const char *batch;           /* --chat-batch */
+    unsigned flags;              /* KVG_ENC_* */
+    int lines, do_decode, help;
+    chat_opts co;
+} cli_opts;
+
+/* Parses argv[first..argc-1] into *o: 0, or 2 with the complaint on errf. */
+static int parse_args(int argc, char **argv, int first, cli_opts *o, FILE *errf)
+{
+    memset(o, 0, sizeof *o);
+    for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(USAGE, stdout);
-            return 0;
+            o->help = 1;
         } else if (strcmp(a, "--tokenizer") == 0 && i + 1 < argc) {
-            path = argv[++i];
+            o->path = argv[++i];
         } else if (strncmp(a, "--tokenizer=", 12) == 0) {
-            path = a + 12;
+            o->path = a + 12;
         } else if (strcmp(a, "--bos") == 0) {
-            flags |= KVG_ENC_BOS;
+            o->flags |= KVG_ENC_BOS;
         } else if (strcmp(a, "--lines") == 0) {
-            lines = 1;
+            o->lines = 1;
         } else if (strcmp(a, "--special") == 0) {
-            flags |= KVG_ENC_PARSE_SPECIAL;
+            o->flags |= KVG_ENC_PARSE_SPECIAL;
         } else if (strcmp(a, "--decode") == 0) {
-            do_decode = 1;
+            o->do_decode = 1;
         } else if (strcmp(a, "--chat") == 0 && i + 1 < argc) {
-            co.chat = argv[++i];
+            o->co.chat = argv[++i];
+        } else if (strcmp(a, "--chat-batch") == 0 && i + 1 < argc) {
+            o->batch = argv[++i];
         } else if (strcmp(a, "--template") == 0 && i + 1 < argc) {
-            co.template_path = argv[++i];
+            o->co.template_path = argv[++i];
         } else if (strcmp(a, "--tools") == 0 && i + 1 < argc) {
-            co.tools = argv[++i];
+            o->co.tools = argv[++i];
         } else if (strcmp(a, "--template-kwargs") == 0 && i + 1 < argc) {
-            co.kwargs = argv[++i];
+            o->co.kwargs = argv[++i];
         } else if (strcmp(a, "--bos-token") == 0 && i + 1 < argc) {
-            co.bos = argv[++i];
+            o->co.bos = argv[++i];
         } else if (strcmp(a, "--eos-token") == 0 && i + 1 < argc) {
-            co.eos = argv[++i];
+            o->co.eos = argv[++i];
         } else if (strcmp(a, "--add-generation-prompt") == 0) {
-            co.add_generation_prompt = 1;
+            o->co.add_generation_prompt = 1;
         } else if (strcmp(a, "--text") == 0) {
-            co.text = 1;
+            o->co.text = 1;
         } else {
-            fprintf(stderr, "kvgate-tokenize: unknown or incomplete option '%s'\n%s", a, USAGE);
+            fprintf(errf, "kvgate-tokenize: unknown or incomplete option '%s'\n", a);
             return 2;
         }
     }
-    if (co.chat || co.template_path || co.tools || co.kwargs || co.bos || co.eos
-        || co.add_generation_prompt || co.text) {
-        const char *bad = !co.chat ? "the chat options need --chat MESSAGES.json"
-            : !co.template_path && !path ? "--chat needs --template FILE or --tokenizer MODEL"
-            : !co.text && !path ? "token ids need --tokenizer (or print the prompt with --text)"
-            : flags || do_decode ? "--bos, --special and --decode do not apply to --chat"
-            : NULL;
+    return 0;
+}
+
+static int wants_chat(const cli_opts *o)
+{
+    const chat_opts *c = &o->co;
+    return c->chat || c->template_path || c->tools || c->kwargs || c->bos || c->eos
+        || c->add_generation_prompt || c->text;
+}
+
+/* What is wrong with a --chat command line, or NULL. */
+static const char *chat_usage_error(const cli_opts *o)
+{
+    return !o->co.chat ? "the chat options need --chat MESSAGES.json"
+        : !o->co.template_path && !o->path ? "--chat needs --template FILE or --tokenizer MODEL"
+        : !o->co.text && !o->path ? "token ids need --tokenizer (or print the prompt with --text)"
+        : o->flags || o->do_decode || o->lines ? "--bos, --special, --lines and --decode do not apply to --chat"
+        : o->batch || o->help ? "--chat-batch and --help do not go with --chat"
+        : NULL;
+}
+
+/* One job of --chat-batch: its arguments as a command line, run as one would be,
+ * with what it prints and its errors captured. The result object, or NULL when
+ * memory ran out. */
+static json_t *batch_job(const json_t *args)
+{
+    size_t n = json_array_size(args), i;
+    char **argv = calloc(n + 1, sizeof *argv), *out = NULL, *err = NULL;
+    size_t out_len = 0, err_len = 0;
+    FILE *outf = open_memstream(&out, &out_len), *errf = open_memstream(&err, &err_len);
+    json_t *res = NULL, *out_s = NULL;
+    cli_opts o;
+    int rc = 2;
+
+    if (!argv || !outf || !errf)
+        goto done;
+    for (i = 0; i < n; i++) {
+        if (!(argv[i] = (char *)json_string_value(json_array_get(args, i)))) {
+            fprintf(errf, "kvgate-tokenize: --chat-batch: argument %zu is not a string\n", i + 1);
+            break;
+        }
+    }
+    if (i == n && parse_args((int)n, argv, 0, &o, errf) == 0) {
+        const char *bad = chat_usage_error(&o);
+        if (bad)
+            fprintf(errf, "kvgate-tokenize: %s\n", bad);
+        else
+            rc = chat(&o.co, o.path, outf, errf);
+    }
+    fclose(outf);
+    fclose(errf);
+    outf = errf = NULL;
+    /* a rendering is UTF-8 (the templates' strings are); one that is not cannot be
+     * a JSON string and is reported as such */
+    if (!(out_s = json_stringn(out ? out : "", out_len))) {
+        rc = rc ? rc : 1;
+        out_s = json_string("");
+    }
+    if (out_s) {
+        res = json_pack("{s:i, s:O, s:s%}", "rc", rc, "out", out_s, "err", err ? err : "", err_len);
+        if (!res)        /* an error message that is not UTF-8 (a file name, say) */
+            res = json_pack("{s:i, s:O, s:s}", "rc", rc ? rc : 1, "out", out_s, "err",
+                            "kvgate-tokenize: (an error message that is not UTF-8)");
+        json_decref(out_s);
+    }
+done:
+    if (outf)
+        fclose(outf);
+    if (errf)
+        fclose(errf);
+    free(out);
+    free(err);
+    free(argv);
+    return res;
+}
+
+/* --chat-batch FILE: every job of FILE, the results as one JSON array on stdout. */
+static int chat_batch(const char *path)
+{
+    json_error_t je;
+    json_t *jobs = json_load_file(path, 0, &je), *results = NULL;
+    size_t i;
+    json_t *job;
+    int rc = 1;
+
+    if (!jobs) {
+        fprintf(stderr, "kvgate-tokenize: --chat-batch %s:%d:%d: %s\n", path, je.line, je.column, je.text);
+        return 1;
+    }
+    if (!json_is_array(jobs)) {
+        fprintf(stderr, "kvgate-tokenize: --chat-batch %s: not a JSON array of jobs\n", path);
+        goto done;
+    }
+    if (!(results = json_array()))
+        goto oom;
+    json_array_foreach(jobs, i, job) {
+        if (!json_is_array(job)) {
+            fprintf(stderr, "kvgate-tokenize: --chat-batch %s: job %zu is not an array of arguments\n", path,
+                    i + 1);
+            goto done;
+        }
+        json_t *r = batch_job(job);
+        if (!r || json_array_append_new(results, r) != 0)
+            goto oom;
+    }
+    if (json_dumpf(results, stdout, JSON_COMPACT) != 0 || fputc('\n', stdout) == EOF) {
+        fprintf(stderr, "kvgate-tokenize: cannot write the output: %s\n", strerror(errno));
+        goto done;
+    }
+    rc = 0;
+    goto done;
+oom:
+    fprintf(stderr, "kvgate-tokenize: out of memory\n");
+done:
+    json_decref(results);
+    json_decref(jobs);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    cli_opts o;
+
+    if (parse_args(argc, argv, 1, &o, stderr) != 0) {
+        fputs(USAGE, stderr);
+        return 2;
+    }
+    if (o.help) {
+        fputs(USAGE, stdout);
+        return 0;
+    }
+    if (o.batch) {
+        if (argc != 3) {
+            fprintf(stderr, "kvgate-tokenize: --chat-batch takes its options from its file\n%s", USAGE);
+            return 2;
+        }
+        return chat_batch(o.batch);
+    }
+    if (wants_chat(&o)) {
+        const char *bad = chat_usage_error(&o);
         if (bad) {
             fprintf(stderr, "kvgate-tokenize: %s\n%s", bad, USAGE);
             return 2;
         }
-        int rc = chat(&co, path);
+        int rc = chat(&o.co, o.path, stdout, stderr);
         if (fflush(stdout) != 0) {
             fprintf(stderr, "kvgate-tokenize: cannot write the output: %s\n", strerror(errno));
             return 1;
         }
         return rc;
     }
-    if (!path) {
+    if (!o.path) {
         fprintf(stderr, "kvgate-tokenize: --tokenizer FILE is required\n%s", USAGE);
         return 2;
     }
-    if (do_decode && lines) {
+    if (o.do_decode && o.lines) {
         fprintf(stderr, "kvgate-tokenize: --lines encodes; it does not go with --decode\n%s", USAGE);
         return 2;
     }
 
     char err[512];
-    kvg_tokenizer *t = kvg_tokenizer_load(path, err, sizeof err);
+    kvg_tokenizer *t = kvg_tokenizer_load(o.path, err, sizeof err);
     if (!t) {
         fprintf(stderr, "kvgate-tokenize: %s\n", err);
         return 1;
@@ -463,7 +613,7 @@ int main(int argc, char **argv)
         kvg_tokenizer_free(t);
         return 1;
     }
-    int rc = do_decode ? decode(t, in) : lines ? encode_lines(t, in, len, flags) : encode(t, in, len, flags);
+    int rc = o.do_decode ? decode(t, in) : o.lines ? encode_lines(t, in, len, o.flags) : encode(t, in, len, o.flags);
     free(in);
     kvg_tokenizer_free(t);
     if (fflush(stdout) != 0) {
