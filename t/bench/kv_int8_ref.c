@@ -65,6 +65,7 @@
 #include "llamacpp_api.h"
 #include "model.h"
 #include "quant_testing.h"
+#include "../unit/logits.h"
 
 #define MAX_CONFIGS 12
 #define MAX_PAIRS 16
@@ -103,40 +104,6 @@ typedef struct pair {
 
 static int V, steps;
 static const lc_api *lc;
-
-static int argmax(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
-}
-
-static void log_softmax(const float *x, int n, double *out)
-{
-    double mx = x[0], sum = 0.0;
-    for (int i = 1; i < n; i++)
-        mx = x[i] > mx ? x[i] : mx;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)x[i] - mx);
-    for (int i = 0; i < n; i++)
-        out[i] = (double)x[i] - mx - log(sum);
-}
-
-static double top2_gap(const double *x, int n)
-{
-    double a = -INFINITY, b = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        if (x[i] > a) {
-            b = a;
-            a = x[i];
-        } else if (x[i] > b) {
-            b = x[i];
-        }
-    }
-    return a - b;
-}
 
 /* The prompt in one step, then `steps` tokens one at a time: forced[i] when forced,
  * else the argmax; ids gets the tokens fed, rows the steps + 1 logit rows. */

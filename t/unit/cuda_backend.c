@@ -26,6 +26,7 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "kvg_cuda_api.h"
+#include "logits.h"
 
 /* Logits of the CUDA backend against the CPU's: the CUDA backend rounds every GEMM input
  * and the KV cache to BF16 (the CPU keeps F32 activations and an F32 cache), so a logit
@@ -71,15 +72,6 @@ static void rig_free(rig *r)
     kvg_forward_free(r->fw);
     kvg_kv_pool_free(r->kv);
     kvg_backend_free(r->be);
-}
-
-static int argmax(const float *l, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[b])
-            b = i;
-    return b;
 }
 
 /* Prefills toks[0..n) in chunks of `chunk` (0: all), then decodes greedily n_gen tokens.

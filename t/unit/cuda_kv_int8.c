@@ -33,6 +33,7 @@
 #include "kv_disk.h"
 #include "model.h"
 #include "kvg_kernels.h"
+#include "logits.h"
 
 static char err[512];
 
@@ -72,15 +73,6 @@ static void rig_free(rig *r)
     kvg_forward_free(r->fw);
     kvg_kv_pool_free(r->kv);
     kvg_backend_free(r->be);
-}
-
-static int argmax(const float *l, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[b])
-            b = i;
-    return b;
 }
 
 static uint64_t seed = 0x637564613869ull;
@@ -291,17 +283,6 @@ static void with_cudnn(const kvg_model *m)
 }
 
 /* ---- quality against the BF16 pool ----------------------------------------------------- */
-
-static void log_softmax(const float *x, int n, double *out)
-{
-    double mx = x[0], sum = 0.0;
-    for (int i = 1; i < n; i++)
-        mx = x[i] > mx ? x[i] : mx;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)x[i] - mx);
-    for (int i = 0; i < n; i++)
-        out[i] = (double)x[i] - mx - log(sum);
-}
 
 typedef struct figures {
     int agree, steps;            /* greedy steps equal before the first difference */

@@ -34,6 +34,7 @@
 #include "forward.h"
 #include "kv_cache.h"
 #include "model.h"
+#include "logits.h"
 
 static char err[512];
 
@@ -64,15 +65,6 @@ static int32_t rnd_id(int lo, int hi)
 {
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
     return lo + (int32_t)((uint32_t)(seed >> 33) % (uint32_t)(hi - lo));
-}
-
-static int argmax(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
 }
 
 /* The prompt in one step, then `steps` tokens one at a time: forced[i] when forced,
@@ -107,18 +99,6 @@ static int run(side *s, const kvg_model *m, const int32_t *prompt, int np, int s
     return rc;
 }
 
-/* log_softmax of one row, in double. */
-static void log_softmax(const float *x, int n, double *out)
-{
-    double mx = x[0], sum = 0.0;
-    for (int i = 1; i < n; i++)
-        mx = x[i] > mx ? x[i] : mx;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)x[i] - mx);
-    for (int i = 0; i < n; i++)
-        out[i] = (double)x[i] - mx - log(sum);
-}
-
 typedef struct figures {
     int agree;                   /* greedy steps equal before the first difference */
     int steps;
@@ -126,21 +106,6 @@ typedef struct figures {
     double gap;                  /* float32's top-1 minus top-2 logprob where int8 first
                                     chose otherwise (0 when it never did) */
 } figures;
-
-/* The largest value of x minus the second largest. */
-static double top2_gap(const double *x, int n)
-{
-    double a = -INFINITY, b = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        if (x[i] > a) {
-            b = a;
-            a = x[i];
-        } else if (x[i] > b) {
-            b = x[i];
-        }
-    }
-    return a - b;
-}
 
 /* One prompt: float32 greedy, int8 teacher-forced on it, int8 greedy. f32_ids gets the
  * float32 greedy ids (steps of them). */

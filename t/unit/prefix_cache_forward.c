@@ -20,6 +20,7 @@
 #include "prefix_cache.h"
 #include "prefix_cache_testing.h"
 #include "prefix_hash.h"
+#include "logits.h"
 
 #define BT 8
 #define GEN 4
@@ -32,15 +33,6 @@ static int rnd_in(int lo, int hi)
 {
     rs = rs * 6364136223846793005ull + 1442695040888963407ull;
     return lo + (int)((uint32_t)(rs >> 33) % (uint32_t)(hi - lo + 1));
-}
-
-static int argmax(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
 }
 
 /* Prefill `toks[from..n)` in random chunks, then GEN greedy tokens; logits into out
